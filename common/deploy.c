@@ -1,0 +1,776 @@
+/* deploy.c: the deployment file (format version 1).
+ *
+ * The whole stream is loaded with libyaml's document API first, then walked
+ * against a fixed schema.  The walk stops at the first error and reports it
+ * as "FILE:LINE:COL: KEYPATH: problem"; positions come from the nodes'
+ * start marks (0-based in libyaml, 1-based in messages). */
+#include "deploy.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#define TSR_CONFIG_MAX_BYTES (1024 * 1024)
+#define PATH_MAX_LEN 256
+#define NAME_MAX_LEN 64
+#define QUOTE_MAX 40 /* longest value echoed back in a message */
+
+/* ---- devices ------------------------------------------------------------ */
+
+const char *tsr_device_name(tsr_device_t d)
+{
+    return d == TSR_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+int tsr_device_parse(const char *s, tsr_device_t *out)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "cpu") == 0) {
+        *out = TSR_DEVICE_CPU;
+        return 0;
+    }
+    if (strcmp(s, "cuda") == 0) {
+        *out = TSR_DEVICE_CUDA;
+        return 0;
+    }
+    return -1;
+}
+
+/* ---- parse context and errors ------------------------------------------- */
+
+typedef struct {
+    yaml_document_t *doc;
+    const char *file;           /* for messages: never NULL */
+    const char *file_for_paths; /* the caller's name: may be NULL */
+    char *err;
+    size_t errlen;
+} pctx_t;
+
+/* Messages must stay on one line whatever the file name or value held. */
+static void flatten(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+}
+
+static void fail_at(pctx_t *c, int line0, int col0, const char *path,
+                    const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+
+    if (c->err == NULL || c->errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(c->err, c->errlen, "%s:%d:%d: %s: %s", c->file, line0 + 1,
+             col0 + 1, path, what);
+    flatten(c->err);
+}
+
+#define fail(c, node, path, ...)                                              \
+    fail_at((c), (int)(node)->start_mark.line, (int)(node)->start_mark.column, \
+            (path), __VA_ARGS__)
+
+static void fail_plain(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    flatten(err);
+}
+
+static const char *node_kind(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE: return "a mapping";
+    case YAML_SEQUENCE_NODE: return "a sequence";
+    case YAML_SCALAR_NODE: return "a scalar";
+    default: return "nothing";
+    }
+}
+
+/* A scalar's text, cut short for messages: values can be long block scalars. */
+static void quote_value(const yaml_node_t *n, char *buf, size_t size)
+{
+    size_t len = n->data.scalar.length;
+    size_t keep = len > QUOTE_MAX ? QUOTE_MAX : len;
+
+    snprintf(buf, size, "%.*s%s", (int)keep, (const char *)n->data.scalar.value,
+             len > keep ? "..." : "");
+}
+
+/* A plain empty, "~" or "null" scalar: YAML's spelling of "no value". */
+static int is_null(const yaml_node_t *n)
+{
+    const char *v = (const char *)n->data.scalar.value;
+
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    return v[0] == '\0' || strcmp(v, "~") == 0 || strcmp(v, "null") == 0 ||
+           strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0;
+}
+
+static void path_key(char *out, const char *parent, const char *key)
+{
+    if (parent[0] == '\0')
+        snprintf(out, PATH_MAX_LEN, "%s", key);
+    else
+        snprintf(out, PATH_MAX_LEN, "%s.%s", parent, key);
+}
+
+/* ---- schema helpers ----------------------------------------------------- */
+
+/* Validates every key of mapping `map` against `allowed` (n names) and stores
+ * each value node in vals[i] (NULL when the key is absent).  Unknown keys,
+ * duplicates and non-scalar keys are errors. */
+static int map_fields(pctx_t *c, yaml_node_t *map, const char *path,
+                      const char *const *allowed, size_t n, yaml_node_t **vals)
+{
+    yaml_node_t *keys[16] = { 0 };
+    yaml_node_pair_t *p;
+    char kpath[PATH_MAX_LEN];
+    char list[256];
+    size_t i, used = 0;
+
+    if (n > sizeof keys / sizeof keys[0])
+        return -1; /* a schema table larger than this is a programming error */
+    for (i = 0; i < n; i++)
+        vals[i] = NULL;
+    for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+        const char *ks;
+
+        if (k->type != YAML_SCALAR_NODE) {
+            fail(c, k, path[0] ? path : "(top level)",
+                 "expected a plain key, got %s", node_kind(k));
+            return -1;
+        }
+        ks = (const char *)k->data.scalar.value;
+        path_key(kpath, path, ks);
+        for (i = 0; i < n; i++)
+            if (strcmp(ks, allowed[i]) == 0)
+                break;
+        if (i == n) {
+            list[0] = '\0';
+            for (i = 0, used = 0; i < n && used < sizeof list; i++)
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                         i ? ", " : "", allowed[i]);
+            fail(c, k, kpath, "unknown key (expected one of %s)", list);
+            return -1;
+        }
+        if (vals[i] != NULL) {
+            fail(c, k, kpath, "duplicate key (first given at line %d)",
+                 (int)keys[i]->start_mark.line + 1);
+            return -1;
+        }
+        keys[i] = k;
+        vals[i] = v;
+    }
+    return 0;
+}
+
+static int want_mapping(pctx_t *c, yaml_node_t *n, const char *path)
+{
+    if (n->type == YAML_MAPPING_NODE)
+        return 0;
+    fail(c, n, path, "expected a mapping, got %s", node_kind(n));
+    return -1;
+}
+
+/* Decimal digits only: YAML 1.1 would also read 0x10, 1_000 or 1.5e3 as
+ * numbers, and accepting those silently would surprise more than it helps. */
+static int get_posint(pctx_t *c, yaml_node_t *n, const char *path, int *out)
+{
+    const char *s;
+    char q[QUOTE_MAX + 8];
+    long long v = 0;
+    size_t i;
+
+    if (n->type != YAML_SCALAR_NODE) {
+        fail(c, n, path, "expected a positive integer, got %s", node_kind(n));
+        return -1;
+    }
+    s = (const char *)n->data.scalar.value;
+    quote_value(n, q, sizeof q);
+    if (n->data.scalar.length == 0)
+        goto bad;
+    for (i = 0; i < n->data.scalar.length; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            goto bad;
+        v = v * 10 + (s[i] - '0');
+        if (v > INT_MAX) {
+            fail(c, n, path, "value '%s' is too large (at most %d)", q, INT_MAX);
+            return -1;
+        }
+    }
+    if (v == 0)
+        goto bad;
+    *out = (int)v;
+    return 0;
+bad:
+    fail(c, n, path, "expected a positive integer, got '%s'", q);
+    return -1;
+}
+
+/* Copies a scalar's text; an embedded NUL (possible with "\0" in double
+ * quotes) would silently truncate it, so it is refused. */
+static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
+{
+    const char *s;
+
+    if (n->type != YAML_SCALAR_NODE) {
+        fail(c, n, path, "expected a string, got %s", node_kind(n));
+        return -1;
+    }
+    s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) {
+        fail(c, n, path, "contains a NUL byte");
+        return -1;
+    }
+    *out = strdup(s);
+    if (*out == NULL) {
+        fail(c, n, path, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- coordinator -------------------------------------------------------- */
+
+static int get_endpoint(pctx_t *c, yaml_node_t *n, const char *path, char **dst)
+{
+    static const char *const schemes[] = { "tcp://", "ipc://", "inproc://" };
+    char *s = NULL;
+    char q[QUOTE_MAX + 8];
+    size_t i;
+    int rc = -1;
+
+    if (get_string(c, n, path, &s) < 0)
+        goto out;
+    for (i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+        if (strncmp(s, schemes[i], strlen(schemes[i])) == 0 &&
+            s[strlen(schemes[i])] != '\0')
+            break;
+    if (i == sizeof schemes / sizeof schemes[0]) {
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "expected an endpoint starting with tcp://, ipc:// or "
+             "inproc://, got '%s'", q);
+        goto out;
+    }
+    free(*dst); /* replaces the default */
+    *dst = s;
+    s = NULL;
+    rc = 0;
+out:
+    free(s);
+    return rc;
+}
+
+static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
+{
+    static const char *const keys[] = { "workers_endpoint", "control_endpoint",
+                                        "heartbeat_interval_ms", "worker_timeout_ms" };
+    yaml_node_t *v[4];
+
+    if (is_null(n))
+        return 0; /* "coordinator:" with nothing under it: all defaults */
+    if (want_mapping(c, n, "coordinator") < 0 ||
+        map_fields(c, n, "coordinator", keys, 4, v) < 0)
+        return -1;
+    if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
+                             &cfg->workers_endpoint) < 0)
+        return -1;
+    if (v[1] && get_endpoint(c, v[1], "coordinator.control_endpoint",
+                             &cfg->control_endpoint) < 0)
+        return -1;
+    if (v[2] && get_posint(c, v[2], "coordinator.heartbeat_interval_ms",
+                           &cfg->heartbeat_interval_ms) < 0)
+        return -1;
+    if (v[3] && get_posint(c, v[3], "coordinator.worker_timeout_ms",
+                           &cfg->worker_timeout_ms) < 0)
+        return -1;
+    /* A timeout at or under the interval would declare healthy workers dead
+     * between two heartbeats. */
+    if (cfg->worker_timeout_ms <= cfg->heartbeat_interval_ms) {
+        fail(c, v[3] ? v[3] : n, "coordinator.worker_timeout_ms",
+             "must be greater than heartbeat_interval_ms (%d <= %d)",
+             cfg->worker_timeout_ms, cfg->heartbeat_interval_ms);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- deployments -------------------------------------------------------- */
+
+static int valid_name(const char *s)
+{
+    size_t i, len = strlen(s);
+
+    if (len == 0 || len > NAME_MAX_LEN)
+        return 0;
+    for (i = 0; i < len; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* model_path = directory of `file` (with its slash) + model, unless model is
+ * absolute or the file name has no directory part. */
+static char *resolve_model(const char *file, const char *model)
+{
+    const char *slash = file ? strrchr(file, '/') : NULL;
+    size_t dlen;
+    char *p;
+
+    if (model[0] == '/' || slash == NULL)
+        return strdup(model);
+    dlen = (size_t)(slash - file) + 1;
+    p = malloc(dlen + strlen(model) + 1);
+    if (p == NULL)
+        return NULL;
+    memcpy(p, file, dlen);
+    strcpy(p + dlen, model);
+    return p;
+}
+
+static int parse_parallel(pctx_t *c, yaml_node_t *n, const char *path,
+                          tsr_deployment_t *d)
+{
+    static const char *const keys[] = { "tensor", "pipeline", "replicas" };
+    int *dst[3] = { &d->tensor, &d->pipeline, &d->replicas };
+    yaml_node_t *v[3];
+    char kpath[PATH_MAX_LEN];
+    size_t i;
+
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 3, v) < 0)
+        return -1;
+    for (i = 0; i < 3; i++) {
+        path_key(kpath, path, keys[i]);
+        if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_name(pctx_t *c, yaml_node_t *n, const char *path,
+                      const tsr_config_t *cfg, size_t idx, tsr_deployment_t *d)
+{
+    char q[QUOTE_MAX + 8];
+    size_t j;
+
+    if (get_string(c, n, path, &d->name) < 0)
+        return -1;
+    if (!valid_name(d->name)) {
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "invalid name '%s' (use 1 to %d of A-Z a-z 0-9 _ . -)",
+             q, NAME_MAX_LEN);
+        return -1;
+    }
+    for (j = 0; j < idx; j++) {
+        if (strcmp(cfg->deployments[j].name, d->name) == 0) {
+            fail(c, n, path, "duplicate deployment name '%s' (also deployments[%zu], "
+                 "line %d)", d->name, j, cfg->deployments[j].line);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int parse_model(pctx_t *c, yaml_node_t *n, const char *path,
+                       tsr_deployment_t *d)
+{
+    if (get_string(c, n, path, &d->model) < 0)
+        return -1;
+    if (d->model[0] == '\0') {
+        fail(c, n, path, "must not be empty");
+        return -1;
+    }
+    d->model_path = resolve_model(c->file_for_paths, d->model);
+    if (d->model_path == NULL) {
+        fail(c, n, path, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_device(pctx_t *c, yaml_node_t *n, const char *path,
+                        tsr_deployment_t *d)
+{
+    char *s = NULL;
+    char q[QUOTE_MAX + 8];
+    int rc = -1;
+
+    if (get_string(c, n, path, &s) < 0)
+        goto out;
+    if (tsr_device_parse(s, &d->device) < 0) {
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "expected cpu or cuda, got '%s'", q);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(s);
+    return rc;
+}
+
+static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
+                            tsr_config_t *cfg)
+{
+    static const char *const keys[] = { "name", "model", "device", "parallel",
+                                        "max_seq_len" };
+    tsr_deployment_t *d = &cfg->deployments[idx];
+    yaml_node_t *v[5];
+    char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
+
+    snprintf(path, sizeof path, "deployments[%zu]", idx);
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 5, v) < 0)
+        return -1;
+    d->line = (int)n->start_mark.line + 1;
+    d->column = (int)n->start_mark.column + 1;
+    /* Required keys are reported at the entry, since they have no node. */
+    if (v[0] == NULL || v[1] == NULL) {
+        path_key(kpath, path, v[0] == NULL ? "name" : "model");
+        fail(c, n, kpath, "required key missing");
+        return -1;
+    }
+    path_key(kpath, path, "name");
+    if (parse_name(c, v[0], kpath, cfg, idx, d) < 0)
+        return -1;
+    path_key(kpath, path, "model");
+    if (parse_model(c, v[1], kpath, d) < 0)
+        return -1;
+    path_key(kpath, path, "device");
+    if (v[2] && parse_device(c, v[2], kpath, d) < 0)
+        return -1;
+    path_key(kpath, path, "parallel");
+    if (v[3] && parse_parallel(c, v[3], kpath, d) < 0)
+        return -1;
+    path_key(kpath, path, "max_seq_len");
+    if (v[4] && get_posint(c, v[4], kpath, &d->max_seq_len) < 0)
+        return -1;
+    return 0;
+}
+
+static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
+{
+    yaml_node_item_t *it;
+    size_t count, i;
+
+    if (is_null(n))
+        return 0; /* "deployments:" with nothing under it */
+    if (n->type != YAML_SEQUENCE_NODE) {
+        fail(c, n, "deployments", "expected a sequence, got %s", node_kind(n));
+        return -1;
+    }
+    count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (count == 0)
+        return 0;
+    cfg->deployments = calloc(count, sizeof *cfg->deployments);
+    if (cfg->deployments == NULL) {
+        fail(c, n, "deployments", "out of memory");
+        return -1;
+    }
+    /* Defaults first, so every entry is sane even if parsing stops early;
+     * n_deployments grows as entries are filled so destroy frees them. */
+    for (i = 0; i < count; i++) {
+        cfg->deployments[i].device = TSR_DEVICE_CPU;
+        cfg->deployments[i].tensor = 1;
+        cfg->deployments[i].pipeline = 1;
+        cfg->deployments[i].replicas = 1;
+        cfg->deployments[i].max_seq_len = 2048;
+    }
+    for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
+        cfg->n_deployments = i + 1;
+        if (parse_deployment(c, yaml_document_get_node(c->doc, *it), i, cfg) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- top level ---------------------------------------------------------- */
+
+static int parse_version(pctx_t *c, yaml_node_t *root, yaml_node_t *n)
+{
+    int v = 0;
+
+    if (n == NULL) {
+        fail(c, root, "version", "required key missing (this build reads version 1)");
+        return -1;
+    }
+    if (get_posint(c, n, "version", &v) < 0)
+        return -1;
+    if (v != 1) {
+        fail(c, n, "version", "unsupported format version %d (this build reads "
+             "version 1)", v);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_root(pctx_t *c, tsr_config_t *cfg)
+{
+    static const char *const keys[] = { "version", "coordinator", "deployments" };
+    yaml_node_t *root = yaml_document_get_root_node(c->doc);
+    yaml_node_t *v[3];
+
+    if (root == NULL) {
+        fail_at(c, 0, 0, "version", "required key missing (the file is empty)");
+        return -1;
+    }
+    if (root->type != YAML_MAPPING_NODE) {
+        fail(c, root, "(top level)", "expected a mapping, got %s", node_kind(root));
+        return -1;
+    }
+    if (map_fields(c, root, "", keys, 3, v) < 0 ||
+        parse_version(c, root, v[0]) < 0)
+        return -1;
+    if (v[1] && parse_coordinator(c, v[1], cfg) < 0)
+        return -1;
+    if (v[2] && parse_deployments(c, v[2], cfg) < 0)
+        return -1;
+    return 0;
+}
+
+/* libyaml's reader errors carry a byte offset, not a mark; count lines
+ * ourselves so every message has a position. */
+static void offset_to_mark(const char *buf, size_t len, size_t off,
+                           int *line0, int *col0)
+{
+    size_t i;
+
+    *line0 = 0;
+    *col0 = 0;
+    for (i = 0; i < off && i < len; i++) {
+        if (buf[i] == '\n') {
+            (*line0)++;
+            *col0 = 0;
+        } else {
+            (*col0)++;
+        }
+    }
+}
+
+static void syntax_error(pctx_t *c, const yaml_parser_t *p, const char *buf,
+                         size_t len)
+{
+    int line0 = (int)p->problem_mark.line, col0 = (int)p->problem_mark.column;
+    const char *problem = p->problem ? p->problem : "malformed YAML";
+
+    if (p->error == YAML_READER_ERROR)
+        offset_to_mark(buf, len, p->problem_offset, &line0, &col0);
+    if (p->error == YAML_MEMORY_ERROR)
+        problem = "out of memory";
+    if (p->context && (int)p->context_mark.line != line0)
+        fail_at(c, line0, col0, "syntax error", "%s %s (started at line %d)",
+                problem, p->context, (int)p->context_mark.line + 1);
+    else if (p->context)
+        fail_at(c, line0, col0, "syntax error", "%s %s", problem, p->context);
+    else
+        fail_at(c, line0, col0, "syntax error", "%s", problem);
+}
+
+static tsr_config_t *config_new(const char *name)
+{
+    tsr_config_t *cfg = calloc(1, sizeof *cfg);
+
+    if (cfg == NULL)
+        return NULL;
+    cfg->path = strdup(name);
+    cfg->workers_endpoint = strdup("tcp://0.0.0.0:7400");
+    cfg->control_endpoint = strdup("tcp://127.0.0.1:7401");
+    cfg->heartbeat_interval_ms = 100;
+    cfg->worker_timeout_ms = 1000;
+    if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint)
+        tsr_config_destroy(&cfg);
+    return cfg;
+}
+
+/* Loads the first document and makes sure no second one follows: a stray
+ * "---" usually means two files were pasted together. */
+static int load_documents(pctx_t *c, yaml_parser_t *parser, const char *buf,
+                          size_t len)
+{
+    yaml_document_t extra;
+    yaml_node_t *root;
+    int have_extra = 0;
+    int rc = -1;
+
+    /* On failure yaml_parser_load frees what it built itself. */
+    if (!yaml_parser_load(parser, c->doc)) {
+        syntax_error(c, parser, buf, len);
+        return -1;
+    }
+    if (yaml_document_get_root_node(c->doc) == NULL) {
+        rc = 0; /* empty stream: nothing more to read */
+        goto out;
+    }
+    if (!yaml_parser_load(parser, &extra)) {
+        syntax_error(c, parser, buf, len);
+        goto out;
+    }
+    have_extra = 1;
+    root = yaml_document_get_root_node(&extra);
+    if (root != NULL) {
+        fail(c, root, "(document)", "only one YAML document is allowed");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (have_extra)
+        yaml_document_delete(&extra);
+    if (rc < 0)
+        yaml_document_delete(c->doc);
+    return rc;
+}
+
+int tsr_config_parse(const char *buf, size_t len, const char *name,
+                     tsr_config_t **out, char *err, size_t errlen)
+{
+    pctx_t c = { 0 };
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    tsr_config_t *cfg = NULL;
+    int parser_ready = 0, doc_ready = 0;
+    int rc = -1;
+
+    c.doc = &doc;
+    c.file = name ? name : "<input>";
+    c.file_for_paths = name;
+    c.err = err;
+    c.errlen = errlen;
+    *out = NULL;
+    if (len > TSR_CONFIG_MAX_BYTES) {
+        fail_plain(err, errlen, "%s: too large (%zu bytes, limit %d)", c.file,
+                   len, TSR_CONFIG_MAX_BYTES);
+        goto out;
+    }
+    cfg = config_new(c.file);
+    if (cfg == NULL || !yaml_parser_initialize(&parser)) {
+        fail_plain(err, errlen, "%s: out of memory", c.file);
+        goto out;
+    }
+    parser_ready = 1;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)(buf ? buf : ""),
+                                 buf ? len : 0);
+    if (load_documents(&c, &parser, buf, len) < 0)
+        goto out;
+    doc_ready = 1;
+    if (parse_root(&c, cfg) < 0)
+        goto out;
+    *out = cfg;
+    cfg = NULL; /* transferred */
+    rc = 0;
+out:
+    if (doc_ready)
+        yaml_document_delete(&doc);
+    if (parser_ready)
+        yaml_parser_delete(&parser);
+    tsr_config_destroy(&cfg);
+    return rc;
+}
+
+/* Reads at most limit+1 bytes so an oversized file is detected without
+ * trusting its stat size (it may be a pipe or still growing). */
+static int read_file(const char *path, char **buf_out, size_t *len_out,
+                     char *err, size_t errlen)
+{
+    FILE *f = NULL;
+    char *buf = NULL;
+    size_t cap = TSR_CONFIG_MAX_BYTES + 1, len = 0, got;
+    int rc = -1;
+
+    f = fopen(path, "rb");
+    if (f == NULL) {
+        fail_plain(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    buf = malloc(cap);
+    if (buf == NULL) {
+        fail_plain(err, errlen, "%s: out of memory", path);
+        goto out;
+    }
+    while (len < cap && (got = fread(buf + len, 1, cap - len, f)) > 0)
+        len += got;
+    if (ferror(f)) {
+        fail_plain(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    if (len > TSR_CONFIG_MAX_BYTES) {
+        fail_plain(err, errlen, "%s: too large (more than %d bytes)", path,
+                   TSR_CONFIG_MAX_BYTES);
+        goto out;
+    }
+    *buf_out = buf;
+    *len_out = len;
+    buf = NULL; /* transferred */
+    rc = 0;
+out:
+    free(buf);
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errlen)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = -1;
+
+    *out = NULL;
+    if (read_file(path, &buf, &len, err, errlen) < 0)
+        goto out;
+    rc = tsr_config_parse(buf, len, path, out, err, errlen);
+out:
+    free(buf);
+    return rc;
+}
+
+void tsr_config_destroy(tsr_config_t **self_p)
+{
+    tsr_config_t *cfg;
+    size_t i;
+
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    cfg = *self_p;
+    for (i = 0; i < cfg->n_deployments; i++) {
+        free(cfg->deployments[i].name);
+        free(cfg->deployments[i].model);
+        free(cfg->deployments[i].model_path);
+    }
+    free(cfg->deployments);
+    free(cfg->workers_endpoint);
+    free(cfg->control_endpoint);
+    free(cfg->path);
+    free(cfg);
+    *self_p = NULL;
+}
+
+const tsr_deployment_t *tsr_config_find(const tsr_config_t *cfg, const char *name)
+{
+    size_t i;
+
+    if (cfg == NULL || name == NULL)
+        return NULL;
+    for (i = 0; i < cfg->n_deployments; i++)
+        if (strcmp(cfg->deployments[i].name, name) == 0)
+            return &cfg->deployments[i];
+    return NULL;
+}

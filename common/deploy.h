@@ -1,0 +1,58 @@
+/* deploy.h: the deployment file (format version 1), read into typed structs.
+ *
+ * The parser is a pure function of bytes to struct (tsr_config_parse), so it
+ * can be unit tested and fuzzed without touching the file system; the file
+ * loader only reads the bytes and resolves relative model paths. */
+#ifndef TSR_DEPLOY_H
+#define TSR_DEPLOY_H
+
+#include <stddef.h>
+
+typedef enum { TSR_DEVICE_CPU = 0, TSR_DEVICE_CUDA = 1 } tsr_device_t;
+
+/* "cpu" / "cuda"; never NULL. */
+const char *tsr_device_name(tsr_device_t d);
+/* 0 and *out set on success, -1 on an unknown name. */
+int tsr_device_parse(const char *s, tsr_device_t *out);
+
+typedef struct {
+    char *name;
+    char *model;          /* as written in the file */
+    char *model_path;     /* resolved: absolute, or relative to the YAML's directory */
+    tsr_device_t device;  /* default cpu */
+    int tensor;           /* parallel.tensor, default 1 */
+    int pipeline;         /* parallel.pipeline, default 1 */
+    int replicas;         /* parallel.replicas, default 1 */
+    int max_seq_len;      /* default 2048 */
+    int line, column;     /* 1-based position of the entry, for messages */
+} tsr_deployment_t;
+
+typedef struct {
+    char *path;                   /* file name it was read from (for messages) */
+    char *workers_endpoint;       /* default tcp://0.0.0.0:7400 */
+    char *control_endpoint;       /* default tcp://127.0.0.1:7401 */
+    int heartbeat_interval_ms;    /* default 100 */
+    int worker_timeout_ms;        /* default 1000 */
+    tsr_deployment_t *deployments;
+    size_t n_deployments;
+} tsr_config_t;
+
+/* Parses a YAML document held in buf.  `name` is used in messages and to
+ * resolve relative model paths (its directory part; may be NULL).  On success
+ * returns 0 and *out (caller owns; free with tsr_config_destroy).  On failure
+ * returns -1 and writes a one-line message into err naming file, line, column
+ * and the key at fault, e.g.
+ *   "demo.yaml:12:7: deployments[0].parallel.tensor: expected a positive integer, got 'two'". */
+int tsr_config_parse(const char *buf, size_t len, const char *name,
+                     tsr_config_t **out, char *err, size_t errlen);
+
+/* Reads and parses a file; same contract as tsr_config_parse. */
+int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errlen);
+
+/* Frees a config and sets *self_p to NULL.  Safe on NULL. */
+void tsr_config_destroy(tsr_config_t **self_p);
+
+/* Returns the deployment with that name, or NULL. */
+const tsr_deployment_t *tsr_config_find(const tsr_config_t *cfg, const char *name);
+
+#endif

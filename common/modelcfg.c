@@ -1,0 +1,253 @@
+/* modelcfg.c: the few facts of a Hugging Face config.json the control plane
+ * needs, plus the layout arithmetic built on them (stage splits, TP checks,
+ * weight bytes per piece). */
+#include "modelcfg.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* A missing field is reported when def < 0; otherwise def is used. */
+static int get_posint(json_t *root, const char *key, int def, int *out,
+                      const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    json_int_t x;
+
+    if (v == NULL && def > 0) {
+        *out = def;
+        return 0;
+    }
+    if (v == NULL || !json_is_integer(v) || (x = json_integer_value(v)) <= 0 ||
+        x > INT_MAX) {
+        set_err(err, errlen, "%s: %s missing or not a positive integer", path, key);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int get_tie(json_t *root, int *out, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, "tie_word_embeddings");
+
+    if (v == NULL || json_is_null(v)) {
+        *out = 0;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        set_err(err, errlen, "%s: tie_word_embeddings must be true or false", path);
+        return -1;
+    }
+    *out = json_is_true(v) ? 1 : 0;
+    return 0;
+}
+
+/* Newer transformers releases write "dtype" instead of "torch_dtype"; the
+ * old name wins when both are there, as it does in transformers. */
+static int get_dtype(json_t *root, int *out, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, "torch_dtype");
+    const char *key = "torch_dtype";
+    const char *s;
+
+    if (v == NULL) {
+        v = json_object_get(root, "dtype");
+        key = "dtype";
+    }
+    if (v == NULL || json_is_null(v)) {
+        *out = 2;
+        return 0;
+    }
+    s = json_string_value(v);
+    if (s != NULL && strcmp(s, "float32") == 0) {
+        *out = 4;
+        return 0;
+    }
+    if (s != NULL && (strcmp(s, "float16") == 0 || strcmp(s, "bfloat16") == 0)) {
+        *out = 2;
+        return 0;
+    }
+    set_err(err, errlen, "%s: %s '%s' not supported (expected float32, float16 "
+            "or bfloat16)", path, key, s ? s : "(not a string)");
+    return -1;
+}
+
+/* head_dim and GQA grouping are derived from these; a config that breaks
+ * them would make every later size silently wrong. */
+static int check_shapes(const tsr_model_info_t *m, const char *path,
+                        char *err, size_t errlen)
+{
+    if (m->hidden_size % m->num_attention_heads != 0) {
+        set_err(err, errlen, "%s: hidden_size %d is not divisible by "
+                "num_attention_heads %d", path, m->hidden_size, m->num_attention_heads);
+        return -1;
+    }
+    if (m->num_attention_heads % m->num_key_value_heads != 0) {
+        set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
+                "num_key_value_heads %d", path, m->num_attention_heads,
+                m->num_key_value_heads);
+        return -1;
+    }
+    return 0;
+}
+
+static int read_fields(json_t *root, tsr_model_info_t *m, const char *path,
+                       char *err, size_t errlen)
+{
+    if (get_posint(root, "hidden_size", -1, &m->hidden_size, path, err, errlen) < 0 ||
+        get_posint(root, "intermediate_size", -1, &m->intermediate_size, path, err, errlen) < 0 ||
+        get_posint(root, "num_hidden_layers", -1, &m->num_hidden_layers, path, err, errlen) < 0 ||
+        get_posint(root, "num_attention_heads", -1, &m->num_attention_heads, path, err, errlen) < 0 ||
+        get_posint(root, "num_key_value_heads", m->num_attention_heads,
+                   &m->num_key_value_heads, path, err, errlen) < 0 ||
+        get_posint(root, "vocab_size", -1, &m->vocab_size, path, err, errlen) < 0 ||
+        get_posint(root, "max_position_embeddings", -1, &m->max_position_embeddings,
+                   path, err, errlen) < 0 ||
+        get_tie(root, &m->tie_word_embeddings, path, err, errlen) < 0 ||
+        get_dtype(root, &m->dtype_bytes, path, err, errlen) < 0)
+        return -1;
+    return check_shapes(m, path, err, errlen);
+}
+
+int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_t errlen)
+{
+    tsr_model_info_t m = { 0 };
+    json_error_t jerr;
+    json_t *root = NULL;
+    char *path = NULL;
+    size_t dlen = strlen(dir);
+    int rc = -1;
+
+    /* Avoid "dir//config.json" in messages when dir ends with a slash. */
+    if (asprintf(&path, "%s%sconfig.json", dir,
+                 dlen > 0 && dir[dlen - 1] == '/' ? "" : "/") < 0) {
+        path = NULL;
+        set_err(err, errlen, "%s/config.json: out of memory", dir);
+        goto out;
+    }
+    root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        if (jerr.line > 0)
+            set_err(err, errlen, "%s:%d:%d: invalid JSON: %s", path, jerr.line,
+                    jerr.column, jerr.text);
+        else
+            set_err(err, errlen, "%s: %s", path, jerr.text);
+        goto out;
+    }
+    if (!json_is_object(root)) {
+        set_err(err, errlen, "%s: expected a JSON object at the top level", path);
+        goto out;
+    }
+    if (read_fields(root, &m, path, err, errlen) < 0)
+        goto out;
+    *out = m;
+    rc = 0;
+out:
+    json_decref(root);
+    free(path);
+    return rc;
+}
+
+int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
+                           int index, const char *cfg_path, char *err, size_t errlen)
+{
+    const char *yaml = cfg_path ? cfg_path : "<input>";
+    const char *mdir = d->model_path ? d->model_path : (d->model ? d->model : "?");
+    const char *sep = mdir[0] && mdir[strlen(mdir) - 1] == '/' ? "" : "/";
+    char where[512];
+
+    snprintf(where, sizeof where, "%s:%d:%d: deployments[%d] (%s): %s%sconfig.json",
+             yaml, d->line, d->column, index, d->name ? d->name : "?", mdir, sep);
+    if (d->tensor <= 0 || d->pipeline <= 0) {
+        set_err(err, errlen, "%s: parallel.tensor and parallel.pipeline must be "
+                "positive", where);
+        return -1;
+    }
+    if (m->num_attention_heads % d->tensor != 0) {
+        set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
+                "parallel.tensor %d", where, m->num_attention_heads, d->tensor);
+        return -1;
+    }
+    /* With GQA each rank needs whole KV heads, which is the stricter test. */
+    if (m->num_key_value_heads % d->tensor != 0) {
+        set_err(err, errlen, "%s: num_key_value_heads %d is not divisible by "
+                "parallel.tensor %d", where, m->num_key_value_heads, d->tensor);
+        return -1;
+    }
+    if (d->pipeline > m->num_hidden_layers) {
+        set_err(err, errlen, "%s: parallel.pipeline %d exceeds num_hidden_layers %d "
+                "(a stage needs at least one layer)", where, d->pipeline,
+                m->num_hidden_layers);
+        return -1;
+    }
+    return 0;
+}
+
+void tsr_layer_split(int n_layers, int stages, int stage, int *begin, int *end)
+{
+    int base, extra;
+
+    if (n_layers <= 0 || stages <= 0 || stage < 0 || stage >= stages) {
+        *begin = *end = 0;
+        return;
+    }
+    base = n_layers / stages;
+    extra = n_layers % stages;
+    /* Stages before `stage` hold base layers each plus one for each of the
+     * first `extra` of them. */
+    *begin = stage * base + (stage < extra ? stage : extra);
+    *end = *begin + base + (stage < extra ? 1 : 0);
+}
+
+static uint64_t layer_params(const tsr_model_info_t *m)
+{
+    uint64_t h = (uint64_t)m->hidden_size;
+    uint64_t head_dim = h / (uint64_t)m->num_attention_heads;
+    uint64_t kv_dim = (uint64_t)m->num_key_value_heads * head_dim;
+    uint64_t attn = 2 * h * h + 2 * h * kv_dim; /* q, o full; k, v grouped */
+    uint64_t mlp = 3 * h * (uint64_t)m->intermediate_size; /* gate, up, down */
+
+    return attn + mlp + 2 * h; /* + attention and MLP norms */
+}
+
+/* Every weight is counted as sharded over the tensor ranks (norms too), so
+ * pieces sum to the whole model; the replicated norms are a rounding error
+ * next to the matrices. */
+uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor)
+{
+    uint64_t h = (uint64_t)m->hidden_size;
+    uint64_t embed = (uint64_t)m->vocab_size * h;
+    uint64_t params;
+    int begin, end;
+
+    if (stages <= 0 || tensor <= 0 || stage < 0 || stage >= stages ||
+        m->num_attention_heads <= 0)
+        return 0;
+    tsr_layer_split(m->num_hidden_layers, stages, stage, &begin, &end);
+    params = (uint64_t)(end - begin) * layer_params(m);
+    if (stage == 0)
+        params += embed;
+    if (stage == stages - 1) {
+        params += h; /* final norm */
+        /* A tied head reuses stage 0's embedding, unless it lives on another
+         * stage, which then needs its own copy. */
+        if (!m->tie_word_embeddings || stages > 1)
+            params += embed;
+    }
+    return params / (uint64_t)tensor * (uint64_t)m->dtype_bytes;
+}

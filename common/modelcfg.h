@@ -1,0 +1,46 @@
+/* modelcfg.h: the facts of a Hugging Face Llama-family config.json that the
+ * control plane needs (layer count for stage splits, heads for TP checks,
+ * sizes for memory estimates). */
+#ifndef TSR_MODELCFG_H
+#define TSR_MODELCFG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "deploy.h"
+
+typedef struct {
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;     /* defaults to num_attention_heads */
+    int vocab_size;
+    int max_position_embeddings;
+    int tie_word_embeddings;     /* 0 or 1, default 0 */
+    int dtype_bytes;             /* from torch_dtype: 4 float32, 2 float16/bfloat16; default 2 */
+} tsr_model_info_t;
+
+/* Reads DIR/config.json.  Returns 0 on success; -1 with a message naming the
+ * file and the field on failure ("models/tiny/config.json: num_hidden_layers
+ * missing or not a positive integer"). */
+int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_t errlen);
+
+/* Checks that deployment d can be laid out on model m: heads and KV heads
+ * divisible by tensor, no more stages than layers.  The message names the
+ * YAML file, the deployment and its line, e.g. "demo.yaml:9:5: deployments[0]
+ * (tiny): models/tiny/config.json: num_attention_heads 12 is not divisible by
+ * parallel.tensor 5".  cfg_path may be NULL. */
+int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
+                           int index, const char *cfg_path, char *err, size_t errlen);
+
+/* Splits n_layers into `stages` consecutive ranges as evenly as possible; the
+ * first (n_layers % stages) stages get one extra layer.  Stage s covers
+ * [*begin, *end). */
+void tsr_layer_split(int n_layers, int stages, int stage, int *begin, int *end);
+
+/* Bytes of weights held by one piece (stage `stage` of `stages`, one of
+ * `tensor` ranks): its layers' share plus the embedding on stage 0 and the
+ * final norm and LM head on the last stage. */
+uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor);
+
+#endif

@@ -1,0 +1,259 @@
+#include "wire.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+static void *zctx;
+
+void *tsr_zmq_ctx(void)
+{
+    if (!zctx) {
+        zctx = zmq_ctx_new();
+        /* The control-plane benchmark holds thousands of sockets in one
+         * process; the default cap is 1023. */
+        zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, 65536);
+    }
+    return zctx;
+}
+
+void tsr_zmq_term(void)
+{
+    if (zctx) zmq_ctx_term(zctx);
+    zctx = NULL;
+}
+
+/* ---- decoding ------------------------------------------------------------ */
+
+/* Walks every string in a decoded message and checks it against its limit.
+ * Generic over the descriptors so a new field cannot slip past unchecked. */
+static int check_strings(const ProtobufCMessage *m, char *err, size_t errlen)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const char *base = (const char *)m + f->offset;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) continue; /* none in the schema */
+        if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+            uint32_t which = *(const uint32_t *)((const char *)m + f->quantifier_offset);
+            if (which != f->id) continue;
+        }
+        if (f->type == PROTOBUF_C_TYPE_STRING) {
+            const char *s = *(char *const *)base;
+            if (!s) continue;
+            size_t limit = TSR_PATH_MAX;
+            if (!strcmp(f->name, "json")) continue; /* bounded by the message size */
+            if (!strcmp(f->name, "worker") || !strcmp(f->name, "deployment") ||
+                !strcmp(f->name, "node") || !strcmp(f->name, "software_version"))
+                limit = TSR_NAME_MAX;
+            if (strlen(s) > limit) {
+                snprintf(err, errlen, "%s.%s is %zu bytes, limit %zu", d->short_name,
+                         f->name, strlen(s), limit);
+                return -1;
+            }
+        } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            const ProtobufCMessage *sub = *(ProtobufCMessage *const *)base;
+            if (sub && check_strings(sub, err, errlen) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+int tsr_wire_decode(const uint8_t *buf, size_t len, size_t max, tsr_env_t **out,
+                    char *err, size_t errlen)
+{
+    *out = NULL;
+    if (len > max) {
+        snprintf(err, errlen, "message of %zu bytes exceeds the limit of %zu", len, max);
+        return -1;
+    }
+    if (len == 0) {
+        snprintf(err, errlen, "empty message");
+        return -1;
+    }
+    tsr_env_t *env = tessera__envelope__unpack(NULL, len, buf);
+    if (!env) {
+        snprintf(err, errlen, "malformed or truncated message (%zu bytes)", len);
+        return -1;
+    }
+    if (env->body_case == TESSERA__ENVELOPE__BODY__NOT_SET) {
+        snprintf(err, errlen, "message has no body (unknown kind, or sent by a newer peer)");
+        goto bad;
+    }
+    if (check_strings(&env->base, err, errlen) < 0) goto bad;
+    *out = env;
+    return 0;
+bad:
+    tessera__envelope__free_unpacked(env, NULL);
+    return -1;
+}
+
+void tsr_env_free(tsr_env_t **env_p)
+{
+    if (env_p && *env_p) {
+        tessera__envelope__free_unpacked(*env_p, NULL);
+        *env_p = NULL;
+    }
+}
+
+int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len)
+{
+    if (env->protocol_version == 0) env->protocol_version = TSR_PROTOCOL_VERSION;
+    size_t n = tessera__envelope__get_packed_size(env);
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b) return -1;
+    tessera__envelope__pack(env, b);
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* ---- sockets ------------------------------------------------------------- */
+
+static void sock_common(void *s)
+{
+    int linger = 0, hwm = 100000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+}
+
+void *tsr_sock_router(const char *endpoint, char *err, size_t errlen)
+{
+    void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_ROUTER);
+    if (!s) {
+        snprintf(err, errlen, "cannot create socket: %s", zmq_strerror(errno));
+        return NULL;
+    }
+    sock_common(s);
+    int mandatory = 0;  /* unroutable replies (peer gone) are dropped silently */
+    zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    if (zmq_bind(s, endpoint) != 0) {
+        snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen)
+{
+    void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_DEALER);
+    if (!s) {
+        snprintf(err, errlen, "cannot create socket: %s", zmq_strerror(errno));
+        return NULL;
+    }
+    sock_common(s);
+    /* Reconnect fast at first, backing off to 2 s while the peer is away. */
+    int ivl = 100, ivl_max = 2000;
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
+    zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
+    if (zmq_connect(s, endpoint) != 0) {
+        snprintf(err, errlen, "cannot connect to %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void tsr_sock_close(void **sock_p)
+{
+    if (sock_p && *sock_p) {
+        zmq_close(*sock_p);
+        *sock_p = NULL;
+    }
+}
+
+int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = -1;
+    if (tsr_wire_encode(env, &buf, &len) < 0) goto out;
+    if (rid && zmq_send(sock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) goto out;
+    if (zmq_send(sock, buf, len, ZMQ_DONTWAIT) < 0) goto out;
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}
+
+/* Reads and discards the rest of a multipart message. */
+static void skip_rest(void *sock)
+{
+    int more = 1;
+    size_t sz = sizeof more;
+    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, sock, 0);
+        zmq_msg_close(&m);
+    }
+}
+
+int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env_t **out,
+                  char *err, size_t errlen)
+{
+    zmq_msg_t m;
+    int rc = -1;
+    *out = NULL;
+    if (rid) {
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return errno == EAGAIN ? 0 : -1;
+        }
+        size_t n = zmq_msg_size(&m);
+        if (n > 255) n = 255;
+        memcpy(rid, zmq_msg_data(&m), n);
+        *rid_len = n;
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        if (!more) {
+            snprintf(err, errlen, "message without a body frame");
+            return -1;
+        }
+    }
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, rid ? 0 : ZMQ_DONTWAIT) < 0) {
+        int e = errno;
+        zmq_msg_close(&m);
+        if (e == EAGAIN && !rid) return 0;
+        snprintf(err, errlen, "receive failed: %s", zmq_strerror(e));
+        return -1;
+    }
+    int more = zmq_msg_more(&m);
+    if (more) {
+        snprintf(err, errlen, "message with unexpected extra frames");
+        skip_rest(sock);
+        goto out;
+    }
+    if (tsr_wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), max, out, err, errlen) < 0)
+        goto out;
+    rc = 1;
+out:
+    zmq_msg_close(&m);
+    return rc;
+}
+
+const char *tsr_connect_endpoint(const char *bind_ep, char *buf, size_t len)
+{
+    const char *p;
+    if ((p = strstr(bind_ep, "://0.0.0.0:")) != NULL)
+        snprintf(buf, len, "%.*s://127.0.0.1:%s", (int)(p - bind_ep), bind_ep, p + 11);
+    else if ((p = strstr(bind_ep, "://*:")) != NULL)
+        snprintf(buf, len, "%.*s://127.0.0.1:%s", (int)(p - bind_ep), bind_ep, p + 5);
+    else
+        snprintf(buf, len, "%s", bind_ep);
+    return buf;
+}
+
+const char *tsr_env_kind(const tsr_env_t *env)
+{
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field(&tessera__envelope__descriptor, env->body_case);
+    return f ? f->name : "unknown";
+}

@@ -1,0 +1,68 @@
+/* wire.h: Tessera's wire messages (proto/tessera.proto) on ZeroMQ sockets.
+ *
+ * Every message is one tessera.Envelope.  Decoding checks the size limit
+ * before protobuf-c sees the bytes, then checks that a body is present and
+ * that every string is within its limit, so the rest of the code can trust
+ * what it gets.  Sockets are created only here (tsr_sock_*), so transport
+ * security can be added in one place. */
+#ifndef TSR_WIRE_H
+#define TSR_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "proto/tessera.pb-c.h"
+
+#define TSR_PROTOCOL_VERSION 1
+#define TSR_SOFTWARE_VERSION "0.1.0"
+
+/* Largest message a worker or the coordinator accepts on the workers
+ * channel, and the largest control reply (a status of 10,000 workers). */
+#define TSR_WIRE_MAX_WORKER   (64u * 1024u)
+#define TSR_WIRE_MAX_CONTROL  (64u * 1024u * 1024u)
+#define TSR_NAME_MAX 128
+#define TSR_PATH_MAX 4096
+
+typedef Tessera__Envelope tsr_env_t;
+
+/* Decodes len bytes.  Returns 0 and *out (caller frees with tsr_env_free),
+ * or -1 with a reason in err: oversized, truncated or malformed, no body,
+ * a string over its limit. */
+int tsr_wire_decode(const uint8_t *buf, size_t len, size_t max, tsr_env_t **out,
+                    char *err, size_t errlen);
+void tsr_env_free(tsr_env_t **env_p);
+
+/* Packs env into a new buffer; caller frees *buf with free().  Sets
+ * protocol_version when it is 0. */
+int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len);
+
+/* ---- sockets (raw libzmq handles; void * as libzmq uses) ---------------- */
+
+/* Creates the process-wide ZeroMQ context on first use. */
+void *tsr_zmq_ctx(void);
+void tsr_zmq_term(void);
+/* A ROUTER bound to endpoint (coordinator side), or NULL with err set. */
+void *tsr_sock_router(const char *endpoint, char *err, size_t errlen);
+/* A DEALER connected to endpoint.  immediate: queue only on live connections
+ * (a worker must not flood a restarted coordinator with stale heartbeats). */
+void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen);
+void tsr_sock_close(void **sock_p);
+
+/* Sends env, prefixed with routing id rid (ROUTER side) when rid != NULL.
+ * Never blocks: a message that cannot be queued is dropped and -1 returned. */
+int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
+
+/* Receives one message without blocking.  Returns 1 and *out when a valid
+ * message was read (with its routing id copied into rid and rid_len when rid is
+ * not NULL), 0 when nothing is waiting, -1 when a message was read but
+ * rejected (reason in err). */
+int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env_t **out,
+                  char *err, size_t errlen);
+
+/* Endpoint a client should connect to for a bind endpoint: the wildcard
+ * address 0.0.0.0 / * becomes 127.0.0.1.  Writes into buf. */
+const char *tsr_connect_endpoint(const char *bind_ep, char *buf, size_t len);
+
+/* "register", "heartbeat", ... for logs. */
+const char *tsr_env_kind(const tsr_env_t *env);
+
+#endif

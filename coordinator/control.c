@@ -1,0 +1,307 @@
+/* control.c: the control API the CLI talks to (status, workers, reload,
+ * drain), and the status document. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "coordinator.h"
+
+void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
+
+/* ---- deployment summaries ------------------------------------------------- */
+
+typedef struct {
+    const char *state;          /* ready | loading | degraded | waiting | failed */
+    char message[1024];
+    int total, ready, placed;
+    tsr_worker_t **at;          /* [(replica * pp + stage) * tp + rank] -> holder or NULL */
+} dep_summary_t;
+
+static int piece_slot(const tsr_deployment_t *d, int r, int s, int t)
+{
+    return (r * d->pipeline + s) * d->tensor + t;
+}
+
+/* Summarises deployment i; caller frees sum->at. */
+static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *sum)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[i];
+    tsr_dep_state_t *ds = &c->deps[i];
+    memset(sum, 0, sizeof *sum);
+    sum->total = d->replicas * d->pipeline * d->tensor;
+    sum->at = calloc((size_t)sum->total, sizeof *sum->at);
+    if (!ds->model_ok) {
+        sum->state = "failed";
+        snprintf(sum->message, sizeof sum->message, "%s", ds->model_error);
+        return;
+    }
+    const char *failure = NULL;
+    tsr_worker_t *failed_w = NULL;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t k = 0; k < n && sum->at; k++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, k);
+        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, d->name))
+            continue;
+        if (w->piece.replica >= d->replicas || w->piece.stage >= d->pipeline ||
+            w->piece.tp >= d->tensor || w->piece.tp_size != d->tensor ||
+            w->piece.pp_size != d->pipeline)
+            continue;  /* an old layout's piece, about to be replaced */
+        sum->at[piece_slot(d, w->piece.replica, w->piece.stage, w->piece.tp)] = w;
+        sum->placed++;
+        if (w->state == TSR_W_READY) sum->ready++;
+        if (w->state == TSR_W_FAILED && !failure) {
+            failure = w->reason;
+            failed_w = w;
+        }
+    }
+    if (failure) {
+        sum->state = "failed";
+        snprintf(sum->message, sizeof sum->message, "replica %d stage %d tp %d on %s: %s",
+                 failed_w->piece.replica, failed_w->piece.stage, failed_w->piece.tp,
+                 failed_w->name, failure);
+    } else if (sum->ready == sum->total) {
+        sum->state = "ready";
+        ds->ever_ready = true;
+    } else if (sum->placed < sum->total) {
+        sum->state = ds->ever_ready ? "degraded" : "waiting";
+        char buf[128] = "";
+        if (now < c->plan_after_ms)
+            snprintf(sum->message, sizeof sum->message,
+                     "waiting %lld ms for workers to re-attach before planning",
+                     (long long)(c->plan_after_ms - now));
+        else if (c->plan && i < c->plan->n_deps && c->plan->deps[i].short_by)
+            snprintf(sum->message, sizeof sum->message, "%s (%d of %d pieces placed)",
+                     tsr_plan_shortage(c->plan, i, buf, sizeof buf), sum->placed, sum->total);
+        else
+            snprintf(sum->message, sizeof sum->message, "%d of %d pieces placed", sum->placed,
+                     sum->total);
+    } else {
+        sum->state = ds->ever_ready ? "degraded" : "loading";
+        snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,
+                 sum->total);
+    }
+}
+
+/* ---- JSON ------------------------------------------------------------------ */
+
+static json_t *holding_json(const tsr_holding_t *h)
+{
+    return json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:[i,i]}", "deployment", h->deployment,
+                     "epoch", (json_int_t)h->epoch, "replica", h->replica, "stage", h->stage,
+                     "tp", h->tp, "tp_size", h->tp_size, "pp_size", h->pp_size, "layers",
+                     h->layer_begin, h->layer_end);
+}
+
+static json_t *worker_json(const tsr_worker_t *w, int64_t now)
+{
+    json_t *o = json_pack(
+        "{s:s, s:s, s:i, s:s, s:i, s:I, s:I, s:f, s:s, s:s, s:b, s:I, s:I}", "name", w->name,
+        "node", w->node, "pid", (int)w->pid, "device", tsr_device_name(w->device),
+        "device_index", (int)w->device_index, "memory", (json_int_t)w->memory, "memory_used",
+        (json_int_t)w->memory_used, "load", (double)w->load, "version", w->version, "state",
+        tsr_wstate_name(w->state), "drained", w->drained, "heartbeat_age_ms",
+        (json_int_t)(now - w->last_seen_ms), "heartbeats", (json_int_t)w->heartbeats);
+    if (!o) return NULL;
+    json_object_set_new(o, "assignment", w->has_piece ? holding_json(&w->piece) : json_null());
+    if (w->reason[0]) json_object_set_new(o, "reason", json_string(w->reason));
+    if (w->detail[0]) json_object_set_new(o, "detail", json_string(w->detail));
+    if (w->state == TSR_W_DEAD)
+        json_object_set_new(o, "dead_for_ms", json_integer(now - w->dead_since_ms));
+    return o;
+}
+
+static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[i];
+    dep_summary_t sum;
+    dep_summarise(c, i, now, &sum);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i}", "name",
+                          d->name, "model", d->model_path, "device", tsr_device_name(d->device),
+                          "tensor", d->tensor, "pipeline", d->pipeline, "replicas", d->replicas,
+                          "max_seq_len", d->max_seq_len, "state", sum.state, "message",
+                          sum.message, "pieces", sum.total, "placed", sum.placed, "ready",
+                          sum.ready);
+    if (c->plan && i < c->plan->n_deps && c->plan->deps[i].short_by)
+        json_object_set_new(o, "needs",
+                            json_pack("{s:i, s:s}", "workers", c->plan->deps[i].short_by,
+                                      "device", tsr_device_name(d->device)));
+    json_t *reps = json_array();
+    for (int r = 0; r < d->replicas && sum.at; r++) {
+        json_t *stages = json_array();
+        int rready = 0;
+        for (int s = 0; s < d->pipeline; s++) {
+            int b = 0, e = 0;
+            if (c->deps[i].model_ok)
+                tsr_layer_split(c->deps[i].model.num_hidden_layers, d->pipeline, s, &b, &e);
+            json_t *ranks = json_array();
+            for (int t = 0; t < d->tensor; t++) {
+                tsr_worker_t *w = sum.at[piece_slot(d, r, s, t)];
+                json_t *rk;
+                if (w) {
+                    rk = json_pack("{s:i, s:s, s:s, s:i, s:s, s:I, s:I}", "tp", t, "worker",
+                                   w->name, "node", w->node, "pid", (int)w->pid, "state",
+                                   tsr_wstate_name(w->state), "heartbeat_age_ms",
+                                   (json_int_t)(now - w->last_seen_ms), "epoch",
+                                   (json_int_t)w->piece.epoch);
+                    if (w->reason[0]) json_object_set_new(rk, "reason", json_string(w->reason));
+                    rready += w->state == TSR_W_READY;
+                } else {
+                    rk = json_pack("{s:i, s:n, s:s}", "tp", t, "worker", "state", "unplaced");
+                }
+                json_array_append_new(ranks, rk);
+            }
+            json_array_append_new(stages, json_pack("{s:i, s:[i,i], s:o}", "stage", s, "layers",
+                                                    b, e, "ranks", ranks));
+        }
+        const char *rs = rready == d->pipeline * d->tensor ? "ready" : "not ready";
+        json_array_append_new(reps, json_pack("{s:i, s:s, s:o}", "replica", r, "state", rs,
+                                              "stages", stages));
+    }
+    json_object_set_new(o, "replica_list", reps);
+    free(sum.at);
+    return o;
+}
+
+char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
+{
+    json_t *root = json_object();
+    const tsr_coord_stats_t *st = &c->stats;
+    json_object_set_new(
+        root, "coordinator",
+        json_pack("{s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I, "
+                  "s:I, s:I, s:I, s:I, s:I}}",
+                  "config", c->config_path, "epoch", (json_int_t)c->epoch, "uptime_ms",
+                  (json_int_t)(now - c->started_ms), "workers_endpoint",
+                  c->cfg->workers_endpoint, "control_endpoint", c->cfg->control_endpoint,
+                  "heartbeat_interval_ms", c->cfg->heartbeat_interval_ms, "worker_timeout_ms",
+                  c->cfg->worker_timeout_ms, "planning", now >= c->plan_after_ms, "stats",
+                  "messages", (json_int_t)st->messages, "heartbeats", (json_int_t)st->heartbeats,
+                  "registrations", (json_int_t)st->registrations, "refused",
+                  (json_int_t)st->refused, "stale_dropped", (json_int_t)st->stale_dropped,
+                  "bad_messages", (json_int_t)st->bad_messages, "plans", (json_int_t)st->plans,
+                  "assigns", (json_int_t)st->assigns, "unassigns", (json_int_t)st->unassigns,
+                  "deaths", (json_int_t)st->deaths, "control_requests",
+                  (json_int_t)st->control_requests));
+    if (!workers_only) {
+        json_t *deps = json_array();
+        for (size_t i = 0; i < c->cfg->n_deployments; i++)
+            json_array_append_new(deps, deployment_json(c, i, now));
+        json_object_set_new(root, "deployments", deps);
+    }
+    json_t *workers = json_array(), *idle = json_array();
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        json_array_append_new(workers, worker_json(w, now));
+        if (w->state == TSR_W_IDLE && !w->has_piece) json_array_append_new(idle, json_string(w->name));
+    }
+    json_object_set_new(root, "workers", workers);
+    json_object_set_new(root, "idle", idle);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+static void reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok, const char *error,
+                  char *json)
+{
+    Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
+    r.ok = ok;
+    r.error = (char *)(error ? error : "");
+    r.json = json ? json : "";
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = c->epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
+    env.control_reply = &r;
+    tsr_wire_send(c->csock, rid, rid_len, &env);
+}
+
+static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *name,
+                         bool drain)
+{
+    char msg[512];
+    tsr_worker_t *w = tsr_registry_find(c->reg, name);
+    if (!w || w->state == TSR_W_DEAD) {
+        snprintf(msg, sizeof msg, "no live worker named '%s' (see `tessera workers`)", name);
+        reply(c, rid, rid_len, false, msg, NULL);
+        return;
+    }
+    if (!drain) {
+        w->drained = false;
+        c->dirty = true;
+        snprintf(msg, sizeof msg, "{\"worker\":\"%s\",\"drained\":false}", w->name);
+        reply(c, rid, rid_len, true, NULL, msg);
+        return;
+    }
+    tsr_holding_t old = w->piece;
+    bool had = w->has_piece;
+    w->drained = true;
+    int64_t now = tsr_now_ms();
+    if (now >= c->plan_after_ms) tsr_coord_replan(c, now);
+    else c->dirty = true;
+    tsr_info("drained worker %s", w->name);
+
+    /* Say where the piece went, so the operator does not have to look. */
+    json_t *o = json_pack("{s:s, s:b}", "worker", w->name, "drained", 1);
+    if (had) {
+        json_object_set_new(o, "piece", holding_json(&old));
+        size_t n = tsr_registry_size(c->reg);
+        for (size_t i = 0; i < n; i++) {
+            tsr_worker_t *x = tsr_registry_at(c->reg, i);
+            if (x != w && x->has_piece && x->state != TSR_W_DEAD &&
+                !strcmp(x->piece.deployment, old.deployment) && x->piece.replica == old.replica &&
+                x->piece.stage == old.stage && x->piece.tp == old.tp)
+                json_object_set_new(o, "moved_to", json_string(x->name));
+        }
+    }
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    reply(c, rid, rid_len, true, NULL, s);
+    free(s);
+}
+
+void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env)
+{
+    char err[1024];
+    if (env->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REQUEST) {
+        reply(c, rid, rid_len, false, "expected a control request", NULL);
+        return;
+    }
+    if (env->protocol_version != TSR_PROTOCOL_VERSION) {
+        snprintf(err, sizeof err, "protocol version %u is not supported: coordinator speaks %u",
+                 env->protocol_version, TSR_PROTOCOL_VERSION);
+        reply(c, rid, rid_len, false, err, NULL);
+        return;
+    }
+    Tessera__ControlRequest *q = env->control_request;
+    int64_t now = tsr_now_ms();
+    switch (q->kind) {
+    case TESSERA__CONTROL_REQUEST__KIND__STATUS:
+    case TESSERA__CONTROL_REQUEST__KIND__WORKERS: {
+        char *s = tsr_coord_status_json(c, now, q->kind == TESSERA__CONTROL_REQUEST__KIND__WORKERS);
+        reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);
+        free(s);
+        break;
+    }
+    case TESSERA__CONTROL_REQUEST__KIND__RELOAD:
+        if (tsr_coord_reload(c, err, sizeof err) < 0) {
+            tsr_error("reload refused, keeping the current configuration: %s", err);
+            reply(c, rid, rid_len, false, err, NULL);
+        } else {
+            snprintf(err, sizeof err, "{\"deployments\":%zu,\"epoch\":%llu}",
+                     c->cfg->n_deployments, (unsigned long long)c->epoch);
+            reply(c, rid, rid_len, true, NULL, err);
+        }
+        break;
+    case TESSERA__CONTROL_REQUEST__KIND__DRAIN:
+    case TESSERA__CONTROL_REQUEST__KIND__UNDRAIN:
+        handle_drain(c, rid, rid_len, q->worker, q->kind == TESSERA__CONTROL_REQUEST__KIND__DRAIN);
+        break;
+    default:
+        reply(c, rid, rid_len, false, "unknown control request", NULL);
+    }
+}

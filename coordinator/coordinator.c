@@ -1,0 +1,626 @@
+/* coordinator.c: worker events, planning and reconciliation. */
+#include "coordinator.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "health.h"
+#include "reconciler.h"
+
+void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
+
+/* ---- deployments ----------------------------------------------------------- */
+
+/* Reads each deployment's config.json and checks its layout.  A deployment
+ * whose model cannot be read is kept but never placed; its status says why. */
+static tsr_dep_state_t *deps_build(const tsr_config_t *cfg, const tsr_dep_state_t *old,
+                                   size_t n_old)
+{
+    tsr_dep_state_t *deps = calloc(cfg->n_deployments ? cfg->n_deployments : 1, sizeof *deps);
+    if (!deps) return NULL;
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        const tsr_deployment_t *d = &cfg->deployments[i];
+        tsr_dep_state_t *s = &deps[i];
+        snprintf(s->name, sizeof s->name, "%s", d->name);
+        char err[512];
+        if (tsr_model_info_load(d->model_path, &s->model, err, sizeof err) < 0 ||
+            tsr_model_check_layout(&s->model, d, (int)i, cfg->path, err, sizeof err) < 0) {
+            snprintf(s->model_error, sizeof s->model_error, "%s", err);
+        } else {
+            s->model_ok = true;
+        }
+        for (size_t j = 0; j < n_old; j++)
+            if (!strcmp(old[j].name, s->name)) s->ever_ready = old[j].ever_ready;
+    }
+    return deps;
+}
+
+static int dep_index(const tsr_coord_t *c, const char *name)
+{
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (!strcmp(c->cfg->deployments[i].name, name)) return (int)i;
+    return -1;
+}
+
+tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen)
+{
+    tsr_coord_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->config_path = strdup(config_path);
+    if (tsr_config_load(config_path, &c->cfg, err, errlen) < 0) goto fail;
+    c->deps = deps_build(c->cfg, NULL, 0);
+    c->reg = tsr_registry_new();
+    if (!c->deps || !c->reg) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (!c->deps[i].model_ok) tsr_error("deployment %s will not be placed: %s",
+                                            c->deps[i].name, c->deps[i].model_error);
+    char e[256];
+    c->wsock = tsr_sock_router(c->cfg->workers_endpoint, e, sizeof e);
+    if (!c->wsock) {
+        snprintf(err, errlen, "workers_endpoint: %s", e);
+        goto fail;
+    }
+    c->csock = tsr_sock_router(c->cfg->control_endpoint, e, sizeof e);
+    if (!c->csock) {
+        snprintf(err, errlen, "control_endpoint: %s", e);
+        goto fail;
+    }
+    c->started_ms = tsr_now_ms();
+    c->plan_after_ms =
+        c->started_ms + (adopt_grace_ms < 0 ? c->cfg->worker_timeout_ms : adopt_grace_ms);
+    c->dirty = true;
+    return c;
+fail:
+    tsr_coord_destroy(&c);
+    return NULL;
+}
+
+void tsr_coord_destroy(tsr_coord_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    tsr_coord_t *c = *self_p;
+    tsr_sock_close(&c->wsock);
+    tsr_sock_close(&c->csock);
+    tsr_registry_destroy(&c->reg);
+    tsr_plan_destroy(&c->plan);
+    tsr_config_destroy(&c->cfg);
+    free(c->deps);
+    free(c->config_path);
+    free(c);
+    *self_p = NULL;
+}
+
+/* ---- sending --------------------------------------------------------------- */
+
+static void send_to(tsr_coord_t *c, tsr_worker_t *w, tsr_env_t *env)
+{
+    env->worker = w->name;
+    if (!env->epoch) env->epoch = c->epoch;
+    tsr_wire_send(c->wsock, w->rid, w->rid_len, env);
+}
+
+static void send_reset(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *name,
+                       bool keep, const char *reason)
+{
+    Tessera__Reset r = TESSERA__RESET__INIT;
+    r.reason = (char *)reason;
+    r.keep_assignment = keep;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = c->epoch;
+    env.worker = (char *)name;
+    env.body_case = TESSERA__ENVELOPE__BODY_RESET;
+    env.reset = &r;
+    tsr_wire_send(c->wsock, rid, rid_len, &env);
+}
+
+static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
+                            Tessera__Assignment *a, int di)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    a->deployment = (char *)h->deployment;
+    a->epoch = h->epoch;
+    a->replica = (uint32_t)h->replica;
+    a->stage = (uint32_t)h->stage;
+    a->tp_rank = (uint32_t)h->tp;
+    a->tp_size = (uint32_t)h->tp_size;
+    a->pp_size = (uint32_t)h->pp_size;
+    a->layer_begin = (uint32_t)h->layer_begin;
+    a->layer_end = (uint32_t)h->layer_end;
+    a->model_path = d->model_path;
+    a->max_seq_len = (uint32_t)d->max_seq_len;
+}
+
+static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
+{
+    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+    fill_assignment(c, &w->piece, &a, di);
+    Tessera__Assign as = TESSERA__ASSIGN__INIT;
+    as.assignment = &a;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = w->piece.epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
+    env.assign = &as;
+    send_to(c, w, &env);
+    c->stats.assigns++;
+}
+
+static void send_unassign(tsr_coord_t *c, tsr_worker_t *w, const char *reason)
+{
+    Tessera__Unassign u = TESSERA__UNASSIGN__INIT;
+    u.reason = (char *)reason;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_UNASSIGN;
+    env.unassign = &u;
+    send_to(c, w, &env);
+    c->stats.unassigns++;
+}
+
+/* ---- planning -------------------------------------------------------------- */
+
+void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
+{
+    (void)now_ms;
+    size_t n = tsr_registry_size(c->reg);
+    tsr_plan_worker_t *pw = calloc(n ? n : 1, sizeof *pw);
+    tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
+    tsr_action_t *acts = calloc(n ? n : 1, sizeof *acts);
+    int *layers = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *layers);
+    tsr_config_t view = *c->cfg;
+    tsr_deployment_t *placeable = NULL;
+    tsr_plan_t *plan = NULL;
+    int *map = NULL;    /* planner's deployment index -> config index */
+    if (!pw || !ws || !acts || !layers) goto out;
+
+    /* Deployments whose model could not be read are hidden from the planner
+     * (replicas 0 would be invalid, so they are left out by name instead). */
+    placeable = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *placeable);
+    if (!placeable) goto out;
+    view.deployments = placeable;
+    view.n_deployments = 0;
+    map = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *map);
+    if (!map) goto out;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        if (!c->deps[i].model_ok) continue;
+        map[view.n_deployments] = (int)i;
+        layers[view.n_deployments] = c->deps[i].model.num_hidden_layers;
+        placeable[view.n_deployments++] = c->cfg->deployments[i];
+    }
+
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_DEAD) continue;
+        ws[k] = w;
+        pw[k].name = w->name;
+        pw[k].node = w->node;
+        pw[k].device = w->device;
+        pw[k].eligible = !w->drained;
+        if (w->has_piece) {
+            pw[k].current.deployment = w->piece.deployment;
+            pw[k].current.replica = w->piece.replica;
+            pw[k].current.stage = w->piece.stage;
+            pw[k].current.tp = w->piece.tp;
+            pw[k].current.tp_size = w->piece.tp_size;
+            pw[k].current.pp_size = w->piece.pp_size;
+            pw[k].current.layer_begin = w->piece.layer_begin;
+            pw[k].current.layer_end = w->piece.layer_end;
+        }
+        k++;
+    }
+
+    char err[256];
+    if (tsr_plan_compute(&view, layers, pw, k, &plan, err, sizeof err) < 0) {
+        tsr_error("planner: %s", err);
+        goto out;
+    }
+    c->stats.plans++;
+
+    size_t na = tsr_reconcile_actions(plan, pw, k, acts);
+    if (na > 0) c->epoch++;
+    for (size_t i = 0; i < na; i++) {
+        tsr_worker_t *w = ws[acts[i].worker];
+        if (acts[i].kind == TSR_ACT_UNASSIGN) {
+            tsr_info("unassign %s from %s r%d s%d t%d (epoch %llu)", w->name,
+                     w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                     (unsigned long long)c->epoch);
+            send_unassign(c, w, w->drained ? "drained" : "piece no longer in the plan");
+            w->has_piece = false;
+            w->state = TSR_W_IDLE;
+            w->reason[0] = w->detail[0] = '\0';
+            continue;
+        }
+        const tsr_piece_t *p = acts[i].piece;
+        int di = map[p->deployment];
+        const tsr_deployment_t *d = &c->cfg->deployments[di];
+        w->has_piece = true;
+        snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", d->name);
+        w->piece.epoch = c->epoch;
+        w->piece.replica = p->replica;
+        w->piece.stage = p->stage;
+        w->piece.tp = p->tp;
+        w->piece.tp_size = d->tensor;
+        w->piece.pp_size = d->pipeline;
+        w->piece.layer_begin = p->layer_begin;
+        w->piece.layer_end = p->layer_end;
+        w->state = TSR_W_LOADING;
+        w->reason[0] = w->detail[0] = '\0';
+        tsr_info("assign %s r%d s%d t%d layers [%d,%d) to %s on %s (epoch %llu)", d->name,
+                 p->replica, p->stage, p->tp, p->layer_begin, p->layer_end, w->name, w->node,
+                 (unsigned long long)c->epoch);
+        send_assign(c, w, di);
+    }
+
+    /* Remap shortages onto the full deployment list for status. */
+    tsr_plan_destroy(&c->plan);
+    tsr_plan_t *full = calloc(1, sizeof *full);
+    if (full) {
+        full->n_deps = c->cfg->n_deployments;
+        full->deps = calloc(full->n_deps ? full->n_deps : 1, sizeof *full->deps);
+        for (size_t i = 0; full->deps && i < view.n_deployments; i++) {
+            full->deps[map[i]] = plan->deps[i];
+            if (plan->deps[i].short_by)
+                tsr_warn("deployment %s: %s", c->cfg->deployments[map[i]].name,
+                         tsr_plan_shortage(plan, i, err, sizeof err));
+        }
+        c->plan = full;
+    }
+out:
+    tsr_plan_destroy(&plan);
+    free(map);
+    free(placeable);
+    free(layers);
+    free(acts);
+    free(ws);
+    free(pw);
+}
+
+/* ---- reload ---------------------------------------------------------------- */
+
+int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
+{
+    tsr_config_t *cfg = NULL;
+    if (tsr_config_load(c->config_path, &cfg, err, errlen) < 0) return -1;
+    if (strcmp(cfg->workers_endpoint, c->cfg->workers_endpoint) ||
+        strcmp(cfg->control_endpoint, c->cfg->control_endpoint)) {
+        snprintf(err, errlen, "%s: changing coordinator endpoints needs a restart",
+                 c->config_path);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
+    tsr_dep_state_t *deps = deps_build(cfg, c->deps, c->cfg->n_deployments);
+    if (!deps) {
+        tsr_config_destroy(&cfg);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* A reload that would take a running deployment down because its model
+     * cannot be read is refused: the old plan keeps serving. */
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        if (deps[i].model_ok) continue;
+        snprintf(err, errlen, "%s", deps[i].model_error);
+        free(deps);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
+    tsr_config_destroy(&c->cfg);
+    free(c->deps);
+    c->cfg = cfg;
+    c->deps = deps;
+    /* Pieces that failed to load are tried again: the operator may have
+     * fixed the model directory. */
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_FAILED && w->has_piece) {
+            int di = dep_index(c, w->piece.deployment);
+            if (di < 0) continue;
+            w->piece.epoch = ++c->epoch;
+            w->state = TSR_W_LOADING;
+            w->reason[0] = '\0';
+            send_assign(c, w, di);
+        }
+    }
+    c->dirty = true;
+    tsr_info("reloaded %s: %zu deployment(s)", c->config_path, cfg->n_deployments);
+    return 0;
+}
+
+/* ---- worker messages ------------------------------------------------------- */
+
+/* Takes a piece a (re-)registering worker reports, if it still fits the
+ * current deployments and nobody else holds it.  Returns NULL on success or
+ * the reason it was not adopted. */
+static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
+                             char *why, size_t len)
+{
+    int di = dep_index(c, a->deployment);
+    if (di < 0) return "its deployment is not in the current configuration";
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    if (!c->deps[di].model_ok) return "its deployment's model cannot be read";
+    if (d->device != w->device) return "device kind does not match the deployment";
+    if ((int)a->tp_size != d->tensor || (int)a->pp_size != d->pipeline ||
+        (int)a->replica >= d->replicas || (int)a->stage >= d->pipeline ||
+        (int)a->tp_rank >= d->tensor)
+        return "the deployment's layout has changed";
+    int b, e;
+    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, (int)a->stage, &b, &e);
+    if ((int)a->layer_begin != b || (int)a->layer_end != e) return "the layer split has changed";
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *o = tsr_registry_at(c->reg, i);
+        if (o == w || !o->has_piece || o->state == TSR_W_DEAD) continue;
+        if (!strcmp(o->piece.deployment, a->deployment) && o->piece.replica == (int)a->replica &&
+            o->piece.stage == (int)a->stage && o->piece.tp == (int)a->tp_rank) {
+            snprintf(why, len, "the piece is now held by %s", o->name);
+            return why;
+        }
+    }
+    w->has_piece = true;
+    snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", a->deployment);
+    w->piece.epoch = a->epoch;
+    w->piece.replica = (int)a->replica;
+    w->piece.stage = (int)a->stage;
+    w->piece.tp = (int)a->tp_rank;
+    w->piece.tp_size = (int)a->tp_size;
+    w->piece.pp_size = (int)a->pp_size;
+    w->piece.layer_begin = (int)a->layer_begin;
+    w->piece.layer_end = (int)a->layer_end;
+    /* Epochs only grow, also across a coordinator restart. */
+    if (a->epoch > c->epoch) c->epoch = a->epoch;
+    return NULL;
+}
+
+static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
+                        int64_t now)
+{
+    Tessera__Register *r = env->register_;
+    Tessera__RegisterReply rep = TESSERA__REGISTER_REPLY__INIT;
+    tsr_env_t out = TESSERA__ENVELOPE__INIT;
+    char reason[512] = "";
+    out.worker = env->worker;
+    out.body_case = TESSERA__ENVELOPE__BODY_REGISTER_REPLY;
+    out.register_reply = &rep;
+    rep.coordinator_protocol = TSR_PROTOCOL_VERSION;
+    rep.heartbeat_interval_ms = (uint32_t)c->cfg->heartbeat_interval_ms;
+    rep.lease_ms = (uint32_t)c->cfg->worker_timeout_ms;
+
+    if (env->protocol_version != TSR_PROTOCOL_VERSION) {
+        snprintf(reason, sizeof reason,
+                 "protocol version %u is not supported: this coordinator speaks version %u "
+                 "(upgrade the worker or the coordinator so they match)",
+                 env->protocol_version, TSR_PROTOCOL_VERSION);
+        tsr_error("refused worker %s (node %s, pid %u, version %s): %s", env->worker, r->node,
+                  r->pid, r->software_version, reason);
+        goto refuse;
+    }
+    if (!env->worker[0]) {
+        snprintf(reason, sizeof reason, "worker name is empty");
+        goto refuse;
+    }
+    tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);
+    if (w && w->state != TSR_W_DEAD && strcmp(w->node, r->node)) {
+        snprintf(reason, sizeof reason,
+                 "worker name %s is already registered from node %s (pid %u); names must be "
+                 "unique",
+                 env->worker, w->node, w->pid);
+        tsr_error("refused worker %s from node %s: %s", env->worker, r->node, reason);
+        goto refuse;
+    }
+    if (w && w->state != TSR_W_DEAD && w->pid != r->pid)
+        tsr_warn("worker %s restarted (pid %u -> %u); its old piece is released", w->name,
+                 w->pid, r->pid);
+    bool known = w != NULL;
+    if (!w) w = tsr_registry_upsert(c->reg, env->worker);
+    if (!w) return;
+    snprintf(w->node, sizeof w->node, "%s", r->node);
+    snprintf(w->version, sizeof w->version, "%s", r->software_version);
+    w->device = r->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
+    w->device_index = r->device_index;
+    w->memory = r->device_memory;
+    w->pid = r->pid;
+    memcpy(w->rid, rid, rid_len);
+    w->rid_len = rid_len;
+    w->state = TSR_W_IDLE;
+    w->has_piece = false;
+    w->reason[0] = w->detail[0] = '\0';
+    w->registered_ms = w->last_seen_ms = now;
+    c->stats.registrations++;
+
+    if (r->assignment) {
+        char why[256];
+        const char *no = try_adopt(c, w, r->assignment, why, sizeof why);
+        if (!no) {
+            rep.adopted = true;
+            w->state = r->state == TESSERA__WORKER_STATE__STATE_READY     ? TSR_W_READY
+                       : r->state == TESSERA__WORKER_STATE__STATE_FAILED ? TSR_W_FAILED
+                                                                         : TSR_W_LOADING;
+            tsr_info("adopted worker %s with %s r%d s%d t%d (epoch %llu, %s)", w->name,
+                     w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                     (unsigned long long)w->piece.epoch, tsr_wstate_name(w->state));
+        } else {
+            tsr_info("worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",
+                     w->name, r->assignment->deployment, r->assignment->replica,
+                     r->assignment->stage, r->assignment->tp_rank, no);
+            snprintf(reason, sizeof reason, "%s", no);
+            rep.reason = reason;
+        }
+    } else {
+        tsr_info("worker %s registered%s: node %s, %s %u, %.1f GiB, pid %u, version %s",
+                 w->name, known ? " again" : "", w->node, tsr_device_name(w->device),
+                 w->device_index, (double)w->memory / (1u << 30), w->pid, w->version);
+    }
+    rep.accepted = true;
+    out.epoch = c->epoch;
+    tsr_wire_send(c->wsock, rid, rid_len, &out);
+    c->dirty = true;
+    return;
+refuse:
+    c->stats.refused++;
+    rep.accepted = false;
+    rep.reason = reason;
+    tsr_wire_send(c->wsock, rid, rid_len, &out);
+}
+
+/* A message about a piece is only meaningful for the epoch it was assigned
+ * in; anything older was overtaken by a newer plan. */
+static bool piece_msg_current(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env)
+{
+    if (w->has_piece && env->epoch == w->piece.epoch) return true;
+    c->stats.stale_dropped++;
+    tsr_debug("dropped stale %s from %s (epoch %llu)", tsr_env_kind(env), w->name,
+              (unsigned long long)env->epoch);
+    return false;
+}
+
+static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
+                          int64_t now)
+{
+    c->stats.messages++;
+    if (env->body_case == TESSERA__ENVELOPE__BODY_REGISTER) {
+        on_register(c, rid, rid_len, env, now);
+        return;
+    }
+    if (env->protocol_version != TSR_PROTOCOL_VERSION) {
+        c->stats.bad_messages++;
+        return;
+    }
+    tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);
+    if (!w) {
+        /* A worker that was registered with a previous coordinator: ask it to
+         * register again with the piece it holds, so it can be adopted. */
+        send_reset(c, rid, rid_len, env->worker, true, "unknown to this coordinator; register");
+        return;
+    }
+    if (w->state == TSR_W_DEAD) {
+        char why[600];
+        snprintf(why, sizeof why, "declared dead (%s); register again as idle", w->reason);
+        send_reset(c, rid, rid_len, env->worker, false, why);
+        return;
+    }
+    if (w->rid_len != rid_len || memcmp(w->rid, rid, rid_len)) {
+        memcpy(w->rid, rid, rid_len);  /* it reconnected */
+        w->rid_len = rid_len;
+    }
+    w->last_seen_ms = now;
+
+    switch (env->body_case) {
+    case TESSERA__ENVELOPE__BODY_HEARTBEAT: {
+        Tessera__Heartbeat *hb = env->heartbeat;
+        c->stats.heartbeats++;
+        w->heartbeats++;
+        w->load = hb->load;
+        w->memory_used = hb->memory_used;
+        Tessera__HeartbeatAck ack = TESSERA__HEARTBEAT_ACK__INIT;
+        ack.seq = hb->seq;
+        tsr_env_t out = TESSERA__ENVELOPE__INIT;
+        out.epoch = c->epoch;
+        out.worker = env->worker;
+        out.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK;
+        out.heartbeat_ack = &ack;
+        tsr_wire_send(c->wsock, rid, rid_len, &out);
+        break;
+    }
+    case TESSERA__ENVELOPE__BODY_PROGRESS:
+        if (!piece_msg_current(c, w, env)) break;
+        snprintf(w->detail, sizeof w->detail, "%s", env->progress->detail);
+        break;
+    case TESSERA__ENVELOPE__BODY_READY:
+        if (!piece_msg_current(c, w, env)) break;
+        if (w->state != TSR_W_READY)
+            tsr_info("worker %s ready with %s r%d s%d t%d", w->name, w->piece.deployment,
+                     w->piece.replica, w->piece.stage, w->piece.tp);
+        w->state = TSR_W_READY;
+        w->detail[0] = '\0';
+        break;
+    case TESSERA__ENVELOPE__BODY_FAILED:
+        if (!piece_msg_current(c, w, env) && !env->failed->fatal) break;
+        if (env->failed->fatal) {
+            char why[600];
+            snprintf(why, sizeof why, "fatal error: %s", env->failed->reason);
+            tsr_error("worker %s is dead: %s", w->name, why);
+            tsr_health_mark_dead(w, now, why);
+            c->stats.deaths++;
+            c->dirty = true;
+        } else {
+            tsr_error("worker %s failed to load %s r%d s%d t%d: %s", w->name,
+                      w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                      env->failed->reason);
+            w->state = TSR_W_FAILED;
+            snprintf(w->reason, sizeof w->reason, "%s", env->failed->reason);
+        }
+        break;
+    default:
+        c->stats.bad_messages++;
+        tsr_warn("unexpected %s from worker %s", tsr_env_kind(env), w->name);
+    }
+}
+
+void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
+{
+    uint8_t rid[256];
+    size_t rid_len;
+    char err[256];
+    int64_t now = tsr_now_ms();
+    for (int i = 0; i < budget; i++) {
+        tsr_env_t *env = NULL;
+        int rc = tsr_wire_recv(c->wsock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
+        if (rc == 0) break;
+        if (rc < 0) {
+            c->stats.bad_messages++;
+            tsr_warn("rejected a message on the workers endpoint: %s", err);
+            continue;
+        }
+        if ((i & 255) == 255) now = tsr_now_ms();
+        on_worker_msg(c, rid, rid_len, env, now);
+        tsr_env_free(&env);
+    }
+    for (int i = 0; i < budget; i++) {
+        tsr_env_t *env = NULL;
+        int rc = tsr_wire_recv(c->csock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
+        if (rc == 0) break;
+        if (rc < 0) {
+            c->stats.bad_messages++;
+            tsr_warn("rejected a message on the control endpoint: %s", err);
+            continue;
+        }
+        c->stats.control_requests++;
+        tsr_control_handle(c, rid, rid_len, env);
+        tsr_env_free(&env);
+    }
+}
+
+static void on_dead(tsr_worker_t *w, void *arg)
+{
+    tsr_coord_t *c = arg;
+    c->stats.deaths++;
+    c->dirty = true;
+    if (w->has_piece)
+        tsr_error("worker %s on %s is dead (no heartbeat for %lld ms); its piece %s r%d s%d t%d "
+                  "will move",
+                  w->name, w->node, (long long)(tsr_now_ms() - w->last_seen_ms),
+                  w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp);
+    else
+        tsr_warn("idle worker %s on %s is dead (no heartbeat)", w->name, w->node);
+}
+
+int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
+{
+    int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
+    if (now_ms >= c->next_scan_ms) {
+        tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
+        c->next_scan_ms = now_ms + scan;
+    }
+    if (c->dirty && now_ms >= c->plan_after_ms) {
+        c->dirty = false;
+        tsr_coord_replan(c, now_ms);
+    }
+    int64_t next = c->next_scan_ms;
+    if (c->dirty && c->plan_after_ms < next) next = c->plan_after_ms;
+    int64_t wait = next - now_ms;
+    return wait < 0 ? 0 : (int)wait;
+}

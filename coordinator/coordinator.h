@@ -1,0 +1,67 @@
+/* coordinator.h: the coordinator's state and the events that change it.
+ *
+ * Events: a worker message, a control request, a timer tick, a reload.  Each
+ * one that may change the desired placement sets `dirty`; the next tick runs
+ * the planner and applies the reconciler's actions.  main.c owns the loop,
+ * the signals and systemd; everything here is callable from tests. */
+#ifndef TSR_COORDINATOR_H
+#define TSR_COORDINATOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "common/deploy.h"
+#include "common/modelcfg.h"
+#include "common/wire.h"
+#include "planner.h"
+#include "registry.h"
+
+typedef struct {
+    char name[TSR_NAME_MAX + 1];
+    bool model_ok;
+    tsr_model_info_t model;
+    char model_error[512];
+    bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
+} tsr_dep_state_t;
+
+typedef struct {
+    uint64_t messages, heartbeats, registrations, refused, stale_dropped, bad_messages,
+        plans, assigns, unassigns, deaths, control_requests;
+} tsr_coord_stats_t;
+
+typedef struct {
+    char *config_path;
+    tsr_config_t *cfg;
+    tsr_dep_state_t *deps;      /* one per cfg->deployments */
+    tsr_plan_t *plan;           /* last plan computed, for shortage reports */
+    tsr_registry_t *reg;
+    void *wsock;                /* ROUTER, workers endpoint */
+    void *csock;                /* ROUTER, control endpoint */
+    uint64_t epoch;             /* plan epoch; only grows */
+    bool dirty;
+    int64_t started_ms;
+    int64_t plan_after_ms;      /* no planning before this: workers re-attach first */
+    int64_t next_scan_ms;
+    tsr_coord_stats_t stats;
+} tsr_coord_t;
+
+/* Loads the config and binds both endpoints.  adopt_grace_ms < 0 means one
+ * worker timeout.  Returns NULL with a message in err. */
+tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen);
+void tsr_coord_destroy(tsr_coord_t **self_p);
+
+/* Reads every waiting message on both sockets (at most `budget` each). */
+void tsr_coord_drain_sockets(tsr_coord_t *c, int budget);
+/* Periodic work: health scan, planning when dirty.  Returns the ms until the
+ * next tick is due. */
+int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms);
+/* Rereads the YAML.  On any error nothing changes and -1 is returned with the
+ * reason in err. */
+int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen);
+/* Runs the planner now and applies its actions. */
+void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
+
+/* The status document (what `tessera status --json` prints).  Caller owns
+ * the string (free()). */
+char *tsr_coord_status_json(tsr_coord_t *c, int64_t now_ms, bool workers_only);
+
+#endif

@@ -1,0 +1,84 @@
+/* planner.h: a pure function from (deployments, workers, current placement)
+ * to the desired placement.  It performs no I/O and keeps no state; the
+ * reconciler is the only thing that acts on its result.
+ *
+ * Rules, in order of priority:
+ *  1. every piece (deployment, replica, stage, tp rank) is placed at most once
+ *     and every worker holds at most one piece;
+ *  2. a piece whose current worker is still eligible, of the right device kind,
+ *     and whose layout (tp size, pp size, layer range) is unchanged stays put:
+ *     the fewest possible moves;
+ *  3. new pieces go to eligible idle workers of the deployment's device kind;
+ *     a TP group shares one node when some node has room for it, the stages
+ *     of a replica go to different nodes when there is a choice;
+ *  4. a deployment that has no piece placed yet and cannot be placed whole
+ *     gets nothing (it waits, holding no workers); one that is partly placed
+ *     is filled as far as workers allow.  Either way short_by says how many
+ *     more workers of its device kind it needs.
+ * Deployments are served in file order; ties are broken by node name, then
+ * worker name, so the result is deterministic. */
+#ifndef TSR_PLANNER_H
+#define TSR_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "../common/deploy.h"
+
+/* What a worker currently holds (valid when deployment != NULL). */
+typedef struct {
+    const char *deployment;
+    int replica, stage, tp;
+    int tp_size, pp_size;
+    int layer_begin, layer_end;   /* [begin, end) */
+} tsr_plan_holding_t;
+
+typedef struct {
+    const char *name;
+    const char *node;
+    tsr_device_t device;
+    bool eligible;                /* alive and not drained */
+    tsr_plan_holding_t current;   /* current.deployment NULL when idle */
+} tsr_plan_worker_t;
+
+typedef struct {
+    int deployment;               /* index into cfg->deployments */
+    int replica, stage, tp;
+    int layer_begin, layer_end;   /* [begin, end) */
+    int worker;                   /* index into the workers array, -1 unplaced */
+    bool kept;                    /* the worker already held exactly this piece */
+} tsr_piece_t;
+
+typedef struct {
+    int n_pieces;                 /* replicas * pipeline * tensor */
+    int placed;
+    int short_by;                 /* more workers of `device` needed; 0 if none */
+    tsr_device_t device;
+} tsr_plan_deployment_t;
+
+typedef struct {
+    tsr_piece_t *pieces;          /* ordered by deployment, replica, stage, tp */
+    size_t n_pieces;
+    tsr_plan_deployment_t *deps;  /* one per cfg deployment, same order */
+    size_t n_deps;
+} tsr_plan_t;
+
+/* Computes the desired plan.  layers[i] is the layer count of deployment i's
+ * model (from its config.json).  Returns 0 and *out (caller owns; free with
+ * tsr_plan_destroy), or -1 with a message in err (only for invalid input such
+ * as a non-positive layer count or more stages than layers). */
+int tsr_plan_compute(const tsr_config_t *cfg, const int *layers,
+                     const tsr_plan_worker_t *workers, size_t n_workers,
+                     tsr_plan_t **out, char *err, size_t errlen);
+
+/* Frees a plan and sets *self_p to NULL.  Safe on NULL. */
+void tsr_plan_destroy(tsr_plan_t **self_p);
+
+/* The piece of worker index w in plan p, or NULL when it gets none. */
+const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w);
+
+/* "needs 3 more cuda workers" style text for deployment i, or "" when
+ * nothing is short.  Writes into buf and returns it. */
+const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len);
+
+#endif

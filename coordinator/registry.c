@@ -1,0 +1,85 @@
+#include "registry.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <czmq.h>
+
+struct tsr_registry {
+    tsr_worker_t **items;
+    size_t n, cap;
+    zhashx_t *by_name;          /* name -> tsr_worker_t *, not owning */
+};
+
+const char *tsr_wstate_name(tsr_wstate_t s)
+{
+    switch (s) {
+    case TSR_W_IDLE: return "idle";
+    case TSR_W_LOADING: return "loading";
+    case TSR_W_READY: return "ready";
+    case TSR_W_FAILED: return "failed";
+    case TSR_W_DEAD: return "dead";
+    }
+    return "unknown";
+}
+
+tsr_registry_t *tsr_registry_new(void)
+{
+    tsr_registry_t *self = calloc(1, sizeof *self);
+    if (!self) return NULL;
+    self->by_name = zhashx_new();
+    if (!self->by_name) {
+        free(self);
+        return NULL;
+    }
+    return self;
+}
+
+void tsr_registry_destroy(tsr_registry_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    tsr_registry_t *self = *self_p;
+    for (size_t i = 0; i < self->n; i++) free(self->items[i]);
+    free(self->items);
+    zhashx_destroy(&self->by_name);
+    free(self);
+    *self_p = NULL;
+}
+
+tsr_worker_t *tsr_registry_find(tsr_registry_t *self, const char *name)
+{
+    return zhashx_lookup(self->by_name, name);
+}
+
+tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name)
+{
+    tsr_worker_t *w = tsr_registry_find(self, name);
+    if (w) return w;
+    if (self->n == self->cap) {
+        size_t cap = self->cap ? self->cap * 2 : 64;
+        tsr_worker_t **items = realloc(self->items, cap * sizeof *items);
+        if (!items) return NULL;
+        self->items = items;
+        self->cap = cap;
+    }
+    w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->state = TSR_W_IDLE;
+    self->items[self->n++] = w;
+    zhashx_insert(self->by_name, w->name, w);
+    return w;
+}
+
+size_t tsr_registry_size(const tsr_registry_t *self) { return self->n; }
+
+tsr_worker_t *tsr_registry_at(tsr_registry_t *self, size_t i)
+{
+    return i < self->n ? self->items[i] : NULL;
+}
+
+size_t tsr_registry_alive(const tsr_registry_t *self)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < self->n; i++) k += self->items[i]->state != TSR_W_DEAD;
+    return k;
+}

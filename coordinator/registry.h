@@ -1,0 +1,76 @@
+/* registry.h: every worker the coordinator has heard of, alive or dead.
+ *
+ * Entries are individually allocated and never move, so pointers stay valid
+ * until tsr_registry_destroy; lookups by name go through a hash.  Dead
+ * workers stay listed (status shows them) until the same name registers
+ * again. */
+#ifndef TSR_REGISTRY_H
+#define TSR_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "common/deploy.h"
+#include "common/wire.h"
+
+typedef enum {
+    TSR_W_IDLE = 0,
+    TSR_W_LOADING,
+    TSR_W_READY,
+    TSR_W_FAILED,
+    TSR_W_DEAD,
+} tsr_wstate_t;
+
+const char *tsr_wstate_name(tsr_wstate_t s);
+
+typedef struct {
+    char deployment[TSR_NAME_MAX + 1];
+    uint64_t epoch;
+    int replica, stage, tp;
+    int tp_size, pp_size;
+    int layer_begin, layer_end;
+} tsr_holding_t;
+
+typedef struct {
+    char name[TSR_NAME_MAX + 1];
+    char node[TSR_NAME_MAX + 1];
+    char version[TSR_NAME_MAX + 1];
+    tsr_device_t device;
+    uint32_t device_index;
+    uint64_t memory, memory_used;
+    float load;
+    uint32_t pid;
+    uint8_t rid[256];           /* ZeroMQ routing id of its connection */
+    size_t rid_len;
+
+    tsr_wstate_t state;
+    bool drained;               /* excluded from placement until undrained */
+    bool has_piece;
+    tsr_holding_t piece;        /* valid when has_piece */
+    char reason[512];           /* why it failed or died */
+    char detail[128];           /* last progress report */
+
+    int64_t registered_ms;      /* monotonic */
+    int64_t last_seen_ms;       /* monotonic, last message of any kind */
+    int64_t dead_since_ms;
+    uint64_t heartbeats;
+} tsr_worker_t;
+
+typedef struct tsr_registry tsr_registry_t;
+
+/* Caller owns the result; free with tsr_registry_destroy. */
+tsr_registry_t *tsr_registry_new(void);
+void tsr_registry_destroy(tsr_registry_t **self_p);
+
+/* Returns the entry with that name, or NULL. */
+tsr_worker_t *tsr_registry_find(tsr_registry_t *self, const char *name);
+/* Returns the entry for name, creating a zeroed one (state IDLE) if absent.
+ * The registry owns it. */
+tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name);
+size_t tsr_registry_size(const tsr_registry_t *self);
+/* Entry i in registration order (0 <= i < size). */
+tsr_worker_t *tsr_registry_at(tsr_registry_t *self, size_t i);
+/* Number of workers not dead. */
+size_t tsr_registry_alive(const tsr_registry_t *self);
+
+#endif

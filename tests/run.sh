@@ -1,0 +1,47 @@
+#!/bin/bash
+# Runs the unit tests (CMocka binaries) and the integration tests (scripts
+# that start real processes on loopback), then prints one closing line
+# "N passed, N failed".  Exits non-zero when anything failed.
+#   tests/run.sh [unit|integration] [NAME-FILTER]
+set -u
+cd "$(dirname "$0")/.."
+export TSR_BIN="${TSR_BIN:-bin}" TSR_BUILD="${TSR_BUILD:-build}"
+what="${1:-all}" filter="${2:-}"
+passed=0 failed=0 failures=()
+
+if [ "$what" = all ] || [ "$what" = unit ]; then
+    for t in "$TSR_BUILD"/tests/test_*; do
+        [ -x "$t" ] || continue
+        case "$t" in *"$filter"*) ;; *) continue ;; esac
+        out=$("$t" 2>&1); rc=$?
+        echo "$out"
+        p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+        f=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+        passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+        if [ $rc -ne 0 ]; then
+            [ -z "$f" ] && failed=$((failed + 1))
+            failures+=("$(basename "$t")")
+        fi
+    done
+fi
+
+if [ "$what" = all ] || [ "$what" = integration ]; then
+    for t in tests/integration/test_*.sh; do
+        case "$t" in *"$filter"*) ;; *) continue ;; esac
+        name=$(basename "$t" .sh)
+        start=$(date +%s.%N)
+        timeout 300 bash "$t" > "/tmp/tsr-$name.log" 2>&1; rc=$?
+        secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{print b - a}')
+        if [ $rc -eq 0 ]; then
+            passed=$((passed + 1)); printf '[ PASS ] %s (%.1fs)\n' "$name" "$secs"
+        else
+            failed=$((failed + 1)); failures+=("$name")
+            printf '[ FAIL ] %s (rc %d)\n' "$name" "$rc"
+            sed 's/^/    | /' "/tmp/tsr-$name.log" | tail -60
+        fi
+    done
+fi
+
+[ ${#failures[@]} -gt 0 ] && echo "failed: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

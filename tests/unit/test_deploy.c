@@ -1,0 +1,735 @@
+/* test_deploy.c: the deployment file parser (common/deploy.c) and the model
+ * config reader and layout arithmetic (common/modelcfg.c). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/deploy.h"
+#include "common/modelcfg.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int parse(const char *yaml, const char *name, tsr_config_t **cfg,
+                 char *err, size_t errlen)
+{
+    err[0] = '\0';
+    return tsr_config_parse(yaml, strlen(yaml), name, cfg, err, errlen);
+}
+
+/* Asserts that yaml is rejected and the message starts with `prefix`
+ * ("demo.yaml:LINE:COL: KEYPATH: ") and contains `detail` (may be NULL). */
+static void expect_error(const char *yaml, const char *prefix, const char *detail)
+{
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    assert_int_equal(parse(yaml, "demo.yaml", &cfg, err, sizeof err), -1);
+    assert_null(cfg);
+    if (strncmp(err, prefix, strlen(prefix)) != 0)
+        fail_msg("message '%s' does not start with '%s'", err, prefix);
+    if (detail && strstr(err, detail) == NULL)
+        fail_msg("message '%s' does not contain '%s'", err, detail);
+    assert_null(strchr(err, '\n'));
+}
+
+static char *make_tmpdir(void)
+{
+    char *dir = strdup("/tmp/tsr_test_deploy.XXXXXX");
+
+    assert_non_null(dir);
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+static char *write_file(const char *dir, const char *name, const char *text,
+                        size_t len)
+{
+    char *path = NULL;
+    FILE *f;
+
+    assert_true(asprintf(&path, "%s/%s", dir, name) > 0);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+static void remove_file_and_dir(char *path, char *dir)
+{
+    unlink(path);
+    rmdir(dir);
+    free(path);
+    free(dir);
+}
+
+static const char valid_yaml[] =
+    "version: 1\n"                              /* 1 */
+    "coordinator:\n"                            /* 2 */
+    "  workers_endpoint: tcp://0.0.0.0:7500\n"  /* 3 */
+    "  control_endpoint: ipc:///tmp/tsr.sock\n" /* 4 */
+    "  heartbeat_interval_ms: 50\n"             /* 5 */
+    "  worker_timeout_ms: 500\n"                /* 6 */
+    "deployments:\n"                            /* 7 */
+    "  - name: tiny\n"                          /* 8 */
+    "    model: models/tiny\n"                  /* 9 */
+    "    device: cuda   # a comment\n"          /* 10 */
+    "    parallel:\n"                           /* 11 */
+    "      tensor: 2\n"                         /* 12 */
+    "      pipeline: 2\n"                       /* 13 */
+    "      replicas: 3\n"                       /* 14 */
+    "    max_seq_len: 256\n"                    /* 15 */
+    "  - name: small.v2-x_1\n"                  /* 16 */
+    "    model: /abs/small\n";                  /* 17 */
+
+/* ---- valid files -------------------------------------------------------- */
+
+static void test_valid_file_loads_every_field_and_defaults(void **state)
+{
+    tsr_config_t *cfg = NULL;
+    const tsr_deployment_t *d;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(parse(valid_yaml, "demo.yaml", &cfg, err, sizeof err), 0);
+    assert_non_null(cfg);
+    assert_string_equal(cfg->path, "demo.yaml");
+    assert_string_equal(cfg->workers_endpoint, "tcp://0.0.0.0:7500");
+    assert_string_equal(cfg->control_endpoint, "ipc:///tmp/tsr.sock");
+    assert_int_equal(cfg->heartbeat_interval_ms, 50);
+    assert_int_equal(cfg->worker_timeout_ms, 500);
+    assert_int_equal(cfg->n_deployments, 2);
+
+    d = &cfg->deployments[0];
+    assert_string_equal(d->name, "tiny");
+    assert_string_equal(d->model, "models/tiny");
+    assert_string_equal(d->model_path, "models/tiny");
+    assert_int_equal(d->device, TSR_DEVICE_CUDA);
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->pipeline, 2);
+    assert_int_equal(d->replicas, 3);
+    assert_int_equal(d->max_seq_len, 256);
+    assert_int_equal(d->line, 8);
+    assert_int_equal(d->column, 5);
+
+    /* Second entry: everything but name and model is a default. */
+    d = &cfg->deployments[1];
+    assert_string_equal(d->name, "small.v2-x_1");
+    assert_string_equal(d->model_path, "/abs/small");
+    assert_int_equal(d->device, TSR_DEVICE_CPU);
+    assert_int_equal(d->tensor, 1);
+    assert_int_equal(d->pipeline, 1);
+    assert_int_equal(d->replicas, 1);
+    assert_int_equal(d->max_seq_len, 2048);
+    assert_int_equal(d->line, 16);
+
+    assert_ptr_equal(tsr_config_find(cfg, "small.v2-x_1"), &cfg->deployments[1]);
+    assert_null(tsr_config_find(cfg, "nope"));
+    tsr_config_destroy(&cfg);
+    assert_null(cfg);
+    tsr_config_destroy(&cfg); /* safe on NULL */
+}
+
+static void test_minimal_file_gets_coordinator_defaults(void **state)
+{
+    static const char *const files[] = {
+        "version: 1\n",
+        "version: 1\ncoordinator:\ndeployments:\n",
+        "version: 1\ndeployments: []\n",
+    };
+    tsr_config_t *cfg = NULL;
+    char err[512];
+    size_t i;
+
+    (void)state;
+    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
+        assert_int_equal(parse(files[i], NULL, &cfg, err, sizeof err), 0);
+        assert_string_equal(cfg->path, "<input>");
+        assert_string_equal(cfg->workers_endpoint, "tcp://0.0.0.0:7400");
+        assert_string_equal(cfg->control_endpoint, "tcp://127.0.0.1:7401");
+        assert_int_equal(cfg->heartbeat_interval_ms, 100);
+        assert_int_equal(cfg->worker_timeout_ms, 1000);
+        assert_int_equal(cfg->n_deployments, 0);
+        assert_null(cfg->deployments);
+        tsr_config_destroy(&cfg);
+    }
+}
+
+static void test_largest_int_is_accepted(void **state)
+{
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(parse("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                           "    max_seq_len: 2147483647\n", "demo.yaml", &cfg,
+                           err, sizeof err), 0);
+    assert_int_equal(cfg->deployments[0].max_seq_len, INT_MAX);
+    tsr_config_destroy(&cfg);
+}
+
+static void test_relative_model_path_resolved_against_yaml_dir(void **state)
+{
+    static const char yaml[] =
+        "version: 1\ndeployments:\n  - name: a\n    model: models/tiny\n"
+        "  - name: b\n    model: /opt/m\n";
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(parse(yaml, "/srv/conf/demo.yaml", &cfg, err, sizeof err), 0);
+    assert_string_equal(cfg->deployments[0].model, "models/tiny");
+    assert_string_equal(cfg->deployments[0].model_path, "/srv/conf/models/tiny");
+    assert_string_equal(cfg->deployments[1].model_path, "/opt/m");
+    tsr_config_destroy(&cfg);
+
+    assert_int_equal(parse(yaml, "conf/demo.yaml", &cfg, err, sizeof err), 0);
+    assert_string_equal(cfg->deployments[0].model_path, "conf/models/tiny");
+    tsr_config_destroy(&cfg);
+
+    assert_int_equal(parse(yaml, "demo.yaml", &cfg, err, sizeof err), 0);
+    assert_string_equal(cfg->deployments[0].model_path, "models/tiny");
+    tsr_config_destroy(&cfg);
+}
+
+static void test_load_reads_file_and_resolves_against_its_dir(void **state)
+{
+    char *dir = make_tmpdir();
+    char *path = write_file(dir, "demo.yaml", valid_yaml, strlen(valid_yaml));
+    char *want = NULL;
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(tsr_config_load(path, &cfg, err, sizeof err), 0);
+    assert_string_equal(cfg->path, path);
+    assert_true(asprintf(&want, "%s/models/tiny", dir) > 0);
+    assert_string_equal(cfg->deployments[0].model_path, want);
+    free(want);
+    tsr_config_destroy(&cfg);
+    remove_file_and_dir(path, dir);
+}
+
+static void test_device_names_round_trip(void **state)
+{
+    tsr_device_t d;
+
+    (void)state;
+    assert_int_equal(tsr_device_parse("cuda", &d), 0);
+    assert_string_equal(tsr_device_name(d), "cuda");
+    assert_int_equal(tsr_device_parse("cpu", &d), 0);
+    assert_string_equal(tsr_device_name(d), "cpu");
+    assert_int_equal(tsr_device_parse("gpu", &d), -1);
+}
+
+/* ---- bad input ---------------------------------------------------------- */
+
+static void test_syntax_error_reports_libyaml_problem_and_position(void **state)
+{
+    (void)state;
+    /* The unclosed flow sequence runs into the end of the stream. */
+    expect_error("version: 1\ncoordinator: [a, b\n", "demo.yaml:3:1: syntax error: ",
+                 "did not find expected ',' or ']'");
+    /* A tab where indentation is expected. */
+    expect_error("version: 1\ndeployments:\n\t- name: a\n", "demo.yaml:3:1: syntax error: ",
+                 "found character that cannot start any token");
+    /* Invalid UTF-8 is a reader error, located from its byte offset. */
+    expect_error("version: 1\nx: \xff\n", "demo.yaml:2:4: syntax error: ", "invalid");
+}
+
+static void test_missing_version_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("coordinator:\n  heartbeat_interval_ms: 100\n", "demo.yaml:1:1: version: ",
+                 "required key missing");
+    expect_error("", "demo.yaml:1:1: version: ", "required key missing");
+    expect_error("# only a comment\n", "demo.yaml:1:1: version: ", "missing");
+}
+
+static void test_version_2_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 2\n", "demo.yaml:1:10: version: ", "unsupported format version 2");
+    expect_error("version: one\n", "demo.yaml:1:10: version: ", "'one'");
+}
+
+static void test_unknown_top_level_key_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\nworkers: 3\n", "demo.yaml:2:1: workers: ",
+                 "unknown key (expected one of version, coordinator, deployments)");
+}
+
+static void test_unknown_nested_key_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
+                 "demo.yaml:3:3: coordinator.heartbeat_ms: ",
+                 "unknown key (expected one of workers_endpoint, control_endpoint, "
+                 "heartbeat_interval_ms, worker_timeout_ms)");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                 "    parallel:\n      data: 2\n",
+                 "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
+}
+
+static void test_duplicate_key_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    model: n\n",
+                 "demo.yaml:5:5: deployments[0].model: ",
+                 "duplicate key (first given at line 4)");
+    expect_error("version: 1\nversion: 1\n", "demo.yaml:2:1: version: ", "duplicate key");
+}
+
+static void test_wrong_node_type_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ncoordinator:\n  - a\n", "demo.yaml:3:3: coordinator: ",
+                 "expected a mapping, got a sequence");
+    expect_error("version: 1\ndeployments:\n  name: a\n", "demo.yaml:3:3: deployments: ",
+                 "expected a sequence, got a mapping");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                 "    parallel: [1, 2]\n",
+                 "demo.yaml:5:15: deployments[0].parallel: ",
+                 "expected a mapping, got a sequence");
+    expect_error("version: 1\ndeployments:\n  - name: [a]\n    model: m\n",
+                 "demo.yaml:3:11: deployments[0].name: ", "expected a string, got a sequence");
+    expect_error("- version: 1\n", "demo.yaml:1:1: (top level): ", "expected a mapping");
+}
+
+static const char par_head[] =
+    "version: 1\ndeployments:\n  - name: a\n    model: m\n    parallel:\n";
+
+static void expect_tensor_error(const char *value, const char *detail)
+{
+    char yaml[256];
+
+    snprintf(yaml, sizeof yaml, "%s      tensor: %s\n", par_head, value);
+    expect_error(yaml, "demo.yaml:6:15: deployments[0].parallel.tensor: ", detail);
+}
+
+static void test_non_integer_is_rejected(void **state)
+{
+    (void)state;
+    expect_tensor_error("two", "expected a positive integer, got 'two'");
+    expect_tensor_error("1.5", "got '1.5'");
+    expect_tensor_error("0x10", "got '0x10'");
+    expect_tensor_error("{a: 1}", "got a mapping");
+}
+
+static void test_zero_or_negative_is_rejected(void **state)
+{
+    (void)state;
+    expect_tensor_error("0", "expected a positive integer, got '0'");
+    expect_tensor_error("-3", "expected a positive integer, got '-3'");
+}
+
+static void test_overflow_is_rejected(void **state)
+{
+    (void)state;
+    expect_tensor_error("2147483648", "too large");
+    expect_tensor_error("99999999999999999999999", "too large");
+}
+
+static void test_duplicate_deployment_name_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                 "  - name: a\n    model: n\n",
+                 "demo.yaml:5:11: deployments[1].name: ",
+                 "duplicate deployment name 'a' (also deployments[0], line 3)");
+}
+
+static void test_bad_name_chars_are_rejected(void **state)
+{
+    char yaml[256];
+
+    (void)state;
+    expect_error("version: 1\ndeployments:\n  - name: tiny model\n    model: m\n",
+                 "demo.yaml:3:11: deployments[0].name: ", "invalid name 'tiny model'");
+    expect_error("version: 1\ndeployments:\n  - name: a/b\n    model: m\n",
+                 "demo.yaml:3:11: deployments[0].name: ", "invalid name");
+    expect_error("version: 1\ndeployments:\n  - name: ''\n    model: m\n",
+                 "demo.yaml:3:11: deployments[0].name: ", "invalid name");
+    /* 65 characters: one over the limit. */
+    snprintf(yaml, sizeof yaml, "version: 1\ndeployments:\n  - name: %065d\n    model: m\n", 0);
+    expect_error(yaml, "demo.yaml:3:11: deployments[0].name: ", "invalid name");
+}
+
+static void test_missing_model_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ndeployments:\n  - name: a\n    device: cpu\n",
+                 "demo.yaml:3:5: deployments[0].model: ", "required key missing");
+    expect_error("version: 1\ndeployments:\n  - model: m\n",
+                 "demo.yaml:3:5: deployments[0].name: ", "required key missing");
+}
+
+static void test_bad_device_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    device: tpu\n",
+                 "demo.yaml:5:13: deployments[0].device: ", "expected cpu or cuda, got 'tpu'");
+}
+
+static void test_bad_endpoint_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ncoordinator:\n  control_endpoint: http://x:1\n",
+                 "demo.yaml:3:21: coordinator.control_endpoint: ",
+                 "tcp://, ipc:// or inproc://, got 'http://x:1'");
+    expect_error("version: 1\ncoordinator:\n  workers_endpoint: tcp://\n",
+                 "demo.yaml:3:21: coordinator.workers_endpoint: ", "got 'tcp://'");
+}
+
+static void test_timeout_not_above_heartbeat_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\ncoordinator:\n  heartbeat_interval_ms: 500\n"
+                 "  worker_timeout_ms: 500\n",
+                 "demo.yaml:4:22: coordinator.worker_timeout_ms: ",
+                 "must be greater than heartbeat_interval_ms");
+    /* Against the default timeout of 1000, reported at the mapping. */
+    expect_error("version: 1\ncoordinator:\n  heartbeat_interval_ms: 2000\n",
+                 "demo.yaml:3:3: coordinator.worker_timeout_ms: ", "(1000 <= 2000)");
+}
+
+static void test_second_document_is_rejected(void **state)
+{
+    (void)state;
+    expect_error("version: 1\n---\nversion: 1\n", "demo.yaml:3:1: (document): ",
+                 "only one YAML document");
+}
+
+static void test_messages_stay_on_one_line(void **state)
+{
+    (void)state;
+    /* A block scalar holds newlines; the echo of it must not break the line. */
+    expect_error("version: 1\ndeployments:\n  - name: |\n      a\n      b\n    model: m\n",
+                 "demo.yaml:3:11: deployments[0].name: ", "invalid name 'a?b?'");
+}
+
+static void test_missing_file_is_reported(void **state)
+{
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(tsr_config_load("/nonexistent/demo.yaml", &cfg, err, sizeof err), -1);
+    assert_null(cfg);
+    assert_string_equal(err, "/nonexistent/demo.yaml: cannot read: No such file or directory");
+}
+
+static void test_oversized_file_is_rejected(void **state)
+{
+    size_t len = 1024 * 1024 + 1;
+    char *big = malloc(len);
+    char *dir = make_tmpdir();
+    char *path;
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    assert_non_null(big);
+    /* Valid YAML (one long comment after the version), only too big. */
+    memset(big, '#', len);
+    memcpy(big, "version: 1\n", 11);
+    big[len - 1] = '\n';
+    path = write_file(dir, "big.yaml", big, len);
+    assert_int_equal(tsr_config_load(path, &cfg, err, sizeof err), -1);
+    assert_null(cfg);
+    assert_non_null(strstr(err, "big.yaml: too large"));
+    assert_int_equal(tsr_config_parse(big, len, "big.yaml", &cfg, err, sizeof err), -1);
+    assert_non_null(strstr(err, "big.yaml: too large"));
+    /* One byte less is accepted. */
+    big[len - 2] = '\n';
+    assert_int_equal(tsr_config_parse(big, len - 1, "big.yaml", &cfg, err, sizeof err), 0);
+    tsr_config_destroy(&cfg);
+    free(big);
+    remove_file_and_dir(path, dir);
+}
+
+/* ---- model config ------------------------------------------------------- */
+
+static const char model_json[] =
+    "{\n"
+    "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+    "  \"hidden_size\": 768,\n"
+    "  \"intermediate_size\": 2048,\n"
+    "  \"num_hidden_layers\": 10,\n"
+    "  \"num_attention_heads\": 12,\n"
+    "  \"vocab_size\": 32000,\n"
+    "  \"max_position_embeddings\": 1024,\n"
+    "  \"tie_word_embeddings\": true,\n"
+    "  \"torch_dtype\": \"float32\"\n"
+    "}\n";
+
+/* Writes text as DIR/config.json and loads it; returns the load's result. */
+static int load_model_json(const char *text, tsr_model_info_t *m, char *err,
+                           size_t errlen, char **dir_out)
+{
+    char *dir = make_tmpdir();
+    char *path = write_file(dir, "config.json", text, strlen(text));
+    int rc;
+
+    err[0] = '\0';
+    rc = tsr_model_info_load(dir, m, err, errlen);
+    unlink(path);
+    free(path);
+    *dir_out = dir;
+    return rc;
+}
+
+static void done_dir(char *dir)
+{
+    rmdir(dir);
+    free(dir);
+}
+
+static void test_model_config_loads_with_defaults(void **state)
+{
+    tsr_model_info_t m;
+    char err[512], *dir;
+
+    (void)state;
+    assert_int_equal(load_model_json(model_json, &m, err, sizeof err, &dir), 0);
+    assert_int_equal(m.hidden_size, 768);
+    assert_int_equal(m.intermediate_size, 2048);
+    assert_int_equal(m.num_hidden_layers, 10);
+    assert_int_equal(m.num_attention_heads, 12);
+    assert_int_equal(m.num_key_value_heads, 12); /* defaulted to heads */
+    assert_int_equal(m.vocab_size, 32000);
+    assert_int_equal(m.max_position_embeddings, 1024);
+    assert_int_equal(m.tie_word_embeddings, 1);
+    assert_int_equal(m.dtype_bytes, 4);
+    done_dir(dir);
+
+    assert_int_equal(load_model_json("{\"hidden_size\": 64, \"intermediate_size\": 128,"
+                                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                                     "\"num_key_value_heads\": 2, \"vocab_size\": 100,"
+                                     "\"max_position_embeddings\": 64}",
+                                     &m, err, sizeof err, &dir), 0);
+    assert_int_equal(m.num_key_value_heads, 2);
+    assert_int_equal(m.tie_word_embeddings, 0);
+    assert_int_equal(m.dtype_bytes, 2); /* no torch_dtype */
+    done_dir(dir);
+}
+
+static void test_model_config_missing_field_is_named(void **state)
+{
+    tsr_model_info_t m;
+    char err[512], *dir, *want = NULL;
+
+    (void)state;
+    assert_int_equal(load_model_json("{\"hidden_size\": 64, \"intermediate_size\": 128,"
+                                     "\"num_attention_heads\": 8, \"vocab_size\": 100,"
+                                     "\"max_position_embeddings\": 64}",
+                                     &m, err, sizeof err, &dir), -1);
+    assert_true(asprintf(&want, "%s/config.json: num_hidden_layers missing or not a "
+                         "positive integer", dir) > 0);
+    assert_string_equal(err, want);
+    free(want);
+    done_dir(dir);
+
+    assert_int_equal(load_model_json("{\"hidden_size\": 64, \"intermediate_size\": 128,"
+                                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                                     "\"vocab_size\": 100, \"max_position_embeddings\": 64,"
+                                     "\"torch_dtype\": \"int8\"}",
+                                     &m, err, sizeof err, &dir), -1);
+    assert_non_null(strstr(err, "config.json: torch_dtype 'int8' not supported"));
+    done_dir(dir);
+}
+
+static void test_model_config_bad_json_is_reported(void **state)
+{
+    tsr_model_info_t m;
+    char err[512], *dir;
+
+    (void)state;
+    assert_int_equal(load_model_json("{\"hidden_size\": 64,\n", &m, err, sizeof err, &dir), -1);
+    assert_non_null(strstr(err, dir));
+    assert_non_null(strstr(err, "/config.json:"));
+    assert_non_null(strstr(err, "invalid JSON"));
+    done_dir(dir);
+
+    assert_int_equal(tsr_model_info_load("/nonexistent", &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/nonexistent/config.json"));
+}
+
+/* A model shaped like model_json, without touching the file system. */
+static tsr_model_info_t small_model(void)
+{
+    tsr_model_info_t m = {
+        .hidden_size = 768, .intermediate_size = 2048, .num_hidden_layers = 10,
+        .num_attention_heads = 12, .num_key_value_heads = 12, .vocab_size = 32000,
+        .max_position_embeddings = 1024, .tie_word_embeddings = 0, .dtype_bytes = 2,
+    };
+    return m;
+}
+
+static void layout_of(const char *parallel, tsr_config_t **cfg)
+{
+    char yaml[512], err[512];
+
+    snprintf(yaml, sizeof yaml,
+             "version: 1\n"
+             "deployments:\n"
+             "  - name: other\n"
+             "    model: models/other\n"
+             "  - name: tiny\n"
+             "    model: models/tiny\n"
+             "    parallel: %s\n", parallel);
+    assert_int_equal(parse(yaml, "demo.yaml", cfg, err, sizeof err), 0);
+}
+
+static void test_layout_heads_not_divisible_by_tensor_is_rejected(void **state)
+{
+    tsr_model_info_t m = small_model();
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    layout_of("{tensor: 5}", &cfg);
+    assert_int_equal(tsr_model_check_layout(&m, &cfg->deployments[1], 1, cfg->path,
+                                            err, sizeof err), -1);
+    assert_string_equal(err, "demo.yaml:5:5: deployments[1] (tiny): models/tiny/config.json: "
+                        "num_attention_heads 12 is not divisible by parallel.tensor 5");
+    tsr_config_destroy(&cfg);
+
+    /* 12 heads split over 3 ranks is fine, but 4 KV heads are not. */
+    m.num_key_value_heads = 4;
+    layout_of("{tensor: 3}", &cfg);
+    assert_int_equal(tsr_model_check_layout(&m, &cfg->deployments[1], 1, NULL,
+                                            err, sizeof err), -1);
+    assert_non_null(strstr(err, "<input>:5:5: deployments[1] (tiny)"));
+    assert_non_null(strstr(err, "num_key_value_heads 4 is not divisible by parallel.tensor 3"));
+    tsr_config_destroy(&cfg);
+
+    layout_of("{tensor: 4, pipeline: 10}", &cfg);
+    assert_int_equal(tsr_model_check_layout(&m, &cfg->deployments[1], 1, cfg->path,
+                                            err, sizeof err), 0);
+    tsr_config_destroy(&cfg);
+}
+
+static void test_layout_more_stages_than_layers_is_rejected(void **state)
+{
+    tsr_model_info_t m = small_model();
+    tsr_config_t *cfg = NULL;
+    char err[512];
+
+    (void)state;
+    layout_of("{pipeline: 11}", &cfg);
+    assert_int_equal(tsr_model_check_layout(&m, &cfg->deployments[1], 1, cfg->path,
+                                            err, sizeof err), -1);
+    assert_non_null(strstr(err, "demo.yaml:5:5: deployments[1] (tiny)"));
+    assert_non_null(strstr(err, "parallel.pipeline 11 exceeds num_hidden_layers 10"));
+    tsr_config_destroy(&cfg);
+}
+
+static void test_layer_split_is_even_and_contiguous(void **state)
+{
+    static const int want[4][2] = { { 0, 3 }, { 3, 6 }, { 6, 8 }, { 8, 10 } };
+    int n, stages, s, b, e, next;
+
+    (void)state;
+    for (s = 0; s < 4; s++) {
+        tsr_layer_split(10, 4, s, &b, &e);
+        assert_int_equal(b, want[s][0]);
+        assert_int_equal(e, want[s][1]);
+    }
+    /* Every split covers [0, n) without gaps, sizes differ by at most one. */
+    for (n = 1; n <= 40; n++) {
+        for (stages = 1; stages <= n; stages++) {
+            for (s = 0, next = 0; s < stages; s++) {
+                tsr_layer_split(n, stages, s, &b, &e);
+                assert_int_equal(b, next);
+                assert_in_range(e - b, n / stages, n / stages + 1);
+                next = e;
+            }
+            assert_int_equal(next, n);
+        }
+    }
+}
+
+static void test_piece_bytes_sum_to_whole_model(void **state)
+{
+    tsr_model_info_t m = {
+        .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 6,
+        .num_attention_heads = 8, .num_key_value_heads = 2, .vocab_size = 1000,
+        .max_position_embeddings = 128, .tie_word_embeddings = 0, .dtype_bytes = 2,
+    };
+    /* Per layer: q,o 2*64*64 + k,v 2*64*16 + mlp 3*64*160 + norms 2*64 = 41088;
+     * 6 layers + embedding 64000 + head 64000 + final norm 64, 2 bytes each. */
+    const uint64_t whole = (6 * 41088ULL + 64000 + 64000 + 64) * 2;
+    static const int shapes[][2] = { { 1, 1 }, { 2, 1 }, { 3, 2 }, { 6, 2 }, { 4, 8 } };
+    size_t i;
+    int s, t;
+
+    (void)state;
+    assert_int_equal(tsr_model_piece_bytes(&m, 1, 0, 1), whole);
+    for (i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int stages = shapes[i][0], tensor = shapes[i][1];
+        uint64_t sum = 0;
+
+        for (s = 0; s < stages; s++)
+            for (t = 0; t < tensor; t++)
+                sum += tsr_model_piece_bytes(&m, stages, s, tensor);
+        assert_int_equal(sum, whole);
+    }
+
+    /* Tied: one pp stage shares the embedding; with two, the last needs a copy. */
+    m.tie_word_embeddings = 1;
+    assert_int_equal(tsr_model_piece_bytes(&m, 1, 0, 1), whole - 64000 * 2);
+    assert_int_equal(tsr_model_piece_bytes(&m, 2, 0, 1) + tsr_model_piece_bytes(&m, 2, 1, 1),
+                     whole);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_file_loads_every_field_and_defaults),
+        cmocka_unit_test(test_minimal_file_gets_coordinator_defaults),
+        cmocka_unit_test(test_largest_int_is_accepted),
+        cmocka_unit_test(test_relative_model_path_resolved_against_yaml_dir),
+        cmocka_unit_test(test_load_reads_file_and_resolves_against_its_dir),
+        cmocka_unit_test(test_device_names_round_trip),
+        cmocka_unit_test(test_syntax_error_reports_libyaml_problem_and_position),
+        cmocka_unit_test(test_missing_version_is_rejected),
+        cmocka_unit_test(test_version_2_is_rejected),
+        cmocka_unit_test(test_unknown_top_level_key_is_rejected),
+        cmocka_unit_test(test_unknown_nested_key_is_rejected),
+        cmocka_unit_test(test_duplicate_key_is_rejected),
+        cmocka_unit_test(test_wrong_node_type_is_rejected),
+        cmocka_unit_test(test_non_integer_is_rejected),
+        cmocka_unit_test(test_zero_or_negative_is_rejected),
+        cmocka_unit_test(test_overflow_is_rejected),
+        cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
+        cmocka_unit_test(test_bad_name_chars_are_rejected),
+        cmocka_unit_test(test_missing_model_is_rejected),
+        cmocka_unit_test(test_bad_device_is_rejected),
+        cmocka_unit_test(test_bad_endpoint_is_rejected),
+        cmocka_unit_test(test_timeout_not_above_heartbeat_is_rejected),
+        cmocka_unit_test(test_second_document_is_rejected),
+        cmocka_unit_test(test_messages_stay_on_one_line),
+        cmocka_unit_test(test_missing_file_is_reported),
+        cmocka_unit_test(test_oversized_file_is_rejected),
+        cmocka_unit_test(test_model_config_loads_with_defaults),
+        cmocka_unit_test(test_model_config_missing_field_is_named),
+        cmocka_unit_test(test_model_config_bad_json_is_reported),
+        cmocka_unit_test(test_layout_heads_not_divisible_by_tensor_is_rejected),
+        cmocka_unit_test(test_layout_more_stages_than_layers_is_rejected),
+        cmocka_unit_test(test_layer_split_is_even_and_contiguous),
+        cmocka_unit_test(test_piece_bytes_sum_to_whole_model),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
