@@ -146,8 +146,8 @@ void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t err
         return NULL;
     }
     sock_common(s);
-    /* Reconnect fast at first, backing off to 2 s while the peer is away. */
-    int ivl = 100, ivl_max = 2000;
+    /* Reconnect fast at first, backing off to 1 s while the peer is away. */
+    int ivl = 100, ivl_max = 1000;
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate);

@@ -1,0 +1,30 @@
+/* cli.h: the subcommands of `tessera`, one file each. */
+#ifndef TSR_CLI_H
+#define TSR_CLI_H
+
+#include <jansson.h>
+#include "common/wire.h"
+
+typedef struct {
+    const char *endpoint;   /* coordinator control endpoint */
+    int timeout_ms;         /* how long to wait for an answer */
+} tsr_cli_t;
+
+/* Sends one control request; on success returns 0 and *out (caller owns,
+ * json_decref) with the reply's JSON document (NULL when it has none).  On
+ * failure prints the reason to stderr and returns 1 (no answer) or 3 (the
+ * coordinator said no). */
+int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
+                    json_t **out);
+
+int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv);
+int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv);
+int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv);
+int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain);
+int tsr_cmd_plan(int argc, char **argv);
+int tsr_cmd_local(int argc, char **argv);
+
+/* Renders a status document as tables on stdout. */
+void tsr_print_status(json_t *doc, int workers_only);
+
+#endif

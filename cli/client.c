@@ -1,0 +1,76 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <zmq.h>
+
+#include "cli.h"
+#include "common/log.h"
+
+int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
+                    json_t **out)
+{
+    int rc = 1;
+    char err[512];
+    tsr_env_t *reply = NULL;
+    *out = NULL;
+    void *s = tsr_sock_dealer(cli->endpoint, 0, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "tessera: %s\n", err);
+        return 1;
+    }
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = kind;
+    q.worker = (char *)(worker ? worker : "");
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    env.worker = "";
+
+    /* The request is queued until the connection is up, so one send is
+     * enough; the deadline covers connecting and answering. */
+    if (tsr_wire_send(s, NULL, 0, &env) < 0) {
+        fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
+        goto out;
+    }
+    int64_t deadline = tsr_now_ms() + cli->timeout_ms;
+    zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+    for (;;) {
+        int64_t left = deadline - tsr_now_ms();
+        if (left <= 0) {
+            fprintf(stderr,
+                    "tessera: no answer from the coordinator at %s within %d ms (is it running? "
+                    "see --coordinator)\n",
+                    cli->endpoint, cli->timeout_ms);
+            goto out;
+        }
+        if (zmq_poll(&item, 1, (long)left) <= 0) continue;
+        int r = tsr_wire_recv(s, NULL, NULL, TSR_WIRE_MAX_CONTROL, &reply, err, sizeof err);
+        if (r == 0) continue;
+        if (r < 0) {
+            fprintf(stderr, "tessera: bad reply from %s: %s\n", cli->endpoint, err);
+            goto out;
+        }
+        break;
+    }
+    if (reply->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REPLY) {
+        fprintf(stderr, "tessera: unexpected %s from %s\n", tsr_env_kind(reply), cli->endpoint);
+        goto out;
+    }
+    if (!reply->control_reply->ok) {
+        fprintf(stderr, "tessera: %s\n", reply->control_reply->error);
+        rc = 3;
+        goto out;
+    }
+    if (reply->control_reply->json[0]) {
+        json_error_t je;
+        *out = json_loads(reply->control_reply->json, 0, &je);
+        if (!*out) {
+            fprintf(stderr, "tessera: reply is not valid JSON: %s\n", je.text);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    tsr_env_free(&reply);
+    tsr_sock_close(&s);
+    return rc;
+}

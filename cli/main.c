@@ -1,0 +1,108 @@
+/* tessera: the command-line interface. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "common/deploy.h"
+#include "common/wire.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tessera [--coordinator EP | --config FILE.yaml] [--timeout MS] COMMAND ...\n"
+            "\n"
+            "commands:\n"
+            "  status [--json] [--wait-ready S]   deployments, pieces and workers\n"
+            "  workers [--json]                   registered workers\n"
+            "  plan FILE.yaml [--nodes N] [--per-node G]\n"
+            "                                     dry run of the placement (no coordinator)\n"
+            "  reload                             reread the deployment file\n"
+            "  drain WORKER                       move its piece away, keep it idle\n"
+            "  undrain WORKER                     make a drained worker placeable again\n"
+            "  local FILE.yaml [--workers N]      coordinator + N CPU workers in the foreground\n"
+            "  version                            print the version\n"
+            "\n"
+            "Every command takes --help.\n"
+            "\n"
+            "options:\n"
+            "  --coordinator EP   control endpoint (default $TESSERA_COORDINATOR, else\n"
+            "                     tcp://127.0.0.1:7401)\n"
+            "  --config FILE      take the control endpoint from a deployment file\n"
+            "  --timeout MS       how long to wait for the coordinator (default 3000)\n"
+            "\n"
+            "exit status: 0 ok, 1 error or no answer, 2 bad usage, 3 refused by the\n"
+            "coordinator (plan: some deployment cannot be placed), 4 --wait-ready timed out.\n");
+}
+
+int main(int argc, char **argv)
+{
+    tsr_cli_t cli = {getenv("TESSERA_COORDINATOR"), 3000};
+    char ep_buf[512];
+    static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
+                                         {"config", required_argument, 0, 'f'},
+                                         {"timeout", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int o;
+    /* '+': stop at the command name; the rest belongs to the command. */
+    while ((o = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': cli.endpoint = optarg; break;
+        case 'f': {
+            tsr_config_t *cfg = NULL;
+            char err[1024];
+            if (tsr_config_load(optarg, &cfg, err, sizeof err) < 0) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
+            tsr_connect_endpoint(cfg->control_endpoint, ep_buf, sizeof ep_buf);
+            cli.endpoint = ep_buf;
+            tsr_config_destroy(&cfg);
+            break;
+        }
+        case 't': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 3600000) {
+                fprintf(stderr, "tessera: --timeout: expected milliseconds 1..3600000, got '%s'\n", optarg);
+                return 2;
+            }
+            cli.timeout_ms = (int)v;
+            break;
+        }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!cli.endpoint) cli.endpoint = "tcp://127.0.0.1:7401";
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[optind];
+    int cargc = argc - optind;
+    char **cargv = argv + optind;
+    int rc;
+    if (!strcmp(cmd, "status")) rc = tsr_cmd_status(&cli, cargc, cargv);
+    else if (!strcmp(cmd, "workers")) rc = tsr_cmd_workers(&cli, cargc, cargv);
+    else if (!strcmp(cmd, "reload")) rc = tsr_cmd_reload(&cli, cargc, cargv);
+    else if (!strcmp(cmd, "drain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 1);
+    else if (!strcmp(cmd, "undrain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 0);
+    else if (!strcmp(cmd, "plan")) rc = tsr_cmd_plan(cargc, cargv);
+    else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
+    else if (!strcmp(cmd, "version")) {
+        printf("tessera %s (protocol %d)\n", TSR_SOFTWARE_VERSION, TSR_PROTOCOL_VERSION);
+        rc = 0;
+    } else if (!strcmp(cmd, "help")) {
+        usage(stdout);
+        rc = 0;
+    } else {
+        fprintf(stderr, "tessera: unknown command '%s'\n", cmd);
+        usage(stderr);
+        rc = 2;
+    }
+    tsr_zmq_term();
+    return rc;
+}

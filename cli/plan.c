@@ -1,0 +1,176 @@
+/* plan.c: `tessera plan FILE.yaml`, a dry run of the placement on a
+ * described cluster, without a coordinator. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "common/deploy.h"
+#include "common/modelcfg.h"
+#include "coordinator/planner.h"
+
+static void plan_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tessera plan FILE.yaml [--nodes N] [--per-node G]\n"
+            "\n"
+            "Validates the deployment file and each model's config.json, then prints where\n"
+            "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
+            "of weights each device holds, on a cluster of N nodes with G workers of each\n"
+            "device kind per node.  Starts nothing.\n"
+            "  --nodes N      nodes in the cluster (default: just enough for the file)\n"
+            "  --per-node G   workers per node and device kind (default 8 for cuda; for\n"
+            "                 cpu, all workers on one node)\n");
+}
+
+static int parse_pos(const char *opt, const char *s, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || !*s || v < 1 || v > 100000) {
+        fprintf(stderr, "tessera plan: %s: expected a positive integer, got '%s'\n", opt, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static void human(uint64_t b, char *buf, size_t len)
+{
+    if (b >= (1ull << 30)) snprintf(buf, len, "%.2f GiB", (double)b / (1ull << 30));
+    else snprintf(buf, len, "%.2f MiB", (double)b / (1ull << 20));
+}
+
+int tsr_cmd_plan(int argc, char **argv)
+{
+    int nodes = 0, per_node = 0, rc = 1;
+    static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
+                                         {"per-node", required_argument, 0, 'g'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int o;
+    optind = 0;  /* 0 re-initialises GNU getopt (and its argument permutation) */
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'n': if (parse_pos("--nodes", optarg, &nodes) < 0) return 2; break;
+        case 'g': if (parse_pos("--per-node", optarg, &per_node) < 0) return 2; break;
+        case 'h': plan_usage(stdout); return 0;
+        default: plan_usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        plan_usage(stderr);
+        return 2;
+    }
+    const char *path = argv[optind];
+    char err[1024];
+    tsr_config_t *cfg = NULL;
+    tsr_model_info_t *models = NULL;
+    int *layers = NULL;
+    tsr_plan_worker_t *ws = NULL;
+    char (*names)[64] = NULL, (*nodenames)[32] = NULL;
+    tsr_plan_t *plan = NULL;
+
+    if (tsr_config_load(path, &cfg, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        goto out;
+    }
+    size_t nd = cfg->n_deployments;
+    models = calloc(nd ? nd : 1, sizeof *models);
+    layers = calloc(nd ? nd : 1, sizeof *layers);
+    if (!models || !layers) goto out;
+    int need[2] = {0, 0};
+    for (size_t i = 0; i < nd; i++) {
+        const tsr_deployment_t *d = &cfg->deployments[i];
+        if (tsr_model_info_load(d->model_path, &models[i], err, sizeof err) < 0 ||
+            tsr_model_check_layout(&models[i], d, (int)i, path, err, sizeof err) < 0) {
+            fprintf(stderr, "%s\n", err);
+            goto out;
+        }
+        layers[i] = models[i].num_hidden_layers;
+        need[d->device] += d->replicas * d->pipeline * d->tensor;
+    }
+
+    /* The described cluster: `nodes` nodes, each with per-node workers of
+     * every device kind the file uses. */
+    int per[2];
+    for (int k = 0; k < 2; k++) {
+        per[k] = per_node ? per_node : (k == TSR_DEVICE_CUDA ? 8 : (need[k] ? need[k] : 1));
+        if (!nodes && need[k]) {
+            int n = (need[k] + per[k] - 1) / per[k];
+            if (n > nodes) nodes = n;
+        }
+    }
+    if (!nodes) nodes = 1;
+    size_t nw = 0;
+    for (int k = 0; k < 2; k++) if (need[k]) nw += (size_t)nodes * (size_t)per[k];
+    ws = calloc(nw ? nw : 1, sizeof *ws);
+    names = calloc(nw ? nw : 1, sizeof *names);
+    nodenames = calloc((size_t)nodes, sizeof *nodenames);
+    if (!ws || !names || !nodenames) goto out;
+    for (int n = 0; n < nodes; n++) snprintf(nodenames[n], sizeof nodenames[n], "node%d", n);
+    size_t w = 0;
+    for (int n = 0; n < nodes; n++)
+        for (int k = 0; k < 2; k++)
+            for (int g = 0; need[k] && g < per[k]; g++, w++) {
+                snprintf(names[w], sizeof names[w], "node%d-%s%d", n, tsr_device_name((tsr_device_t)k), g);
+                ws[w] = (tsr_plan_worker_t){.name = names[w], .node = nodenames[n],
+                                            .device = (tsr_device_t)k, .eligible = true};
+            }
+
+    if (tsr_plan_compute(cfg, layers, ws, nw, &plan, err, sizeof err) < 0) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        goto out;
+    }
+    printf("plan for %s on %d node(s)", path, nodes);
+    for (int k = 0; k < 2; k++)
+        if (need[k]) printf(", %d %s worker(s) per node", per[k], tsr_device_name((tsr_device_t)k));
+    printf("\n");
+    int short_total = 0;
+    for (size_t i = 0; i < nd; i++) {
+        const tsr_deployment_t *d = &cfg->deployments[i];
+        const tsr_model_info_t *m = &models[i];
+        printf("\ndeployment %s: %s, tp %d x pp %d x %d replica(s) = %d piece(s); %d layers, "
+               "%d heads, %d kv heads\n  model %s\n",
+               d->name, tsr_device_name(d->device), d->tensor, d->pipeline, d->replicas,
+               d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
+               m->num_attention_heads, m->num_key_value_heads, d->model_path);
+        printf("  %-7s %-5s %-9s %-3s %-20s %-8s %12s\n", "REPLICA", "STAGE", "LAYERS", "TP",
+               "WORKER", "NODE", "WEIGHTS");
+        uint64_t maxb = 0;
+        for (size_t p = 0; p < plan->n_pieces; p++) {
+            const tsr_piece_t *pc = &plan->pieces[p];
+            if (pc->deployment != (int)i) continue;
+            uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor);
+            if (b > maxb) maxb = b;
+            char hb[32], layers_s[32];
+            human(b, hb, sizeof hb);
+            snprintf(layers_s, sizeof layers_s, "%d-%d", pc->layer_begin, pc->layer_end - 1);
+            printf("  %-7d %-5d %-9s %-3d %-20s %-8s %12s\n", pc->replica, pc->stage, layers_s,
+                   pc->tp, pc->worker >= 0 ? ws[pc->worker].name : "(unplaced)",
+                   pc->worker >= 0 ? ws[pc->worker].node : "-", hb);
+        }
+        char hb[32], sb[128];
+        human(maxb, hb, sizeof hb);
+        printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
+               "and activations\n", hb, m->dtype_bytes);
+        if (plan->deps[i].short_by) {
+            printf("  NOT PLACED: %s\n", tsr_plan_shortage(plan, i, sb, sizeof sb));
+            short_total += plan->deps[i].short_by;
+        }
+    }
+    size_t idle = 0;
+    for (size_t k = 0; k < nw; k++) idle += tsr_plan_piece_of(plan, (int)k) == NULL;
+    printf("\n%zu worker(s) left idle as spares\n", idle);
+    rc = short_total ? 3 : 0;
+out:
+    tsr_plan_destroy(&plan);
+    free(nodenames);
+    free(names);
+    free(ws);
+    free(layers);
+    free(models);
+    tsr_config_destroy(&cfg);
+    return rc;
+}

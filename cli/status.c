@@ -1,0 +1,283 @@
+/* status.c: status, workers, reload, drain and undrain. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "common/log.h"
+
+static const char *jstr(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "-";
+}
+static long long jint(json_t *o, const char *k)
+{
+    return (long long)json_integer_value(json_object_get(o, k));
+}
+
+static void fmt_age(long long ms, char *buf, size_t len)
+{
+    if (ms < 10000) snprintf(buf, len, "%lldms", ms);
+    else if (ms < 600000) snprintf(buf, len, "%llds", ms / 1000);
+    else snprintf(buf, len, "%lldm", ms / 60000);
+}
+
+static void print_worker_row(json_t *w)
+{
+    char age[32];
+    fmt_age(jint(w, "heartbeat_age_ms"), age, sizeof age);
+    json_t *a = json_object_get(w, "assignment");
+    char piece[192] = "-";
+    if (json_is_object(a))
+        snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld", jstr(a, "deployment"),
+                 jint(a, "replica"), jint(a, "stage"), jint(a, "tp"));
+    const char *state = jstr(w, "state");
+    char st[48];
+    snprintf(st, sizeof st, "%s%s", state, json_is_true(json_object_get(w, "drained")) ? ",drained" : "");
+    printf("  %-20s %-14s %-12s %-5s %8lld %9s  %s", jstr(w, "name"), jstr(w, "node"), st,
+           jstr(w, "device"), jint(w, "pid"), age, piece);
+    if (json_object_get(w, "reason")) printf("  (%s)", jstr(w, "reason"));
+    printf("\n");
+}
+
+void tsr_print_status(json_t *doc, int workers_only)
+{
+    json_t *co = json_object_get(doc, "coordinator");
+    json_t *workers = json_object_get(doc, "workers");
+    size_t i, alive = 0, dead = 0;
+    json_t *w;
+    json_array_foreach(workers, i, w) {
+        if (!strcmp(jstr(w, "state"), "dead")) dead++;
+        else alive++;
+    }
+    printf("coordinator  epoch %lld  uptime %llds  workers %zu alive, %zu dead\n",
+           jint(co, "epoch"), jint(co, "uptime_ms") / 1000, alive, dead);
+
+    if (!workers_only) {
+        json_t *d;
+        json_array_foreach(json_object_get(doc, "deployments"), i, d) {
+            printf("\ndeployment %s  %s  %s  tp %lld x pp %lld x %lld replica(s)  %s\n",
+                   jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
+                   jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
+            if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
+            printf("  %-7s %-5s %-9s %-3s %-20s %-14s %-9s %8s %9s\n", "REPLICA", "STAGE",
+                   "LAYERS", "TP", "WORKER", "NODE", "STATE", "PID", "HEARTBEAT");
+            size_t ri, si, ti;
+            json_t *r, *s, *t;
+            json_array_foreach(json_object_get(d, "replica_list"), ri, r) {
+                json_array_foreach(json_object_get(r, "stages"), si, s) {
+                    json_t *ly = json_object_get(s, "layers");
+                    char layers[32];
+                    snprintf(layers, sizeof layers, "%lld-%lld",
+                             (long long)json_integer_value(json_array_get(ly, 0)),
+                             (long long)json_integer_value(json_array_get(ly, 1)) - 1);
+                    json_array_foreach(json_object_get(s, "ranks"), ti, t) {
+                        char age[32] = "-", pid[16] = "-";
+                        if (json_is_string(json_object_get(t, "worker"))) {
+                            fmt_age(jint(t, "heartbeat_age_ms"), age, sizeof age);
+                            snprintf(pid, sizeof pid, "%lld", jint(t, "pid"));
+                        }
+                        printf("  %-7lld %-5lld %-9s %-3lld %-20s %-14s %-9s %8s %9s", jint(r, "replica"),
+                               jint(s, "stage"), layers, jint(t, "tp"), jstr(t, "worker"),
+                               jstr(t, "node"), jstr(t, "state"), pid, age);
+                        if (json_object_get(t, "reason")) printf("  %s", jstr(t, "reason"));
+                        printf("\n");
+                    }
+                }
+            }
+        }
+    }
+
+    const char *titles[] = {"idle workers", "dead workers"};
+    for (int pass = 0; pass < (workers_only ? 1 : 2); pass++) {
+        int header = 0;
+        json_array_foreach(workers, i, w) {
+            const char *st = jstr(w, "state");
+            int is_dead = !strcmp(st, "dead");
+            int show = workers_only ? 1
+                       : pass == 0  ? !strcmp(st, "idle") && !json_is_object(json_object_get(w, "assignment"))
+                                    : is_dead;
+            if (!show) continue;
+            if (!header) {
+                printf("\n%s\n  %-20s %-14s %-12s %-5s %8s %9s  %s\n",
+                       workers_only ? "workers" : titles[pass], "NAME", "NODE", "STATE",
+                       "DEV", "PID", "HEARTBEAT", "PIECE");
+                header = 1;
+            }
+            print_worker_row(w);
+        }
+    }
+}
+
+static int all_ready(json_t *doc)
+{
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(doc, "deployments"), i, d)
+        if (strcmp(jstr(d, "state"), "ready")) return 0;
+    return 1;
+}
+
+static void status_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera [--coordinator EP] status [--json] [--wait-ready SECONDS]\n"
+               "\n"
+               "Shows each deployment's replicas, stages and tensor-parallel ranks with the\n"
+               "worker holding each piece (node, state, pid, heartbeat age), then the idle\n"
+               "and dead workers.\n"
+               "  --json               print the status document as JSON\n"
+               "  --wait-ready SECONDS wait until every deployment is ready; exit 0 when it\n"
+               "                       is, 4 when the time runs out (status is printed)\n");
+}
+
+int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv)
+{
+    int as_json = 0;
+    double wait_s = -1;
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"wait-ready", required_argument, 0, 'w'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int o;
+    optind = 0;  /* 0 re-initialises GNU getopt (and its argument permutation) */
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'j': as_json = 1; break;
+        case 'w': {
+            char *end;
+            wait_s = strtod(optarg, &end);
+            if (*end || wait_s < 0 || wait_s > 86400) {
+                fprintf(stderr, "tessera status: --wait-ready: expected seconds (0..86400), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'h': status_usage(stdout); return 0;
+        default: status_usage(stderr); return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "tessera status: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    int64_t deadline = tsr_now_ms() + (int64_t)(wait_s * 1000);
+    json_t *doc = NULL;
+    int rc;
+    for (;;) {
+        tsr_cli_t c = *cli;
+        if (wait_s >= 0) {
+            /* Keep asking while the coordinator is starting up. */
+            int64_t left = deadline - tsr_now_ms();
+            if (left < c.timeout_ms) c.timeout_ms = left > 200 ? (int)left : 200;
+        }
+        rc = tsr_cli_request(&c, TESSERA__CONTROL_REQUEST__KIND__STATUS, NULL, &doc);
+        if (wait_s < 0) break;
+        if (rc == 0 && all_ready(doc)) break;
+        if (tsr_now_ms() >= deadline) {
+            if (rc == 0) {
+                if (as_json) {
+                    char *s = json_dumps(doc, JSON_INDENT(2));
+                    puts(s);
+                    free(s);
+                } else {
+                    tsr_print_status(doc, 0);
+                }
+                fprintf(stderr, "tessera status: not every deployment is ready after %g s\n", wait_s);
+                json_decref(doc);
+                return 4;
+            }
+            return rc;
+        }
+        json_decref(doc);
+        doc = NULL;
+        usleep(50 * 1000);
+    }
+    if (rc) return rc;
+    if (as_json) {
+        char *s = json_dumps(doc, JSON_INDENT(2));
+        puts(s);
+        free(s);
+    } else {
+        tsr_print_status(doc, 0);
+    }
+    json_decref(doc);
+    return 0;
+}
+
+int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv)
+{
+    int as_json = argc > 1 && !strcmp(argv[1], "--json");
+    if (argc > 1 && !as_json) {
+        printf("usage: tessera [--coordinator EP] workers [--json]\n"
+               "\nLists every registered worker: name, node, state, device, pid, heartbeat age\n"
+               "and the piece it holds.\n");
+        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
+    }
+    json_t *doc = NULL;
+    int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__WORKERS, NULL, &doc);
+    if (rc) return rc;
+    if (as_json) {
+        char *s = json_dumps(json_object_get(doc, "workers"), JSON_INDENT(2));
+        puts(s);
+        free(s);
+    } else {
+        tsr_print_status(doc, 1);
+    }
+    json_decref(doc);
+    return 0;
+}
+
+int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
+{
+    if (argc > 1) {
+        printf("usage: tessera [--coordinator EP] reload\n"
+               "\nAsks the coordinator to reread its deployment file and apply the new plan.\n"
+               "A file with errors is refused and the running configuration is kept.\n");
+        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
+    }
+    json_t *doc = NULL;
+    int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__RELOAD, NULL, &doc);
+    if (rc) return rc;
+    printf("reloaded: %lld deployment(s), epoch %lld\n", jint(doc, "deployments"), jint(doc, "epoch"));
+    json_decref(doc);
+    return 0;
+}
+
+int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain)
+{
+    if (argc != 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        if (drain)
+            printf("usage: tessera [--coordinator EP] drain WORKER\n"
+                   "\nMoves the worker's piece to an idle worker (or leaves the deployment\n"
+                   "degraded when there is none), then keeps the worker idle and out of\n"
+                   "placement until `tessera undrain WORKER`.\n");
+        else
+            printf("usage: tessera [--coordinator EP] undrain WORKER\n"
+                   "\nMakes a drained worker available for placement again.\n");
+        return argc == 2 ? 0 : 2;
+    }
+    json_t *doc = NULL;
+    int rc = tsr_cli_request(cli, drain ? TESSERA__CONTROL_REQUEST__KIND__DRAIN
+                                        : TESSERA__CONTROL_REQUEST__KIND__UNDRAIN,
+                             argv[1], &doc);
+    if (rc) return rc;
+    if (!drain) {
+        printf("%s is available for placement again\n", argv[1]);
+    } else {
+        json_t *p = json_object_get(doc, "piece");
+        if (!json_is_object(p))
+            printf("%s drained (it held no piece)\n", argv[1]);
+        else if (json_object_get(doc, "moved_to"))
+            printf("%s drained: %s r%lld s%lld t%lld moved to %s\n", argv[1], jstr(p, "deployment"),
+                   jint(p, "replica"), jint(p, "stage"), jint(p, "tp"), jstr(doc, "moved_to"));
+        else
+            printf("%s drained: %s r%lld s%lld t%lld has no idle worker to go to; the deployment "
+                   "is degraded until one registers\n",
+                   argv[1], jstr(p, "deployment"), jint(p, "replica"), jint(p, "stage"), jint(p, "tp"));
+    }
+    json_decref(doc);
+    return 0;
+}

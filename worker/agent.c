@@ -1,0 +1,286 @@
+#include "agent.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/modelcfg.h"
+
+#define REGISTER_BACKOFF_MIN_MS 250
+#define REGISTER_BACKOFF_MAX_MS 1000  /* keeps re-attach after a coordinator restart under 2 s */
+
+tsr_agent_t *tsr_agent_new(const char *name, const char *node, const char *endpoint,
+                           const tsr_device_info_t *dev, char *err, size_t errlen)
+{
+    tsr_agent_t *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    snprintf(a->name, sizeof a->name, "%s", name);
+    snprintf(a->node, sizeof a->node, "%s", node);
+    snprintf(a->endpoint, sizeof a->endpoint, "%s", endpoint);
+    a->device = *dev;
+    a->protocol_version = TSR_PROTOCOL_VERSION;
+    a->sock = tsr_sock_dealer(endpoint, 1, err, errlen);
+    if (!a->sock) {
+        free(a);
+        return NULL;
+    }
+    a->phase = TSR_A_REGISTERING;
+    a->register_backoff_ms = REGISTER_BACKOFF_MIN_MS;
+    a->hb_interval_ms = 100;
+    a->lease_ms = 1000;
+    a->last_heard_ms = tsr_now_ms();
+    return a;
+}
+
+void tsr_agent_destroy(tsr_agent_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    tsr_sock_close(&(*self_p)->sock);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+static int send_env(tsr_agent_t *a, tsr_env_t *env)
+{
+    env->protocol_version = a->protocol_version;
+    env->worker = a->name;
+    return tsr_wire_send(a->sock, NULL, 0, env);
+}
+
+static void drop_piece(tsr_agent_t *a, const char *why)
+{
+    if (a->has_piece)
+        tsr_info("dropping piece %s r%u s%u t%u: %s", a->deployment, a->piece.replica,
+                 a->piece.stage, a->piece.tp_rank, why);
+    a->has_piece = false;
+    a->state = TESSERA__WORKER_STATE__STATE_IDLE;
+    a->reason[0] = '\0';
+}
+
+static void send_register(tsr_agent_t *a)
+{
+    Tessera__Register r = TESSERA__REGISTER__INIT;
+    r.node = a->node;
+    r.device = a->device.kind == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
+                                                 : TESSERA__DEVICE_KIND__DEVICE_CPU;
+    r.device_index = a->device.index;
+    r.device_memory = a->device.memory;
+    r.software_version = TSR_SOFTWARE_VERSION;
+    r.pid = (uint32_t)getpid();
+    if (a->has_piece) {
+        r.assignment = &a->piece;
+        r.state = a->state;
+    }
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = a->has_piece ? a->piece.epoch : 0;
+    env.body_case = TESSERA__ENVELOPE__BODY_REGISTER;
+    env.register_ = &r;
+    send_env(a, &env);
+}
+
+static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, const char *text,
+                           bool fatal)
+{
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    Tessera__Progress p = TESSERA__PROGRESS__INIT;
+    Tessera__Ready r = TESSERA__READY__INIT;
+    Tessera__Failed f = TESSERA__FAILED__INIT;
+    env.epoch = a->piece.epoch;
+    env.body_case = kind;
+    if (kind == TESSERA__ENVELOPE__BODY_PROGRESS) {
+        p.detail = (char *)text;
+        env.progress = &p;
+    } else if (kind == TESSERA__ENVELOPE__BODY_READY) {
+        env.ready = &r;
+    } else {
+        f.reason = (char *)text;
+        f.fatal = fatal;
+        env.failed = &f;
+    }
+    send_env(a, &env);
+}
+
+static void send_heartbeat(tsr_agent_t *a)
+{
+    Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
+    hb.seq = ++a->seq;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = a->has_piece ? a->piece.epoch : 0;
+    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    send_env(a, &env);
+}
+
+int tsr_agent_check_piece(const Tessera__Assignment *as, char *err, size_t errlen)
+{
+    tsr_model_info_t m;
+    if (tsr_model_info_load(as->model_path, &m, err, errlen) < 0) return -1;
+    if (as->tp_size == 0 || as->pp_size == 0 || as->tp_rank >= as->tp_size ||
+        as->stage >= as->pp_size) {
+        snprintf(err, errlen, "assignment has an impossible layout (stage %u of %u, tp %u of %u)",
+                 as->stage, as->pp_size, as->tp_rank, as->tp_size);
+        return -1;
+    }
+    if (as->layer_end > (uint32_t)m.num_hidden_layers || as->layer_begin >= as->layer_end) {
+        snprintf(err, errlen, "%s/config.json: layers [%u,%u) do not fit a model of %d layers",
+                 as->model_path, as->layer_begin, as->layer_end, m.num_hidden_layers);
+        return -1;
+    }
+    if (m.num_attention_heads % (int)as->tp_size || m.num_key_value_heads % (int)as->tp_size) {
+        snprintf(err, errlen,
+                 "%s/config.json: %d attention heads and %d KV heads cannot be split %u ways",
+                 as->model_path, m.num_attention_heads, m.num_key_value_heads, as->tp_size);
+        return -1;
+    }
+    return 0;
+}
+
+static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
+{
+    snprintf(a->deployment, sizeof a->deployment, "%s", as->deployment);
+    snprintf(a->model_path, sizeof a->model_path, "%s", as->model_path);
+    a->piece = *as;
+    a->piece.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&tessera__assignment__descriptor);
+    a->piece.deployment = a->deployment;
+    a->piece.model_path = a->model_path;
+    a->has_piece = true;
+    a->state = TESSERA__WORKER_STATE__STATE_LOADING;
+    tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,
+             as->replica, as->stage, as->tp_rank, as->tp_size, as->layer_begin, as->layer_end,
+             a->model_path, (unsigned long long)as->epoch);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, "checking config.json", false);
+
+    char err[512];
+    if (tsr_agent_check_piece(&a->piece, err, sizeof err) < 0) {
+        a->state = TESSERA__WORKER_STATE__STATE_FAILED;
+        snprintf(a->reason, sizeof a->reason, "%s", err);
+        tsr_error("cannot load %s r%u s%u t%u: %s", a->deployment, as->replica, as->stage,
+                  as->tp_rank, err);
+        send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false);
+        return;
+    }
+    a->state = TESSERA__WORKER_STATE__STATE_READY;
+    tsr_info("ready: %s r%u s%u t%u", a->deployment, as->replica, as->stage, as->tp_rank);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
+}
+
+static void on_register_reply(tsr_agent_t *a, const tsr_env_t *env, int64_t now)
+{
+    const Tessera__RegisterReply *r = env->register_reply;
+    if (a->phase != TSR_A_REGISTERING) return;  /* a duplicate answer */
+    if (!r->accepted) {
+        tsr_error("coordinator at %s refused registration: %s", a->endpoint, r->reason);
+        a->stop = true;
+        a->exit_code = 2;
+        return;
+    }
+    a->phase = TSR_A_REGISTERED;
+    a->register_backoff_ms = REGISTER_BACKOFF_MIN_MS;
+    if (r->heartbeat_interval_ms) a->hb_interval_ms = (int)r->heartbeat_interval_ms;
+    if (r->lease_ms) a->lease_ms = (int)r->lease_ms;
+    a->next_hb_ms = now;
+    if (a->has_piece && !r->adopted) drop_piece(a, r->reason[0] ? r->reason : "not adopted");
+    tsr_info("registered with coordinator at %s%s (heartbeat %d ms, lease %d ms)", a->endpoint,
+             a->has_piece ? ", piece adopted" : "", a->hb_interval_ms, a->lease_ms);
+}
+
+static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
+{
+    a->last_heard_ms = now;
+    if (a->detached) {
+        tsr_info("coordinator is back after the lease expired");
+        a->detached = false;
+    }
+    switch (env->body_case) {
+    case TESSERA__ENVELOPE__BODY_REGISTER_REPLY:
+        on_register_reply(a, env, now);
+        break;
+    case TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK:
+        break;
+    case TESSERA__ENVELOPE__BODY_ASSIGN:
+        if (a->phase != TSR_A_REGISTERED) break;
+        if (a->has_piece && env->assign->assignment->epoch < a->piece.epoch) {
+            a->stale_dropped++;
+            tsr_warn("dropped a stale assignment (epoch %llu < %llu)",
+                     (unsigned long long)env->assign->assignment->epoch,
+                     (unsigned long long)a->piece.epoch);
+            break;
+        }
+        take_assignment(a, env->assign->assignment);
+        break;
+    case TESSERA__ENVELOPE__BODY_UNASSIGN:
+    case TESSERA__ENVELOPE__BODY_DRAIN:
+        if (a->has_piece && env->epoch < a->piece.epoch) {
+            a->stale_dropped++;
+            break;
+        }
+        drop_piece(a, env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN ? env->unassign->reason
+                                                                         : env->drain->reason);
+        break;
+    case TESSERA__ENVELOPE__BODY_RESET:
+        /* Resets answer messages sent before the last registration; while a
+         * registration is in flight they carry no news. */
+        if (a->phase == TSR_A_REGISTERING) break;
+        tsr_warn("coordinator asks to register again: %s", env->reset->reason);
+        if (!env->reset->keep_assignment) drop_piece(a, "declared dead by the coordinator");
+        a->phase = TSR_A_REGISTERING;
+        a->next_register_ms = now;
+        break;
+    default:
+        tsr_warn("unexpected %s from the coordinator", tsr_env_kind(env));
+    }
+}
+
+int tsr_agent_step(tsr_agent_t *a, int64_t now)
+{
+    char err[256];
+    for (int i = 0; i < 1024 && !a->stop; i++) {
+        tsr_env_t *env = NULL;
+        int rc = tsr_wire_recv(a->sock, NULL, NULL, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
+        if (rc == 0) break;
+        if (rc < 0) {
+            tsr_warn("rejected a message from the coordinator: %s", err);
+            continue;
+        }
+        if (env->protocol_version != TSR_PROTOCOL_VERSION &&
+            env->body_case != TESSERA__ENVELOPE__BODY_REGISTER_REPLY)
+            tsr_warn("dropped %s with protocol version %u", tsr_env_kind(env),
+                     env->protocol_version);
+        else
+            on_message(a, env, now);
+        tsr_env_free(&env);
+    }
+    if (a->stop) return 0;
+
+    if (a->phase == TSR_A_REGISTERING && now >= a->next_register_ms) {
+        send_register(a);
+        a->next_register_ms = now + a->register_backoff_ms;
+        a->register_backoff_ms *= 2;
+        if (a->register_backoff_ms > REGISTER_BACKOFF_MAX_MS)
+            a->register_backoff_ms = REGISTER_BACKOFF_MAX_MS;
+    }
+    if (a->phase == TSR_A_REGISTERED && now >= a->next_hb_ms) {
+        send_heartbeat(a);
+        a->next_hb_ms = now + a->hb_interval_ms;
+    }
+    if (!a->detached && now - a->last_heard_ms > a->lease_ms) {
+        a->detached = true;
+        tsr_warn("no word from the coordinator for %lld ms (lease %d ms): %s, taking no new "
+                 "work until it is back",
+                 (long long)(now - a->last_heard_ms), a->lease_ms,
+                 a->has_piece ? "keeping my piece" : "idle");
+    }
+    /* A silent coordinator may have restarted without our connection
+     * noticing; registering again is harmless and re-attaches us. */
+    if (a->detached && a->phase == TSR_A_REGISTERED) {
+        a->phase = TSR_A_REGISTERING;
+        a->next_register_ms = now;
+    }
+    int64_t next = a->phase == TSR_A_REGISTERING ? a->next_register_ms : a->next_hb_ms;
+    int64_t wait = next - now;
+    if (wait > 100) wait = 100;
+    return wait < 0 ? 0 : (int)wait;
+}

@@ -1,0 +1,77 @@
+#include "device.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The few NVML entry points used, declared here so no NVML header or
+ * library is needed at build time. */
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory_t;
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_count_fn)(unsigned *);
+typedef int (*nvml_handle_fn)(unsigned, void **);
+typedef int (*nvml_mem_fn)(void *, nvml_memory_t *);
+typedef int (*nvml_name_fn)(void *, char *, unsigned);
+typedef const char *(*nvml_err_fn)(int);
+
+static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t errlen)
+{
+    int rc = -1;
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(err, errlen, "cuda device %u: cannot load the NVIDIA driver's NVML (%s)", index,
+                 dlerror());
+        return -1;
+    }
+    nvml_init_fn init = (nvml_init_fn)dlsym(lib, "nvmlInit_v2");
+    nvml_count_fn count = (nvml_count_fn)dlsym(lib, "nvmlDeviceGetCount_v2");
+    nvml_handle_fn handle = (nvml_handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvml_mem_fn mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    nvml_name_fn name = (nvml_name_fn)dlsym(lib, "nvmlDeviceGetName");
+    nvml_err_fn estr = (nvml_err_fn)dlsym(lib, "nvmlErrorString");
+    if (!init || !count || !handle || !mem || !name || !estr) {
+        snprintf(err, errlen, "cuda device %u: NVML lacks an expected function", index);
+        goto out;
+    }
+    int r = init();
+    if (r) {
+        snprintf(err, errlen, "cuda device %u: NVML init failed: %s", index, estr(r));
+        goto out;
+    }
+    unsigned n = 0;
+    if ((r = count(&n)) != 0 || index >= n) {
+        snprintf(err, errlen, "cuda device %u not found: the driver reports %u device(s)", index,
+                 n);
+        goto out;
+    }
+    void *dev = NULL;
+    nvml_memory_t m;
+    if ((r = handle(index, &dev)) != 0 || (r = mem(dev, &m)) != 0) {
+        snprintf(err, errlen, "cuda device %u: %s", index, estr(r));
+        goto out;
+    }
+    info->memory = m.total;
+    if (name(dev, info->description, sizeof info->description) != 0)
+        snprintf(info->description, sizeof info->description, "cuda device %u", index);
+    rc = 0;
+out:
+    dlclose(lib);
+    return rc;
+}
+
+int tsr_device_probe(tsr_device_t kind, unsigned index, tsr_device_info_t *info, char *err,
+                     size_t errlen)
+{
+    memset(info, 0, sizeof *info);
+    info->kind = kind;
+    info->index = index;
+    if (kind == TSR_DEVICE_CUDA) return probe_cuda(index, info, err, errlen);
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    info->memory = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
+    snprintf(info->description, sizeof info->description, "cpu (%ld cores)",
+             sysconf(_SC_NPROCESSORS_ONLN));
+    return 0;
+}

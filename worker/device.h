@@ -1,0 +1,23 @@
+/* device.h: what a worker's device is (kind, index, memory), for its
+ * registration.  CUDA devices are queried through NVML, loaded at run time
+ * so the worker builds and runs on machines without the driver. */
+#ifndef TSR_DEVICE_H
+#define TSR_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "common/deploy.h"
+
+typedef struct {
+    tsr_device_t kind;
+    unsigned index;
+    uint64_t memory;        /* bytes: device memory, or RAM for cpu */
+    char description[128];  /* "NVIDIA H200", "cpu (16 cores)" */
+} tsr_device_info_t;
+
+/* Fills info for device `index` of `kind`.  Returns 0, or -1 with a reason
+ * ("cuda device 3 not found: NVML reports 2 devices"). */
+int tsr_device_probe(tsr_device_t kind, unsigned index, tsr_device_info_t *info, char *err,
+                     size_t errlen);
+
+#endif

@@ -1,0 +1,164 @@
+/* tessera-worker: owns one device, registers with the coordinator, holds
+ * the piece it is given.  Signal handlers only set a flag. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "worker/agent.h"
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { (void)sig; stop_flag = 1; }
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tessera-worker [options]\n"
+            "\n"
+            "Owns one device, registers with the coordinator, heartbeats and serves the\n"
+            "piece of a deployment it is assigned.  Keeps its piece if the coordinator goes\n"
+            "away and re-attaches with it when the coordinator comes back.\n"
+            "\n"
+            "options:\n"
+            "  -c, --coordinator EP   coordinator workers endpoint\n"
+            "                         (default tcp://127.0.0.1:7400, or $TESSERA_COORDINATOR_WORKERS)\n"
+            "  -d, --device KIND      cpu | cuda (default cpu)\n"
+            "  -i, --device-index N   device index (default 0)\n"
+            "  -n, --name NAME        worker name, unique in the cluster\n"
+            "                         (default HOSTNAME-KINDINDEX, e.g. gpu01-cuda3)\n"
+            "      --node NODE        node name used to keep tensor-parallel groups on one\n"
+            "                         machine (default: the host name)\n"
+            "      --memory-mib MIB   override the device memory it reports\n"
+            "      --protocol-version N  claim another protocol version (for tests)\n"
+            "  -v, --verbose          debug logging\n"
+            "  -h, --help             this text\n"
+            "\n"
+            "exit status: 0 stopped by a signal, 1 could not start, 2 refused by the\n"
+            "coordinator (wrong protocol version or duplicate name; do not restart).\n");
+}
+
+static int parse_uint(const char *opt, const char *s, unsigned long max, unsigned long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || *end || !*s || s[0] == '-' || v > max) {
+        fprintf(stderr, "tessera-worker: %s: expected an integer 0..%lu, got '%s'\n", opt, max, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
+    const char *name = NULL, *node = NULL;
+    tsr_device_t kind = TSR_DEVICE_CPU;
+    unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;
+    int level = TSR_LOG_INFO;
+    static const struct option opts[] = {
+        {"coordinator", required_argument, 0, 'c'}, {"device", required_argument, 0, 'd'},
+        {"device-index", required_argument, 0, 'i'}, {"name", required_argument, 0, 'n'},
+        {"node", required_argument, 0, 'N'},         {"memory-mib", required_argument, 0, 'm'},
+        {"protocol-version", required_argument, 0, 'P'}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "c:d:i:n:vh", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': ep = optarg; break;
+        case 'd':
+            if (tsr_device_parse(optarg, &kind) < 0) {
+                fprintf(stderr, "tessera-worker: --device: expected cpu or cuda, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'i': if (parse_uint("--device-index", optarg, 1023, &index) < 0) return 1; break;
+        case 'n': name = optarg; break;
+        case 'N': node = optarg; break;
+        case 'm': if (parse_uint("--memory-mib", optarg, 1ul << 40, &mem_mib) < 0) return 1; break;
+        case 'P': if (parse_uint("--protocol-version", optarg, 1000000, &proto) < 0) return 1; break;
+        case 'v': level = TSR_LOG_DEBUG; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 1;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "tessera-worker: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 1;
+    }
+    if (!ep) ep = "tcp://127.0.0.1:7400";
+
+    char host[TSR_NAME_MAX + 1] = "localhost", defname[TSR_NAME_MAX + 1];
+    gethostname(host, sizeof host - 1);
+    if (!node) node = host;
+    if (!name) {
+        snprintf(defname, sizeof defname, "%s-%s%lu", host, tsr_device_name(kind), index);
+        name = defname;
+    }
+    if (!*name || strlen(name) > TSR_NAME_MAX || strlen(node) > TSR_NAME_MAX) {
+        fprintf(stderr, "tessera-worker: --name and --node must be 1..%d characters\n", TSR_NAME_MAX);
+        return 1;
+    }
+
+    char logname[TSR_NAME_MAX + 16];
+    snprintf(logname, sizeof logname, "worker %s", name);
+    tsr_log_init(logname, level);
+
+    char err[512];
+    tsr_device_info_t dev;
+    if (tsr_device_probe(kind, (unsigned)index, &dev, err, sizeof err) < 0) {
+        tsr_error("%s", err);
+        return 1;
+    }
+    if (mem_mib) dev.memory = (uint64_t)mem_mib << 20;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    tsr_agent_t *a = tsr_agent_new(name, node, ep, &dev, err, sizeof err);
+    if (!a) {
+        tsr_error("%s", err);
+        return 1;
+    }
+    a->protocol_version = (uint32_t)proto;
+    tsr_info("starting: %s, %.1f GiB, node %s, coordinator %s, pid %d", dev.description,
+             (double)dev.memory / (1u << 30), node, ep, (int)getpid());
+
+    uint64_t wd_usec = 0;
+    int watchdog = sd_watchdog_enabled(0, &wd_usec) > 0;
+    int64_t wd_every = watchdog ? (int64_t)(wd_usec / 2000) : 0, wd_next = 0;
+    sd_notify(0, "READY=1");
+
+    zmq_pollitem_t item = {a->sock, 0, ZMQ_POLLIN, 0};
+    int timeout = 0;
+    while (!stop_flag && !a->stop) {
+        if (zmq_poll(&item, 1, timeout) < 0 && errno != EINTR) {
+            tsr_error("poll failed: %s", zmq_strerror(errno));
+            break;
+        }
+        int64_t now = tsr_now_ms();
+        timeout = tsr_agent_step(a, now);
+        if (watchdog && now >= wd_next) {
+            sd_notify(0, "WATCHDOG=1");
+            wd_next = now + wd_every;
+        }
+    }
+    int rc = a->exit_code;
+    tsr_info("stopping%s", rc ? " (refused by the coordinator)" : "");
+    sd_notify(0, "STOPPING=1");
+    tsr_agent_destroy(&a);
+    tsr_zmq_term();
+    return rc;
+}
