@@ -1,0 +1,33 @@
+# The CLI and daemons fail clearly on bad arguments and unreachable peers.
+source "$(dirname "$0")/lib.sh"
+"$BIN/tessera" --coordinator "tcp://127.0.0.1:$WPORT" --timeout 300 status 2> "$T/e.txt"; rc=$?
+[ "$rc" = 1 ] || fail "status without coordinator exited $rc"
+grep -q "no answer from the coordinator at tcp://127.0.0.1:$WPORT within 300 ms" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+"$BIN/tessera" frobnicate 2> "$T/e.txt"; [ $? = 2 ] || fail "unknown command should exit 2"
+grep -q "unknown command 'frobnicate'" "$T/e.txt" || fail "unknown command message"
+for c in status workers plan reload drain undrain local; do
+    "$BIN/tessera" $c --help > "$T/h.txt" || fail "$c --help failed"
+    grep -q "usage: tessera" "$T/h.txt" || fail "$c --help has no usage line"
+done
+"$BIN/tessera-coordinator" --help | grep -q "usage: tessera-coordinator" || fail "coordinator --help"
+"$BIN/tessera-worker" --help | grep -q "usage: tessera-worker" || fail "worker --help"
+"$BIN/tessera-worker" --device tpu 2> "$T/e.txt"; [ $? = 1 ] || fail "bad device accepted"
+grep -q "expected cpu or cuda, got 'tpu'" "$T/e.txt" || fail "bad device message"
+# A coordinator with a bad file does not start, and says where the fault is.
+printf 'version: 1\ncoordinator:\n  heartbeat_ms: 5\n' > "$T/bad.yaml"
+"$BIN/tessera-coordinator" "$T/bad.yaml" 2> "$T/e.txt"; [ $? = 1 ] || fail "bad file accepted"
+grep -q "bad.yaml:3:3: coordinator.heartbeat_ms: unknown key" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+# --check validates without starting.
+write_yaml "$T/d.yaml" 2 2 1
+"$BIN/tessera-coordinator" --check "$T/d.yaml" > "$T/c.txt" || fail "check failed: $(cat "$T/c.txt")"
+write_yaml "$T/d3.yaml" 3 1 1
+"$BIN/tessera-coordinator" --check "$T/d3.yaml" 2> "$T/e.txt"; [ $? = 1 ] || fail "tp=3 accepted for 8 heads"
+grep -q "num_attention_heads 8 is not divisible by parallel.tensor 3" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+# A coordinator whose model directory lacks config.json still starts, and
+# status says why that deployment is not placed.
+write_yaml "$T/m.yaml" 1 1 1 tiny "$T/nomodel"
+start_coord "$T/m.yaml"
+start_worker w0
+failed_msg() { status_json | jget "d['deployments'][0]['state'] + ': ' + d['deployments'][0]['message']" | grep -q "failed: .*nomodel/config.json"; }
+wait_until 5 failed_msg || fail "missing model not reported: $(status_json | jget "d['deployments'][0]")"
+ok "clear errors for bad arguments, files and peers"

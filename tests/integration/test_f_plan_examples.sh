@@ -1,0 +1,29 @@
+# (f) `tessera plan` on the shipped examples prints the placement.
+source "$(dirname "$0")/lib.sh"
+for f in "$ROOT"/configs/*.yaml; do
+    "$BIN/tessera" plan "$f" > "$T/plan.txt" 2>&1 || fail "plan $f failed: $(cat "$T/plan.txt")"
+    grep -q "^deployment " "$T/plan.txt" || fail "no deployment in plan of $f"
+    grep -q "per-device memory" "$T/plan.txt" || fail "no memory figure in plan of $f"
+    if grep -q "(unplaced)" "$T/plan.txt"; then fail "unplaced pieces in $f"; fi
+    echo "== $f"; cat "$T/plan.txt"
+done
+# The demo: 4 pieces on one node.
+"$BIN/tessera" plan "$ROOT/configs/demo.yaml" | grep -cE "^  0 +[01] +[0-9]+-[0-9]+ +[01] +node0-cpu[0-3]" | grep -qx 4 || fail "demo plan rows"
+# On a described cluster of 2 nodes x 4 GPUs, a tp=4 pp=2 layout keeps each
+# TP group on one node and puts the two stages on different nodes.
+write_yaml "$T/g.yaml" 4 2 1 big "$MODELS/tiny" cuda
+"$BIN/tessera" plan "$T/g.yaml" --nodes 2 --per-node 4 > "$T/g.txt" || fail "plan g failed"
+s0=$(awk '$1=="0" && $2=="0" {print $6}' "$T/g.txt" | sort -u)
+s1=$(awk '$1=="0" && $2=="1" {print $6}' "$T/g.txt" | sort -u)
+[ "$(echo "$s0" | wc -l)" = 1 ] && [ "$(echo "$s1" | wc -l)" = 1 ] || fail "a TP group spans nodes: $(cat "$T/g.txt")"
+[ "$s0" != "$s1" ] || fail "both stages on $s0"
+# Too small a cluster: a clear shortage and exit 3.
+"$BIN/tessera" plan "$T/g.yaml" --nodes 1 --per-node 4 > "$T/s.txt"; rc=$?
+[ "$rc" = 3 ] || fail "short plan exited $rc"
+grep -q "needs 4 more cuda workers" "$T/s.txt" || fail "no shortage message: $(cat "$T/s.txt")"
+# A bad file names its line and column.
+printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tensor: two}\n' > "$T/bad.yaml"
+"$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
+[ "$rc" = 1 ] || fail "bad file exited $rc"
+grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
+ok "plans printed; TP groups on one node; shortage and errors reported"

@@ -1,0 +1,23 @@
+# `tessera local`: starts a coordinator and N workers, reports a child that
+# dies and keeps running, and stops them all on SIGTERM.
+source "$(dirname "$0")/lib.sh"
+write_yaml "$T/d.yaml" 1 2 1
+"$BIN/tessera" local "$T/d.yaml" --workers 3 --log-dir "$T" > "$T/local.out" 2>&1 &
+LPID=$!; PIDS+=("$LPID")
+wait_until 10 all_ready || fail "local cluster not ready: $(cat "$T/local.out")"
+[ "$(status_json | jget "len(d['workers'])")" = 3 ] || fail "expected 3 workers"
+victim_pid=$(status_json | jget "[w['pid'] for w in d['workers'] if w['name']=='local-1'][0]")
+kill -9 "$victim_pid"
+reported() { grep -q "worker local-1 (pid $victim_pid) was killed by signal 9" "$T/local.out"; }
+wait_until 3 reported || fail "death not reported: $(cat "$T/local.out")"
+kill -0 "$LPID" || fail "tessera local exited after a child died"
+wait_until 5 all_ready || fail "not ready again after losing a worker (2 pieces, 2 workers left)"
+children=$(pgrep -P "$LPID" | wc -l)
+[ "$children" = 3 ] || fail "expected 3 live children, found $children"
+kids=$(pgrep -P "$LPID" | tr '\n' ' ')
+kill -TERM "$LPID"
+gone() { ! kill -0 "$LPID" 2>/dev/null; }
+wait_until 7 gone || fail "tessera local did not exit on SIGTERM"
+for k in $kids; do kill -0 "$k" 2>/dev/null && fail "child $k still running"; done
+grep -q "stopping" "$T/local.out" || fail "no stop message"
+ok "local: death reported, kept serving, SIGTERM stopped all children"
