@@ -107,13 +107,14 @@ bench: deps
 
 install: $(PROGRAMS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system \
-	  $(DESTDIR)$(PREFIX)/share/tessera/configs
+	  $(DESTDIR)$(PREFIX)/share/tessera/configs $(DESTDIR)$(PREFIX)/share/doc/tessera
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
 	sed 's|@PREFIX@|$(PREFIX)|g' systemd/tessera-coordinator.service > \
 	  $(DESTDIR)$(PREFIX)/lib/systemd/system/tessera-coordinator.service
 	sed 's|@PREFIX@|$(PREFIX)|g' systemd/tessera-worker@.service > \
 	  $(DESTDIR)$(PREFIX)/lib/systemd/system/tessera-worker@.service
-	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/tessera/configs/
+	cp -r configs/*.yaml configs/models $(DESTDIR)$(PREFIX)/share/tessera/configs/
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/tessera/
 
 clean:
 	rm -rf build bin
