@@ -54,6 +54,8 @@ tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name)
 {
     tsr_worker_t *w = tsr_registry_find(self, name);
     if (w) return w;
+    /* A longer name would be stored cut short and never found again. */
+    if (strlen(name) > TSR_NAME_MAX) return NULL;
     if (self->n == self->cap) {
         size_t cap = self->cap ? self->cap * 2 : 64;
         tsr_worker_t **items = realloc(self->items, cap * sizeof *items);
@@ -65,8 +67,11 @@ tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name)
     if (!w) return NULL;
     snprintf(w->name, sizeof w->name, "%s", name);
     w->state = TSR_W_IDLE;
+    if (zhashx_insert(self->by_name, w->name, w) != 0) {
+        free(w);
+        return NULL;
+    }
     self->items[self->n++] = w;
-    zhashx_insert(self->by_name, w->name, w);
     return w;
 }
 

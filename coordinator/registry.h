@@ -64,7 +64,8 @@ void tsr_registry_destroy(tsr_registry_t **self_p);
 
 /* Returns the entry with that name, or NULL. */
 tsr_worker_t *tsr_registry_find(tsr_registry_t *self, const char *name);
-/* Returns the entry for name, creating a zeroed one (state IDLE) if absent.
+/* Returns the entry for name, creating a zeroed one (state IDLE) if absent;
+ * NULL when the name is longer than TSR_NAME_MAX or memory runs out.
  * The registry owns it. */
 tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name);
 size_t tsr_registry_size(const tsr_registry_t *self);

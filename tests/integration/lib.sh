@@ -11,9 +11,23 @@ PIDS=()
 SLOW="${TSR_SLOW:-0}"
 
 cleanup() {
-    for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    local rc=$?
+    # SIGTERM first, so sanitizer builds run their exit-time leak checks.
+    for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+    local end=$(( $(date +%s) + 5 ))
+    for p in "${PIDS[@]}"; do
+        while kill -0 "$p" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 0.05; done
+        kill -9 "$p" 2>/dev/null
+    done
     wait 2>/dev/null || true
+    # A sanitizer report in any daemon's log fails the test.
+    if grep -lE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$T"/*.log > /dev/null 2>&1; then
+        echo "FAIL: sanitizer report in a daemon log"
+        grep -hE -A12 "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$T"/*.log | head -60
+        rc=1
+    fi
     if [ "${KEEP_TMP:-0}" != 1 ]; then rm -rf "$T"; fi
+    exit $rc
 }
 trap cleanup EXIT
 
