@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -102,9 +103,39 @@ static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, con
     send_env(a, &env);
 }
 
-static void send_heartbeat(tsr_agent_t *a)
+/* Resident memory of this process, in bytes (0 if unknown). */
+static uint64_t resident_bytes(void)
+{
+    unsigned long size = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%lu %lu", &size, &rss) != 2) rss = 0;
+    fclose(f);
+    return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Share of the machine's cores this process kept busy since the last call. */
+static float cpu_load(tsr_agent_t *a, int64_t now)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int64_t cpu_us = (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 +
+                     ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+    float load = 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (a->load_wall_ms && now > a->load_wall_ms && cores > 0)
+        load = (float)(cpu_us - a->load_cpu_us) / 1000.0f / (float)(now - a->load_wall_ms) /
+               (float)cores;
+    a->load_cpu_us = cpu_us;
+    a->load_wall_ms = now;
+    return load < 0 ? 0 : load > 1 ? 1 : load;
+}
+
+static void send_heartbeat(tsr_agent_t *a, int64_t now)
 {
     Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    hb.load = cpu_load(a, now);
+    hb.memory_used = resident_bytes();
     hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
     hb.seq = ++a->seq;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -263,7 +294,7 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
             a->register_backoff_ms = REGISTER_BACKOFF_MAX_MS;
     }
     if (a->phase == TSR_A_REGISTERED && now >= a->next_hb_ms) {
-        send_heartbeat(a);
+        send_heartbeat(a, now);
         a->next_hb_ms = now + a->hb_interval_ms;
     }
     if (!a->detached && now - a->last_heard_ms > a->lease_ms) {

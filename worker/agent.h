@@ -31,6 +31,7 @@ typedef struct {
     int64_t next_hb_ms, last_heard_ms;
     bool detached;                /* lease expired: no new work */
     uint64_t seq;
+    int64_t load_cpu_us, load_wall_ms;  /* CPU time at the last heartbeat */
 
     bool has_piece;
     Tessera__WorkerState state;
