@@ -112,6 +112,19 @@ void tsr_print_status(json_t *doc, int workers_only)
     }
 }
 
+/* Prints a status document as JSON (just its workers when workers_only) or
+ * as tables. */
+static void show(json_t *doc, int as_json, int workers_only)
+{
+    if (as_json) {
+        char *s = json_dumps(workers_only ? json_object_get(doc, "workers") : doc, JSON_INDENT(2));
+        if (s) puts(s);
+        free(s);
+    } else {
+        tsr_print_status(doc, workers_only);
+    }
+}
+
 static int all_ready(json_t *doc)
 {
     size_t i;
@@ -178,13 +191,7 @@ int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv)
         if (rc == 0 && all_ready(doc)) break;
         if (tsr_now_ms() >= deadline) {
             if (rc == 0) {
-                if (as_json) {
-                    char *s = json_dumps(doc, JSON_INDENT(2));
-                    puts(s);
-                    free(s);
-                } else {
-                    tsr_print_status(doc, 0);
-                }
+                show(doc, as_json, 0);
                 fprintf(stderr, "tessera status: not every deployment is ready after %g s\n", wait_s);
                 json_decref(doc);
                 return 4;
@@ -196,13 +203,7 @@ int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv)
         usleep(50 * 1000);
     }
     if (rc) return rc;
-    if (as_json) {
-        char *s = json_dumps(doc, JSON_INDENT(2));
-        puts(s);
-        free(s);
-    } else {
-        tsr_print_status(doc, 0);
-    }
+    show(doc, as_json, 0);
     json_decref(doc);
     return 0;
 }
@@ -219,13 +220,7 @@ int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv)
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__WORKERS, NULL, &doc);
     if (rc) return rc;
-    if (as_json) {
-        char *s = json_dumps(json_object_get(doc, "workers"), JSON_INDENT(2));
-        puts(s);
-        free(s);
-    } else {
-        tsr_print_status(doc, 1);
-    }
+    show(doc, as_json, 1);
     json_decref(doc);
     return 0;
 }

@@ -560,7 +560,10 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
     }
 }
 
-void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
+/* Reads up to budget messages from one ROUTER and hands each valid one to
+ * handle; rejected ones are counted and logged with the channel's name. */
+static void drain_one(tsr_coord_t *c, void *sock, const char *channel, int budget,
+                      void (*handle)(tsr_coord_t *, const uint8_t *, size_t, tsr_env_t *, int64_t))
 {
     uint8_t rid[256];
     size_t rid_len;
@@ -568,30 +571,31 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
     int64_t now = tsr_now_ms();
     for (int i = 0; i < budget; i++) {
         tsr_env_t *env = NULL;
-        int rc = tsr_wire_recv(c->wsock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
+        int rc = tsr_wire_recv(sock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
         if (rc == 0) break;
         if (rc < 0) {
             c->stats.bad_messages++;
-            tsr_warn("rejected a message on the workers endpoint: %s", err);
+            tsr_warn("rejected a message on the %s endpoint: %s", channel, err);
             continue;
         }
         if ((i & 255) == 255) now = tsr_now_ms();
-        on_worker_msg(c, rid, rid_len, env, now);
+        handle(c, rid, rid_len, env, now);
         tsr_env_free(&env);
     }
-    for (int i = 0; i < budget; i++) {
-        tsr_env_t *env = NULL;
-        int rc = tsr_wire_recv(c->csock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
-        if (rc == 0) break;
-        if (rc < 0) {
-            c->stats.bad_messages++;
-            tsr_warn("rejected a message on the control endpoint: %s", err);
-            continue;
-        }
-        c->stats.control_requests++;
-        tsr_control_handle(c, rid, rid_len, env);
-        tsr_env_free(&env);
-    }
+}
+
+static void on_control_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
+                           int64_t now)
+{
+    (void)now;
+    c->stats.control_requests++;
+    tsr_control_handle(c, rid, rid_len, env);
+}
+
+void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
+{
+    drain_one(c, c->wsock, "workers", budget, on_worker_msg);
+    drain_one(c, c->csock, "control", budget, on_control_msg);
 }
 
 static void on_dead(tsr_worker_t *w, void *arg)
