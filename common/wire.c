@@ -82,6 +82,11 @@ int tsr_wire_decode(const uint8_t *buf, size_t len, size_t max, tsr_env_t **out,
         snprintf(err, errlen, "message has no body (unknown kind, or sent by a newer peer)");
         goto bad;
     }
+    /* The one body whose nested message is not optional: an assignment. */
+    if (env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN && !env->assign->assignment) {
+        snprintf(err, errlen, "assign message without an assignment");
+        goto bad;
+    }
     if (check_strings(&env->base, err, errlen) < 0) goto bad;
     *out = env;
     return 0;

@@ -279,6 +279,21 @@ out:
     free(pw);
 }
 
+/* True when a piece with this layout is one of deployment di's pieces under
+ * the current configuration. */
+static bool piece_fits(const tsr_coord_t *c, int di, int replica, int stage, int tp, int tp_size,
+                       int pp_size, int layer_begin, int layer_end)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    if (!c->deps[di].model_ok || tp_size != d->tensor || pp_size != d->pipeline ||
+        replica < 0 || replica >= d->replicas || stage < 0 || stage >= d->pipeline || tp < 0 ||
+        tp >= d->tensor)
+        return false;
+    int b, e;
+    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, stage, &b, &e);
+    return layer_begin == b && layer_end == e;
+}
+
 /* ---- reload ---------------------------------------------------------------- */
 
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
@@ -312,18 +327,21 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     c->cfg = cfg;
     c->deps = deps;
     /* Pieces that failed to load are tried again: the operator may have
-     * fixed the model directory. */
+     * fixed the model directory.  A piece whose layout the reload changed is
+     * left to the planner, which replaces it. */
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_FAILED && w->has_piece) {
-            int di = dep_index(c, w->piece.deployment);
-            if (di < 0) continue;
-            w->piece.epoch = ++c->epoch;
-            w->state = TSR_W_LOADING;
-            w->reason[0] = '\0';
-            send_assign(c, w, di);
-        }
+        if (w->state != TSR_W_FAILED || !w->has_piece) continue;
+        int di = dep_index(c, w->piece.deployment);
+        if (di < 0 || !piece_fits(c, di, w->piece.replica, w->piece.stage, w->piece.tp,
+                                  w->piece.tp_size, w->piece.pp_size, w->piece.layer_begin,
+                                  w->piece.layer_end))
+            continue;
+        w->piece.epoch = ++c->epoch;
+        w->state = TSR_W_LOADING;
+        w->reason[0] = '\0';
+        send_assign(c, w, di);
     }
     c->dirty = true;
     tsr_info("reloaded %s: %zu deployment(s)", c->config_path, cfg->n_deployments);
@@ -343,13 +361,9 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     if (!c->deps[di].model_ok) return "its deployment's model cannot be read";
     if (d->device != w->device) return "device kind does not match the deployment";
-    if ((int)a->tp_size != d->tensor || (int)a->pp_size != d->pipeline ||
-        (int)a->replica >= d->replicas || (int)a->stage >= d->pipeline ||
-        (int)a->tp_rank >= d->tensor)
-        return "the deployment's layout has changed";
-    int b, e;
-    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, (int)a->stage, &b, &e);
-    if ((int)a->layer_begin != b || (int)a->layer_end != e) return "the layer split has changed";
+    if (!piece_fits(c, di, (int)a->replica, (int)a->stage, (int)a->tp_rank, (int)a->tp_size,
+                    (int)a->pp_size, (int)a->layer_begin, (int)a->layer_end))
+        return "the deployment's layout or layer split has changed";
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *o = tsr_registry_at(c->reg, i);
@@ -538,7 +552,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         w->detail[0] = '\0';
         break;
     case TESSERA__ENVELOPE__BODY_FAILED:
-        if (!piece_msg_current(c, w, env) && !env->failed->fatal) break;
+        if (!env->failed->fatal && !piece_msg_current(c, w, env)) break;
         if (env->failed->fatal) {
             char why[600];
             snprintf(why, sizeof why, "fatal error: %s", env->failed->reason);
@@ -606,7 +620,7 @@ static void on_dead(tsr_worker_t *w, void *arg)
     if (w->has_piece)
         tsr_error("worker %s on %s is dead (no heartbeat for %lld ms); its piece %s r%d s%d t%d "
                   "will move",
-                  w->name, w->node, (long long)(tsr_now_ms() - w->last_seen_ms),
+                  w->name, w->node, (long long)(c->now_ms - w->last_seen_ms),
                   w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp);
     else
         tsr_warn("idle worker %s on %s is dead (no heartbeat)", w->name, w->node);
@@ -615,6 +629,7 @@ static void on_dead(tsr_worker_t *w, void *arg)
 int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
 {
     int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
+    c->now_ms = now_ms;
     if (now_ms >= c->next_scan_ms) {
         tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
         c->next_scan_ms = now_ms + scan;

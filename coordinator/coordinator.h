@@ -41,6 +41,7 @@ typedef struct {
     int64_t started_ms;
     int64_t plan_after_ms;      /* no planning before this: workers re-attach first */
     int64_t next_scan_ms;
+    int64_t now_ms;             /* the clock of the tick in progress */
     tsr_coord_stats_t stats;
 } tsr_coord_t;
 

@@ -637,6 +637,22 @@ static void test_envelope_without_body_is_rejected(void **state)
     expect_rejected(future, sizeof future, TSR_WIRE_MAX_WORKER, "no body");
 }
 
+/* An assign that names no assignment would be dereferenced by a worker. */
+static void test_assign_without_assignment_is_rejected(void **state)
+{
+    (void)state;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    Tessera__Assign as = TESSERA__ASSIGN__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
+    env.assign = &as;
+    env.worker = "w";
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    encode(&env, &buf, &len);
+    expect_rejected(buf, len, TSR_WIRE_MAX_WORKER, "without an assignment");
+    free(buf);
+}
+
 static void test_worker_name_over_name_max_is_rejected(void **state)
 {
     (void)state;
@@ -1023,6 +1039,7 @@ int main(void)
         cmocka_unit_test(test_empty_message_is_rejected),
         cmocka_unit_test(test_garbage_bytes_are_rejected),
         cmocka_unit_test(test_envelope_without_body_is_rejected),
+        cmocka_unit_test(test_assign_without_assignment_is_rejected),
         cmocka_unit_test(test_worker_name_over_name_max_is_rejected),
         cmocka_unit_test(test_nested_model_path_over_path_max_is_rejected),
         cmocka_unit_test(test_nested_name_fields_over_name_max_are_rejected),

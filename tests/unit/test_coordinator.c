@@ -1,0 +1,975 @@
+/* test_coordinator.c: a real coordinator (coordinator/coordinator.c and
+ * coordinator/control.c) driven in-process.  Fake workers and a fake CLI are
+ * DEALER sockets on inproc endpoints in the same ZeroMQ context; the test
+ * drains the coordinator's sockets and calls its tick itself, passing the
+ * time in, so nothing here waits on a real timer. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <limits.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "common/wire.h"
+#include "coordinator/coordinator.h"
+
+#define NW 5            /* fake workers: four pieces (tp 2 x pp 2) and a spare */
+#define TIMEOUT_MS 1000
+
+/* ---- fixture ----------------------------------------------------------------- */
+
+typedef struct {
+    char dir[64];
+    char path[128];
+    char wep[64], cep[64];
+    tsr_coord_t *c;
+    void *dealer[NW];
+    char name[NW][16];
+    void *ctl;                  /* fake CLI on the control endpoint */
+    /* after cluster_up: */
+    bool holds[NW];
+    Tessera__Assignment piece[NW];  /* copied scalars; strings not kept */
+    int spare;
+} fx_t;
+
+static char model_dir[PATH_MAX];
+static int endpoint_seq;
+
+/* The repo's configs/models/tiny as an absolute path: from __FILE__, which is
+ * relative to the directory the compiler ran in (the repo root). */
+static void find_model_dir(void)
+{
+    char guess[PATH_MAX];
+    const char *f = __FILE__;
+    const char *cut = strstr(f, "tests/unit/");
+    int n = cut ? (int)(cut - f) : 0;
+    if (f[0] == '/')
+        snprintf(guess, sizeof guess, "%.*sconfigs/models/tiny", n, f);
+    else {
+        char cwd[PATH_MAX / 2];
+        assert_non_null(getcwd(cwd, sizeof cwd));
+        snprintf(guess, sizeof guess, "%s/%.*sconfigs/models/tiny", cwd, n, f);
+    }
+    if (!realpath(guess, model_dir)) fail_msg("cannot find the tiny model at %s", guess);
+}
+
+static void write_yaml(const char *path, const char *wep, const char *cep, const char *extra)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "version: 1\n"
+            "coordinator:\n"
+            "  workers_endpoint: %s\n"
+            "  control_endpoint: %s\n"
+            "  heartbeat_interval_ms: 100\n"
+            "  worker_timeout_ms: %d\n"
+            "%s"
+            "deployments:\n"
+            "  - name: tiny\n"
+            "    model: %s\n"
+            "    device: cpu\n"
+            "    parallel:\n"
+            "      tensor: 2\n"
+            "      pipeline: 2\n"
+            "      replicas: 1\n"
+            "    max_seq_len: 256\n",
+            wep, cep, TIMEOUT_MS, extra ? extra : "", model_dir);
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    if (!model_dir[0]) find_model_dir();
+    fx_t *fx = calloc(1, sizeof *fx);
+    assert_non_null(fx);
+    snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
+    assert_non_null(mkdtemp(fx->dir));
+    snprintf(fx->path, sizeof fx->path, "%s/cluster.yaml", fx->dir);
+    int id = ++endpoint_seq;
+    snprintf(fx->wep, sizeof fx->wep, "inproc://tw-%d", id);
+    snprintf(fx->cep, sizeof fx->cep, "inproc://tc-%d", id);
+    write_yaml(fx->path, fx->wep, fx->cep, NULL);
+
+    char err[512] = "";
+    fx->c = tsr_coord_new(fx->path, 0, err, sizeof err);
+    if (!fx->c) fail_msg("tsr_coord_new: %s", err);
+    for (int i = 0; i < NW; i++) {
+        snprintf(fx->name[i], sizeof fx->name[i], "w%d", i);
+        fx->dealer[i] = tsr_sock_dealer(fx->wep, 0, err, sizeof err);
+        if (!fx->dealer[i]) fail_msg("dealer: %s", err);
+    }
+    fx->ctl = tsr_sock_dealer(fx->cep, 0, err, sizeof err);
+    if (!fx->ctl) fail_msg("control dealer: %s", err);
+    fx->spare = -1;
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *fx = *state;
+    for (int i = 0; i < NW; i++) tsr_sock_close(&fx->dealer[i]);
+    tsr_sock_close(&fx->ctl);
+    tsr_coord_destroy(&fx->c);
+    assert_null(fx->c);
+    unlink(fx->path);
+    rmdir(fx->dir);
+    free(fx);
+    return 0;
+}
+
+/* ---- messaging helpers --------------------------------------------------------- */
+
+static bool readable(void *sock, int ms)
+{
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    return zmq_poll(&it, 1, ms) > 0 && (it.revents & ZMQ_POLLIN);
+}
+
+/* Lets the coordinator read what was sent to it (waiting for it to arrive). */
+static void pump(fx_t *fx)
+{
+    zmq_pollitem_t it[2] = {{fx->c->wsock, 0, ZMQ_POLLIN, 0}, {fx->c->csock, 0, ZMQ_POLLIN, 0}};
+    zmq_poll(it, 2, 500);
+    tsr_coord_drain_sockets(fx->c, 1000);
+}
+
+/* The next message on a fake worker or CLI socket, or NULL after ms. */
+static tsr_env_t *recv_env(void *sock, size_t max, int ms)
+{
+    if (!readable(sock, ms)) return NULL;
+    tsr_env_t *env = NULL;
+    char err[256] = "";
+    int rc = tsr_wire_recv(sock, NULL, NULL, max, &env, err, sizeof err);
+    if (rc < 0) fail_msg("bad message from the coordinator: %s", err);
+    return env;
+}
+
+/* The next message, which must be of `kind`. */
+static tsr_env_t *expect_kind(void *sock, Tessera__Envelope__BodyCase kind)
+{
+    tsr_env_t *env = recv_env(sock, TSR_WIRE_MAX_CONTROL, 500);
+    if (!env) fail_msg("no message arrived (expected body %d)", kind);
+    if (env->body_case != kind)
+        fail_msg("expected body %d, got %s", kind, tsr_env_kind(env));
+    return env;
+}
+
+static void expect_nothing(void *sock, int ms)
+{
+    tsr_env_t *env = recv_env(sock, TSR_WIRE_MAX_CONTROL, ms);
+    if (env) {
+        char kind[32];
+        snprintf(kind, sizeof kind, "%s", tsr_env_kind(env));
+        tsr_env_free(&env);
+        fail_msg("expected no message, got %s", kind);
+    }
+}
+
+static void send_env(void *sock, tsr_env_t *env)
+{
+    assert_int_equal(tsr_wire_send(sock, NULL, 0, env), 0);
+}
+
+static void send_register(fx_t *fx, int i, const char *name, const char *node, uint32_t proto,
+                          Tessera__Assignment *held, Tessera__WorkerState held_state)
+{
+    Tessera__Register r = TESSERA__REGISTER__INIT;
+    r.node = (char *)node;
+    r.device = TESSERA__DEVICE_KIND__DEVICE_CPU;
+    r.device_memory = 1ull << 30;
+    r.software_version = TSR_SOFTWARE_VERSION;
+    r.pid = 1000u + (uint32_t)i;
+    r.assignment = held;
+    r.state = held_state;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.protocol_version = proto;
+    env.worker = (char *)name;
+    env.epoch = held ? held->epoch : 0;
+    env.body_case = TESSERA__ENVELOPE__BODY_REGISTER;
+    env.register_ = &r;
+    send_env(fx->dealer[i], &env);
+}
+
+static void send_heartbeat(fx_t *fx, int i, const char *name, uint64_t seq)
+{
+    Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    hb.seq = seq;
+    hb.load = 0.25f;
+    hb.memory_used = 123456789;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = (char *)name;
+    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    send_env(fx->dealer[i], &env);
+}
+
+static void send_ready(fx_t *fx, int i, uint64_t epoch)
+{
+    Tessera__Ready r = TESSERA__READY__INIT;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[i];
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_READY;
+    env.ready = &r;
+    send_env(fx->dealer[i], &env);
+}
+
+static void send_progress(fx_t *fx, int i, uint64_t epoch, const char *detail)
+{
+    Tessera__Progress p = TESSERA__PROGRESS__INIT;
+    p.detail = (char *)detail;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[i];
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_PROGRESS;
+    env.progress = &p;
+    send_env(fx->dealer[i], &env);
+}
+
+static void send_failed(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal)
+{
+    Tessera__Failed f = TESSERA__FAILED__INIT;
+    f.reason = (char *)reason;
+    f.fatal = fatal;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[i];
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_FAILED;
+    env.failed = &f;
+    send_env(fx->dealer[i], &env);
+}
+
+static tsr_env_t *control(fx_t *fx, Tessera__ControlRequest__Kind kind, const char *worker)
+{
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = kind;
+    q.worker = (char *)(worker ? worker : "");
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    send_env(fx->ctl, &env);
+    pump(fx);
+    return expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+}
+
+/* A tick the health scan will run in: not before the scan that is due. */
+static int64_t scan_time(fx_t *fx)
+{
+    int64_t now = tsr_now_ms();
+    return now > fx->c->next_scan_ms ? now : fx->c->next_scan_ms;
+}
+
+/* Registers all five workers, checks each reply, and runs the first plan;
+ * records who got which piece and who is the spare. */
+static void cluster_up(fx_t *fx)
+{
+    for (int i = 0; i < NW; i++) {
+        char node[16];
+        snprintf(node, sizeof node, "node%d", i);
+        send_register(fx, i, fx->name[i], node, TSR_PROTOCOL_VERSION, NULL, 0);
+    }
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 50);
+        if (!env) {
+            assert_int_equal(fx->spare, -1);  /* exactly one worker gets nothing */
+            fx->spare = i;
+            continue;
+        }
+        assert_int_equal(env->body_case, TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_non_null(env->assign->assignment);
+        fx->holds[i] = true;
+        fx->piece[i] = *env->assign->assignment;
+        fx->piece[i].deployment = fx->piece[i].model_path = NULL;
+        assert_int_equal(env->epoch, env->assign->assignment->epoch);
+        tsr_env_free(&env);
+    }
+    assert_int_not_equal(fx->spare, -1);
+}
+
+static int first_holder(const fx_t *fx)
+{
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) return i;
+    fail_msg("no holder");
+    return -1;
+}
+
+static json_t *status(fx_t *fx)
+{
+    char *s = tsr_coord_status_json(fx->c, tsr_now_ms(), false);
+    assert_non_null(s);
+    json_error_t je;
+    json_t *root = json_loads(s, 0, &je);
+    free(s);
+    if (!root) fail_msg("status is not JSON: %s", je.text);
+    return root;
+}
+
+/* ---- registration ---------------------------------------------------------------- */
+
+static void test_register_is_accepted_with_heartbeat_interval_and_lease(void **state)
+{
+    fx_t *fx = *state;
+    for (int i = 0; i < NW; i++)
+        send_register(fx, i, fx->name[i], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        const Tessera__RegisterReply *r = env->register_reply;
+        assert_true(r->accepted);
+        assert_false(r->adopted);
+        assert_int_equal(r->heartbeat_interval_ms, 100);
+        assert_int_equal(r->lease_ms, TIMEOUT_MS);
+        assert_int_equal(r->coordinator_protocol, TSR_PROTOCOL_VERSION);
+        assert_string_equal(env->worker, fx->name[i]);
+        tsr_env_free(&env);
+
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
+        assert_non_null(w);
+        assert_int_equal(w->state, TSR_W_IDLE);
+        assert_int_equal(w->pid, 1000 + i);
+        assert_string_equal(w->node, "node0");
+    }
+    assert_int_equal(fx->c->stats.registrations, NW);
+    assert_int_equal(tsr_registry_alive(fx->c->reg), NW);
+}
+
+static void test_first_tick_assigns_four_distinct_pieces_and_leaves_one_spare(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    unsigned seen = 0;
+    int holders = 0;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        holders++;
+        const Tessera__Assignment *a = &fx->piece[i];
+        assert_true(a->epoch >= 1);
+        assert_int_equal(a->tp_size, 2);
+        assert_int_equal(a->pp_size, 2);
+        assert_int_equal(a->replica, 0);
+        assert_true(a->stage < 2 && a->tp_rank < 2);
+        assert_int_equal(a->layer_begin, a->stage == 0 ? 0 : 4);
+        assert_int_equal(a->layer_end, a->stage == 0 ? 4 : 8);
+        unsigned bit = 1u << (a->stage * 2 + a->tp_rank);
+        assert_false(seen & bit);  /* no piece handed out twice */
+        seen |= bit;
+
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
+        assert_true(w->has_piece);
+        assert_int_equal(w->state, TSR_W_LOADING);
+        assert_int_equal(w->piece.epoch, a->epoch);
+    }
+    assert_int_equal(holders, 4);
+    assert_int_equal(seen, 0xf);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[fx->spare])->has_piece);
+    assert_int_equal(fx->c->stats.assigns, 4);
+}
+
+static void test_assign_carries_the_model_path_and_deployment(void **state)
+{
+    fx_t *fx = *state;
+    for (int i = 0; i < NW; i++)
+        send_register(fx, i, fx->name[i], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    int got = 0;
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 50);
+        if (!env) continue;
+        got++;
+        assert_int_equal(env->body_case, TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_string_equal(env->assign->assignment->deployment, "tiny");
+        assert_string_equal(env->assign->assignment->model_path, model_dir);
+        assert_int_equal(env->assign->assignment->max_seq_len, 256);
+        assert_string_equal(env->worker, fx->name[i]);
+        tsr_env_free(&env);
+    }
+    assert_int_equal(got, 4);
+}
+
+static void test_register_with_protocol_version_99_is_refused(void **state)
+{
+    fx_t *fx = *state;
+    send_register(fx, 0, "future", "node0", 99, NULL, 0);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "protocol version 99"));
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.refused, 1);
+    assert_int_equal(fx->c->stats.registrations, 0);
+    assert_null(tsr_registry_find(fx->c->reg, "future"));
+    assert_int_equal(tsr_registry_size(fx->c->reg), 0);
+}
+
+static void test_same_name_from_another_node_while_alive_is_refused_as_duplicate(void **state)
+{
+    fx_t *fx = *state;
+    send_register(fx, 0, "w0", "node-a", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    tsr_env_free(&env);
+
+    send_register(fx, 1, "w0", "node-b", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[1], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "already registered from node node-a"));
+    tsr_env_free(&env);
+
+    assert_int_equal(fx->c->stats.refused, 1);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_string_equal(w->node, "node-a");  /* the first one keeps the name */
+    assert_int_equal(w->pid, 1000);
+    assert_int_equal(tsr_registry_size(fx->c->reg), 1);
+}
+
+/* ---- piece messages and epochs ------------------------------------------------------ */
+
+static void test_ready_with_current_epoch_makes_worker_ready(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_ready(fx, h, fx->piece[h].epoch);
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(w->state, TSR_W_READY);
+    assert_int_equal(fx->c->stats.stale_dropped, 0);
+}
+
+static void test_piece_messages_with_older_epoch_are_dropped_and_counted(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    uint64_t old = fx->piece[h].epoch - 1;
+    send_ready(fx, h, old);
+    send_progress(fx, h, old, "stale progress");
+    send_failed(fx, h, old, "stale failure", false);
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(fx->c->stats.stale_dropped, 3);
+    assert_int_equal(w->state, TSR_W_LOADING);
+    assert_string_equal(w->detail, "");
+    assert_string_equal(w->reason, "");
+    assert_true(w->has_piece);
+
+    /* The same messages with the current epoch do count. */
+    send_progress(fx, h, fx->piece[h].epoch, "loading layers");
+    pump(fx);
+    assert_string_equal(w->detail, "loading layers");
+    assert_int_equal(fx->c->stats.stale_dropped, 3);
+}
+
+static void test_heartbeat_is_acked_with_same_seq_and_counted(void **state)
+{
+    fx_t *fx = *state;
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    tsr_env_free(&env);
+
+    send_heartbeat(fx, 0, "w0", 41);
+    send_heartbeat(fx, 0, "w0", 42);
+    pump(fx);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK);
+    assert_int_equal(env->heartbeat_ack->seq, 41);
+    tsr_env_free(&env);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK);
+    assert_int_equal(env->heartbeat_ack->seq, 42);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.heartbeats, 2);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_int_equal(w->heartbeats, 2);
+    assert_true(w->load > 0.24f && w->load < 0.26f);
+    assert_int_equal(w->memory_used, 123456789);
+}
+
+static void test_worker_heard_on_a_new_connection_gets_later_messages_there(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    char err[256] = "";
+    void *fresh = tsr_sock_dealer(fx->wep, 0, err, sizeof err);
+    assert_non_null(fresh);
+    /* The worker's connection dropped and came back: same name, new socket. */
+    void *old = fx->dealer[h];
+    fx->dealer[h] = fresh;
+    send_heartbeat(fx, h, fx->name[h], 1);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fresh, TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK);
+    tsr_env_free(&env);
+
+    /* An Unassign (from a drain) goes to the new connection, not the old. */
+    env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[h]);
+    assert_true(env->control_reply->ok);
+    tsr_env_free(&env);
+    env = expect_kind(fresh, TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    expect_nothing(old, 20);
+    tsr_sock_close(&old);
+}
+
+static void test_heartbeat_from_unknown_name_gets_reset_keeping_assignment(void **state)
+{
+    fx_t *fx = *state;
+    send_heartbeat(fx, 0, "stranger", 1);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_RESET);
+    assert_true(env->reset->keep_assignment);
+    assert_string_equal(env->worker, "stranger");
+    tsr_env_free(&env);
+    assert_null(tsr_registry_find(fx->c->reg, "stranger"));
+    assert_int_equal(fx->c->stats.heartbeats, 0);
+}
+
+/* ---- deaths and moves --------------------------------------------------------------- */
+
+static void test_worker_silent_past_timeout_is_dead_and_its_heartbeat_gets_reset_dropping_piece(
+    void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+
+    /* Exactly at the timeout it is still alive. */
+    int64_t now = scan_time(fx);
+    w->last_seen_ms = now - TIMEOUT_MS;
+    tsr_coord_tick(fx->c, now);
+    assert_int_not_equal(w->state, TSR_W_DEAD);
+
+    now = scan_time(fx);
+    w->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_coord_tick(fx->c, now);
+    assert_int_equal(w->state, TSR_W_DEAD);
+    assert_false(w->has_piece);
+    assert_int_equal(fx->c->stats.deaths, 1);
+    assert_int_equal(tsr_registry_alive(fx->c->reg), NW - 1);
+
+    send_heartbeat(fx, h, fx->name[h], 7);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_RESET);
+    assert_false(env->reset->keep_assignment);
+    assert_non_null(strstr(env->reset->reason, "dead"));
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.heartbeats, 0);
+    assert_int_equal(w->state, TSR_W_DEAD);  /* a heartbeat does not revive it */
+}
+
+static void expect_piece_moved_to_spare(fx_t *fx, int from)
+{
+    tsr_env_t *env = expect_kind(fx->dealer[fx->spare], TESSERA__ENVELOPE__BODY_ASSIGN);
+    const Tessera__Assignment *a = env->assign->assignment;
+    assert_int_equal(a->stage, fx->piece[from].stage);
+    assert_int_equal(a->tp_rank, fx->piece[from].tp_rank);
+    assert_int_equal(a->layer_begin, fx->piece[from].layer_begin);
+    assert_int_equal(a->layer_end, fx->piece[from].layer_end);
+    assert_true(a->epoch > fx->piece[from].epoch);
+    tsr_env_free(&env);
+    tsr_worker_t *s = tsr_registry_find(fx->c->reg, fx->name[fx->spare]);
+    assert_true(s->has_piece);
+    assert_int_equal(s->state, TSR_W_LOADING);
+    /* The other holders keep what they had: only the lost piece moves. */
+    for (int i = 0; i < NW; i++)
+        if (i != from && i != fx->spare) expect_nothing(fx->dealer[i], 10);
+}
+
+static void test_dead_holders_piece_moves_to_the_spare(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    int64_t now = scan_time(fx);
+    w->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_coord_tick(fx->c, now);
+    assert_int_equal(w->state, TSR_W_DEAD);
+    expect_piece_moved_to_spare(fx, h);
+}
+
+static void test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_failed(fx, h, fx->piece[h].epoch, "device lost", true);
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(w->state, TSR_W_DEAD);
+    assert_false(w->has_piece);
+    assert_non_null(strstr(w->reason, "device lost"));
+    assert_int_equal(fx->c->stats.deaths, 1);
+    assert_true(fx->c->dirty);
+
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    expect_piece_moved_to_spare(fx, h);
+}
+
+static void test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status(
+    void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_failed(fx, h, fx->piece[h].epoch, "weights missing for layer 3", false);
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(w->state, TSR_W_FAILED);
+    assert_true(w->has_piece);  /* not dead: it keeps the piece until a reload */
+    assert_string_equal(w->reason, "weights missing for layer 3");
+
+    json_t *root = status(fx);
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    assert_non_null(d);
+    assert_string_equal(json_string_value(json_object_get(d, "state")), "failed");
+    const char *msg = json_string_value(json_object_get(d, "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "weights missing for layer 3"));
+    assert_non_null(strstr(msg, fx->name[h]));
+    json_decref(root);
+}
+
+/* ---- adoption after a coordinator restart --------------------------------------------- */
+
+static void held_piece(Tessera__Assignment *a, uint32_t begin, uint32_t end)
+{
+    Tessera__Assignment init = TESSERA__ASSIGNMENT__INIT;
+    *a = init;
+    a->deployment = "tiny";
+    a->epoch = 7;
+    a->replica = 0;
+    a->stage = 1;
+    a->tp_rank = 1;
+    a->tp_size = 2;
+    a->pp_size = 2;
+    a->layer_begin = begin;
+    a->layer_end = end;
+    a->model_path = model_dir;
+    a->max_seq_len = 256;
+}
+
+static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **state)
+{
+    fx_t *fx = *state;
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_true(w->has_piece);
+    assert_int_equal(w->state, TSR_W_READY);
+    assert_string_equal(w->piece.deployment, "tiny");
+    assert_int_equal(w->piece.stage, 1);
+    assert_int_equal(w->piece.tp, 1);
+    assert_int_equal(w->piece.epoch, 7);
+    assert_true(fx->c->epoch >= 7);  /* epochs only grow across a restart */
+
+    /* The next plan keeps it where it is: no Assign or Unassign for it. */
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    expect_nothing(fx->dealer[0], 30);
+    assert_true(w->has_piece);
+    assert_int_equal(w->piece.epoch, 7);
+}
+
+static void test_fresh_coordinator_does_not_adopt_a_wrong_layer_range(void **state)
+{
+    fx_t *fx = *state;
+    Tessera__Assignment a;
+    held_piece(&a, 4, 7);
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    assert_false(env->register_reply->adopted);
+    assert_non_null(strstr(env->register_reply->reason, "layer split"));
+    tsr_env_free(&env);
+
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_false(w->has_piece);
+    assert_int_equal(w->state, TSR_W_IDLE);
+}
+
+/* ---- status document ------------------------------------------------------------------ */
+
+static void test_status_json_has_the_documented_fields(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_ready(fx, h, fx->piece[h].epoch);
+    pump(fx);
+
+    json_t *root = status(fx);
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    assert_non_null(d);
+    assert_string_equal(json_string_value(json_object_get(d, "name")), "tiny");
+    assert_int_equal(json_integer_value(json_object_get(d, "pieces")), 4);
+    assert_int_equal(json_integer_value(json_object_get(d, "placed")), 4);
+    assert_int_equal(json_integer_value(json_object_get(d, "ready")), 1);
+    assert_string_equal(json_string_value(json_object_get(d, "state")), "loading");
+
+    json_t *reps = json_object_get(d, "replica_list");
+    assert_int_equal(json_array_size(reps), 1);
+    json_t *stages = json_object_get(json_array_get(reps, 0), "stages");
+    assert_int_equal(json_array_size(stages), 2);
+    int ranks_seen = 0;
+    for (size_t s = 0; s < 2; s++) {
+        json_t *st = json_array_get(stages, s);
+        json_t *layers = json_object_get(st, "layers");
+        assert_int_equal(json_integer_value(json_array_get(layers, 0)), s == 0 ? 0 : 4);
+        assert_int_equal(json_integer_value(json_array_get(layers, 1)), s == 0 ? 4 : 8);
+        json_t *ranks = json_object_get(st, "ranks");
+        assert_int_equal(json_array_size(ranks), 2);
+        for (size_t t = 0; t < 2; t++) {
+            json_t *rk = json_array_get(ranks, t);
+            const char *wn = json_string_value(json_object_get(rk, "worker"));
+            assert_non_null(wn);
+            tsr_worker_t *w = tsr_registry_find(fx->c->reg, wn);
+            assert_non_null(w);
+            assert_int_equal(w->piece.stage, (int)s);
+            assert_int_equal(w->piece.tp, (int)t);
+            assert_string_equal(json_string_value(json_object_get(rk, "node")), w->node);
+            assert_int_equal(json_integer_value(json_object_get(rk, "pid")), w->pid);
+            assert_string_equal(json_string_value(json_object_get(rk, "state")),
+                                tsr_wstate_name(w->state));
+            assert_true(json_is_integer(json_object_get(rk, "heartbeat_age_ms")));
+            assert_true(json_integer_value(json_object_get(rk, "heartbeat_age_ms")) >= 0);
+            ranks_seen++;
+        }
+    }
+    assert_int_equal(ranks_seen, 4);
+
+    json_t *workers = json_object_get(root, "workers");
+    assert_int_equal(json_array_size(workers), NW);
+    for (size_t i = 0; i < NW; i++) {
+        json_t *o = json_array_get(workers, i);
+        assert_string_equal(json_string_value(json_object_get(o, "name")), fx->name[i]);
+        char node[16];
+        snprintf(node, sizeof node, "node%zu", i);
+        assert_string_equal(json_string_value(json_object_get(o, "node")), node);
+        assert_int_equal(json_integer_value(json_object_get(o, "pid")), 1000 + i);
+        assert_non_null(json_string_value(json_object_get(o, "state")));
+        json_t *as = json_object_get(o, "assignment");
+        assert_non_null(as);
+        if (fx->holds[i]) {
+            assert_true(json_is_object(as));
+            assert_string_equal(json_string_value(json_object_get(as, "deployment")), "tiny");
+            assert_int_equal(json_integer_value(json_object_get(as, "stage")),
+                             fx->piece[i].stage);
+        } else {
+            assert_true(json_is_null(as));
+        }
+    }
+    assert_string_equal(json_string_value(json_object_get(json_array_get(workers, h), "state")),
+                        "ready");
+
+    json_t *idle = json_object_get(root, "idle");
+    assert_int_equal(json_array_size(idle), 1);
+    assert_string_equal(json_string_value(json_array_get(idle, 0)), fx->name[fx->spare]);
+    json_decref(root);
+}
+
+/* ---- reload ------------------------------------------------------------------------------ */
+
+static void test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config(void **state)
+{
+    fx_t *fx = *state;
+    tsr_config_t *before = fx->c->cfg;
+    tsr_dep_state_t *deps_before = fx->c->deps;
+    write_yaml(fx->path, fx->wep, fx->cep, "  heartbeat_intervall_ms: 50\n");
+    /* The extra line lands inside the coordinator mapping: an unknown key. */
+    char err[1024] = "";
+    assert_int_equal(tsr_coord_reload(fx->c, err, sizeof err), -1);
+
+    regex_t re;
+    assert_int_equal(regcomp(&re, ":[0-9]+:[0-9]+: ", REG_EXTENDED), 0);
+    int m = regexec(&re, err, 0, NULL, 0);
+    regfree(&re);
+    if (m != 0) fail_msg("no line:col in '%s'", err);
+    assert_non_null(strstr(err, "heartbeat_intervall_ms"));
+    assert_non_null(strstr(err, fx->path));
+
+    assert_ptr_equal(fx->c->cfg, before);
+    assert_ptr_equal(fx->c->deps, deps_before);
+    assert_int_equal(fx->c->cfg->heartbeat_interval_ms, 100);
+    assert_int_equal(fx->c->cfg->worker_timeout_ms, TIMEOUT_MS);
+    assert_int_equal(fx->c->cfg->n_deployments, 1);
+    assert_string_equal(fx->c->cfg->deployments[0].name, "tiny");
+}
+
+static void test_reload_that_changes_an_endpoint_is_refused(void **state)
+{
+    fx_t *fx = *state;
+    tsr_config_t *before = fx->c->cfg;
+    char other[96];
+    snprintf(other, sizeof other, "%s-moved", fx->wep);
+    write_yaml(fx->path, other, fx->cep, NULL);
+    char err[1024] = "";
+    assert_int_equal(tsr_coord_reload(fx->c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "restart"));
+    assert_ptr_equal(fx->c->cfg, before);
+    assert_string_equal(fx->c->cfg->workers_endpoint, fx->wep);
+}
+
+static void test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_failed(fx, h, fx->piece[h].epoch, "weights missing", false);
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(w->state, TSR_W_FAILED);
+
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    tsr_env_t *env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_ASSIGN);
+    const Tessera__Assignment *a = env->assign->assignment;
+    assert_true(a->epoch > fx->piece[h].epoch);
+    assert_int_equal(env->epoch, a->epoch);
+    assert_int_equal(a->stage, fx->piece[h].stage);
+    assert_int_equal(a->tp_rank, fx->piece[h].tp_rank);
+    tsr_env_free(&env);
+    assert_int_equal(w->state, TSR_W_LOADING);
+    assert_string_equal(w->reason, "");
+    /* Pieces that did not fail are left alone. */
+    for (int i = 0; i < NW; i++)
+        if (i != h) expect_nothing(fx->dealer[i], 10);
+}
+
+/* ---- control API ------------------------------------------------------------------------- */
+
+static void test_control_status_returns_ok_with_the_status_json(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    tsr_env_t *env = control(fx, TESSERA__CONTROL_REQUEST__KIND__STATUS, NULL);
+    assert_true(env->control_reply->ok);
+    json_error_t je;
+    json_t *root = json_loads(env->control_reply->json, 0, &je);
+    if (!root) fail_msg("reply is not JSON: %s", je.text);
+    assert_int_equal(json_array_size(json_object_get(root, "deployments")), 1);
+    assert_int_equal(json_array_size(json_object_get(root, "workers")), NW);
+    json_decref(root);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.control_requests, 1);
+}
+
+static void test_control_drain_of_unknown_worker_fails_with_a_message(void **state)
+{
+    fx_t *fx = *state;
+    tsr_env_t *env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, "nobody");
+    assert_false(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->error, "nobody"));
+    tsr_env_free(&env);
+}
+
+static void test_control_drain_of_a_holder_moves_its_piece_to_the_spare(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    tsr_env_t *env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[h]);
+    assert_true(env->control_reply->ok);
+    json_error_t je;
+    json_t *o = json_loads(env->control_reply->json, 0, &je);
+    if (!o) fail_msg("reply is not JSON: %s", je.text);
+    assert_true(json_is_true(json_object_get(o, "drained")));
+    assert_string_equal(json_string_value(json_object_get(o, "moved_to")), fx->name[fx->spare]);
+    json_decref(o);
+    tsr_env_free(&env);
+
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_true(w->drained);
+    assert_false(w->has_piece);
+    env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    expect_piece_moved_to_spare(fx, h);
+}
+
+static void test_non_control_envelope_on_control_socket_is_refused(void **state)
+{
+    fx_t *fx = *state;
+    Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    tsr_env_t out = TESSERA__ENVELOPE__INIT;
+    out.worker = "w0";
+    out.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    out.heartbeat = &hb;
+    send_env(fx->ctl, &out);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->error, "control request"));
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.heartbeats, 0);
+}
+
+int main(void)
+{
+    tsr_log_init("test", TSR_LOG_ERROR + 1);
+    const struct CMUnitTest tests[] = {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+        T(test_register_is_accepted_with_heartbeat_interval_and_lease),
+        T(test_first_tick_assigns_four_distinct_pieces_and_leaves_one_spare),
+        T(test_assign_carries_the_model_path_and_deployment),
+        T(test_register_with_protocol_version_99_is_refused),
+        T(test_same_name_from_another_node_while_alive_is_refused_as_duplicate),
+        T(test_ready_with_current_epoch_makes_worker_ready),
+        T(test_piece_messages_with_older_epoch_are_dropped_and_counted),
+        T(test_heartbeat_is_acked_with_same_seq_and_counted),
+        T(test_heartbeat_from_unknown_name_gets_reset_keeping_assignment),
+        T(test_worker_heard_on_a_new_connection_gets_later_messages_there),
+        T(test_worker_silent_past_timeout_is_dead_and_its_heartbeat_gets_reset_dropping_piece),
+        T(test_dead_holders_piece_moves_to_the_spare),
+        T(test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves),
+        T(test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status),
+        T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
+        T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
+        T(test_status_json_has_the_documented_fields),
+        T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
+        T(test_reload_that_changes_an_endpoint_is_refused),
+        T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
+        T(test_control_status_returns_ok_with_the_status_json),
+        T(test_control_drain_of_unknown_worker_fails_with_a_message),
+        T(test_control_drain_of_a_holder_moves_its_piece_to_the_spare),
+        T(test_non_control_envelope_on_control_socket_is_refused),
+#undef T
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tsr_zmq_term();
+    return rc;
+}
