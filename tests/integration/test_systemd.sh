@@ -40,7 +40,8 @@ with open(sys.argv[2], "w") as out:
             pass
 PY
 PIDS+=("$!")
-sleep 0.3
+bound() { [ -S "$T/notify.sock" ]; }
+wait_until 5 bound || fail "notify listener did not start"
 NOTIFY_SOCKET="$T/notify.sock" WATCHDOG_USEC=400000 bash -c 'export WATCHDOG_PID=$$; exec "$0" "$1"' \
     "$BIN/tessera-coordinator" "$T/d.yaml" >> "$T/coordinator.log" 2>&1 &
 CP=$!; PIDS+=("$CP")
