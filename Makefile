@@ -12,7 +12,7 @@ BIN      ?= bin
 PREFIX   ?= /usr/local
 SANITIZE ?=
 
-PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd
+PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -D_GNU_SOURCE \

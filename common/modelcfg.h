@@ -18,11 +18,26 @@ typedef struct {
     int max_position_embeddings;
     int tie_word_embeddings;     /* 0 or 1, default 0 */
     int dtype_bytes;             /* from torch_dtype: 4 float32, 2 float16/bfloat16; default 2 */
+
+    /* What the forward pass needs (defaults as in transformers' LlamaConfig). */
+    float rms_norm_eps;          /* default 1e-6 */
+    float rope_theta;            /* default 10000 */
+    int head_dim;                /* "head_dim" if given, else hidden_size / num_attention_heads */
+    int bos_token_id, eos_token_id;  /* -1 when absent; eos may be a list: the first is kept */
+    int n_eos;                   /* all eos ids (eos_token_id may be a list), at most 8 */
+    int eos_ids[8];
+    /* rope_scaling of type "llama3" (rope_type or type); rope_llama3 0 when absent. */
+    int rope_llama3;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
 } tsr_model_info_t;
 
 /* Reads DIR/config.json.  Returns 0 on success; -1 with a message naming the
  * file and the field on failure ("models/tiny/config.json: num_hidden_layers
- * missing or not a positive integer"). */
+ * missing or not a positive integer").  Refuses architectures other than the
+ * Llama family (architectures[0] must be LlamaForCausalLM or
+ * MistralForCausalLM when present), hidden_act other than "silu", and
+ * rope_scaling of any type but "llama3", naming the field. */
 int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_t errlen);
 
 /* Checks that deployment d can be laid out on model m: heads and KV heads

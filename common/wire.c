@@ -35,7 +35,20 @@ static int check_strings(const ProtobufCMessage *m, char *err, size_t errlen)
     for (unsigned i = 0; i < d->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &d->fields[i];
         const char *base = (const char *)m + f->offset;
-        if (f->label == PROTOBUF_C_LABEL_REPEATED) continue; /* none in the schema */
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            /* Repeated strings (peer endpoints) are each name-sized. */
+            if (f->type != PROTOBUF_C_TYPE_STRING) continue;
+            size_t count = *(const size_t *)((const char *)m + f->quantifier_offset);
+            char *const *arr = *(char *const *const *)base;
+            for (size_t k = 0; k < count; k++) {
+                if (arr[k] && strlen(arr[k]) > TSR_NAME_MAX) {
+                    snprintf(err, errlen, "%s.%s[%zu] is %zu bytes, limit %d", d->short_name,
+                             f->name, k, strlen(arr[k]), TSR_NAME_MAX);
+                    return -1;
+                }
+            }
+            continue;
+        }
         if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
             uint32_t which = *(const uint32_t *)((const char *)m + f->quantifier_offset);
             if (which != f->id) continue;

@@ -1,0 +1,348 @@
+#!/usr/bin/python3
+"""llama_ref.py: an independent NumPy reference for Hugging Face transformers'
+LlamaForCausalLM forward pass and greedy generation.
+
+It exists to check the C engine against, so it favours being obviously right
+over being fast: float64 by default, no KV cache (every generation step
+recomputes the whole sequence), one function per piece of the model.
+
+    python3 tests/reference/llama_ref.py MODEL_DIR --prompt-ids 1,2,3 \
+        --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos]
+
+As a module: load_model(dir) -> dict, forward(model, ids) -> logits [T, V],
+generate(model, ids, n) -> list of generated ids.
+"""
+import json
+import math
+import os
+import sys
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - depends on the machine
+    # A pyenv python3 may shadow Debian's, which is the one with python3-numpy:
+    # when run as a script, retry under /usr/bin/python3 instead of failing.
+    if __name__ == "__main__" and os.path.exists("/usr/bin/python3") and \
+            os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+# --------------------------------------------------------------------------
+# safetensors: u64 little-endian header length, JSON header, then the data
+# area; each tensor's data_offsets are [begin, end) relative to the data area.
+# --------------------------------------------------------------------------
+_ST_DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4),
+              "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
+
+
+def read_safetensors(path):
+    """Returns {name: float32/float64 ndarray} for every tensor in one file."""
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) != 8:
+            raise ValueError(f"{path}: shorter than the 8-byte header length")
+        (hlen,) = np.frombuffer(raw_len, dtype="<u8")
+        header = json.loads(f.read(int(hlen)).decode("utf-8"))
+    data_start = 8 + int(hlen)
+    # memmap so a big shard is not read whole just to take a few tensors.
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = info["dtype"]
+        if dt not in _ST_DTYPES:
+            raise ValueError(f"{path}: {name}: unsupported dtype {dt}")
+        np_dt, size = _ST_DTYPES[dt]
+        shape = tuple(int(s) for s in info["shape"])
+        begin, end = (int(o) for o in info["data_offsets"])
+        if end - begin != size * int(np.prod(shape, dtype=np.int64)) or \
+                data_start + end > blob.size or begin > end:
+            raise ValueError(f"{path}: {name}: data_offsets {begin},{end} "
+                             f"do not match shape {shape} of {dt}")
+        buf = blob[data_start + begin:data_start + end]
+        arr = buf.view(np.dtype(np_dt).newbyteorder("<")).reshape(shape)
+        out[name] = decode_dtype(arr, dt)
+    return out
+
+
+def decode_dtype(arr, dt):
+    """Stored values -> float ndarray.  BF16 is the top half of a float32, so
+    widening is exact: put the 16 bits in the high half and reinterpret."""
+    if dt == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    if dt == "F16":
+        return arr.astype(np.float32)  # every float16 is exact in float32
+    return np.array(arr)  # F32/F64: copy out of the memmap
+
+
+def read_checkpoint(model_dir):
+    """All tensors of a model directory: one file, or a sharded index."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        tensors = {}
+        for fname in sorted(set(weight_map.values())):
+            tensors.update(read_safetensors(os.path.join(model_dir, fname)))
+        missing = [n for n in weight_map if n not in tensors]
+        if missing:
+            raise ValueError(f"{index}: tensors listed but not found: {missing[:3]}")
+        return tensors
+    return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+
+
+# --------------------------------------------------------------------------
+# config.json, with LlamaConfig's defaults
+# --------------------------------------------------------------------------
+def parse_config(raw):
+    """Normalises a config.json dict; refuses what this reference cannot do
+    rather than silently computing something else."""
+    def get(key, default):
+        v = raw.get(key)
+        return default if v is None else v
+
+    cfg = {k: int(raw[k]) for k in ("hidden_size", "intermediate_size",
+                                    "num_hidden_layers", "num_attention_heads",
+                                    "vocab_size")}
+    cfg["num_key_value_heads"] = int(get("num_key_value_heads", cfg["num_attention_heads"]))
+    cfg["rms_norm_eps"] = float(get("rms_norm_eps", 1e-6))
+    cfg["rope_theta"] = float(get("rope_theta", 10000.0))
+    cfg["head_dim"] = int(get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
+    cfg["tie_word_embeddings"] = bool(get("tie_word_embeddings", False))
+    cfg["attention_bias"] = bool(get("attention_bias", False))
+    cfg["mlp_bias"] = bool(get("mlp_bias", False))
+    eos = raw.get("eos_token_id")
+    cfg["eos_token_ids"] = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    if get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {raw['hidden_act']!r} unsupported (only silu)")
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    rs = raw.get("rope_scaling")
+    cfg["rope_scaling"] = None
+    if rs is not None:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind == "llama3":
+            cfg["rope_scaling"] = {
+                "factor": float(rs["factor"]),
+                "low_freq_factor": float(rs["low_freq_factor"]),
+                "high_freq_factor": float(rs["high_freq_factor"]),
+                "original_max_position_embeddings": int(rs["original_max_position_embeddings"])}
+        elif kind != "default":
+            raise ValueError(f"rope_scaling type {kind!r} unsupported (only llama3)")
+    return cfg
+
+
+# --------------------------------------------------------------------------
+# Building the model dict
+# --------------------------------------------------------------------------
+def load_model(model_dir, dtype=np.float64):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = parse_config(json.load(f))
+    return build_model(cfg, read_checkpoint(model_dir), dtype)
+
+
+def build_model(cfg, tensors, dtype=np.float64):
+    """cfg (from parse_config) + {name: array} -> model dict.  Separate from
+    load_model so tests can build variants in memory."""
+    def w(name):
+        if name not in tensors:
+            raise KeyError(f"tensor {name} missing from the checkpoint")
+        return np.asarray(tensors[name], dtype=dtype)
+
+    D, H, KV, hd = (cfg["hidden_size"], cfg["num_attention_heads"],
+                    cfg["num_key_value_heads"], cfg["head_dim"])
+    shapes = {"q_proj": (H * hd, D), "k_proj": (KV * hd, D), "v_proj": (KV * hd, D),
+              "o_proj": (D, H * hd), "gate_proj": (cfg["intermediate_size"], D),
+              "up_proj": (cfg["intermediate_size"], D),
+              "down_proj": (D, cfg["intermediate_size"])}
+    layers = []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        layer = {"input_layernorm": w(p + "input_layernorm.weight"),
+                 "post_attention_layernorm": w(p + "post_attention_layernorm.weight")}
+        for proj, shape in shapes.items():
+            part = "self_attn." if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp."
+            layer[proj] = w(p + part + proj + ".weight")
+            if layer[proj].shape != shape:
+                raise ValueError(f"{p}{part}{proj}.weight has shape "
+                                 f"{layer[proj].shape}, config implies {shape}")
+            # Biases exist only when the config says so, as in HF.
+            has_bias = cfg["attention_bias"] if part == "self_attn." else cfg["mlp_bias"]
+            layer[proj + ".bias"] = w(p + part + proj + ".bias") if has_bias else None
+        layers.append(layer)
+    embed = w("model.embed_tokens.weight")
+    # Tied: HF points lm_head at the embedding, whatever lm_head.weight the
+    # file may also hold.
+    lm_head = embed if cfg["tie_word_embeddings"] else w("lm_head.weight")
+    return {"config": cfg, "dtype": dtype, "embed_tokens": embed, "layers": layers,
+            "norm": w("model.norm.weight"), "lm_head": lm_head,
+            "inv_freq": rope_inv_freq(cfg).astype(dtype)}
+
+
+# --------------------------------------------------------------------------
+# The pieces of the model
+# --------------------------------------------------------------------------
+def rms_norm(x, weight, eps):
+    # Llama's RMSNorm has no mean subtraction and no bias.
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_inv_freq(cfg):
+    """inv_freq[i] = 1 / theta^(2i/hd), optionally rescaled as Llama 3.1."""
+    hd = cfg["head_dim"]
+    inv_freq = 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    rs = cfg["rope_scaling"]
+    if rs is None:
+        return inv_freq
+    return llama3_scale_inv_freq(inv_freq, rs["factor"], rs["low_freq_factor"],
+                                 rs["high_freq_factor"],
+                                 rs["original_max_position_embeddings"])
+
+
+def llama3_scale_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, orig_max):
+    """Llama 3.1's context extension: slow rotations (long wavelengths) are
+    slowed down by `factor`, fast ones kept, and the band between blended."""
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = orig_max / low_freq_factor
+    high_freq_wavelen = orig_max / high_freq_factor
+    out = inv_freq.copy()
+    for i, (f, wl) in enumerate(zip(inv_freq, wavelen)):
+        if wl > low_freq_wavelen:
+            out[i] = f / factor
+        elif wl >= high_freq_wavelen:  # medium band, both edges inclusive as in HF
+            smooth = (orig_max / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out[i] = (1 - smooth) * f / factor + smooth * f
+    return out
+
+
+def rope_cos_sin(inv_freq, positions):
+    """cos/sin tables [T, hd]: HF duplicates the frequencies (concat, not
+    interleave), pairing dimension i with i + hd/2."""
+    freqs = np.outer(np.asarray(positions, dtype=inv_freq.dtype), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb), np.sin(emb)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x [T, heads, hd]; cos/sin [T, hd] broadcast over heads."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def linear(x, weight, bias=None):
+    # nn.Linear stores weight as [out, in].
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def attention(layer, cfg, x, cos, sin):
+    """Causal grouped-query self-attention over x [T, D] -> [T, D]."""
+    T = x.shape[0]
+    H, KV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    q = linear(x, layer["q_proj"], layer["q_proj.bias"]).reshape(T, H, hd)
+    k = linear(x, layer["k_proj"], layer["k_proj.bias"]).reshape(T, KV, hd)
+    v = linear(x, layer["v_proj"], layer["v_proj.bias"]).reshape(T, KV, hd)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    # GQA: query head h reads KV head h // (H / KV) (HF's repeat_kv repeats
+    # each KV head consecutively).
+    kv_of_head = np.arange(H) // (H // KV)
+    k, v = k[:, kv_of_head, :], v[:, kv_of_head, :]
+    scores = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)        # [H, T, T]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)               # s > t
+    scores = np.where(future[None], -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)             # stable softmax
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, v).reshape(T, H * hd)
+    return linear(out, layer["o_proj"], layer["o_proj.bias"])
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def mlp(layer, x):
+    gate = linear(x, layer["gate_proj"], layer["gate_proj.bias"])
+    up = linear(x, layer["up_proj"], layer["up_proj.bias"])
+    return linear(silu(gate) * up, layer["down_proj"], layer["down_proj.bias"])
+
+
+def forward(model, ids):
+    """Token ids (positions 0..T-1) -> logits [T, vocab]."""
+    cfg = model["config"]
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError("forward needs a non-empty 1-D list of token ids")
+    if ids.min() < 0 or ids.max() >= cfg["vocab_size"]:
+        raise ValueError(f"token id out of range [0, {cfg['vocab_size']})")
+    eps = cfg["rms_norm_eps"]
+    cos, sin = rope_cos_sin(model["inv_freq"], np.arange(len(ids)))
+    x = model["embed_tokens"][ids]
+    with np.errstate(over="ignore"):  # exp overflow in silu gives the right limit
+        for layer in model["layers"]:
+            x = x + attention(layer, cfg, rms_norm(x, layer["input_layernorm"], eps), cos, sin)
+            x = x + mlp(layer, rms_norm(x, layer["post_attention_layernorm"], eps))
+    return rms_norm(x, model["norm"], eps) @ model["lm_head"].T
+
+
+def generate(model, ids, n, eos_ids=(), step_logits=None):
+    """Greedy decoding of up to n tokens after ids.  Each step recomputes the
+    full forward (no cache to get wrong).  Stops after emitting a token in
+    eos_ids (which is kept, as HF's generate does).  If step_logits is a list,
+    each step's last-position logits are appended to it."""
+    seq, out = [int(i) for i in ids], []
+    for _ in range(n):
+        logits = forward(model, seq)[-1]
+        if step_logits is not None:
+            step_logits.append(logits)
+        tok = int(np.argmax(logits))  # first maximum on ties, like torch.argmax
+        out.append(tok)
+        seq.append(tok)
+        if tok in eos_ids:
+            break
+    return out
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    ap.add_argument("--max-tokens", type=int, required=True)
+    ap.add_argument("--logits-out", help="FILE: first step's logits, one per line; "
+                    "FILE.all: every step's logits, one line per step")
+    ap.add_argument("--f32", action="store_true", help="compute in float32 (default float64)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="stop after generating config.json's eos_token_id")
+    args = ap.parse_args(argv)
+    try:
+        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip() != ""]
+    except ValueError:
+        ap.error(f"--prompt-ids {args.prompt_ids!r}: not comma-separated integers")
+    if not prompt or args.max_tokens < 0:
+        ap.error("need at least one prompt id and --max-tokens >= 0")
+
+    model = load_model(args.model_dir, np.float32 if args.f32 else np.float64)
+    eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()
+    steps = []
+    out = generate(model, prompt, args.max_tokens, eos, steps)
+    print(",".join(str(t) for t in out))
+    if args.logits_out:
+        first = steps[0] if steps else forward(model, prompt)[-1]
+        with open(args.logits_out, "w") as f:
+            f.writelines("%.9g\n" % v for v in first)
+        with open(args.logits_out + ".all", "w") as f:
+            f.writelines(" ".join("%.9g" % v for v in s) + "\n" for s in steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
