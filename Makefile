@@ -45,7 +45,11 @@ BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 PROGRAMS := $(BIN)/tessera-coordinator $(BIN)/tessera-worker $(BIN)/tessera
 
 .PHONY: all deps test unit integration asan demo bench install clean
-all: $(PROGRAMS)
+all: $(PROGRAMS) build/models/demo/config.json
+
+# The demo's model: a small random Llama checkpoint (configs/demo.yaml).
+build/models/demo/config.json: | $(BIN)/tessera
+	$(BIN)/tessera model-init build/models/demo --force > /dev/null
 
 deps:
 	@./scripts/install-deps.sh
@@ -85,7 +89,7 @@ test: deps
 	@$(MAKE) --no-print-directory all-tests
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh
 
-all-tests: $(PROGRAMS) $(UNIT_BIN) $(BENCH_BIN)
+all-tests: all $(UNIT_BIN) $(BENCH_BIN)
 
 unit: $(PROGRAMS) $(UNIT_BIN)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh unit

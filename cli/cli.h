@@ -22,7 +22,10 @@ int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain);
 int tsr_cmd_plan(int argc, char **argv);
+int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_local(int argc, char **argv);
+/* `tessera model-init DIR`: writes a random Llama checkpoint (cli/model_init.c). */
+int tsr_cmd_model_init(int argc, char **argv);
 
 /* Renders a status document as tables on stdout. */
 void tsr_print_status(json_t *doc, int workers_only);

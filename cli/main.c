@@ -18,10 +18,14 @@ static void usage(FILE *f)
             "  workers [--json]                   registered workers\n"
             "  plan FILE.yaml [--nodes N] [--per-node G]\n"
             "                                     dry run of the placement (no coordinator)\n"
+            "  generate DEPLOYMENT --prompt-ids 1,2,3 [--max-tokens N] [--temperature T]\n"
+            "           [--top-p P] [--seed S] [--ids]\n"
+            "                                     run a prompt, print the generated token ids\n"
             "  reload                             reread the deployment file\n"
             "  drain WORKER                       move its piece away, keep it idle\n"
             "  undrain WORKER                     make a drained worker placeable again\n"
             "  local FILE.yaml [--workers N]      coordinator + N CPU workers in the foreground\n"
+            "  model-init DIR [options]           write a random Llama checkpoint (tests, demo)\n"
             "  version                            print the version\n"
             "\n"
             "Every command takes --help.\n"
@@ -91,7 +95,9 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "drain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 1);
     else if (!strcmp(cmd, "undrain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 0);
     else if (!strcmp(cmd, "plan")) rc = tsr_cmd_plan(cargc, cargv);
+    else if (!strcmp(cmd, "generate")) rc = tsr_cmd_generate(&cli, cargc, cargv);
     else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
+    else if (!strcmp(cmd, "model-init")) rc = tsr_cmd_model_init(cargc, cargv);
     else if (!strcmp(cmd, "version")) {
         printf("tessera %s (protocol %d)\n", TSR_SOFTWARE_VERSION, TSR_PROTOCOL_VERSION);
         rc = 0;

@@ -106,10 +106,228 @@ static int check_shapes(const tsr_model_info_t *m, const char *path,
     return 0;
 }
 
+/* A present field must be a positive number (JSON integer or real);
+ * absent or null gives def. */
+static int get_posnum(json_t *obj, const char *key, const char *field, double def,
+                      float *out, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (v == NULL || json_is_null(v)) {
+        *out = (float)def;
+        return 0;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) > 0) ||
+        json_number_value(v) > 3.0e38) {
+        set_err(err, errlen, "%s: %s must be a positive number", path, field);
+        return -1;
+    }
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+/* Only the Llama family's forward pass exists; a GPT-2 or Qwen config with
+ * the same size fields would otherwise load and produce garbage. */
+static int check_arch(json_t *root, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, "architectures");
+    const char *a;
+
+    if (v == NULL || json_is_null(v))
+        return 0;
+    a = json_string_value(json_array_get(v, 0));
+    if (!json_is_array(v) || a == NULL) {
+        set_err(err, errlen, "%s: architectures must be a non-empty list of names", path);
+        return -1;
+    }
+    if (strcmp(a, "LlamaForCausalLM") != 0 && strcmp(a, "MistralForCausalLM") != 0) {
+        set_err(err, errlen, "%s: architectures[0] '%s' not supported (expected "
+                "LlamaForCausalLM or MistralForCausalLM)", path, a);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_act(json_t *root, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, "hidden_act");
+
+    if (v == NULL || json_is_null(v) ||
+        (json_is_string(v) && strcmp(json_string_value(v), "silu") == 0))
+        return 0;
+    set_err(err, errlen, "%s: hidden_act '%s' not supported (only silu)", path,
+            json_is_string(v) ? json_string_value(v) : "(not a string)");
+    return -1;
+}
+
+/* A token id: a non-negative integer; -1 when absent or null. */
+static int token_id(json_t *v, int *out)
+{
+    if (v == NULL || json_is_null(v)) {
+        *out = -1;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT_MAX)
+        return -1;
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+/* eos_token_id may be one id or a list (Llama 3 instruct stops on several);
+ * generation must stop on all of them, so none is dropped silently. */
+static int get_eos(json_t *root, tsr_model_info_t *m, const char *path, char *err,
+                   size_t errlen)
+{
+    json_t *v = json_object_get(root, "eos_token_id"), *e;
+    size_t max = sizeof m->eos_ids / sizeof m->eos_ids[0], i;
+
+    m->eos_token_id = -1;
+    m->n_eos = 0;
+    if (!json_is_array(v)) {
+        if (token_id(v, &m->eos_token_id) < 0)
+            goto bad;
+        if (m->eos_token_id >= 0)
+            m->eos_ids[m->n_eos++] = m->eos_token_id;
+        return 0;
+    }
+    if (json_array_size(v) > max) {
+        set_err(err, errlen, "%s: eos_token_id lists %zu ids, at most %zu are supported",
+                path, json_array_size(v), max);
+        return -1;
+    }
+    json_array_foreach(v, i, e) {
+        if (json_is_null(e) || token_id(e, &m->eos_ids[m->n_eos]) < 0)
+            goto bad;
+        m->n_eos++;
+    }
+    if (m->n_eos > 0)
+        m->eos_token_id = m->eos_ids[0];
+    return 0;
+bad:
+    set_err(err, errlen, "%s: eos_token_id must be a non-negative integer or a list of them",
+            path);
+    return -1;
+}
+
+static int get_tokens(json_t *root, tsr_model_info_t *m, const char *path, char *err,
+                      size_t errlen)
+{
+    if (token_id(json_object_get(root, "bos_token_id"), &m->bos_token_id) < 0) {
+        set_err(err, errlen, "%s: bos_token_id must be a non-negative integer", path);
+        return -1;
+    }
+    return get_eos(root, m, path, err, errlen);
+}
+
+/* original_max_position_embeddings may be written as 8192 or 8192.0. */
+static int get_rope_orig(json_t *rs, tsr_model_info_t *m, const char *path, char *err,
+                         size_t errlen)
+{
+    json_t *v = json_object_get(rs, "original_max_position_embeddings");
+    double d = json_number_value(v);
+
+    if (!json_is_number(v) || !(d >= 1) || d > INT_MAX || d != (double)(int)d) {
+        set_err(err, errlen, "%s: rope_scaling.original_max_position_embeddings missing or "
+                "not a positive integer", path);
+        return -1;
+    }
+    m->rope_original_max_pos = (int)d;
+    return 0;
+}
+
+/* Every llama3 parameter is required: guessing one would change the
+ * frequencies of every position past the original context. */
+static int get_llama3(json_t *rs, tsr_model_info_t *m, const char *path, char *err,
+                      size_t errlen)
+{
+    static const char *keys[] = { "factor", "low_freq_factor", "high_freq_factor" };
+    float *dst[] = { &m->rope_factor, &m->rope_low_freq_factor, &m->rope_high_freq_factor };
+    char field[64];
+
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(field, sizeof field, "rope_scaling.%s", keys[i]);
+        if (json_object_get(rs, keys[i]) == NULL) {
+            set_err(err, errlen, "%s: %s missing (required for llama3)", path, field);
+            return -1;
+        }
+        if (get_posnum(rs, keys[i], field, 0, dst[i], path, err, errlen) < 0)
+            return -1;
+    }
+    /* The smoothing between the bands divides by their difference. */
+    if (!(m->rope_high_freq_factor > m->rope_low_freq_factor)) {
+        set_err(err, errlen, "%s: rope_scaling.high_freq_factor must exceed low_freq_factor",
+                path);
+        return -1;
+    }
+    if (get_rope_orig(rs, m, path, err, errlen) < 0)
+        return -1;
+    m->rope_llama3 = 1;
+    return 0;
+}
+
+static int get_rope_scaling(json_t *root, tsr_model_info_t *m, const char *path, char *err,
+                            size_t errlen)
+{
+    json_t *rs = json_object_get(root, "rope_scaling");
+    json_t *type;
+    const char *s;
+
+    m->rope_llama3 = 0;
+    if (rs == NULL || json_is_null(rs))
+        return 0;
+    if (!json_is_object(rs)) {
+        set_err(err, errlen, "%s: rope_scaling must be an object or null", path);
+        return -1;
+    }
+    /* transformers renamed "type" to "rope_type"; both are in the wild. */
+    type = json_object_get(rs, "rope_type");
+    if (type == NULL)
+        type = json_object_get(rs, "type");
+    s = json_string_value(type);
+    if (s != NULL && strcmp(s, "llama3") == 0)
+        return get_llama3(rs, m, path, err, errlen);
+    /* "default" is transformers' name for plain RoPE, i.e. no scaling. */
+    if (s != NULL && strcmp(s, "default") == 0)
+        return 0;
+    set_err(err, errlen, "%s: rope_scaling type '%s' not supported (only llama3)", path,
+            s ? s : "(missing)");
+    return -1;
+}
+
+static int get_head_dim(json_t *root, tsr_model_info_t *m, const char *path, char *err,
+                        size_t errlen)
+{
+    json_t *v = json_object_get(root, "head_dim");
+
+    if (v == NULL || json_is_null(v)) {
+        m->head_dim = m->hidden_size / m->num_attention_heads;
+        return 0;
+    }
+    return get_posint(root, "head_dim", -1, &m->head_dim, path, err, errlen);
+}
+
+/* The fields the forward pass needs beyond the control plane's sizes. */
+static int read_forward_fields(json_t *root, tsr_model_info_t *m, const char *path,
+                               char *err, size_t errlen)
+{
+    if (get_posnum(root, "rms_norm_eps", "rms_norm_eps", 1e-6, &m->rms_norm_eps, path, err,
+                   errlen) < 0 ||
+        get_posnum(root, "rope_theta", "rope_theta", 10000.0, &m->rope_theta, path, err,
+                   errlen) < 0 ||
+        get_head_dim(root, m, path, err, errlen) < 0 ||
+        get_tokens(root, m, path, err, errlen) < 0 ||
+        get_rope_scaling(root, m, path, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
 static int read_fields(json_t *root, tsr_model_info_t *m, const char *path,
                        char *err, size_t errlen)
 {
-    if (get_posint(root, "hidden_size", -1, &m->hidden_size, path, err, errlen) < 0 ||
+    /* Family first: a GPT-2 config should be refused as GPT-2, not for a
+     * missing Llama field. */
+    if (check_arch(root, path, err, errlen) < 0 || check_act(root, path, err, errlen) < 0 ||
+        get_posint(root, "hidden_size", -1, &m->hidden_size, path, err, errlen) < 0 ||
         get_posint(root, "intermediate_size", -1, &m->intermediate_size, path, err, errlen) < 0 ||
         get_posint(root, "num_hidden_layers", -1, &m->num_hidden_layers, path, err, errlen) < 0 ||
         get_posint(root, "num_attention_heads", -1, &m->num_attention_heads, path, err, errlen) < 0 ||
@@ -119,9 +337,10 @@ static int read_fields(json_t *root, tsr_model_info_t *m, const char *path,
         get_posint(root, "max_position_embeddings", -1, &m->max_position_embeddings,
                    path, err, errlen) < 0 ||
         get_tie(root, &m->tie_word_embeddings, path, err, errlen) < 0 ||
-        get_dtype(root, &m->dtype_bytes, path, err, errlen) < 0)
+        get_dtype(root, &m->dtype_bytes, path, err, errlen) < 0 ||
+        check_shapes(m, path, err, errlen) < 0)
         return -1;
-    return check_shapes(m, path, err, errlen);
+    return read_forward_fields(root, m, path, err, errlen);
 }
 
 int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_t errlen)

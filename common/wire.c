@@ -147,6 +147,8 @@ void *tsr_sock_router(const char *endpoint, char *err, size_t errlen)
     }
     sock_common(s);
     int mandatory = 0;  /* unroutable replies (peer gone) are dropped silently */
+    int backlog = 4096; /* a whole cluster connecting at once must not overflow it */
+    zmq_setsockopt(s, ZMQ_BACKLOG, &backlog, sizeof backlog);
     zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     if (zmq_bind(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));

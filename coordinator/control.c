@@ -56,15 +56,8 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
             failed_w = w;
         }
     }
-    if (failure) {
-        sum->state = "failed";
-        snprintf(sum->message, sizeof sum->message, "replica %d stage %d tp %d on %s: %s",
-                 failed_w->piece.replica, failed_w->piece.stage, failed_w->piece.tp,
-                 failed_w->name, failure);
-    } else if (sum->ready == sum->total) {
-        sum->state = "ready";
-        ds->ever_ready = true;
-    } else if (sum->placed < sum->total) {
+    /* A missing piece is the cause; failures of its peers follow from it. */
+    if (sum->placed < sum->total) {
         sum->state = ds->ever_ready ? "degraded" : "waiting";
         char buf[128] = "";
         if (now < c->plan_after_ms)
@@ -77,6 +70,14 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
         else
             snprintf(sum->message, sizeof sum->message, "%d of %d pieces placed", sum->placed,
                      sum->total);
+    } else if (failure) {
+        sum->state = "failed";
+        snprintf(sum->message, sizeof sum->message, "replica %d stage %d tp %d on %s: %s",
+                 failed_w->piece.replica, failed_w->piece.stage, failed_w->piece.tp,
+                 failed_w->name, failure);
+    } else if (sum->ready == sum->total) {
+        sum->state = "ready";
+        ds->ever_ready = true;
     } else {
         sum->state = ds->ever_ready ? "degraded" : "loading";
         snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,
@@ -156,10 +157,12 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                                                     b, e, "ranks", ranks));
         }
         const char *rs = rready == d->pipeline * d->tensor ? "ready" : "not ready";
-        json_array_append_new(reps, json_pack("{s:i, s:s, s:o}", "replica", r, "state", rs,
+        json_array_append_new(reps, json_pack("{s:i, s:s, s:i, s:o}", "replica", r, "state", rs,
+                                              "in_flight", tsr_requests_in_flight(c, d->name, r),
                                               "stages", stages));
     }
     json_object_set_new(o, "replica_list", reps);
+    json_object_set_new(o, "in_flight", json_integer(tsr_requests_in_flight(c, d->name, -1)));
     free(sum.at);
     return o;
 }
@@ -184,6 +187,11 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
                   "assigns", (json_int_t)st->assigns, "unassigns", (json_int_t)st->unassigns,
                   "deaths", (json_int_t)st->deaths, "control_requests",
                   (json_int_t)st->control_requests));
+    json_t *stats = json_object_get(json_object_get(root, "coordinator"), "stats");
+    json_object_set_new(stats, "requests", json_integer((json_int_t)st->requests));
+    json_object_set_new(stats, "requests_failed", json_integer((json_int_t)st->requests_failed));
+    json_object_set_new(stats, "tokens", json_integer((json_int_t)st->tokens));
+    json_object_set_new(stats, "in_flight", json_integer((json_int_t)c->n_reqs));
     if (!workers_only) {
         json_t *deps = json_array();
         for (size_t i = 0; i < c->cfg->n_deployments; i++)
@@ -296,6 +304,9 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                      c->cfg->n_deployments, (unsigned long long)c->epoch);
             reply(c, rid, rid_len, true, NULL, err);
         }
+        break;
+    case TESSERA__CONTROL_REQUEST__KIND__GENERATE:
+        tsr_router_generate(c, rid, rid_len, q);
         break;
     case TESSERA__CONTROL_REQUEST__KIND__DRAIN:
     case TESSERA__CONTROL_REQUEST__KIND__UNDRAIN:

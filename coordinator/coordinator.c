@@ -9,6 +9,8 @@
 #include "health.h"
 #include "reconciler.h"
 
+#define PLAN_MIN_GAP_MS 20
+
 void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
 
 /* ---- deployments ----------------------------------------------------------- */
@@ -91,6 +93,9 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_config_destroy(&c->cfg);
     free(c->deps);
     free(c->config_path);
+    free(c->reqs);
+    free(c->lost.di);
+    free(c->lost.replica);
     free(c);
     *self_p = NULL;
 }
@@ -135,10 +140,33 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->max_seq_len = (uint32_t)d->max_seq_len;
 }
 
+/* The data endpoints of every piece of w's replica, indexed by stage *
+ * tp_size + tp ("" where a piece has no holder yet).  Caller frees. */
+static char **replica_peers(tsr_coord_t *c, const tsr_holding_t *h, size_t *n_out)
+{
+    size_t n = (size_t)h->tp_size * (size_t)h->pp_size;
+    char **peers = calloc(n ? n : 1, sizeof *peers);
+    if (!peers) return NULL;
+    for (size_t i = 0; i < n; i++) peers[i] = "";
+    size_t nw = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < nw; i++) {
+        tsr_worker_t *o = tsr_registry_at(c->reg, i);
+        if (o->state == TSR_W_DEAD || !o->has_piece || strcmp(o->piece.deployment, h->deployment) ||
+            o->piece.replica != h->replica || o->piece.tp_size != h->tp_size ||
+            o->piece.pp_size != h->pp_size)
+            continue;
+        size_t k = (size_t)o->piece.stage * (size_t)h->tp_size + (size_t)o->piece.tp;
+        if (k < n) peers[k] = o->data_endpoint;
+    }
+    *n_out = n;
+    return peers;
+}
+
 static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
 {
     Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
     fill_assignment(c, &w->piece, &a, di);
+    a.peers = replica_peers(c, &w->piece, &a.n_peers);
     Tessera__Assign as = TESSERA__ASSIGN__INIT;
     as.assignment = &a;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -146,6 +174,7 @@ static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
     env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
     env.assign = &as;
     send_to(c, w, &env);
+    free(a.peers);
     c->stats.assigns++;
 }
 
@@ -161,6 +190,42 @@ static void send_unassign(tsr_coord_t *c, tsr_worker_t *w, const char *reason)
 }
 
 /* ---- planning -------------------------------------------------------------- */
+
+typedef tsr_replica_set_t touched_t;
+
+static void touch(touched_t *t, int di, int replica)
+{
+    if (di < 0) return;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->di[i] == di && t->replica[i] == replica) return;
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 8;
+        int *a = realloc(t->di, cap * sizeof *a), *b = a ? realloc(t->replica, cap * sizeof *b) : NULL;
+        if (a) t->di = a;
+        if (!a || !b) return;
+        t->replica = b;
+        t->cap = cap;
+    }
+    t->di[t->n] = di;
+    t->replica[t->n++] = replica;
+}
+
+static void rewire(tsr_coord_t *c, int di, int replica)
+{
+    const char *name = c->cfg->deployments[di].name;
+    tsr_requests_fail_replica(c, name, replica, "the replica was rewired for a new plan");
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, name) ||
+            w->piece.replica != replica)
+            continue;
+        w->piece.epoch = c->epoch;
+        w->state = TSR_W_LOADING;
+        w->reason[0] = '\0';
+        send_assign(c, w, di);
+    }
+}
 
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
 {
@@ -222,12 +287,14 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
 
     size_t na = tsr_reconcile_actions(plan, pw, k, acts);
     if (na > 0) c->epoch++;
+    touched_t touched = {0};
     for (size_t i = 0; i < na; i++) {
         tsr_worker_t *w = ws[acts[i].worker];
         if (acts[i].kind == TSR_ACT_UNASSIGN) {
             tsr_info("unassign %s from %s r%d s%d t%d (epoch %llu)", w->name,
                      w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
                      (unsigned long long)c->epoch);
+            touch(&touched, dep_index(c, w->piece.deployment), w->piece.replica);
             send_unassign(c, w, w->drained ? "drained" : "piece no longer in the plan");
             w->has_piece = false;
             w->state = TSR_W_IDLE;
@@ -237,6 +304,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         const tsr_piece_t *p = acts[i].piece;
         int di = map[p->deployment];
         const tsr_deployment_t *d = &c->cfg->deployments[di];
+        if (w->has_piece) touch(&touched, dep_index(c, w->piece.deployment), w->piece.replica);
         w->has_piece = true;
         snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", d->name);
         w->piece.epoch = c->epoch;
@@ -252,8 +320,22 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         tsr_info("assign %s r%d s%d t%d layers [%d,%d) to %s on %s (epoch %llu)", d->name,
                  p->replica, p->stage, p->tp, p->layer_begin, p->layer_end, w->name, w->node,
                  (unsigned long long)c->epoch);
-        send_assign(c, w, di);
+        touch(&touched, di, p->replica);
     }
+    /* A replica that lost a worker is rewired even when nobody replaces it:
+     * its survivors stop waiting on the dead peer and hold their weights
+     * until the replica is whole again. */
+    for (size_t t = 0; t < c->lost.n; t++) {
+        if (!na && t == 0) c->epoch++;
+        touch(&touched, c->lost.di[t], c->lost.replica[t]);
+    }
+    c->lost.n = 0;
+    /* Every replica that changed is rewired as a whole in the new epoch: its
+     * members form new communicators from the new peer list (the ones that
+     * kept their piece keep their weights). */
+    for (size_t t = 0; t < touched.n; t++) rewire(c, touched.di[t], touched.replica[t]);
+    free(touched.di);
+    free(touched.replica);
 
     /* Remap shortages onto the full deployment list for status. */
     tsr_plan_destroy(&c->plan);
@@ -433,6 +515,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     if (!w) return;
     snprintf(w->node, sizeof w->node, "%s", r->node);
     snprintf(w->version, sizeof w->version, "%s", r->software_version);
+    snprintf(w->data_endpoint, sizeof w->data_endpoint, "%s", r->data_endpoint);
     w->device = r->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     w->device_index = r->device_index;
     w->memory = r->device_memory;
@@ -529,6 +612,10 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         w->heartbeats++;
         w->load = hb->load;
         w->memory_used = hb->memory_used;
+        /* The ack only renews the worker's lease, so a few per lease are
+         * enough; acking every heartbeat doubled the coordinator's sends. */
+        if (now - w->last_ack_ms < c->cfg->worker_timeout_ms / 4) break;
+        w->last_ack_ms = now;
         Tessera__HeartbeatAck ack = TESSERA__HEARTBEAT_ACK__INIT;
         ack.seq = hb->seq;
         tsr_env_t out = TESSERA__ENVELOPE__INIT;
@@ -557,6 +644,10 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
             char why[600];
             snprintf(why, sizeof why, "fatal error: %s", env->failed->reason);
             tsr_error("worker %s is dead: %s", w->name, why);
+            if (w->has_piece) {
+                tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
+                touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
+            }
             tsr_health_mark_dead(w, now, why);
             c->stats.deaths++;
             c->dirty = true;
@@ -567,6 +658,9 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
             w->state = TSR_W_FAILED;
             snprintf(w->reason, sizeof w->reason, "%s", env->failed->reason);
         }
+        break;
+    case TESSERA__ENVELOPE__BODY_TOKEN_EVENT:
+        tsr_router_token(c, env);
         break;
     default:
         c->stats.bad_messages++;
@@ -615,6 +709,13 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 static void on_dead(tsr_worker_t *w, void *arg)
 {
     tsr_coord_t *c = arg;
+    if (w->has_piece) {
+        char why[256];
+        snprintf(why, sizeof why, "worker %s (stage %d tp %d) stopped answering", w->name,
+                 w->piece.stage, w->piece.tp);
+        tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
+        touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
+    }
     c->stats.deaths++;
     c->dirty = true;
     if (w->has_piece)
@@ -634,12 +735,17 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
         tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
         c->next_scan_ms = now_ms + scan;
     }
-    if (c->dirty && now_ms >= c->plan_after_ms) {
+    /* Plans at most every PLAN_MIN_GAP_MS: a burst of registrations
+     * becomes one plan, not one per message. */
+    int64_t due = c->plan_after_ms > c->last_plan_ms + PLAN_MIN_GAP_MS
+                      ? c->plan_after_ms : c->last_plan_ms + PLAN_MIN_GAP_MS;
+    if (c->dirty && now_ms >= due) {
         c->dirty = false;
+        c->last_plan_ms = now_ms;
         tsr_coord_replan(c, now_ms);
     }
     int64_t next = c->next_scan_ms;
-    if (c->dirty && c->plan_after_ms < next) next = c->plan_after_ms;
+    if (c->dirty && due < next) next = due;
     int64_t wait = next - now_ms;
     return wait < 0 ? 0 : (int)wait;
 }

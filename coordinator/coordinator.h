@@ -23,7 +23,25 @@ typedef struct {
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
 } tsr_dep_state_t;
 
+/* A set of (deployment index, replica) pairs. */
 typedef struct {
+    int *di, *replica;
+    size_t n, cap;
+} tsr_replica_set_t;
+
+/* A generation request in flight. */
+typedef struct {
+    uint64_t id;
+    uint8_t rid[256];           /* the client's routing id on the control socket */
+    size_t rid_len;
+    char deployment[TSR_NAME_MAX + 1];
+    int replica;
+    int n_tokens;
+    int64_t started_ms;
+} tsr_request_rec_t;
+
+typedef struct {
+    uint64_t requests, requests_failed, tokens;
     uint64_t messages, heartbeats, registrations, refused, stale_dropped, bad_messages,
         plans, assigns, unassigns, deaths, control_requests;
 } tsr_coord_stats_t;
@@ -42,7 +60,12 @@ typedef struct {
     int64_t plan_after_ms;      /* no planning before this: workers re-attach first */
     int64_t next_scan_ms;
     int64_t now_ms;             /* the clock of the tick in progress */
+    int64_t last_plan_ms;
     tsr_coord_stats_t stats;
+    tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
+    tsr_request_rec_t *reqs;    /* in flight */
+    size_t n_reqs, cap_reqs;
+    uint64_t next_request_id;
 } tsr_coord_t;
 
 /* Loads the config and binds both endpoints.  adopt_grace_ms < 0 means one
@@ -64,5 +87,14 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
 /* The status document (what `tessera status --json` prints).  Caller owns
  * the string (free()). */
 char *tsr_coord_status_json(tsr_coord_t *c, int64_t now_ms, bool workers_only);
+
+/* router.c */
+void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
+                         const Tessera__ControlRequest *q);
+void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env);
+void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why);
+/* Requests in flight on a deployment's replica (replica < 0: all). */
+int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
 
 #endif

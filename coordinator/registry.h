@@ -40,6 +40,7 @@ typedef struct {
     uint64_t memory, memory_used;
     float load;
     uint32_t pid;
+    char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */
     uint8_t rid[256];           /* ZeroMQ routing id of its connection */
     size_t rid_len;
 
@@ -53,6 +54,7 @@ typedef struct {
     int64_t registered_ms;      /* monotonic */
     int64_t last_seen_ms;       /* monotonic, last message of any kind */
     int64_t dead_since_ms;
+    int64_t last_ack_ms;        /* last heartbeat ack sent */
     uint64_t heartbeats;
 } tsr_worker_t;
 

@@ -55,6 +55,7 @@ static void drop_piece(tsr_agent_t *a, const char *why)
     if (a->has_piece)
         tsr_info("dropping piece %s r%u s%u t%u: %s", a->deployment, a->piece.replica,
                  a->piece.stage, a->piece.tp_rank, why);
+    if (a->has_piece && a->ex) tsr_executor_unassign(a->ex);
     a->has_piece = false;
     a->state = TESSERA__WORKER_STATE__STATE_IDLE;
     a->reason[0] = '\0';
@@ -70,6 +71,7 @@ static void send_register(tsr_agent_t *a)
     r.device_memory = a->device.memory;
     r.software_version = TSR_SOFTWARE_VERSION;
     r.pid = (uint32_t)getpid();
+    r.data_endpoint = a->ex ? (char *)tsr_executor_endpoint(a->ex) : "";
     if (a->has_piece) {
         r.assignment = &a->piece;
         r.state = a->state;
@@ -177,6 +179,8 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     a->piece.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&tessera__assignment__descriptor);
     a->piece.deployment = a->deployment;
     a->piece.model_path = a->model_path;
+    a->piece.n_peers = 0;  /* the executor keeps its own copy */
+    a->piece.peers = NULL;
     a->has_piece = true;
     a->state = TESSERA__WORKER_STATE__STATE_LOADING;
     tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,
@@ -193,9 +197,79 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
         send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false);
         return;
     }
+    if (a->ex) {
+        /* Ready when the executor has the weights and the replica is wired. */
+        tsr_executor_assign(a->ex, as);
+        return;
+    }
     a->state = TESSERA__WORKER_STATE__STATE_READY;
     tsr_info("ready: %s r%u s%u t%u", a->deployment, as->replica, as->stage, as->tp_rank);
     send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
+}
+
+static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32_t token,
+                             int index, int done, const char *finish, const char *error)
+{
+    Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
+    t.request_id = req;
+    t.token = token;
+    t.index = (uint32_t)index;
+    t.done = done;
+    t.finish_reason = (char *)(finish ? finish : "");
+    t.error = (char *)(error ? error : "");
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
+    env.token_event = &t;
+    send_env(a, &env);
+}
+
+static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
+{
+    if (!a->ex || !a->has_piece) {
+        send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
+                         "this worker holds no piece to serve it");
+        return;
+    }
+    tsr_request_t r = {.request_id = g->request_id, .n_prompt = (int)g->n_prompt,
+                       .max_tokens = (int)g->max_tokens, .temperature = g->temperature,
+                       .top_p = g->top_p, .seed = g->seed};
+    r.prompt = malloc((g->n_prompt ? g->n_prompt : 1) * sizeof *r.prompt);
+    if (!r.prompt) return;
+    memcpy(r.prompt, g->prompt, g->n_prompt * sizeof *r.prompt);
+    tsr_executor_submit(a->ex, &r);
+}
+
+/* Passes on what the data plane has to say.  Reports about an older
+ * assignment than the one held are dropped here already. */
+static void drain_executor(tsr_agent_t *a)
+{
+    tsr_event_t ev;
+    while (a->ex && tsr_executor_pop_event(a->ex, &ev)) {
+        if (ev.kind == TSR_EV_TOKEN) {
+            send_token_event(a, ev.epoch, ev.request_id, ev.token, ev.index, ev.done, ev.finish,
+                             ev.text[0] ? ev.text : NULL);
+            continue;
+        }
+        if (!a->has_piece || ev.epoch != a->piece.epoch) {
+            a->stale_dropped++;
+            continue;
+        }
+        if (ev.kind == TSR_EV_PROGRESS) {
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false);
+        } else if (ev.kind == TSR_EV_READY) {
+            a->state = TESSERA__WORKER_STATE__STATE_READY;
+            tsr_info("ready: %s r%u s%u t%u (epoch %llu)", a->deployment, a->piece.replica,
+                     a->piece.stage, a->piece.tp_rank, (unsigned long long)ev.epoch);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
+        } else {
+            a->state = TESSERA__WORKER_STATE__STATE_FAILED;
+            snprintf(a->reason, sizeof a->reason, "%s", ev.text);
+            tsr_error("%s r%u s%u t%u failed: %s", a->deployment, a->piece.replica,
+                      a->piece.stage, a->piece.tp_rank, ev.text);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, false);
+        }
+    }
 }
 
 static void on_register_reply(tsr_agent_t *a, const tsr_env_t *env, int64_t now)
@@ -251,6 +325,9 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
         drop_piece(a, env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN ? env->unassign->reason
                                                                          : env->drain->reason);
         break;
+    case TESSERA__ENVELOPE__BODY_GENERATE:
+        on_generate(a, env->generate);
+        break;
     case TESSERA__ENVELOPE__BODY_RESET:
         /* Resets answer messages sent before the last registration; while a
          * registration is in flight they carry no news. */
@@ -285,6 +362,7 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
         tsr_env_free(&env);
     }
     if (a->stop) return 0;
+    drain_executor(a);
 
     if (a->phase == TSR_A_REGISTERING && now >= a->next_register_ms) {
         send_register(a);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "common/wire.h"
 #include "worker/device.h"
+#include "worker/executor.h"
 
 typedef enum { TSR_A_REGISTERING = 0, TSR_A_REGISTERED } tsr_agent_phase_t;
 
@@ -39,6 +40,8 @@ typedef struct {
     char model_path[TSR_PATH_MAX + 1];
     Tessera__Assignment piece;    /* strings point at the buffers above */
     char reason[512];
+
+    tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 
     uint64_t stale_dropped;
     int exit_code;                /* set with stop */

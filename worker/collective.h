@@ -46,6 +46,10 @@ typedef struct tsr_tcp_listener tsr_tcp_listener_t;
 tsr_tcp_listener_t *tsr_tcp_listen(const char *bind_host, int port, char *err, size_t errlen);
 /* "host:port" to give to peers (advertise_host replaces a wildcard bind). */
 const char *tsr_tcp_listener_endpoint(const tsr_tcp_listener_t *l);
+/* Advertises host (the worker's real address) instead of the bind address
+ * from now on; for a wildcard bind the default is 127.0.0.1.  0, or -1 when
+ * host is empty or too long. */
+int tsr_tcp_listener_advertise(tsr_tcp_listener_t *l, const char *host);
 int tsr_tcp_listener_fd(const tsr_tcp_listener_t *l);
 void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p);
 

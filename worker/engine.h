@@ -38,6 +38,9 @@ typedef struct {
      * pos == 0 starts the sequence afresh. */
     int (*forward)(tsr_engine_t *e, int seq, int pos, int n, const int32_t *tokens,
                    const float *hidden_in, float *out, char *err, size_t errlen);
+    /* Replaces the TP communicator (after the replica is rewired for a new
+     * epoch; the weights stay). */
+    void (*set_comm)(tsr_engine_t *e, tsr_comm_t *tp);
     const tsr_model_info_t *(*model)(const tsr_engine_t *e);
     uint64_t (*weight_bytes)(const tsr_engine_t *e);     /* bytes of weights held */
     uint64_t (*kv_bytes)(const tsr_engine_t *e);         /* bytes of KV cache held */

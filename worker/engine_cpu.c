@@ -414,6 +414,7 @@ static int cpu_forward(tsr_engine_t *e, int seq, int pos, int n, const int32_t *
     return allreduce(e, out, (size_t)e->V, err, errlen);
 }
 
+static void cpu_set_comm(tsr_engine_t *e, tsr_comm_t *tp) { e->tp = tp; }
 static const tsr_model_info_t *cpu_model(const tsr_engine_t *e) { return &e->m; }
 static uint64_t cpu_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cpu_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
@@ -428,6 +429,7 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .name = "cpu",
     .load = cpu_load,
     .forward = cpu_forward,
+    .set_comm = cpu_set_comm,
     .model = cpu_model,
     .weight_bytes = cpu_weight_bytes,
     .kv_bytes = cpu_kv_bytes,

@@ -35,6 +35,10 @@ static void usage(FILE *f)
             "      --node NODE        node name used to keep tensor-parallel groups on one\n"
             "                         machine (default: the host name)\n"
             "      --memory-mib MIB   override the device memory it reports\n"
+            "      --data-address ADDR  address its peers use to reach its data port\n"
+            "                         (default 127.0.0.1 when the coordinator is on\n"
+            "                         loopback, else the host name)\n"
+            "      --data-bind ADDR   address the data port listens on (default 0.0.0.0)\n"
             "      --protocol-version N  claim another protocol version (for tests)\n"
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
@@ -59,7 +63,7 @@ static int parse_uint(const char *opt, const char *s, unsigned long max, unsigne
 int main(int argc, char **argv)
 {
     const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
-    const char *name = NULL, *node = NULL;
+    const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = "0.0.0.0";
     tsr_device_t kind = TSR_DEVICE_CPU;
     unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;
     int level = TSR_LOG_INFO;
@@ -68,6 +72,7 @@ int main(int argc, char **argv)
         {"device-index", required_argument, 0, 'i'}, {"name", required_argument, 0, 'n'},
         {"node", required_argument, 0, 'N'},         {"memory-mib", required_argument, 0, 'm'},
         {"protocol-version", required_argument, 0, 'P'}, {"verbose", no_argument, 0, 'v'},
+        {"data-address", required_argument, 0, 'A'}, {"data-bind", required_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "c:d:i:n:vh", opts, NULL)) != -1) {
@@ -84,6 +89,8 @@ int main(int argc, char **argv)
         case 'N': node = optarg; break;
         case 'm': if (parse_uint("--memory-mib", optarg, 1ul << 40, &mem_mib) < 0) return 1; break;
         case 'P': if (parse_uint("--protocol-version", optarg, 1000000, &proto) < 0) return 1; break;
+        case 'A': data_addr = optarg; break;
+        case 'B': data_bind = optarg; break;
         case 'v': level = TSR_LOG_DEBUG; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 1;
@@ -133,18 +140,28 @@ int main(int argc, char **argv)
         return 1;
     }
     a->protocol_version = (uint32_t)proto;
-    tsr_info("starting: %s, %.1f GiB, node %s, coordinator %s, pid %d", dev.description,
-             (double)dev.memory / (1u << 30), node, ep, (int)getpid());
+    if (!data_addr)
+        data_addr = strstr(ep, "127.0.0.1") || strstr(ep, "localhost") ? "127.0.0.1" : host;
+    a->ex = tsr_executor_new(data_bind, data_addr, err, sizeof err);
+    if (!a->ex) {
+        tsr_error("data plane: %s", err);
+        tsr_agent_destroy(&a);
+        return 1;
+    }
+    tsr_info("starting: %s, %.1f GiB, node %s, coordinator %s, data %s, pid %d",
+             dev.description, (double)dev.memory / (1u << 30), node, ep,
+             tsr_executor_endpoint(a->ex), (int)getpid());
 
     uint64_t wd_usec = 0;
     int watchdog = sd_watchdog_enabled(0, &wd_usec) > 0;
     int64_t wd_every = watchdog ? (int64_t)(wd_usec / 2000) : 0, wd_next = 0;
     sd_notify(0, "READY=1");
 
-    zmq_pollitem_t item = {a->sock, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t items[2] = {{a->sock, 0, ZMQ_POLLIN, 0},
+                               {NULL, tsr_executor_event_fd(a->ex), ZMQ_POLLIN, 0}};
     int timeout = 0;
     while (!stop_flag && !a->stop) {
-        if (zmq_poll(&item, 1, timeout) < 0 && errno != EINTR) {
+        if (zmq_poll(items, 2, timeout) < 0 && errno != EINTR) {
             tsr_error("poll failed: %s", zmq_strerror(errno));
             break;
         }
@@ -158,6 +175,7 @@ int main(int argc, char **argv)
     int rc = a->exit_code;
     tsr_info("stopping%s", rc ? " (refused by the coordinator)" : "");
     sd_notify(0, "STOPPING=1");
+    tsr_executor_destroy(&a->ex);
     tsr_agent_destroy(&a);
     tsr_zmq_term();
     return rc;

@@ -49,6 +49,12 @@ while [ "$CPORT" = "$WPORT" ]; do CPORT=$(free_port); done
 WEP="tcp://127.0.0.1:$WPORT"
 CEP="tcp://127.0.0.1:$CPORT"
 MODELS="$ROOT/configs/models"
+# A small random checkpoint (GQA: 8 heads over 4 KV heads, 8 layers) for the
+# workers to load.
+MODEL="$T/model"
+"$BIN/tessera" model-init "$MODEL" --hidden 64 --intermediate 128 --layers 8 --heads 8 \
+    --kv-heads 4 --vocab 256 --max-pos 256 --seed 5 > "$T/model-init.log" 2>&1 \
+    || { echo "FAIL: model-init: $(cat "$T/model-init.log")"; exit 1; }
 
 # write_yaml FILE TP PP REPLICAS [NAME] [MODEL] [DEVICE]
 write_yaml() {
@@ -61,7 +67,7 @@ coordinator:
   worker_timeout_ms: 1000
 deployments:
   - name: ${5:-tiny}
-    model: ${6:-$MODELS/tiny}
+    model: ${6:-$MODEL}
     device: ${7:-cpu}
     parallel:
       tensor: $2

@@ -11,7 +11,7 @@ done
 "$BIN/tessera" plan "$ROOT/configs/demo.yaml" | grep -cE "^  0 +[01] +[0-9]+-[0-9]+ +[01] +node0-cpu[0-3]" | grep -qx 4 || fail "demo plan rows"
 # On a described cluster of 2 nodes x 4 GPUs, a tp=4 pp=2 layout keeps each
 # TP group on one node and puts the two stages on different nodes.
-write_yaml "$T/g.yaml" 4 2 1 big "$MODELS/tiny" cuda
+write_yaml "$T/g.yaml" 4 2 1 big "$MODEL" cuda
 "$BIN/tessera" plan "$T/g.yaml" --nodes 2 --per-node 4 > "$T/g.txt" || fail "plan g failed"
 s0=$(awk '$1=="0" && $2=="0" {print $6}' "$T/g.txt" | sort -u)
 s1=$(awk '$1=="0" && $2=="1" {print $6}' "$T/g.txt" | sort -u)

@@ -1,0 +1,210 @@
+/* generate.c: `tessera generate DEPLOYMENT`: send token ids, print the
+ * generated ids as they stream back. */
+#include <ctype.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "cli.h"
+#include "common/log.h"
+
+#define MAX_PROMPT 65536
+
+static void gen_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tessera [--coordinator EP] generate DEPLOYMENT [--prompt-ids 1,2,3]\n"
+            "           [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--ids]\n"
+            "           [--token-timeout MS]\n"
+            "\n"
+            "Runs the prompt's token ids through a ready replica of DEPLOYMENT and prints\n"
+            "the generated ids as they arrive.  Without --prompt-ids the ids are read from\n"
+            "standard input (separated by commas, spaces or newlines).  Generation stops at\n"
+            "the model's end-of-sequence token, after --max-tokens, or at max_seq_len.\n"
+            "  --max-tokens N      tokens to generate at most (default 16)\n"
+            "  --temperature T     0 (default) picks the most likely token; above 0 samples\n"
+            "  --top-p P           sample from the smallest set of tokens whose probability\n"
+            "                      reaches P (default 1)\n"
+            "  --seed S            seed for sampling (default 0)\n"
+            "  --ids               print only the ids, on one line, space-separated\n"
+            "  --token-timeout MS  give up when no token comes for this long (default 60000)\n");
+}
+
+/* Parses "1,2, 3\n4" into ids.  Returns the count, or -1 with a message. */
+static int parse_ids(const char *s, int32_t *ids, int max, const char *what)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        while (*p && (isspace((unsigned char)*p) || *p == ',')) p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "tessera generate: %s: '%.20s' is not a token id\n", what, p);
+            return -1;
+        }
+        if (n == max) {
+            fprintf(stderr, "tessera generate: %s: more than %d ids\n", what, max);
+            return -1;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+static char *read_stdin(void)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, stdin)) > 0) {
+        len += got;
+        if (len + 1 == cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) break;
+            buf = b;
+        }
+    }
+    if (buf) buf[len] = '\0';
+    return buf;
+}
+
+int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
+{
+    const char *ids_arg = NULL;
+    long max_tokens = 16, token_timeout = 60000;
+    double temperature = 0, top_p = 1;
+    unsigned long long seed = 0;
+    int only_ids = 0, rc = 1;
+    static const struct option opts[] = {
+        {"prompt-ids", required_argument, 0, 'p'}, {"max-tokens", required_argument, 0, 'm'},
+        {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
+        {"seed", required_argument, 0, 's'},       {"ids", no_argument, 0, 'i'},
+        {"token-timeout", required_argument, 0, 'T'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    optind = 0;  /* 0 re-initialises GNU getopt (and its argument permutation) */
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (o) {
+        case 'p': ids_arg = optarg; break;
+        case 'm': max_tokens = strtol(optarg, &end, 10); break;
+        case 't': temperature = strtod(optarg, &end); break;
+        case 'P': top_p = strtod(optarg, &end); break;
+        case 's': seed = strtoull(optarg, &end, 10); break;
+        case 'T': token_timeout = strtol(optarg, &end, 10); break;
+        case 'i': only_ids = 1; break;
+        case 'h': gen_usage(stdout); return 0;
+        default: gen_usage(stderr); return 2;
+        }
+        if (end && (*end || end == optarg)) {
+            fprintf(stderr, "tessera generate: --%s: '%s' is not a number\n",
+                    opts[o == 'm' ? 1 : o == 't' ? 2 : o == 'P' ? 3 : o == 's' ? 4 : 6].name, optarg);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        gen_usage(stderr);
+        return 2;
+    }
+    if (max_tokens < 1 || max_tokens > 1000000 || temperature < 0 || top_p <= 0 || top_p > 1 ||
+        token_timeout < 1) {
+        fprintf(stderr, "tessera generate: need --max-tokens >= 1, --temperature >= 0, "
+                        "0 < --top-p <= 1, --token-timeout >= 1\n");
+        return 2;
+    }
+    const char *deployment = argv[optind];
+    int32_t *prompt = malloc(MAX_PROMPT * sizeof *prompt);
+    char *in = ids_arg ? NULL : read_stdin();
+    void *s = NULL;
+    tsr_env_t *reply = NULL;
+    if (!prompt || (!ids_arg && !in)) goto out;
+    int n = parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT,
+                      ids_arg ? "--prompt-ids" : "standard input");
+    if (n < 0) goto out;
+    if (n == 0) {
+        fprintf(stderr, "tessera generate: the prompt is empty\n");
+        goto out;
+    }
+
+    char err[512];
+    if (!(s = tsr_sock_dealer(cli->endpoint, 0, err, sizeof err))) {
+        fprintf(stderr, "tessera: %s\n", err);
+        goto out;
+    }
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
+    q.deployment = (char *)deployment;
+    q.worker = "";
+    q.n_prompt = (size_t)n;
+    q.prompt = prompt;
+    q.max_tokens = (uint32_t)max_tokens;
+    q.temperature = (float)temperature;
+    q.top_p = (float)top_p;
+    q.seed = seed;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = "";
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    if (tsr_wire_send(s, NULL, 0, &env) < 0) {
+        fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
+        goto out;
+    }
+    int64_t start = tsr_now_ms(), first = 0;
+    int got = 0;
+    /* The first answer may take a while (prefill); later ones come per token. */
+    int wait = cli->timeout_ms > token_timeout ? cli->timeout_ms : (int)token_timeout;
+    zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+    for (;;) {
+        if (zmq_poll(&item, 1, wait) <= 0) {
+            fprintf(stderr, "\ntessera generate: no %s from %s within %d ms\n",
+                    got ? "token" : "answer", cli->endpoint, wait);
+            goto out;
+        }
+        tsr_env_free(&reply);
+        int r = tsr_wire_recv(s, NULL, NULL, TSR_WIRE_MAX_CONTROL, &reply, err, sizeof err);
+        if (r <= 0) {
+            if (r < 0) fprintf(stderr, "\ntessera generate: bad reply: %s\n", err);
+            if (r < 0) goto out;
+            continue;
+        }
+        if (reply->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REPLY) continue;
+        if (!reply->control_reply->ok) {
+            fprintf(stderr, "%stessera generate: %s\n", got ? "\n" : "", reply->control_reply->error);
+            rc = 3;
+            goto out;
+        }
+        json_t *doc = json_loads(reply->control_reply->json, 0, NULL);
+        if (!doc) continue;
+        int token = (int)json_integer_value(json_object_get(doc, "token"));
+        int done = json_is_true(json_object_get(doc, "done"));
+        char finish[32];
+        snprintf(finish, sizeof finish, "%s", json_string_value(json_object_get(doc, "finish_reason")) ?: "");
+        json_decref(doc);
+        if (!got) first = tsr_now_ms();
+        printf("%s%d", got ? " " : "", token);
+        fflush(stdout);
+        got++;
+        if (done) {
+            printf("\n");
+            if (!only_ids) {
+                int64_t end = tsr_now_ms();
+                fprintf(stderr, "%d token(s), finished by %s; first token after %lld ms, %.1f tokens/s after it\n",
+                        got, finish, (long long)(first - start),
+                        got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
+            }
+            rc = 0;
+            goto out;
+        }
+    }
+out:
+    tsr_env_free(&reply);
+    tsr_sock_close(&s);
+    free(in);
+    free(prompt);
+    return rc;
+}

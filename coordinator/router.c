@@ -1,0 +1,199 @@
+/* router.c: generation requests.  A request goes to the leader of the ready
+ * replica with the fewest requests in flight; its tokens come back from the
+ * replica's last stage and are streamed to the client that asked.  A
+ * request whose replica loses a worker or is rewired fails at once with the
+ * reason: it never hangs. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "coordinator.h"
+
+static void reply_json(tsr_coord_t *c, const tsr_request_rec_t *q, bool ok, const char *error,
+                       json_t *doc)
+{
+    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
+    r.ok = ok;
+    r.error = (char *)(error ? error : "");
+    r.json = s ? s : "";
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = c->epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
+    env.control_reply = &r;
+    tsr_wire_send(c->csock, q->rid, q->rid_len, &env);
+    free(s);
+}
+
+static void request_remove(tsr_coord_t *c, size_t i)
+{
+    c->reqs[i] = c->reqs[--c->n_reqs];
+}
+
+static void request_fail(tsr_coord_t *c, size_t i, const char *why)
+{
+    char msg[768];
+    tsr_request_rec_t *q = &c->reqs[i];
+    snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
+             (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
+    tsr_warn("%s", msg);
+    reply_json(c, q, false, msg, NULL);
+    c->stats.requests_failed++;
+    request_remove(c, i);
+}
+
+void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why)
+{
+    for (size_t i = c->n_reqs; i-- > 0;)
+        if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
+            request_fail(c, i, why);
+}
+
+int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
+{
+    int n = 0;
+    for (size_t i = 0; i < c->n_reqs; i++)
+        n += !strcmp(c->reqs[i].deployment, deployment) &&
+             (replica < 0 || c->reqs[i].replica == replica);
+    return n;
+}
+
+/* The leader of replica r when every piece of it is ready, else NULL. */
+static tsr_worker_t *ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r)
+{
+    int ready = 0;
+    tsr_worker_t *leader = NULL;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state != TSR_W_READY || !w->has_piece || strcmp(w->piece.deployment, d->name) ||
+            w->piece.replica != r || w->piece.tp_size != d->tensor ||
+            w->piece.pp_size != d->pipeline)
+            continue;
+        ready++;
+        if (w->piece.stage == 0 && w->piece.tp == 0) leader = w;
+    }
+    return ready == d->tensor * d->pipeline ? leader : NULL;
+}
+
+static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *msg)
+{
+    tsr_request_rec_t q = {0};
+    memcpy(q.rid, rid, rid_len);
+    q.rid_len = rid_len;
+    reply_json(c, &q, false, msg, NULL);
+}
+
+void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
+                         const Tessera__ControlRequest *q)
+{
+    char msg[512];
+    int di = -1;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (!strcmp(c->cfg->deployments[i].name, q->deployment)) di = (int)i;
+    if (di < 0) {
+        snprintf(msg, sizeof msg, "no deployment named '%s'", q->deployment);
+        refuse(c, rid, rid_len, msg);
+        return;
+    }
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    const tsr_model_info_t *m = &c->deps[di].model;
+    if (q->n_prompt == 0 || q->n_prompt > (size_t)d->max_seq_len) {
+        snprintf(msg, sizeof msg, "the prompt has %zu token(s); %s takes 1 to %d (max_seq_len)",
+                 q->n_prompt, d->name, d->max_seq_len);
+        refuse(c, rid, rid_len, msg);
+        return;
+    }
+    for (size_t i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || (c->deps[di].model_ok && q->prompt[i] >= m->vocab_size)) {
+            snprintf(msg, sizeof msg, "prompt token %zu is %d, outside the vocabulary of %d", i,
+                     q->prompt[i], m->vocab_size);
+            refuse(c, rid, rid_len, msg);
+            return;
+        }
+    if (q->max_tokens == 0) {
+        refuse(c, rid, rid_len, "max_tokens must be at least 1");
+        return;
+    }
+    /* The ready replica with the least work in flight. */
+    tsr_worker_t *leader = NULL;
+    int replica = -1, best = 0;
+    for (int r = 0; r < d->replicas; r++) {
+        tsr_worker_t *l = ready_leader(c, d, r);
+        int load = tsr_requests_in_flight(c, d->name, r);
+        if (l && (!leader || load < best)) leader = l, replica = r, best = load;
+    }
+    if (!leader) {
+        snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
+        refuse(c, rid, rid_len, msg);
+        return;
+    }
+    if (c->n_reqs == c->cap_reqs) {
+        size_t cap = c->cap_reqs ? c->cap_reqs * 2 : 16;
+        tsr_request_rec_t *a = realloc(c->reqs, cap * sizeof *a);
+        if (!a) {
+            refuse(c, rid, rid_len, "coordinator out of memory");
+            return;
+        }
+        c->reqs = a;
+        c->cap_reqs = cap;
+    }
+    tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
+    memset(rec, 0, sizeof *rec);
+    rec->id = ++c->next_request_id;
+    memcpy(rec->rid, rid, rid_len);
+    rec->rid_len = rid_len;
+    snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
+    rec->replica = replica;
+    rec->started_ms = tsr_now_ms();
+    c->stats.requests++;
+
+    Tessera__Generate g = TESSERA__GENERATE__INIT;
+    g.request_id = rec->id;
+    g.n_prompt = q->n_prompt;
+    g.prompt = q->prompt;
+    g.max_tokens = q->max_tokens;
+    g.temperature = q->temperature;
+    g.top_p = q->top_p;
+    g.seed = q->seed;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = leader->piece.epoch;
+    env.worker = leader->name;
+    env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
+    env.generate = &g;
+    tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env);
+    tsr_debug("request %llu -> %s replica %d (leader %s)", (unsigned long long)rec->id, d->name,
+              replica, leader->name);
+}
+
+void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env)
+{
+    const Tessera__TokenEvent *t = env->token_event;
+    size_t i;
+    for (i = 0; i < c->n_reqs; i++)
+        if (c->reqs[i].id == t->request_id) break;
+    if (i == c->n_reqs) {
+        c->stats.stale_dropped++;  /* finished or failed already */
+        return;
+    }
+    tsr_request_rec_t *q = &c->reqs[i];
+    if (t->error[0]) {
+        request_fail(c, i, t->error);
+        return;
+    }
+    if ((int)t->index != q->n_tokens) {
+        c->stats.stale_dropped++;  /* a repeat */
+        return;
+    }
+    q->n_tokens++;
+    json_t *doc = json_pack("{s:I, s:i, s:i, s:b, s:s}", "request_id", (json_int_t)q->id, "token",
+                            t->token, "index", (int)t->index, "done", t->done, "finish_reason",
+                            t->finish_reason);
+    reply_json(c, q, true, NULL, doc);
+    json_decref(doc);
+    c->stats.tokens++;
+    if (t->done) request_remove(c, i);
+}

@@ -1,0 +1,356 @@
+/* test_sharding.c: the same tokens and logits whatever the layout.
+ *
+ * For every valid tp x pp in {1,2,4}^2 a replica is formed in this process,
+ * one thread per rank, each with its own TCP listener, communicators and CPU
+ * engine, driven by the replica runner the worker uses.  Greedy tokens for
+ * 32 steps must equal those of tp=1 pp=1 and the logits of every step must
+ * be within 1e-4 relative.  tp=1 pp=1 itself is checked against the
+ * independent NumPy reference in tests/reference/. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "worker/collective.h"
+#include "worker/engine.h"
+#include "worker/replica.h"
+
+#define STEPS 32
+#define MAX_RANKS 16
+
+static const int32_t prompt[] = {1, 17, 42, 99, 5, 250, 3};
+#define N_PROMPT ((int)(sizeof prompt / sizeof prompt[0]))
+
+typedef struct {
+    int32_t tokens[STEPS];
+    int n_tokens;
+    float *logits;              /* [STEPS][vocab], recorded by the last stage's rank 0 */
+    int n_logits, vocab;
+    char error[512];
+    int done;
+} result_t;
+
+typedef struct {
+    const char *dir;
+    int tp, pp, stage, rank, idx;
+    tsr_tcp_listener_t **listeners;
+    const char **eps;
+    result_t *res;
+    int served;
+    tsr_engine_t *inner;        /* the CPU engine this rank wraps */
+    char err[512];
+    int rc;
+} rank_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- an engine that records the last stage's logits -------------------------- */
+
+struct tsr_engine {
+    rank_t *k;
+};
+
+static int rec_forward(tsr_engine_t *e, int seq, int pos, int n, const int32_t *tokens,
+                       const float *hidden_in, float *out, char *err, size_t errlen)
+{
+    rank_t *k = e->k;
+    int rc = tsr_engine_cpu.forward(k->inner, seq, pos, n, tokens, hidden_in, out, err, errlen);
+    if (rc == 0 && k->stage == k->pp - 1 && k->rank == 0) {
+        result_t *r = k->res;
+        pthread_mutex_lock(&mu);
+        if (r->n_logits < STEPS)
+            memcpy(r->logits + (size_t)r->n_logits++ * r->vocab, out, (size_t)r->vocab * sizeof(float));
+        pthread_mutex_unlock(&mu);
+    }
+    return rc;
+}
+static const tsr_model_info_t *rec_model(const tsr_engine_t *e)
+{
+    return tsr_engine_cpu.model(e->k->inner);
+}
+static const tsr_engine_ops_t recording = {.name = "recording", .forward = rec_forward,
+                                           .model = rec_model};
+
+/* ---- io --------------------------------------------------------------------- */
+
+static int next_request(void *arg, tsr_request_t *r, int wait_ms)
+{
+    rank_t *k = arg;
+    if (k->served) {
+        usleep((useconds_t)(wait_ms > 20 ? 20 : wait_ms) * 1000);
+        return 0;
+    }
+    k->served = 1;
+    memset(r, 0, sizeof *r);
+    r->request_id = 7;
+    r->prompt = malloc(sizeof prompt);
+    memcpy(r->prompt, prompt, sizeof prompt);
+    r->n_prompt = N_PROMPT;
+    r->max_tokens = STEPS;
+    return 1;
+}
+
+static void emit(void *arg, uint64_t req, int32_t token, int index, int done, const char *fin,
+                 const char *error)
+{
+    rank_t *k = arg;
+    (void)req, (void)fin;
+    pthread_mutex_lock(&mu);
+    if (error) snprintf(k->res->error, sizeof k->res->error, "%s", error);
+    else if (index < STEPS && k->res->n_tokens == index) k->res->tokens[k->res->n_tokens++] = token;
+    if (done) k->res->done = 1;
+    pthread_mutex_unlock(&mu);
+}
+
+static int should_stop(void *arg)
+{
+    rank_t *k = arg;
+    pthread_mutex_lock(&mu);
+    int d = k->res->done;
+    pthread_mutex_unlock(&mu);
+    return d;
+}
+
+/* ---- one rank -------------------------------------------------------------- */
+
+static tsr_comm_t *group(rank_t *k, uint64_t gid, int rank, int n, const int *members)
+{
+    const char *eps[MAX_RANKS];
+    for (int i = 0; i < n; i++) eps[i] = k->eps[members[i]];
+    return tsr_tcp_comm_new(k->listeners[k->idx], 1, gid, rank, n, eps, 20000, k->err,
+                            sizeof k->err);
+}
+
+static void *rank_main(void *arg)
+{
+    rank_t *k = arg;
+    tsr_replica_rank_t r = {0};
+    int members[MAX_RANKS];
+    int tp = k->tp, s = k->stage, t = k->rank;
+    k->rc = -1;
+    /* The same order on every rank: TP group, link up, link down, loop. */
+    if (tp > 1) {
+        for (int i = 0; i < tp; i++) members[i] = s * tp + i;
+        if (!(r.tp = group(k, 100 + (uint64_t)s, t, tp, members))) return NULL;
+    }
+    if (s > 0) {
+        members[0] = (s - 1) * tp + t, members[1] = s * tp + t;
+        if (!(r.prev = group(k, 200 + (uint64_t)(s * 16 + t), 1, 2, members))) goto out;
+    }
+    if (s < k->pp - 1) {
+        members[0] = s * tp + t, members[1] = (s + 1) * tp + t;
+        if (!(r.next = group(k, 200 + (uint64_t)((s + 1) * 16 + t), 0, 2, members))) goto out;
+    }
+    if (k->pp > 1 && t == 0 && (s == 0 || s == k->pp - 1)) {
+        members[0] = 0, members[1] = (k->pp - 1) * tp;
+        if (!(r.loop = group(k, 999, s == 0 ? 0 : 1, 2, members))) goto out;
+    }
+    const tsr_model_info_t *probe;
+    tsr_model_info_t m;
+    if (tsr_model_info_load(k->dir, &m, k->err, sizeof k->err) < 0) goto out;
+    probe = &m;
+    r.spec = (tsr_piece_spec_t){t, tp, s, k->pp, 0, 0, 64, 1};
+    tsr_layer_split(probe->num_hidden_layers, k->pp, s, &r.spec.layer_begin, &r.spec.layer_end);
+    if (tsr_engine_cpu.load(k->dir, &r.spec, r.tp, &tsr_coll_tcp, &k->inner, k->err,
+                            sizeof k->err) < 0)
+        goto out;
+    struct tsr_engine wrap = {k};
+    r.eng_ops = &recording;
+    r.eng = &wrap;
+    r.ops = &tsr_coll_tcp;
+    r.idle_ms = 20;
+    tsr_replica_io_t io = {next_request, emit, should_stop, k};
+    k->rc = tsr_replica_run(&r, &io, k->err, sizeof k->err);
+out:
+    tsr_engine_cpu.destroy(&k->inner);
+    if (r.tp) tsr_coll_tcp.destroy(&r.tp);
+    if (r.prev) tsr_coll_tcp.destroy(&r.prev);
+    if (r.next) tsr_coll_tcp.destroy(&r.next);
+    if (r.loop) tsr_coll_tcp.destroy(&r.loop);
+    return NULL;
+}
+
+/* Runs the prompt through a tp x pp replica of the model in dir. */
+static void run_layout(const char *dir, int tp, int pp, result_t *res)
+{
+    tsr_model_info_t m;
+    char err[256];
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
+    memset(res, 0, sizeof *res);
+    res->vocab = m.vocab_size;
+    res->logits = calloc((size_t)STEPS * m.vocab_size, sizeof(float));
+    int n = tp * pp;
+    tsr_tcp_listener_t *ls[MAX_RANKS];
+    const char *eps[MAX_RANKS];
+    rank_t ranks[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    for (int i = 0; i < n; i++) {
+        ls[i] = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
+        assert_non_null(ls[i]);
+        eps[i] = tsr_tcp_listener_endpoint(ls[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        ranks[i] = (rank_t){.dir = dir, .tp = tp, .pp = pp, .stage = i / tp, .rank = i % tp,
+                            .idx = i, .listeners = ls, .eps = eps, .res = res};
+        pthread_create(&th[i], NULL, rank_main, &ranks[i]);
+    }
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++) {
+        if (ranks[i].rc != 0) fail_msg("tp %d pp %d rank %d: %s", tp, pp, i, ranks[i].err);
+        tsr_tcp_listener_destroy(&ls[i]);
+    }
+    if (res->error[0]) fail_msg("tp %d pp %d: %s", tp, pp, res->error);
+    assert_int_equal(res->n_tokens, STEPS);
+    assert_int_equal(res->n_logits, STEPS);
+}
+
+static double max_rel_diff(const float *a, const float *b, int n)
+{
+    double md = 0, scale = 0;
+    for (int i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return md / (scale > 0 ? scale : 1);
+}
+
+/* ---- the model and the layouts ------------------------------------------------ */
+
+static char dirs[3][64];
+
+static int make_model(int which, const char *dtype, int tied)
+{
+    snprintf(dirs[which], sizeof dirs[which], "/tmp/tsr-shard-%d-XXXXXX", which);
+    if (!mkdtemp(dirs[which])) return -1;
+    /* GQA (8 heads over 4 KV heads), a vocabulary that does not divide by 4,
+     * and an intermediate size that divides by 4. */
+    char *argv[] = {"model-init", dirs[which], "--hidden", "128", "--intermediate", "256",
+                    "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "390",
+                    "--max-pos", "128", "--seed", "11", "--dtype", (char *)dtype, "--force",
+                    tied ? "--tied" : NULL, NULL};
+    int argc = tied ? 21 : 20;
+    return tsr_cmd_model_init(argc, argv);
+}
+
+static void check_layouts(int which)
+{
+    result_t base, other;
+    run_layout(dirs[which], 1, 1, &base);
+    static const int tps[] = {1, 2, 4}, pps[] = {1, 2, 4};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            if (tps[a] == 1 && pps[b] == 1) continue;
+            run_layout(dirs[which], tps[a], pps[b], &other);
+            for (int s = 0; s < STEPS; s++) {
+                double d = max_rel_diff(other.logits + (size_t)s * base.vocab,
+                                        base.logits + (size_t)s * base.vocab, base.vocab);
+                if (d > 1e-4)
+                    fail_msg("tp %d pp %d step %d: logits differ by %.3g relative", tps[a],
+                             pps[b], s, d);
+                if (other.tokens[s] != base.tokens[s])
+                    fail_msg("tp %d pp %d step %d: token %d, tp1 pp1 gave %d", tps[a], pps[b],
+                             s, other.tokens[s], base.tokens[s]);
+            }
+            free(other.logits);
+        }
+    free(base.logits);
+}
+
+static void test_f32_untied_gqa_same_under_every_layout(void **state)
+{
+    (void)state;
+    check_layouts(0);
+}
+static void test_bf16_checkpoint_same_under_every_layout(void **state)
+{
+    (void)state;
+    check_layouts(1);
+}
+static void test_tied_embeddings_same_under_every_layout(void **state)
+{
+    (void)state;
+    check_layouts(2);
+}
+
+/* tp=1 pp=1 against the NumPy reference: tokens identical, first-step
+ * logits within 1e-4 relative. */
+static void test_matches_numpy_reference(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 3; which++) {
+        result_t base;
+        run_layout(dirs[which], 1, 1, &base);
+        char cmd[512], path[128], ids[256] = "";
+        snprintf(path, sizeof path, "%s/ref-logits.txt", dirs[which]);
+        for (int i = 0; i < N_PROMPT; i++)
+            snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "", prompt[i]);
+        snprintf(cmd, sizeof cmd,
+                 "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d "
+                 "--logits-out %s",
+                 dirs[which], ids, STEPS, path);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        char line[4096] = "";
+        if (!fgets(line, sizeof line, p)) line[0] = '\0';
+        assert_int_equal(pclose(p), 0);
+        char *s = line;
+        for (int i = 0; i < STEPS; i++) {
+            char *end;
+            long v = strtol(s, &end, 10);
+            if (end == s) fail_msg("reference printed too few tokens: %s", line);
+            if (v != base.tokens[i])
+                fail_msg("model %d step %d: tessera %d, reference %ld", which, i, base.tokens[i], v);
+            s = *end == ',' ? end + 1 : end;
+        }
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        float *ref = calloc((size_t)base.vocab, sizeof *ref);
+        for (int i = 0; i < base.vocab; i++) assert_int_equal(fscanf(f, "%f", &ref[i]), 1);
+        fclose(f);
+        double d = max_rel_diff(base.logits, ref, base.vocab);
+        printf("    model %d: first-step logits within %.2g relative of the reference\n", which, d);
+        assert_true(d <= 1e-4);
+        free(ref);
+        free(base.logits);
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    openblas_set_num_threads(1);
+    if (make_model(0, "f32", 0) || make_model(1, "bf16", 0) || make_model(2, "f32", 1)) return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[256];
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dirs[i]);
+        if (dirs[i][0] && system(cmd) != 0) return -1;
+    }
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f32_untied_gqa_same_under_every_layout),
+        cmocka_unit_test(test_bf16_checkpoint_same_under_every_layout),
+        cmocka_unit_test(test_tied_embeddings_same_under_every_layout),
+        cmocka_unit_test(test_matches_numpy_reference),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,1452 @@
+/* collective_tcp.c: the TCP backend of collective.h, over plain sockets.
+ *
+ * Plain sockets rather than ZeroMQ because the payloads are large float
+ * buffers: we want to read straight into the caller's memory, keep exactly
+ * one copy in flight, and see a dead peer as EOF on its own connection.
+ *
+ * A communicator is a full mesh of TCP connections.  Every socket is
+ * non-blocking and every wait is a poll() bounded by the operation's
+ * deadline, so a dead or stalled peer turns into an error message naming
+ * it, never a hang.  Sends use MSG_NOSIGNAL: a closed peer is an EPIPE we
+ * report, not a SIGPIPE that kills the worker.
+ *
+ * The file reads top to bottom:
+ *   wire formats         handshake, ack and frame header (big-endian)
+ *   listener             the socket a worker opens once, and its stash
+ *   forming              tsr_tcp_comm_new: one poll loop that connects
+ *                        down, accepts up, and serves the listener
+ *   transfer engine      run_xfers: sends and receives progressed together
+ *   operations           allreduce, broadcast, send, recv, barrier
+ *
+ * Payload floats travel in host byte order: the ranks of a replica run the
+ * same build on the same kind of machine, and swapping megabytes of floats
+ * per layer would cost more than it could ever save. */
+#include "collective.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HS_MAGIC 0x54535243u    /* "TSRC": handshake and ack */
+#define FRAME_MAGIC 0x54535246u /* "TSRF": data frames */
+#define PROTO_VERSION 1u
+#define HS_LEN 32               /* magic, version, epoch, group, rank, n */
+#define ACK_LEN 16              /* magic, status, detail */
+#define HDR_LEN 32              /* magic, kind, epoch, seq, len */
+
+#define EP_MAX 300              /* "host:port"; a DNS name is at most 253 */
+#define STASH_MAX 32            /* connections waiting for another communicator */
+#define PENDING_MAX 16          /* accepted connections still sending their handshake */
+#define SMALL_BYTES (64 * 1024) /* below this, allreduce is all-to-all */
+#define INBOX_MAX ((size_t)256 << 20) /* eager receives held per peer */
+#define RETRY_MIN_MS 20
+#define RETRY_MAX_MS 200
+
+/* Frame kinds: a receiver that expects one kind and gets another knows the
+ * ranks disagree on the order of operations, and says so. */
+enum { K_ALLREDUCE = 1, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_P2P, K_BARRIER };
+
+/* Ack statuses: why an acceptor refused a handshake. */
+enum { ACK_OK = 0, ACK_VERSION, ACK_STALE, ACK_SIZE, ACK_RANK, ACK_DUP, ACK_FULL };
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    /* Small frames (barrier, headers) must not wait for Nagle's 40 ms. */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* ---- wire formats --------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+typedef struct {
+    uint32_t magic, version;
+    uint64_t epoch, group;
+    uint32_t rank, n;
+} hs_t;
+
+static void hs_pack(uint8_t *b, const hs_t *h)
+{
+    put32(b, h->magic), put32(b + 4, h->version);
+    put64(b + 8, h->epoch), put64(b + 16, h->group);
+    put32(b + 24, h->rank), put32(b + 28, h->n);
+}
+
+static void hs_unpack(const uint8_t *b, hs_t *h)
+{
+    h->magic = get32(b), h->version = get32(b + 4);
+    h->epoch = get64(b + 8), h->group = get64(b + 16);
+    h->rank = get32(b + 24), h->n = get32(b + 28);
+}
+
+static const char *kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case K_ALLREDUCE: return "allreduce";
+    case K_REDUCE_SCATTER: return "allreduce (reduce-scatter)";
+    case K_ALL_GATHER: return "allreduce (all-gather)";
+    case K_BROADCAST: return "broadcast";
+    case K_P2P: return "point-to-point";
+    case K_BARRIER: return "barrier";
+    default: return "unknown";
+    }
+}
+
+/* The acceptor's reason for a refusal, from the connector's side. */
+static void ack_describe(uint32_t status, uint64_t detail, const hs_t *me, char *out,
+                         size_t outlen)
+{
+    switch (status) {
+    case ACK_VERSION:
+        snprintf(out, outlen, "it speaks protocol version %llu, this rank %u",
+                 (unsigned long long)detail, PROTO_VERSION);
+        break;
+    case ACK_STALE:
+        snprintf(out, outlen, "epoch %llu is older than its epoch %llu",
+                 (unsigned long long)me->epoch, (unsigned long long)detail);
+        break;
+    case ACK_SIZE:
+        snprintf(out, outlen, "it forms group %llu with %llu ranks, this rank with %u",
+                 (unsigned long long)me->group, (unsigned long long)detail, me->n);
+        break;
+    case ACK_RANK:
+        snprintf(out, outlen, "rank %u is not one that connects to it in a group of %u",
+                 me->rank, me->n);
+        break;
+    case ACK_DUP:
+        snprintf(out, outlen, "rank %u of group %llu is already connected there", me->rank,
+                 (unsigned long long)me->group);
+        break;
+    case ACK_FULL:
+        snprintf(out, outlen, "it holds %d connections for other groups already", STASH_MAX);
+        break;
+    default: snprintf(out, outlen, "unknown refusal %u", status); break;
+    }
+}
+
+/* "host:port" or "[v6]:port" -> host, port.  0 or -1. */
+static int split_endpoint(const char *ep, char *host, size_t hostlen, char *port, size_t portlen)
+{
+    const char *colon = ep ? strrchr(ep, ':') : NULL;
+    if (!colon || colon == ep || !colon[1]) return -1;
+    const char *h = ep;
+    size_t hl = (size_t)(colon - ep);
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') h++, hl -= 2;
+    if (hl == 0 || hl >= hostlen || strlen(colon + 1) >= portlen) return -1;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    snprintf(port, portlen, "%s", colon + 1);
+    return 0;
+}
+
+/* ---- listener ------------------------------------------------------------------ */
+
+/* A connection that completed its handshake for a communicator this worker
+ * was not forming at the time (its pipeline link while it formed its TP
+ * group, say).  It was acked already; the communicator claims it later. */
+typedef struct {
+    int fd;
+    uint64_t epoch, group;
+    uint32_t rank, n;
+} stash_t;
+
+struct former;
+
+struct tsr_tcp_listener {
+    int fd;
+    int port;
+    char endpoint[EP_MAX];
+    pthread_mutex_t mu;         /* guards stash, nstash and formers */
+    stash_t stash[STASH_MAX];
+    int nstash;
+    struct former *formers;     /* tsr_tcp_comm_new calls running on it now */
+};
+
+static bool is_wildcard(const char *host)
+{
+    return !host || !*host || !strcmp(host, "0.0.0.0") || !strcmp(host, "::") ||
+           !strcmp(host, "*");
+}
+
+static void format_endpoint(tsr_tcp_listener_t *l, const char *host)
+{
+    if (is_wildcard(host)) host = "127.0.0.1";
+    if (strchr(host, ':'))
+        snprintf(l->endpoint, sizeof l->endpoint, "[%s]:%d", host, l->port);
+    else
+        snprintf(l->endpoint, sizeof l->endpoint, "%s:%d", host, l->port);
+}
+
+/* Binds and listens; returns the fd and the port actually bound. */
+static int listen_socket(const char *host, int port, int *bound, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char portstr[16];
+    int fd = -1, one = 1;
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int r = getaddrinfo(host, portstr, &hints, &ai);
+    if (r) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, gai_strerror(r));
+        goto out;
+    }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d: socket: %s", host, port, strerror(errno));
+        goto out;
+    }
+    /* A restarted worker must be able to take its port back at once. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128) ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl)) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+        close(fd);
+        fd = -1;
+        goto out;
+    }
+    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+out:
+    if (ai) freeaddrinfo(ai);
+    return fd;
+}
+
+tsr_tcp_listener_t *tsr_tcp_listen(const char *bind_host, int port, char *err, size_t errlen)
+{
+    tsr_tcp_listener_t *l = NULL;
+    const char *host = is_wildcard(bind_host) ? "0.0.0.0" : bind_host;
+    int bound = 0;
+    if (port < 0 || port > 65535) {
+        snprintf(err, errlen, "cannot listen on %s:%d: port out of range", host, port);
+        return NULL;
+    }
+    int fd = listen_socket(host, port, &bound, err, errlen);
+    if (fd < 0) return NULL;
+    if (!(l = calloc(1, sizeof *l))) {
+        snprintf(err, errlen, "cannot listen on %s:%d: out of memory", host, port);
+        close(fd);
+        return NULL;
+    }
+    l->fd = fd;
+    l->port = bound;
+    pthread_mutex_init(&l->mu, NULL);
+    format_endpoint(l, bind_host);
+    return l;
+}
+
+int tsr_tcp_listener_advertise(tsr_tcp_listener_t *l, const char *host)
+{
+    if (!l || !host || !*host || strlen(host) + 8 >= sizeof l->endpoint) return -1;
+    format_endpoint(l, host);
+    return 0;
+}
+
+const char *tsr_tcp_listener_endpoint(const tsr_tcp_listener_t *l)
+{
+    return l->endpoint;
+}
+
+int tsr_tcp_listener_fd(const tsr_tcp_listener_t *l)
+{
+    return l->fd;
+}
+
+void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p)
+{
+    if (!l_p || !*l_p) return;
+    tsr_tcp_listener_t *l = *l_p;
+    for (int i = 0; i < l->nstash; i++) close(l->stash[i].fd);
+    close(l->fd);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+    *l_p = NULL;
+}
+
+/* A newer epoch retires the old plan: its half-formed links are useless. */
+static void stash_drop_older(tsr_tcp_listener_t *l, uint64_t epoch)
+{
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->nstash;) {
+        if (l->stash[i].epoch < epoch) {
+            close(l->stash[i].fd);
+            l->stash[i] = l->stash[--l->nstash];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* ---- the communicator ------------------------------------------------------ */
+
+/* A message that arrived while this rank was itself sending (see eager
+ * receive in run_xfers); recv takes it from here first. */
+typedef struct inbox_msg {
+    struct inbox_msg *next;
+    size_t len;
+    bool complete;
+    uint8_t data[];
+} inbox_msg_t;
+
+/* Where the frame being received on a connection stands.  It lives in the
+ * peer, not in an operation, because a frame can start arriving during a
+ * send (eagerly, into the inbox) and finish during the matching recv. */
+typedef struct {
+    uint8_t hdr[HDR_LEN];
+    size_t hdr_got;
+    bool hdr_ok;                /* complete, and its magic, epoch and seq checked */
+    bool placed;                /* the payload has a destination */
+    uint32_t kind;
+    uint64_t len;
+    uint8_t *dst;
+    size_t got;
+    inbox_msg_t *eager;         /* dst is this inbox entry's data */
+} rx_t;
+
+typedef struct {
+    int fd;
+    char endpoint[EP_MAX];
+    uint64_t tx_seq, rx_seq;    /* frames sent and received on this connection */
+    rx_t rx;
+    inbox_msg_t *inbox, *inbox_tail;
+    size_t inbox_bytes;
+} peer_t;
+
+/* One send or receive of one frame, progressed by run_xfers. */
+typedef struct {
+    int peer;
+    bool is_send;
+    bool complete;
+    uint32_t kind;
+    const uint8_t *src;         /* send payload */
+    uint8_t *dst;               /* receive destination */
+    size_t len;
+    size_t done;                /* send: header + payload bytes written */
+    uint8_t hdr[HDR_LEN];
+} xfer_t;
+
+struct tsr_comm {
+    int rank, n;
+    uint64_t epoch, group;
+    peer_t *peers;              /* n entries; peers[rank].fd stays -1 */
+    xfer_t *ops;                /* 2n: at most one send and one receive per peer */
+    int *send_op, *recv_op;     /* per peer: its op in the current run, or -1 */
+    bool *paused;               /* per peer: eager receive stopped (see rx_place_eager) */
+    struct pollfd *pfd;
+    int *pfd_peer;
+    float *scratch;
+    size_t scratch_cap;         /* floats */
+    bool broken;
+    char broken_msg[256];
+};
+
+static void comm_free(tsr_comm_t *c)
+{
+    if (!c) return;
+    for (int p = 0; c->peers && p < c->n; p++) {
+        if (c->peers[p].fd >= 0) close(c->peers[p].fd);
+        for (inbox_msg_t *m = c->peers[p].inbox, *next; m; m = next) {
+            next = m->next;
+            free(m);
+        }
+    }
+    free(c->peers);
+    free(c->ops);
+    free(c->send_op);
+    free(c->recv_op);
+    free(c->paused);
+    free(c->pfd);
+    free(c->pfd_peer);
+    free(c->scratch);
+    free(c);
+}
+
+static tsr_comm_t *comm_alloc(uint64_t epoch, uint64_t group, int rank, int n)
+{
+    tsr_comm_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->rank = rank, c->n = n, c->epoch = epoch, c->group = group;
+    size_t un = (size_t)n;
+    c->peers = calloc(un, sizeof *c->peers);
+    c->ops = calloc(2 * un, sizeof *c->ops);
+    c->send_op = calloc(un, sizeof *c->send_op);
+    c->recv_op = calloc(un, sizeof *c->recv_op);
+    c->paused = calloc(un, sizeof *c->paused);
+    c->pfd = calloc(un, sizeof *c->pfd);
+    c->pfd_peer = calloc(un, sizeof *c->pfd_peer);
+    if (!c->peers || !c->ops || !c->send_op || !c->recv_op || !c->paused || !c->pfd ||
+        !c->pfd_peer) {
+        comm_free(c);
+        return NULL;
+    }
+    for (int p = 0; p < n; p++) c->peers[p].fd = -1;
+    return c;
+}
+
+/* Scratch floats for an operation, kept between calls: allreduce runs
+ * twice per layer and should not allocate each time. */
+static float *scratch(tsr_comm_t *c, size_t floats, char *err, size_t errlen)
+{
+    if (floats <= c->scratch_cap) return c->scratch;
+    float *s = realloc(c->scratch, floats * sizeof(float));
+    if (!s) {
+        snprintf(err, errlen, "out of memory for %zu bytes of allreduce scratch",
+                 floats * sizeof(float));
+        return NULL;
+    }
+    c->scratch = s;
+    c->scratch_cap = floats;
+    return s;
+}
+
+/* ---- forming a communicator --------------------------------------------------- */
+
+typedef enum { OUT_WAIT, OUT_CONNECTING, OUT_ACK, OUT_DONE } out_state_t;
+
+/* This rank's connection to one lower rank. */
+typedef struct {
+    out_state_t st;
+    int fd;
+    int64_t next_try;
+    int backoff;
+    uint8_t ack[ACK_LEN];
+    size_t got;
+    char why[160];              /* how the last attempt failed, for the timeout message */
+} outgoing_t;
+
+/* An accepted connection whose handshake has not fully arrived. */
+typedef struct {
+    int fd;
+    uint8_t hs[HS_LEN];
+    size_t got;
+} pending_t;
+
+typedef struct former {
+    tsr_tcp_listener_t *l;
+    tsr_comm_t *c;
+    hs_t me;
+    outgoing_t *out;            /* one per lower rank */
+    pending_t pend[PENDING_MAX];
+    /* Fixed layout: [0] listener, [1] wake_fd, [2..] pending, then one per
+     * lower rank; unused entries have fd -1, which poll() skips. */
+    struct pollfd *pfd;
+    int npfd;
+    /* Another thread forming on the same listener may stash a connection
+     * for us; it signals this eventfd so our poll wakes (l->formers). */
+    int wake_fd;
+    struct former *next;
+    char refused[200];          /* the last handshake refused here, for the timeout message */
+    int64_t deadline;
+    int timeout_ms;
+} former_t;
+
+#define PFD_PENDING 2
+#define PFD_OUT (PFD_PENDING + PENDING_MAX)
+
+/* Whether a handshake for our own (epoch, group) may take a peer slot. */
+static uint32_t judge_mine(const former_t *f, const hs_t *h, uint64_t *detail)
+{
+    const tsr_comm_t *c = f->c;
+    if (h->n != (uint32_t)c->n) {
+        *detail = (uint64_t)c->n;
+        return ACK_SIZE;
+    }
+    if (h->rank <= (uint32_t)c->rank || h->rank >= (uint32_t)c->n) return ACK_RANK;
+    if (c->peers[h->rank].fd >= 0) return ACK_DUP;
+    return ACK_OK;
+}
+
+static void note_refusal(former_t *f, const hs_t *h, uint32_t status, uint64_t detail)
+{
+    char why[160];
+    ack_describe(status, detail, h, why, sizeof why);
+    snprintf(f->refused, sizeof f->refused,
+             "refused a connection from rank %u (epoch %llu, group %llu): %s", h->rank,
+             (unsigned long long)h->epoch, (unsigned long long)h->group, why);
+}
+
+static bool send_ack(int fd, uint32_t status, uint64_t detail)
+{
+    uint8_t b[ACK_LEN];
+    put32(b, HS_MAGIC), put32(b + 4, status), put64(b + 8, detail);
+    /* 16 bytes into a fresh socket's empty buffer: all or nothing. */
+    return send(fd, b, sizeof b, MSG_NOSIGNAL) == (ssize_t)sizeof b;
+}
+
+/* Takes the connections for this communicator that an earlier (or a
+ * concurrent) comm_new on the same listener accepted and stashed. */
+static void claim_stash(former_t *f)
+{
+    tsr_tcp_listener_t *l = f->l;
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->nstash;) {
+        stash_t s = l->stash[i];
+        if (s.epoch != f->me.epoch || s.group != f->me.group) {
+            i++;
+            continue;
+        }
+        l->stash[i] = l->stash[--l->nstash];
+        hs_t h = {HS_MAGIC, PROTO_VERSION, s.epoch, s.group, s.rank, s.n};
+        uint64_t detail = 0;
+        uint32_t st = judge_mine(f, &h, &detail);
+        if (st == ACK_OK) {
+            f->c->peers[s.rank].fd = s.fd;
+        } else {
+            /* It was acked when stashed; closing is the only refusal left. */
+            note_refusal(f, &h, st, detail);
+            close(s.fd);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Stashes a handshaked connection for another communicator and acks it.
+ * Returns ACK_OK when fd was taken (stashed, or closed because the
+ * connector vanished before the ack), else the refusal for the caller. */
+static uint32_t stash_put(former_t *f, int fd, const hs_t *h)
+{
+    tsr_tcp_listener_t *l = f->l;
+    uint32_t st = ACK_OK;
+    if (h->n == 0 || h->rank == 0 || h->rank >= h->n) return ACK_RANK;
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->nstash && st == ACK_OK; i++)
+        if (l->stash[i].epoch == h->epoch && l->stash[i].group == h->group &&
+            l->stash[i].rank == h->rank)
+            st = ACK_DUP;
+    if (st == ACK_OK && l->nstash == STASH_MAX) st = ACK_FULL;
+    /* Ack under the lock, so a connection is never stashed unacked. */
+    if (st == ACK_OK && send_ack(fd, ACK_OK, 0)) {
+        l->stash[l->nstash++] = (stash_t){fd, h->epoch, h->group, h->rank, h->n};
+        for (former_t *o = l->formers; o; o = o->next)
+            if (o != f) eventfd_write(o->wake_fd, 1);
+    } else if (st == ACK_OK) {
+        close(fd);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+/* A complete handshake arrived on an accepted connection: take it for
+ * this communicator, stash it for another one, or refuse it. */
+static void judge_handshake(former_t *f, int fd, const uint8_t *b)
+{
+    hs_t h;
+    uint32_t st = ACK_OK;
+    uint64_t detail = 0;
+    hs_unpack(b, &h);
+    if (h.magic != HS_MAGIC) {
+        snprintf(f->refused, sizeof f->refused,
+                 "closed a connection that did not open with the Tessera handshake");
+        close(fd);
+        return;
+    }
+    if (h.version != PROTO_VERSION) {
+        st = ACK_VERSION, detail = PROTO_VERSION;
+    } else if (h.epoch < f->me.epoch) {
+        st = ACK_STALE, detail = f->me.epoch;
+    } else if (h.epoch == f->me.epoch && h.group == f->me.group) {
+        st = judge_mine(f, &h, &detail);
+        if (st == ACK_OK && send_ack(fd, ACK_OK, 0)) {
+            f->c->peers[h.rank].fd = fd;
+            return;
+        }
+    } else {
+        st = stash_put(f, fd, &h);
+        if (st == ACK_OK) return;
+    }
+    if (st != ACK_OK) {
+        send_ack(fd, st, detail);
+        note_refusal(f, &h, st, detail);
+    }
+    close(fd);
+}
+
+static void accept_new(former_t *f)
+{
+    for (int k = 0; k < PENDING_MAX; k++) {
+        if (f->pend[k].fd >= 0) continue;
+        /* EAGAIN: the backlog is empty, or a concurrent comm_new took it. */
+        int fd = accept4(f->l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        set_nodelay(fd);
+        f->pend[k].fd = fd;
+        f->pend[k].got = 0;
+    }
+}
+
+static void read_handshake(former_t *f, int k)
+{
+    pending_t *pd = &f->pend[k];
+    ssize_t r = recv(pd->fd, pd->hs + pd->got, HS_LEN - pd->got, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (r <= 0) {
+        close(pd->fd);          /* the connector gave up or died: it will retry */
+        pd->fd = -1;
+        return;
+    }
+    pd->got += (size_t)r;
+    if (pd->got < HS_LEN) return;
+    int fd = pd->fd;
+    pd->fd = -1;
+    judge_handshake(f, fd, pd->hs);
+}
+
+/* Closes the attempt and schedules the next one with a growing backoff:
+ * the peer may simply not have started yet. */
+static void retry_later(former_t *f, int j, int64_t now, const char *why)
+{
+    outgoing_t *o = &f->out[j];
+    if (o->fd >= 0) close(o->fd);
+    o->fd = -1;
+    o->st = OUT_WAIT;
+    o->next_try = now + o->backoff;
+    o->backoff = o->backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : o->backoff * 2;
+    snprintf(o->why, sizeof o->why, "%s", why);
+}
+
+static void send_hello(former_t *f, int j, int64_t now)
+{
+    outgoing_t *o = &f->out[j];
+    uint8_t b[HS_LEN];
+    hs_pack(b, &f->me);
+    set_nodelay(o->fd);
+    if (send(o->fd, b, sizeof b, MSG_NOSIGNAL) != (ssize_t)sizeof b) {
+        retry_later(f, j, now, strerror(errno));
+        return;
+    }
+    o->st = OUT_ACK;
+    o->got = 0;
+}
+
+static void start_connect(former_t *f, int j, int64_t now)
+{
+    outgoing_t *o = &f->out[j];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char host[EP_MAX], port[16];
+    /* Checked when the communicator was set up, so this cannot fail. */
+    split_endpoint(f->c->peers[j].endpoint, host, sizeof host, port, sizeof port);
+    int r = getaddrinfo(host, port, &hints, &ai);
+    if (r) {
+        retry_later(f, j, now, gai_strerror(r));
+        goto out;
+    }
+    o->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (o->fd < 0) {
+        retry_later(f, j, now, strerror(errno));
+        goto out;
+    }
+    if (connect(o->fd, ai->ai_addr, ai->ai_addrlen) == 0)
+        send_hello(f, j, now);
+    else if (errno == EINPROGRESS)
+        o->st = OUT_CONNECTING;
+    else
+        retry_later(f, j, now, strerror(errno));
+out:
+    if (ai) freeaddrinfo(ai);
+}
+
+static void finish_connect(former_t *f, int j, int64_t now)
+{
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (getsockopt(f->out[j].fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
+    if (e)
+        retry_later(f, j, now, strerror(e));
+    else
+        send_hello(f, j, now);
+}
+
+/* Reads the acceptor's answer.  A refusal is final: retrying would only be
+ * refused again, so comm_new fails now with the reason. */
+static int read_ack(former_t *f, int j, int64_t now, char *err, size_t errlen)
+{
+    outgoing_t *o = &f->out[j];
+    ssize_t r = recv(o->fd, o->ack + o->got, ACK_LEN - o->got, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (r <= 0) {
+        retry_later(f, j, now, r == 0 ? "it closed the connection before answering the handshake"
+                                      : strerror(errno));
+        return 0;
+    }
+    o->got += (size_t)r;
+    if (o->got < ACK_LEN) return 0;
+    uint32_t magic = get32(o->ack), status = get32(o->ack + 4);
+    if (magic != HS_MAGIC) {
+        retry_later(f, j, now, "it answered the handshake with something else than an ack");
+        return 0;
+    }
+    if (status != ACK_OK) {
+        char why[160];
+        ack_describe(status, get64(o->ack + 8), &f->me, why, sizeof why);
+        snprintf(err, errlen, "rank %d (%s) refused rank %d of group %llu, epoch %llu: %s", j,
+                 f->c->peers[j].endpoint, f->c->rank, (unsigned long long)f->me.group,
+                 (unsigned long long)f->me.epoch, why);
+        return -1;
+    }
+    f->c->peers[j].fd = o->fd;
+    o->fd = -1;
+    o->st = OUT_DONE;
+    return 0;
+}
+
+static bool form_complete(const former_t *f)
+{
+    for (int p = 0; p < f->c->n; p++)
+        if (p != f->c->rank && f->c->peers[p].fd < 0) return false;
+    return true;
+}
+
+static void form_timeout_msg(const former_t *f, char *err, size_t errlen)
+{
+    const tsr_comm_t *c = f->c;
+    int missing = 0, first = -1;
+    for (int p = 0; p < c->n; p++)
+        if (p != c->rank && c->peers[p].fd < 0 && missing++ == 0) first = p;
+    char what[220];
+    if (first < c->rank) {
+        const outgoing_t *o = &f->out[first];
+        snprintf(what, sizeof what, "could not connect to rank %d (%s): %s", first,
+                 c->peers[first].endpoint,
+                 o->st == OUT_ACK          ? "no answer to the handshake"
+                 : o->st == OUT_CONNECTING ? "the connection did not complete"
+                 : o->why[0]               ? o->why
+                                           : "no attempt finished");
+    } else {
+        snprintf(what, sizeof what, "rank %d (%s) did not connect", first,
+                 c->peers[first].endpoint);
+    }
+    snprintf(err, errlen,
+             "group %llu epoch %llu rank %d: %s within %d ms (%d of %d peers missing)%s%s",
+             (unsigned long long)c->group, (unsigned long long)c->epoch, c->rank, what,
+             f->timeout_ms, missing, c->n - 1, f->refused[0] ? "; " : "", f->refused);
+}
+
+/* Fills the poll set; returns how long poll may sleep. */
+static int form_pollset(former_t *f, int64_t now)
+{
+    int64_t wake = f->deadline;
+    bool room = false;
+    for (int k = 0; k < PENDING_MAX; k++) {
+        f->pfd[PFD_PENDING + k] = (struct pollfd){.fd = f->pend[k].fd, .events = POLLIN};
+        room |= f->pend[k].fd < 0;
+    }
+    /* The listener is served even by a rank that accepts nobody here: a
+     * peer forming another of our communicators may be waiting for its ack. */
+    f->pfd[0] = (struct pollfd){.fd = room ? f->l->fd : -1, .events = POLLIN};
+    f->pfd[1] = (struct pollfd){.fd = f->wake_fd, .events = POLLIN};
+    for (int j = 0; j < f->c->rank; j++) {
+        const outgoing_t *o = &f->out[j];
+        short ev = o->st == OUT_CONNECTING ? POLLOUT : o->st == OUT_ACK ? POLLIN : 0;
+        f->pfd[PFD_OUT + j] = (struct pollfd){.fd = ev ? o->fd : -1, .events = ev};
+        if (o->st == OUT_WAIT && o->next_try < wake) wake = o->next_try;
+    }
+    return wake > now ? (int)(wake - now) : 0;
+}
+
+static int form_serve(former_t *f, char *err, size_t errlen)
+{
+    int64_t now = now_ms();
+    eventfd_t ignored;
+    /* Reset before the next claim_stash, which will see what was stashed. */
+    if (f->pfd[1].revents) eventfd_read(f->wake_fd, &ignored);
+    for (int k = 0; k < PENDING_MAX; k++)
+        if (f->pfd[PFD_PENDING + k].revents) read_handshake(f, k);
+    if (f->pfd[0].revents) accept_new(f);
+    for (int j = 0; j < f->c->rank; j++) {
+        short rev = f->pfd[PFD_OUT + j].revents;
+        if (!rev) continue;
+        if (f->out[j].st == OUT_CONNECTING) finish_connect(f, j, now);
+        else if (f->out[j].st == OUT_ACK && read_ack(f, j, now, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static int form_run(former_t *f, char *err, size_t errlen)
+{
+    for (;;) {
+        claim_stash(f);
+        if (form_complete(f)) return 0;
+        int64_t now = now_ms();
+        if (now >= f->deadline) {
+            form_timeout_msg(f, err, errlen);
+            return -1;
+        }
+        for (int j = 0; j < f->c->rank; j++)
+            if (f->out[j].st == OUT_WAIT && now >= f->out[j].next_try) start_connect(f, j, now);
+        int wait = form_pollset(f, now);
+        int r = poll(f->pfd, (nfds_t)f->npfd, wait);
+        if (r < 0 && errno != EINTR) {
+            snprintf(err, errlen, "poll failed while forming group %llu: %s",
+                     (unsigned long long)f->c->group, strerror(errno));
+            return -1;
+        }
+        if (r > 0 && form_serve(f, err, errlen)) return -1;
+    }
+}
+
+static int check_args(tsr_tcp_listener_t *l, int rank, int n, const char *const *endpoints,
+                      char *err, size_t errlen)
+{
+    char host[EP_MAX], port[16];
+    if (n < 1 || rank < 0 || rank >= n) {
+        snprintf(err, errlen, "rank %d is not valid in a group of %d", rank, n);
+        return -1;
+    }
+    if (n == 1) return 0;
+    if (!l || !endpoints) {
+        snprintf(err, errlen, "a group of %d needs a listener and endpoints", n);
+        return -1;
+    }
+    for (int p = 0; p < n; p++) {
+        if (p == rank) continue;
+        if (split_endpoint(endpoints[p], host, sizeof host, port, sizeof port)) {
+            snprintf(err, errlen, "endpoint of rank %d \"%s\" is not host:port", p,
+                     endpoints[p] ? endpoints[p] : "(null)");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void former_release(former_t *f)
+{
+    for (int k = 0; k < PENDING_MAX; k++)
+        if (f->pend[k].fd >= 0) close(f->pend[k].fd);     /* their connectors retry */
+    for (int j = 0; f->out && j < f->c->rank; j++)
+        if (f->out[j].fd >= 0) close(f->out[j].fd);
+    free(f->out);
+    free(f->pfd);
+    pthread_mutex_lock(&f->l->mu);
+    for (former_t **p = &f->l->formers; *p; p = &(*p)->next)
+        if (*p == f) {
+            *p = f->next;
+            break;
+        }
+    pthread_mutex_unlock(&f->l->mu);
+    if (f->wake_fd >= 0) close(f->wake_fd);
+}
+
+/* While forming, a rank also acks and stashes connections for the other
+ * communicators of its worker, so a peer that forms those first is not held
+ * up.  What this cannot fix: two workers each waiting to *accept* the other
+ * in different groups.  Forming every group in one order on all workers
+ * (as by ascending group id) never meets that. */
+tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group, int rank,
+                             int n, const char *const *endpoints, int timeout_ms, char *err,
+                             size_t errlen)
+{
+    tsr_comm_t *c = NULL, *ret = NULL;
+    if (check_args(l, rank, n, endpoints, err, errlen)) return NULL;
+    if (!(c = comm_alloc(epoch, group, rank, n))) {
+        snprintf(err, errlen, "out of memory for a group of %d", n);
+        return NULL;
+    }
+    if (n == 1) return c;
+    for (int p = 0; p < n; p++)
+        if (p != rank) snprintf(c->peers[p].endpoint, EP_MAX, "%s", endpoints[p]);
+
+    former_t f = {.l = l, .c = c, .timeout_ms = timeout_ms};
+    f.me = (hs_t){HS_MAGIC, PROTO_VERSION, epoch, group, (uint32_t)rank, (uint32_t)n};
+    f.deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    f.npfd = PFD_OUT + rank;
+    for (int k = 0; k < PENDING_MAX; k++) f.pend[k].fd = -1;
+    f.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (f.wake_fd < 0) {
+        snprintf(err, errlen, "cannot form group %llu: eventfd: %s", (unsigned long long)group,
+                 strerror(errno));
+        goto out;
+    }
+    pthread_mutex_lock(&l->mu);
+    f.next = l->formers;
+    l->formers = &f;
+    pthread_mutex_unlock(&l->mu);
+    f.out = calloc((size_t)rank + 1, sizeof *f.out);
+    f.pfd = calloc((size_t)f.npfd, sizeof *f.pfd);
+    if (!f.out || !f.pfd) {
+        snprintf(err, errlen, "cannot form group %llu: out of memory", (unsigned long long)group);
+        goto out;
+    }
+    for (int j = 0; j < rank; j++) f.out[j] = (outgoing_t){.fd = -1, .backoff = RETRY_MIN_MS};
+    stash_drop_older(l, epoch);
+    if (form_run(&f, err, errlen)) goto out;
+    ret = c;
+    c = NULL;                   /* transferred */
+out:
+    former_release(&f);
+    comm_free(c);
+    return ret;
+}
+
+/* ---- transfer engine ------------------------------------------------------------ */
+
+/* The deadline and the words for the error message of one operation. */
+typedef struct {
+    int64_t deadline;
+    int timeout_ms;
+    const char *what;
+} opctx_t;
+
+static opctx_t op_begin(int timeout_ms, const char *what)
+{
+    return (opctx_t){now_ms() + (timeout_ms > 0 ? timeout_ms : 0), timeout_ms, what};
+}
+
+static void xfer_send(tsr_comm_t *c, xfer_t *op, int peer, uint32_t kind, const void *src,
+                      size_t len)
+{
+    *op = (xfer_t){.peer = peer, .is_send = true, .kind = kind, .src = src, .len = len};
+    put32(op->hdr, FRAME_MAGIC), put32(op->hdr + 4, kind);
+    put64(op->hdr + 8, c->epoch), put64(op->hdr + 16, c->peers[peer].tx_seq++);
+    put64(op->hdr + 24, (uint64_t)len);
+}
+
+static void xfer_recv(xfer_t *op, int peer, uint32_t kind, void *dst, size_t len)
+{
+    *op = (xfer_t){.peer = peer, .kind = kind, .dst = dst, .len = len};
+}
+
+static int closed_msg(const tsr_comm_t *c, int p, const opctx_t *x, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "connection to rank %d (%s) closed during %s", p, c->peers[p].endpoint,
+             x->what);
+    return -1;
+}
+
+/* Writes as much of the frame as the socket takes.  1: all sent, 0: the
+ * socket is full, -1: the connection failed. */
+static int tx_pump(tsr_comm_t *c, xfer_t *op, const opctx_t *x, char *err, size_t errlen)
+{
+    peer_t *pe = &c->peers[op->peer];
+    while (op->done < HDR_LEN + op->len) {
+        struct iovec iov[2];
+        int niov = 0;
+        if (op->done < HDR_LEN)
+            iov[niov++] = (struct iovec){op->hdr + op->done, HDR_LEN - op->done};
+        if (op->len) {
+            size_t off = op->done > HDR_LEN ? op->done - HDR_LEN : 0;
+            iov[niov++] = (struct iovec){(void *)(op->src + off), op->len - off};
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t r = sendmsg(pe->fd, &mh, MSG_NOSIGNAL);
+        if (r >= 0) {
+            op->done += (size_t)r;
+            continue;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        if (errno == EPIPE || errno == ECONNRESET) return closed_msg(c, op->peer, x, err, errlen);
+        snprintf(err, errlen, "sending to rank %d (%s) failed during %s: %s", op->peer,
+                 pe->endpoint, x->what, strerror(errno));
+        return -1;
+    }
+    op->complete = true;
+    return 1;
+}
+
+/* Reads until *got == want.  1: done, 0: nothing more for now, -1: failed. */
+static int read_some(tsr_comm_t *c, int p, uint8_t *dst, size_t want, size_t *got,
+                     const opctx_t *x, char *err, size_t errlen)
+{
+    while (*got < want) {
+        ssize_t r = recv(c->peers[p].fd, dst + *got, want - *got, 0);
+        if (r > 0) {
+            *got += (size_t)r;
+            continue;
+        }
+        if (r == 0) return closed_msg(c, p, x, err, errlen);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        if (errno == ECONNRESET) return closed_msg(c, p, x, err, errlen);
+        snprintf(err, errlen, "receiving from rank %d (%s) failed during %s: %s", p,
+                 c->peers[p].endpoint, x->what, strerror(errno));
+        return -1;
+    }
+    return 1;
+}
+
+/* The header is checked before anything else is read: garbage from a peer
+ * becomes an error here, never a wild write or a huge allocation. */
+static int rx_check_header(tsr_comm_t *c, int p, const opctx_t *x, char *err, size_t errlen)
+{
+    peer_t *pe = &c->peers[p];
+    rx_t *rx = &pe->rx;
+    uint32_t magic = get32(rx->hdr);
+    uint64_t epoch = get64(rx->hdr + 8), seq = get64(rx->hdr + 16);
+    rx->kind = get32(rx->hdr + 4);
+    rx->len = get64(rx->hdr + 24);
+    if (magic != FRAME_MAGIC) {
+        snprintf(err, errlen,
+                 "rank %d (%s) sent a frame with bad magic 0x%08x during %s: not a Tessera peer, "
+                 "or the stream is out of step",
+                 p, pe->endpoint, magic, x->what);
+        return -1;
+    }
+    if (epoch != c->epoch || seq != pe->rx_seq) {
+        snprintf(err, errlen,
+                 "rank %d (%s) sent frame %llu of epoch %llu during %s; expected frame %llu of "
+                 "epoch %llu",
+                 p, pe->endpoint, (unsigned long long)seq, (unsigned long long)epoch, x->what,
+                 (unsigned long long)pe->rx_seq, (unsigned long long)c->epoch);
+        return -1;
+    }
+    pe->rx_seq++;
+    rx->hdr_ok = true;
+    return 0;
+}
+
+static int rx_place_op(tsr_comm_t *c, int p, xfer_t *op, const opctx_t *x, char *err,
+                       size_t errlen)
+{
+    rx_t *rx = &c->peers[p].rx;
+    if (rx->kind != op->kind) {
+        snprintf(err, errlen,
+                 "rank %d (%s) sent %s data where %s data was expected during %s: the ranks "
+                 "disagree on the order of operations",
+                 p, c->peers[p].endpoint, kind_name(rx->kind), kind_name(op->kind), x->what);
+        return -1;
+    }
+    if (rx->len != (uint64_t)op->len) {
+        snprintf(err, errlen, "rank %d (%s) sent a %llu-byte message where %zu bytes were "
+                 "expected during %s",
+                 p, c->peers[p].endpoint, (unsigned long long)rx->len, op->len, x->what);
+        return -1;
+    }
+    rx->dst = op->dst;
+    rx->placed = true;
+    return 0;
+}
+
+/* A frame arriving while this rank is sending goes to the peer's inbox, so
+ * that two ranks sending large messages to each other both make progress.
+ * Only point-to-point frames within INBOX_MAX are taken; anything else
+ * (a collective's frame, a huge or bogus length) pauses the peer and waits
+ * for the operation that expects it.  1: placed, 0: paused, -1: failed. */
+static int rx_place_eager(tsr_comm_t *c, int p, char *err, size_t errlen)
+{
+    peer_t *pe = &c->peers[p];
+    rx_t *rx = &pe->rx;
+    if (rx->kind != K_P2P || rx->len > INBOX_MAX - pe->inbox_bytes) return 0;
+    inbox_msg_t *m = malloc(sizeof *m + (size_t)rx->len);
+    if (!m) {
+        snprintf(err, errlen, "out of memory for a %llu-byte message from rank %d",
+                 (unsigned long long)rx->len, p);
+        return -1;
+    }
+    *m = (inbox_msg_t){.len = (size_t)rx->len};
+    if (pe->inbox_tail) pe->inbox_tail->next = m;
+    else pe->inbox = m;
+    pe->inbox_tail = m;
+    pe->inbox_bytes += m->len;
+    rx->dst = m->data;
+    rx->eager = m;
+    rx->placed = true;
+    return 1;
+}
+
+#define RX_PAUSED 2
+
+/* Progresses the frame coming from peer p: into op's buffer when op is
+ * given, else eagerly into the inbox (and on to further frames).  Returns
+ * 1 when op completed, 0 when the socket is drained, RX_PAUSED, or -1. */
+static int rx_pump(tsr_comm_t *c, int p, xfer_t *op, const opctx_t *x, char *err, size_t errlen)
+{
+    rx_t *rx = &c->peers[p].rx;
+    for (;;) {
+        int r;
+        if (!rx->hdr_ok) {
+            if ((r = read_some(c, p, rx->hdr, HDR_LEN, &rx->hdr_got, x, err, errlen)) <= 0)
+                return r;
+            if (rx_check_header(c, p, x, err, errlen)) return -1;
+        }
+        if (!rx->placed) {
+            if (op && rx_place_op(c, p, op, x, err, errlen)) return -1;
+            if (!op && (r = rx_place_eager(c, p, err, errlen)) <= 0) return r < 0 ? -1 : RX_PAUSED;
+        }
+        if ((r = read_some(c, p, rx->dst, (size_t)rx->len, &rx->got, x, err, errlen)) <= 0)
+            return r;
+        if (rx->eager) rx->eager->complete = true;
+        memset(rx, 0, sizeof *rx);
+        if (op) {
+            op->complete = true;
+            return 1;
+        }
+    }
+}
+
+/* A receive first takes what arrived eagerly during an earlier send. */
+static int recv_from_inbox(tsr_comm_t *c, xfer_t *op, const opctx_t *x, char *err,
+                           size_t errlen)
+{
+    peer_t *pe = &c->peers[op->peer];
+    inbox_msg_t *m = pe->inbox;
+    if (!m) return 0;
+    if (op->kind != K_P2P || m->len != op->len) {
+        snprintf(err, errlen, "rank %d (%s) sent a %zu-byte %s message where %zu bytes of %s "
+                 "data were expected during %s",
+                 op->peer, pe->endpoint, m->len, kind_name(K_P2P), op->len, kind_name(op->kind),
+                 x->what);
+        return -1;
+    }
+    /* Only the newest entry can be incomplete, and it is the one rx fills. */
+    size_t have = m->complete ? m->len : pe->rx.got;
+    if (have) memcpy(op->dst, m->data, have);
+    if (m->complete) {
+        op->complete = true;
+    } else {
+        pe->rx.dst = op->dst;   /* the rest goes straight to the caller */
+        pe->rx.eager = NULL;
+    }
+    pe->inbox = m->next;
+    if (!pe->inbox) pe->inbox_tail = NULL;
+    pe->inbox_bytes -= m->len;
+    free(m);
+    return 0;
+}
+
+/* Which connections to wait on, and for what.  *busy: some op is not done. */
+static int xfer_pollset(tsr_comm_t *c, const xfer_t *ops, bool eager, bool *busy)
+{
+    int nfds = 0;
+    *busy = false;
+    for (int p = 0; p < c->n; p++) {
+        if (p == c->rank) continue;
+        int s = c->send_op[p], r = c->recv_op[p];
+        short ev = 0;
+        if (s >= 0 && !ops[s].complete) ev |= POLLOUT;
+        if (r >= 0 && !ops[r].complete) ev |= POLLIN;
+        if (ev) *busy = true;
+        if (eager && r < 0 && !c->paused[p]) ev |= POLLIN;
+        if (!ev) continue;
+        c->pfd[nfds] = (struct pollfd){.fd = c->peers[p].fd, .events = ev};
+        c->pfd_peer[nfds++] = p;
+    }
+    return nfds;
+}
+
+static void xfer_timeout_msg(const tsr_comm_t *c, const xfer_t *ops, int nops,
+                             const opctx_t *x, char *err, size_t errlen)
+{
+    const xfer_t *stuck = NULL;
+    /* A receive names the peer we wait for; a stuck send only a slow reader. */
+    for (int i = 0; i < nops && !stuck; i++)
+        if (!ops[i].complete && !ops[i].is_send) stuck = &ops[i];
+    for (int i = 0; i < nops && !stuck; i++)
+        if (!ops[i].complete) stuck = &ops[i];
+    if (!stuck) {
+        snprintf(err, errlen, "%s timed out after %d ms", x->what, x->timeout_ms);
+        return;
+    }
+    snprintf(err, errlen, "rank %d (%s) did not %s within %d ms during %s", stuck->peer,
+             c->peers[stuck->peer].endpoint, stuck->is_send ? "take its data" : "answer",
+             x->timeout_ms, x->what);
+}
+
+static int xfer_serve(tsr_comm_t *c, xfer_t *ops, int p, short rev, bool eager,
+                      const opctx_t *x, char *err, size_t errlen)
+{
+    int s = c->send_op[p], r = c->recv_op[p];
+    bool hup = rev & (POLLERR | POLLHUP | POLLNVAL);
+    if (rev & POLLNVAL) {
+        snprintf(err, errlen, "connection to rank %d (%s) is not open during %s", p,
+                 c->peers[p].endpoint, x->what);
+        return -1;
+    }
+    if (s >= 0 && !ops[s].complete && (rev & POLLOUT || hup) &&
+        tx_pump(c, &ops[s], x, err, errlen) < 0)
+        return -1;
+    if (!(rev & POLLIN) && !hup) return 0;
+    if (r >= 0) return !ops[r].complete && rx_pump(c, p, &ops[r], x, err, errlen) < 0 ? -1 : 0;
+    if (!eager || c->paused[p]) return 0;
+    int k = rx_pump(c, p, NULL, x, err, errlen);
+    if (k == RX_PAUSED) c->paused[p] = true;
+    return k < 0 ? -1 : 0;
+}
+
+/* Runs the sends and receives in ops together until all are done or the
+ * deadline passes.  Progressing both directions in one poll loop is what
+ * keeps two ranks that send large buffers to each other from deadlocking
+ * on full socket buffers.  At most one send and one receive per peer.
+ * eager: also read point-to-point frames from the other peers (see
+ * rx_place_eager). */
+static int run_xfers(tsr_comm_t *c, xfer_t *ops, int nops, bool eager, const opctx_t *x,
+                     char *err, size_t errlen)
+{
+    for (int p = 0; p < c->n; p++) c->send_op[p] = c->recv_op[p] = -1, c->paused[p] = false;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].is_send) {
+            c->send_op[ops[i].peer] = i;
+            continue;
+        }
+        c->recv_op[ops[i].peer] = i;
+        if (recv_from_inbox(c, &ops[i], x, err, errlen)) return -1;
+        /* A header read during an earlier send may be all there is (a
+         * zero-length message): poll would never wake for it. */
+        if (!ops[i].complete && rx_pump(c, ops[i].peer, &ops[i], x, err, errlen) < 0)
+            return -1;
+    }
+    for (;;) {
+        bool busy;
+        int nfds = xfer_pollset(c, ops, eager, &busy);
+        if (!busy) return 0;
+        int64_t left = x->deadline - now_ms();
+        if (left <= 0) {
+            xfer_timeout_msg(c, ops, nops, x, err, errlen);
+            return -1;
+        }
+        int r = poll(c->pfd, (nfds_t)nfds, (int)left);
+        if (r < 0 && errno != EINTR) {
+            snprintf(err, errlen, "poll failed during %s: %s", x->what, strerror(errno));
+            return -1;
+        }
+        for (int i = 0; r > 0 && i < nfds; i++)
+            if (c->pfd[i].revents &&
+                xfer_serve(c, ops, c->pfd_peer[i], c->pfd[i].revents, eager, x, err, errlen))
+                return -1;
+    }
+}
+
+/* ---- operations ------------------------------------------------------------------ */
+
+static int usable(const tsr_comm_t *c, char *err, size_t errlen)
+{
+    if (!c) {
+        snprintf(err, errlen, "no communicator");
+        return -1;
+    }
+    if (c->broken) {
+        snprintf(err, errlen, "communicator unusable after an earlier failure: %s",
+                 c->broken_msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* After a failed operation the streams are out of step: nothing on this
+ * communicator can be trusted again (collective.h). */
+static int broken(tsr_comm_t *c, const char *err)
+{
+    c->broken = true;
+    snprintf(c->broken_msg, sizeof c->broken_msg, "%s", err);
+    return -1;
+}
+
+/* Every rank sends its whole buffer to every other and adds all of them
+ * in rank order 0..n-1, so the float result is bit-identical everywhere.
+ * For small buffers one round of latency beats the ring's 2(n-1). */
+static int allreduce_small(tsr_comm_t *c, float *buf, size_t count, uint32_t kind,
+                           const opctx_t *x, char *err, size_t errlen)
+{
+    size_t bytes = count * sizeof(float);
+    float *all = scratch(c, (size_t)c->n * count, err, errlen);
+    if (!all) return -1;
+    int k = 0;
+    for (int p = 0; p < c->n; p++) {
+        if (p == c->rank) continue;
+        xfer_send(c, &c->ops[k++], p, kind, buf, bytes);
+        xfer_recv(&c->ops[k++], p, kind, all + (size_t)p * count, bytes);
+    }
+    if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
+    memcpy(all + (size_t)c->rank * count, buf, bytes);
+    memcpy(buf, all, bytes);
+    for (int r = 1; r < c->n; r++) {
+        const float *src = all + (size_t)r * count;
+        for (size_t i = 0; i < count; i++) buf[i] += src[i];
+    }
+    return 0;
+}
+
+/* Segment k of the ring: the first count % n segments are one longer. */
+static void ring_segment(size_t count, int n, int k, size_t *off, size_t *len)
+{
+    size_t base = count / (size_t)n, extra = count % (size_t)n, uk = (size_t)k;
+    *off = uk * base + (uk < extra ? uk : extra);
+    *len = base + (uk < extra);
+}
+
+static int ring_step(tsr_comm_t *c, uint32_t kind, const float *src, size_t slen, float *dst,
+                     size_t rlen, const opctx_t *x, char *err, size_t errlen)
+{
+    int right = (c->rank + 1) % c->n, left = (c->rank + c->n - 1) % c->n;
+    xfer_send(c, &c->ops[0], right, kind, src, slen * sizeof(float));
+    xfer_recv(&c->ops[1], left, kind, dst, rlen * sizeof(float));
+    return run_xfers(c, c->ops, 2, false, x, err, errlen);
+}
+
+/* Ring reduce-scatter then all-gather: each rank moves 2(n-1)/n of the
+ * buffer instead of (n-1) times all of it.  Each segment is summed on one
+ * rank only (in ring order) and then copied, so the result is
+ * bit-identical on every rank.  Each step overlaps its send and receive;
+ * it does not yet overlap the additions with the next step's transfer. */
+static int allreduce_ring(tsr_comm_t *c, float *buf, size_t count, const opctx_t *x,
+                          char *err, size_t errlen)
+{
+    int n = c->n, me = c->rank;
+    size_t soff, slen, roff, rlen;
+    float *tmp = scratch(c, count / (size_t)n + 1, err, errlen);
+    if (!tmp) return -1;
+    for (int s = 0; s < n - 1; s++) {
+        ring_segment(count, n, (me - s + n) % n, &soff, &slen);
+        ring_segment(count, n, (me - s - 1 + 2 * n) % n, &roff, &rlen);
+        if (ring_step(c, K_REDUCE_SCATTER, buf + soff, slen, tmp, rlen, x, err, errlen))
+            return -1;
+        float *dst = buf + roff;
+        for (size_t i = 0; i < rlen; i++) dst[i] += tmp[i];
+    }
+    /* Rank r now holds the finished segment r + 1; pass them round. */
+    for (int s = 0; s < n - 1; s++) {
+        ring_segment(count, n, (me + 1 - s + n) % n, &soff, &slen);
+        ring_segment(count, n, (me - s + n) % n, &roff, &rlen);
+        if (ring_step(c, K_ALL_GATHER, buf + soff, slen, buf + roff, rlen, x, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static int tcp_allreduce_sum(tsr_comm_t *c, float *buf, size_t n, int timeout_ms, char *err,
+                             size_t errlen)
+{
+    if (usable(c, err, errlen)) return -1;
+    if (c->n == 1 || n == 0) return 0;
+    opctx_t x = op_begin(timeout_ms, "allreduce");
+    int rc = n * sizeof(float) < SMALL_BYTES
+                 ? allreduce_small(c, buf, n, K_ALLREDUCE, &x, err, errlen)
+                 : allreduce_ring(c, buf, n, &x, err, errlen);
+    return rc ? broken(c, err) : 0;
+}
+
+/* The root sends to every rank at once: with the few ranks of a TP group
+ * a tree would add latency and save little. */
+static int tcp_broadcast(tsr_comm_t *c, void *buf, size_t len, int root, int timeout_ms,
+                         char *err, size_t errlen)
+{
+    if (usable(c, err, errlen)) return -1;
+    if (root < 0 || root >= c->n) {
+        snprintf(err, errlen, "broadcast root %d is not a rank of this group of %d", root, c->n);
+        return -1;
+    }
+    if (c->n == 1) return 0;
+    opctx_t x = op_begin(timeout_ms, "broadcast");
+    int k = 0;
+    if (c->rank == root) {
+        for (int p = 0; p < c->n; p++)
+            if (p != root) xfer_send(c, &c->ops[k++], p, K_BROADCAST, buf, len);
+    } else {
+        xfer_recv(&c->ops[k++], root, K_BROADCAST, buf, len);
+    }
+    return run_xfers(c, c->ops, k, false, &x, err, errlen) ? broken(c, err) : 0;
+}
+
+static int check_peer(const tsr_comm_t *c, int peer, const char *what, char *err, size_t errlen)
+{
+    if (peer < 0 || peer >= c->n || peer == c->rank) {
+        snprintf(err, errlen, "%s: peer %d is not another rank of this group of %d (rank %d)",
+                 what, peer, c->n, c->rank);
+        return -1;
+    }
+    return 0;
+}
+
+/* Returns once the whole message is in the kernel's socket buffer.  While
+ * waiting it reads frames other ranks send to this one into the inbox, so
+ * two ranks exchanging large messages (both send, then both recv) finish. */
+static int tcp_send(tsr_comm_t *c, int peer, const void *buf, size_t len, int timeout_ms,
+                    char *err, size_t errlen)
+{
+    if (usable(c, err, errlen) || check_peer(c, peer, "send", err, errlen)) return -1;
+    opctx_t x = op_begin(timeout_ms, "send");
+    xfer_send(c, &c->ops[0], peer, K_P2P, buf, len);
+    return run_xfers(c, c->ops, 1, true, &x, err, errlen) ? broken(c, err) : 0;
+}
+
+static int tcp_recv(tsr_comm_t *c, int peer, void *buf, size_t len, int timeout_ms, char *err,
+                    size_t errlen)
+{
+    if (usable(c, err, errlen) || check_peer(c, peer, "recv", err, errlen)) return -1;
+    opctx_t x = op_begin(timeout_ms, "recv");
+    xfer_recv(&c->ops[0], peer, K_P2P, buf, len);
+    return run_xfers(c, c->ops, 1, false, &x, err, errlen) ? broken(c, err) : 0;
+}
+
+/* An all-to-all of one float: nobody leaves before everybody arrived. */
+static int tcp_barrier(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen)
+{
+    if (usable(c, err, errlen)) return -1;
+    if (c->n == 1) return 0;
+    float token = 0;
+    opctx_t x = op_begin(timeout_ms, "barrier");
+    return allreduce_small(c, &token, 1, K_BARRIER, &x, err, errlen) ? broken(c, err) : 0;
+}
+
+static int tcp_rank(const tsr_comm_t *c)
+{
+    return c->rank;
+}
+
+static int tcp_size(const tsr_comm_t *c)
+{
+    return c->n;
+}
+
+static void tcp_destroy(tsr_comm_t **c_p)
+{
+    if (!c_p || !*c_p) return;
+    comm_free(*c_p);
+    *c_p = NULL;
+}
+
+const tsr_coll_ops_t tsr_coll_tcp = {
+    .name = "tcp",
+    .allreduce_sum = tcp_allreduce_sum,
+    .broadcast = tcp_broadcast,
+    .send = tcp_send,
+    .recv = tcp_recv,
+    .barrier = tcp_barrier,
+    .rank = tcp_rank,
+    .size = tcp_size,
+    .destroy = tcp_destroy,
+};

@@ -1,0 +1,455 @@
+#include "worker/executor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+#define MAX_PEERS 1024
+#define FORM_TIMEOUT_MS 120000  /* peers may still be loading their weights */
+
+typedef struct {
+    bool active;
+    char deployment[TSR_NAME_MAX + 1], model_path[TSR_PATH_MAX + 1];
+    uint64_t epoch;
+    int replica, stage, tp, tp_size, pp_size, layer_begin, layer_end, max_seq_len;
+    int n_peers;
+    char peers[MAX_PEERS][TSR_NAME_MAX + 1];
+} job_t;
+
+typedef struct qreq {
+    tsr_request_t r;
+    struct qreq *next;
+} qreq_t;
+
+typedef struct ev_node {
+    tsr_event_t ev;
+    struct ev_node *next;
+} ev_node_t;
+
+struct tsr_executor {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool shutdown;
+    uint64_t job_gen, run_gen;      /* the job asked for / the one running */
+    job_t *job;                     /* latest job (heap: it is large) */
+    qreq_t *q_head, *q_tail;
+    ev_node_t *e_head, *e_tail;
+    int pipe_r, pipe_w;
+    tsr_tcp_listener_t *listener;
+    char endpoint[TSR_NAME_MAX + 1];
+    uint64_t bytes;
+};
+
+/* ---- events ------------------------------------------------------------------ */
+
+static void push_event(tsr_executor_t *ex, const tsr_event_t *ev)
+{
+    ev_node_t *n = calloc(1, sizeof *n);
+    if (!n) return;
+    n->ev = *ev;
+    pthread_mutex_lock(&ex->mu);
+    if (ex->e_tail) ex->e_tail->next = n;
+    else ex->e_head = n;
+    ex->e_tail = n;
+    pthread_mutex_unlock(&ex->mu);
+    char b = 1;
+    if (write(ex->pipe_w, &b, 1) < 0 && errno != EAGAIN) tsr_warn("executor: wake pipe: %s", strerror(errno));
+}
+
+static void push_simple(tsr_executor_t *ex, tsr_event_kind_t kind, uint64_t epoch, const char *text)
+{
+    tsr_event_t ev = {.kind = kind, .epoch = epoch};
+    snprintf(ev.text, sizeof ev.text, "%s", text ? text : "");
+    push_event(ex, &ev);
+}
+
+int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev)
+{
+    char buf[64];
+    while (read(ex->pipe_r, buf, sizeof buf) > 0) {}
+    pthread_mutex_lock(&ex->mu);
+    ev_node_t *n = ex->e_head;
+    if (n) {
+        ex->e_head = n->next;
+        if (!ex->e_head) ex->e_tail = NULL;
+    }
+    pthread_mutex_unlock(&ex->mu);
+    if (!n) return 0;
+    *ev = n->ev;
+    free(n);
+    return 1;
+}
+
+/* ---- replica io (on the executor thread) ---------------------------------------- */
+
+typedef struct {
+    tsr_executor_t *ex;
+    uint64_t gen, epoch;
+} run_ctx_t;
+
+static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
+{
+    run_ctx_t *c = arg;
+    tsr_executor_t *ex = c->ex;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += wait_ms / 1000;
+    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000;
+    if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
+    pthread_mutex_lock(&ex->mu);
+    while (!ex->q_head && !ex->shutdown && ex->job_gen == c->gen)
+        if (pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) == ETIMEDOUT) break;
+    qreq_t *n = NULL;
+    if (ex->job_gen == c->gen && !ex->shutdown && (n = ex->q_head)) {
+        ex->q_head = n->next;
+        if (!ex->q_head) ex->q_tail = NULL;
+    }
+    pthread_mutex_unlock(&ex->mu);
+    if (!n) return 0;
+    *r = n->r;
+    free(n);
+    return 1;
+}
+
+static void io_emit(void *arg, uint64_t req, int32_t token, int index, int done,
+                    const char *finish, const char *error)
+{
+    run_ctx_t *c = arg;
+    tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = c->epoch, .request_id = req,
+                      .token = token, .index = index, .done = done};
+    snprintf(ev.finish, sizeof ev.finish, "%s", finish ? finish : "");
+    snprintf(ev.text, sizeof ev.text, "%s", error ? error : "");
+    push_event(c->ex, &ev);
+}
+
+static int io_should_stop(void *arg)
+{
+    run_ctx_t *c = arg;
+    pthread_mutex_lock(&c->ex->mu);
+    int stop = c->ex->shutdown || c->ex->job_gen != c->gen;
+    pthread_mutex_unlock(&c->ex->mu);
+    return stop;
+}
+
+/* Fails every queued request: nobody here will serve them. */
+static void fail_queued(tsr_executor_t *ex, uint64_t epoch, const char *why)
+{
+    pthread_mutex_lock(&ex->mu);
+    qreq_t *n = ex->q_head;
+    ex->q_head = ex->q_tail = NULL;
+    pthread_mutex_unlock(&ex->mu);
+    while (n) {
+        qreq_t *next = n->next;
+        tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = n->r.request_id,
+                          .token = -1, .done = 1};
+        snprintf(ev.text, sizeof ev.text, "%s", why);
+        push_event(ex, &ev);
+        free(n->r.prompt);
+        free(n);
+        n = next;
+    }
+}
+
+/* ---- the thread ------------------------------------------------------------ */
+
+static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
+{
+    char key[TSR_NAME_MAX + 64];
+    snprintf(key, sizeof key, "%s/%d/%s/%d/%d", j->deployment, j->replica, kind, a, b);
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (const char *p = key; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return h;
+}
+
+static tsr_comm_t *form(tsr_executor_t *ex, const job_t *j, const char *kind, int a, int b,
+                        int rank, int n, const int *members, char *err, size_t errlen)
+{
+    const char *eps[MAX_PEERS];
+    for (int i = 0; i < n; i++) eps[i] = j->peers[members[i]];
+    return tsr_tcp_comm_new(ex->listener, j->epoch, group_id(j, kind, a, b), rank, n, eps,
+                            FORM_TIMEOUT_MS, err, errlen);
+}
+
+/* The replica's communicators, formed in the same order on every rank: the
+ * stage's TP group, the link from the previous stage, the link to the next,
+ * and the loop from the last stage back to the leader. */
+static int wire_up(tsr_executor_t *ex, const job_t *j, tsr_replica_rank_t *r, char *err,
+                   size_t errlen)
+{
+    int tp = j->tp_size, s = j->stage, t = j->tp, m[MAX_PEERS];
+    if (j->n_peers != j->tp_size * j->pp_size) {
+        snprintf(err, errlen, "the replica's peer list has %d entries, expected %d", j->n_peers,
+                 j->tp_size * j->pp_size);
+        return -1;
+    }
+    if (tp > 1) {
+        for (int i = 0; i < tp; i++) m[i] = s * tp + i;
+        if (!(r->tp = form(ex, j, "tp", s, 0, t, tp, m, err, errlen))) return -1;
+    }
+    if (s > 0) {
+        m[0] = (s - 1) * tp + t, m[1] = s * tp + t;
+        if (!(r->prev = form(ex, j, "pp", s, t, 1, 2, m, err, errlen))) return -1;
+    }
+    if (s < j->pp_size - 1) {
+        m[0] = s * tp + t, m[1] = (s + 1) * tp + t;
+        if (!(r->next = form(ex, j, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
+    }
+    if (j->pp_size > 1 && t == 0 && (s == 0 || s == j->pp_size - 1)) {
+        m[0] = 0, m[1] = (j->pp_size - 1) * tp;
+        if (!(r->loop = form(ex, j, "loop", 0, 0, s == 0 ? 0 : 1, 2, m, err, errlen))) return -1;
+    }
+    return 0;
+}
+
+static void unwire(tsr_replica_rank_t *r)
+{
+    if (r->tp) tsr_coll_tcp.destroy(&r->tp);
+    if (r->prev) tsr_coll_tcp.destroy(&r->prev);
+    if (r->next) tsr_coll_tcp.destroy(&r->next);
+    if (r->loop) tsr_coll_tcp.destroy(&r->loop);
+}
+
+static bool same_piece(const job_t *a, const job_t *b)
+{
+    return a->active && b->active && !strcmp(a->deployment, b->deployment) &&
+           !strcmp(a->model_path, b->model_path) && a->stage == b->stage && a->tp == b->tp &&
+           a->tp_size == b->tp_size && a->pp_size == b->pp_size &&
+           a->layer_begin == b->layer_begin && a->layer_end == b->layer_end &&
+           a->max_seq_len == b->max_seq_len;
+}
+
+/* Serves one job until it is replaced.  *loaded is the piece whose weights
+ * *eng holds, kept across jobs that only rewire. */
+static bool peers_complete(const job_t *j)
+{
+    if (j->n_peers != j->tp_size * j->pp_size) return false;
+    for (int i = 0; i < j->n_peers; i++)
+        if (!j->peers[i][0]) return false;
+    return true;
+}
+
+/* Serves one job until it is replaced.  *loaded is the piece whose weights
+ * *eng holds, kept across jobs that only rewire the replica. */
+static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loaded,
+                  tsr_engine_t **eng)
+{
+    char err[512], why[600];
+    tsr_replica_rank_t r = {0};
+    run_ctx_t ctx = {ex, gen, j->epoch};
+    r.spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
+                                j->layer_end, j->max_seq_len, 1};
+    if (!same_piece(j, loaded) || !*eng) {
+        tsr_engine_cpu.destroy(eng);
+        loaded->active = false;
+        push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
+        if (tsr_engine_cpu.load(j->model_path, &r.spec, NULL, &tsr_coll_tcp, eng, err,
+                                sizeof err) < 0) {
+            push_simple(ex, TSR_EV_FAILED, j->epoch, err);
+            goto out;
+        }
+        *loaded = *j;
+        pthread_mutex_lock(&ex->mu);
+        ex->bytes = tsr_engine_cpu.weight_bytes(*eng) + tsr_engine_cpu.kv_bytes(*eng);
+        pthread_mutex_unlock(&ex->mu);
+    }
+    /* A replica with a piece still unplaced cannot run; the weights are
+     * loaded, and the next epoch brings the full peer list. */
+    if (!peers_complete(j)) {
+        push_simple(ex, TSR_EV_READY, j->epoch, NULL);
+        goto out;
+    }
+    push_simple(ex, TSR_EV_PROGRESS, j->epoch, "connecting to the replica's peers");
+    if (wire_up(ex, j, &r, err, sizeof err) < 0) {
+        snprintf(why, sizeof why, "data plane: %s", err);
+        if (!io_should_stop(&ctx)) push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+        goto out;
+    }
+    tsr_engine_cpu.set_comm(*eng, r.tp);
+    push_simple(ex, TSR_EV_READY, j->epoch, NULL);
+    r.eng_ops = &tsr_engine_cpu;
+    r.eng = *eng;
+    r.ops = &tsr_coll_tcp;
+    tsr_replica_io_t io = {io_next_request, io_emit, io_should_stop, &ctx};
+    if (tsr_replica_run(&r, &io, err, sizeof err) < 0 && !io_should_stop(&ctx)) {
+        snprintf(why, sizeof why, "data plane: %s", err);
+        push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+    }
+out:
+    if (*eng) tsr_engine_cpu.set_comm(*eng, NULL);
+    unwire(&r);
+    fail_queued(ex, j->epoch, "the replica stopped before serving it");
+}
+
+static void *executor_main(void *arg)
+{
+    tsr_executor_t *ex = arg;
+    tsr_engine_t *eng = NULL;
+    job_t *loaded = calloc(1, sizeof *loaded), *job = calloc(1, sizeof *job);
+    if (!loaded || !job) goto out;
+    for (;;) {
+        pthread_mutex_lock(&ex->mu);
+        while (!ex->shutdown && ex->job_gen == ex->run_gen) pthread_cond_wait(&ex->cv, &ex->mu);
+        if (ex->shutdown) {
+            pthread_mutex_unlock(&ex->mu);
+            break;
+        }
+        uint64_t gen = ex->run_gen = ex->job_gen;
+        *job = *ex->job;
+        pthread_mutex_unlock(&ex->mu);
+        if (!job->active) {
+            tsr_engine_cpu.destroy(&eng);
+            loaded->active = false;
+            pthread_mutex_lock(&ex->mu);
+            ex->bytes = 0;
+            pthread_mutex_unlock(&ex->mu);
+            fail_queued(ex, job->epoch, "this worker holds no piece any more");
+            continue;
+        }
+        serve(ex, job, gen, loaded, &eng);
+    }
+out:
+    tsr_engine_cpu.destroy(&eng);
+    free(loaded);
+    free(job);
+    return NULL;
+}
+
+/* ---- the agent's side -------------------------------------------------------- */
+
+tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_host, char *err,
+                                 size_t errlen)
+{
+    tsr_executor_t *ex = calloc(1, sizeof *ex);
+    int fds[2] = {-1, -1};
+    if (!ex) return NULL;
+    ex->job = calloc(1, sizeof *ex->job);
+    ex->listener = tsr_tcp_listen(bind_host, 0, err, errlen);
+    if (!ex->job || !ex->listener || pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) goto fail;
+    ex->pipe_r = fds[0];
+    ex->pipe_w = fds[1];
+    if (advertise_host && tsr_tcp_listener_advertise(ex->listener, advertise_host) < 0) {
+        snprintf(err, errlen, "cannot advertise data address %s", advertise_host);
+        goto fail;
+    }
+    snprintf(ex->endpoint, sizeof ex->endpoint, "%s", tsr_tcp_listener_endpoint(ex->listener));
+    pthread_mutex_init(&ex->mu, NULL);
+    pthread_cond_init(&ex->cv, NULL);
+    if (pthread_create(&ex->thread, NULL, executor_main, ex) != 0) {
+        snprintf(err, errlen, "cannot start the data-plane thread");
+        pthread_mutex_destroy(&ex->mu);
+        pthread_cond_destroy(&ex->cv);
+        goto fail;
+    }
+    return ex;
+fail:
+    if (fds[0] >= 0) close(fds[0]), close(fds[1]);
+    tsr_tcp_listener_destroy(&ex->listener);
+    free(ex->job);
+    free(ex);
+    return NULL;
+}
+
+void tsr_executor_destroy(tsr_executor_t **ex_p)
+{
+    if (!ex_p || !*ex_p) return;
+    tsr_executor_t *ex = *ex_p;
+    pthread_mutex_lock(&ex->mu);
+    ex->shutdown = true;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+    pthread_join(ex->thread, NULL);
+    fail_queued(ex, 0, "worker shutting down");
+    tsr_event_t ev;
+    while (tsr_executor_pop_event(ex, &ev)) {}
+    close(ex->pipe_r);
+    close(ex->pipe_w);
+    tsr_tcp_listener_destroy(&ex->listener);
+    pthread_mutex_destroy(&ex->mu);
+    pthread_cond_destroy(&ex->cv);
+    free(ex->job);
+    free(ex);
+    *ex_p = NULL;
+}
+
+const char *tsr_executor_endpoint(const tsr_executor_t *ex) { return ex->endpoint; }
+int tsr_executor_event_fd(const tsr_executor_t *ex) { return ex->pipe_r; }
+
+uint64_t tsr_executor_bytes(tsr_executor_t *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    uint64_t b = ex->bytes;
+    pthread_mutex_unlock(&ex->mu);
+    return b;
+}
+
+void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
+{
+    pthread_mutex_lock(&ex->mu);
+    job_t *j = ex->job;
+    memset(j, 0, sizeof *j);
+    j->active = true;
+    snprintf(j->deployment, sizeof j->deployment, "%s", as->deployment);
+    snprintf(j->model_path, sizeof j->model_path, "%s", as->model_path);
+    j->epoch = as->epoch;
+    j->replica = (int)as->replica;
+    j->stage = (int)as->stage;
+    j->tp = (int)as->tp_rank;
+    j->tp_size = (int)as->tp_size;
+    j->pp_size = (int)as->pp_size;
+    j->layer_begin = (int)as->layer_begin;
+    j->layer_end = (int)as->layer_end;
+    j->max_seq_len = (int)as->max_seq_len;
+    j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
+    for (int i = 0; i < j->n_peers; i++)
+        snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);
+    ex->job_gen++;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void tsr_executor_unassign(tsr_executor_t *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    memset(ex->job, 0, sizeof *ex->job);
+    ex->job_gen++;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
+{
+    qreq_t *n = calloc(1, sizeof *n);
+    if (!n) {
+        free(r->prompt);
+        return;
+    }
+    n->r = *r;
+    r->prompt = NULL;
+    pthread_mutex_lock(&ex->mu);
+    bool leader = ex->job->active && ex->job->stage == 0 && ex->job->tp == 0;
+    uint64_t epoch = ex->job->epoch;
+    if (leader) {
+        if (ex->q_tail) ex->q_tail->next = n;
+        else ex->q_head = n;
+        ex->q_tail = n;
+        pthread_cond_broadcast(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+    if (!leader) {
+        tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = n->r.request_id,
+                          .token = -1, .done = 1};
+        snprintf(ev.text, sizeof ev.text, "this worker is not a replica leader");
+        push_event(ex, &ev);
+        free(n->r.prompt);
+        free(n);
+    }
+}

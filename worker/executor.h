@@ -1,0 +1,53 @@
+/* executor.h: the worker's data plane, on its own thread.
+ *
+ * The agent (control plane, main thread) hands it assignments and requests;
+ * it loads the piece's weights, forms the replica's communicators from the
+ * peer endpoints the coordinator relayed, and runs the replica.  What it has
+ * to say (ready, failed, tokens) it queues as events and signals on a pipe
+ * the agent polls, so heartbeats never wait for a forward pass. */
+#ifndef TSR_EXECUTOR_H
+#define TSR_EXECUTOR_H
+
+#include <stdint.h>
+#include "common/wire.h"
+#include "worker/replica.h"
+
+typedef enum { TSR_EV_PROGRESS = 0, TSR_EV_READY, TSR_EV_FAILED, TSR_EV_TOKEN } tsr_event_kind_t;
+
+typedef struct {
+    tsr_event_kind_t kind;
+    uint64_t epoch;             /* of the assignment it is about */
+    uint64_t request_id;        /* TOKEN */
+    int32_t token;
+    int index, done;
+    char finish[16];
+    char text[512];             /* progress detail, failure reason, request error */
+} tsr_event_t;
+
+typedef struct tsr_executor tsr_executor_t;
+
+/* Listens for peers on bind_host (port 0: any free port) and advertises
+ * advertise_host:port to them.  Returns NULL with err set. */
+tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_host, char *err,
+                                 size_t errlen);
+void tsr_executor_destroy(tsr_executor_t **ex_p);
+
+/* "host:port" its peers connect to. */
+const char *tsr_executor_endpoint(const tsr_executor_t *ex);
+/* Readable when events are waiting. */
+int tsr_executor_event_fd(const tsr_executor_t *ex);
+/* Pops one event; returns 1, or 0 when none is waiting. */
+int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev);
+
+/* Serve this piece (copied).  Stops whatever runs now; the weights are kept
+ * when only the epoch or the peers changed. */
+void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as);
+/* Stop serving and free the weights. */
+void tsr_executor_unassign(tsr_executor_t *ex);
+/* Queue a request (takes ownership of r->prompt).  Only a leader serves
+ * requests; anywhere else it fails at once with an error event. */
+void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r);
+/* Bytes of weights and KV cache the loaded engine holds (0 when none). */
+uint64_t tsr_executor_bytes(tsr_executor_t *ex);
+
+#endif
