@@ -652,7 +652,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
             c->stats.deaths++;
             c->dirty = true;
         } else {
-            tsr_error("worker %s failed to load %s r%d s%d t%d: %s", w->name,
+            tsr_error("worker %s reports %s r%d s%d t%d failed: %s", w->name,
                       w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
                       env->failed->reason);
             w->state = TSR_W_FAILED;
