@@ -108,6 +108,7 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory $(PROGRAMS) $(BENCH_BIN)
 	@./bench/run.sh
+	@./bench/data.sh
 
 install: $(PROGRAMS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system \

@@ -105,6 +105,8 @@ static json_t *worker_json(const tsr_worker_t *w, int64_t now)
         tsr_wstate_name(w->state), "drained", w->drained, "heartbeat_age_ms",
         (json_int_t)(now - w->last_seen_ms), "heartbeats", (json_int_t)w->heartbeats);
     if (!o) return NULL;
+    json_object_set_new(o, "weight_bytes", json_integer((json_int_t)w->weight_bytes));
+    json_object_set_new(o, "kv_bytes", json_integer((json_int_t)w->kv_bytes));
     json_object_set_new(o, "assignment", w->has_piece ? holding_json(&w->piece) : json_null());
     if (w->reason[0]) json_object_set_new(o, "reason", json_string(w->reason));
     if (w->detail[0]) json_object_set_new(o, "detail", json_string(w->detail));

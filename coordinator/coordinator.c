@@ -612,6 +612,8 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         w->heartbeats++;
         w->load = hb->load;
         w->memory_used = hb->memory_used;
+        w->weight_bytes = hb->weight_bytes;
+        w->kv_bytes = hb->kv_bytes;
         /* The ack only renews the worker's lease, so a few per lease are
          * enough; acking every heartbeat doubled the coordinator's sends. */
         if (now - w->last_ack_ms < c->cfg->worker_timeout_ms / 4) break;

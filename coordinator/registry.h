@@ -38,6 +38,7 @@ typedef struct {
     tsr_device_t device;
     uint32_t device_index;
     uint64_t memory, memory_used;
+    uint64_t weight_bytes, kv_bytes;  /* of the piece it holds */
     float load;
     uint32_t pid;
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */

@@ -138,6 +138,7 @@ static void send_heartbeat(tsr_agent_t *a, int64_t now)
     Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
     hb.load = cpu_load(a, now);
     hb.memory_used = resident_bytes();
+    if (a->ex) tsr_executor_bytes(a->ex, &hb.weight_bytes, &hb.kv_bytes);
     hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
     hb.seq = ++a->seq;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;

@@ -261,6 +261,10 @@ out:
 /* y[n, out] = x[n, in] . W[out, in]^T */
 static void matmul(float *y, const float *x, const float *w, int n, int in, int out)
 {
+    if (n == 1) {  /* decode: a matrix-vector product streams W once */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
                 out);
 }

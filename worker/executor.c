@@ -46,7 +46,7 @@ struct tsr_executor {
     int pipe_r, pipe_w;
     tsr_tcp_listener_t *listener;
     char endpoint[TSR_NAME_MAX + 1];
-    uint64_t bytes;
+    uint64_t wbytes, kvbytes;
 };
 
 /* ---- events ------------------------------------------------------------------ */
@@ -258,7 +258,8 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         }
         *loaded = *j;
         pthread_mutex_lock(&ex->mu);
-        ex->bytes = tsr_engine_cpu.weight_bytes(*eng) + tsr_engine_cpu.kv_bytes(*eng);
+        ex->wbytes = tsr_engine_cpu.weight_bytes(*eng);
+        ex->kvbytes = tsr_engine_cpu.kv_bytes(*eng);
         pthread_mutex_unlock(&ex->mu);
     }
     /* A replica with a piece still unplaced cannot run; the weights are
@@ -309,7 +310,7 @@ static void *executor_main(void *arg)
             tsr_engine_cpu.destroy(&eng);
             loaded->active = false;
             pthread_mutex_lock(&ex->mu);
-            ex->bytes = 0;
+            ex->wbytes = ex->kvbytes = 0;
             pthread_mutex_unlock(&ex->mu);
             fail_queued(ex, job->epoch, "this worker holds no piece any more");
             continue;
@@ -383,12 +384,12 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
 const char *tsr_executor_endpoint(const tsr_executor_t *ex) { return ex->endpoint; }
 int tsr_executor_event_fd(const tsr_executor_t *ex) { return ex->pipe_r; }
 
-uint64_t tsr_executor_bytes(tsr_executor_t *ex)
+void tsr_executor_bytes(tsr_executor_t *ex, uint64_t *weights, uint64_t *kv)
 {
     pthread_mutex_lock(&ex->mu);
-    uint64_t b = ex->bytes;
+    *weights = ex->wbytes;
+    *kv = ex->kvbytes;
     pthread_mutex_unlock(&ex->mu);
-    return b;
 }
 
 void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)

@@ -47,7 +47,7 @@ void tsr_executor_unassign(tsr_executor_t *ex);
 /* Queue a request (takes ownership of r->prompt).  Only a leader serves
  * requests; anywhere else it fails at once with an error event. */
 void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r);
-/* Bytes of weights and KV cache the loaded engine holds (0 when none). */
-uint64_t tsr_executor_bytes(tsr_executor_t *ex);
+/* Bytes of weights and of KV cache the loaded engine holds (0 when none). */
+void tsr_executor_bytes(tsr_executor_t *ex, uint64_t *weights, uint64_t *kv);
 
 #endif
