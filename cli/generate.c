@@ -191,6 +191,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         got++;
         if (done) {
             printf("\n");
+            fflush(stdout);  /* the ids before the summary on stderr */
             if (!only_ids) {
                 int64_t end = tsr_now_ms();
                 fprintf(stderr, "%d token(s), finished by %s; first token after %lld ms, %.1f tokens/s after it\n",

@@ -1,7 +1,9 @@
 #!/bin/bash
 # `make demo`: a coordinator and five CPU workers on this machine serving the
-# tiny tp=2 pp=2 deployment of configs/demo.yaml.  Shows the placement, kills
-# a worker to show the spare taking over, then stops everything.
+# tp=2 pp=2 deployment of configs/demo.yaml (a small random Llama checkpoint
+# that `make` writes to build/models/demo).  Generates tokens, kills a worker
+# to show the spare taking over, generates the same tokens again, then stops
+# everything.
 set -u
 cd "$(dirname "$0")/.."
 BIN=bin
@@ -20,6 +22,10 @@ trap 'kill -TERM $LOCAL 2>/dev/null; wait $LOCAL 2>/dev/null' EXIT
 echo "== waiting for the deployment to be ready"
 "$BIN/tessera" --coordinator "$CEP" status --wait-ready 15 || { echo "demo: not ready; logs in $LOGS" >&2; exit 1; }
 
+echo
+echo "== generate: prompt 1,2,3,4, 16 greedy tokens through 2 stages x 2 tensor ranks"
+"$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
+
 victim=$("$BIN/tessera" --coordinator "$CEP" status --json | python3 -c \
   'import json,sys; d=json.load(sys.stdin); r=d["deployments"][0]["replica_list"][0]["stages"][1]["ranks"][0]; print(r["worker"], r["pid"])')
 set -- $victim
@@ -28,5 +34,8 @@ echo "== kill -9 $1 (pid $2), which holds stage 1 tp 0; the idle worker takes ov
 kill -9 "$2"
 sleep 1.5
 "$BIN/tessera" --coordinator "$CEP" status --wait-ready 5
+echo
+echo "== the same prompt again, now served with the spare wired in"
+"$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
 echo
 echo "== demo done; logs in $LOGS"
