@@ -4,8 +4,10 @@
  * one thread per rank, each with its own TCP listener, communicators and CPU
  * engine, driven by the replica runner the worker uses.  Greedy tokens for
  * 32 steps must equal those of tp=1 pp=1 and the logits of every step must
- * be within 1e-4 relative.  tp=1 pp=1 itself is checked against the
- * independent NumPy reference in tests/reference/. */
+ * be within 1e-4 relative.  Four checkpoints: F32 untied GQA, BF16, tied
+ * embeddings, and F16 in two shards with llama3 RoPE scaling.  tp=1 pp=1
+ * itself is checked against the independent NumPy reference in
+ * tests/reference/ (tokens, first- and last-step logits). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -226,19 +228,22 @@ static double max_rel_diff(const float *a, const float *b, int n)
 
 /* ---- the model and the layouts ------------------------------------------------ */
 
-static char dirs[3][64];
+static char dirs[4][64];
 
-static int make_model(int which, const char *dtype, int tied)
+/* extra: more model-init options (NULL-terminated), e.g. llama3 RoPE. */
+static int make_model(int which, const char *dtype, int tied, char *const *extra)
 {
     snprintf(dirs[which], sizeof dirs[which], "/tmp/tsr-shard-%d-XXXXXX", which);
     if (!mkdtemp(dirs[which])) return -1;
     /* GQA (8 heads over 4 KV heads), a vocabulary that does not divide by 4,
      * and an intermediate size that divides by 4. */
-    char *argv[] = {"model-init", dirs[which], "--hidden", "128", "--intermediate", "256",
-                    "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "390",
-                    "--max-pos", "128", "--seed", "11", "--dtype", (char *)dtype, "--force",
-                    tied ? "--tied" : NULL, NULL};
-    int argc = tied ? 21 : 20;
+    char *argv[32] = {"model-init", dirs[which], "--hidden", "128", "--intermediate", "256",
+                      "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "390",
+                      "--max-pos", "128", "--seed", "11", "--dtype", (char *)dtype, "--force"};
+    int argc = 21;
+    if (tied) argv[argc++] = "--tied";
+    for (int i = 0; extra && extra[i] && argc < 31; i++) argv[argc++] = extra[i];
+    argv[argc] = NULL;
     return tsr_cmd_model_init(argc, argv);
 }
 
@@ -281,13 +286,30 @@ static void test_tied_embeddings_same_under_every_layout(void **state)
     (void)state;
     check_layouts(2);
 }
+static void test_f16_sharded_llama3_rope_same_under_every_layout(void **state)
+{
+    (void)state;
+    check_layouts(3);
+}
+
+/* Reads `count` floats from one line of f (space or newline separated). */
+static float *read_floats(FILE *f, int count)
+{
+    float *v = calloc((size_t)count, sizeof *v);
+    for (int i = 0; v && i < count; i++)
+        if (fscanf(f, "%f", &v[i]) != 1) {
+            free(v);
+            return NULL;
+        }
+    return v;
+}
 
 /* tp=1 pp=1 against the NumPy reference: tokens identical, first-step
  * logits within 1e-4 relative. */
 static void test_matches_numpy_reference(void **state)
 {
     (void)state;
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 4; which++) {
         result_t base;
         run_layout(dirs[which], 1, 1, &base);
         char cmd[512], path[128], ids[256] = "";
@@ -312,15 +334,27 @@ static void test_matches_numpy_reference(void **state)
                 fail_msg("model %d step %d: tessera %d, reference %ld", which, i, base.tokens[i], v);
             s = *end == ',' ? end + 1 : end;
         }
+        /* The reference's logits of every step, one line each: compare the
+         * first and the last. */
+        snprintf(path + strlen(path), sizeof path - strlen(path), ".all");
         FILE *f = fopen(path, "r");
         assert_non_null(f);
-        float *ref = calloc((size_t)base.vocab, sizeof *ref);
-        for (int i = 0; i < base.vocab; i++) assert_int_equal(fscanf(f, "%f", &ref[i]), 1);
+        float *first = read_floats(f, base.vocab), *last = NULL, *v;
+        assert_non_null(first);
+        while ((v = read_floats(f, base.vocab))) {
+            free(last);
+            last = v;
+        }
         fclose(f);
-        double d = max_rel_diff(base.logits, ref, base.vocab);
-        printf("    model %d: first-step logits within %.2g relative of the reference\n", which, d);
-        assert_true(d <= 1e-4);
-        free(ref);
+        assert_non_null(last);
+        double d0 = max_rel_diff(base.logits, first, base.vocab);
+        double d1 = max_rel_diff(base.logits + (size_t)(STEPS - 1) * base.vocab, last, base.vocab);
+        printf("    model %d: first- and last-step logits within %.2g and %.2g relative of the "
+               "reference\n", which, d0, d1);
+        assert_true(d0 <= 1e-4);
+        assert_true(d1 <= 1e-4);
+        free(first);
+        free(last);
         free(base.logits);
     }
 }
@@ -329,7 +363,10 @@ static int setup(void **state)
 {
     (void)state;
     openblas_set_num_threads(1);
-    if (make_model(0, "f32", 0) || make_model(1, "bf16", 0) || make_model(2, "f32", 1)) return -1;
+    static char *llama3[] = {"--llama3-rope", "--shards", "2", NULL};
+    if (make_model(0, "f32", 0, NULL) || make_model(1, "bf16", 0, NULL) ||
+        make_model(2, "f32", 1, NULL) || make_model(3, "f16", 0, llama3))
+        return -1;
     return 0;
 }
 
@@ -337,7 +374,7 @@ static int teardown(void **state)
 {
     (void)state;
     char cmd[256];
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dirs[i]);
         if (dirs[i][0] && system(cmd) != 0) return -1;
     }
@@ -350,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_f32_untied_gqa_same_under_every_layout),
         cmocka_unit_test(test_bf16_checkpoint_same_under_every_layout),
         cmocka_unit_test(test_tied_embeddings_same_under_every_layout),
+        cmocka_unit_test(test_f16_sharded_llama3_rope_same_under_every_layout),
         cmocka_unit_test(test_matches_numpy_reference),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
