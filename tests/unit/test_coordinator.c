@@ -601,11 +601,12 @@ static void expect_piece_moved_to_spare(fx_t *fx, int from)
     assert_int_equal(a->layer_begin, fx->piece[from].layer_begin);
     assert_int_equal(a->layer_end, fx->piece[from].layer_end);
     assert_true(a->epoch > fx->piece[from].epoch);
+    assert_int_equal(a->n_peers, 4);
+    uint64_t epoch = a->epoch;
     tsr_env_free(&env);
     tsr_worker_t *s = tsr_registry_find(fx->c->reg, fx->name[fx->spare]);
     assert_true(s->has_piece);
     assert_int_equal(s->state, TSR_W_LOADING);
-    assert_int_equal(a->n_peers, 4);
     /* The other holders keep their pieces (no move), but the replica is
      * rewired: each gets its own piece again in the new epoch. */
     for (int i = 0; i < NW; i++) {
@@ -615,7 +616,7 @@ static void expect_piece_moved_to_spare(fx_t *fx, int from)
         assert_int_equal(b->stage, fx->piece[i].stage);
         assert_int_equal(b->tp_rank, fx->piece[i].tp_rank);
         assert_int_equal(b->layer_begin, fx->piece[i].layer_begin);
-        assert_int_equal(b->epoch, a->epoch);
+        assert_int_equal(b->epoch, epoch);
         tsr_env_free(&re);
         expect_nothing(fx->dealer[i], 10);
     }
