@@ -277,3 +277,15 @@ const char *tsr_env_kind(const tsr_env_t *env)
         protobuf_c_message_descriptor_get_field(&tessera__envelope__descriptor, env->body_case);
     return f ? f->name : "unknown";
 }
+
+int tsr_name_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-' || c == ':' || c == '@'))
+            return 0;
+    }
+    return n >= 1 && n <= TSR_NAME_MAX;
+}

@@ -62,6 +62,10 @@ int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env
  * address 0.0.0.0 / * becomes 127.0.0.1.  Writes into buf. */
 const char *tsr_connect_endpoint(const char *bind_ep, char *buf, size_t len);
 
+/* True when s is a usable worker or node name: 1..TSR_NAME_MAX characters
+ * of A-Z a-z 0-9 . _ - : @ (they appear in logs, tables and JSON). */
+int tsr_name_ok(const char *s);
+
 /* "register", "heartbeat", ... for logs. */
 const char *tsr_env_kind(const tsr_env_t *env);
 

@@ -494,8 +494,11 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                   r->pid, r->software_version, reason);
         goto refuse;
     }
-    if (!env->worker[0]) {
-        snprintf(reason, sizeof reason, "worker name is empty");
+    if (!tsr_name_ok(env->worker) || !tsr_name_ok(r->node)) {
+        snprintf(reason, sizeof reason,
+                 "worker name '%.64s' and node '%.64s' must be 1 to %d of A-Z a-z 0-9 . _ - : @",
+                 env->worker, r->node, TSR_NAME_MAX);
+        tsr_error("refused a worker: %s", reason);
         goto refuse;
     }
     tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);

@@ -110,8 +110,9 @@ int main(int argc, char **argv)
         snprintf(defname, sizeof defname, "%s-%s%lu", host, tsr_device_name(kind), index);
         name = defname;
     }
-    if (!*name || strlen(name) > TSR_NAME_MAX || strlen(node) > TSR_NAME_MAX) {
-        fprintf(stderr, "tessera-worker: --name and --node must be 1..%d characters\n", TSR_NAME_MAX);
+    if (!tsr_name_ok(name) || !tsr_name_ok(node)) {
+        fprintf(stderr, "tessera-worker: --name '%s' and --node '%s' must be 1 to %d of "
+                        "A-Z a-z 0-9 . _ - : @\n", name, node, TSR_NAME_MAX);
         return 1;
     }
 

@@ -30,4 +30,6 @@ start_coord "$T/m.yaml"
 start_worker w0
 failed_msg() { status_json | jget "d['deployments'][0]['state'] + ': ' + d['deployments'][0]['message']" | grep -q "failed: .*nomodel/config.json"; }
 wait_until 5 failed_msg || fail "missing model not reported: $(status_json | jget "d['deployments'][0]")"
-ok "clear errors for bad arguments, files and peers"
+"$BIN/tessera-worker" --name 'bad name' 2> "$T/e.txt"; [ $? = 1 ] || fail "a name with a space accepted"
+grep -q "must be 1 to 128 of A-Z a-z 0-9" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+ok "clear errors for bad arguments, names, files and peers"
