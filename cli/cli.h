@@ -16,6 +16,9 @@ typedef struct {
  * coordinator said no). */
 int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
                     json_t **out);
+/* The same, handing back the reply's JSON text as it came (caller frees). */
+int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind,
+                         const char *worker, char **out);
 
 int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv);

@@ -1,5 +1,6 @@
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <zmq.h>
 
 #include "cli.h"
@@ -7,6 +8,24 @@
 
 int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
                     json_t **out)
+{
+    char *text = NULL;
+    *out = NULL;
+    int rc = tsr_cli_request_text(cli, kind, worker, &text);
+    if (rc == 0 && text && text[0]) {
+        json_error_t je;
+        *out = json_loads(text, 0, &je);
+        if (!*out) {
+            fprintf(stderr, "tessera: reply is not valid JSON: %s\n", je.text);
+            rc = 1;
+        }
+    }
+    free(text);
+    return rc;
+}
+
+int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind,
+                         const char *worker, char **out)
 {
     int rc = 1;
     char err[512];
@@ -60,15 +79,8 @@ int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, co
         rc = 3;
         goto out;
     }
-    if (reply->control_reply->json[0]) {
-        json_error_t je;
-        *out = json_loads(reply->control_reply->json, 0, &je);
-        if (!*out) {
-            fprintf(stderr, "tessera: reply is not valid JSON: %s\n", je.text);
-            goto out;
-        }
-    }
-    rc = 0;
+    *out = strdup(reply->control_reply->json);
+    rc = *out ? 0 : 1;
 out:
     tsr_env_free(&reply);
     tsr_sock_close(&s);

@@ -176,6 +176,15 @@ int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv)
         fprintf(stderr, "tessera status: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    if (as_json && wait_s < 0) {
+        /* Printed as the coordinator wrote it: parsing and re-indenting a
+         * large cluster's document would cost more than fetching it. */
+        char *text = NULL;
+        int r = tsr_cli_request_text(cli, TESSERA__CONTROL_REQUEST__KIND__STATUS, NULL, &text);
+        if (r == 0) puts(text);
+        free(text);
+        return r;
+    }
     int64_t deadline = tsr_now_ms() + (int64_t)(wait_s * 1000);
     json_t *doc = NULL;
     int rc;

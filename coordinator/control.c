@@ -193,8 +193,10 @@ static void worker_json(sbuf_t *b, const tsr_worker_t *w, int64_t now)
     }
     if (w->reason[0]) sb_kv_str(b, "reason", w->reason);
     if (w->detail[0]) sb_kv_str(b, "detail", w->detail);
-    if (w->state == TSR_W_DEAD)
-        sb_printf(b, ",\"dead_for_ms\":%lld", (long long)(now - w->dead_since_ms));
+    if (w->state == TSR_W_DEAD)  /* and when, on the wall clock, for scripts */
+        sb_printf(b, ",\"dead_for_ms\":%lld,\"dead_at_ms\":%lld",
+                  (long long)(now - w->dead_since_ms),
+                  (long long)(tsr_wall_ms() - (tsr_now_ms() - w->dead_since_ms)));
     sb_puts(b, "}");
 }
 

@@ -4,6 +4,8 @@ source "$(dirname "$0")/lib.sh"
 write_yaml "$T/d.yaml" 1 1 1 tiny "$T/bad"
 cp -r "$MODEL" "$T/bad"   # the coordinator reads its config.json at start
 start_coord "$T/d.yaml"
+answers() { status_json > /dev/null; }
+wait_until 5 answers || fail "coordinator not up"
 
 # damage KIND: a fresh copy of the model in $T/bad, damaged one way.
 damage() {
