@@ -28,8 +28,14 @@ static void gen_usage(FILE *f)
             "  --top-p P           sample from the smallest set of tokens whose probability\n"
             "                      reaches P (default 1)\n"
             "  --seed S            seed for sampling (default 0)\n"
-            "  --ids               print only the ids, on one line, space-separated\n"
-            "  --token-timeout MS  give up when no token comes for this long (default 60000)\n");
+            "  --ids               print only the ids (no summary line on standard error)\n"
+            "  --token-timeout MS  give up when no token comes for this long (default 60000;\n"
+            "                      the global --timeout bounds the wait for the coordinator\n"
+            "                      to accept the request)\n"
+            "\n"
+            "The ids go to standard output on one line, space-separated, as they arrive.\n"
+            "exit status: 0 done, 1 no answer or a bad argument value, 2 bad usage,\n"
+            "3 the request was refused or failed (the reason is printed).\n");
 }
 
 /* Parses "1,2, 3\n4" into ids.  Returns the count, or -1 with a message. */
@@ -111,10 +117,12 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         gen_usage(stderr);
         return 2;
     }
-    if (max_tokens < 1 || max_tokens > 1000000 || temperature < 0 || top_p <= 0 || top_p > 1 ||
-        token_timeout < 1) {
-        fprintf(stderr, "tessera generate: need --max-tokens >= 1, --temperature >= 0, "
-                        "0 < --top-p <= 1, --token-timeout >= 1\n");
+    /* Written so that NaN fails every test. */
+    if (!(max_tokens >= 1 && max_tokens <= 1000000) || !(temperature >= 0 && temperature <= 100) ||
+        !(top_p > 0 && top_p <= 1) || !(token_timeout >= 1 && token_timeout <= 3600000)) {
+        fprintf(stderr, "tessera generate: need 1 <= --max-tokens <= 1000000, "
+                        "0 <= --temperature <= 100, 0 < --top-p <= 1, "
+                        "1 <= --token-timeout <= 3600000\n");
         return 2;
     }
     const char *deployment = argv[optind];
@@ -155,14 +163,16 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         goto out;
     }
     int64_t start = tsr_now_ms(), first = 0;
-    int got = 0;
-    /* The first answer may take a while (prefill); later ones come per token. */
-    int wait = cli->timeout_ms > token_timeout ? cli->timeout_ms : (int)token_timeout;
+    int got = 0, accepted = 0;
     zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
     for (;;) {
+        /* --timeout for the coordinator to accept the request, then
+         * --token-timeout for each token (the first includes the prefill). */
+        int wait = accepted ? (int)token_timeout : cli->timeout_ms;
         if (zmq_poll(&item, 1, wait) <= 0) {
-            fprintf(stderr, "\ntessera generate: no %s from %s within %d ms\n",
-                    got ? "token" : "answer", cli->endpoint, wait);
+            fprintf(stderr, "%stessera generate: no %s from %s within %d ms%s\n", got ? "\n" : "",
+                    accepted ? "token" : "answer", cli->endpoint, wait,
+                    accepted ? " (see --token-timeout)" : " (is it running? see --coordinator)");
             goto out;
         }
         tsr_env_free(&reply);
@@ -180,6 +190,11 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         }
         json_t *doc = json_loads(reply->control_reply->json, 0, NULL);
         if (!doc) continue;
+        if (!json_object_get(doc, "token")) {  /* the acceptance */
+            accepted = 1;
+            json_decref(doc);
+            continue;
+        }
         int token = (int)json_integer_value(json_object_get(doc, "token"));
         int done = json_is_true(json_object_get(doc, "done"));
         char finish[32];

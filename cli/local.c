@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,11 +33,13 @@ static void local_usage(FILE *f)
             "usage: tessera local FILE.yaml [--workers N] [--nodes K] [--log-dir DIR]\n"
             "\n"
             "Runs a coordinator for FILE.yaml and N CPU workers on this machine, in the\n"
-            "foreground.  A child that dies is reported and the rest keep running; SIGINT\n"
-            "or SIGTERM stops them all.\n"
+            "foreground.  A worker that dies is reported and the rest keep running; if the\n"
+            "coordinator dies, everything stops and the exit status is 1.  SIGINT or\n"
+            "SIGTERM stops them all (exit status 0).\n"
             "  --workers N    CPU workers to start (default 1)\n"
             "  --nodes K      spread the workers over K simulated node names (default 1)\n"
-            "  --log-dir DIR  write each child's log to DIR/NAME.log instead of stderr\n");
+            "  --log-dir DIR  write each child's log to DIR/NAME.log instead of stderr\n"
+            "                 (DIR is created if missing)\n");
 }
 
 static int bin_dir(char *buf, size_t len)
@@ -116,6 +119,10 @@ int tsr_cmd_local(int argc, char **argv)
     }
     const char *path = argv[optind];
     char err[1024], dir[PATH_MAX], coord_bin[PATH_MAX + 32], worker_bin[PATH_MAX + 32];
+    if (log_dir && mkdir(log_dir, 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "tessera local: --log-dir %s: %s\n", log_dir, strerror(errno));
+        return 1;
+    }
     tsr_config_t *cfg = NULL;
     if (tsr_config_load(path, &cfg, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
@@ -160,7 +167,7 @@ int tsr_cmd_local(int argc, char **argv)
             "tessera local: try `tessera --coordinator %s status`; Ctrl-C stops everything\n",
             (int)kids[0].pid, workers, cep, cep);
 
-    int alive = nk;
+    int alive = nk, rc = 0;
     while (!local_stop && alive > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -169,10 +176,18 @@ int tsr_cmd_local(int argc, char **argv)
                 if (kids[i].pid != pid) continue;
                 char how[128];
                 describe(status, how, sizeof how);
-                fprintf(stderr, "tessera local: %s (pid %d) %s; the others keep running\n",
-                        kids[i].name, (int)pid, how);
                 kids[i].pid = 0;
                 alive--;
+                if (i == 0) {
+                    /* Workers without a coordinator serve nobody. */
+                    fprintf(stderr, "tessera local: the coordinator (pid %d) %s; stopping the "
+                                    "workers (see its log)\n", (int)pid, how);
+                    local_stop = 1;
+                    rc = 1;
+                } else {
+                    fprintf(stderr, "tessera local: %s (pid %d) %s; the others keep running\n",
+                            kids[i].name, (int)pid, how);
+                }
             }
             continue;
         }
@@ -206,5 +221,5 @@ int tsr_cmd_local(int argc, char **argv)
             kill(kids[i].pid, SIGKILL);
             waitpid(kids[i].pid, NULL, 0);
         }
-    return 0;
+    return rc;
 }

@@ -18,14 +18,16 @@ static void usage(FILE *f)
             "  workers [--json]                   registered workers\n"
             "  plan FILE.yaml [--nodes N] [--per-node G]\n"
             "                                     dry run of the placement (no coordinator)\n"
-            "  generate DEPLOYMENT --prompt-ids 1,2,3 [--max-tokens N] [--temperature T]\n"
-            "           [--top-p P] [--seed S] [--ids]\n"
-            "                                     run a prompt, print the generated token ids\n"
+            "  generate DEPLOYMENT [--prompt-ids 1,2,3] [--max-tokens N] [--temperature T]\n"
+            "           [--top-p P] [--seed S] [--ids] [--token-timeout MS]\n"
+            "                                     run a prompt (ids from stdin without\n"
+            "                                     --prompt-ids), print the generated ids\n"
             "  reload                             reread the deployment file\n"
             "  drain WORKER                       move its piece away, keep it idle\n"
             "  undrain WORKER                     make a drained worker placeable again\n"
-            "  local FILE.yaml [--workers N]      coordinator + N CPU workers in the foreground\n"
-            "  model-init DIR [options]           write a random Llama checkpoint (tests, demo)\n"
+            "  local FILE.yaml [--workers N] [--nodes K] [--log-dir DIR]\n"
+            "                                     coordinator + N CPU workers in the foreground\n"
+            "  model-init DIR [options]           write a random Llama checkpoint\n"
             "  version                            print the version\n"
             "\n"
             "Every command takes --help.\n"
@@ -99,8 +101,14 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
     else if (!strcmp(cmd, "model-init")) rc = tsr_cmd_model_init(cargc, cargv);
     else if (!strcmp(cmd, "version")) {
-        printf("tessera %s (protocol %d)\n", TSR_SOFTWARE_VERSION, TSR_PROTOCOL_VERSION);
-        rc = 0;
+        if (cargc > 1 && strcmp(cargv[1], "--help") && strcmp(cargv[1], "-h")) {
+            fprintf(stderr, "tessera version: unexpected argument '%s'\n", cargv[1]);
+            rc = 2;
+        } else {
+            if (cargc > 1) printf("usage: tessera version\n\nPrints the version and protocol.\n");
+            else printf("tessera %s (protocol %d)\n", TSR_SOFTWARE_VERSION, TSR_PROTOCOL_VERSION);
+            rc = 0;
+        }
     } else if (!strcmp(cmd, "help")) {
         usage(stdout);
         rc = 0;

@@ -83,8 +83,7 @@ int tsr_cmd_plan(int argc, char **argv)
     int need[2] = {0, 0};
     for (size_t i = 0; i < nd; i++) {
         const tsr_deployment_t *d = &cfg->deployments[i];
-        if (tsr_model_info_load(d->model_path, &models[i], err, sizeof err) < 0 ||
-            tsr_model_check_layout(&models[i], d, (int)i, path, err, sizeof err) < 0) {
+        if (tsr_model_load_for(d, (int)i, path, &models[i], err, sizeof err) < 0) {
             fprintf(stderr, "%s\n", err);
             goto out;
         }
@@ -108,7 +107,10 @@ int tsr_cmd_plan(int argc, char **argv)
     ws = calloc(nw ? nw : 1, sizeof *ws);
     names = calloc(nw ? nw : 1, sizeof *names);
     nodenames = calloc((size_t)nodes, sizeof *nodenames);
-    if (!ws || !names || !nodenames) goto out;
+    if (!ws || !names || !nodenames) {
+        fprintf(stderr, "tessera plan: out of memory for a cluster of %zu workers\n", nw);
+        goto out;
+    }
     for (int n = 0; n < nodes; n++) snprintf(nodenames[n], sizeof nodenames[n], "node%d", n);
     size_t w = 0;
     for (int n = 0; n < nodes; n++)

@@ -217,15 +217,52 @@ int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv)
     return 0;
 }
 
+/* Checks a command's words: --help prints usage (returns 0 via *done); any
+ * option not in `allowed` (space-separated, may be NULL) or a count of plain
+ * words other than `words` is bad usage, named on stderr. */
+static int check_args(const char *cmd, int argc, char **argv, int words, const char *allowed,
+                      const char *usage, int *done)
+{
+    int plain = 0;
+    *done = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(usage, stdout);
+            *done = 1;
+            return 0;
+        }
+        if (argv[i][0] == '-') {
+            char key[64];
+            snprintf(key, sizeof key, " %s ", argv[i]);
+            char list[128];
+            snprintf(list, sizeof list, " %s ", allowed ? allowed : "");
+            if (!strstr(list, key)) {
+                fprintf(stderr, "tessera %s: unknown option '%s'\n%s", cmd, argv[i], usage);
+                return 2;
+            }
+            continue;
+        }
+        if (++plain > words) {
+            fprintf(stderr, "tessera %s: unexpected argument '%s'\n%s", cmd, argv[i], usage);
+            return 2;
+        }
+    }
+    if (plain < words) {
+        fprintf(stderr, "tessera %s: missing argument\n%s", cmd, usage);
+        return 2;
+    }
+    return 0;
+}
+
 int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv)
 {
-    int as_json = argc > 1 && !strcmp(argv[1], "--json");
-    if (argc > 1 && !as_json) {
-        printf("usage: tessera [--coordinator EP] workers [--json]\n"
-               "\nLists every registered worker: name, node, state, device, pid, heartbeat age\n"
-               "and the piece it holds.\n");
-        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
-    }
+    int done, as_json = argc > 1 && !strcmp(argv[1], "--json");
+    int bad = check_args("workers", argc, argv, 0, "--json",
+                         "usage: tessera [--coordinator EP] workers [--json]\n"
+                         "\nLists every registered worker: name, node, state, device, pid, "
+                         "heartbeat age\nand the piece it holds.\n",
+                         &done);
+    if (bad || done) return bad;
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__WORKERS, NULL, &doc);
     if (rc) return rc;
@@ -236,12 +273,14 @@ int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv)
 
 int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
 {
-    if (argc > 1) {
-        printf("usage: tessera [--coordinator EP] reload\n"
-               "\nAsks the coordinator to reread its deployment file and apply the new plan.\n"
-               "A file with errors is refused and the running configuration is kept.\n");
-        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
-    }
+    int done;
+    int bad = check_args("reload", argc, argv, 0, NULL,
+                         "usage: tessera [--coordinator EP] reload\n"
+                         "\nAsks the coordinator to reread its deployment file and apply the "
+                         "new plan.\nA file with errors is refused and the running "
+                         "configuration is kept.\n",
+                         &done);
+    if (bad || done) return bad;
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__RELOAD, NULL, &doc);
     if (rc) return rc;
@@ -252,17 +291,17 @@ int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
 
 int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain)
 {
-    if (argc != 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        if (drain)
-            printf("usage: tessera [--coordinator EP] drain WORKER\n"
-                   "\nMoves the worker's piece to an idle worker (or leaves the deployment\n"
-                   "degraded when there is none), then keeps the worker idle and out of\n"
-                   "placement until `tessera undrain WORKER`.\n");
-        else
-            printf("usage: tessera [--coordinator EP] undrain WORKER\n"
-                   "\nMakes a drained worker available for placement again.\n");
-        return argc == 2 ? 0 : 2;
-    }
+    int done;
+    int bad = check_args(drain ? "drain" : "undrain", argc, argv, 1, NULL,
+                         drain ? "usage: tessera [--coordinator EP] drain WORKER\n"
+                                 "\nMoves the worker's piece to an idle worker (or leaves the "
+                                 "deployment\ndegraded when there is none), then keeps the "
+                                 "worker idle and out of\nplacement until `tessera undrain "
+                                 "WORKER`.\n"
+                               : "usage: tessera [--coordinator EP] undrain WORKER\n"
+                                 "\nMakes a drained worker available for placement again.\n",
+                         &done);
+    if (bad || done) return bad;
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, drain ? TESSERA__CONTROL_REQUEST__KIND__DRAIN
                                         : TESSERA__CONTROL_REQUEST__KIND__UNDRAIN,

@@ -205,6 +205,11 @@ static int get_posint(pctx_t *c, yaml_node_t *n, const char *path, int *out)
     }
     s = (const char *)n->data.scalar.value;
     quote_value(n, q, sizeof q);
+    /* "2" in quotes is a string in YAML: a wrong type, not a number. */
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
+        fail(c, n, path, "expected a positive integer, got the quoted string '%s'", q);
+        return -1;
+    }
     if (n->data.scalar.length == 0)
         goto bad;
     for (i = 0; i < n->data.scalar.length; i++) {

@@ -408,10 +408,22 @@ int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
                 "parallel.tensor %d", where, m->num_key_value_heads, d->tensor);
         return -1;
     }
+    /* The MLP is split by rows of gate/up and columns of down. */
+    if (m->intermediate_size % d->tensor != 0) {
+        set_err(err, errlen, "%s: intermediate_size %d is not divisible by "
+                "parallel.tensor %d", where, m->intermediate_size, d->tensor);
+        return -1;
+    }
     if (d->pipeline > m->num_hidden_layers) {
         set_err(err, errlen, "%s: parallel.pipeline %d exceeds num_hidden_layers %d "
                 "(a stage needs at least one layer)", where, d->pipeline,
                 m->num_hidden_layers);
+        return -1;
+    }
+    long long pieces = (long long)d->tensor * d->pipeline * d->replicas;
+    if (pieces > TSR_MAX_PIECES) {
+        set_err(err, errlen, "%s: tensor x pipeline x replicas is %lld pieces; at most %d per "
+                "deployment", where, pieces, TSR_MAX_PIECES);
         return -1;
     }
     return 0;
@@ -469,4 +481,16 @@ uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage,
             params += embed;
     }
     return params / (uint64_t)tensor * (uint64_t)m->dtype_bytes;
+}
+
+int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_path,
+                       tsr_model_info_t *m, char *err, size_t errlen)
+{
+    char why[768];
+    if (tsr_model_info_load(d->model_path, m, why, sizeof why) < 0) {
+        set_err(err, errlen, "%s:%d:%d: deployments[%d] (%s): %s", cfg_path ? cfg_path : "<input>",
+                d->line, d->column, index, d->name ? d->name : "?", why);
+        return -1;
+    }
+    return tsr_model_check_layout(m, d, index, cfg_path, err, errlen);
 }

@@ -40,13 +40,23 @@ typedef struct {
  * rope_scaling of any type but "llama3", naming the field. */
 int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_t errlen);
 
-/* Checks that deployment d can be laid out on model m: heads and KV heads
- * divisible by tensor, no more stages than layers.  The message names the
+/* Most pieces (workers) one deployment may have. */
+#define TSR_MAX_PIECES 65536
+
+/* Checks that deployment d can be laid out on model m: heads, KV heads and
+ * intermediate_size divisible by tensor, no more stages than layers, at most
+ * TSR_MAX_PIECES pieces.  The message names the
  * YAML file, the deployment and its line, e.g. "demo.yaml:9:5: deployments[0]
  * (tiny): models/tiny/config.json: num_attention_heads 12 is not divisible by
  * parallel.tensor 5".  cfg_path may be NULL. */
 int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
                            int index, const char *cfg_path, char *err, size_t errlen);
+
+/* Loads deployment d's config.json and checks the layout against it; a
+ * failure to read the model is prefixed with where the deployment is
+ * ("demo.yaml:9:5: deployments[0] (tiny): models/x/config.json: ..."). */
+int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_path,
+                       tsr_model_info_t *m, char *err, size_t errlen);
 
 /* Splits n_layers into `stages` consecutive ranges as evenly as possible; the
  * first (n_layers % stages) stages get one extra layer.  Stage s covers

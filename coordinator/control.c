@@ -32,7 +32,7 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
     const tsr_deployment_t *d = &c->cfg->deployments[i];
     tsr_dep_state_t *ds = &c->deps[i];
     memset(sum, 0, sizeof *sum);
-    sum->total = d->replicas * d->pipeline * d->tensor;
+    sum->total = d->replicas * d->pipeline * d->tensor;  /* <= TSR_MAX_PIECES: checked at load */
     sum->at = calloc((size_t)sum->total, sizeof *sum->at);
     if (!ds->model_ok) {
         sum->state = "failed";

@@ -26,9 +26,8 @@ static tsr_dep_state_t *deps_build(const tsr_config_t *cfg, const tsr_dep_state_
         const tsr_deployment_t *d = &cfg->deployments[i];
         tsr_dep_state_t *s = &deps[i];
         snprintf(s->name, sizeof s->name, "%s", d->name);
-        char err[512];
-        if (tsr_model_info_load(d->model_path, &s->model, err, sizeof err) < 0 ||
-            tsr_model_check_layout(&s->model, d, (int)i, cfg->path, err, sizeof err) < 0) {
+        char err[1024];
+        if (tsr_model_load_for(d, (int)i, cfg->path, &s->model, err, sizeof err) < 0) {
             snprintf(s->model_error, sizeof s->model_error, "%s", err);
         } else {
             s->model_ok = true;
@@ -508,6 +507,17 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                  "unique",
                  env->worker, w->node, w->pid);
         tsr_error("refused worker %s from node %s: %s", env->worker, r->node, reason);
+        goto refuse;
+    }
+    /* Another process under a live worker's name: the old one is still
+     * heartbeating, so this is a duplicate, not a restart. */
+    if (w && w->state != TSR_W_DEAD && w->pid != r->pid &&
+        now - w->last_seen_ms < 2 * (int64_t)c->cfg->heartbeat_interval_ms) {
+        snprintf(reason, sizeof reason,
+                 "worker name %s is in use by pid %u on node %s (heard %lld ms ago); names "
+                 "must be unique",
+                 env->worker, w->pid, w->node, (long long)(now - w->last_seen_ms));
+        tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
     if (w && w->state != TSR_W_DEAD && w->pid != r->pid)

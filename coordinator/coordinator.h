@@ -19,7 +19,7 @@ typedef struct {
     char name[TSR_NAME_MAX + 1];
     bool model_ok;
     tsr_model_info_t model;
-    char model_error[512];
+    char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
 } tsr_dep_state_t;
 

@@ -88,8 +88,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < cfg->n_deployments; i++) {
             tsr_model_info_t m;
             const tsr_deployment_t *d = &cfg->deployments[i];
-            if (tsr_model_info_load(d->model_path, &m, err, sizeof err) < 0 ||
-                tsr_model_check_layout(&m, d, (int)i, path, err, sizeof err) < 0) {
+            if (tsr_model_load_for(d, (int)i, path, &m, err, sizeof err) < 0) {
                 fprintf(stderr, "%s\n", err);
                 bad = 1;
             }

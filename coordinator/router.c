@@ -4,6 +4,7 @@
  * request whose replica loses a worker or is rewired fails at once with the
  * reason: it never hangs. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,11 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         refuse(c, rid, rid_len, "max_tokens must be at least 1");
         return;
     }
+    if (!(q->temperature >= 0.0f && q->temperature <= 100.0f) ||
+        !(q->top_p >= 0.0f && q->top_p <= 1.0f)) {
+        refuse(c, rid, rid_len, "temperature must be 0 to 100 and top_p 0 to 1");
+        return;
+    }
     /* The ready replica with the least work in flight. */
     tsr_worker_t *leader = NULL;
     int replica = -1, best = 0;
@@ -165,6 +171,12 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
     tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env);
+    /* Tell the client at once that the request is on its way, so it can
+     * tell a missing coordinator from a slow prefill. */
+    json_t *ack = json_pack("{s:I, s:i, s:s, s:b}", "request_id", (json_int_t)rec->id,
+                            "replica", replica, "leader", leader->name, "accepted", 1);
+    reply_json(c, rec, true, NULL, ack);
+    json_decref(ack);
     tsr_debug("request %llu -> %s replica %d (leader %s)", (unsigned long long)rec->id, d->name,
               replica, leader->name);
 }

@@ -467,7 +467,9 @@ int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_
     int32_t best = 0;
     for (int i = 1; i < vocab; i++)
         if (logits[i] > logits[best]) best = i;
-    if (temperature <= 0.0f) return best;
+    /* NaN compares false everywhere: treat anything but a positive finite
+     * temperature as greedy, anything outside (0, 1] as no nucleus cut. */
+    if (!(temperature > 0.0f) || !isfinite(temperature)) return best;
 
     cand_t *c = malloc((size_t)vocab * sizeof *c);
     if (!c) return best;
@@ -479,9 +481,9 @@ int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_
     }
     qsort(c, (size_t)vocab, sizeof *c, cand_desc);
     /* Nucleus: the smallest prefix whose mass reaches top_p. */
-    if (top_p <= 0.0f || top_p > 1.0f) top_p = 1.0f;
-    double keep = 0;
-    int k = 0;
+    if (!(top_p > 0.0f && top_p <= 1.0f)) top_p = 1.0f;
+    double keep = c[0].p;
+    int k = 1;  /* the most likely token is always kept */
     while (k < vocab && keep < top_p * sum) keep += c[k++].p;
     double r = (double)(splitmix64(rng) >> 11) / (double)(1ull << 53) * keep, acc = 0;
     int32_t pick = c[k - 1].id;

@@ -5,7 +5,7 @@ source "$(dirname "$0")/lib.sh"
 grep -q "no answer from the coordinator at tcp://127.0.0.1:$WPORT within 300 ms" "$T/e.txt" || fail "$(cat "$T/e.txt")"
 "$BIN/tessera" frobnicate 2> "$T/e.txt"; [ $? = 2 ] || fail "unknown command should exit 2"
 grep -q "unknown command 'frobnicate'" "$T/e.txt" || fail "unknown command message"
-for c in status workers plan reload drain undrain local; do
+for c in status workers plan reload drain undrain local generate model-init version; do
     "$BIN/tessera" $c --help > "$T/h.txt" || fail "$c --help failed"
     grep -q "usage: tessera" "$T/h.txt" || fail "$c --help has no usage line"
 done
@@ -28,7 +28,7 @@ grep -q "num_attention_heads 8 is not divisible by parallel.tensor 3" "$T/e.txt"
 write_yaml "$T/m.yaml" 1 1 1 tiny "$T/nomodel"
 start_coord "$T/m.yaml"
 start_worker w0
-failed_msg() { status_json | jget "d['deployments'][0]['state'] + ': ' + d['deployments'][0]['message']" | grep -q "failed: .*nomodel/config.json"; }
+failed_msg() { status_json | jget "d['deployments'][0]['state'] + ': ' + d['deployments'][0]['message']" | grep -qE "failed: .*m.yaml:[0-9]+:[0-9]+: deployments\[0\] \(tiny\): .*nomodel/config.json"; }
 wait_until 5 failed_msg || fail "missing model not reported: $(status_json | jget "d['deployments'][0]")"
 "$BIN/tessera-worker" --name 'bad name' 2> "$T/e.txt"; [ $? = 1 ] || fail "a name with a space accepted"
 grep -q "must be 1 to 128 of A-Z a-z 0-9" "$T/e.txt" || fail "$(cat "$T/e.txt")"

@@ -27,7 +27,9 @@ fi
 # sd_notify: listen on a datagram socket as systemd would and check that the
 # coordinator reports READY=1 and keeps petting the watchdog from its loop.
 write_yaml "$T/d.yaml" 1 1 1
-python3 - "$T/notify.sock" "$T/notify.txt" <<'PY' &
+# listen SOCKET OUT: record sd_notify datagrams for 6 s, as systemd would.
+listen() {
+    python3 - "$1" "$2" <<'PY' &
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 s.bind(sys.argv[1]); s.settimeout(0.2)
@@ -39,18 +41,28 @@ with open(sys.argv[2], "w") as out:
         except socket.timeout:
             pass
 PY
-PIDS+=("$!")
-bound() { [ -S "$T/notify.sock" ]; }
+    PIDS+=("$!")
+}
+listen "$T/notify.sock" "$T/notify.txt"
+listen "$T/wnotify.sock" "$T/wnotify.txt"
+bound() { [ -S "$T/notify.sock" ] && [ -S "$T/wnotify.sock" ]; }
 wait_until 5 bound || fail "notify listener did not start"
 NOTIFY_SOCKET="$T/notify.sock" WATCHDOG_USEC=400000 bash -c 'export WATCHDOG_PID=$$; exec "$0" "$1"' \
     "$BIN/tessera-coordinator" "$T/d.yaml" >> "$T/coordinator.log" 2>&1 &
 CP=$!; PIDS+=("$CP")
+NOTIFY_SOCKET="$T/wnotify.sock" WATCHDOG_USEC=400000 bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wn' \
+    "$BIN/tessera-worker" "$WEP" >> "$T/wn.log" 2>&1 &
+WP=$!; PIDS+=("$WP")
 sleep 2
 grep -q "READY=1" "$T/notify.txt" || fail "no READY=1: $(cat "$T/notify.txt")"
+grep -q "READY=1" "$T/wnotify.txt" || fail "worker: no READY=1: $(cat "$T/wnotify.txt")"
+[ "$(grep -c "WATCHDOG=1" "$T/wnotify.txt")" -ge 4 ] || fail "worker did not pet its watchdog"
+kill -TERM "$WP"; wait "$WP"
 n=$(grep -c "WATCHDOG=1" "$T/notify.txt")
 echo "watchdog pings in ~1.7 s with WatchdogSec=0.4s: $n"
 [ "$n" -ge 4 ] || fail "watchdog petted only $n times"
 kill -TERM "$CP"; wait "$CP"
 sleep 0.3
 grep -q "STOPPING=1" "$T/notify.txt" || fail "no STOPPING=1"
+grep -q "STOPPING=1" "$T/wnotify.txt" || fail "worker: no STOPPING=1"
 ok "install layout, unit contents and sd_notify READY/WATCHDOG/STOPPING"

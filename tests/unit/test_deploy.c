@@ -324,6 +324,8 @@ static void test_non_integer_is_rejected(void **state)
     expect_tensor_error("1.5", "got '1.5'");
     expect_tensor_error("0x10", "got '0x10'");
     expect_tensor_error("{a: 1}", "got a mapping");
+    /* A quoted number is a string in YAML: the wrong type. */
+    expect_tensor_error("\"2\"", "expected a positive integer, got the quoted string '2'");
 }
 
 static void test_zero_or_negative_is_rejected(void **state)

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "worker/engine.h"
@@ -62,13 +63,31 @@ static void test_greedy_picks_the_first_maximum(void **state)
 static void test_top_p_keeps_only_the_nucleus(void **state)
 {
     (void)state;
-    /* Token 0 holds almost all the mass: with top_p 0.5 it is the whole
-     * nucleus, so every draw returns it. */
-    float logits[] = {10.0f, 0.0f, 0.0f, 0.0f};
-    for (uint64_t seed = 0; seed < 200; seed++) {
-        uint64_t rng = seed;
-        assert_int_equal(tsr_sample(logits, 4, 1.0f, 0.5f, &rng), 0);
+    /* Probabilities about 0.29, 0.26, 0.24, 0.21: without the cut every
+     * token comes up; with top_p 0.25 the nucleus is token 0 alone, and with
+     * 0.5 it is tokens 0 and 1. */
+    float logits[] = {1.0f, 0.9f, 0.8f, 0.7f};
+    int seen[4] = {0, 0, 0, 0}, seen_half[4] = {0, 0, 0, 0}, seen_all[4] = {0, 0, 0, 0};
+    for (uint64_t seed = 0; seed < 400; seed++) {
+        uint64_t a = seed, b = seed, c = seed;
+        seen[tsr_sample(logits, 4, 1.0f, 0.25f, &a)]++;
+        seen_half[tsr_sample(logits, 4, 1.0f, 0.5f, &b)]++;
+        seen_all[tsr_sample(logits, 4, 1.0f, 1.0f, &c)]++;
     }
+    assert_int_equal(seen[0], 400);
+    assert_true(seen_half[0] > 0 && seen_half[1] > 0);
+    assert_int_equal(seen_half[2] + seen_half[3], 0);
+    for (int i = 0; i < 4; i++) assert_true(seen_all[i] > 40);
+}
+
+static void test_nan_parameters_fall_back_safely(void **state)
+{
+    (void)state;
+    float logits[] = {0.1f, 2.0f, 0.3f};
+    uint64_t rng = 3;
+    assert_int_equal(tsr_sample(logits, 3, NAN, 0.9f, &rng), 1);  /* greedy */
+    int32_t t = tsr_sample(logits, 3, 1.0f, NAN, &rng);            /* no cut */
+    assert_true(t >= 0 && t < 3);
 }
 
 static void test_sampling_follows_the_distribution_and_the_seed(void **state)
@@ -106,6 +125,7 @@ int main(void)
         cmocka_unit_test(test_max_seq_len_stops_when_no_position_is_left),
         cmocka_unit_test(test_greedy_picks_the_first_maximum),
         cmocka_unit_test(test_top_p_keeps_only_the_nucleus),
+        cmocka_unit_test(test_nan_parameters_fall_back_safely),
         cmocka_unit_test(test_sampling_follows_the_distribution_and_the_seed),
         cmocka_unit_test(test_low_temperature_sharpens),
     };
