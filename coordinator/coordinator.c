@@ -17,13 +17,20 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
 
 /* Reads each deployment's config.json and checks its layout.  A deployment
  * whose model cannot be read is kept but never placed; its status says why. */
-static tsr_dep_state_t *deps_build(const tsr_config_t *cfg, const tsr_dep_state_t *old,
+static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
                                    size_t n_old)
 {
     tsr_dep_state_t *deps = calloc(cfg->n_deployments ? cfg->n_deployments : 1, sizeof *deps);
     if (!deps) return NULL;
     for (size_t i = 0; i < cfg->n_deployments; i++) {
-        const tsr_deployment_t *d = &cfg->deployments[i];
+        tsr_deployment_t *d = &cfg->deployments[i];
+        /* Workers get the model directory as an absolute path: they do not
+         * share the coordinator's working directory. */
+        char *real = realpath(d->model_path, NULL);
+        if (real) {
+            free(d->model_path);
+            d->model_path = real;
+        }
         tsr_dep_state_t *s = &deps[i];
         snprintf(s->name, sizeof s->name, "%s", d->name);
         char err[1024];
