@@ -3,6 +3,7 @@
 #   make            bin/tessera-coordinator bin/tessera-worker bin/tessera
 #   make test       install missing deps, build, run unit + integration tests
 #   make asan       the same tests built with AddressSanitizer + UBSan
+#   make tsan       the same tests built with ThreadSanitizer (not in CI)
 #   make demo       install missing deps, build, run the demo cluster
 #   make bench      control-plane benchmark (bench/)
 #   make install    PREFIX=/usr/local: binaries, systemd units, example configs
@@ -44,7 +45,7 @@ BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 PROGRAMS := $(BIN)/tessera-coordinator $(BIN)/tessera-worker $(BIN)/tessera
 
-.PHONY: all deps test unit integration asan demo bench install clean
+.PHONY: all deps test unit integration asan tsan demo bench install clean
 all: $(PROGRAMS) build/models/demo/config.json
 
 # The demo's model: a small random Llama checkpoint (configs/demo.yaml).
@@ -100,6 +101,14 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin SANITIZE=1 all-tests
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
+
+# ThreadSanitizer on the multi-threaded paths (worker agent + data plane,
+# collectives); not part of CI, which runs asan.
+tsan: deps
+	@CFLAGS="-O1 -g -fsanitize=thread" LDFLAGS="-fsanitize=thread" $(MAKE) --no-print-directory \
+	  BUILD=build/tsan BIN=build/tsan/bin all-tests
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp exitcode=66" \
+	  TSR_BIN=build/tsan/bin TSR_BUILD=build/tsan TSR_SLOW=1 ./tests/run.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

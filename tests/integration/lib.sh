@@ -21,9 +21,10 @@ cleanup() {
     done
     wait 2>/dev/null || true
     # A sanitizer report in any daemon's log fails the test.
-    if grep -lE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$T"/*.log > /dev/null 2>&1; then
+    local pat="ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer"
+    if grep -lE "$pat" "$T"/*.log > /dev/null 2>&1; then
         echo "FAIL: sanitizer report in a daemon log"
-        grep -hE -A12 "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$T"/*.log | head -60
+        grep -hE -A12 "$pat" "$T"/*.log | head -60
         rc=1
     fi
     if [ "${KEEP_TMP:-0}" != 1 ]; then rm -rf "$T"; fi
