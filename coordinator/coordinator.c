@@ -410,6 +410,31 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         tsr_config_destroy(&cfg);
         return -1;
     }
+    /* Replicas already waiting to be rewired keep waiting, under the new
+     * configuration's numbering. */
+    size_t kept = 0;
+    for (size_t t = 0; t < c->lost.n; t++) {
+        int ni = -1;
+        if (c->lost.di[t] >= 0 && (size_t)c->lost.di[t] < c->cfg->n_deployments) {
+            const char *name = c->cfg->deployments[c->lost.di[t]].name;
+            for (size_t k = 0; k < cfg->n_deployments; k++)
+                if (!strcmp(cfg->deployments[k].name, name)) ni = (int)k;
+        }
+        if (ni < 0) continue;
+        c->lost.di[kept] = ni;
+        c->lost.replica[kept++] = c->lost.replica[t];
+    }
+    c->lost.n = kept;
+    /* A deployment that keeps its layout but changes its model or its
+     * max_seq_len keeps its placement; its replicas are rewired so every
+     * worker loads the new model or resizes its KV cache. */
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        const tsr_deployment_t *nd = &cfg->deployments[i];
+        const tsr_deployment_t *od = tsr_config_find(c->cfg, nd->name);
+        if (!od || (!strcmp(od->model_path, nd->model_path) && od->max_seq_len == nd->max_seq_len))
+            continue;
+        for (int r = 0; r < nd->replicas; r++) touch(&c->lost, (int)i, r);
+    }
     tsr_config_destroy(&c->cfg);
     free(c->deps);
     c->cfg = cfg;
