@@ -177,6 +177,7 @@ static void worker_json(sbuf_t *b, const tsr_worker_t *w, int64_t now)
               (unsigned long long)w->weight_bytes, (unsigned long long)w->kv_bytes,
               (double)w->load);
     sb_kv_str(b, "version", w->version);
+    sb_kv_str(b, "data_endpoint", w->data_endpoint);
     sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
               tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);

@@ -45,6 +45,15 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
     return deps;
 }
 
+static void deps_free(tsr_dep_state_t *deps, size_t n)
+{
+    for (size_t i = 0; deps && i < n; i++) {
+        free(deps[i].retry.di);
+        free(deps[i].retry.replica);
+    }
+    free(deps);
+}
+
 static int dep_index(const tsr_coord_t *c, const char *name)
 {
     for (size_t i = 0; i < c->cfg->n_deployments; i++)
@@ -96,8 +105,8 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_sock_close(&c->csock);
     tsr_registry_destroy(&c->reg);
     tsr_plan_destroy(&c->plan);
+    deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
-    free(c->deps);
     free(c->config_path);
     free(c->reqs);
     free(c->lost.di);
@@ -435,8 +444,8 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
             continue;
         for (int r = 0; r < nd->replicas; r++) touch(&c->lost, (int)i, r);
     }
+    deps_free(c->deps, c->cfg->n_deployments);
     tsr_config_destroy(&c->cfg);
-    free(c->deps);
     c->cfg = cfg;
     c->deps = deps;
     /* Pieces that failed to load are tried again: the operator may have
@@ -619,6 +628,52 @@ static bool piece_msg_current(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *
     return false;
 }
 
+/* A replica whose data plane broke without a worker dying (a peer that
+ * stalled past its deadline, a dropped connection) is rewired again after a
+ * backoff: the workers keep their weights and form new communicators. */
+static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
+{
+    if (strncmp(w->reason, "data plane:", 11)) return;  /* load errors need the operator */
+    int di = dep_index(c, w->piece.deployment);
+    if (di < 0) return;
+    tsr_dep_state_t *ds = &c->deps[di];
+    touch(&ds->retry, di, w->piece.replica);
+    if (ds->retry_at_ms) return;
+    if (!ds->retry_backoff_ms) ds->retry_backoff_ms = 2000;
+    ds->retry_at_ms = now + ds->retry_backoff_ms;
+    tsr_warn("deployment %s replica %d: data plane failed (%s); rewiring in %d ms", ds->name,
+             w->piece.replica, w->reason, ds->retry_backoff_ms);
+    ds->retry_backoff_ms = ds->retry_backoff_ms * 2 > 60000 ? 60000 : ds->retry_backoff_ms * 2;
+}
+
+/* Once every piece of a deployment is ready again, its next data-plane
+ * failure is retried quickly again. */
+static void reset_backoff_if_ready(tsr_coord_t *c, const char *deployment)
+{
+    int di = dep_index(c, deployment);
+    if (di < 0 || !c->deps[di].retry_backoff_ms) return;
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    int ready = 0;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        ready += w->state == TSR_W_READY && w->has_piece && !strcmp(w->piece.deployment, d->name);
+    }
+    if (ready == d->replicas * d->pipeline * d->tensor) c->deps[di].retry_backoff_ms = 0;
+}
+
+static void run_retries(tsr_coord_t *c, int64_t now)
+{
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        tsr_dep_state_t *ds = &c->deps[i];
+        if (!ds->retry_at_ms || now < ds->retry_at_ms) continue;
+        for (size_t t = 0; t < ds->retry.n; t++) touch(&c->lost, (int)i, ds->retry.replica[t]);
+        ds->retry.n = 0;
+        ds->retry_at_ms = 0;
+        c->dirty = true;
+    }
+}
+
 static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
                           int64_t now)
 {
@@ -684,6 +739,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
                      w->piece.replica, w->piece.stage, w->piece.tp);
         w->state = TSR_W_READY;
         w->detail[0] = '\0';
+        reset_backoff_if_ready(c, w->piece.deployment);
         break;
     case TESSERA__ENVELOPE__BODY_FAILED:
         if (!env->failed->fatal && !piece_msg_current(c, w, env)) break;
@@ -704,6 +760,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
                       env->failed->reason);
             w->state = TSR_W_FAILED;
             snprintf(w->reason, sizeof w->reason, "%s", env->failed->reason);
+            schedule_retry(c, w, now);
         }
         break;
     case TESSERA__ENVELOPE__BODY_TOKEN_EVENT:
@@ -778,6 +835,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
 {
     int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
     c->now_ms = now_ms;
+    run_retries(c, now_ms);
     if (now_ms >= c->next_scan_ms) {
         tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
         c->next_scan_ms = now_ms + scan;

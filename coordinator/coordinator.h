@@ -15,19 +15,24 @@
 #include "planner.h"
 #include "registry.h"
 
+/* A set of (deployment index, replica) pairs. */
+typedef struct {
+    int *di, *replica;
+    size_t n, cap;
+} tsr_replica_set_t;
+
 typedef struct {
     char name[TSR_NAME_MAX + 1];
     bool model_ok;
     tsr_model_info_t model;
     char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
+    /* Data-plane failures are retried by rewiring the replica, with backoff
+     * (2 s, doubling to 60 s, reset once the deployment is ready again). */
+    int64_t retry_at_ms;        /* 0: nothing scheduled */
+    int retry_backoff_ms;
+    tsr_replica_set_t retry;    /* replicas to rewire at retry_at_ms */
 } tsr_dep_state_t;
-
-/* A set of (deployment index, replica) pairs. */
-typedef struct {
-    int *di, *replica;
-    size_t n, cap;
-} tsr_replica_set_t;
 
 /* A generation request in flight. */
 typedef struct {

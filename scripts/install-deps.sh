@@ -5,7 +5,7 @@ set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libczmq-dev libyaml-dev \
 libprotobuf-c-dev protobuf-c-compiler libssl-dev libjansson-dev \
-libopenblas-dev libsystemd-dev libcmocka-dev python3 python3-numpy procps"
+libopenblas-dev libsystemd-dev libcmocka-dev python3 python3-numpy procps iproute2"
 
 missing=""
 for p in $PKGS; do
