@@ -128,7 +128,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     const char *deployment = argv[optind];
     int32_t *prompt = malloc(MAX_PROMPT * sizeof *prompt);
     char *in = ids_arg ? NULL : read_stdin();
-    void *s = NULL;
+    void *s = NULL, *mon = NULL;
     tsr_env_t *reply = NULL;
     if (!prompt || (!ids_arg && !in)) goto out;
     int n = parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT,
@@ -164,12 +164,25 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     }
     int64_t start = tsr_now_ms(), first = 0;
     int got = 0, accepted = 0;
-    zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+    /* A coordinator that goes away mid-request (crash, restart) takes the
+     * request with it: say so at once instead of waiting out the timeout. */
+    mon = tsr_sock_monitor(s, ZMQ_EVENT_DISCONNECTED);
+    zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
         /* --timeout for the coordinator to accept the request, then
          * --token-timeout for each token (the first includes the prefill). */
         int wait = accepted ? (int)token_timeout : cli->timeout_ms;
-        if (zmq_poll(&item, 1, wait) <= 0) {
+        int ready = zmq_poll(items, mon ? 2 : 1, wait);
+        if (ready > 0 && !(items[0].revents & ZMQ_POLLIN)) {
+            if (tsr_sock_monitor_event(mon) == ZMQ_EVENT_DISCONNECTED) {
+                fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
+                                "after %d token(s); the request is gone (did it restart?)\n",
+                        got ? "\n" : "", cli->endpoint, got);
+                goto out;
+            }
+            continue;
+        }
+        if (ready <= 0) {
             fprintf(stderr, "%stessera generate: no %s from %s within %d ms%s\n", got ? "\n" : "",
                     accepted ? "token" : "answer", cli->endpoint, wait,
                     accepted ? " (see --token-timeout)" : " (is it running? see --coordinator)");
@@ -219,6 +232,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     }
 out:
     tsr_env_free(&reply);
+    if (s) tsr_sock_monitor_close(s, &mon);
     tsr_sock_close(&s);
     free(in);
     free(prompt);

@@ -187,6 +187,45 @@ void tsr_sock_close(void **sock_p)
     }
 }
 
+static void skip_rest(void *sock);
+
+void *tsr_sock_monitor(void *sock, int events)
+{
+    static int seq;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://tsr-monitor-%d", ++seq);
+    if (zmq_socket_monitor(sock, ep, events) != 0) return NULL;
+    void *mon = zmq_socket(tsr_zmq_ctx(), ZMQ_PAIR);
+    if (mon && zmq_connect(mon, ep) != 0) {
+        zmq_close(mon);
+        mon = NULL;
+    }
+    return mon;
+}
+
+int tsr_sock_monitor_event(void *mon)
+{
+    zmq_msg_t m;
+    int id = -1;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) >= 6) {
+        uint16_t ev;
+        memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+        id = ev;
+    }
+    zmq_msg_close(&m);
+    skip_rest(mon);  /* the endpoint frame */
+    return id;
+}
+
+void tsr_sock_monitor_close(void *sock, void **mon_p)
+{
+    if (!mon_p || !*mon_p) return;
+    zmq_socket_monitor(sock, NULL, 0);
+    zmq_close(*mon_p);
+    *mon_p = NULL;
+}
+
 int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env)
 {
     uint8_t *buf = NULL;

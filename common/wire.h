@@ -46,6 +46,12 @@ void *tsr_sock_router(const char *endpoint, char *err, size_t errlen);
  * (a worker must not flood a restarted coordinator with stale heartbeats). */
 void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen);
 void tsr_sock_close(void **sock_p);
+/* A PAIR socket that receives sock's connection events (ZMQ_EVENT_* mask);
+ * read one with tsr_sock_monitor_event.  Close with tsr_sock_monitor_close. */
+void *tsr_sock_monitor(void *sock, int events);
+/* Reads one event: returns its ZMQ_EVENT_* id, or -1. */
+int tsr_sock_monitor_event(void *mon);
+void tsr_sock_monitor_close(void *sock, void **mon_p);
 
 /* Sends env, prefixed with routing id rid (ROUTER side) when rid != NULL.
  * Never blocks: a message that cannot be queued is dropped and -1 returned. */
