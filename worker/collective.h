@@ -62,4 +62,15 @@ tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t gro
                              int rank, int n, const char *const *endpoints, int timeout_ms,
                              char *err, size_t errlen);
 
+/* The same, giving up early when cancelled(arg) becomes true (checked every
+ * turn of the wait; tsr_tcp_listener_wake makes a waiting call look at once):
+ * a worker whose replica is rewired again while it still waits for peers
+ * moves on to the new epoch instead of waiting out the timeout. */
+tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
+                                         int rank, int n, const char *const *endpoints,
+                                         int timeout_ms, int (*cancelled)(void *arg),
+                                         void *cancel_arg, char *err, size_t errlen);
+/* Wakes every communicator being formed on l so it re-checks cancellation. */
+void tsr_tcp_listener_wake(tsr_tcp_listener_t *l);
+
 #endif

@@ -467,6 +467,8 @@ typedef struct {
 typedef struct former {
     tsr_tcp_listener_t *l;
     tsr_comm_t *c;
+    int (*cancelled)(void *arg);  /* asked each turn; NULL: never */
+    void *cancel_arg;
     hs_t me;
     outgoing_t *out;            /* one per lower rank */
     pending_t pend[PENDING_MAX];
@@ -809,6 +811,11 @@ static int form_serve(former_t *f, char *err, size_t errlen)
 static int form_run(former_t *f, char *err, size_t errlen)
 {
     for (;;) {
+        if (f->cancelled && f->cancelled(f->cancel_arg)) {
+            snprintf(err, errlen, "forming group %llu was cancelled (a newer plan replaced it)",
+                     (unsigned long long)f->c->group);
+            return -1;
+        }
         claim_stash(f);
         if (form_complete(f)) return 0;
         int64_t now = now_ms();
@@ -880,6 +887,22 @@ tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t gro
                              int n, const char *const *endpoints, int timeout_ms, char *err,
                              size_t errlen)
 {
+    return tsr_tcp_comm_new_cancellable(l, epoch, group, rank, n, endpoints, timeout_ms, NULL,
+                                        NULL, err, errlen);
+}
+
+void tsr_tcp_listener_wake(tsr_tcp_listener_t *l)
+{
+    pthread_mutex_lock(&l->mu);
+    for (former_t *o = l->formers; o; o = o->next) eventfd_write(o->wake_fd, 1);
+    pthread_mutex_unlock(&l->mu);
+}
+
+tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
+                                         int rank, int n, const char *const *endpoints,
+                                         int timeout_ms, int (*cancelled)(void *arg),
+                                         void *cancel_arg, char *err, size_t errlen)
+{
     tsr_comm_t *c = NULL, *ret = NULL;
     if (check_args(l, rank, n, endpoints, err, errlen)) return NULL;
     if (!(c = comm_alloc(epoch, group, rank, n))) {
@@ -890,7 +913,8 @@ tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t gro
     for (int p = 0; p < n; p++)
         if (p != rank) snprintf(c->peers[p].endpoint, EP_MAX, "%s", endpoints[p]);
 
-    former_t f = {.l = l, .c = c, .timeout_ms = timeout_ms};
+    former_t f = {.l = l, .c = c, .timeout_ms = timeout_ms, .cancelled = cancelled,
+                  .cancel_arg = cancel_arg};
     f.me = (hs_t){HS_MAGIC, PROTO_VERSION, epoch, group, (uint32_t)rank, (uint32_t)n};
     f.deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     f.npfd = PFD_OUT + rank;

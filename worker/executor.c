@@ -170,20 +170,23 @@ static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
     return h;
 }
 
-static tsr_comm_t *form(tsr_executor_t *ex, const job_t *j, const char *kind, int a, int b,
-                        int rank, int n, const int *members, char *err, size_t errlen)
+static int form_cancelled(void *arg) { return io_should_stop(arg); }
+
+static tsr_comm_t *form(tsr_executor_t *ex, const job_t *j, run_ctx_t *ctx, const char *kind,
+                        int a, int b, int rank, int n, const int *members, char *err,
+                        size_t errlen)
 {
     const char *eps[MAX_PEERS];
     for (int i = 0; i < n; i++) eps[i] = j->peers[members[i]];
-    return tsr_tcp_comm_new(ex->listener, j->epoch, group_id(j, kind, a, b), rank, n, eps,
-                            FORM_TIMEOUT_MS, err, errlen);
+    return tsr_tcp_comm_new_cancellable(ex->listener, j->epoch, group_id(j, kind, a, b), rank, n,
+                                        eps, FORM_TIMEOUT_MS, form_cancelled, ctx, err, errlen);
 }
 
 /* The replica's communicators, formed in the same order on every rank: the
  * stage's TP group, the link from the previous stage, the link to the next,
  * and the loop from the last stage back to the leader. */
-static int wire_up(tsr_executor_t *ex, const job_t *j, tsr_replica_rank_t *r, char *err,
-                   size_t errlen)
+static int wire_up(tsr_executor_t *ex, const job_t *j, run_ctx_t *ctx, tsr_replica_rank_t *r,
+                   char *err, size_t errlen)
 {
     int tp = j->tp_size, s = j->stage, t = j->tp, m[MAX_PEERS];
     if (j->n_peers != j->tp_size * j->pp_size) {
@@ -193,19 +196,19 @@ static int wire_up(tsr_executor_t *ex, const job_t *j, tsr_replica_rank_t *r, ch
     }
     if (tp > 1) {
         for (int i = 0; i < tp; i++) m[i] = s * tp + i;
-        if (!(r->tp = form(ex, j, "tp", s, 0, t, tp, m, err, errlen))) return -1;
+        if (!(r->tp = form(ex, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
     }
     if (s > 0) {
         m[0] = (s - 1) * tp + t, m[1] = s * tp + t;
-        if (!(r->prev = form(ex, j, "pp", s, t, 1, 2, m, err, errlen))) return -1;
+        if (!(r->prev = form(ex, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
     }
     if (s < j->pp_size - 1) {
         m[0] = s * tp + t, m[1] = (s + 1) * tp + t;
-        if (!(r->next = form(ex, j, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
+        if (!(r->next = form(ex, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
     }
     if (j->pp_size > 1 && t == 0 && (s == 0 || s == j->pp_size - 1)) {
         m[0] = 0, m[1] = (j->pp_size - 1) * tp;
-        if (!(r->loop = form(ex, j, "loop", 0, 0, s == 0 ? 0 : 1, 2, m, err, errlen))) return -1;
+        if (!(r->loop = form(ex, j, ctx, "loop", 0, 0, s == 0 ? 0 : 1, 2, m, err, errlen))) return -1;
     }
     return 0;
 }
@@ -269,7 +272,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         goto out;
     }
     push_simple(ex, TSR_EV_PROGRESS, j->epoch, "connecting to the replica's peers");
-    if (wire_up(ex, j, &r, err, sizeof err) < 0) {
+    if (wire_up(ex, j, &ctx, &r, err, sizeof err) < 0) {
         snprintf(why, sizeof why, "data plane: %s", err);
         if (!io_should_stop(&ctx)) push_simple(ex, TSR_EV_FAILED, j->epoch, why);
         goto out;
@@ -367,6 +370,7 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
     ex->shutdown = true;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
+    tsr_tcp_listener_wake(ex->listener);
     pthread_join(ex->thread, NULL);
     fail_queued(ex, 0, "worker shutting down");
     tsr_event_t ev;
@@ -415,6 +419,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     ex->job_gen++;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
+    tsr_tcp_listener_wake(ex->listener);  /* a wait for peers of the old job ends */
 }
 
 void tsr_executor_unassign(tsr_executor_t *ex)
@@ -424,6 +429,7 @@ void tsr_executor_unassign(tsr_executor_t *ex)
     ex->job_gen++;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
+    tsr_tcp_listener_wake(ex->listener);  /* a wait for peers of the old job ends */
 }
 
 void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)

@@ -864,6 +864,61 @@ static void test_a_duplicate_or_misfit_handshake_is_refused(void **state)
     group_close(&g);
 }
 
+/* ---- cancellation ---------------------------------------------------------------- */
+
+typedef struct {
+    tsr_tcp_listener_t *l;
+    volatile int flag;
+} cancel_ctx_t;
+
+static int cancel_flag(void *arg) { return ((cancel_ctx_t *)arg)->flag; }
+
+static void *cancel_later(void *arg)
+{
+    cancel_ctx_t *c = arg;
+    usleep(200 * 1000);
+    c->flag = 1;
+    tsr_tcp_listener_wake(c->l);
+    return NULL;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A rank waiting for a peer that never forms (connecting side and
+ * accepting side) gives up as soon as it is cancelled, not at its timeout. */
+static void test_forming_can_be_cancelled_before_the_timeout(void **state)
+{
+    (void)state;
+    char err[256];
+    tsr_tcp_listener_t *silent = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
+    assert_non_null(silent);
+    for (int my_rank = 0; my_rank < 2; my_rank++) {
+        tsr_tcp_listener_t *me = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
+        assert_non_null(me);
+        const char *eps[2];
+        eps[my_rank] = tsr_tcp_listener_endpoint(me);
+        eps[1 - my_rank] = tsr_tcp_listener_endpoint(silent);
+        cancel_ctx_t c = {me, 0};
+        pthread_t th;
+        pthread_create(&th, NULL, cancel_later, &c);
+        double t0 = mono_s();
+        tsr_comm_t *comm = tsr_tcp_comm_new_cancellable(me, 1, 77, my_rank, 2, eps, 10000,
+                                                        cancel_flag, &c, err, sizeof err);
+        double took = mono_s() - t0;
+        pthread_join(th, NULL);
+        assert_null(comm);
+        assert_non_null(strstr(err, "cancelled"));
+        if (took > 1.5) fail_msg("rank %d: cancelled after %.2f s, timeout was 10 s", my_rank, took);
+        tsr_tcp_listener_destroy(&me);
+    }
+    tsr_tcp_listener_destroy(&silent);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -884,6 +939,7 @@ int main(void)
         cmocka_unit_test(test_a_send_to_a_stalled_reader_times_out),
         cmocka_unit_test(test_garbage_from_a_peer_fails_cleanly),
         cmocka_unit_test(test_a_duplicate_or_misfit_handshake_is_refused),
+        cmocka_unit_test(test_forming_can_be_cancelled_before_the_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
