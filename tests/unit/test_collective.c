@@ -868,16 +868,19 @@ static void test_a_duplicate_or_misfit_handshake_is_refused(void **state)
 
 typedef struct {
     tsr_tcp_listener_t *l;
-    volatile int flag;
+    int flag;                   /* set by one thread, read by another: atomics */
 } cancel_ctx_t;
 
-static int cancel_flag(void *arg) { return ((cancel_ctx_t *)arg)->flag; }
+static int cancel_flag(void *arg)
+{
+    return __atomic_load_n(&((cancel_ctx_t *)arg)->flag, __ATOMIC_ACQUIRE);
+}
 
 static void *cancel_later(void *arg)
 {
     cancel_ctx_t *c = arg;
     usleep(200 * 1000);
-    c->flag = 1;
+    __atomic_store_n(&c->flag, 1, __ATOMIC_RELEASE);
     tsr_tcp_listener_wake(c->l);
     return NULL;
 }
