@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "common/util.h"
 #include "common/safetensors.h"
 
 #define MI_CHUNK 65536 /* elements generated and written per step */
@@ -443,22 +444,12 @@ out:
     return padded;
 }
 
-static char *path_in(const char *dir, const char *name)
-{
-    size_t dlen = strlen(dir);
-    char *p = NULL;
-
-    if (asprintf(&p, "%s%s%s", dir, dlen > 0 && dir[dlen - 1] == '/' ? "" : "/", name) < 0)
-        return NULL;
-    return p;
-}
-
 /* Written under a temporary name and renamed, so an interrupted run never
  * leaves a plausible-looking truncated file. */
 static int write_shard(const mi_opts_t *m, const mi_spec_t *s, int n, int shard,
                        const char *fname)
 {
-    char *path = path_in(m->dir, fname), *tmp = NULL, *hdr = NULL;
+    char *path = tsr_path_join(m->dir, fname), *tmp = NULL, *hdr = NULL;
     float *vals = malloc(MI_CHUNK * sizeof *vals);
     uint8_t *bytes = malloc(MI_CHUNK * 4), len8[8];
     size_t hlen = 0;
@@ -502,7 +493,7 @@ out:
 
 static int dump_json(const mi_opts_t *m, const char *fname, json_t *doc)
 {
-    char *path = path_in(m->dir, fname);
+    char *path = tsr_path_join(m->dir, fname);
     int rc = -1;
 
     if (path == NULL || doc == NULL) {
@@ -611,9 +602,9 @@ static int prepare_dir(const mi_opts_t *m)
 
     if (make_dir(m->dir) < 0)
         return -1;
-    cfg = path_in(m->dir, "config.json");
-    idx = path_in(m->dir, "model.safetensors.index.json");
-    single = path_in(m->dir, "model.safetensors");
+    cfg = tsr_path_join(m->dir, "config.json");
+    idx = tsr_path_join(m->dir, "model.safetensors.index.json");
+    single = tsr_path_join(m->dir, "model.safetensors");
     if (cfg == NULL || idx == NULL || single == NULL) {
         fprintf(stderr, "tessera model-init: out of memory\n");
         goto out;

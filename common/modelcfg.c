@@ -4,22 +4,14 @@
 #include "modelcfg.h"
 
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
+#include "util.h"
 
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+
 
 /* A missing field is reported when def < 0; otherwise def is used. */
 static int get_posint(json_t *root, const char *key, int def, int *out,
@@ -34,7 +26,7 @@ static int get_posint(json_t *root, const char *key, int def, int *out,
     }
     if (v == NULL || !json_is_integer(v) || (x = json_integer_value(v)) <= 0 ||
         x > INT_MAX) {
-        set_err(err, errlen, "%s: %s missing or not a positive integer", path, key);
+        tsr_set_err(err, errlen, "%s: %s missing or not a positive integer", path, key);
         return -1;
     }
     *out = (int)x;
@@ -50,7 +42,7 @@ static int get_tie(json_t *root, int *out, const char *path, char *err, size_t e
         return 0;
     }
     if (!json_is_boolean(v)) {
-        set_err(err, errlen, "%s: tie_word_embeddings must be true or false", path);
+        tsr_set_err(err, errlen, "%s: tie_word_embeddings must be true or false", path);
         return -1;
     }
     *out = json_is_true(v) ? 1 : 0;
@@ -82,7 +74,7 @@ static int get_dtype(json_t *root, int *out, const char *path, char *err, size_t
         *out = 2;
         return 0;
     }
-    set_err(err, errlen, "%s: %s '%s' not supported (expected float32, float16 "
+    tsr_set_err(err, errlen, "%s: %s '%s' not supported (expected float32, float16 "
             "or bfloat16)", path, key, s ? s : "(not a string)");
     return -1;
 }
@@ -93,12 +85,12 @@ static int check_shapes(const tsr_model_info_t *m, const char *path,
                         char *err, size_t errlen)
 {
     if (m->hidden_size % m->num_attention_heads != 0) {
-        set_err(err, errlen, "%s: hidden_size %d is not divisible by "
+        tsr_set_err(err, errlen, "%s: hidden_size %d is not divisible by "
                 "num_attention_heads %d", path, m->hidden_size, m->num_attention_heads);
         return -1;
     }
     if (m->num_attention_heads % m->num_key_value_heads != 0) {
-        set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
+        tsr_set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
                 "num_key_value_heads %d", path, m->num_attention_heads,
                 m->num_key_value_heads);
         return -1;
@@ -119,7 +111,7 @@ static int get_posnum(json_t *obj, const char *key, const char *field, double de
     }
     if (!json_is_number(v) || !(json_number_value(v) > 0) ||
         json_number_value(v) > 3.0e38) {
-        set_err(err, errlen, "%s: %s must be a positive number", path, field);
+        tsr_set_err(err, errlen, "%s: %s must be a positive number", path, field);
         return -1;
     }
     *out = (float)json_number_value(v);
@@ -137,11 +129,11 @@ static int check_arch(json_t *root, const char *path, char *err, size_t errlen)
         return 0;
     a = json_string_value(json_array_get(v, 0));
     if (!json_is_array(v) || a == NULL) {
-        set_err(err, errlen, "%s: architectures must be a non-empty list of names", path);
+        tsr_set_err(err, errlen, "%s: architectures must be a non-empty list of names", path);
         return -1;
     }
     if (strcmp(a, "LlamaForCausalLM") != 0 && strcmp(a, "MistralForCausalLM") != 0) {
-        set_err(err, errlen, "%s: architectures[0] '%s' not supported (expected "
+        tsr_set_err(err, errlen, "%s: architectures[0] '%s' not supported (expected "
                 "LlamaForCausalLM or MistralForCausalLM)", path, a);
         return -1;
     }
@@ -155,7 +147,7 @@ static int check_act(json_t *root, const char *path, char *err, size_t errlen)
     if (v == NULL || json_is_null(v) ||
         (json_is_string(v) && strcmp(json_string_value(v), "silu") == 0))
         return 0;
-    set_err(err, errlen, "%s: hidden_act '%s' not supported (only silu)", path,
+    tsr_set_err(err, errlen, "%s: hidden_act '%s' not supported (only silu)", path,
             json_is_string(v) ? json_string_value(v) : "(not a string)");
     return -1;
 }
@@ -191,7 +183,7 @@ static int get_eos(json_t *root, tsr_model_info_t *m, const char *path, char *er
         return 0;
     }
     if (json_array_size(v) > max) {
-        set_err(err, errlen, "%s: eos_token_id lists %zu ids, at most %zu are supported",
+        tsr_set_err(err, errlen, "%s: eos_token_id lists %zu ids, at most %zu are supported",
                 path, json_array_size(v), max);
         return -1;
     }
@@ -204,7 +196,7 @@ static int get_eos(json_t *root, tsr_model_info_t *m, const char *path, char *er
         m->eos_token_id = m->eos_ids[0];
     return 0;
 bad:
-    set_err(err, errlen, "%s: eos_token_id must be a non-negative integer or a list of them",
+    tsr_set_err(err, errlen, "%s: eos_token_id must be a non-negative integer or a list of them",
             path);
     return -1;
 }
@@ -213,7 +205,7 @@ static int get_tokens(json_t *root, tsr_model_info_t *m, const char *path, char 
                       size_t errlen)
 {
     if (token_id(json_object_get(root, "bos_token_id"), &m->bos_token_id) < 0) {
-        set_err(err, errlen, "%s: bos_token_id must be a non-negative integer", path);
+        tsr_set_err(err, errlen, "%s: bos_token_id must be a non-negative integer", path);
         return -1;
     }
     return get_eos(root, m, path, err, errlen);
@@ -227,7 +219,7 @@ static int get_rope_orig(json_t *rs, tsr_model_info_t *m, const char *path, char
     double d = json_number_value(v);
 
     if (!json_is_number(v) || !(d >= 1) || d > INT_MAX || d != (double)(int)d) {
-        set_err(err, errlen, "%s: rope_scaling.original_max_position_embeddings missing or "
+        tsr_set_err(err, errlen, "%s: rope_scaling.original_max_position_embeddings missing or "
                 "not a positive integer", path);
         return -1;
     }
@@ -247,7 +239,7 @@ static int get_llama3(json_t *rs, tsr_model_info_t *m, const char *path, char *e
     for (size_t i = 0; i < 3; i++) {
         snprintf(field, sizeof field, "rope_scaling.%s", keys[i]);
         if (json_object_get(rs, keys[i]) == NULL) {
-            set_err(err, errlen, "%s: %s missing (required for llama3)", path, field);
+            tsr_set_err(err, errlen, "%s: %s missing (required for llama3)", path, field);
             return -1;
         }
         if (get_posnum(rs, keys[i], field, 0, dst[i], path, err, errlen) < 0)
@@ -255,7 +247,7 @@ static int get_llama3(json_t *rs, tsr_model_info_t *m, const char *path, char *e
     }
     /* The smoothing between the bands divides by their difference. */
     if (!(m->rope_high_freq_factor > m->rope_low_freq_factor)) {
-        set_err(err, errlen, "%s: rope_scaling.high_freq_factor must exceed low_freq_factor",
+        tsr_set_err(err, errlen, "%s: rope_scaling.high_freq_factor must exceed low_freq_factor",
                 path);
         return -1;
     }
@@ -276,7 +268,7 @@ static int get_rope_scaling(json_t *root, tsr_model_info_t *m, const char *path,
     if (rs == NULL || json_is_null(rs))
         return 0;
     if (!json_is_object(rs)) {
-        set_err(err, errlen, "%s: rope_scaling must be an object or null", path);
+        tsr_set_err(err, errlen, "%s: rope_scaling must be an object or null", path);
         return -1;
     }
     /* transformers renamed "type" to "rope_type"; both are in the wild. */
@@ -289,7 +281,7 @@ static int get_rope_scaling(json_t *root, tsr_model_info_t *m, const char *path,
     /* "default" is transformers' name for plain RoPE, i.e. no scaling. */
     if (s != NULL && strcmp(s, "default") == 0)
         return 0;
-    set_err(err, errlen, "%s: rope_scaling type '%s' not supported (only llama3)", path,
+    tsr_set_err(err, errlen, "%s: rope_scaling type '%s' not supported (only llama3)", path,
             s ? s : "(missing)");
     return -1;
 }
@@ -349,27 +341,23 @@ int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_
     json_error_t jerr;
     json_t *root = NULL;
     char *path = NULL;
-    size_t dlen = strlen(dir);
     int rc = -1;
 
-    /* Avoid "dir//config.json" in messages when dir ends with a slash. */
-    if (asprintf(&path, "%s%sconfig.json", dir,
-                 dlen > 0 && dir[dlen - 1] == '/' ? "" : "/") < 0) {
-        path = NULL;
-        set_err(err, errlen, "%s/config.json: out of memory", dir);
+    if ((path = tsr_path_join(dir, "config.json")) == NULL) {
+        tsr_set_err(err, errlen, "%s/config.json: out of memory", dir);
         goto out;
     }
     root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {
         if (jerr.line > 0)
-            set_err(err, errlen, "%s:%d:%d: invalid JSON: %s", path, jerr.line,
+            tsr_set_err(err, errlen, "%s:%d:%d: invalid JSON: %s", path, jerr.line,
                     jerr.column, jerr.text);
         else
-            set_err(err, errlen, "%s: %s", path, jerr.text);
+            tsr_set_err(err, errlen, "%s: %s", path, jerr.text);
         goto out;
     }
     if (!json_is_object(root)) {
-        set_err(err, errlen, "%s: expected a JSON object at the top level", path);
+        tsr_set_err(err, errlen, "%s: expected a JSON object at the top level", path);
         goto out;
     }
     if (read_fields(root, &m, path, err, errlen) < 0)
@@ -393,36 +381,36 @@ int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
     snprintf(where, sizeof where, "%s:%d:%d: deployments[%d] (%s): %s%sconfig.json",
              yaml, d->line, d->column, index, d->name ? d->name : "?", mdir, sep);
     if (d->tensor <= 0 || d->pipeline <= 0) {
-        set_err(err, errlen, "%s: parallel.tensor and parallel.pipeline must be "
+        tsr_set_err(err, errlen, "%s: parallel.tensor and parallel.pipeline must be "
                 "positive", where);
         return -1;
     }
     if (m->num_attention_heads % d->tensor != 0) {
-        set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
+        tsr_set_err(err, errlen, "%s: num_attention_heads %d is not divisible by "
                 "parallel.tensor %d", where, m->num_attention_heads, d->tensor);
         return -1;
     }
     /* With GQA each rank needs whole KV heads, which is the stricter test. */
     if (m->num_key_value_heads % d->tensor != 0) {
-        set_err(err, errlen, "%s: num_key_value_heads %d is not divisible by "
+        tsr_set_err(err, errlen, "%s: num_key_value_heads %d is not divisible by "
                 "parallel.tensor %d", where, m->num_key_value_heads, d->tensor);
         return -1;
     }
     /* The MLP is split by rows of gate/up and columns of down. */
     if (m->intermediate_size % d->tensor != 0) {
-        set_err(err, errlen, "%s: intermediate_size %d is not divisible by "
+        tsr_set_err(err, errlen, "%s: intermediate_size %d is not divisible by "
                 "parallel.tensor %d", where, m->intermediate_size, d->tensor);
         return -1;
     }
     if (d->pipeline > m->num_hidden_layers) {
-        set_err(err, errlen, "%s: parallel.pipeline %d exceeds num_hidden_layers %d "
+        tsr_set_err(err, errlen, "%s: parallel.pipeline %d exceeds num_hidden_layers %d "
                 "(a stage needs at least one layer)", where, d->pipeline,
                 m->num_hidden_layers);
         return -1;
     }
     long long pieces = (long long)d->tensor * d->pipeline * d->replicas;
     if (pieces > TSR_MAX_PIECES) {
-        set_err(err, errlen, "%s: tensor x pipeline x replicas is %lld pieces; at most %d per "
+        tsr_set_err(err, errlen, "%s: tensor x pipeline x replicas is %lld pieces; at most %d per "
                 "deployment", where, pieces, TSR_MAX_PIECES);
         return -1;
     }
@@ -488,7 +476,7 @@ int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_pat
 {
     char why[768];
     if (tsr_model_info_load(d->model_path, m, why, sizeof why) < 0) {
-        set_err(err, errlen, "%s:%d:%d: deployments[%d] (%s): %s", cfg_path ? cfg_path : "<input>",
+        tsr_set_err(err, errlen, "%s:%d:%d: deployments[%d] (%s): %s", cfg_path ? cfg_path : "<input>",
                 d->line, d->column, index, d->name ? d->name : "?", why);
         return -1;
     }

@@ -6,11 +6,11 @@
  * download or a hand-edited header fails at open with a message naming the
  * file and the tensor, never later as a short read or a wrong weight. */
 #include "safetensors.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,19 +35,6 @@ struct tsr_st {
     size_t n_tensors;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- dtypes ------------------------------------------------------------- */
 
@@ -197,14 +184,14 @@ static int parse_shape(const hdr_ctx_t *c, const char *name, json_t *v, tsr_tens
     json_t *d;
 
     if (!json_is_array(v) || json_array_size(v) > TSR_ST_MAX_DIMS) {
-        set_err(c->err, c->errlen, "%s: tensor %s: shape must be an array of at most %d "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: shape must be an array of at most %d "
                 "dimensions", c->fname, name, TSR_ST_MAX_DIMS);
         return -1;
     }
     t->ndim = (int)json_array_size(v);
     json_array_foreach(v, i, d) {
         if (!json_is_integer(d) || json_integer_value(d) < 0) {
-            set_err(c->err, c->errlen, "%s: tensor %s: shape[%zu] is not a non-negative "
+            tsr_set_err(c->err, c->errlen, "%s: tensor %s: shape[%zu] is not a non-negative "
                     "integer", c->fname, name, i);
             return -1;
         }
@@ -236,25 +223,25 @@ static int parse_offsets(const hdr_ctx_t *c, const char *name, json_t *v, tsr_te
 
     if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(jb) ||
         !json_is_integer(je) || json_integer_value(jb) < 0 || json_integer_value(je) < 0) {
-        set_err(c->err, c->errlen, "%s: tensor %s: data_offsets must be [begin, end] with "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: data_offsets must be [begin, end] with "
                 "non-negative integers", c->fname, name);
         return -1;
     }
     begin = (uint64_t)json_integer_value(jb);
     end = (uint64_t)json_integer_value(je);
     if (begin > end || end > c->data_size) {
-        set_err(c->err, c->errlen, "%s: tensor %s: data [%llu, %llu) is outside the data "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: data [%llu, %llu) is outside the data "
                 "area of %llu bytes", c->fname, name, (unsigned long long)begin,
                 (unsigned long long)end, (unsigned long long)c->data_size);
         return -1;
     }
     if (shape_bytes(t, &want) < 0) {
-        set_err(c->err, c->errlen, "%s: tensor %s: shape overflows a 64-bit byte count",
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: shape overflows a 64-bit byte count",
                 c->fname, name);
         return -1;
     }
     if (want != end - begin) {
-        set_err(c->err, c->errlen, "%s: tensor %s: data [%llu, %llu) holds %llu bytes but "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: data [%llu, %llu) holds %llu bytes but "
                 "shape and dtype %s call for %llu", c->fname, name,
                 (unsigned long long)begin, (unsigned long long)end,
                 (unsigned long long)(end - begin), tsr_dtype_name(t->dtype),
@@ -272,12 +259,12 @@ static int parse_metadata(const hdr_ctx_t *c, json_t *v)
     json_t *s;
 
     if (!json_is_object(v)) {
-        set_err(c->err, c->errlen, "%s: __metadata__ must be an object", c->fname);
+        tsr_set_err(c->err, c->errlen, "%s: __metadata__ must be an object", c->fname);
         return -1;
     }
     json_object_foreach(v, k, s) {
         if (!json_is_string(s)) {
-            set_err(c->err, c->errlen, "%s: __metadata__.%s must be a string", c->fname, k);
+            tsr_set_err(c->err, c->errlen, "%s: __metadata__.%s must be a string", c->fname, k);
             return -1;
         }
     }
@@ -292,16 +279,16 @@ static int parse_entry(const hdr_ctx_t *c, const char *name, json_t *v, tsr_tens
 
     if (!json_is_object(v) || json_object_size(v) != 3 || jd == NULL || js == NULL ||
         jo == NULL) {
-        set_err(c->err, c->errlen, "%s: tensor %s: expected an object with exactly dtype, "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: expected an object with exactly dtype, "
                 "shape and data_offsets", c->fname, name);
         return -1;
     }
     if (!json_is_string(jd)) {
-        set_err(c->err, c->errlen, "%s: tensor %s: dtype is not a string", c->fname, name);
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: dtype is not a string", c->fname, name);
         return -1;
     }
     if (parse_dtype(json_string_value(jd), &t->dtype) < 0) {
-        set_err(c->err, c->errlen, "%s: tensor %s: dtype %s not supported (expected F32, F16 "
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: dtype %s not supported (expected F32, F16 "
                 "or BF16)", c->fname, name, json_string_value(jd));
         return -1;
     }
@@ -309,7 +296,7 @@ static int parse_entry(const hdr_ctx_t *c, const char *name, json_t *v, tsr_tens
         return -1;
     t->name = strdup(name);
     if (t->name == NULL) {
-        set_err(c->err, c->errlen, "%s: out of memory", c->fname);
+        tsr_set_err(c->err, c->errlen, "%s: out of memory", c->fname);
         return -1;
     }
     return 0;
@@ -333,7 +320,7 @@ static int check_overlap(const hdr_ctx_t *c, tsr_tensor_t *t, size_t n)
         if (t[i].nbytes == 0)
             continue;
         if (prev != NULL && t[i].offset < prev->offset + prev->nbytes) {
-            set_err(c->err, c->errlen, "%s: tensor %s: data overlaps tensor %s", c->fname,
+            tsr_set_err(c->err, c->errlen, "%s: tensor %s: data overlaps tensor %s", c->fname,
                     t[i].name, prev->name);
             return -1;
         }
@@ -351,12 +338,12 @@ static int parse_root(const hdr_ctx_t *c, json_t *root, tsr_tensor_t **out, size
     int rc = -1;
 
     if (!json_is_object(root)) {
-        set_err(c->err, c->errlen, "%s: header is not a JSON object", c->fname);
+        tsr_set_err(c->err, c->errlen, "%s: header is not a JSON object", c->fname);
         goto out;
     }
     t = calloc(json_object_size(root) + 1, sizeof *t);
     if (t == NULL) {
-        set_err(c->err, c->errlen, "%s: out of memory", c->fname);
+        tsr_set_err(c->err, c->errlen, "%s: out of memory", c->fname);
         goto out;
     }
     json_object_foreach(root, key, v) {
@@ -392,21 +379,21 @@ int tsr_st_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, cons
     *out = NULL;
     *n_out = 0;
     if (file_size < 8 || len < 8) {
-        set_err(err, errlen, "%s: truncated: %llu bytes, shorter than the 8-byte header "
+        tsr_set_err(err, errlen, "%s: truncated: %llu bytes, shorter than the 8-byte header "
                 "length", fname, (unsigned long long)(file_size < len ? file_size : len));
         goto out;
     }
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | buf[i];
     if (hlen > TSR_ST_MAX_HEADER || hlen > file_size - 8) {
-        set_err(err, errlen, "%s: header length %llu is larger than %s (%llu bytes)", fname,
+        tsr_set_err(err, errlen, "%s: header length %llu is larger than %s (%llu bytes)", fname,
                 (unsigned long long)hlen, hlen > TSR_ST_MAX_HEADER ? "the limit" : "the file",
                 hlen > TSR_ST_MAX_HEADER ? (unsigned long long)TSR_ST_MAX_HEADER
                                          : (unsigned long long)file_size);
         goto out;
     }
     if (len - 8 < hlen) {
-        set_err(err, errlen, "%s: truncated: header of %llu bytes but only %zu read", fname,
+        tsr_set_err(err, errlen, "%s: truncated: header of %llu bytes but only %zu read", fname,
                 (unsigned long long)hlen, len - 8);
         goto out;
     }
@@ -414,7 +401,7 @@ int tsr_st_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, cons
     c.data_size = file_size - c.data_start;
     root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {
-        set_err(err, errlen, "%s: header is not valid JSON: %s (at byte %d)", fname, jerr.text,
+        tsr_set_err(err, errlen, "%s: header is not valid JSON: %s (at byte %d)", fname, jerr.text,
                 jerr.position);
         goto out;
     }
@@ -456,13 +443,13 @@ static int read_header(int fd, const char *path, tsr_tensor_t **out, size_t *n_o
     int rc = -1;
 
     if (fstat(fd, &sb) < 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
         goto out;
     }
     size = (uint64_t)sb.st_size;
     got = pread_full(fd, head, sizeof head, 0);
     if (got < 0) {
-        set_err(err, errlen, "%s: read: %s", path, strerror(errno));
+        tsr_set_err(err, errlen, "%s: read: %s", path, strerror(errno));
         goto out;
     }
     for (int i = 7; i >= 0; i--)
@@ -474,30 +461,19 @@ static int read_header(int fd, const char *path, tsr_tensor_t **out, size_t *n_o
     }
     buf = malloc(8 + hlen);
     if (buf == NULL) {
-        set_err(err, errlen, "%s: out of memory for a %llu-byte header", path,
+        tsr_set_err(err, errlen, "%s: out of memory for a %llu-byte header", path,
                 (unsigned long long)hlen);
         goto out;
     }
     got = pread_full(fd, buf, 8 + hlen, 0);
     if (got < 0) {
-        set_err(err, errlen, "%s: read: %s", path, strerror(errno));
+        tsr_set_err(err, errlen, "%s: read: %s", path, strerror(errno));
         goto out;
     }
     rc = tsr_st_parse_header(buf, (size_t)got, size, path, out, n_out, err, errlen);
 out:
     free(buf);
     return rc;
-}
-
-static char *join_path(const char *dir, const char *name)
-{
-    size_t dlen = strlen(dir);
-    char *p = NULL;
-
-    /* No "dir//file" in messages when dir ends with a slash. */
-    if (asprintf(&p, "%s%s%s", dir, dlen > 0 && dir[dlen - 1] == '/' ? "" : "/", name) < 0)
-        return NULL;
-    return p;
 }
 
 /* Index of file `name` in st, adding (and opening) it when new. */
@@ -511,7 +487,7 @@ static int add_file(tsr_st_t *st, const char *name, char *err, size_t errlen)
     for (size_t i = 0; i < st->n_files; i++)
         if (strcmp(strrchr(st->paths[i], '/') + 1, name) == 0)
             return (int)i;
-    path = join_path(st->dir, name);
+    path = tsr_path_join(st->dir, name);
     np = realloc(st->paths, (st->n_files + 1) * sizeof *np);
     if (np != NULL)
         st->paths = np;
@@ -519,13 +495,13 @@ static int add_file(tsr_st_t *st, const char *name, char *err, size_t errlen)
     if (nf != NULL)
         st->fds = nf;
     if (path == NULL || np == NULL || nf == NULL) {
-        set_err(err, errlen, "%s: out of memory", st->dir);
+        tsr_set_err(err, errlen, "%s: out of memory", st->dir);
         free(path);
         return -1;
     }
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
         free(path);
         return -1;
     }
@@ -545,7 +521,7 @@ static int load_file_tensors(tsr_st_t *st, int fi, char *err, size_t errlen)
         goto out;
     all = realloc(st->tensors, (st->n_tensors + n + 1) * sizeof *all);
     if (all == NULL) {
-        set_err(err, errlen, "%s: out of memory", st->paths[fi]);
+        tsr_set_err(err, errlen, "%s: out of memory", st->paths[fi]);
         goto out;
     }
     st->tensors = all;
@@ -577,13 +553,13 @@ static int load_index_json(const char *path, json_t **wm_out, json_t **root_out,
     json_t *wm = json_object_get(root, "weight_map");
 
     if (root == NULL) {
-        set_err(err, errlen, "%s: %s%s", path, jerr.line > 0 ? "invalid JSON: " : "",
+        tsr_set_err(err, errlen, "%s: %s%s", path, jerr.line > 0 ? "invalid JSON: " : "",
                 jerr.text);
         return -1;
     }
     *root_out = root;
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
-        set_err(err, errlen, "%s: weight_map missing or not a non-empty object", path);
+        tsr_set_err(err, errlen, "%s: weight_map missing or not a non-empty object", path);
         return -1;
     }
     *wm_out = wm;
@@ -602,7 +578,7 @@ static int open_index_files(tsr_st_t *st, const char *ipath, json_t *wm, char *e
     json_object_foreach(wm, tname, v) {
         const char *fname = json_string_value(v);
         if (fname == NULL || !plain_name(fname)) {
-            set_err(err, errlen, "%s: weight_map: tensor %s: file name %s must be a plain "
+            tsr_set_err(err, errlen, "%s: weight_map: tensor %s: file name %s must be a plain "
                     "name inside the checkpoint directory", ipath, tname,
                     fname ? fname : "(not a string)");
             return -1;
@@ -630,7 +606,7 @@ static int sort_tensors(tsr_st_t *st, char *err, size_t errlen)
     for (size_t i = 1; i < st->n_tensors; i++) {
         const tsr_tensor_t *a = &st->tensors[i - 1], *b = &st->tensors[i];
         if (strcmp(a->name, b->name) == 0) {
-            set_err(err, errlen, "%s: tensor %s: also present in %s", st->paths[b->file],
+            tsr_set_err(err, errlen, "%s: tensor %s: also present in %s", st->paths[b->file],
                     b->name, st->paths[a->file]);
             return -1;
         }
@@ -649,8 +625,8 @@ static int check_weight_map(const tsr_st_t *st, const char *ipath, json_t *wm, c
         const tsr_tensor_t *t = tsr_st_find(st, tname);
         const char *fname = json_string_value(v);
         if (t == NULL || strcmp(strrchr(st->paths[t->file], '/') + 1, fname) != 0) {
-            char *path = join_path(st->dir, fname);
-            set_err(err, errlen, "%s: tensor %s: listed in %s but not present in that file",
+            char *path = tsr_path_join(st->dir, fname);
+            tsr_set_err(err, errlen, "%s: tensor %s: listed in %s but not present in that file",
                     path ? path : fname, tname, ipath);
             free(path);
             return -1;
@@ -693,8 +669,8 @@ int tsr_st_open(const char *dir, tsr_st_t **out, char *err, size_t errlen)
     if (dir[0] == '\0') /* "" would otherwise resolve to "/model.safetensors" */
         dir = ".";
     if (st == NULL || (st->dir = strdup(dir)) == NULL ||
-        (ipath = join_path(dir, "model.safetensors.index.json")) == NULL) {
-        set_err(err, errlen, "%s: out of memory", dir);
+        (ipath = tsr_path_join(dir, "model.safetensors.index.json")) == NULL) {
+        tsr_set_err(err, errlen, "%s: out of memory", dir);
         goto out;
     }
     if (access(ipath, F_OK) == 0 ? open_index(st, ipath, err, errlen) < 0
@@ -758,7 +734,7 @@ int tsr_st_expect(const tsr_st_t *st, const char *name, int ndim, const int64_t 
     int same;
 
     if (t == NULL) {
-        set_err(err, errlen, "%s: tensor %s: missing", st->dir, name);
+        tsr_set_err(err, errlen, "%s: tensor %s: missing", st->dir, name);
         return -1;
     }
     same = t->ndim == ndim;
@@ -768,7 +744,7 @@ int tsr_st_expect(const tsr_st_t *st, const char *name, int ndim, const int64_t 
         return 0;
     fmt_shape(have, sizeof have, t->ndim, t->shape);
     fmt_shape(want, sizeof want, ndim, shape);
-    set_err(err, errlen, "%s: tensor %s: shape %s does not match the config's %s",
+    tsr_set_err(err, errlen, "%s: tensor %s: shape %s does not match the config's %s",
             st->paths[t->file], name, have, want);
     return -1;
 }
@@ -807,7 +783,7 @@ static int read_elems(const tsr_st_t *st, const tsr_tensor_t *t, uint64_t first,
         void *buf = t->dtype == TSR_DT_F32 ? (void *)dst : (void *)bounce;
         ssize_t got = pread_full(fd, buf, k * es, t->offset + first * es);
         if (got < 0 || (size_t)got != k * es) {
-            set_err(err, errlen, "%s: tensor %s: %s", st->paths[t->file], t->name,
+            tsr_set_err(err, errlen, "%s: tensor %s: %s", st->paths[t->file], t->name,
                     got < 0 ? strerror(errno) : "short read (file truncated since open?)");
             return -1;
         }
@@ -826,12 +802,12 @@ static int check_range(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, in
     int64_t rows, cols;
 
     if (t->file < 0 || (size_t)t->file >= st->n_files) {
-        set_err(err, errlen, "%s: tensor %s: not from this checkpoint", st->dir, t->name);
+        tsr_set_err(err, errlen, "%s: tensor %s: not from this checkpoint", st->dir, t->name);
         return -1;
     }
     as_matrix(t, &rows, &cols);
     if (r0 < 0 || r0 > r1 || r1 > rows || c0 < 0 || c0 > c1 || c1 > cols) {
-        set_err(err, errlen, "%s: tensor %s: slice rows [%lld, %lld) x columns [%lld, %lld) "
+        tsr_set_err(err, errlen, "%s: tensor %s: slice rows [%lld, %lld) x columns [%lld, %lld) "
                 "is outside its %lld x %lld", st->paths[t->file], t->name, (long long)r0,
                 (long long)r1, (long long)c0, (long long)c1, (long long)rows,
                 (long long)cols);
@@ -861,7 +837,7 @@ int tsr_st_read_f32(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64
     blen = width * (uint64_t)(r1 - r0) * 2;
     blen = blen < ST_CHUNK ? blen : ST_CHUNK;
     if (t->dtype != TSR_DT_F32 && (bounce = malloc(blen)) == NULL) {
-        set_err(err, errlen, "%s: tensor %s: out of memory", st->paths[t->file], t->name);
+        tsr_set_err(err, errlen, "%s: tensor %s: out of memory", st->paths[t->file], t->name);
         goto out;
     }
     if (c0 == 0 && c1 == cols) {
