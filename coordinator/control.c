@@ -10,7 +10,6 @@
 #include "common/log.h"
 #include "coordinator.h"
 
-void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
 
 /* ---- deployment summaries ------------------------------------------------- */
 
@@ -317,13 +316,13 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
 
 /* ---- requests -------------------------------------------------------------- */
 
-static void reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok, const char *error,
-                  char *json)
+void tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                       const char *error, const char *json)
 {
     Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
     r.ok = ok;
     r.error = (char *)(error ? error : "");
-    r.json = json ? json : "";
+    r.json = (char *)(json ? json : "");
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.epoch = c->epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
@@ -338,14 +337,14 @@ static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     tsr_worker_t *w = tsr_registry_find(c->reg, name);
     if (!w || w->state == TSR_W_DEAD) {
         snprintf(msg, sizeof msg, "no live worker named '%s' (see `tessera workers`)", name);
-        reply(c, rid, rid_len, false, msg, NULL);
+        tsr_control_reply(c, rid, rid_len, false, msg, NULL);
         return;
     }
     if (!drain) {
         w->drained = false;
         c->dirty = true;
         snprintf(msg, sizeof msg, "{\"worker\":\"%s\",\"drained\":false}", w->name);
-        reply(c, rid, rid_len, true, NULL, msg);
+        tsr_control_reply(c, rid, rid_len, true, NULL, msg);
         return;
     }
     tsr_holding_t old = w->piece;
@@ -371,7 +370,7 @@ static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     }
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
-    reply(c, rid, rid_len, true, NULL, s);
+    tsr_control_reply(c, rid, rid_len, true, NULL, s);
     free(s);
 }
 
@@ -379,13 +378,13 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
 {
     char err[1024];
     if (env->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REQUEST) {
-        reply(c, rid, rid_len, false, "expected a control request", NULL);
+        tsr_control_reply(c, rid, rid_len, false, "expected a control request", NULL);
         return;
     }
     if (env->protocol_version != TSR_PROTOCOL_VERSION) {
         snprintf(err, sizeof err, "protocol version %u is not supported: coordinator speaks %u",
                  env->protocol_version, TSR_PROTOCOL_VERSION);
-        reply(c, rid, rid_len, false, err, NULL);
+        tsr_control_reply(c, rid, rid_len, false, err, NULL);
         return;
     }
     Tessera__ControlRequest *q = env->control_request;
@@ -394,18 +393,18 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     case TESSERA__CONTROL_REQUEST__KIND__STATUS:
     case TESSERA__CONTROL_REQUEST__KIND__WORKERS: {
         char *s = tsr_coord_status_json(c, now, q->kind == TESSERA__CONTROL_REQUEST__KIND__WORKERS);
-        reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);
+        tsr_control_reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);
         free(s);
         break;
     }
     case TESSERA__CONTROL_REQUEST__KIND__RELOAD:
         if (tsr_coord_reload(c, err, sizeof err) < 0) {
             tsr_error("reload refused, keeping the current configuration: %s", err);
-            reply(c, rid, rid_len, false, err, NULL);
+            tsr_control_reply(c, rid, rid_len, false, err, NULL);
         } else {
             snprintf(err, sizeof err, "{\"deployments\":%zu,\"epoch\":%llu}",
                      c->cfg->n_deployments, (unsigned long long)c->epoch);
-            reply(c, rid, rid_len, true, NULL, err);
+            tsr_control_reply(c, rid, rid_len, true, NULL, err);
         }
         break;
     case TESSERA__CONTROL_REQUEST__KIND__GENERATE:
@@ -416,6 +415,6 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         handle_drain(c, rid, rid_len, q->worker, q->kind == TESSERA__CONTROL_REQUEST__KIND__DRAIN);
         break;
     default:
-        reply(c, rid, rid_len, false, "unknown control request", NULL);
+        tsr_control_reply(c, rid, rid_len, false, "unknown control request", NULL);
     }
 }

@@ -11,7 +11,6 @@
 
 #define PLAN_MIN_GAP_MS 20
 
-void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
 
 /* ---- deployments ----------------------------------------------------------- */
 

@@ -93,6 +93,14 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
  * the string (free()). */
 char *tsr_coord_status_json(tsr_coord_t *c, int64_t now_ms, bool workers_only);
 
+/* control.c: answers one control request (status, workers, reload, drain,
+ * generate) from the client at routing id rid. */
+void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
+/* Sends one ControlReply to that client; json is the reply's document text
+ * (NULL for none). */
+void tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                       const char *error, const char *json);
+
 /* router.c */
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
                          const Tessera__ControlRequest *q);

@@ -12,19 +12,12 @@
 #include "common/log.h"
 #include "coordinator.h"
 
+/* Streams one document (or a failure) to the client that sent request q. */
 static void reply_json(tsr_coord_t *c, const tsr_request_rec_t *q, bool ok, const char *error,
                        json_t *doc)
 {
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
-    r.ok = ok;
-    r.error = (char *)(error ? error : "");
-    r.json = s ? s : "";
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.epoch = c->epoch;
-    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
-    env.control_reply = &r;
-    tsr_wire_send(c->csock, q->rid, q->rid_len, &env);
+    tsr_control_reply(c, q->rid, q->rid_len, ok, error, s);
     free(s);
 }
 
@@ -82,10 +75,7 @@ static tsr_worker_t *ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int
 
 static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *msg)
 {
-    tsr_request_rec_t q = {0};
-    memcpy(q.rid, rid, rid_len);
-    q.rid_len = rid_len;
-    reply_json(c, &q, false, msg, NULL);
+    tsr_control_reply(c, rid, rid_len, false, msg, NULL);
 }
 
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
