@@ -482,3 +482,35 @@ int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_pat
     }
     return tsr_model_check_layout(m, d, index, cfg_path, err, errlen);
 }
+
+int tsr_model_check_piece(const tsr_model_info_t *m, const char *dir, int tp_rank, int tp_size,
+                          int stage, int pp_size, int layer_begin, int layer_end, char *err,
+                          size_t errlen)
+{
+    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || stage < 0 ||
+        stage >= pp_size) {
+        tsr_set_err(err, errlen, "%s/config.json: impossible piece: stage %d of %d, tp %d of %d",
+                    dir, stage, pp_size, tp_rank, tp_size);
+        return -1;
+    }
+    if (layer_begin < 0 || layer_begin >= layer_end || layer_end > m->num_hidden_layers) {
+        tsr_set_err(err, errlen, "%s/config.json: layers [%d,%d) do not fit a model of %d layers",
+                    dir, layer_begin, layer_end, m->num_hidden_layers);
+        return -1;
+    }
+    if (m->num_attention_heads % tp_size || m->num_key_value_heads % tp_size ||
+        m->intermediate_size % tp_size) {
+        tsr_set_err(err, errlen,
+                    "%s/config.json: %d attention heads, %d KV heads and intermediate_size %d "
+                    "cannot be split %d ways",
+                    dir, m->num_attention_heads, m->num_key_value_heads, m->intermediate_size,
+                    tp_size);
+        return -1;
+    }
+    if (m->head_dim % 2) {
+        tsr_set_err(err, errlen, "%s/config.json: head_dim %d is odd: rotary embeddings need pairs",
+                    dir, m->head_dim);
+        return -1;
+    }
+    return 0;
+}

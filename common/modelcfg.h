@@ -52,6 +52,16 @@ int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_
 int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
                            int index, const char *cfg_path, char *err, size_t errlen);
 
+/* Checks that one piece (a stage's layers [layer_begin, layer_end), one of
+ * tp_size ranks) can be cut from model m read from dir: a possible layout,
+ * layers inside the model, heads, KV heads and intermediate_size divisible by
+ * tp_size, an even head_dim (rotary pairs).  The message names dir's
+ * config.json.  What a worker checks before it loads; deployment files are
+ * checked by tsr_model_check_layout. */
+int tsr_model_check_piece(const tsr_model_info_t *m, const char *dir, int tp_rank, int tp_size,
+                          int stage, int pp_size, int layer_begin, int layer_end, char *err,
+                          size_t errlen);
+
 /* Loads deployment d's config.json and checks the layout against it; a
  * failure to read the model is prefixed with where the deployment is
  * ("demo.yaml:9:5: deployments[0] (tiny): models/x/config.json: ..."). */

@@ -152,24 +152,10 @@ int tsr_agent_check_piece(const Tessera__Assignment *as, char *err, size_t errle
 {
     tsr_model_info_t m;
     if (tsr_model_info_load(as->model_path, &m, err, errlen) < 0) return -1;
-    if (as->tp_size == 0 || as->pp_size == 0 || as->tp_rank >= as->tp_size ||
-        as->stage >= as->pp_size) {
-        snprintf(err, errlen, "assignment has an impossible layout (stage %u of %u, tp %u of %u)",
-                 as->stage, as->pp_size, as->tp_rank, as->tp_size);
-        return -1;
-    }
-    if (as->layer_end > (uint32_t)m.num_hidden_layers || as->layer_begin >= as->layer_end) {
-        snprintf(err, errlen, "%s/config.json: layers [%u,%u) do not fit a model of %d layers",
-                 as->model_path, as->layer_begin, as->layer_end, m.num_hidden_layers);
-        return -1;
-    }
-    if (m.num_attention_heads % (int)as->tp_size || m.num_key_value_heads % (int)as->tp_size) {
-        snprintf(err, errlen,
-                 "%s/config.json: %d attention heads and %d KV heads cannot be split %u ways",
-                 as->model_path, m.num_attention_heads, m.num_key_value_heads, as->tp_size);
-        return -1;
-    }
-    return 0;
+    /* Values past INT_MAX become negative and fail the checks. */
+    return tsr_model_check_piece(&m, as->model_path, (int)as->tp_rank, (int)as->tp_size,
+                                 (int)as->stage, (int)as->pp_size, (int)as->layer_begin,
+                                 (int)as->layer_end, err, errlen);
 }
 
 static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)

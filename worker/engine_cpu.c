@@ -147,28 +147,16 @@ static void engine_free(tsr_engine_t *e)
     free(e);
 }
 
-static int check_spec(const tsr_model_info_t *m, const tsr_piece_spec_t *s, char *err,
-                      size_t errlen)
+static int check_spec(const tsr_model_info_t *m, const char *dir, const tsr_piece_spec_t *s,
+                      char *err, size_t errlen)
 {
-    if (s->tp_size < 1 || s->tp_rank < 0 || s->tp_rank >= s->tp_size || s->pp_size < 1 ||
-        s->stage < 0 || s->stage >= s->pp_size || s->layer_begin < 0 ||
-        s->layer_end > m->num_hidden_layers || s->layer_begin > s->layer_end ||
-        s->max_seq_len < 1 || s->max_seqs < 1) {
-        ERR("impossible piece: stage %d/%d, tp %d/%d, layers [%d,%d) of %d", s->stage, s->pp_size,
-            s->tp_rank, s->tp_size, s->layer_begin, s->layer_end, m->num_hidden_layers);
+    if (s->max_seq_len < 1 || s->max_seqs < 1) {
+        ERR("a piece needs max_seq_len and sequence slots (got %d and %d)", s->max_seq_len,
+            s->max_seqs);
         return -1;
     }
-    if (m->num_attention_heads % s->tp_size || m->num_key_value_heads % s->tp_size ||
-        m->intermediate_size % s->tp_size) {
-        ERR("heads %d, KV heads %d and intermediate_size %d must all divide by tp %d",
-            m->num_attention_heads, m->num_key_value_heads, m->intermediate_size, s->tp_size);
-        return -1;
-    }
-    if (m->head_dim % 2) {
-        ERR("head_dim %d is odd: rotary embeddings need pairs", m->head_dim);
-        return -1;
-    }
-    return 0;
+    return tsr_model_check_piece(m, dir, s->tp_rank, s->tp_size, s->stage, s->pp_size,
+                                 s->layer_begin, s->layer_end, err, errlen);
 }
 
 static float *alloc_f(size_t n, int *bad)
@@ -188,7 +176,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_comm_t *t
     e->spec = *spec;
     e->tp = tp;
     e->ops = ops;
-    if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, spec, err, errlen) < 0)
+    if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
     const tsr_model_info_t *m = &e->m;
     e->H = m->hidden_size;

@@ -695,6 +695,29 @@ static void test_piece_bytes_sum_to_whole_model(void **state)
                      whole);
 }
 
+/* The worker-side check of one piece: each rule, and its message naming
+ * the model's config.json. */
+static void test_check_piece_rules_name_config_json(void **state)
+{
+    (void)state;
+    tsr_model_info_t m = {.hidden_size = 64, .num_hidden_layers = 8, .num_attention_heads = 8,
+                          .num_key_value_heads = 4, .intermediate_size = 690, .head_dim = 8};
+    char err[512];
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 1, 2, 1, 2, 4, 8, err, sizeof err), 0);
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 0, 4, 0, 1, 0, 8, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/m/config.json: 8 attention heads, 4 KV heads and "
+                                "intermediate_size 690 cannot be split 4 ways"));
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 0, 1, 1, 2, 4, 9, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers [4,9) do not fit a model of 8 layers"));
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 0, 1, 1, 2, 4, 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers [4,4)"));
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 2, 2, 0, 1, 0, 8, err, sizeof err), -1);
+    assert_non_null(strstr(err, "impossible piece: stage 0 of 1, tp 2 of 2"));
+    m.head_dim = 7;
+    assert_int_equal(tsr_model_check_piece(&m, "/m", 0, 1, 0, 1, 0, 8, err, sizeof err), -1);
+    assert_non_null(strstr(err, "head_dim 7 is odd"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -731,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_layout_more_stages_than_layers_is_rejected),
         cmocka_unit_test(test_layer_split_is_even_and_contiguous),
         cmocka_unit_test(test_piece_bytes_sum_to_whole_model),
+        cmocka_unit_test(test_check_piece_rules_name_config_json),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
