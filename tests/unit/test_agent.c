@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,23 +36,7 @@ typedef struct {
 static char model_dir[PATH_MAX];
 static int endpoint_seq;
 
-/* The repo's configs/models/tiny as an absolute path: from __FILE__, which is
- * relative to the directory the compiler ran in (the repo root). */
-static void find_model_dir(void)
-{
-    char guess[PATH_MAX];
-    const char *f = __FILE__;
-    const char *cut = strstr(f, "tests/unit/");
-    int n = cut ? (int)(cut - f) : 0;
-    if (f[0] == '/')
-        snprintf(guess, sizeof guess, "%.*sconfigs/models/tiny", n, f);
-    else {
-        char cwd[PATH_MAX / 2];
-        assert_non_null(getcwd(cwd, sizeof cwd));
-        snprintf(guess, sizeof guess, "%s/%.*sconfigs/models/tiny", cwd, n, f);
-    }
-    if (!realpath(guess, model_dir)) fail_msg("cannot find the tiny model at %s", guess);
-}
+static void find_model_dir(void) { tsr_test_tiny_model_dir(model_dir); }
 
 static int setup(void **state)
 {
@@ -83,12 +69,6 @@ static int teardown(void **state)
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static bool readable(void *sock, int ms)
-{
-    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-    return zmq_poll(&it, 1, ms) > 0 && (it.revents & ZMQ_POLLIN);
-}
-
 static void step(fx_t *fx, int64_t t)
 {
     tsr_agent_step(fx->a, fx->t0 + t);
@@ -97,7 +77,7 @@ static void step(fx_t *fx, int64_t t)
 /* The next message the agent sent, or NULL after ms. */
 static tsr_env_t *from_agent(fx_t *fx, int ms)
 {
-    if (!readable(fx->router, ms)) return NULL;
+    if (!tsr_test_readable(fx->router, ms)) return NULL;
     tsr_env_t *env = NULL;
     char err[256] = "";
     uint8_t rid[256];
@@ -149,7 +129,7 @@ static void to_agent(fx_t *fx, tsr_env_t *env)
 {
     assert_true(fx->rid_len > 0);
     assert_int_equal(tsr_wire_send(fx->router, fx->rid, fx->rid_len, env), 0);
-    assert_true(readable(fx->a->sock, 500));
+    assert_true(tsr_test_readable(fx->a->sock, 500));
 }
 
 static void send_register_reply(fx_t *fx, bool accepted, uint32_t hb, uint32_t lease,

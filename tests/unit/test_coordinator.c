@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include <jansson.h>
 #include <limits.h>
 #include <regex.h>
@@ -44,23 +46,7 @@ typedef struct {
 static char model_dir[PATH_MAX];
 static int endpoint_seq;
 
-/* The repo's configs/models/tiny as an absolute path: from __FILE__, which is
- * relative to the directory the compiler ran in (the repo root). */
-static void find_model_dir(void)
-{
-    char guess[PATH_MAX];
-    const char *f = __FILE__;
-    const char *cut = strstr(f, "tests/unit/");
-    int n = cut ? (int)(cut - f) : 0;
-    if (f[0] == '/')
-        snprintf(guess, sizeof guess, "%.*sconfigs/models/tiny", n, f);
-    else {
-        char cwd[PATH_MAX / 2];
-        assert_non_null(getcwd(cwd, sizeof cwd));
-        snprintf(guess, sizeof guess, "%s/%.*sconfigs/models/tiny", cwd, n, f);
-    }
-    if (!realpath(guess, model_dir)) fail_msg("cannot find the tiny model at %s", guess);
-}
+static void find_model_dir(void) { tsr_test_tiny_model_dir(model_dir); }
 
 static void write_yaml(const char *path, const char *wep, const char *cep, const char *extra)
 {
@@ -130,12 +116,6 @@ static int teardown(void **state)
 
 /* ---- messaging helpers --------------------------------------------------------- */
 
-static bool readable(void *sock, int ms)
-{
-    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-    return zmq_poll(&it, 1, ms) > 0 && (it.revents & ZMQ_POLLIN);
-}
-
 /* Lets the coordinator read what was sent to it (waiting for it to arrive). */
 static void pump(fx_t *fx)
 {
@@ -147,7 +127,7 @@ static void pump(fx_t *fx)
 /* The next message on a fake worker or CLI socket, or NULL after ms. */
 static tsr_env_t *recv_env(void *sock, size_t max, int ms)
 {
-    if (!readable(sock, ms)) return NULL;
+    if (!tsr_test_readable(sock, ms)) return NULL;
     tsr_env_t *env = NULL;
     char err[256] = "";
     int rc = tsr_wire_recv(sock, NULL, NULL, max, &env, err, sizeof err);
