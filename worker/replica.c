@@ -43,6 +43,21 @@ static int is_first(const tsr_replica_rank_t *r) { return r->spec.stage == 0; }
 static int is_last(const tsr_replica_rank_t *r) { return r->spec.stage == r->spec.pp_size - 1; }
 static int is_leader(const tsr_replica_rank_t *r) { return is_first(r) && r->spec.tp_rank == 0; }
 
+/* A step from a peer is checked before its payload is read: the payload's
+ * size comes from it. */
+static int step_ok(const tsr_replica_rank_t *r, const step_t *st, const char *from, char *err,
+                   size_t errlen)
+{
+    if (st->magic == STEP_MAGIC && st->op <= OP_STOP && st->n >= 0 &&
+        st->n <= r->spec.max_seq_len)
+        return 0;
+    snprintf(err, errlen,
+             "malformed step from %s: magic 0x%08x (expected 0x%08x), op %u, %d positions "
+             "(max_seq_len %d)",
+             from, st->magic, STEP_MAGIC, st->op, st->n, r->spec.max_seq_len);
+    return -1;
+}
+
 /* Moves a step (and its payload) from where this rank gets it: the leader
  * already has it, the rest of stage 0 gets it by broadcast, later stages
  * from the previous stage. */
@@ -52,22 +67,18 @@ static int receive_step(tsr_replica_rank_t *r, step_t *st, int32_t *tokens, floa
     int H = r->eng_ops->model(r->eng)->hidden_size;
     if (is_first(r)) {
         if (r->spec.tp_size > 1) {
-            if (r->ops->broadcast(r->tp, st, sizeof *st, 0, timeout, err, errlen) < 0) return -1;
-            if (st->magic != STEP_MAGIC || st->n < 0 || st->n > r->spec.max_seq_len) {
-                snprintf(err, errlen, "malformed step from the leader");
+            if (r->ops->broadcast(r->tp, st, sizeof *st, 0, timeout, err, errlen) < 0 ||
+                step_ok(r, st, "the leader", err, errlen) < 0)
                 return -1;
-            }
             if (st->n && r->ops->broadcast(r->tp, tokens, (size_t)st->n * sizeof *tokens, 0,
                                            timeout, err, errlen) < 0)
                 return -1;
         }
         return 0;
     }
-    if (r->ops->recv(r->prev, 0, st, sizeof *st, timeout, err, errlen) < 0) return -1;
-    if (st->magic != STEP_MAGIC || st->n < 0 || st->n > r->spec.max_seq_len) {
-        snprintf(err, errlen, "malformed step from the previous stage");
+    if (r->ops->recv(r->prev, 0, st, sizeof *st, timeout, err, errlen) < 0 ||
+        step_ok(r, st, "the previous stage", err, errlen) < 0)
         return -1;
-    }
     if ((st->op == OP_PREFILL || st->op == OP_DECODE) &&
         r->ops->recv(r->prev, 0, hidden, (size_t)st->n * H * sizeof(float), timeout, err,
                      errlen) < 0)

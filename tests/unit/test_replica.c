@@ -117,6 +117,41 @@ static void test_low_temperature_sharpens(void **state)
     assert_true(top > 990);
 }
 
+/* ---- a garbage step from the previous stage ------------------------------------ */
+
+static tsr_model_info_t fake_model = {.hidden_size = 4, .vocab_size = 8};
+static const tsr_model_info_t *fake_model_of(const tsr_engine_t *e)
+{
+    (void)e;
+    return &fake_model;
+}
+static int garbage_recv(tsr_comm_t *c, int peer, void *buf, size_t len, int timeout_ms,
+                        char *err, size_t errlen)
+{
+    (void)c, (void)peer, (void)timeout_ms, (void)err, (void)errlen;
+    memset(buf, 0xab, len);  /* no magic, an op and a count from nowhere */
+    return 0;
+}
+static int never_stop(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+static void test_garbage_step_is_refused_naming_what_is_wrong(void **state)
+{
+    (void)state;
+    static const tsr_coll_ops_t ops = {.name = "fake", .recv = garbage_recv};
+    static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of};
+    tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &ops, .prev = (tsr_comm_t *)&r,
+                            .spec = {0, 1, 1, 2, 4, 8, 64, 1}};
+    tsr_replica_io_t io = {.should_stop = never_stop};
+    char err[256] = "";
+    assert_int_equal(tsr_replica_run(&r, &io, err, sizeof err), -1);
+    assert_non_null(strstr(err, "malformed step from the previous stage: magic 0xabababab"));
+    assert_non_null(strstr(err, "max_seq_len 64"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -128,6 +163,7 @@ int main(void)
         cmocka_unit_test(test_nan_parameters_fall_back_safely),
         cmocka_unit_test(test_sampling_follows_the_distribution_and_the_seed),
         cmocka_unit_test(test_low_temperature_sharpens),
+        cmocka_unit_test(test_garbage_step_is_refused_naming_what_is_wrong),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
