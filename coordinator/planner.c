@@ -8,12 +8,13 @@
  * Workers are visited in (node name, worker name) order everywhere, which is
  * what makes the result independent of the order of the workers array. */
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner.h"
+
+#include "common/util.h"
 #include "../common/modelcfg.h"
 
 typedef struct {
@@ -37,19 +38,6 @@ typedef struct {
     int index;
 } worker_key_t;
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- input checks ------------------------------------------------------ */
 
@@ -60,30 +48,30 @@ static int check_deployment(const tsr_config_t *cfg, const int *layers, size_t i
     long long n;
 
     if (!d->name) {
-        set_err(err, errlen, "deployments[%zu]: missing name", i);
+        tsr_set_err(err, errlen, "deployments[%zu]: missing name", i);
         return -1;
     }
     for (size_t j = 0; j < i; j++) {
         /* Holdings name their deployment; two with one name would be ambiguous. */
         if (cfg->deployments[j].name && strcmp(cfg->deployments[j].name, d->name) == 0) {
-            set_err(err, errlen, "deployments[%zu] (%s): name already used by deployments[%zu]",
+            tsr_set_err(err, errlen, "deployments[%zu] (%s): name already used by deployments[%zu]",
                     i, d->name, j);
             return -1;
         }
     }
     if (d->tensor < 1 || d->pipeline < 1 || d->replicas < 1) {
-        set_err(err, errlen, "deployments[%zu] (%s): parallel.tensor %d, pipeline %d and "
+        tsr_set_err(err, errlen, "deployments[%zu] (%s): parallel.tensor %d, pipeline %d and "
                 "replicas %d must all be positive", i, d->name, d->tensor, d->pipeline,
                 d->replicas);
         return -1;
     }
     if (layers[i] < 1) {
-        set_err(err, errlen, "deployments[%zu] (%s): model layer count %d is not positive",
+        tsr_set_err(err, errlen, "deployments[%zu] (%s): model layer count %d is not positive",
                 i, d->name, layers[i]);
         return -1;
     }
     if (d->pipeline > layers[i]) {
-        set_err(err, errlen, "deployments[%zu] (%s): parallel.pipeline %d exceeds the "
+        tsr_set_err(err, errlen, "deployments[%zu] (%s): parallel.pipeline %d exceeds the "
                 "model's %d layers", i, d->name, d->pipeline, layers[i]);
         return -1;
     }
@@ -91,7 +79,7 @@ static int check_deployment(const tsr_config_t *cfg, const int *layers, size_t i
     *total += n;
     /* Piece and worker indices are ints in the public structs. */
     if (n > INT_MAX || *total > INT_MAX) {
-        set_err(err, errlen, "deployments[%zu] (%s): %lld pieces is too many", i, d->name, n);
+        tsr_set_err(err, errlen, "deployments[%zu] (%s): %lld pieces is too many", i, d->name, n);
         return -1;
     }
     return 0;
@@ -104,20 +92,20 @@ static int check_input(const tsr_config_t *cfg, const int *layers,
     long long total = 0;
 
     if (!cfg) {
-        set_err(err, errlen, "planner: no configuration");
+        tsr_set_err(err, errlen, "planner: no configuration");
         return -1;
     }
     if (cfg->n_deployments > 0 && (!cfg->deployments || !layers)) {
-        set_err(err, errlen, "planner: %zu deployments but no deployment or layer table",
+        tsr_set_err(err, errlen, "planner: %zu deployments but no deployment or layer table",
                 cfg->n_deployments);
         return -1;
     }
     if (n_workers > 0 && !workers) {
-        set_err(err, errlen, "planner: %zu workers but no worker table", n_workers);
+        tsr_set_err(err, errlen, "planner: %zu workers but no worker table", n_workers);
         return -1;
     }
     if (n_workers > INT_MAX) {
-        set_err(err, errlen, "planner: %zu workers is too many", n_workers);
+        tsr_set_err(err, errlen, "planner: %zu workers is too many", n_workers);
         return -1;
     }
     for (size_t i = 0; i < cfg->n_deployments; i++)
@@ -125,7 +113,7 @@ static int check_input(const tsr_config_t *cfg, const int *layers,
             return -1;
     for (size_t w = 0; w < n_workers; w++) {
         if (!workers[w].name) {
-            set_err(err, errlen, "planner: workers[%zu] has no name", w);
+            tsr_set_err(err, errlen, "planner: workers[%zu] has no name", w);
             return -1;
         }
     }
@@ -524,20 +512,23 @@ int tsr_plan_compute(const tsr_config_t *cfg, const int *layers,
     planner_t pl = { 0 };
 
     if (!out) {
-        set_err(err, errlen, "planner: no output pointer");
+        tsr_set_err(err, errlen, "planner: no output pointer");
         goto out;
     }
     *out = NULL;
     if (check_input(cfg, layers, workers, n_workers, err, errlen) < 0)
         goto out;
     if (planner_init(&pl, cfg, layers, workers, n_workers) < 0) {
-        set_err(err, errlen, "planner: out of memory");
+        tsr_set_err(err, errlen, "planner: out of memory");
         goto out;
     }
     build_pieces(&pl);
     keep_current(&pl);
     for (size_t d = 0; d < cfg->n_deployments; d++)
         serve_deployment(&pl, (int)d);
+    pl.plan->worker_piece = pl.owner;    /* the planner's own index, kept */
+    pl.plan->n_workers = n_workers;
+    pl.owner = NULL;
     *out = pl.plan;
     pl.plan = NULL;   /* transferred */
     rc = 0;
@@ -555,18 +546,17 @@ void tsr_plan_destroy(tsr_plan_t **self_p)
     p = *self_p;
     free(p->pieces);
     free(p->deps);
+    free(p->worker_piece);
     free(p);
     *self_p = NULL;
 }
 
 const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w)
 {
-    if (!p || w < 0)
+    if (!p || w < 0 || (size_t)w >= p->n_workers || !p->worker_piece ||
+        p->worker_piece[w] < 0)
         return NULL;
-    for (size_t i = 0; i < p->n_pieces; i++)
-        if (p->pieces[i].worker == w)
-            return &p->pieces[i];
-    return NULL;
+    return &p->pieces[p->worker_piece[w]];
 }
 
 const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len)

@@ -61,6 +61,8 @@ typedef struct {
     size_t n_pieces;
     tsr_plan_deployment_t *deps;  /* one per cfg deployment, same order */
     size_t n_deps;
+    int *worker_piece;            /* [worker index] -> index into pieces, -1 none */
+    size_t n_workers;
 } tsr_plan_t;
 
 /* Computes the desired plan.  layers[i] is the layer count of deployment i's
