@@ -50,6 +50,7 @@ typedef struct {
     result_t *res;
     int served;
     tsr_engine_t *inner;        /* the CPU engine this rank wraps */
+    uint64_t weight_bytes;      /* what it loaded */
     char err[512];
     int rc;
 } rank_t;
@@ -166,6 +167,7 @@ static void *rank_main(void *arg)
     if (tsr_engine_cpu.load(k->dir, &r.spec, r.tp, &tsr_coll_tcp, &k->inner, k->err,
                             sizeof k->err) < 0)
         goto out;
+    k->weight_bytes = tsr_engine_cpu.weight_bytes(k->inner);
     struct tsr_engine wrap = {k};
     r.eng_ops = &recording;
     r.eng = &wrap;
@@ -207,8 +209,18 @@ static void run_layout(const char *dir, int tp, int pp, result_t *res)
         pthread_create(&th[i], NULL, rank_main, &ranks[i]);
     }
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    /* Each rank read only its slice: its weights are its share of the model
+     * (held as f32), within the rounding of the vocabulary split and the
+     * norms every rank keeps whole. */
+    tsr_model_info_t f32 = m;
+    f32.dtype_bytes = 4;
     for (int i = 0; i < n; i++) {
         if (ranks[i].rc != 0) fail_msg("tp %d pp %d rank %d: %s", tp, pp, i, ranks[i].err);
+        double share = (double)tsr_model_piece_bytes(&f32, pp, i / tp, tp);
+        double ratio = (double)ranks[i].weight_bytes / share;
+        if (ratio < 0.97 || ratio > 1.03)
+            fail_msg("tp %d pp %d rank %d holds %llu bytes of weights, %.2fx its share", tp, pp,
+                     i, (unsigned long long)ranks[i].weight_bytes, ratio);
         tsr_tcp_listener_destroy(&ls[i]);
     }
     if (res->error[0]) fail_msg("tp %d pp %d: %s", tp, pp, res->error);
