@@ -176,11 +176,15 @@ static char **replica_peers(tsr_coord_t *c, const tsr_holding_t *h, size_t *n_ou
     return peers;
 }
 
-static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
+/* Sends w its piece with the replica's peer list; peers NULL: look them up. */
+static void send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers,
+                              size_t n_peers)
 {
     Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
     fill_assignment(c, &w->piece, &a, di);
-    a.peers = replica_peers(c, &w->piece, &a.n_peers);
+    char **own = peers ? NULL : replica_peers(c, &w->piece, &n_peers);
+    a.peers = peers ? peers : own;
+    a.n_peers = a.peers ? n_peers : 0;
     Tessera__Assign as = TESSERA__ASSIGN__INIT;
     as.assignment = &a;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -188,8 +192,13 @@ static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
     env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
     env.assign = &as;
     send_to(c, w, &env);
-    free(a.peers);
+    free(own);
     c->stats.assigns++;
+}
+
+static void send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
+{
+    send_assign_peers(c, w, di, NULL, 0);
 }
 
 static void send_unassign(tsr_coord_t *c, tsr_worker_t *w, const char *reason)
@@ -226,19 +235,26 @@ static void touch(touched_t *t, int di, int replica)
 
 static void rewire(tsr_coord_t *c, int di, int replica)
 {
-    const char *name = c->cfg->deployments[di].name;
-    tsr_requests_fail_replica(c, name, replica, "the replica was rewired for a new plan");
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_requests_fail_replica(c, d->name, replica, "the replica was rewired for a new plan");
+    /* One peer list serves every member. */
+    tsr_holding_t h = {.replica = replica, .tp_size = d->tensor, .pp_size = d->pipeline};
+    snprintf(h.deployment, sizeof h.deployment, "%s", d->name);
+    size_t n_peers = 0;
+    char **peers = replica_peers(c, &h, &n_peers);
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, name) ||
+        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, d->name) ||
             w->piece.replica != replica)
             continue;
         w->piece.epoch = c->epoch;
         w->state = TSR_W_LOADING;
         w->reason[0] = '\0';
-        send_assign(c, w, di);
+        if (peers) send_assign_peers(c, w, di, peers, n_peers);
+        else send_assign(c, w, di);
     }
+    free(peers);
 }
 
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
