@@ -24,14 +24,39 @@ typedef struct {
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
 } job_t;
 
-typedef struct qreq {
+/* A FIFO of nodes that start with a qnode_t (requests in, events out);
+ * callers hold ex->mu. */
+typedef struct qnode {
+    struct qnode *next;
+} qnode_t;
+
+typedef struct {
+    qnode_t *head, *tail;
+} fifo_t;
+
+static void fifo_push(fifo_t *q, qnode_t *n)
+{
+    n->next = NULL;
+    if (q->tail) q->tail->next = n;
+    else q->head = n;
+    q->tail = n;
+}
+
+static qnode_t *fifo_pop(fifo_t *q)
+{
+    qnode_t *n = q->head;
+    if (n && !(q->head = n->next)) q->tail = NULL;
+    return n;
+}
+
+typedef struct {
+    qnode_t link;               /* first: a qreq_t is a qnode_t */
     tsr_request_t r;
-    struct qreq *next;
 } qreq_t;
 
-typedef struct ev_node {
+typedef struct {
+    qnode_t link;
     tsr_event_t ev;
-    struct ev_node *next;
 } ev_node_t;
 
 struct tsr_executor {
@@ -41,8 +66,8 @@ struct tsr_executor {
     bool shutdown;
     uint64_t job_gen, run_gen;      /* the job asked for / the one running */
     job_t *job;                     /* latest job (heap: it is large) */
-    qreq_t *q_head, *q_tail;
-    ev_node_t *e_head, *e_tail;
+    fifo_t requests;            /* qreq_t, for the leader */
+    fifo_t events;              /* ev_node_t, for the agent */
     int pipe_r, pipe_w;
     tsr_tcp_listener_t *listener;
     char endpoint[TSR_NAME_MAX + 1];
@@ -57,9 +82,7 @@ static void push_event(tsr_executor_t *ex, const tsr_event_t *ev)
     if (!n) return;
     n->ev = *ev;
     pthread_mutex_lock(&ex->mu);
-    if (ex->e_tail) ex->e_tail->next = n;
-    else ex->e_head = n;
-    ex->e_tail = n;
+    fifo_push(&ex->events, &n->link);
     pthread_mutex_unlock(&ex->mu);
     char b = 1;
     if (write(ex->pipe_w, &b, 1) < 0 && errno != EAGAIN) tsr_warn("executor: wake pipe: %s", strerror(errno));
@@ -77,11 +100,7 @@ int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev)
     char buf[64];
     while (read(ex->pipe_r, buf, sizeof buf) > 0) {}
     pthread_mutex_lock(&ex->mu);
-    ev_node_t *n = ex->e_head;
-    if (n) {
-        ex->e_head = n->next;
-        if (!ex->e_head) ex->e_tail = NULL;
-    }
+    ev_node_t *n = (ev_node_t *)fifo_pop(&ex->events);
     pthread_mutex_unlock(&ex->mu);
     if (!n) return 0;
     *ev = n->ev;
@@ -106,13 +125,10 @@ static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
     dl.tv_nsec += (long)(wait_ms % 1000) * 1000000;
     if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
     pthread_mutex_lock(&ex->mu);
-    while (!ex->q_head && !ex->shutdown && ex->job_gen == c->gen)
+    while (!ex->requests.head && !ex->shutdown && ex->job_gen == c->gen)
         if (pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) == ETIMEDOUT) break;
     qreq_t *n = NULL;
-    if (ex->job_gen == c->gen && !ex->shutdown && (n = ex->q_head)) {
-        ex->q_head = n->next;
-        if (!ex->q_head) ex->q_tail = NULL;
-    }
+    if (ex->job_gen == c->gen && !ex->shutdown) n = (qreq_t *)fifo_pop(&ex->requests);
     pthread_mutex_unlock(&ex->mu);
     if (!n) return 0;
     *r = n->r;
@@ -144,11 +160,11 @@ static int io_should_stop(void *arg)
 static void fail_queued(tsr_executor_t *ex, uint64_t epoch, const char *why)
 {
     pthread_mutex_lock(&ex->mu);
-    qreq_t *n = ex->q_head;
-    ex->q_head = ex->q_tail = NULL;
+    qreq_t *n = (qreq_t *)ex->requests.head;
+    ex->requests = (fifo_t){NULL, NULL};
     pthread_mutex_unlock(&ex->mu);
     while (n) {
-        qreq_t *next = n->next;
+        qreq_t *next = (qreq_t *)n->link.next;
         tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = n->r.request_id,
                           .token = -1, .done = 1};
         snprintf(ev.text, sizeof ev.text, "%s", why);
@@ -445,9 +461,7 @@ void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
     bool leader = ex->job->active && ex->job->stage == 0 && ex->job->tp == 0;
     uint64_t epoch = ex->job->epoch;
     if (leader) {
-        if (ex->q_tail) ex->q_tail->next = n;
-        else ex->q_head = n;
-        ex->q_tail = n;
+        fifo_push(&ex->requests, &n->link);
         pthread_cond_broadcast(&ex->cv);
     }
     pthread_mutex_unlock(&ex->mu);
