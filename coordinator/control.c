@@ -65,9 +65,10 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
             snprintf(sum->message, sizeof sum->message,
                      "waiting %lld ms for workers to re-attach before planning",
                      (long long)(c->plan_after_ms - now));
-        else if (c->plan && i < c->plan->n_deps && c->plan->deps[i].short_by)
+        else if (ds->short_by)
             snprintf(sum->message, sizeof sum->message, "%s (%d of %d pieces placed)",
-                     tsr_plan_shortage(c->plan, i, buf, sizeof buf), sum->placed, sum->total);
+                     tsr_shortage_text(ds->short_by, d->device, buf, sizeof buf), sum->placed,
+                     sum->total);
         else
             snprintf(sum->message, sizeof sum->message, "%d of %d pieces placed", sum->placed,
                      sum->total);
@@ -211,9 +212,9 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                           "max_seq_len", d->max_seq_len, "state", sum.state, "message",
                           sum.message, "pieces", sum.total, "placed", sum.placed, "ready",
                           sum.ready);
-    if (c->plan && i < c->plan->n_deps && c->plan->deps[i].short_by)
+    if (c->deps[i].short_by)
         json_object_set_new(o, "needs",
-                            json_pack("{s:i, s:s}", "workers", c->plan->deps[i].short_by,
+                            json_pack("{s:i, s:s}", "workers", c->deps[i].short_by,
                                       "device", tsr_device_name(d->device)));
     json_t *reps = json_array();
     for (int r = 0; r < d->replicas && sum.at; r++) {

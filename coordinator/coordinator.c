@@ -103,7 +103,6 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_sock_close(&c->wsock);
     tsr_sock_close(&c->csock);
     tsr_registry_destroy(&c->reg);
-    tsr_plan_destroy(&c->plan);
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
     free(c->config_path);
@@ -367,19 +366,13 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     free(touched.di);
     free(touched.replica);
 
-    /* Remap shortages onto the full deployment list for status. */
-    tsr_plan_destroy(&c->plan);
-    tsr_plan_t *full = calloc(1, sizeof *full);
-    if (full) {
-        full->n_deps = c->cfg->n_deployments;
-        full->deps = calloc(full->n_deps ? full->n_deps : 1, sizeof *full->deps);
-        for (size_t i = 0; full->deps && i < view.n_deployments; i++) {
-            full->deps[map[i]] = plan->deps[i];
-            if (plan->deps[i].short_by)
-                tsr_warn("deployment %s: %s", c->cfg->deployments[map[i]].name,
-                         tsr_plan_shortage(plan, i, err, sizeof err));
-        }
-        c->plan = full;
+    /* What each deployment lacks, for status. */
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) c->deps[i].short_by = 0;
+    for (size_t i = 0; i < view.n_deployments; i++) {
+        c->deps[map[i]].short_by = plan->deps[i].short_by;
+        if (plan->deps[i].short_by)
+            tsr_warn("deployment %s: %s", c->cfg->deployments[map[i]].name,
+                     tsr_plan_shortage(plan, i, err, sizeof err));
     }
 out:
     tsr_plan_destroy(&plan);

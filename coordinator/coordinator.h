@@ -27,6 +27,7 @@ typedef struct {
     tsr_model_info_t model;
     char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
+    int short_by;               /* workers of its device kind the last plan lacked */
     /* Data-plane failures are retried by rewiring the replica, with backoff
      * (2 s, doubling to 60 s, reset once the deployment is ready again). */
     int64_t retry_at_ms;        /* 0: nothing scheduled */
@@ -55,7 +56,6 @@ typedef struct {
     char *config_path;
     tsr_config_t *cfg;
     tsr_dep_state_t *deps;      /* one per cfg->deployments */
-    tsr_plan_t *plan;           /* last plan computed, for shortage reports */
     tsr_registry_t *reg;
     void *wsock;                /* ROUTER, workers endpoint */
     void *csock;                /* ROUTER, control endpoint */

@@ -561,15 +561,18 @@ const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w)
 
 const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len)
 {
-    int n;
+    if (!p || i >= p->n_deps)
+        return tsr_shortage_text(0, TSR_DEVICE_CPU, buf, len);
+    return tsr_shortage_text(p->deps[i].short_by, p->deps[i].device, buf, len);
+}
 
+const char *tsr_shortage_text(int short_by, tsr_device_t device, char *buf, size_t len)
+{
     if (!buf || len == 0)
         return "";
     buf[0] = '\0';
-    if (!p || i >= p->n_deps || p->deps[i].short_by <= 0)
-        return buf;
-    n = p->deps[i].short_by;
-    snprintf(buf, len, "needs %d more %s worker%s", n, tsr_device_name(p->deps[i].device),
-             n == 1 ? "" : "s");
+    if (short_by > 0)
+        snprintf(buf, len, "needs %d more %s worker%s", short_by, tsr_device_name(device),
+                 short_by == 1 ? "" : "s");
     return buf;
 }

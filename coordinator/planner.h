@@ -83,4 +83,7 @@ const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w);
  * nothing is short.  Writes into buf and returns it. */
 const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len);
 
+/* The same text for a count and a device kind ("" when short_by <= 0). */
+const char *tsr_shortage_text(int short_by, tsr_device_t device, char *buf, size_t len);
+
 #endif
