@@ -123,3 +123,14 @@ piece_holder() {
 worker_field() {
     status_json | jget "[w.get('$2') for w in d['workers'] if w['name']=='$1'][0]"
 }
+
+# stream_long_request: starts a 250-token request in the background (ids to
+# $T/out, errors to $T/err, pid in GEN) and returns once its first token has
+# arrived, so what follows lands mid-request.
+stream_long_request() {
+    tsr generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids --token-timeout 60000 \
+        > "$T/out" 2> "$T/err" &
+    GEN=$!
+    started() { [ -s "$T/out" ]; }
+    wait_until 10 started || fail "no token arrived"
+}

@@ -7,14 +7,9 @@ start_coord "$T/d.yaml"
 for i in 0 1 2 3 4; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready"
 victim=$(piece_holder 0 1 1)
-# A request long enough to be running when the peer dies: the kill lands
-# once the first tokens have arrived.
-tsr generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids > "$T/out" 2> "$T/err" &
-gen=$!
-started() { [ -s "$T/out" ]; }
-wait_until 10 started || fail "no token arrived"
+stream_long_request
 kill -9 "${WPID[$victim]}"; t0=$(now_ms)
-wait "$gen"; rc=$?
+wait "$GEN"; rc=$?
 took=$(( $(now_ms) - t0 ))
 [ "$rc" != 0 ] || fail "the request survived the death of a peer: $(wc -w < "$T/out") tokens"
 echo "request failed after $took ms: $(tr '\n' ' ' < "$T/err")"

@@ -6,12 +6,9 @@ write_yaml "$T/d.yaml" 1 2 1
 start_coord "$T/d.yaml"
 for i in 0 1; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready"
-tsr generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
-gen=$!
-started() { [ -s "$T/out" ]; }
-wait_until 10 started || fail "no token arrived"
+stream_long_request
 kill -9 "$COORD_PID"; t0=$(now_ms)
-wait "$gen"; rc=$?
+wait "$GEN"; rc=$?
 took=$(( $(now_ms) - t0 ))
 [ "$rc" != 0 ] || fail "the request finished although its coordinator died ($(wc -w < "$T/out") tokens)"
 grep -q "lost the connection to the coordinator" "$T/err" || fail "unclear error: $(cat "$T/err")"
