@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,6 +231,48 @@ bad:
     return -1;
 }
 
+/* An integer in [lo, hi], digits only like get_posint; lo may be 0.  The
+ * range is part of every message so the fix is obvious. */
+static int get_int_range(pctx_t *c, yaml_node_t *n, const char *path, int lo, int hi,
+                         int *out)
+{
+    const char *s;
+    char q[QUOTE_MAX + 8];
+    long long v = 0;
+    size_t i;
+
+    if (n->type != YAML_SCALAR_NODE) {
+        fail(c, n, path, "expected an integer from %d to %d, got %s", lo, hi, node_kind(n));
+        return -1;
+    }
+    s = (const char *)n->data.scalar.value;
+    quote_value(n, q, sizeof q);
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
+        fail(c, n, path, "expected an integer from %d to %d, got the quoted string '%s'",
+             lo, hi, q);
+        return -1;
+    }
+    if (n->data.scalar.length == 0)
+        goto bad;
+    for (i = 0; i < n->data.scalar.length; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            goto bad;
+        v = v * 10 + (s[i] - '0');
+        if (v > hi)
+            goto range; /* also stops long digit strings from overflowing */
+    }
+    if (v < lo)
+        goto range;
+    *out = (int)v;
+    return 0;
+range:
+    fail(c, n, path, "value '%s' is out of range (%d to %d)", q, lo, hi);
+    return -1;
+bad:
+    fail(c, n, path, "expected an integer from %d to %d, got '%s'", lo, hi, q);
+    return -1;
+}
+
 /* Copies a scalar's text; an embedded NUL (possible with "\0" in double
  * quotes) would silently truncate it, so it is refused. */
 static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
@@ -434,17 +477,32 @@ out:
     return rc;
 }
 
+/* The batching and memory keys: optional integers with a range each. */
+static const struct {
+    const char *key;
+    int lo, hi;
+    size_t offset;
+} batch_keys[] = {
+    { "max_batch", 1, 1024, offsetof(tsr_deployment_t, max_batch) },
+    { "prefill_chunk", 1, 65536, offsetof(tsr_deployment_t, prefill_chunk) },
+    { "kv_cache_mib", 1, 1 << 24, offsetof(tsr_deployment_t, kv_cache_mib) },
+    { "max_queue", 0, 1000000, offsetof(tsr_deployment_t, max_queue) },
+};
+#define N_BATCH_KEYS (sizeof batch_keys / sizeof batch_keys[0])
+
 static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                             tsr_config_t *cfg)
 {
     static const char *const keys[] = { "name", "model", "device", "parallel",
-                                        "max_seq_len" };
+                                        "max_seq_len", "max_batch", "prefill_chunk",
+                                        "kv_cache_mib", "max_queue" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[5];
+    yaml_node_t *v[9];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
+    size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 5, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 9, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -469,6 +527,15 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     path_key(kpath, path, "max_seq_len");
     if (v[4] && get_posint(c, v[4], kpath, &d->max_seq_len) < 0)
         return -1;
+    for (k = 0; k < N_BATCH_KEYS; k++) {
+        path_key(kpath, path, batch_keys[k].key);
+        if (v[5 + k] && get_int_range(c, v[5 + k], kpath, batch_keys[k].lo, batch_keys[k].hi,
+                                      (int *)((char *)d + batch_keys[k].offset)) < 0)
+            return -1;
+    }
+    /* A chunk longer than any sequence can be is just "the whole prompt". */
+    if (d->prefill_chunk > d->max_seq_len)
+        d->prefill_chunk = d->max_seq_len;
     return 0;
 }
 
@@ -499,6 +566,10 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].pipeline = 1;
         cfg->deployments[i].replicas = 1;
         cfg->deployments[i].max_seq_len = 2048;
+        cfg->deployments[i].max_batch = 32;
+        cfg->deployments[i].prefill_chunk = 128;
+        cfg->deployments[i].kv_cache_mib = 0;
+        cfg->deployments[i].max_queue = 256;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

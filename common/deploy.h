@@ -24,6 +24,16 @@ typedef struct {
     int pipeline;         /* parallel.pipeline, default 1 */
     int replicas;         /* parallel.replicas, default 1 */
     int max_seq_len;      /* default 2048 */
+    /* Batching and memory, sent to every piece with its assignment. */
+    int max_batch;        /* sequences in one step, 1..1024, default 32 */
+    int prefill_chunk;    /* most prompt tokens of one sequence in one step,
+                             1..65536, default 128; at most max_seq_len (a
+                             larger value is taken as max_seq_len) */
+    int kv_cache_mib;     /* KV cache budget per piece in MiB, 1..2^24; 0 (the
+                             default): room for max_batch sequences of
+                             max_seq_len positions, sized by the worker */
+    int max_queue;        /* requests waiting per replica, 0..1000000, default
+                             256; 0: refuse when the batch is full */
     int line, column;     /* 1-based position of the entry, for messages */
 } tsr_deployment_t;
 

@@ -130,6 +130,10 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->pipeline, 1);
     assert_int_equal(d->replicas, 1);
     assert_int_equal(d->max_seq_len, 2048);
+    assert_int_equal(d->max_batch, 32);
+    assert_int_equal(d->prefill_chunk, 128);
+    assert_int_equal(d->kv_cache_mib, 0);
+    assert_int_equal(d->max_queue, 256);
     assert_int_equal(d->line, 16);
 
     assert_ptr_equal(tsr_config_find(cfg, "small.v2-x_1"), &cfg->deployments[1]);
@@ -340,6 +344,116 @@ static void test_overflow_is_rejected(void **state)
     (void)state;
     expect_tensor_error("2147483648", "too large");
     expect_tensor_error("99999999999999999999999", "too large");
+}
+
+/* ---- batching and memory keys -------------------------------------------- */
+
+static const char batch_head[] =
+    "version: 1\ndeployments:\n  - name: a\n    model: m\n";
+
+/* Parses one deployment with `extra` (whole lines) after its name and model. */
+static tsr_config_t *parse_batch(const char *extra)
+{
+    tsr_config_t *cfg = NULL;
+    char yaml[512], err[512];
+
+    snprintf(yaml, sizeof yaml, "%s%s", batch_head, extra);
+    if (parse(yaml, "demo.yaml", &cfg, err, sizeof err) != 0)
+        fail_msg("'%s' was refused: %s", extra, err);
+    return cfg;
+}
+
+static void test_batching_keys_take_their_values(void **state)
+{
+    tsr_config_t *cfg;
+    const tsr_deployment_t *d;
+
+    (void)state;
+    cfg = parse_batch("    max_batch: 64\n    prefill_chunk: 512\n"
+                      "    kv_cache_mib: 4096\n    max_queue: 1000\n");
+    d = &cfg->deployments[0];
+    assert_int_equal(d->max_batch, 64);
+    assert_int_equal(d->prefill_chunk, 512);
+    assert_int_equal(d->kv_cache_mib, 4096);
+    assert_int_equal(d->max_queue, 1000);
+    tsr_config_destroy(&cfg);
+}
+
+static void test_batching_keys_accept_both_ends_of_their_ranges(void **state)
+{
+    tsr_config_t *cfg;
+    const tsr_deployment_t *d;
+
+    (void)state;
+    cfg = parse_batch("    max_batch: 1\n    prefill_chunk: 1\n"
+                      "    kv_cache_mib: 1\n    max_queue: 0\n");
+    d = &cfg->deployments[0];
+    assert_int_equal(d->max_batch, 1);
+    assert_int_equal(d->prefill_chunk, 1);
+    assert_int_equal(d->kv_cache_mib, 1);
+    assert_int_equal(d->max_queue, 0); /* no waiting: refuse when the batch is full */
+    tsr_config_destroy(&cfg);
+
+    cfg = parse_batch("    max_seq_len: 131072\n    max_batch: 1024\n"
+                      "    prefill_chunk: 65536\n    kv_cache_mib: 16777216\n"
+                      "    max_queue: 1000000\n");
+    d = &cfg->deployments[0];
+    assert_int_equal(d->max_batch, 1024);
+    assert_int_equal(d->prefill_chunk, 65536);
+    assert_int_equal(d->kv_cache_mib, 1 << 24);
+    assert_int_equal(d->max_queue, 1000000);
+    tsr_config_destroy(&cfg);
+}
+
+static void test_prefill_chunk_is_at_most_max_seq_len(void **state)
+{
+    tsr_config_t *cfg;
+
+    (void)state;
+    cfg = parse_batch("    max_seq_len: 256\n    prefill_chunk: 4096\n");
+    assert_int_equal(cfg->deployments[0].prefill_chunk, 256);
+    tsr_config_destroy(&cfg);
+    /* The default chunk is clamped as well. */
+    cfg = parse_batch("    max_seq_len: 64\n");
+    assert_int_equal(cfg->deployments[0].prefill_chunk, 64);
+    tsr_config_destroy(&cfg);
+}
+
+/* `key: value` on line 5 is refused with a message naming the file, line,
+ * column of the value and the key, containing detail. */
+static void expect_batch_error(const char *key, const char *value, const char *detail)
+{
+    char yaml[256], prefix[128];
+
+    snprintf(yaml, sizeof yaml, "%s    %s: %s\n", batch_head, key, value);
+    snprintf(prefix, sizeof prefix, "demo.yaml:5:%zu: deployments[0].%s: ",
+             4 + strlen(key) + 2 + 1, key);
+    expect_error(yaml, prefix, detail);
+}
+
+static void test_batching_keys_out_of_range_are_rejected(void **state)
+{
+    (void)state;
+    expect_batch_error("max_batch", "0", "value '0' is out of range (1 to 1024)");
+    expect_batch_error("max_batch", "1025", "value '1025' is out of range (1 to 1024)");
+    expect_batch_error("prefill_chunk", "0", "out of range (1 to 65536)");
+    expect_batch_error("prefill_chunk", "65537", "out of range (1 to 65536)");
+    expect_batch_error("kv_cache_mib", "0", "out of range (1 to 16777216)");
+    expect_batch_error("kv_cache_mib", "16777217", "out of range (1 to 16777216)");
+    expect_batch_error("max_queue", "1000001", "out of range (0 to 1000000)");
+    expect_batch_error("max_queue", "99999999999999999999999", "out of range (0 to 1000000)");
+}
+
+static void test_batching_keys_of_the_wrong_type_are_rejected(void **state)
+{
+    (void)state;
+    expect_batch_error("max_batch", "-1", "expected an integer from 1 to 1024, got '-1'");
+    expect_batch_error("max_queue", "-1", "expected an integer from 0 to 1000000, got '-1'");
+    expect_batch_error("prefill_chunk", "1.5", "got '1.5'");
+    expect_batch_error("kv_cache_mib", "4GiB", "got '4GiB'");
+    expect_batch_error("max_queue", "0x10", "got '0x10'");
+    expect_batch_error("max_batch", "\"8\"", "got the quoted string '8'");
+    expect_batch_error("kv_cache_mib", "[1]", "got a sequence");
 }
 
 static void test_duplicate_deployment_name_is_rejected(void **state)
@@ -737,6 +851,11 @@ int main(void)
         cmocka_unit_test(test_non_integer_is_rejected),
         cmocka_unit_test(test_zero_or_negative_is_rejected),
         cmocka_unit_test(test_overflow_is_rejected),
+        cmocka_unit_test(test_batching_keys_take_their_values),
+        cmocka_unit_test(test_batching_keys_accept_both_ends_of_their_ranges),
+        cmocka_unit_test(test_prefill_chunk_is_at_most_max_seq_len),
+        cmocka_unit_test(test_batching_keys_out_of_range_are_rejected),
+        cmocka_unit_test(test_batching_keys_of_the_wrong_type_are_rejected),
         cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
         cmocka_unit_test(test_bad_name_chars_are_rejected),
         cmocka_unit_test(test_missing_model_is_rejected),
