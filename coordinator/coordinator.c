@@ -151,6 +151,21 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->layer_end = (uint32_t)h->layer_end;
     a->model_path = d->model_path;
     a->max_seq_len = (uint32_t)d->max_seq_len;
+    a->max_batch = (uint32_t)d->max_batch;
+    a->prefill_chunk = (uint32_t)d->prefill_chunk;
+    a->max_queue = (uint32_t)d->max_queue;
+    a->kv_cache_bytes = (uint64_t)d->kv_cache_mib << 20;  /* 0: the worker sizes it */
+    a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
+                                             : TESSERA__DEVICE_KIND__DEVICE_CPU;
+}
+
+/* Whether a reload changes what a deployment's workers were given without
+ * changing its layout: they must be sent their pieces again. */
+static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *nd)
+{
+    return strcmp(od->model_path, nd->model_path) || od->max_seq_len != nd->max_seq_len ||
+           od->max_batch != nd->max_batch || od->prefill_chunk != nd->prefill_chunk ||
+           od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue;
 }
 
 /* The data endpoints of every piece of w's replica, indexed by stage *
@@ -442,14 +457,14 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         c->lost.replica[kept++] = c->lost.replica[t];
     }
     c->lost.n = kept;
-    /* A deployment that keeps its layout but changes its model or its
-     * max_seq_len keeps its placement; its replicas are rewired so every
-     * worker loads the new model or resizes its KV cache. */
+    /* A deployment that keeps its layout but changes its model, max_seq_len
+     * or batching keys keeps its placement; its replicas are rewired so every
+     * worker loads the new model, resizes its KV cache or rebuilds its
+     * scheduler. */
     for (size_t i = 0; i < cfg->n_deployments; i++) {
         const tsr_deployment_t *nd = &cfg->deployments[i];
         const tsr_deployment_t *od = tsr_config_find(c->cfg, nd->name);
-        if (!od || (!strcmp(od->model_path, nd->model_path) && od->max_seq_len == nd->max_seq_len))
-            continue;
+        if (!od || !assignment_changed(od, nd)) continue;
         for (int r = 0; r < nd->replicas; r++) touch(&c->lost, (int)i, r);
     }
     deps_free(c->deps, c->cfg->n_deployments);

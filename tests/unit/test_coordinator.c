@@ -48,7 +48,10 @@ static int endpoint_seq;
 
 static void find_model_dir(void) { tsr_test_tiny_model_dir(model_dir); }
 
-static void write_yaml(const char *path, const char *wep, const char *cep, const char *extra)
+/* extra: lines for the coordinator mapping; dep_extra: lines for the
+ * deployment (after max_seq_len).  Either may be NULL. */
+static void write_yaml_dep(const char *path, const char *wep, const char *cep, const char *extra,
+                           const char *dep_extra)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -68,9 +71,15 @@ static void write_yaml(const char *path, const char *wep, const char *cep, const
             "      tensor: 2\n"
             "      pipeline: 2\n"
             "      replicas: 1\n"
-            "    max_seq_len: 256\n",
-            wep, cep, TIMEOUT_MS, extra ? extra : "", model_dir);
+            "    max_seq_len: 256\n"
+            "%s",
+            wep, cep, TIMEOUT_MS, extra ? extra : "", model_dir, dep_extra ? dep_extra : "");
     fclose(f);
+}
+
+static void write_yaml(const char *path, const char *wep, const char *cep, const char *extra)
+{
+    write_yaml_dep(path, wep, cep, extra, NULL);
 }
 
 static int setup(void **state)
@@ -386,6 +395,12 @@ static void test_assign_carries_the_model_path_and_deployment(void **state)
         assert_string_equal(env->assign->assignment->deployment, "tiny");
         assert_string_equal(env->assign->assignment->model_path, model_dir);
         assert_int_equal(env->assign->assignment->max_seq_len, 256);
+        /* The batching keys' defaults, and the deployment's device kind. */
+        assert_int_equal(env->assign->assignment->max_batch, 32);
+        assert_int_equal(env->assign->assignment->prefill_chunk, 128);
+        assert_int_equal(env->assign->assignment->max_queue, 256);
+        assert_int_equal(env->assign->assignment->kv_cache_bytes, 0);
+        assert_int_equal(env->assign->assignment->device, TESSERA__DEVICE_KIND__DEVICE_CPU);
         assert_string_equal(env->worker, fx->name[i]);
         tsr_env_free(&env);
     }
@@ -872,6 +887,81 @@ static void test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch(void
         if (i != h) expect_nothing(fx->dealer[i], 10);
 }
 
+/* The next tick that may plan: the last plan was at most a moment ago. */
+static int64_t plan_time(fx_t *fx)
+{
+    int64_t now = tsr_now_ms();
+    return now > fx->c->last_plan_ms + 50 ? now : fx->c->last_plan_ms + 50;
+}
+
+static void test_assign_carries_the_batching_keys_from_the_file(void **state)
+{
+    fx_t *fx = *state;
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL,
+                   "    max_batch: 8\n    prefill_chunk: 64\n    kv_cache_mib: 48\n"
+                   "    max_queue: 0\n");
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    cluster_up(fx);
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        assert_int_equal(fx->piece[i].max_batch, 8);
+        assert_int_equal(fx->piece[i].prefill_chunk, 64);
+        assert_int_equal(fx->piece[i].kv_cache_bytes, 48ull << 20);
+        assert_int_equal(fx->piece[i].max_queue, 0);
+    }
+}
+
+/* Each of the four keys alone re-sends every piece of the deployment, in a
+ * new epoch and with the new value, without moving any piece. */
+static void test_reload_that_changes_a_batching_key_resends_every_assignment(void **state)
+{
+    static const struct {
+        const char *yaml;
+        size_t field;       /* offset in Tessera__Assignment */
+        bool wide;          /* uint64_t field */
+        uint64_t want;
+    } changes[] = {
+        {"    max_batch: 4\n", offsetof(Tessera__Assignment, max_batch), false, 4},
+        {"    prefill_chunk: 16\n", offsetof(Tessera__Assignment, prefill_chunk), false, 16},
+        {"    kv_cache_mib: 100\n", offsetof(Tessera__Assignment, kv_cache_bytes), true,
+         100ull << 20},
+        {"    max_queue: 7\n", offsetof(Tessera__Assignment, max_queue), false, 7},
+    };
+    fx_t *fx = *state;
+    char keys[256] = "";
+    cluster_up(fx);
+    for (size_t k = 0; k < sizeof changes / sizeof changes[0]; k++) {
+        /* The keys changed so far stay: each reload changes one key. */
+        strcat(keys, changes[k].yaml);
+        write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, keys);
+        char err[1024] = "";
+        if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+        uint64_t before = fx->c->epoch;
+        tsr_coord_tick(fx->c, plan_time(fx));
+        for (int i = 0; i < NW; i++) {
+            if (!fx->holds[i]) continue;
+            tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+            const Tessera__Assignment *a = env->assign->assignment;
+            const char *f = (const char *)a + changes[k].field;
+            uint64_t got = changes[k].wide ? *(const uint64_t *)f : *(const uint32_t *)f;
+            if (got != changes[k].want)
+                fail_msg("after '%s' worker %d got %llu", changes[k].yaml, i,
+                         (unsigned long long)got);
+            assert_true(a->epoch > before);
+            assert_int_equal(a->stage, fx->piece[i].stage);  /* nothing moved */
+            assert_int_equal(a->tp_rank, fx->piece[i].tp_rank);
+            tsr_env_free(&env);
+        }
+        expect_nothing(fx->dealer[fx->spare], 10);
+    }
+    /* The same file again changes nothing and sends nothing. */
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 10);
+}
+
 /* ---- control API ------------------------------------------------------------------------- */
 
 static void test_control_status_returns_ok_with_the_status_json(void **state)
@@ -964,6 +1054,8 @@ int main(void)
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
+        T(test_assign_carries_the_batching_keys_from_the_file),
+        T(test_reload_that_changes_a_batching_key_resends_every_assignment),
         T(test_control_status_returns_ok_with_the_status_json),
         T(test_control_drain_of_unknown_worker_fails_with_a_message),
         T(test_control_drain_of_a_holder_moves_its_piece_to_the_spare),
