@@ -25,6 +25,15 @@ static void fmt_age(long long ms, char *buf, size_t len)
     else snprintf(buf, len, "%lldm", ms / 60000);
 }
 
+/* A piece's KV pool as "used/total" blocks; "-" before it reports one. */
+static void fmt_kv(json_t *o, char *buf, size_t len)
+{
+    if (jint(o, "kv_blocks_total") > 0)
+        snprintf(buf, len, "%lld/%lld", jint(o, "kv_blocks_used"), jint(o, "kv_blocks_total"));
+    else
+        snprintf(buf, len, "-");
+}
+
 static void print_worker_row(json_t *w)
 {
     char age[32];
@@ -37,8 +46,10 @@ static void print_worker_row(json_t *w)
     const char *state = jstr(w, "state");
     char st[48];
     snprintf(st, sizeof st, "%s%s", state, json_is_true(json_object_get(w, "drained")) ? ",drained" : "");
-    printf("  %-20s %-14s %-12s %-5s %8lld %9s  %s", jstr(w, "name"), jstr(w, "node"), st,
-           jstr(w, "device"), jint(w, "pid"), age, piece);
+    char kv[48];
+    fmt_kv(w, kv, sizeof kv);
+    printf("  %-20s %-14s %-12s %-5s %8lld %9s %11s  %s", jstr(w, "name"), jstr(w, "node"), st,
+           jstr(w, "device"), jint(w, "pid"), age, kv, piece);
     if (json_object_get(w, "reason")) printf("  (%s)", jstr(w, "reason"));
     printf("\n");
 }
@@ -63,8 +74,8 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
-            printf("  %-7s %-5s %-9s %-3s %-20s %-14s %-9s %8s %9s\n", "REPLICA", "STAGE",
-                   "LAYERS", "TP", "WORKER", "NODE", "STATE", "PID", "HEARTBEAT");
+            printf("  %-7s %-5s %-9s %-3s %-20s %-14s %-9s %8s %9s %11s\n", "REPLICA", "STAGE",
+                   "LAYERS", "TP", "WORKER", "NODE", "STATE", "PID", "HEARTBEAT", "KV");
             size_t ri, si, ti;
             json_t *r, *s, *t;
             json_array_foreach(json_object_get(d, "replica_list"), ri, r) {
@@ -75,14 +86,15 @@ void tsr_print_status(json_t *doc, int workers_only)
                              (long long)json_integer_value(json_array_get(ly, 0)),
                              (long long)json_integer_value(json_array_get(ly, 1)) - 1);
                     json_array_foreach(json_object_get(s, "ranks"), ti, t) {
-                        char age[32] = "-", pid[16] = "-";
+                        char age[32] = "-", pid[16] = "-", kv[48] = "-";
                         if (json_is_string(json_object_get(t, "worker"))) {
                             fmt_age(jint(t, "heartbeat_age_ms"), age, sizeof age);
                             snprintf(pid, sizeof pid, "%lld", jint(t, "pid"));
+                            fmt_kv(t, kv, sizeof kv);
                         }
-                        printf("  %-7lld %-5lld %-9s %-3lld %-20s %-14s %-9s %8s %9s", jint(r, "replica"),
-                               jint(s, "stage"), layers, jint(t, "tp"), jstr(t, "worker"),
-                               jstr(t, "node"), jstr(t, "state"), pid, age);
+                        printf("  %-7lld %-5lld %-9s %-3lld %-20s %-14s %-9s %8s %9s %11s",
+                               jint(r, "replica"), jint(s, "stage"), layers, jint(t, "tp"),
+                               jstr(t, "worker"), jstr(t, "node"), jstr(t, "state"), pid, age, kv);
                         if (json_object_get(t, "reason")) printf("  %s", jstr(t, "reason"));
                         printf("\n");
                     }
@@ -102,9 +114,9 @@ void tsr_print_status(json_t *doc, int workers_only)
                                     : is_dead;
             if (!show) continue;
             if (!header) {
-                printf("\n%s\n  %-20s %-14s %-12s %-5s %8s %9s  %s\n",
+                printf("\n%s\n  %-20s %-14s %-12s %-5s %8s %9s %11s  %s\n",
                        workers_only ? "workers" : titles[pass], "NAME", "NODE", "STATE",
-                       "DEV", "PID", "HEARTBEAT", "PIECE");
+                       "DEV", "PID", "HEARTBEAT", "KV", "PIECE");
                 header = 1;
             }
             print_worker_row(w);
@@ -139,8 +151,8 @@ static void status_usage(FILE *f)
     fprintf(f, "usage: tessera [--coordinator EP] status [--json] [--wait-ready SECONDS]\n"
                "\n"
                "Shows each deployment's replicas, stages and tensor-parallel ranks with the\n"
-               "worker holding each piece (node, state, pid, heartbeat age), then the idle\n"
-               "and dead workers.\n"
+               "worker holding each piece (node, state, pid, heartbeat age, KV cache blocks\n"
+               "in use of the piece's pool), then the idle and dead workers.\n"
                "  --json               print the status document as JSON\n"
                "  --wait-ready SECONDS wait until every deployment is ready; exit 0 when it\n"
                "                       is, 4 when the time runs out (status is printed)\n");

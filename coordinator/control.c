@@ -176,6 +176,8 @@ static void worker_json(sbuf_t *b, const tsr_worker_t *w, int64_t now)
     sb_printf(b, ",\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"load\":%.3f",
               (unsigned long long)w->weight_bytes, (unsigned long long)w->kv_bytes,
               (double)w->load);
+    sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"queued\":%u,\"running\":%u",
+              w->kv_blocks_used, w->kv_blocks_total, w->queued, w->running);
     sb_kv_str(b, "version", w->version);
     sb_kv_str(b, "data_endpoint", w->data_endpoint);
     sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
@@ -212,6 +214,10 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                           "max_seq_len", d->max_seq_len, "state", sum.state, "message",
                           sum.message, "pieces", sum.total, "placed", sum.placed, "ready",
                           sum.ready);
+    json_object_set_new(o, "max_batch", json_integer(d->max_batch));
+    json_object_set_new(o, "prefill_chunk", json_integer(d->prefill_chunk));
+    json_object_set_new(o, "kv_cache_mib", json_integer(d->kv_cache_mib));
+    json_object_set_new(o, "max_queue", json_integer(d->max_queue));
     if (c->deps[i].short_by)
         json_object_set_new(o, "needs",
                             json_pack("{s:i, s:s}", "workers", c->deps[i].short_by,
@@ -234,6 +240,10 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                                    tsr_wstate_name(w->state), "heartbeat_age_ms",
                                    (json_int_t)(now - w->last_seen_ms), "epoch",
                                    (json_int_t)w->piece.epoch);
+                    json_object_set_new(rk, "kv_blocks_used", json_integer(w->kv_blocks_used));
+                    json_object_set_new(rk, "kv_blocks_total", json_integer(w->kv_blocks_total));
+                    json_object_set_new(rk, "queued", json_integer(w->queued));
+                    json_object_set_new(rk, "running", json_integer(w->running));
                     if (w->reason[0]) json_object_set_new(rk, "reason", json_string(w->reason));
                     rready += w->state == TSR_W_READY;
                 } else {

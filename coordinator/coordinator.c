@@ -1,6 +1,7 @@
 /* coordinator.c: worker events, planning and reconciliation. */
 #include "coordinator.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -602,6 +603,9 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     w->state = TSR_W_IDLE;
     w->has_piece = false;
     w->reason[0] = w->detail[0] = '\0';
+    /* A new process: the old one's figures are not its own. */
+    w->load = 0;
+    w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
     w->registered_ms = w->last_seen_ms = now;
     c->stats.registrations++;
 
@@ -733,10 +737,16 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         Tessera__Heartbeat *hb = env->heartbeat;
         c->stats.heartbeats++;
         w->heartbeats++;
-        w->load = hb->load;
+        /* A NaN or infinity would make the status document invalid JSON;
+         * keep the last good figure instead. */
+        if (isfinite(hb->load)) w->load = hb->load < 0 ? 0 : hb->load > 1 ? 1 : hb->load;
         w->memory_used = hb->memory_used;
         w->weight_bytes = hb->weight_bytes;
         w->kv_bytes = hb->kv_bytes;
+        w->kv_blocks_used = hb->kv_blocks_used;
+        w->kv_blocks_total = hb->kv_blocks_total;
+        w->queued = hb->queued;
+        w->running = hb->running;
         /* The ack only renews the worker's lease, so a few per lease are
          * enough; acking every heartbeat doubled the coordinator's sends. */
         if (now - w->last_ack_ms < c->cfg->worker_timeout_ms / 4) break;

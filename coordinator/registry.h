@@ -39,7 +39,9 @@ typedef struct {
     uint32_t device_index;
     uint64_t memory, memory_used;
     uint64_t weight_bytes, kv_bytes;  /* of the piece it holds */
-    float load;
+    float load;                 /* 0..1, always finite */
+    uint32_t kv_blocks_used, kv_blocks_total;  /* its KV pool (0 of 0: none reported) */
+    uint32_t queued, running;   /* a replica leader's requests waiting and in the batch */
     uint32_t pid;
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */
     uint8_t rid[256];           /* ZeroMQ routing id of its connection */

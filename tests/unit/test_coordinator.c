@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +199,24 @@ static void send_heartbeat(fx_t *fx, int i, const char *name, uint64_t seq)
     hb.memory_used = 123456789;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = (char *)name;
+    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    send_env(fx->dealer[i], &env);
+}
+
+/* A heartbeat with the batching figures of the new data plane. */
+static void send_heartbeat_pool(fx_t *fx, int i, float load, uint32_t used, uint32_t total,
+                                uint32_t queued, uint32_t running)
+{
+    Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    hb.seq = 1;
+    hb.load = load;
+    hb.kv_blocks_used = used;
+    hb.kv_blocks_total = total;
+    hb.queued = queued;
+    hb.running = running;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[i];
     env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
     send_env(fx->dealer[i], &env);
@@ -819,6 +838,73 @@ static void test_status_json_has_the_documented_fields(void **state)
     json_decref(root);
 }
 
+/* The rank object of worker i's piece in the status document. */
+static json_t *rank_of(json_t *root, const fx_t *fx, int i)
+{
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    json_t *r = json_array_get(json_object_get(d, "replica_list"), fx->piece[i].replica);
+    json_t *st = json_array_get(json_object_get(r, "stages"), fx->piece[i].stage);
+    json_t *rk = json_array_get(json_object_get(st, "ranks"), fx->piece[i].tp_rank);
+    assert_non_null(rk);
+    assert_string_equal(json_string_value(json_object_get(rk, "worker")), fx->name[i]);
+    return rk;
+}
+
+static void test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_heartbeat_pool(fx, h, 0.5f, 12, 480, 3, 7);
+    pump(fx);
+
+    json_t *root = status(fx);
+    json_t *w = json_array_get(json_object_get(root, "workers"), h);
+    json_t *rk = rank_of(root, fx, h);
+    json_t *objs[2] = {w, rk};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(json_integer_value(json_object_get(objs[k], "kv_blocks_used")), 12);
+        assert_int_equal(json_integer_value(json_object_get(objs[k], "kv_blocks_total")), 480);
+        assert_int_equal(json_integer_value(json_object_get(objs[k], "queued")), 3);
+        assert_int_equal(json_integer_value(json_object_get(objs[k], "running")), 7);
+    }
+    assert_true(json_real_value(json_object_get(w, "load")) == 0.5);
+    /* Workers that reported nothing show zeros, not missing fields. */
+    json_t *spare = json_array_get(json_object_get(root, "workers"), fx->spare);
+    assert_true(json_is_integer(json_object_get(spare, "kv_blocks_total")));
+    assert_int_equal(json_integer_value(json_object_get(spare, "kv_blocks_total")), 0);
+    /* The deployment shows its batching keys. */
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    assert_int_equal(json_integer_value(json_object_get(d, "max_batch")), 32);
+    assert_int_equal(json_integer_value(json_object_get(d, "prefill_chunk")), 128);
+    assert_int_equal(json_integer_value(json_object_get(d, "kv_cache_mib")), 0);
+    assert_int_equal(json_integer_value(json_object_get(d, "max_queue")), 256);
+    json_decref(root);
+}
+
+static void test_a_heartbeat_with_a_nan_or_infinite_load_keeps_the_status_valid_json(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    send_heartbeat_pool(fx, h, 0.25f, 1, 2, 0, 0);
+    send_heartbeat_pool(fx, h, NAN, 3, 4, 0, 0);
+    send_heartbeat_pool(fx, h, -INFINITY, 3, 4, 0, 0);
+    pump(fx);
+    json_t *root = status(fx);  /* fails unless the document parses */
+    json_t *w = json_array_get(json_object_get(root, "workers"), h);
+    assert_true(json_real_value(json_object_get(w, "load")) == 0.25);  /* the last good one */
+    assert_int_equal(json_integer_value(json_object_get(w, "kv_blocks_used")), 3);
+    json_decref(root);
+
+    send_heartbeat_pool(fx, h, 7.0f, 3, 4, 0, 0);  /* out of 0..1: clamped */
+    pump(fx);
+    root = status(fx);
+    w = json_array_get(json_object_get(root, "workers"), h);
+    assert_true(json_real_value(json_object_get(w, "load")) == 1.0);
+    json_decref(root);
+}
+
 /* ---- reload ------------------------------------------------------------------------------ */
 
 static void test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config(void **state)
@@ -1051,6 +1137,8 @@ int main(void)
         T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
         T(test_status_json_has_the_documented_fields),
+        T(test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat),
+        T(test_a_heartbeat_with_a_nan_or_infinite_load_keeps_the_status_valid_json),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
