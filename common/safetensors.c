@@ -40,7 +40,7 @@ struct tsr_st {
 
 size_t tsr_dtype_size(tsr_dtype_t t)
 {
-    return t == TSR_DT_F32 ? 4 : 2;
+    return t == TSR_DT_F32 || t == TSR_DT_I32 ? 4 : 2;
 }
 
 const char *tsr_dtype_name(tsr_dtype_t t)
@@ -49,6 +49,7 @@ const char *tsr_dtype_name(tsr_dtype_t t)
     case TSR_DT_F32: return "F32";
     case TSR_DT_F16: return "F16";
     case TSR_DT_BF16: return "BF16";
+    case TSR_DT_I32: return "I32";
     }
     return "?";
 }

@@ -14,12 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { TSR_DT_F32 = 0, TSR_DT_F16 = 1, TSR_DT_BF16 = 2 } tsr_dtype_t;
-
-/* Bytes per element of a dtype. */
-size_t tsr_dtype_size(tsr_dtype_t t);
-/* "F32", "F16", "BF16". */
-const char *tsr_dtype_name(tsr_dtype_t t);
+#include "common/dtype.h"   /* files hold F32, F16 or BF16 */
 
 #define TSR_ST_MAX_DIMS 4
 #define TSR_ST_MAX_HEADER (100u * 1024u * 1024u)  /* 100 MiB of JSON at most */

@@ -138,7 +138,15 @@ static void send_heartbeat(tsr_agent_t *a, int64_t now)
     Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
     hb.load = cpu_load(a, now);
     hb.memory_used = resident_bytes();
-    if (a->ex) tsr_executor_bytes(a->ex, &hb.weight_bytes, &hb.kv_bytes);
+    if (a->ex) {
+        tsr_executor_stats_t st;
+        tsr_executor_bytes(a->ex, &hb.weight_bytes, &hb.kv_bytes);
+        tsr_executor_stats(a->ex, &st);
+        hb.kv_blocks_used = (uint32_t)st.kv_used;
+        hb.kv_blocks_total = (uint32_t)st.kv_total;
+        hb.queued = (uint32_t)st.queued;
+        hb.running = (uint32_t)st.running;
+    }
     hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
     hb.seq = ++a->seq;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -220,10 +228,18 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
     }
     tsr_request_t r = {.request_id = g->request_id, .n_prompt = (int)g->n_prompt,
                        .max_tokens = (int)g->max_tokens, .temperature = g->temperature,
-                       .top_p = g->top_p, .seed = g->seed};
-    r.prompt = malloc((g->n_prompt ? g->n_prompt : 1) * sizeof *r.prompt);
-    if (!r.prompt) return;
-    memcpy(r.prompt, g->prompt, g->n_prompt * sizeof *r.prompt);
+                       .top_p = g->top_p, .seed = g->seed,
+                       .timeout_ms = g->timeout_ms > 86400000u ? 86400000 : (int)g->timeout_ms};
+    /* Counts past INT_MAX would turn negative: the leader refuses those. */
+    if (g->max_tokens > 1000000u) r.max_tokens = 0;
+    if (g->n_prompt > 1000000u) r.n_prompt = 0;
+    r.prompt = malloc((r.n_prompt ? (size_t)r.n_prompt : 1) * sizeof *r.prompt);
+    if (!r.prompt) {
+        send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
+                         "worker out of memory for the prompt");
+        return;
+    }
+    memcpy(r.prompt, g->prompt, (size_t)r.n_prompt * sizeof *r.prompt);
     tsr_executor_submit(a->ex, &r);
 }
 
@@ -314,6 +330,9 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
         break;
     case TESSERA__ENVELOPE__BODY_GENERATE:
         on_generate(a, env->generate);
+        break;
+    case TESSERA__ENVELOPE__BODY_CANCEL:
+        if (a->ex) tsr_executor_cancel(a->ex, env->cancel->request_id, env->cancel->reason);
         break;
     case TESSERA__ENVELOPE__BODY_RESET:
         /* Resets answer messages sent before the last registration; while a

@@ -1,39 +1,99 @@
 /* collective.h: how the ranks of a replica talk to each other.
  *
- * A table of functions, so the engine and the agent cannot tell which
- * backend they have: TCP for CPU workers (collective_tcp.c), NCCL for CUDA
- * workers (later).  A communicator is formed per plan epoch from the
- * endpoints the coordinator relays; every operation has a deadline, and a
- * dead or silent peer makes it fail with a message within that time, never
- * hang.  After a failure the communicator is unusable: the caller destroys
- * it and waits for the next epoch's. */
+ * A table of functions, so the engine and the replica runner cannot tell
+ * which backend they have: TCP for CPU pieces (collective_tcp.c), NCCL for
+ * CUDA pieces (later).  A communicator is formed per plan epoch from an
+ * opaque rendezvous blob the coordinator relays (TCP: the members' data
+ * endpoints; NCCL: a unique id).  Buffers are typed and live in the memory
+ * space of the backend (host for TCP, the GPU for NCCL).  Every operation
+ * has a deadline; a dead or silent peer makes it fail with a message within
+ * that time, never hang.  After a failure the communicator is aborted: the
+ * caller reports the reason, destroys it and waits for the next epoch's. */
 #ifndef TSR_COLLECTIVE_H
 #define TSR_COLLECTIVE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
+
+typedef enum { TSR_MEM_HOST = 0, TSR_MEM_DEVICE } tsr_mem_t;
+
+/* A typed view of memory an engine or a backend owns; count elements. */
+typedef struct {
+    void *ptr;
+    size_t count;
+    tsr_dtype_t dtype;
+    tsr_mem_t mem;
+} tsr_buf_t;
+
+static inline tsr_buf_t tsr_host_buf(void *p, size_t count, tsr_dtype_t t)
+{
+    return (tsr_buf_t){p, count, t, TSR_MEM_HOST};
+}
+/* The first count elements of b. */
+static inline tsr_buf_t tsr_buf_head(tsr_buf_t b, size_t count)
+{
+    b.count = count;
+    return b;
+}
+
 typedef struct tsr_comm tsr_comm_t;
+
+/* What a communicator is formed from: the group (epoch, group id, rank,
+ * size) and the backend's rendezvous blob. */
+typedef struct {
+    uint64_t epoch, group;
+    int rank, n;
+    const void *blob;           /* TCP: the n members' "host:port", '\n'-separated */
+    size_t blob_len;
+    int timeout_ms;
+    int (*cancelled)(void *arg);/* optional: give up early when it turns true */
+    void *cancel_arg;
+} tsr_rendezvous_t;
+
+/* One leg of a grouped send/recv. */
+typedef struct {
+    int peer;
+    bool is_send;
+    tsr_buf_t buf;              /* recv: count must equal what the peer sent */
+} tsr_p2p_t;
 
 typedef struct {
     const char *name;   /* "tcp", "nccl" */
-    /* In-place sum over all ranks of the group; every rank gets the result. */
-    int (*allreduce_sum)(tsr_comm_t *c, float *buf, size_t n, int timeout_ms, char *err,
-                         size_t errlen);
-    /* Copies len bytes from rank root to every rank. */
-    int (*broadcast)(tsr_comm_t *c, void *buf, size_t len, int root, int timeout_ms, char *err,
+    tsr_mem_t mem;      /* where its buffers must live */
+    /* Forms this rank's communicator; ctx is the backend's per-worker state
+     * (TCP: the listener).  Caller owns *out (destroy). */
+    int (*create)(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, char *err,
+                  size_t errlen);
+    /* In-place sum over all ranks; every rank gets the same bits. */
+    int (*allreduce_sum)(tsr_comm_t *c, tsr_buf_t buf, int timeout_ms, char *err, size_t errlen);
+    /* recv = the n ranks' send buffers in rank order (recv.count = n * send.count). */
+    int (*allgather)(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int timeout_ms, char *err,
                      size_t errlen);
-    /* Point-to-point; the message boundaries are kept (recv's len must equal
-     * the sent len, else an error). */
-    int (*send)(tsr_comm_t *c, int peer, const void *buf, size_t len, int timeout_ms, char *err,
-                size_t errlen);
-    int (*recv)(tsr_comm_t *c, int peer, void *buf, size_t len, int timeout_ms, char *err,
-                size_t errlen);
-    int (*barrier)(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen);
+    /* Copies root's buf to every rank. */
+    int (*broadcast)(tsr_comm_t *c, tsr_buf_t buf, int root, int timeout_ms, char *err,
+                     size_t errlen);
+    /* Runs the sends and receives together (at most one of each per peer),
+     * so two ranks exchanging large buffers cannot deadlock. */
+    int (*group)(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                 size_t errlen);
+    /* 1 when a message from peer is waiting (or arriving), 0 after
+     * timeout_ms without one, -1 when the connection failed. */
+    int (*poll)(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_t errlen);
+    /* Marks it failed: every later operation fails at once with why. */
+    void (*abort)(tsr_comm_t *c, const char *why);
     int (*rank)(const tsr_comm_t *c);
     int (*size)(const tsr_comm_t *c);
     void (*destroy)(tsr_comm_t **c_p);
 } tsr_coll_ops_t;
+
+/* One send or one receive through ops->group. */
+int tsr_coll_send(const tsr_coll_ops_t *ops, tsr_comm_t *c, int peer, tsr_buf_t buf,
+                  int timeout_ms, char *err, size_t errlen);
+int tsr_coll_recv(const tsr_coll_ops_t *ops, tsr_comm_t *c, int peer, tsr_buf_t buf,
+                  int timeout_ms, char *err, size_t errlen);
 
 /* ---- TCP backend ------------------------------------------------------------ */
 
@@ -41,7 +101,7 @@ extern const tsr_coll_ops_t tsr_coll_tcp;
 
 /* A listening socket a worker opens once; its endpoint ("127.0.0.1:40123")
  * is what the coordinator relays to peers.  bind_host "0.0.0.0" or an
- * address; port 0 picks a free one. */
+ * address; port 0 picks a free one.  It is the TCP backend's ctx. */
 typedef struct tsr_tcp_listener tsr_tcp_listener_t;
 tsr_tcp_listener_t *tsr_tcp_listen(const char *bind_host, int port, char *err, size_t errlen);
 /* "host:port" to give to peers (advertise_host replaces a wildcard bind). */
@@ -57,15 +117,12 @@ void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p);
  * Lower ranks accept connections from higher ones, each connection opens
  * with (magic, epoch, group id, rank) and anything from another epoch or
  * group is refused.  Blocks until every peer is connected or timeout_ms
- * passes.  Caller owns the result (ops->destroy). */
+ * passes, giving up early when cancelled(arg) becomes true (checked every
+ * turn of the wait; tsr_tcp_listener_wake makes a waiting call look at
+ * once).  Caller owns the result (ops->destroy). */
 tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                              int rank, int n, const char *const *endpoints, int timeout_ms,
                              char *err, size_t errlen);
-
-/* The same, giving up early when cancelled(arg) becomes true (checked every
- * turn of the wait; tsr_tcp_listener_wake makes a waiting call look at once):
- * a worker whose replica is rewired again while it still waits for peers
- * moves on to the new epoch instead of waiting out the timeout. */
 tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                                          int rank, int n, const char *const *endpoints,
                                          int timeout_ms, int (*cancelled)(void *arg),

@@ -16,12 +16,13 @@
  *   forming              tsr_tcp_comm_new: one poll loop that connects
  *                        down, accepts up, and serves the listener
  *   transfer engine      run_xfers: sends and receives progressed together
- *   operations           allreduce, broadcast, send, recv, barrier
+ *   operations           allreduce, allgather, broadcast, grouped send/recv, poll
  *
  * Payload floats travel in host byte order: the ranks of a replica run the
  * same build on the same kind of machine, and swapping megabytes of floats
  * per layer would cost more than it could ever save. */
 #include "collective.h"
+#include "common/safetensors.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -56,7 +57,7 @@
 
 /* Frame kinds: a receiver that expects one kind and gets another knows the
  * ranks disagree on the order of operations, and says so. */
-enum { K_ALLREDUCE = 1, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_P2P, K_BARRIER };
+enum { K_ALLREDUCE = 1, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_P2P, K_BARRIER, K_GATHER };
 
 /* Ack statuses: why an acceptor refused a handshake. */
 enum { ACK_OK = 0, ACK_VERSION, ACK_STALE, ACK_SIZE, ACK_RANK, ACK_DUP, ACK_FULL };
@@ -128,6 +129,7 @@ static const char *kind_name(uint32_t kind)
     case K_BROADCAST: return "broadcast";
     case K_P2P: return "point-to-point";
     case K_BARRIER: return "barrier";
+    case K_GATHER: return "allgather";
     default: return "unknown";
     }
 }
@@ -1371,36 +1373,126 @@ static int allreduce_ring(tsr_comm_t *c, float *buf, size_t count, const opctx_t
     return 0;
 }
 
-static int tcp_allreduce_sum(tsr_comm_t *c, float *buf, size_t n, int timeout_ms, char *err,
+/* Sums count elements of t in place.  Floats in f32; 16-bit floats are
+ * widened, summed in f32 and rounded once, so every rank rounds the same. */
+static int allreduce_f32(tsr_comm_t *c, float *buf, size_t n, const opctx_t *x, char *err,
+                         size_t errlen)
+{
+    return n * sizeof(float) < SMALL_BYTES ? allreduce_small(c, buf, n, K_ALLREDUCE, x, err, errlen)
+                                           : allreduce_ring(c, buf, n, x, err, errlen);
+}
+
+static int allreduce_i32(tsr_comm_t *c, int32_t *buf, size_t count, const opctx_t *x, char *err,
+                         size_t errlen)
+{
+    size_t bytes = count * sizeof(int32_t);
+    int32_t *all = (int32_t *)scratch(c, (size_t)c->n * count, err, errlen);
+    if (!all) return -1;
+    int k = 0;
+    for (int p = 0; p < c->n; p++) {
+        if (p == c->rank) continue;
+        xfer_send(c, &c->ops[k++], p, K_ALLREDUCE, buf, bytes);
+        xfer_recv(&c->ops[k++], p, K_ALLREDUCE, all + (size_t)p * count, bytes);
+    }
+    if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
+    memcpy(all + (size_t)c->rank * count, buf, bytes);
+    for (size_t i = 0; i < count; i++) {
+        uint32_t sum = 0;   /* wraps like two's complement, without UB */
+        for (int r = 0; r < c->n; r++) sum += (uint32_t)all[(size_t)r * count + i];
+        buf[i] = (int32_t)sum;
+    }
+    return 0;
+}
+
+static int allreduce_half(tsr_comm_t *c, uint16_t *buf, size_t n, bool bf16, const opctx_t *x,
+                          char *err, size_t errlen)
+{
+    float *w = malloc((n ? n : 1) * sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory for %zu elements of allreduce", n);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) w[i] = bf16 ? tsr_bf16_to_f32(buf[i]) : tsr_f16_to_f32(buf[i]);
+    int rc = allreduce_f32(c, w, n, x, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) buf[i] = bf16 ? tsr_f32_to_bf16(w[i]) : tsr_f32_to_f16(w[i]);
+    free(w);
+    return rc;
+}
+
+static int host_only(const tsr_buf_t *b, const char *what, char *err, size_t errlen)
+{
+    if (b->mem == TSR_MEM_HOST && (b->ptr || !b->count)) return 0;
+    snprintf(err, errlen, "tcp %s: the buffer is %s; this backend moves host memory only", what,
+             b->mem == TSR_MEM_HOST ? "missing" : "in device memory");
+    return -1;
+}
+
+static int tcp_allreduce_sum(tsr_comm_t *c, tsr_buf_t b, int timeout_ms, char *err,
                              size_t errlen)
 {
-    if (usable(c, err, errlen)) return -1;
-    if (c->n == 1 || n == 0) return 0;
+    if (usable(c, err, errlen) || host_only(&b, "allreduce", err, errlen)) return -1;
+    if (c->n == 1 || b.count == 0) return 0;
     opctx_t x = op_begin(timeout_ms, "allreduce");
-    int rc = n * sizeof(float) < SMALL_BYTES
-                 ? allreduce_small(c, buf, n, K_ALLREDUCE, &x, err, errlen)
-                 : allreduce_ring(c, buf, n, &x, err, errlen);
+    int rc;
+    switch (b.dtype) {
+    case TSR_DT_F32: rc = allreduce_f32(c, b.ptr, b.count, &x, err, errlen); break;
+    case TSR_DT_I32: rc = allreduce_i32(c, b.ptr, b.count, &x, err, errlen); break;
+    case TSR_DT_BF16:
+    case TSR_DT_F16: rc = allreduce_half(c, b.ptr, b.count, b.dtype == TSR_DT_BF16, &x, err, errlen); break;
+    default:
+        snprintf(err, errlen, "allreduce: unknown element type %d", (int)b.dtype);
+        return -1;
+    }
     return rc ? broken(c, err) : 0;
+}
+
+/* Every rank sends its part to every other at once: with the few ranks of
+ * a TP group one round beats a ring's n - 1. */
+static int tcp_allgather(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int timeout_ms,
+                         char *err, size_t errlen)
+{
+    if (usable(c, err, errlen) || host_only(&send, "allgather", err, errlen) ||
+        host_only(&recv, "allgather", err, errlen))
+        return -1;
+    size_t es = tsr_dtype_size(send.dtype), part = send.count * es;
+    if (recv.dtype != send.dtype || recv.count != send.count * (size_t)c->n) {
+        snprintf(err, errlen, "allgather: receive buffer of %zu %s for %d parts of %zu %s",
+                 recv.count, tsr_dtype_name(recv.dtype), c->n, send.count,
+                 tsr_dtype_name(send.dtype));
+        return -1;
+    }
+    uint8_t *out = recv.ptr;
+    memmove(out + (size_t)c->rank * part, send.ptr, part);
+    if (c->n == 1 || part == 0) return 0;
+    opctx_t x = op_begin(timeout_ms, "allgather");
+    int k = 0;
+    for (int p = 0; p < c->n; p++) {
+        if (p == c->rank) continue;
+        xfer_send(c, &c->ops[k++], p, K_GATHER, out + (size_t)c->rank * part, part);
+        xfer_recv(&c->ops[k++], p, K_GATHER, out + (size_t)p * part, part);
+    }
+    return run_xfers(c, c->ops, k, false, &x, err, errlen) ? broken(c, err) : 0;
 }
 
 /* The root sends to every rank at once: with the few ranks of a TP group
  * a tree would add latency and save little. */
-static int tcp_broadcast(tsr_comm_t *c, void *buf, size_t len, int root, int timeout_ms,
-                         char *err, size_t errlen)
+static int tcp_broadcast(tsr_comm_t *c, tsr_buf_t b, int root, int timeout_ms, char *err,
+                         size_t errlen)
 {
-    if (usable(c, err, errlen)) return -1;
+    if (usable(c, err, errlen) || host_only(&b, "broadcast", err, errlen)) return -1;
     if (root < 0 || root >= c->n) {
         snprintf(err, errlen, "broadcast root %d is not a rank of this group of %d", root, c->n);
         return -1;
     }
     if (c->n == 1) return 0;
+    size_t len = b.count * tsr_dtype_size(b.dtype);
     opctx_t x = op_begin(timeout_ms, "broadcast");
     int k = 0;
     if (c->rank == root) {
         for (int p = 0; p < c->n; p++)
-            if (p != root) xfer_send(c, &c->ops[k++], p, K_BROADCAST, buf, len);
+            if (p != root) xfer_send(c, &c->ops[k++], p, K_BROADCAST, b.ptr, len);
     } else {
-        xfer_recv(&c->ops[k++], root, K_BROADCAST, buf, len);
+        xfer_recv(&c->ops[k++], root, K_BROADCAST, b.ptr, len);
     }
     return run_xfers(c, c->ops, k, false, &x, err, errlen) ? broken(c, err) : 0;
 }
@@ -1415,35 +1507,94 @@ static int check_peer(const tsr_comm_t *c, int peer, const char *what, char *err
     return 0;
 }
 
-/* Returns once the whole message is in the kernel's socket buffer.  While
- * waiting it reads frames other ranks send to this one into the inbox, so
- * two ranks exchanging large messages (both send, then both recv) finish. */
-static int tcp_send(tsr_comm_t *c, int peer, const void *buf, size_t len, int timeout_ms,
-                    char *err, size_t errlen)
-{
-    if (usable(c, err, errlen) || check_peer(c, peer, "send", err, errlen)) return -1;
-    opctx_t x = op_begin(timeout_ms, "send");
-    xfer_send(c, &c->ops[0], peer, K_P2P, buf, len);
-    return run_xfers(c, c->ops, 1, true, &x, err, errlen) ? broken(c, err) : 0;
-}
-
-static int tcp_recv(tsr_comm_t *c, int peer, void *buf, size_t len, int timeout_ms, char *err,
-                    size_t errlen)
-{
-    if (usable(c, err, errlen) || check_peer(c, peer, "recv", err, errlen)) return -1;
-    opctx_t x = op_begin(timeout_ms, "recv");
-    xfer_recv(&c->ops[0], peer, K_P2P, buf, len);
-    return run_xfers(c, c->ops, 1, false, &x, err, errlen) ? broken(c, err) : 0;
-}
-
-/* An all-to-all of one float: nobody leaves before everybody arrived. */
-static int tcp_barrier(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen)
+/* Sends return once the message is in the kernel's socket buffer.  While
+ * waiting, frames other ranks send to this one are read into the inbox,
+ * so two ranks exchanging large messages (both send, then both recv)
+ * finish. */
+static int tcp_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                     size_t errlen)
 {
     if (usable(c, err, errlen)) return -1;
-    if (c->n == 1) return 0;
-    float token = 0;
-    opctx_t x = op_begin(timeout_ms, "barrier");
-    return allreduce_small(c, &token, 1, K_BARRIER, &x, err, errlen) ? broken(c, err) : 0;
+    if (n < 0 || n > 2 * c->n) {
+        snprintf(err, errlen, "group of %d transfers on a group of %d ranks", n, c->n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (check_peer(c, ops[i].peer, ops[i].is_send ? "send" : "recv", err, errlen) ||
+            host_only(&ops[i].buf, ops[i].is_send ? "send" : "recv", err, errlen))
+            return -1;
+        for (int j = 0; j < i; j++)
+            if (ops[j].peer == ops[i].peer && ops[j].is_send == ops[i].is_send) {
+                snprintf(err, errlen, "group: two %ss for rank %d", ops[i].is_send ? "send" : "recv",
+                         ops[i].peer);
+                return -1;
+            }
+    }
+    opctx_t x = op_begin(timeout_ms, n == 1 ? (ops[0].is_send ? "send" : "recv") : "send/recv");
+    for (int i = 0; i < n; i++) {
+        size_t len = ops[i].buf.count * tsr_dtype_size(ops[i].buf.dtype);
+        if (ops[i].is_send) xfer_send(c, &c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
+        else xfer_recv(&c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
+    }
+    return run_xfers(c, c->ops, n, true, &x, err, errlen) ? broken(c, err) : 0;
+}
+
+static int tcp_poll(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_t errlen)
+{
+    if (usable(c, err, errlen) || check_peer(c, peer, "poll", err, errlen)) return -1;
+    peer_t *pe = &c->peers[peer];
+    if (pe->inbox || pe->rx.hdr_got) return 1;
+    struct pollfd pfd = {.fd = pe->fd, .events = POLLIN};
+    int r;
+    while ((r = poll(&pfd, 1, timeout_ms)) < 0 && errno == EINTR) {}
+    if (r < 0) {
+        snprintf(err, errlen, "poll for rank %d failed: %s", peer, strerror(errno));
+        return broken(c, err);
+    }
+    /* Readable covers a closed connection too: the recv that follows names it. */
+    return r > 0;
+}
+
+static void tcp_abort(tsr_comm_t *c, const char *why)
+{
+    if (c && !c->broken) broken(c, why ? why : "aborted");
+}
+
+static int tcp_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, char *err,
+                      size_t errlen)
+{
+    enum { MAX_MEMBERS = 1024 };
+    if (!ctx || !rv || rv->n < 1 || rv->n > MAX_MEMBERS || !rv->blob) {
+        snprintf(err, errlen, "tcp: a rendezvous needs the listener and 1 to %d endpoints",
+                 MAX_MEMBERS);
+        return -1;
+    }
+    /* The blob is the members' endpoints, one per line, in rank order. */
+    char *copy = malloc(rv->blob_len + 1);
+    const char **eps = calloc((size_t)rv->n, sizeof *eps);
+    int rc = -1, k = 0;
+    if (!copy || !eps) {
+        snprintf(err, errlen, "tcp: out of memory for a rendezvous");
+        goto out;
+    }
+    memcpy(copy, rv->blob, rv->blob_len);
+    copy[rv->blob_len] = 0;
+    for (char *save = NULL, *t = strtok_r(copy, "\n", &save); t; t = strtok_r(NULL, "\n", &save)) {
+        if (k == rv->n) break;
+        eps[k++] = t;
+    }
+    if (k != rv->n) {
+        snprintf(err, errlen, "tcp: the rendezvous names %d endpoint(s) for a group of %d", k,
+                 rv->n);
+        goto out;
+    }
+    *out = tsr_tcp_comm_new_cancellable(ctx, rv->epoch, rv->group, rv->rank, rv->n, eps,
+                                        rv->timeout_ms, rv->cancelled, rv->cancel_arg, err, errlen);
+    rc = *out ? 0 : -1;
+out:
+    free(eps);
+    free(copy);
+    return rc;
 }
 
 static int tcp_rank(const tsr_comm_t *c)
@@ -1465,12 +1616,31 @@ static void tcp_destroy(tsr_comm_t **c_p)
 
 const tsr_coll_ops_t tsr_coll_tcp = {
     .name = "tcp",
+    .mem = TSR_MEM_HOST,
+    .create = tcp_create,
     .allreduce_sum = tcp_allreduce_sum,
+    .allgather = tcp_allgather,
     .broadcast = tcp_broadcast,
-    .send = tcp_send,
-    .recv = tcp_recv,
-    .barrier = tcp_barrier,
+    .group = tcp_group,
+    .poll = tcp_poll,
+    .abort = tcp_abort,
     .rank = tcp_rank,
     .size = tcp_size,
     .destroy = tcp_destroy,
 };
+
+/* ---- backend-independent helpers ------------------------------------------------ */
+
+int tsr_coll_send(const tsr_coll_ops_t *ops, tsr_comm_t *c, int peer, tsr_buf_t buf,
+                  int timeout_ms, char *err, size_t errlen)
+{
+    tsr_p2p_t op = {peer, true, buf};
+    return ops->group(c, &op, 1, timeout_ms, err, errlen);
+}
+
+int tsr_coll_recv(const tsr_coll_ops_t *ops, tsr_comm_t *c, int peer, tsr_buf_t buf,
+                  int timeout_ms, char *err, size_t errlen)
+{
+    tsr_p2p_t op = {peer, false, buf};
+    return ops->group(c, &op, 1, timeout_ms, err, errlen);
+}

@@ -1,16 +1,24 @@
 /* engine.h: what executes a piece of the model.
  *
- * A table of functions, like the collectives, so the CPU engine (OpenBLAS)
- * and the CUDA engine (cuBLAS) are interchangeable.  An engine holds the
- * weights of one piece (a stage's layers, one tensor-parallel slice) and a KV
- * cache per sequence.  The two all-reduces of each layer and the vocabulary
- * gathers go through the communicator it is given, so the forward pass reads
- * like the model's definition with the sharding visible at those calls. */
+ * A table of functions, like the collectives, so the CPU engine (OpenBLAS
+ * kernels and a thread pool) and the CUDA engine (cuBLAS and Tessera's
+ * kernels) are interchangeable; the executor picks one by the piece's
+ * device kind (tsr_engine_for) and cannot tell which it has.
+ *
+ * An engine holds the weights of one piece (a stage's layers, one
+ * tensor-parallel slice) and a KV cache that is a pool of fixed-size blocks
+ * (worker/kvpool.h).  One step runs a *batch*: entries of (sequence slot,
+ * start position, token count), decodes and prompt chunks mixed.  The
+ * hidden states entering and leaving the piece live in the engine's own
+ * memory (device memory for CUDA); the executor hands those buffers to the
+ * collectives and never copies them.  The last stage samples inside the
+ * engine, so only token ids leave it. */
 #ifndef TSR_ENGINE_H
 #define TSR_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/deploy.h"
 #include "common/modelcfg.h"
 #include "worker/collective.h"
 
@@ -19,41 +27,76 @@ typedef struct {
     int stage, pp_size;
     int layer_begin, layer_end;     /* [begin, end) */
     int max_seq_len;
-    int max_seqs;                   /* KV cache slots (concurrent sequences) */
+    int max_seqs;                   /* sequence slots (the deployment's max_batch) */
+    int max_tokens;                 /* token rows one step may carry */
+    int kv_blocks;                  /* KV pool size, in blocks of TSR_KV_BLOCK positions */
+    int threads;                    /* CPU threads (0: every CPU the worker may use) */
 } tsr_piece_spec_t;
+
+/* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
+typedef struct {
+    int slot, pos, n;
+    int sample;                     /* last stage: pick a token after the entry's last position */
+    float temperature, top_p;       /* temperature <= 0: greedy */
+    uint64_t seed;                  /* the draw for position p is tsr_draw(seed, p) */
+} tsr_entry_t;
+
+typedef struct {
+    const tsr_entry_t *entries;
+    int n_entries;
+    const int32_t *tokens;          /* host; stage 0: the ids of every entry's positions */
+    int n_tokens;                   /* sum of the entries' n */
+} tsr_batch_t;
 
 typedef struct tsr_engine tsr_engine_t;
 
 typedef struct {
     const char *name;
+    tsr_device_t device;
     /* Loads the piece from a Hugging Face directory: only its layers and its
-     * tensor-parallel slice are read.  tp/ops: the stage's TP communicator
-     * (NULL when tp_size is 1). */
-    int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_comm_t *tp,
-                const tsr_coll_ops_t *ops, tsr_engine_t **out, char *err, size_t errlen);
-    /* Runs n positions [pos, pos+n) of sequence slot seq through the piece.
-     * Stage 0 takes token ids (hidden_in NULL); later stages take hidden_in
-     * [n, hidden].  Stages before the last write hidden [n, hidden] to out;
-     * the last stage writes the logits of the last position, [vocab], to out.
-     * pos == 0 starts the sequence afresh. */
-    int (*forward)(tsr_engine_t *e, int seq, int pos, int n, const int32_t *tokens,
-                   const float *hidden_in, float *out, char *err, size_t errlen);
-    /* Replaces the TP communicator (after the replica is rewired for a new
-     * epoch; the weights stay). */
-    void (*set_comm)(tsr_engine_t *e, tsr_comm_t *tp);
+     * tensor-parallel slice are read.  Caller owns *out (destroy). */
+    int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
+                char *err, size_t errlen);
+    /* The stage's TP communicator (NULL when tp_size is 1), replaced after
+     * the replica is rewired for a new epoch; the weights and pool stay. */
+    void (*set_comm)(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp);
+    /* The hidden state entering (0) or leaving (1) the piece: max_tokens rows
+     * of hidden_size in the engine's memory.  A step reads rows [0,
+     * n_tokens) of the input (stages after the first) and writes those of
+     * the output (stages before the last). */
+    tsr_buf_t (*hidden)(tsr_engine_t *e, int which);
+    /* Runs the batch.  Takes KV blocks for every entry's positions first
+     * (fails, taking none, when the pool is short).  On the last stage,
+     * tp rank 0 writes one token per sampling entry, in entry order, to
+     * sampled (host). */
+    int (*step)(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                size_t errlen);
+    /* Frees the KV blocks of slot (its sequence finished or was cancelled). */
+    void (*release)(tsr_engine_t *e, int slot);
+    /* KV pool blocks held by sequences, and its size. */
+    void (*kv_usage)(const tsr_engine_t *e, int *used, int *total);
     const tsr_model_info_t *(*model)(const tsr_engine_t *e);
     uint64_t (*weight_bytes)(const tsr_engine_t *e);     /* bytes of weights held */
-    uint64_t (*kv_bytes)(const tsr_engine_t *e);         /* bytes of KV cache held */
+    uint64_t (*kv_bytes)(const tsr_engine_t *e);         /* bytes of the KV pool */
     void (*destroy)(tsr_engine_t **e_p);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;
 
+/* The engine and collectives for a piece of device kind d: the one place a
+ * backend is chosen.  NULL with the reason in err when this build has none
+ * ("this worker was built without CUDA"). */
+typedef struct {
+    const tsr_engine_ops_t *engine;
+    const tsr_coll_ops_t *coll;     /* tensors between ranks */
+} tsr_backend_t;
+int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen);
+
 /* Picks the next token from logits [vocab]: argmax (first maximum) when
- * temperature <= 0, else a draw from softmax(logits / temperature) kept to
- * the smallest set of tokens whose probability reaches top_p.  *rng is the
- * request's generator state (seeded from the request's seed). */
-int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_p,
-                   uint64_t *rng);
+ * temperature <= 0, else a draw tsr_draw(seed, position) from
+ * softmax(logits / temperature) kept to the smallest set of tokens whose
+ * probability reaches top_p (no cut at top_p >= 1). */
+int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_p, uint64_t seed,
+                   uint64_t position);
 
 #endif

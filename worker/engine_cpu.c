@@ -1,10 +1,17 @@
-/* engine_cpu.c: the Llama forward pass on the CPU, f32 on OpenBLAS.
+/* engine_cpu.c: the Llama forward pass on the CPU, f32, batched.
  *
  * Sharding (Megatron): q, k, v, gate and up are split by output rows, o and
  * down by input columns, so each layer ends its attention and its MLP with
- * one all-reduce.  The embedding and the LM head are split by vocabulary
- * rows; the lookup and the logits are completed with an all-reduce too. */
-#include <cblas.h>
+ * one all-reduce.  The embedding is split by vocabulary rows and completed
+ * with an all-reduce; the LM head too, and its logits are all-gathered.
+ * Who holds which slice is common/slice.c's answer.
+ *
+ * One step runs every token row of a batch together: each weight matrix is
+ * read once per step whatever the number of sequences in it.  q, k and v
+ * are one fused matrix, gate and up another.  The products run on one pool
+ * of threads for the whole step (worker/cpu_pool.h) with a kernel whose
+ * every output is one dot product summed in a fixed order, so a sequence's
+ * numbers do not depend on what it was batched with. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,93 +19,228 @@
 #include <string.h>
 
 #include "common/safetensors.h"
+#include "common/slice.h"
+#include "common/util.h"
+#include "worker/cpu_pool.h"
 #include "worker/engine.h"
+#include "worker/kvpool.h"
 
 typedef struct {
     float *attn_norm, *mlp_norm;    /* [H] */
-    float *wq, *wk, *wv;            /* [Nl*hd, H], [Kl*hd, H], [Kl*hd, H] */
-    float *wo;                      /* [H, Nl*hd]: this rank's columns */
-    float *wg, *wu;                 /* [Il, H] */
-    float *wd;                      /* [H, Il]: this rank's columns */
+    float *wqkv;                    /* [(q_heads + 2 kv_heads) * head_dim, H]: q, k, v rows */
+    float *wo;                      /* [H, q_heads * head_dim]: this rank's columns */
+    float *wgu;                     /* [2 * inter, H]: gate rows, then up rows */
+    float *wd;                      /* [H, inter]: this rank's columns */
 } layer_t;
 
 struct tsr_engine {
     tsr_model_info_t m;
     tsr_piece_spec_t spec;
-    tsr_comm_t *tp;
     const tsr_coll_ops_t *ops;
-    int H, hd, Nl, Kl, Il, nl, V;
-    int v_begin, v_end;             /* this rank's vocabulary rows */
+    tsr_comm_t *tp;
+    tsr_pool_t *pool;
+    int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
+    int v_begin, v_end, v_chunk;    /* this rank's vocabulary rows; every rank's width */
     float *embed;                   /* [v_end - v_begin, H], stage 0 */
     float *lm_head;                 /* [v_end - v_begin, H], last stage */
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
-    float *kcache, *vcache;         /* [max_seqs][nl][max_seq][Kl*hd] */
-    float *rope_cos, *rope_sin;     /* [max_seq][hd/2] */
-    /* scratch for up to max_seq positions */
-    float *x, *h, *q, *k, *v, *att, *proj, *g, *u, *scores, *logits;
+    tsr_kvpool_t *kv;
+    float *kpool, *vpool;           /* [n_layers][kv_blocks][TSR_KV_BLOCK][kv_heads * head_dim] */
+    float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
+    /* scratch for max_tokens rows */
+    float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
+    int32_t *row_slot, *row_pos;
+    float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk], [V] */
     uint64_t wbytes, kvbytes;
 };
 
-#define ERR(...) snprintf(err, errlen, __VA_ARGS__)
+/* ---- kernels ------------------------------------------------------------------- */
+
+/* The 8-float vectors below never cross a call boundary that is not
+ * inlined (all static), so the ABI note GCC gives for them is moot. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v8f __attribute__((vector_size(32)));
+
+static inline v8f load8(const float *p)
+{
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float hsum8(v8f a)
+{
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+/* y[t, o] = x[t] . w[o] for o in [r0, r1), t in [0, T), in tiles of four
+ * rows of w by two rows of x.  Each output has one accumulator summed in
+ * the same order wherever it falls in a tile (a short tile repeats a row
+ * and drops the copy), which is what makes results batch-invariant. */
+#define MATMUL_KERNEL(NAME, ATTR, MADD)                                                        \
+    ATTR static void NAME(float *y, int ldy, const float *x, const float *w, int T, int in,    \
+                          int r0, int r1)                                                      \
+    {                                                                                          \
+        const int in8 = in & ~7;                                                               \
+        for (int o = r0; o < r1; o += 4) {                                                     \
+            const int no = r1 - o < 4 ? r1 - o : 4;                                            \
+            const float *wr[4];                                                                \
+            for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
+            for (int t = 0; t < T; t += 2) {                                                   \
+                const int nt = T - t < 2 ? T - t : 2;                                          \
+                const float *x0 = x + (size_t)t * in, *x1 = x + (size_t)(t + nt - 1) * in;     \
+                v8f acc[4][2];                                                                 \
+                memset(acc, 0, sizeof acc);                                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f xa = load8(x0 + k), xb = load8(x1 + k);                                \
+                    for (int a = 0; a < 4; a++) {                                              \
+                        v8f wv = load8(wr[a] + k);                                             \
+                        acc[a][0] = MADD(wv, xa, acc[a][0]);                                   \
+                        acc[a][1] = MADD(wv, xb, acc[a][1]);                                   \
+                    }                                                                          \
+                }                                                                              \
+                for (int a = 0; a < no; a++)                                                   \
+                    for (int b = 0; b < nt; b++) {                                             \
+                        const float *xr = b ? x1 : x0;                                         \
+                        float s = hsum8(acc[a][b]);                                            \
+                        for (int k = in8; k < in; k++) s += wr[a][k] * xr[k];                  \
+                        y[(size_t)(t + b) * ldy + o + a] = s;                                  \
+                    }                                                                          \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+#define MADD_PLAIN(a, b, c) ((a) * (b) + (c))
+MATMUL_KERNEL(matmul_rows_generic, , MADD_PLAIN)
+#if defined(__x86_64__)
+#define MADD_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
+MATMUL_KERNEL(matmul_rows_fma, __attribute__((target("avx2,fma"))), MADD_FMA)
+#endif
+
+typedef void (*matmul_rows_fn)(float *, int, const float *, const float *, int, int, int, int);
+static matmul_rows_fn matmul_rows = matmul_rows_generic;
+
+static void pick_kernel(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        matmul_rows = matmul_rows_fma;
+#endif
+}
+
+typedef struct {
+    float *y;
+    int ldy;
+    const float *x, *w;
+    int T, in, out, chunk;
+} mm_job_t;
+
+static void mm_task(void *arg, int i)
+{
+    const mm_job_t *j = arg;
+    int r0 = i * j->chunk, r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
+    matmul_rows(j->y, j->ldy, j->x, j->w, j->T, j->in, r0, r1);
+}
+
+/* y[T, out] (row stride ldy) = x[T, in] . W[out, in]^T on the pool, split by
+ * rows of W. */
+static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const float *w, int T,
+                   int in, int out)
+{
+    int threads = tsr_pool_threads(e->pool);
+    /* Chunks of 16 rows, at least 4 per thread so late wakers even out. */
+    int chunk = (out + 4 * threads - 1) / (4 * threads);
+    chunk = (chunk + 15) & ~15;
+    if (chunk < 16) chunk = 16;
+    mm_job_t j = {y, ldy, x, w, T, in, out, chunk};
+    tsr_pool_for(e->pool, (out + chunk - 1) / chunk, mm_task, &j);
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, int H, float eps)
+{
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * H;
+        double ss = 0;
+        for (int j = 0; j < H; j++) ss += (double)xi[j] * xi[j];
+        float s = (float)(1.0 / sqrt(ss / H + eps));
+        for (int j = 0; j < H; j++) out[(size_t)i * H + j] = w[j] * (xi[j] * s);
+    }
+}
+
+/* Rotate-half RoPE, as transformers applies it to HF-layout q and k: the
+ * first and second halves of each head are the pair's two coordinates. */
+static void rope_row(const tsr_engine_t *e, float *v, int heads, int pos)
+{
+    int hd = e->head_dim, half = hd / 2;
+    const float *c = e->rope_cos + (size_t)pos * half, *s = e->rope_sin + (size_t)pos * half;
+    for (int h = 0; h < heads; h++, v += hd)
+        for (int j = 0; j < half; j++) {
+            float a = v[j], b = v[j + half];
+            v[j] = a * c[j] - b * s[j];
+            v[j + half] = b * c[j] + a * s[j];
+        }
+}
 
 /* ---- loading --------------------------------------------------------------- */
 
-/* Reads rows [r0,r1) x cols [c0,c1) of tensor `name`, whose full shape must
- * be rows x cols (cols 0: a vector of `rows` elements).  Caller owns *dst. */
-static int load_slice(const tsr_st_t *st, tsr_engine_t *e, const char *name, int64_t rows,
-                      int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float **dst,
+/* Reads this rank's slice of tensor t (layer li) into dst, contiguous. */
+static int read_slice(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *dst,
                       char *err, size_t errlen)
 {
-    int64_t shape[2] = {rows, cols};
-    if (tsr_st_expect(st, name, cols ? 2 : 1, shape, err, errlen) < 0) return -1;
-    if (!cols) {
-        c0 = r0;
-        c1 = r1;
-        r0 = 0;
-        r1 = 1;
-    }
-    size_t n = (size_t)((r1 - r0) * (c1 - c0));
-    float *buf = malloc((n ? n : 1) * sizeof *buf);
-    if (!buf) {
-        ERR("%s: out of memory for %zu floats", name, n);
+    char name[160];
+    tsr_slice_t s;
+    tsr_tensor_name(&e->m, t, li, name, sizeof name);
+    if (tsr_slice_of(&e->m, t, e->spec.tp_rank, e->spec.tp_size, &s) < 0) {
+        tsr_set_err(err, errlen, "%s: tensor-parallel size %d does not divide it", name,
+                    e->spec.tp_size);
         return -1;
     }
-    if (n && tsr_st_read_f32(st, tsr_st_find(st, name), r0, r1, c0, c1, buf, err, errlen) < 0) {
-        free(buf);
+    int64_t shape[2] = {s.rows, s.cols};
+    if (tsr_st_expect(st, name, s.cols ? 2 : 1, shape, err, errlen) < 0) return -1;
+    int64_t r0 = s.r0, r1 = s.r1, c0 = s.c0, c1 = s.c1;
+    if (!s.cols) c0 = r0, c1 = r1, r0 = 0, r1 = 1;   /* a vector is one row */
+    int64_t n = (r1 - r0) * (c1 - c0);
+    if (n && tsr_st_read_f32(st, tsr_st_find(st, name), r0, r1, c0, c1, dst, err, errlen) < 0)
         return -1;
-    }
-    e->wbytes += n * sizeof *buf;
-    *dst = buf;
+    e->wbytes += (uint64_t)n * sizeof(float);
     return 0;
+}
+
+static float *alloc_f(size_t n, int *bad)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) *bad = 1;
+    return p;
 }
 
 static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, char *err,
                       size_t errlen)
 {
-    char n[160];
-    const int H = e->H, hd = e->hd, r = e->spec.tp_rank;
-    const int N = e->m.num_attention_heads, K = e->m.num_key_value_heads;
-    const int In = e->m.intermediate_size;
-#define P(s) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", li, s), n)
-    if (load_slice(st, e, P("input_layernorm"), H, 0, 0, H, 0, 0, &L->attn_norm, err, errlen) ||
-        load_slice(st, e, P("post_attention_layernorm"), H, 0, 0, H, 0, 0, &L->mlp_norm, err, errlen) ||
-        load_slice(st, e, P("self_attn.q_proj"), (int64_t)N * hd, H, (int64_t)r * e->Nl * hd,
-                   (int64_t)(r + 1) * e->Nl * hd, 0, H, &L->wq, err, errlen) ||
-        load_slice(st, e, P("self_attn.k_proj"), (int64_t)K * hd, H, (int64_t)r * e->Kl * hd,
-                   (int64_t)(r + 1) * e->Kl * hd, 0, H, &L->wk, err, errlen) ||
-        load_slice(st, e, P("self_attn.v_proj"), (int64_t)K * hd, H, (int64_t)r * e->Kl * hd,
-                   (int64_t)(r + 1) * e->Kl * hd, 0, H, &L->wv, err, errlen) ||
-        load_slice(st, e, P("self_attn.o_proj"), H, (int64_t)N * hd, 0, H,
-                   (int64_t)r * e->Nl * hd, (int64_t)(r + 1) * e->Nl * hd, &L->wo, err, errlen) ||
-        load_slice(st, e, P("mlp.gate_proj"), In, H, (int64_t)r * e->Il, (int64_t)(r + 1) * e->Il,
-                   0, H, &L->wg, err, errlen) ||
-        load_slice(st, e, P("mlp.up_proj"), In, H, (int64_t)r * e->Il, (int64_t)(r + 1) * e->Il, 0,
-                   H, &L->wu, err, errlen) ||
-        load_slice(st, e, P("mlp.down_proj"), H, In, 0, H, (int64_t)r * e->Il,
-                   (int64_t)(r + 1) * e->Il, &L->wd, err, errlen))
+    const size_t H = e->hidden, qw = (size_t)e->q_heads * e->head_dim,
+                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter;
+    int bad = 0;
+    L->attn_norm = alloc_f(H, &bad);
+    L->mlp_norm = alloc_f(H, &bad);
+    L->wqkv = alloc_f((qw + 2 * kvw) * H, &bad);
+    L->wo = alloc_f(H * qw, &bad);
+    L->wgu = alloc_f(2 * I * H, &bad);
+    L->wd = alloc_f(H * I, &bad);
+    if (bad) {
+        tsr_set_err(err, errlen, "out of memory for the weights of layer %d", li);
         return -1;
-#undef P
+    }
+    if (read_slice(st, e, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
+        read_slice(st, e, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
+        read_slice(st, e, TSR_T_Q, li, L->wqkv, err, errlen) ||
+        read_slice(st, e, TSR_T_K, li, L->wqkv + qw * H, err, errlen) ||
+        read_slice(st, e, TSR_T_V, li, L->wqkv + (qw + kvw) * H, err, errlen) ||
+        read_slice(st, e, TSR_T_O, li, L->wo, err, errlen) ||
+        read_slice(st, e, TSR_T_GATE, li, L->wgu, err, errlen) ||
+        read_slice(st, e, TSR_T_UP, li, L->wgu + I * H, err, errlen) ||
+        read_slice(st, e, TSR_T_DOWN, li, L->wd, err, errlen))
+        return -1;
     return 0;
 }
 
@@ -106,9 +248,9 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
 static void rope_tables(tsr_engine_t *e)
 {
     const tsr_model_info_t *m = &e->m;
-    int half = e->hd / 2;
+    int half = e->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double inv = pow((double)m->rope_theta, -2.0 * i / e->hd);
+        double inv = pow((double)m->rope_theta, -2.0 * i / e->head_dim);
         if (m->rope_llama3) {
             double orig = m->rope_original_max_pos;
             double low_wl = orig / m->rope_low_freq_factor;
@@ -133,111 +275,129 @@ static void rope_tables(tsr_engine_t *e)
 static void engine_free(tsr_engine_t *e)
 {
     if (!e) return;
-    for (int l = 0; e->layers && l < e->nl; l++) {
+    for (int l = 0; e->layers && l < e->n_layers; l++) {
         layer_t *L = &e->layers[l];
-        free(L->attn_norm), free(L->mlp_norm), free(L->wq), free(L->wk), free(L->wv);
-        free(L->wo), free(L->wg), free(L->wu), free(L->wd);
+        free(L->attn_norm), free(L->mlp_norm), free(L->wqkv), free(L->wo), free(L->wgu);
+        free(L->wd);
     }
     free(e->layers);
     if (e->lm_head != e->embed) free(e->lm_head);
-    free(e->embed), free(e->final_norm), free(e->kcache), free(e->vcache);
-    free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->q), free(e->k);
-    free(e->v), free(e->att), free(e->proj), free(e->g), free(e->u), free(e->scores);
-    free(e->logits);
+    free(e->embed), free(e->final_norm), free(e->kpool), free(e->vpool);
+    free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
+    free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout);
+    free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
+    tsr_kvpool_destroy(&e->kv);
+    tsr_pool_destroy(&e->pool);
     free(e);
 }
 
 static int check_spec(const tsr_model_info_t *m, const char *dir, const tsr_piece_spec_t *s,
                       char *err, size_t errlen)
 {
-    if (s->max_seq_len < 1 || s->max_seqs < 1) {
-        ERR("a piece needs max_seq_len and sequence slots (got %d and %d)", s->max_seq_len,
-            s->max_seqs);
+    if (m->head_dim > 512) {
+        tsr_set_err(err, errlen, "%s/config.json: head_dim %d is larger than the 512 this engine supports",
+                    dir, m->head_dim);
+        return -1;
+    }
+    if (s->max_seq_len < 1 || s->max_seqs < 1 || s->max_tokens < 1 || s->kv_blocks < 1) {
+        tsr_set_err(err, errlen,
+                    "a piece needs max_seq_len, sequence slots, step rows and KV blocks "
+                    "(got %d, %d, %d and %d)",
+                    s->max_seq_len, s->max_seqs, s->max_tokens, s->kv_blocks);
         return -1;
     }
     return tsr_model_check_piece(m, dir, s->tp_rank, s->tp_size, s->stage, s->pp_size,
                                  s->layer_begin, s->layer_end, err, errlen);
 }
 
-static float *alloc_f(size_t n, int *bad)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    if (!p) *bad = 1;
-    return p;
-}
-
-static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_comm_t *tp,
-                    const tsr_coll_ops_t *ops, tsr_engine_t **out, char *err, size_t errlen)
+static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
+                    size_t errlen)
 {
     int rc = -1, bad = 0;
     tsr_st_t *st = NULL;
     tsr_engine_t *e = calloc(1, sizeof *e);
     if (!e) return -1;
     e->spec = *spec;
-    e->tp = tp;
-    e->ops = ops;
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
     const tsr_model_info_t *m = &e->m;
-    e->H = m->hidden_size;
-    e->hd = m->head_dim;
-    e->Nl = m->num_attention_heads / spec->tp_size;
-    e->Kl = m->num_key_value_heads / spec->tp_size;
-    e->Il = m->intermediate_size / spec->tp_size;
-    e->nl = spec->layer_end - spec->layer_begin;
-    e->V = m->vocab_size;
-    int chunk = (e->V + spec->tp_size - 1) / spec->tp_size;
-    e->v_begin = spec->tp_rank * chunk < e->V ? spec->tp_rank * chunk : e->V;
-    e->v_end = e->v_begin + chunk < e->V ? e->v_begin + chunk : e->V;
+    e->hidden = m->hidden_size;
+    e->head_dim = m->head_dim;
+    e->q_heads = m->num_attention_heads / spec->tp_size;
+    e->kv_heads = m->num_key_value_heads / spec->tp_size;
+    e->inter = m->intermediate_size / spec->tp_size;
+    e->n_layers = spec->layer_end - spec->layer_begin;
+    e->vocab = m->vocab_size;
+    tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
+    pick_kernel();
+    if (!(e->pool = tsr_pool_new(spec->threads))) {
+        tsr_set_err(err, errlen, "cannot start the engine's threads");
+        goto out;
+    }
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
 
-    const int H = e->H;
+    const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
-    if (first && load_slice(st, e, "model.embed_tokens.weight", e->V, H, e->v_begin, e->v_end, 0,
-                            H, &e->embed, err, errlen) < 0)
-        goto out;
+    if (first && (!(e->embed = alloc_f(vrows * H, &bad)) ||
+                  read_slice(st, e, TSR_T_EMBED, 0, e->embed, err, errlen) < 0))
+        goto oom_or_fail;
     if (last) {
-        const char *head = m->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-        if (load_slice(st, e, "model.norm.weight", H, 0, 0, H, 0, 0, &e->final_norm, err, errlen) < 0)
-            goto out;
+        if (!(e->final_norm = alloc_f(H, &bad)) ||
+            read_slice(st, e, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
+            goto oom_or_fail;
         if (m->tie_word_embeddings && first) {
             e->lm_head = e->embed;  /* one copy serves both */
-        } else if (load_slice(st, e, head, e->V, H, e->v_begin, e->v_end, 0, H, &e->lm_head, err,
-                              errlen) < 0) {
-            goto out;
+        } else if (!(e->lm_head = alloc_f(vrows * H, &bad)) ||
+                   read_slice(st, e, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
+            goto oom_or_fail;
         }
     }
-    e->layers = calloc(e->nl ? (size_t)e->nl : 1, sizeof *e->layers);
-    if (!e->layers) goto out;
-    for (int l = 0; l < e->nl; l++)
+    e->layers = calloc(e->n_layers ? (size_t)e->n_layers : 1, sizeof *e->layers);
+    if (!e->layers) goto oom_or_fail;
+    for (int l = 0; l < e->n_layers; l++)
         if (load_layer(st, e, spec->layer_begin + l, &e->layers[l], err, errlen) < 0) goto out;
 
-    size_t S = (size_t)spec->max_seq_len, kvw = (size_t)e->Kl * e->hd;
-    size_t kv = (size_t)spec->max_seqs * e->nl * S * kvw;
-    e->kcache = alloc_f(kv, &bad);
-    e->vcache = alloc_f(kv, &bad);
-    e->kvbytes = 2 * kv * sizeof(float);
-    e->rope_cos = alloc_f(S * e->hd / 2, &bad);
-    e->rope_sin = alloc_f(S * e->hd / 2, &bad);
-    e->x = alloc_f(S * H, &bad);
-    e->h = alloc_f(S * H, &bad);
-    e->proj = alloc_f(S * H, &bad);
-    e->q = alloc_f(S * e->Nl * e->hd, &bad);
-    e->att = alloc_f(S * e->Nl * e->hd, &bad);
-    e->k = alloc_f(S * kvw, &bad);
-    e->v = alloc_f(S * kvw, &bad);
-    e->g = alloc_f(S * e->Il, &bad);
-    e->u = alloc_f(S * e->Il, &bad);
-    e->scores = alloc_f(S * S, &bad);
-    e->logits = alloc_f((size_t)e->V, &bad);
-    if (bad) {
-        ERR("out of memory for the KV cache and scratch of %zu positions", S);
+    const size_t S = (size_t)spec->max_seq_len, T = (size_t)spec->max_tokens,
+                 kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
+    size_t pool = (size_t)e->n_layers * spec->kv_blocks * TSR_KV_BLOCK * kvw;
+    e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
+    /* calloc: pages of the pool are touched only as blocks are used. */
+    e->kpool = alloc_f(pool, &bad);
+    e->vpool = alloc_f(pool, &bad);
+    e->kvbytes = 2 * pool * sizeof(float);
+    e->rope_cos = alloc_f(S * e->head_dim / 2, &bad);
+    e->rope_sin = alloc_f(S * e->head_dim / 2, &bad);
+    e->x = alloc_f(T * H, &bad);
+    e->h = alloc_f(T * H, &bad);
+    e->proj = alloc_f(T * H, &bad);
+    e->hin = alloc_f(T * H, &bad);
+    e->hout = alloc_f(T * H, &bad);
+    e->qkv = alloc_f(T * (qw + 2 * kvw), &bad);
+    e->att = alloc_f(T * qw, &bad);
+    e->gu = alloc_f(T * 2 * e->inter, &bad);
+    e->act = alloc_f(T * e->inter, &bad);
+    e->row_slot = calloc(T, sizeof *e->row_slot);
+    e->row_pos = calloc(T, sizeof *e->row_pos);
+    if (last) {
+        size_t B = (size_t)spec->max_seqs;
+        e->logits = alloc_f(B * e->v_chunk, &bad);
+        e->gathered = alloc_f((size_t)spec->tp_size * B * e->v_chunk, &bad);
+        e->row = alloc_f((size_t)spec->tp_size * e->v_chunk, &bad);
+    }
+    if (bad || !e->kv || !e->row_slot || !e->row_pos) {
+        tsr_set_err(err, errlen,
+                    "out of memory for a KV pool of %d blocks (%llu MiB) and scratch for %d "
+                    "token rows",
+                    spec->kv_blocks, (unsigned long long)(e->kvbytes >> 20), spec->max_tokens);
         goto out;
     }
     rope_tables(e);
     *out = e;
     e = NULL;
     rc = 0;
+    goto out;
+oom_or_fail:
+    if (bad || !e->layers) tsr_set_err(err, errlen, "out of memory for the weights");
 out:
     tsr_st_close(&st);
     engine_free(e);
@@ -246,167 +406,261 @@ out:
 
 /* ---- the forward pass ------------------------------------------------------ */
 
-/* y[n, out] = x[n, in] . W[out, in]^T */
-static void matmul(float *y, const float *x, const float *w, int n, int in, int out)
-{
-    if (n == 1) {  /* decode: a matrix-vector product streams W once */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
-                out);
-}
-
-static void rmsnorm(float *out, const float *x, const float *w, int n, int H, float eps)
-{
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * H;
-        double ss = 0;
-        for (int j = 0; j < H; j++) ss += (double)xi[j] * xi[j];
-        float s = (float)(1.0 / sqrt(ss / H + eps));
-        for (int j = 0; j < H; j++) out[(size_t)i * H + j] = w[j] * (xi[j] * s);
-    }
-}
-
-/* Rotate-half RoPE, as transformers applies it to HF-layout q and k: the
- * first and second halves of each head are the pair's two coordinates. */
-static void rope(const tsr_engine_t *e, float *x, int n, int heads, int pos)
-{
-    int hd = e->hd, half = hd / 2;
-    for (int i = 0; i < n; i++) {
-        const float *c = e->rope_cos + (size_t)(pos + i) * half;
-        const float *s = e->rope_sin + (size_t)(pos + i) * half;
-        for (int h = 0; h < heads; h++) {
-            float *v = x + ((size_t)i * heads + h) * hd;
-            for (int j = 0; j < half; j++) {
-                float a = v[j], b = v[j + half];
-                v[j] = a * c[j] - b * s[j];
-                v[j + half] = b * c[j] + a * s[j];
-            }
-        }
-    }
-}
-
 static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
 {
     if (e->spec.tp_size == 1) return 0;
-    return e->ops->allreduce_sum(e->tp, buf, n, 30000, err, errlen);
+    return e->ops->allreduce_sum(e->tp, tsr_host_buf(buf, n, TSR_DT_F32), 30000, err, errlen);
 }
 
-/* Causal grouped-query attention of positions [pos, pos+n) over the cache. */
-static void attention(tsr_engine_t *e, int seq, int l, int pos, int n)
+static float *kv_at(const tsr_engine_t *e, float *pool, int l, int slot, int pos)
 {
-    const int hd = e->hd, Nl = e->Nl, Kl = e->Kl, T = pos + n;
-    const size_t S = (size_t)e->spec.max_seq_len, kvw = (size_t)Kl * hd;
-    const float *kc = e->kcache + ((size_t)seq * e->nl + l) * S * kvw;
-    const float *vc = e->vcache + ((size_t)seq * e->nl + l) * S * kvw;
+    const size_t kvw = (size_t)e->kv_heads * e->head_dim;
+    int32_t block = tsr_kvpool_table(e->kv, slot)[pos / TSR_KV_BLOCK];
+    return pool + (((size_t)l * e->spec.kv_blocks + block) * TSR_KV_BLOCK + pos % TSR_KV_BLOCK) * kvw;
+}
+
+typedef struct {
+    tsr_engine_t *e;
+    const tsr_batch_t *b;
+    const int *first_row;       /* per entry: its first row */
+    int l;
+} att_job_t;
+
+static inline float dot(const float *a, const float *b, int n)
+{
+    v8f acc = {0};
+    int n8 = n & ~7;
+    for (int k = 0; k < n8; k += 8) acc += load8(a + k) * load8(b + k);
+    float s = hsum8(acc);
+    for (int k = n8; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+/* Causal grouped-query attention for one (entry, query head): every row of
+ * the entry over its sequence's cached positions, with a running softmax
+ * (one pass over the keys and values, no score buffer). */
+static void att_task(void *arg, int i)
+{
+    const att_job_t *j = arg;
+    tsr_engine_t *e = j->e;
+    const int hd = e->head_dim, qh = e->q_heads, h = i % qh, kh = h / (qh / e->kv_heads);
+    const tsr_entry_t *en = &j->b->entries[i / qh];
+    const size_t qkvw = (size_t)(qh + 2 * e->kv_heads) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int h = 0; h < Nl; h++) {
-        int kh = h / (Nl / Kl);  /* query heads share KV heads in groups */
-        /* scores[n, T] = q_h . k_kh^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, T, hd, scale, e->q + (size_t)h * hd,
-                    Nl * hd, kc + (size_t)kh * hd, (int)kvw, 0.0f, e->scores, T);
-        for (int i = 0; i < n; i++) {
-            float *row = e->scores + (size_t)i * T;
-            int visible = pos + i + 1;
-            float mx = row[0];
-            for (int j = 1; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int j = 0; j < visible; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
+    float acc[512];
+    for (int r = 0; r < en->n; r++) {
+        size_t row = (size_t)j->first_row[i / qh] + r;
+        const float *q = e->qkv + row * qkvw + (size_t)h * hd;
+        int visible = en->pos + r + 1;
+        float mx = -INFINITY, sum = 0;
+        memset(acc, 0, (size_t)hd * sizeof *acc);
+        for (int p = 0; p < visible; p++) {
+            const float *k = kv_at(e, e->kpool, j->l, en->slot, p) + (size_t)kh * hd;
+            const float *v = kv_at(e, e->vpool, j->l, en->slot, p) + (size_t)kh * hd;
+            float s = dot(q, k, hd) * scale;
+            if (s > mx) {
+                float c = expf(mx - s);
+                sum *= c;
+                for (int d = 0; d < hd; d++) acc[d] *= c;
+                mx = s;
             }
-            for (int j = 0; j < visible; j++) row[j] = (float)(row[j] / sum);
-            for (int j = visible; j < T; j++) row[j] = 0.0f;
+            float w = expf(s - mx);
+            sum += w;
+            for (int d = 0; d < hd; d++) acc[d] += w * v[d];
         }
-        /* att_h[n, hd] = scores . v_kh */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, T, 1.0f, e->scores, T,
-                    vc + (size_t)kh * hd, (int)kvw, 0.0f, e->att + (size_t)h * hd, Nl * hd);
+        float *out = e->att + row * (size_t)qh * hd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) out[d] = acc[d] / sum;
     }
 }
 
-static int layer_forward(tsr_engine_t *e, int seq, int l, int pos, int n, char *err,
-                         size_t errlen)
+static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row, int l,
+                         char *err, size_t errlen)
 {
     const layer_t *L = &e->layers[l];
-    const int H = e->H, hd = e->hd, Nl = e->Nl, Kl = e->Kl, Il = e->Il;
-    const size_t S = (size_t)e->spec.max_seq_len, kvw = (size_t)Kl * hd;
+    const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads,
+              I = e->inter, T = b->n_tokens;
+    const size_t qw = (size_t)qh * hd, kvw = (size_t)kvh * hd, qkvw = qw + 2 * kvw;
 
     /* attention */
-    rmsnorm(e->h, e->x, L->attn_norm, n, H, e->m.rms_norm_eps);
-    matmul(e->q, e->h, L->wq, n, H, Nl * hd);
-    matmul(e->k, e->h, L->wk, n, H, Kl * hd);
-    matmul(e->v, e->h, L->wv, n, H, Kl * hd);
-    rope(e, e->q, n, Nl, pos);
-    rope(e, e->k, n, Kl, pos);
-    float *kc = e->kcache + ((size_t)seq * e->nl + l) * S * kvw;
-    float *vc = e->vcache + ((size_t)seq * e->nl + l) * S * kvw;
-    memcpy(kc + (size_t)pos * kvw, e->k, (size_t)n * kvw * sizeof(float));
-    memcpy(vc + (size_t)pos * kvw, e->v, (size_t)n * kvw * sizeof(float));
-    attention(e, seq, l, pos, n);
-    matmul(e->proj, e->att, L->wo, n, Nl * hd, H);
-    if (allreduce(e, e->proj, (size_t)n * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
-    for (size_t i = 0; i < (size_t)n * H; i++) e->x[i] += e->proj[i];
+    rmsnorm(e->h, e->x, L->attn_norm, T, H, e->m.rms_norm_eps);
+    matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw);
+    for (int t = 0; t < T; t++) {
+        float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
+        rope_row(e, q, qh, e->row_pos[t]);
+        rope_row(e, k, kvh, e->row_pos[t]);
+        memcpy(kv_at(e, e->kpool, l, e->row_slot[t], e->row_pos[t]), k, kvw * sizeof(float));
+        memcpy(kv_at(e, e->vpool, l, e->row_slot[t], e->row_pos[t]), v, kvw * sizeof(float));
+    }
+    att_job_t aj = {e, b, first_row, l};
+    tsr_pool_for(e->pool, b->n_entries * qh, att_task, &aj);
+    matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
+    if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
+    for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
 
     /* SwiGLU MLP */
-    rmsnorm(e->h, e->x, L->mlp_norm, n, H, e->m.rms_norm_eps);
-    matmul(e->g, e->h, L->wg, n, H, Il);
-    matmul(e->u, e->h, L->wu, n, H, Il);
-    for (size_t i = 0; i < (size_t)n * Il; i++) {
-        float g = e->g[i];
-        e->g[i] = g / (1.0f + expf(-g)) * e->u[i];
+    rmsnorm(e->h, e->x, L->mlp_norm, T, H, e->m.rms_norm_eps);
+    matmul(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I);
+    for (int t = 0; t < T; t++) {
+        const float *g = e->gu + (size_t)t * 2 * I, *u = g + I;
+        float *a = e->act + (size_t)t * I;
+        for (int i = 0; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
-    matmul(e->proj, e->g, L->wd, n, Il, H);
-    if (allreduce(e, e->proj, (size_t)n * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
-    for (size_t i = 0; i < (size_t)n * H; i++) e->x[i] += e->proj[i];
+    matmul(e, e->proj, H, e->act, L->wd, T, I, H);
+    if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
+    for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
     return 0;
 }
 
-static int cpu_forward(tsr_engine_t *e, int seq, int pos, int n, const int32_t *tokens,
-                       const float *hidden_in, float *out, char *err, size_t errlen)
+/* The batch must fit what the engine was sized for; blocks are taken for
+ * every entry before anything runs, and given back when that fails. */
+static int check_batch(tsr_engine_t *e, const tsr_batch_t *b, int *first_row, char *err,
+                       size_t errlen)
 {
-    const int H = e->H;
     const tsr_piece_spec_t *s = &e->spec;
-    if (seq < 0 || seq >= s->max_seqs || pos < 0 || n < 1 || pos + n > s->max_seq_len) {
-        ERR("positions [%d,%d) of sequence %d do not fit (max_seq_len %d, %d sequences)", pos,
-            pos + n, seq, s->max_seq_len, s->max_seqs);
+    int rows = 0;
+    if (b->n_entries < 0 || b->n_entries > s->max_seqs || b->n_tokens > s->max_tokens) {
+        tsr_set_err(err, errlen, "a batch of %d entries and %d rows exceeds this piece's %d and %d",
+                    b->n_entries, b->n_tokens, s->max_seqs, s->max_tokens);
         return -1;
     }
-    if (s->stage == 0) {
-        /* Vocabulary-parallel lookup: each rank fills the rows it holds. */
-        memset(e->x, 0, (size_t)n * H * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            if (tokens[i] < 0 || tokens[i] >= e->V) {
-                ERR("token id %d at position %d is outside the vocabulary (%d)", tokens[i],
-                    pos + i, e->V);
+    for (int i = 0; i < b->n_entries; i++) {
+        const tsr_entry_t *en = &b->entries[i];
+        if (en->slot < 0 || en->slot >= s->max_seqs || en->pos < 0 || en->n < 1 ||
+            en->pos + en->n > s->max_seq_len) {
+            tsr_set_err(err, errlen,
+                        "entry %d: positions [%d,%d) of slot %d do not fit (max_seq_len %d, %d slots)",
+                        i, en->pos, en->pos + en->n, en->slot, s->max_seq_len, s->max_seqs);
+            return -1;
+        }
+        for (int j = 0; j < i; j++)
+            if (b->entries[j].slot == en->slot) {
+                tsr_set_err(err, errlen, "entries %d and %d both run slot %d", j, i, en->slot);
                 return -1;
             }
-            if (tokens[i] >= e->v_begin && tokens[i] < e->v_end)
-                memcpy(e->x + (size_t)i * H, e->embed + (size_t)(tokens[i] - e->v_begin) * H,
-                       (size_t)H * sizeof(float));
-        }
-        if (allreduce(e, e->x, (size_t)n * H, err, errlen) < 0) return -1;
-    } else {
-        memcpy(e->x, hidden_in, (size_t)n * H * sizeof(float));
+        first_row[i] = rows;
+        for (int r = 0; r < en->n; r++) e->row_slot[rows + r] = en->slot, e->row_pos[rows + r] = en->pos + r;
+        rows += en->n;
     }
-    for (int l = 0; l < e->nl; l++)
-        if (layer_forward(e, seq, l, pos, n, err, errlen) < 0) return -1;
-
-    if (s->stage < s->pp_size - 1) {                      /* stage boundary */
-        memcpy(out, e->x, (size_t)n * H * sizeof(float));
-        return 0;
+    if (rows != b->n_tokens) {
+        tsr_set_err(err, errlen, "the entries cover %d rows, the batch says %d", rows, b->n_tokens);
+        return -1;
     }
-    /* Last stage: logits of the last position, gathered across the vocab. */
-    rmsnorm(e->h, e->x + (size_t)(n - 1) * H, e->final_norm, 1, H, e->m.rms_norm_eps);
-    memset(out, 0, (size_t)e->V * sizeof(float));
-    int vs = e->v_end - e->v_begin;
-    if (vs > 0)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, vs, H, 1.0f, e->lm_head, H, e->h, 1, 0.0f,
-                    out + e->v_begin, 1);
-    return allreduce(e, out, (size_t)e->V, err, errlen);
+    int need = 0;
+    for (int i = 0; i < b->n_entries; i++) {
+        const tsr_entry_t *en = &b->entries[i];
+        int more = tsr_kv_blocks_for(en->pos + en->n) - tsr_kvpool_held(e->kv, en->slot);
+        need += more > 0 ? more : 0;
+    }
+    if (need > tsr_kvpool_total(e->kv) - tsr_kvpool_used(e->kv)) {
+        tsr_set_err(err, errlen, "the KV pool has %d free blocks, this step needs %d",
+                    tsr_kvpool_total(e->kv) - tsr_kvpool_used(e->kv), need);
+        return -1;
+    }
+    for (int i = 0; i < b->n_entries; i++)
+        tsr_kvpool_grow(e->kv, b->entries[i].slot, b->entries[i].pos + b->entries[i].n);
+    return 0;
 }
 
-static void cpu_set_comm(tsr_engine_t *e, tsr_comm_t *tp) { e->tp = tp; }
+static int embed(tsr_engine_t *e, const tsr_batch_t *b, char *err, size_t errlen)
+{
+    const int H = e->hidden;
+    /* Vocabulary-parallel lookup: each rank fills the rows it holds. */
+    memset(e->x, 0, (size_t)b->n_tokens * H * sizeof(float));
+    for (int i = 0; i < b->n_tokens; i++) {
+        int32_t t = b->tokens[i];
+        if (t < 0 || t >= e->vocab) {
+            tsr_set_err(err, errlen, "token id %d at position %d is outside the vocabulary (%d)",
+                        t, e->row_pos[i], e->vocab);
+            return -1;
+        }
+        if (t >= e->v_begin && t < e->v_end)
+            memcpy(e->x + (size_t)i * H, e->embed + (size_t)(t - e->v_begin) * H,
+                   (size_t)H * sizeof(float));
+    }
+    return allreduce(e, e->x, (size_t)b->n_tokens * H, err, errlen);
+}
+
+/* Logits of each sampling entry's last row over this rank's vocabulary
+ * (padded to v_chunk with -inf), gathered from every rank, then sampled on
+ * tp rank 0. */
+static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row,
+                      int32_t *sampled, char *err, size_t errlen)
+{
+    const int H = e->hidden, C = e->v_chunk, tp = e->spec.tp_size;
+    int ns = 0;
+    for (int i = 0; i < b->n_entries; i++) {
+        if (!b->entries[i].sample) continue;
+        const float *x = e->x + (size_t)(first_row[i] + b->entries[i].n - 1) * H;
+        rmsnorm(e->h + (size_t)ns * H, x, e->final_norm, 1, H, e->m.rms_norm_eps);
+        ns++;
+    }
+    if (!ns) return 0;
+    int vs = e->v_end - e->v_begin;
+    float *lg = tp > 1 ? e->logits : e->gathered;
+    if (vs > 0) matmul(e, lg, C, e->h, e->lm_head, ns, H, vs);
+    for (int s = 0; s < ns; s++)
+        for (int v = vs; v < C; v++) lg[(size_t)s * C + v] = -INFINITY;
+    if (tp > 1 &&
+        e->ops->allgather(e->tp, tsr_host_buf(e->logits, (size_t)ns * C, TSR_DT_F32),
+                          tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), 30000, err,
+                          errlen) < 0)
+        return -1;
+    if (e->spec.tp_rank != 0) return 0;
+    for (int i = 0, s = 0; i < b->n_entries; i++) {
+        const tsr_entry_t *en = &b->entries[i];
+        if (!en->sample) continue;
+        for (int r = 0; r < tp; r++)
+            memcpy(e->row + (size_t)r * C, e->gathered + ((size_t)r * ns + s) * C, (size_t)C * sizeof(float));
+        sampled[s++] = tsr_sample(e->row, e->vocab, en->temperature, en->top_p, en->seed,
+                                  (uint64_t)(en->pos + en->n));
+    }
+    return 0;
+}
+
+static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                    size_t errlen)
+{
+    const tsr_piece_spec_t *s = &e->spec;
+    int first_row[b->n_entries > 0 ? b->n_entries : 1];
+    if (b->n_entries > s->max_seqs) {
+        tsr_set_err(err, errlen, "a batch of %d entries exceeds this piece's %d slots",
+                    b->n_entries, s->max_seqs);
+        return -1;
+    }
+    if (check_batch(e, b, first_row, err, errlen) < 0) return -1;
+    if (!b->n_tokens) return 0;
+    const size_t rows = (size_t)b->n_tokens * e->hidden;
+    if (s->stage == 0) {
+        if (embed(e, b, err, errlen) < 0) return -1;
+    } else {
+        memcpy(e->x, e->hin, rows * sizeof(float));
+    }
+    for (int l = 0; l < e->n_layers; l++)
+        if (layer_forward(e, b, first_row, l, err, errlen) < 0) return -1;
+    if (s->stage < s->pp_size - 1) {                      /* stage boundary */
+        memcpy(e->hout, e->x, rows * sizeof(float));
+        return 0;
+    }
+    return sample_all(e, b, first_row, sampled, err, errlen);
+}
+
+static void cpu_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp)
+{
+    e->ops = ops;
+    e->tp = tp;
+}
+
+static tsr_buf_t cpu_hidden(tsr_engine_t *e, int which)
+{
+    return tsr_host_buf(which ? e->hout : e->hin, (size_t)e->spec.max_tokens * e->hidden, TSR_DT_F32);
+}
+
+static void cpu_release(tsr_engine_t *e, int slot) { tsr_kvpool_release(e->kv, slot); }
+static void cpu_kv_usage(const tsr_engine_t *e, int *used, int *total)
+{
+    *used = tsr_kvpool_used(e->kv);
+    *total = tsr_kvpool_total(e->kv);
+}
 static const tsr_model_info_t *cpu_model(const tsr_engine_t *e) { return &e->m; }
 static uint64_t cpu_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cpu_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
@@ -419,69 +673,15 @@ static void cpu_destroy(tsr_engine_t **e_p)
 
 const tsr_engine_ops_t tsr_engine_cpu = {
     .name = "cpu",
+    .device = TSR_DEVICE_CPU,
     .load = cpu_load,
-    .forward = cpu_forward,
     .set_comm = cpu_set_comm,
+    .hidden = cpu_hidden,
+    .step = cpu_step,
+    .release = cpu_release,
+    .kv_usage = cpu_kv_usage,
     .model = cpu_model,
     .weight_bytes = cpu_weight_bytes,
     .kv_bytes = cpu_kv_bytes,
     .destroy = cpu_destroy,
 };
-
-/* ---- sampling -------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-typedef struct {
-    float p;
-    int32_t id;
-} cand_t;
-
-static int cand_desc(const void *a, const void *b)
-{
-    const cand_t *x = a, *y = b;
-    if (x->p != y->p) return x->p < y->p ? 1 : -1;
-    return x->id - y->id;
-}
-
-int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_p, uint64_t *rng)
-{
-    int32_t best = 0;
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > logits[best]) best = i;
-    /* NaN compares false everywhere: treat anything but a positive finite
-     * temperature as greedy, anything outside (0, 1] as no nucleus cut. */
-    if (!(temperature > 0.0f) || !isfinite(temperature)) return best;
-
-    cand_t *c = malloc((size_t)vocab * sizeof *c);
-    if (!c) return best;
-    double sum = 0;
-    for (int i = 0; i < vocab; i++) {
-        c[i].p = expf((logits[i] - logits[best]) / temperature);
-        c[i].id = i;
-        sum += c[i].p;
-    }
-    qsort(c, (size_t)vocab, sizeof *c, cand_desc);
-    /* Nucleus: the smallest prefix whose mass reaches top_p. */
-    if (!(top_p > 0.0f && top_p <= 1.0f)) top_p = 1.0f;
-    double keep = c[0].p;
-    int k = 1;  /* the most likely token is always kept */
-    while (k < vocab && keep < top_p * sum) keep += c[k++].p;
-    double r = (double)(splitmix64(rng) >> 11) / (double)(1ull << 53) * keep, acc = 0;
-    int32_t pick = c[k - 1].id;
-    for (int i = 0; i < k; i++) {
-        acc += c[i].p;
-        if (r < acc) {
-            pick = c[i].id;
-            break;
-        }
-    }
-    free(c);
-    return pick;
-}

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/slice.h"
+#include "worker/kvpool.h"
 
 #define MAX_PEERS 1024
 #define FORM_TIMEOUT_MS 120000  /* peers may still be loading their weights */
@@ -20,6 +22,9 @@ typedef struct {
     char deployment[TSR_NAME_MAX + 1], model_path[TSR_PATH_MAX + 1];
     uint64_t epoch;
     int replica, stage, tp, tp_size, pp_size, layer_begin, layer_end, max_seq_len;
+    int max_batch, prefill_chunk, max_queue;
+    uint64_t kv_cache_bytes;
+    tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
 } job_t;
@@ -59,6 +64,12 @@ typedef struct {
     tsr_event_t ev;
 } ev_node_t;
 
+typedef struct {
+    qnode_t link;
+    uint64_t id;
+    char reason[128];
+} cancel_node_t;
+
 struct tsr_executor {
     pthread_t thread;
     pthread_mutex_t mu;
@@ -67,11 +78,13 @@ struct tsr_executor {
     uint64_t job_gen, run_gen;      /* the job asked for / the one running */
     job_t *job;                     /* latest job (heap: it is large) */
     fifo_t requests;            /* qreq_t, for the leader */
+    fifo_t cancels;             /* cancel_node_t, for the leader */
     fifo_t events;              /* ev_node_t, for the agent */
     int pipe_r, pipe_w;
     tsr_tcp_listener_t *listener;
     char endpoint[TSR_NAME_MAX + 1];
     uint64_t wbytes, kvbytes;
+    tsr_executor_stats_t stats;
 };
 
 /* ---- events ------------------------------------------------------------------ */
@@ -147,6 +160,27 @@ static void io_emit(void *arg, uint64_t req, int32_t token, int index, int done,
     push_event(c->ex, &ev);
 }
 
+static int io_next_cancel(void *arg, uint64_t *id, char *reason, size_t len)
+{
+    run_ctx_t *c = arg;
+    pthread_mutex_lock(&c->ex->mu);
+    cancel_node_t *n = (cancel_node_t *)fifo_pop(&c->ex->cancels);
+    pthread_mutex_unlock(&c->ex->mu);
+    if (!n) return 0;
+    *id = n->id;
+    snprintf(reason, len, "%s", n->reason);
+    free(n);
+    return 1;
+}
+
+static void io_report(void *arg, int queued, int running, int kv_used, int kv_total)
+{
+    run_ctx_t *c = arg;
+    pthread_mutex_lock(&c->ex->mu);
+    c->ex->stats = (tsr_executor_stats_t){queued, running, kv_used, kv_total};
+    pthread_mutex_unlock(&c->ex->mu);
+}
+
 static int io_should_stop(void *arg)
 {
     run_ctx_t *c = arg;
@@ -188,21 +222,33 @@ static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
 
 static int form_cancelled(void *arg) { return io_should_stop(arg); }
 
-static tsr_comm_t *form(tsr_executor_t *ex, const job_t *j, run_ctx_t *ctx, const char *kind,
-                        int a, int b, int rank, int n, const int *members, char *err,
-                        size_t errlen)
+/* Forms one of the replica's groups through the backend's rendezvous: for
+ * TCP, the members' data endpoints, one per line. */
+static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job_t *j,
+                        run_ctx_t *ctx, const char *kind, int a, int b, int rank, int n,
+                        const int *members, char *err, size_t errlen)
 {
-    const char *eps[MAX_PEERS];
-    for (int i = 0; i < n; i++) eps[i] = j->peers[members[i]];
-    return tsr_tcp_comm_new_cancellable(ex->listener, j->epoch, group_id(j, kind, a, b), rank, n,
-                                        eps, FORM_TIMEOUT_MS, form_cancelled, ctx, err, errlen);
+    char *blob = malloc((size_t)n * (TSR_NAME_MAX + 2) + 1);
+    size_t len = 0;
+    tsr_comm_t *c = NULL;
+    if (!blob) {
+        snprintf(err, errlen, "out of memory for a rendezvous");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) len += (size_t)sprintf(blob + len, "%s\n", j->peers[members[i]]);
+    tsr_rendezvous_t rv = {j->epoch, group_id(j, kind, a, b), rank, n, blob, len,
+                           FORM_TIMEOUT_MS, form_cancelled, ctx};
+    if (ops->create(ex->listener, &rv, &c, err, errlen) < 0) c = NULL;
+    free(blob);
+    return c;
 }
 
-/* The replica's communicators, formed in the same order on every rank: the
- * stage's TP group, the link from the previous stage, the link to the next,
- * and the loop from the last stage back to the leader. */
-static int wire_up(tsr_executor_t *ex, const job_t *j, run_ctx_t *ctx, tsr_replica_rank_t *r,
-                   char *err, size_t errlen)
+/* The replica's communicators, formed in the same order on every rank:
+ * the control channel over every rank (host memory, TCP whatever the
+ * device), then the tensor channels of the piece's backend: the stage's
+ * TP group, the link from the previous stage and the link to the next. */
+static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, run_ctx_t *ctx,
+                   tsr_replica_rank_t *r, char *err, size_t errlen)
 {
     int tp = j->tp_size, s = j->stage, t = j->tp, m[MAX_PEERS];
     if (j->n_peers != j->tp_size * j->pp_size) {
@@ -210,31 +256,35 @@ static int wire_up(tsr_executor_t *ex, const job_t *j, run_ctx_t *ctx, tsr_repli
                  j->tp_size * j->pp_size);
         return -1;
     }
+    r->ops = be->coll;
+    r->ctl_ops = &tsr_coll_tcp;
+    if (j->n_peers > 1) {
+        for (int i = 0; i < j->n_peers; i++) m[i] = i;
+        if (!(r->ctl = form(ex, &tsr_coll_tcp, j, ctx, "ctl", 0, 0, s * tp + t, j->n_peers, m,
+                            err, errlen)))
+            return -1;
+    }
     if (tp > 1) {
         for (int i = 0; i < tp; i++) m[i] = s * tp + i;
-        if (!(r->tp = form(ex, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
+        if (!(r->tp = form(ex, be->coll, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
     }
     if (s > 0) {
         m[0] = (s - 1) * tp + t, m[1] = s * tp + t;
-        if (!(r->prev = form(ex, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
+        if (!(r->prev = form(ex, be->coll, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
     }
     if (s < j->pp_size - 1) {
         m[0] = s * tp + t, m[1] = (s + 1) * tp + t;
-        if (!(r->next = form(ex, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
-    }
-    if (j->pp_size > 1 && t == 0 && (s == 0 || s == j->pp_size - 1)) {
-        m[0] = 0, m[1] = (j->pp_size - 1) * tp;
-        if (!(r->loop = form(ex, j, ctx, "loop", 0, 0, s == 0 ? 0 : 1, 2, m, err, errlen))) return -1;
+        if (!(r->next = form(ex, be->coll, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
     }
     return 0;
 }
 
 static void unwire(tsr_replica_rank_t *r)
 {
-    if (r->tp) tsr_coll_tcp.destroy(&r->tp);
-    if (r->prev) tsr_coll_tcp.destroy(&r->prev);
-    if (r->next) tsr_coll_tcp.destroy(&r->next);
-    if (r->loop) tsr_coll_tcp.destroy(&r->loop);
+    if (r->tp) r->ops->destroy(&r->tp);
+    if (r->prev) r->ops->destroy(&r->prev);
+    if (r->next) r->ops->destroy(&r->next);
+    if (r->ctl) r->ctl_ops->destroy(&r->ctl);
 }
 
 static bool same_piece(const job_t *a, const job_t *b)
@@ -243,7 +293,9 @@ static bool same_piece(const job_t *a, const job_t *b)
            !strcmp(a->model_path, b->model_path) && a->stage == b->stage && a->tp == b->tp &&
            a->tp_size == b->tp_size && a->pp_size == b->pp_size &&
            a->layer_begin == b->layer_begin && a->layer_end == b->layer_end &&
-           a->max_seq_len == b->max_seq_len;
+           a->max_seq_len == b->max_seq_len && a->max_batch == b->max_batch &&
+           a->prefill_chunk == b->prefill_chunk && a->kv_cache_bytes == b->kv_cache_bytes &&
+           a->device == b->device;
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -256,30 +308,48 @@ static bool peers_complete(const job_t *j)
     return true;
 }
 
+/* The piece's shape and sizes, from the assignment and the deployment's
+ * batching keys (0: the documented defaults). */
+static int piece_spec(const job_t *j, tsr_piece_spec_t *spec, char *err, size_t errlen)
+{
+    tsr_model_info_t m;
+    if (tsr_model_info_load(j->model_path, &m, err, errlen) < 0) return -1;
+    int batch = j->max_batch > 0 ? j->max_batch : 32;
+    int chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
+    if (chunk > j->max_seq_len) chunk = j->max_seq_len;
+    *spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
+                               j->layer_end, j->max_seq_len, batch, batch + chunk, 0, 0};
+    spec->kv_blocks = tsr_kv_pool_blocks(&m, j->tp_size, j->pp_size, j->kv_cache_bytes, batch,
+                                         j->max_seq_len, TSR_KV_BLOCK, (int)sizeof(float));
+    return 0;
+}
+
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
  * *eng holds, kept across jobs that only rewire the replica. */
 static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loaded,
-                  tsr_engine_t **eng)
+                  tsr_engine_t **eng, tsr_backend_t *be)
 {
     char err[512], why[600];
     tsr_replica_rank_t r = {0};
     run_ctx_t ctx = {ex, gen, j->epoch};
-    r.spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
-                                j->layer_end, j->max_seq_len, 1};
     if (!same_piece(j, loaded) || !*eng) {
-        tsr_engine_cpu.destroy(eng);
+        if (*eng) be->engine->destroy(eng);
         loaded->active = false;
         push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
-        if (tsr_engine_cpu.load(j->model_path, &r.spec, NULL, &tsr_coll_tcp, eng, err,
-                                sizeof err) < 0) {
+        if (tsr_backend_for(j->device, be, err, sizeof err) < 0 ||
+            piece_spec(j, &r.spec, err, sizeof err) < 0 ||
+            be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) < 0) {
             push_simple(ex, TSR_EV_FAILED, j->epoch, err);
             goto out;
         }
         *loaded = *j;
         pthread_mutex_lock(&ex->mu);
-        ex->wbytes = tsr_engine_cpu.weight_bytes(*eng);
-        ex->kvbytes = tsr_engine_cpu.kv_bytes(*eng);
+        ex->wbytes = be->engine->weight_bytes(*eng);
+        ex->kvbytes = be->engine->kv_bytes(*eng);
         pthread_mutex_unlock(&ex->mu);
+    } else if (piece_spec(j, &r.spec, err, sizeof err) < 0) {
+        push_simple(ex, TSR_EV_FAILED, j->epoch, err);
+        goto out;
     }
     /* A replica with a piece still unplaced cannot run; the weights are
      * loaded, and the next epoch brings the full peer list. */
@@ -288,31 +358,37 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         goto out;
     }
     push_simple(ex, TSR_EV_PROGRESS, j->epoch, "connecting to the replica's peers");
-    if (wire_up(ex, j, &ctx, &r, err, sizeof err) < 0) {
+    if (wire_up(ex, be, j, &ctx, &r, err, sizeof err) < 0) {
         snprintf(why, sizeof why, "data plane: %s", err);
         if (!io_should_stop(&ctx)) push_simple(ex, TSR_EV_FAILED, j->epoch, why);
         goto out;
     }
-    tsr_engine_cpu.set_comm(*eng, r.tp);
+    be->engine->set_comm(*eng, r.ops, r.tp);
     push_simple(ex, TSR_EV_READY, j->epoch, NULL);
-    r.eng_ops = &tsr_engine_cpu;
+    r.eng_ops = be->engine;
     r.eng = *eng;
-    r.ops = &tsr_coll_tcp;
-    tsr_replica_io_t io = {io_next_request, io_emit, io_should_stop, &ctx};
+    r.prefill_chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
+    r.max_queue = j->max_queue;
+    tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
+                           &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0 && !io_should_stop(&ctx)) {
         snprintf(why, sizeof why, "data plane: %s", err);
         push_simple(ex, TSR_EV_FAILED, j->epoch, why);
     }
 out:
-    if (*eng) tsr_engine_cpu.set_comm(*eng, NULL);
+    if (*eng) be->engine->set_comm(*eng, NULL, NULL);
     unwire(&r);
     fail_queued(ex, j->epoch, "the replica stopped before serving it");
+    pthread_mutex_lock(&ex->mu);
+    ex->stats.queued = ex->stats.running = 0;
+    pthread_mutex_unlock(&ex->mu);
 }
 
 static void *executor_main(void *arg)
 {
     tsr_executor_t *ex = arg;
     tsr_engine_t *eng = NULL;
+    tsr_backend_t be = {0};
     job_t *loaded = calloc(1, sizeof *loaded), *job = calloc(1, sizeof *job);
     if (!loaded || !job) goto out;
     for (;;) {
@@ -326,18 +402,19 @@ static void *executor_main(void *arg)
         *job = *ex->job;
         pthread_mutex_unlock(&ex->mu);
         if (!job->active) {
-            tsr_engine_cpu.destroy(&eng);
+            if (eng) be.engine->destroy(&eng);
             loaded->active = false;
             pthread_mutex_lock(&ex->mu);
             ex->wbytes = ex->kvbytes = 0;
+            ex->stats = (tsr_executor_stats_t){0};
             pthread_mutex_unlock(&ex->mu);
             fail_queued(ex, job->epoch, "this worker holds no piece any more");
             continue;
         }
-        serve(ex, job, gen, loaded, &eng);
+        serve(ex, job, gen, loaded, &eng, &be);
     }
 out:
-    tsr_engine_cpu.destroy(&eng);
+    if (eng) be.engine->destroy(&eng);
     free(loaded);
     free(job);
     return NULL;
@@ -429,6 +506,11 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->layer_begin = (int)as->layer_begin;
     j->layer_end = (int)as->layer_end;
     j->max_seq_len = (int)as->max_seq_len;
+    j->max_batch = (int)as->max_batch;
+    j->prefill_chunk = (int)as->prefill_chunk;
+    j->max_queue = (int)as->max_queue;
+    j->kv_cache_bytes = as->kv_cache_bytes;
+    j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++)
         snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);
@@ -473,4 +555,23 @@ void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
         free(n->r.prompt);
         free(n);
     }
+}
+
+void tsr_executor_cancel(tsr_executor_t *ex, uint64_t request_id, const char *reason)
+{
+    cancel_node_t *n = calloc(1, sizeof *n);
+    if (!n) return;
+    n->id = request_id;
+    snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
+    pthread_mutex_lock(&ex->mu);
+    fifo_push(&ex->cancels, &n->link);
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out)
+{
+    pthread_mutex_lock(&ex->mu);
+    *out = ex->stats;
+    pthread_mutex_unlock(&ex->mu);
 }

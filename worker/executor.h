@@ -47,6 +47,16 @@ void tsr_executor_unassign(tsr_executor_t *ex);
 /* Queue a request (takes ownership of r->prompt).  Only a leader serves
  * requests; anywhere else it fails at once with an error event. */
 void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r);
+/* Stop request_id at the next step (client gone, deadline passed); a
+ * request this worker does not hold is ignored. */
+void tsr_executor_cancel(tsr_executor_t *ex, uint64_t request_id, const char *reason);
+
+typedef struct {
+    int queued, running;        /* the leader's requests waiting, sequences running */
+    int kv_used, kv_total;      /* KV pool blocks */
+} tsr_executor_stats_t;
+void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out);
+
 /* Bytes of weights and of KV cache the loaded engine holds (0 when none). */
 void tsr_executor_bytes(tsr_executor_t *ex, uint64_t *weights, uint64_t *kv);
 

@@ -1,33 +1,112 @@
+/* replica.c: the step loop of every rank, and the leader's scheduler
+ * state.  Reads top to bottom:
+ *   control messages    what travels on the control channel
+ *   the leader          requests in, steps out, tokens back
+ *   the other ranks     steps in, tensors through, tokens out */
 #include "worker/replica.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#define STEP_MAGIC 0x54535350u  /* "TSSP" */
+#include "worker/kvpool.h"
+#include "worker/scheduler.h"
 
-enum { OP_NOP = 0, OP_PREFILL = 1, OP_DECODE = 2, OP_STOP = 3 };
+#define CTL_MAGIC 0x54535350u   /* "TSSP" */
+#define BACK_MAGIC 0x5453544bu  /* "TSTK" */
 
-/* What travels with every step; the tokens (stage 0) or the hidden state
- * (later stages) follow it. */
+enum { OP_NOP = 0, OP_STEP = 1, OP_STOP = 2 };
+
+/* ---- control messages -------------------------------------------------------------- */
+
+/* A step's header; its payload follows as one message: n_entries entries,
+ * n_free slots to release before the step, then n_tokens token ids. */
 typedef struct {
     uint32_t magic, op;
+    uint64_t step;
+    int32_t n_entries, n_free, n_tokens, pad;
+} ctl_hdr_t;
+
+typedef struct {
     uint64_t req, seed;
-    int32_t pos, n, max_tokens, prompt_len;
+    int32_t slot, pos, n, sample;
+    int32_t index, prompt_len, max_tokens, pad;   /* for the finish rule on the last stage */
     float temperature, top_p;
-} step_t;
+} ctl_entry_t;
 
-/* The last stage's rank 0 samples; this is what it keeps per request. */
+/* Sized for the largest step the leader can send. */
 typedef struct {
-    uint64_t req, rng;
-    int index;
-} sampler_t;
+    ctl_hdr_t hdr;
+    ctl_entry_t *entries;
+    int32_t *frees, *tokens;
+    uint8_t *payload;
+    size_t payload_cap;
+    tsr_entry_t *eng_entries;
+    int32_t *sampled, *back;
+} step_buf_t;
 
-/* Token travelling back from the last stage to the leader. */
-typedef struct {
-    uint64_t req;
-    int32_t token, done;
-} back_t;
+static size_t payload_bytes(const ctl_hdr_t *h)
+{
+    return (size_t)h->n_entries * sizeof(ctl_entry_t) +
+           ((size_t)h->n_free + (size_t)h->n_tokens) * sizeof(int32_t);
+}
+
+static int step_buf_init(step_buf_t *b, const tsr_piece_spec_t *s)
+{
+    memset(b, 0, sizeof *b);
+    b->payload_cap = (size_t)s->max_seqs * sizeof(ctl_entry_t) +
+                     ((size_t)s->max_seqs + (size_t)s->max_tokens) * sizeof(int32_t);
+    b->payload = malloc(b->payload_cap);
+    b->eng_entries = calloc((size_t)s->max_seqs, sizeof *b->eng_entries);
+    b->sampled = calloc((size_t)s->max_seqs, sizeof *b->sampled);
+    b->back = calloc((size_t)s->max_seqs + 4, sizeof *b->back);
+    b->entries = (ctl_entry_t *)b->payload;
+    return b->payload && b->eng_entries && b->sampled && b->back ? 0 : -1;
+}
+
+static void step_buf_free(step_buf_t *b)
+{
+    free(b->payload);
+    free(b->eng_entries);
+    free(b->sampled);
+    free(b->back);
+}
+
+/* Points entries/frees/tokens into the payload for the header's counts. */
+static void step_buf_layout(step_buf_t *b)
+{
+    b->entries = (ctl_entry_t *)b->payload;
+    b->frees = (int32_t *)(b->payload + (size_t)b->hdr.n_entries * sizeof(ctl_entry_t));
+    b->tokens = b->frees + b->hdr.n_free;
+}
+
+static tsr_buf_t payload_buf(step_buf_t *b)
+{
+    return tsr_host_buf(b->payload, payload_bytes(&b->hdr) / sizeof(int32_t), TSR_DT_I32);
+}
+
+static tsr_buf_t hdr_buf(ctl_hdr_t *h)
+{
+    return tsr_host_buf(h, sizeof *h / sizeof(int32_t), TSR_DT_I32);
+}
+
+/* A step from the leader is checked before its payload is read: the
+ * payload's size comes from it. */
+static int hdr_ok(const tsr_replica_rank_t *r, const ctl_hdr_t *h, char *err, size_t errlen)
+{
+    if (h->magic == CTL_MAGIC && h->op <= OP_STOP && h->n_entries >= 0 &&
+        h->n_entries <= r->spec.max_seqs && h->n_free >= 0 && h->n_free <= r->spec.max_seqs &&
+        h->n_tokens >= 0 && h->n_tokens <= r->spec.max_tokens)
+        return 0;
+    snprintf(err, errlen,
+             "malformed step from the leader: magic 0x%08x (expected 0x%08x), op %u, %d "
+             "entries, %d frees, %d tokens (limits %d, %d, %d)",
+             h->magic, CTL_MAGIC, h->op, h->n_entries, h->n_free, h->n_tokens,
+             r->spec.max_seqs, r->spec.max_seqs, r->spec.max_tokens);
+    return -1;
+}
 
 const char *tsr_finish_reason(const tsr_model_info_t *m, int32_t token, int index,
                               int prompt_len, int max_tokens, int max_seq_len)
@@ -42,198 +121,448 @@ const char *tsr_finish_reason(const tsr_model_info_t *m, int32_t token, int inde
 static int is_first(const tsr_replica_rank_t *r) { return r->spec.stage == 0; }
 static int is_last(const tsr_replica_rank_t *r) { return r->spec.stage == r->spec.pp_size - 1; }
 static int is_leader(const tsr_replica_rank_t *r) { return is_first(r) && r->spec.tp_rank == 0; }
+static int last_rank(const tsr_replica_rank_t *r) { return (r->spec.pp_size - 1) * r->spec.tp_size; }
+static int n_ranks(const tsr_replica_rank_t *r) { return r->spec.pp_size * r->spec.tp_size; }
+static int hidden_size(const tsr_replica_rank_t *r) { return r->eng_ops->model(r->eng)->hidden_size; }
 
-/* A step from a peer is checked before its payload is read: the payload's
- * size comes from it. */
-static int step_ok(const tsr_replica_rank_t *r, const step_t *st, const char *from, char *err,
-                   size_t errlen)
+static int64_t now_ms(void)
 {
-    if (st->magic == STEP_MAGIC && st->op <= OP_STOP && st->n >= 0 &&
-        st->n <= r->spec.max_seq_len)
-        return 0;
-    snprintf(err, errlen,
-             "malformed step from %s: magic 0x%08x (expected 0x%08x), op %u, %d positions "
-             "(max_seq_len %d)",
-             from, st->magic, STEP_MAGIC, st->op, st->n, r->spec.max_seq_len);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs the step in b on this rank: frees, the hidden state in, the engine,
+ * the hidden state out or (last stage, tp rank 0) the tokens reported and,
+ * with a pipeline, sent back to the leader. */
+static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b, char *err,
+                    size_t errlen)
+{
+    const tsr_model_info_t *m = r->eng_ops->model(r->eng);
+    const size_t rows = (size_t)b->hdr.n_tokens * hidden_size(r);
+    for (int i = 0; i < b->hdr.n_free; i++) r->eng_ops->release(r->eng, b->frees[i]);
+    if (b->hdr.n_entries == 0) return 0;
+    for (int i = 0; i < b->hdr.n_entries; i++) {
+        const ctl_entry_t *c = &b->entries[i];
+        b->eng_entries[i] = (tsr_entry_t){c->slot, c->pos, c->n, c->sample, c->temperature,
+                                          c->top_p, c->seed};
+    }
+    tsr_batch_t batch = {b->eng_entries, b->hdr.n_entries, b->tokens, b->hdr.n_tokens};
+    if (!is_first(r) &&
+        tsr_coll_recv(r->ops, r->prev, 0, tsr_buf_head(r->eng_ops->hidden(r->eng, 0), rows),
+                      r->token_timeout_ms, err, errlen) < 0)
+        return -1;
+    if (r->eng_ops->step(r->eng, &batch, b->sampled, err, errlen) < 0) return -1;
+    if (!is_last(r))
+        return tsr_coll_send(r->ops, r->next, 1, tsr_buf_head(r->eng_ops->hidden(r->eng, 1), rows),
+                             r->token_timeout_ms, err, errlen);
+    if (r->spec.tp_rank != 0) return 0;
+    int ns = 0;
+    for (int i = 0; i < b->hdr.n_entries; i++) {
+        const ctl_entry_t *c = &b->entries[i];
+        if (!c->sample) continue;
+        int32_t tok = b->sampled[ns++];
+        const char *fin = tsr_finish_reason(m, tok, c->index, c->prompt_len, c->max_tokens,
+                                            r->spec.max_seq_len);
+        io->emit(io->arg, c->req, tok, c->index, fin != NULL, fin, NULL);
+    }
+    if (is_first(r) || ns == 0) return 0;   /* the leader has them already, or expects none */
+    b->back[0] = (int32_t)BACK_MAGIC;
+    b->back[1] = (int32_t)(uint32_t)b->hdr.step;
+    b->back[2] = ns;
+    memcpy(b->back + 3, b->sampled, (size_t)ns * sizeof *b->sampled);
+    return tsr_coll_send(r->ctl_ops, r->ctl, 0, tsr_host_buf(b->back, 3 + (size_t)ns, TSR_DT_I32),
+                         r->token_timeout_ms, err, errlen);
+}
+
+/* ---- the leader --------------------------------------------------------------------- */
+
+typedef struct {
+    tsr_request_t q;
+    int64_t deadline;           /* monotonic ms; 0: none */
+    int32_t last_token;
+    bool done;
+    char why[160];              /* cancelled: the reason */
+} lseq_t;
+
+typedef struct {
+    uint64_t step;
+    int n;
+    uint64_t *req;              /* [max_seqs] */
+} flight_t;
+
+typedef struct {
+    tsr_sched_cfg_t cfg;
+    tsr_sched_seq_t *s;         /* scheduler view, arrival order */
+    lseq_t *l;                  /* the rest, same index */
+    int n, cap;
+    bool *slot_used;
+    int32_t *frees;
+    int n_frees;
+    tsr_sched_entry_t *plan;
+    flight_t *flight;           /* ring of pp */
+    int fl_head, fl_count;
+    uint64_t next_step;
+} leader_t;
+
+static int find_seq(const leader_t *L, uint64_t req)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->l[i].q.request_id == req) return i;
     return -1;
 }
 
-/* Moves a step (and its payload) from where this rank gets it: the leader
- * already has it, the rest of stage 0 gets it by broadcast, later stages
- * from the previous stage. */
-static int receive_step(tsr_replica_rank_t *r, step_t *st, int32_t *tokens, float *hidden,
-                        int timeout, char *err, size_t errlen)
+static void seq_remove(leader_t *L, int i)
 {
-    int H = r->eng_ops->model(r->eng)->hidden_size;
-    if (is_first(r)) {
-        if (r->spec.tp_size > 1) {
-            if (r->ops->broadcast(r->tp, st, sizeof *st, 0, timeout, err, errlen) < 0 ||
-                step_ok(r, st, "the leader", err, errlen) < 0)
-                return -1;
-            if (st->n && r->ops->broadcast(r->tp, tokens, (size_t)st->n * sizeof *tokens, 0,
-                                           timeout, err, errlen) < 0)
-                return -1;
-        }
-        return 0;
+    free(L->l[i].q.prompt);
+    if (L->s[i].slot >= 0) {
+        L->slot_used[L->s[i].slot] = false;
+        L->frees[L->n_frees++] = L->s[i].slot;
     }
-    if (r->ops->recv(r->prev, 0, st, sizeof *st, timeout, err, errlen) < 0 ||
-        step_ok(r, st, "the previous stage", err, errlen) < 0)
-        return -1;
-    if ((st->op == OP_PREFILL || st->op == OP_DECODE) &&
-        r->ops->recv(r->prev, 0, hidden, (size_t)st->n * H * sizeof(float), timeout, err,
-                     errlen) < 0)
-        return -1;
-    return 0;
+    memmove(L->s + i, L->s + i + 1, (size_t)(L->n - i - 1) * sizeof *L->s);
+    memmove(L->l + i, L->l + i + 1, (size_t)(L->n - i - 1) * sizeof *L->l);
+    L->n--;
 }
 
-static int pass_down(tsr_replica_rank_t *r, const step_t *st, const float *hidden, char *err,
-                     size_t errlen)
+static int waiting_count(const leader_t *L)
 {
-    if (is_last(r)) return 0;
-    int H = r->eng_ops->model(r->eng)->hidden_size, t = r->peer_timeout_ms;
-    if (r->ops->send(r->next, 1, st, sizeof *st, t, err, errlen) < 0) return -1;
-    if (st->op == OP_PREFILL || st->op == OP_DECODE)
-        return r->ops->send(r->next, 1, hidden, (size_t)st->n * H * sizeof(float), t, err, errlen);
-    return 0;
+    int w = 0;
+    for (int i = 0; i < L->n; i++) w += L->s[i].slot < 0;
+    return w;
 }
 
-/* Runs one compute step on this rank.  On the last stage's rank 0 it
- * samples, reports and (pp > 1) sends the token back to the leader;
- * *back receives it there. */
-static int compute(tsr_replica_rank_t *r, const tsr_replica_io_t *io, const step_t *st,
-                   const int32_t *tokens, float *hidden, float *out, sampler_t *smp,
-                   back_t *back, char *err, size_t errlen)
+static void fail_request(const tsr_replica_io_t *io, const tsr_request_t *q, int index,
+                         const char *why)
+{
+    io->emit(io->arg, q->request_id, -1, index, 1, NULL, why);
+}
+
+/* Takes a new request into the queue, or refuses it at once with why. */
+static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *L,
+                   tsr_request_t *q)
+{
+    char why[200];
+    tsr_sched_seq_t s = {-1, q->n_prompt, 0, 0, q->max_tokens, false, false};
+    int need = q->n_prompt >= 1 ? tsr_sched_worst_blocks(&L->cfg, &s) : 0;
+    int waiting = waiting_count(L);
+    if (q->n_prompt < 1 || q->n_prompt > r->spec.max_seq_len) {
+        snprintf(why, sizeof why, "prompt of %d tokens does not fit max_seq_len %d", q->n_prompt,
+                 r->spec.max_seq_len);
+    } else if (q->max_tokens < 1) {
+        snprintf(why, sizeof why, "max_tokens must be at least 1");
+    } else if (need > L->cfg.total_blocks) {
+        snprintf(why, sizeof why,
+                 "the request needs %d KV blocks of %d positions and the pool has %d "
+                 "(raise kv_cache_mib)",
+                 need, TSR_KV_BLOCK, L->cfg.total_blocks);
+    } else if (L->n >= L->cap ||
+               (waiting >= r->max_queue && !(waiting == 0 && L->n < L->cfg.max_batch))) {
+        snprintf(why, sizeof why, "the replica's queue is full (max_queue %d, max_batch %d)",
+                 r->max_queue, L->cfg.max_batch);
+    } else {
+        int i = L->n++;
+        L->s[i] = s;
+        L->l[i] = (lseq_t){*q, q->timeout_ms > 0 ? now_ms() + q->timeout_ms : 0, -1, false, ""};
+        q->prompt = NULL;   /* transferred */
+        return;
+    }
+    fail_request(io, q, 0, why);
+    free(q->prompt);
+    q->prompt = NULL;
+}
+
+static void cancel(const tsr_replica_io_t *io, leader_t *L, int i, const char *why)
+{
+    if (L->s[i].cancelled) return;
+    L->s[i].cancelled = true;
+    snprintf(L->l[i].why, sizeof L->l[i].why, "%s", why);
+    fail_request(io, &L->l[i].q, L->s[i].n_generated, why);
+}
+
+/* Cancellations and deadlines; finished or cancelled sequences that are
+ * not in the pipeline leave, and their slots are freed at the next step. */
+static void housekeep(const tsr_replica_io_t *io, leader_t *L)
+{
+    uint64_t id;
+    char reason[128], why[200];
+    while (io->next_cancel(io->arg, &id, reason, sizeof reason)) {
+        int i = find_seq(L, id);
+        if (i >= 0) {
+            snprintf(why, sizeof why, "cancelled: %s", reason[0] ? reason : "by the coordinator");
+            cancel(io, L, i, why);
+        }
+    }
+    int64_t now = now_ms();
+    for (int i = 0; i < L->n; i++)
+        if (L->l[i].deadline && now >= L->l[i].deadline && !L->l[i].done) {
+            snprintf(why, sizeof why, "deadline of %d ms passed after %d token(s)",
+                     L->l[i].q.timeout_ms, L->s[i].n_generated);
+            cancel(io, L, i, why);
+        }
+    for (int i = L->n; i-- > 0;)
+        if ((L->s[i].cancelled || L->l[i].done) && !L->s[i].in_flight) seq_remove(L, i);
+}
+
+/* Tokens of a step came back: each sampling sequence advances or ends. */
+static void apply_tokens(tsr_replica_rank_t *r, leader_t *L, const flight_t *f,
+                         const int32_t *toks)
 {
     const tsr_model_info_t *m = r->eng_ops->model(r->eng);
-    if (r->eng_ops->forward(r->eng, 0, st->pos, st->n, tokens, is_first(r) ? NULL : hidden, out,
-                            err, errlen) < 0)
-        return -1;
-    if (!is_last(r)) return pass_down(r, st, out, err, errlen);
-    if (r->spec.tp_rank != 0) return 0;
-    if (st->op == OP_PREFILL) *smp = (sampler_t){st->req, st->seed, 0};
-    int32_t tok = tsr_sample(out, m->vocab_size, st->temperature, st->top_p, &smp->rng);
-    const char *fin = tsr_finish_reason(m, tok, smp->index, st->prompt_len, st->max_tokens,
-                                        r->spec.max_seq_len);
-    io->emit(io->arg, st->req, tok, smp->index, fin != NULL, fin, NULL);
-    smp->index++;
-    *back = (back_t){st->req, tok, fin != NULL};
-    if (r->spec.pp_size > 1)
-        return r->ops->send(r->loop, 0, back, sizeof *back, r->peer_timeout_ms, err, errlen);
-    return 0;
-}
-
-/* The leader's side of one step: hand it to the TP group and run it. */
-static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_t *st,
-                     int32_t *tokens, float *hidden, float *out, sampler_t *smp, back_t *back,
-                     char *err, size_t errlen)
-{
-    int t = r->peer_timeout_ms;
-    st->magic = STEP_MAGIC;
-    if (r->spec.tp_size > 1) {
-        if (r->ops->broadcast(r->tp, st, sizeof *st, 0, t, err, errlen) < 0) return -1;
-        if (st->n && r->ops->broadcast(r->tp, tokens, (size_t)st->n * sizeof *tokens, 0, t, err,
-                                       errlen) < 0)
-            return -1;
+    for (int k = 0; k < f->n; k++) {
+        int i = find_seq(L, f->req[k]);
+        if (i < 0) continue;
+        tsr_sched_seq_t *s = &L->s[i];
+        s->in_flight = false;
+        s->n_generated++;
+        L->l[i].last_token = toks[k];
+        if (tsr_finish_reason(m, toks[k], s->n_generated - 1, s->n_prompt, s->max_tokens,
+                              r->spec.max_seq_len))
+            L->l[i].done = true;
     }
-    if (st->op != OP_PREFILL && st->op != OP_DECODE) return pass_down(r, st, hidden, err, errlen);
-    if (compute(r, io, st, tokens, hidden, out, smp, back, err, errlen) < 0) return -1;
-    if (r->spec.pp_size > 1 &&
-        r->ops->recv(r->loop, 1, back, sizeof *back, r->token_timeout_ms, err, errlen) < 0)
+}
+
+static void send_report(tsr_replica_rank_t *r, const tsr_replica_io_t *io, int queued,
+                        int running)
+{
+    int used, total;
+    r->eng_ops->kv_usage(r->eng, &used, &total);
+    if (io->report) io->report(io->arg, queued, running, used, total);
+}
+
+/* Sends the step in b to every other rank (one grouped send). */
+static int broadcast_step(tsr_replica_rank_t *r, step_buf_t *b, char *err, size_t errlen)
+{
+    int n = n_ranks(r);
+    if (n == 1) return 0;
+    tsr_p2p_t ops[2 * 1024];
+    if (n > 1024) {
+        snprintf(err, errlen, "a replica of %d ranks is more than the control channel takes", n);
         return -1;
+    }
+    for (int p = 1; p < n; p++) ops[p - 1] = (tsr_p2p_t){p, true, hdr_buf(&b->hdr)};
+    if (r->ctl_ops->group(r->ctl, ops, n - 1, r->peer_timeout_ms, err, errlen) < 0) return -1;
+    if (b->hdr.op != OP_STEP) return 0;
+    for (int p = 1; p < n; p++) ops[p - 1] = (tsr_p2p_t){p, true, payload_buf(b)};
+    return r->ctl_ops->group(r->ctl, ops, n - 1, r->peer_timeout_ms, err, errlen);
+}
+
+static int send_simple(tsr_replica_rank_t *r, step_buf_t *b, uint32_t op, char *err,
+                       size_t errlen)
+{
+    b->hdr = (ctl_hdr_t){CTL_MAGIC, op, 0, 0, 0, 0, 0};
+    return broadcast_step(r, b, err, errlen);
+}
+
+/* Builds the next step from the plan, sends it and runs it here. */
+static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *L,
+                     step_buf_t *b, int n_plan, char *err, size_t errlen)
+{
+    int n_tok = 0, ns = 0;
+    for (int k = 0; k < n_plan; k++) n_tok += L->plan[k].n;
+    b->hdr = (ctl_hdr_t){CTL_MAGIC, OP_STEP, L->next_step++, n_plan, L->n_frees, n_tok, 0};
+    step_buf_layout(b);
+    memcpy(b->frees, L->frees, (size_t)L->n_frees * sizeof *b->frees);
+    L->n_frees = 0;
+    flight_t *f = &L->flight[(L->fl_head + L->fl_count) % r->spec.pp_size];
+    f->step = b->hdr.step;
+    int t = 0;
+    for (int k = 0; k < n_plan; k++) {
+        const tsr_sched_entry_t *pe = &L->plan[k];
+        tsr_sched_seq_t *s = &L->s[pe->seq];
+        lseq_t *l = &L->l[pe->seq];
+        if (pe->admitted) {
+            s->slot = pe->slot;
+            L->slot_used[pe->slot] = true;
+        }
+        b->entries[k] = (ctl_entry_t){l->q.request_id, l->q.seed, pe->slot, pe->pos, pe->n,
+                                      pe->sample, s->n_generated, s->n_prompt, s->max_tokens, 0,
+                                      l->q.temperature, l->q.top_p};
+        if (pe->pos < s->n_prompt) memcpy(b->tokens + t, l->q.prompt + pe->pos, (size_t)pe->n * sizeof(int32_t));
+        else b->tokens[t] = l->last_token;
+        t += pe->n;
+        s->n_cached += pe->n;
+        if (pe->sample) {
+            s->in_flight = true;
+            f->req[ns++] = l->q.request_id;
+        }
+    }
+    f->n = ns;
+    if (broadcast_step(r, b, err, errlen) < 0 || run_step(r, io, b, err, errlen) < 0) return -1;
+    if (r->spec.pp_size == 1) {
+        if (r->spec.tp_rank == 0) apply_tokens(r, L, f, b->sampled);
+    } else if (ns > 0) {
+        L->fl_count++;
+    }
     return 0;
 }
 
-static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, int32_t *tokens,
-                float *hidden, float *out, sampler_t *smp, char *err, size_t errlen)
+/* Receives the oldest step's tokens from the last stage. */
+static int take_tokens(tsr_replica_rank_t *r, leader_t *L, step_buf_t *b, char *err,
+                       size_t errlen)
 {
+    flight_t *f = &L->flight[L->fl_head];
+    if (tsr_coll_recv(r->ctl_ops, r->ctl, last_rank(r),
+                      tsr_host_buf(b->back, 3 + (size_t)f->n, TSR_DT_I32), r->token_timeout_ms,
+                      err, errlen) < 0)
+        return -1;
+    if ((uint32_t)b->back[0] != BACK_MAGIC || (uint32_t)b->back[1] != (uint32_t)f->step ||
+        b->back[2] != f->n) {
+        snprintf(err, errlen,
+                 "the last stage sent tokens out of step: magic 0x%08x, step %u, %d tokens; "
+                 "expected step %u with %d",
+                 (uint32_t)b->back[0], (uint32_t)b->back[1], b->back[2], (uint32_t)f->step, f->n);
+        return -1;
+    }
+    apply_tokens(r, L, f, b->back + 3);
+    L->fl_head = (L->fl_head + 1) % r->spec.pp_size;
+    L->fl_count--;
+    return 0;
+}
+
+static int leader_init(tsr_replica_rank_t *r, leader_t *L)
+{
+    memset(L, 0, sizeof *L);
+    int used, total;
+    r->eng_ops->kv_usage(r->eng, &used, &total);
+    L->cfg = (tsr_sched_cfg_t){r->spec.max_seqs, r->prefill_chunk, r->spec.max_seq_len, total,
+                               r->spec.pp_size};
+    L->cap = r->spec.max_seqs + (r->max_queue > 0 ? r->max_queue : 1);
+    L->s = calloc((size_t)L->cap, sizeof *L->s);
+    L->l = calloc((size_t)L->cap, sizeof *L->l);
+    L->slot_used = calloc((size_t)r->spec.max_seqs, sizeof *L->slot_used);
+    L->frees = calloc((size_t)r->spec.max_seqs, sizeof *L->frees);
+    L->plan = calloc((size_t)r->spec.max_seqs, sizeof *L->plan);
+    L->flight = calloc((size_t)r->spec.pp_size, sizeof *L->flight);
+    if (!L->s || !L->l || !L->slot_used || !L->frees || !L->plan || !L->flight) return -1;
+    for (int i = 0; i < r->spec.pp_size; i++)
+        if (!(L->flight[i].req = calloc((size_t)r->spec.max_seqs, sizeof(uint64_t)))) return -1;
+    return 0;
+}
+
+static void leader_free(tsr_replica_rank_t *r, leader_t *L)
+{
+    for (int i = 0; i < L->n; i++) free(L->l[i].q.prompt);
+    for (int i = 0; L->flight && i < r->spec.pp_size; i++) free(L->flight[i].req);
+    free(L->s), free(L->l), free(L->slot_used), free(L->frees), free(L->plan), free(L->flight);
+}
+
+static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b, leader_t *L,
+                char *err, size_t errlen)
+{
+    int64_t last_sent = now_ms();
     for (;;) {
-        step_t st = {0};
-        back_t back = {0};
         if (io->should_stop(io->arg)) {
-            st.op = OP_STOP;
-            lead_step(r, io, &st, tokens, hidden, out, smp, &back, err, errlen);
+            send_simple(r, b, OP_STOP, err, errlen);
             return 0;
         }
         tsr_request_t q;
-        if (!io->next_request(io->arg, &q, r->idle_ms)) {
-            st.op = OP_NOP;
-            if (lead_step(r, io, &st, tokens, hidden, out, smp, &back, err, errlen) < 0) return -1;
+        while (io->next_request(io->arg, &q, 0)) intake(r, io, L, &q);
+        housekeep(io, L);
+        /* Tokens that came back already: take them without waiting. */
+        while (L->fl_count > 0) {
+            int k = r->ctl_ops->poll(r->ctl, last_rank(r), 0, err, errlen);
+            if (k < 0 || (k > 0 && take_tokens(r, L, b, err, errlen) < 0)) return -1;
+            if (k == 0) break;
+        }
+        housekeep(io, L);
+        int running = L->n - waiting_count(L);
+        send_report(r, io, L->n - running, running);
+        int n_plan = L->fl_count < r->spec.pp_size
+                         ? tsr_sched_next(&L->cfg, L->s, L->n, L->slot_used, L->plan)
+                         : 0;
+        if (n_plan > 0 || (L->n_frees > 0 && L->fl_count == 0)) {
+            if (lead_step(r, io, L, b, n_plan, err, errlen) < 0) return -1;
+            last_sent = now_ms();
             continue;
         }
-        if (q.n_prompt < 1 || q.n_prompt > r->spec.max_seq_len) {
-            char why[128];
-            snprintf(why, sizeof why, "prompt of %d tokens does not fit max_seq_len %d",
-                     q.n_prompt, r->spec.max_seq_len);
-            io->emit(io->arg, q.request_id, -1, 0, 1, NULL, why);
-            free(q.prompt);
+        if (L->fl_count > 0) {          /* the pipeline is full or nothing else can run */
+            if (take_tokens(r, L, b, err, errlen) < 0) return -1;
             continue;
         }
-        st = (step_t){STEP_MAGIC, OP_PREFILL, q.request_id, q.seed, 0, q.n_prompt,
-                      q.max_tokens, q.n_prompt, q.temperature, q.top_p};
-        memcpy(tokens, q.prompt, (size_t)q.n_prompt * sizeof *tokens);
-        free(q.prompt);
-        for (int i = 0;; i++) {
-            if (lead_step(r, io, &st, tokens, hidden, out, smp, &back, err, errlen) < 0) {
-                io->emit(io->arg, st.req, -1, i, 1, NULL, err);
-                return -1;
-            }
-            if (back.done) break;
-            st.op = OP_DECODE;
-            st.pos = st.prompt_len + i;
-            st.n = 1;
-            tokens[0] = back.token;
+        /* Nothing runs: wait for a request (briefly when some wait for room). */
+        if (io->next_request(io->arg, &q, L->n == 0 ? r->idle_ms : 1)) {
+            intake(r, io, L, &q);
+            continue;
+        }
+        if (now_ms() - last_sent >= r->idle_ms) {   /* keep-alive for the other ranks */
+            if (send_simple(r, b, OP_NOP, err, errlen) < 0) return -1;
+            last_sent = now_ms();
         }
     }
 }
 
-static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, int32_t *tokens,
-                  float *hidden, float *out, sampler_t *smp, char *err, size_t errlen)
+/* ---- the other ranks ------------------------------------------------------------------ */
+
+static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b, char *err,
+                  size_t errlen)
 {
     for (;;) {
-        step_t st;
-        back_t back;
-        if (receive_step(r, &st, tokens, hidden, r->peer_timeout_ms, err, errlen) < 0) {
-            if (is_last(r) && r->spec.tp_rank == 0 && smp->req)
-                io->emit(io->arg, smp->req, -1, smp->index, 1, NULL, err);
+        if (tsr_coll_recv(r->ctl_ops, r->ctl, 0, hdr_buf(&b->hdr), r->peer_timeout_ms, err,
+                          errlen) < 0 ||
+            hdr_ok(r, &b->hdr, err, errlen) < 0)
             return -1;
-        }
-        if (st.op == OP_STOP) {
-            pass_down(r, &st, hidden, err, errlen);
-            return 0;
-        }
-        if (st.op == OP_NOP) {
-            if (pass_down(r, &st, hidden, err, errlen) < 0) return -1;
-            continue;
-        }
-        if (compute(r, io, &st, tokens, hidden, out, smp, &back, err, errlen) < 0) {
+        if (b->hdr.op == OP_STOP) return 0;
+        if (b->hdr.op == OP_NOP) continue;
+        step_buf_layout(b);
+        if (tsr_coll_recv(r->ctl_ops, r->ctl, 0, payload_buf(b), r->peer_timeout_ms, err,
+                          errlen) < 0)
+            return -1;
+        for (int i = 0; i < b->hdr.n_free; i++)
+            if (b->frees[i] < 0 || b->frees[i] >= r->spec.max_seqs) {
+                snprintf(err, errlen, "the leader freed slot %d of %d", b->frees[i],
+                         r->spec.max_seqs);
+                return -1;
+            }
+        if (run_step(r, io, b, err, errlen) < 0) {
+            /* The last stage reports what it was running. */
             if (is_last(r) && r->spec.tp_rank == 0)
-                io->emit(io->arg, st.req, -1, smp->index, 1, NULL, err);
+                for (int i = 0; i < b->hdr.n_entries; i++)
+                    if (b->entries[i].sample)
+                        io->emit(io->arg, b->entries[i].req, -1, b->entries[i].index, 1, NULL, err);
             return -1;
         }
+        send_report(r, io, 0, 0);
     }
 }
 
 int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err, size_t errlen)
 {
-    const tsr_model_info_t *m = r->eng_ops->model(r->eng);
-    size_t S = (size_t)r->spec.max_seq_len, H = (size_t)m->hidden_size;
-    size_t outn = S * H > (size_t)m->vocab_size ? S * H : (size_t)m->vocab_size;
     if (!r->idle_ms) r->idle_ms = 250;
     if (!r->peer_timeout_ms) r->peer_timeout_ms = 3000;
     if (!r->token_timeout_ms) r->token_timeout_ms = 60000;
-    int32_t *tokens = calloc(S, sizeof *tokens);
-    float *hidden = calloc(S * H, sizeof *hidden), *out = calloc(outn, sizeof *out);
-    sampler_t smp = {0};
+    if (r->prefill_chunk < 1) r->prefill_chunk = 128;
+    if (r->max_queue < 0) r->max_queue = 256;
+    if (n_ranks(r) > 1 && !r->ctl) {
+        snprintf(err, errlen, "a replica of %d ranks needs a control channel", n_ranks(r));
+        return -1;
+    }
+    step_buf_t b;
+    leader_t L;
+    memset(&L, 0, sizeof L);
     int rc = -1;
-    if (!tokens || !hidden || !out) {
-        snprintf(err, errlen, "out of memory for step buffers");
+    if (step_buf_init(&b, &r->spec) < 0 || (is_leader(r) && leader_init(r, &L) < 0)) {
+        snprintf(err, errlen, "out of memory for the step buffers");
         goto out;
     }
-    rc = is_leader(r) ? lead(r, io, tokens, hidden, out, &smp, err, errlen)
-                      : follow(r, io, tokens, hidden, out, &smp, err, errlen);
+    send_report(r, io, 0, 0);
+    if (!is_leader(r)) {
+        rc = follow(r, io, &b, err, errlen);
+        goto out;
+    }
+    rc = lead(r, io, &b, &L, err, errlen);
+    if (rc < 0)   /* every request in hand fails with the reason */
+        for (int i = 0; i < L.n; i++)
+            if (!L.s[i].cancelled && !L.l[i].done)
+                fail_request(io, &L.l[i].q, L.s[i].n_generated, err);
+    {
+        tsr_request_t q;
+        while (io->next_request(io->arg, &q, 0)) {
+            fail_request(io, &q, 0, rc < 0 ? err : "the replica stopped before serving it");
+            free(q.prompt);
+        }
+    }
 out:
-    free(tokens);
-    free(hidden);
-    free(out);
+    if (is_leader(r)) leader_free(r, &L);
+    step_buf_free(&b);
     return rc;
 }

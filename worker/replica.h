@@ -1,12 +1,16 @@
 /* replica.h: one rank's part in running requests through a replica.
  *
- * The replica's leader (stage 0, tp rank 0) takes requests one at a time and
- * drives them: a prefill step for the prompt, then one decode step per
- * token.  Each step is broadcast to the leader's tensor-parallel group and
- * handed down the pipeline (stage s rank r to stage s+1 rank r) with the
- * hidden state; the last stage's rank 0 samples, reports the token and
- * sends it back to the leader.  When idle the leader sends no-op steps, so
- * every rank notices a dead upstream peer within peer_timeout_ms. */
+ * The replica's leader (stage 0, tp rank 0) runs continuous batching
+ * (worker/scheduler.h): every step it admits waiting requests, feeds the
+ * running ones a token or a prompt chunk, and sends the step's composition
+ * (which sequences, positions, sampling parameters, slots to free) to every
+ * rank on the control channel, a small host communicator beside the tensor
+ * channels.  Stage 0 runs the step and hands its hidden state down the
+ * pipeline; the last stage samples, its tp rank 0 reports each token and
+ * sends the step's tokens back to the leader.  With P stages the leader
+ * keeps up to P steps in flight, each with its own sequences, so no stage
+ * waits for a token to travel back.  When idle the leader sends no-op
+ * steps, so every rank notices a dead leader within peer_timeout_ms. */
 #ifndef TSR_REPLICA_H
 #define TSR_REPLICA_H
 
@@ -21,37 +25,47 @@ typedef struct {
     int max_tokens;
     float temperature, top_p;
     uint64_t seed;
+    int timeout_ms;             /* from arrival; 0: none */
 } tsr_request_t;
 
 typedef struct {
     /* Leader: the next request, waiting up to wait_ms.  Returns 1 with *r
      * filled, 0 when none came. */
     int (*next_request)(void *arg, tsr_request_t *r, int wait_ms);
-    /* A generated token (last stage, rank 0), or a request's failure
+    /* Leader: a request to cancel.  1 with *id and reason, 0 when none. */
+    int (*next_cancel)(void *arg, uint64_t *id, char *reason, size_t len);
+    /* A generated token (last stage, tp rank 0), or a request's failure
      * (token -1 and error set; from whichever rank found it). */
     void (*emit)(void *arg, uint64_t request_id, int32_t token, int index, int done,
                  const char *finish_reason, const char *error);
     /* True when this rank should stop (a new plan, shutdown). */
     int (*should_stop)(void *arg);
+    /* Figures for the heartbeat: requests waiting and sequences running
+     * (leader; 0 elsewhere) and this piece's KV pool. */
+    void (*report)(void *arg, int queued, int running, int kv_used, int kv_total);
     void *arg;
 } tsr_replica_io_t;
 
 typedef struct {
     const tsr_engine_ops_t *eng_ops;
     tsr_engine_t *eng;
-    const tsr_coll_ops_t *ops;
+    const tsr_coll_ops_t *ops;  /* tensor channel */
     tsr_comm_t *tp;             /* the stage's TP group, NULL when tp_size 1 */
     tsr_comm_t *prev;           /* link from the previous stage (rank 0 there, 1 here) */
     tsr_comm_t *next;           /* link to the next stage (rank 0 here, 1 there) */
-    tsr_comm_t *loop;           /* leader (rank 0) <-> last stage rank 0 (rank 1); pp > 1 */
+    const tsr_coll_ops_t *ctl_ops;  /* control channel (host memory) */
+    tsr_comm_t *ctl;            /* every rank, numbered stage * tp_size + tp_rank; NULL for one rank */
     tsr_piece_spec_t spec;
+    int prefill_chunk;          /* prompt tokens per step (default 128) */
+    int max_queue;              /* requests waiting at the leader (default 256; 0 allowed) */
     int idle_ms;                /* leader's no-op interval (default 250) */
     int peer_timeout_ms;        /* wait for a step this long at most (default 3000) */
-    int token_timeout_ms;       /* leader's wait for a token (default 60000) */
+    int token_timeout_ms;       /* wait for a step's data or tokens (default 60000) */
 } tsr_replica_rank_t;
 
 /* Runs until io->should_stop, a stop step, or a data-plane failure.
- * Returns 0 on a clean stop, -1 with the reason in err. */
+ * Returns 0 on a clean stop, -1 with the reason in err (every request in
+ * the leader's hands has then been failed with it). */
 int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err, size_t errlen);
 
 /* Whether generation ends after the token with this index: "eos",
