@@ -1530,13 +1530,17 @@ static int tcp_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms,
                 return -1;
             }
     }
+    /* Eager reading from uninvolved peers only while sending alone: a
+     * receive must not trip over a peer that has finished and closed. */
+    bool eager = true;
+    for (int i = 0; i < n; i++) eager &= ops[i].is_send;
     opctx_t x = op_begin(timeout_ms, n == 1 ? (ops[0].is_send ? "send" : "recv") : "send/recv");
     for (int i = 0; i < n; i++) {
         size_t len = ops[i].buf.count * tsr_dtype_size(ops[i].buf.dtype);
         if (ops[i].is_send) xfer_send(c, &c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
         else xfer_recv(&c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
     }
-    return run_xfers(c, c->ops, n, true, &x, err, errlen) ? broken(c, err) : 0;
+    return run_xfers(c, c->ops, n, eager, &x, err, errlen) ? broken(c, err) : 0;
 }
 
 static int tcp_poll(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_t errlen)

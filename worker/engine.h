@@ -71,6 +71,10 @@ typedef struct {
      * sampled (host). */
     int (*step)(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
                 size_t errlen);
+    /* For tests and debugging: the full-vocabulary logits of the last step's
+     * sampling entries, [rows][vocab] to host out (last stage, tp rank 0);
+     * returns the rows written, at most max_rows. */
+    int (*last_logits)(tsr_engine_t *e, float *out, int max_rows);
     /* Frees the KV blocks of slot (its sequence finished or was cancelled). */
     void (*release)(tsr_engine_t *e, int slot);
     /* KV pool blocks held by sequences, and its size. */

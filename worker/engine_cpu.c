@@ -52,6 +52,7 @@ struct tsr_engine {
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
     int32_t *row_slot, *row_pos;
     float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk], [V] */
+    int last_sampled;               /* rows of logits the last step gathered */
     uint64_t wbytes, kvbytes;
 };
 
@@ -588,6 +589,7 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
 {
     const int H = e->hidden, C = e->v_chunk, tp = e->spec.tp_size;
     int ns = 0;
+    e->last_sampled = 0;
     for (int i = 0; i < b->n_entries; i++) {
         if (!b->entries[i].sample) continue;
         const float *x = e->x + (size_t)(first_row[i] + b->entries[i].n - 1) * H;
@@ -605,6 +607,7 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
                           tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), 30000, err,
                           errlen) < 0)
         return -1;
+    e->last_sampled = ns;
     if (e->spec.tp_rank != 0) return 0;
     for (int i = 0, s = 0; i < b->n_entries; i++) {
         const tsr_entry_t *en = &b->entries[i];
@@ -655,6 +658,21 @@ static tsr_buf_t cpu_hidden(tsr_engine_t *e, int which)
     return tsr_host_buf(which ? e->hout : e->hin, (size_t)e->spec.max_tokens * e->hidden, TSR_DT_F32);
 }
 
+static int cpu_last_logits(tsr_engine_t *e, float *out, int max_rows)
+{
+    const int C = e->v_chunk, tp = e->spec.tp_size, ns = e->last_sampled;
+    int rows = ns < max_rows ? ns : max_rows;
+    if (!e->gathered) return 0;
+    for (int s = 0; s < rows; s++)
+        for (int r = 0; r < tp; r++) {
+            int w = e->vocab - r * C < C ? e->vocab - r * C : C;
+            if (w > 0)
+                memcpy(out + (size_t)s * e->vocab + (size_t)r * C,
+                       e->gathered + ((size_t)r * ns + s) * C, (size_t)w * sizeof(float));
+        }
+    return rows;
+}
+
 static void cpu_release(tsr_engine_t *e, int slot) { tsr_kvpool_release(e->kv, slot); }
 static void cpu_kv_usage(const tsr_engine_t *e, int *used, int *total)
 {
@@ -678,6 +696,7 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .set_comm = cpu_set_comm,
     .hidden = cpu_hidden,
     .step = cpu_step,
+    .last_logits = cpu_last_logits,
     .release = cpu_release,
     .kv_usage = cpu_kv_usage,
     .model = cpu_model,

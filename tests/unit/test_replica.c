@@ -55,9 +55,8 @@ static void test_greedy_picks_the_first_maximum(void **state)
 {
     (void)state;
     float logits[] = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
-    uint64_t rng = 1;
-    assert_int_equal(tsr_sample(logits, 5, 0.0f, 1.0f, &rng), 1);
-    assert_int_equal(rng, 1);  /* greedy draws nothing */
+    assert_int_equal(tsr_sample(logits, 5, 0.0f, 1.0f, 1, 0), 1);
+    assert_int_equal(tsr_sample(logits, 5, -1.0f, 0.5f, 99, 7), 1);
 }
 
 static void test_top_p_keeps_only_the_nucleus(void **state)
@@ -68,11 +67,10 @@ static void test_top_p_keeps_only_the_nucleus(void **state)
      * 0.5 it is tokens 0 and 1. */
     float logits[] = {1.0f, 0.9f, 0.8f, 0.7f};
     int seen[4] = {0, 0, 0, 0}, seen_half[4] = {0, 0, 0, 0}, seen_all[4] = {0, 0, 0, 0};
-    for (uint64_t seed = 0; seed < 400; seed++) {
-        uint64_t a = seed, b = seed, c = seed;
-        seen[tsr_sample(logits, 4, 1.0f, 0.25f, &a)]++;
-        seen_half[tsr_sample(logits, 4, 1.0f, 0.5f, &b)]++;
-        seen_all[tsr_sample(logits, 4, 1.0f, 1.0f, &c)]++;
+    for (uint64_t pos = 0; pos < 400; pos++) {
+        seen[tsr_sample(logits, 4, 1.0f, 0.25f, 5, pos)]++;
+        seen_half[tsr_sample(logits, 4, 1.0f, 0.5f, 5, pos)]++;
+        seen_all[tsr_sample(logits, 4, 1.0f, 1.0f, 5, pos)]++;
     }
     assert_int_equal(seen[0], 400);
     assert_true(seen_half[0] > 0 && seen_half[1] > 0);
@@ -83,28 +81,34 @@ static void test_top_p_keeps_only_the_nucleus(void **state)
 static void test_nan_parameters_fall_back_safely(void **state)
 {
     (void)state;
-    float logits[] = {0.1f, 2.0f, 0.3f};
-    uint64_t rng = 3;
-    assert_int_equal(tsr_sample(logits, 3, NAN, 0.9f, &rng), 1);  /* greedy */
-    int32_t t = tsr_sample(logits, 3, 1.0f, NAN, &rng);            /* no cut */
-    assert_true(t >= 0 && t < 3);
+    float logits[] = {1.0f, 1.0f, 1.0f};
+    assert_int_equal(tsr_sample(logits, 3, NAN, 0.9f, 3, 0), 0);  /* greedy: the first maximum */
+    /* A NaN top_p means no cut, not "the top token only": all three come up. */
+    int seen[3] = {0, 0, 0};
+    for (uint64_t pos = 0; pos < 300; pos++) seen[tsr_sample(logits, 3, 1.0f, NAN, 3, pos)]++;
+    for (int i = 0; i < 3; i++) assert_true(seen[i] > 50);
 }
 
-static void test_sampling_follows_the_distribution_and_the_seed(void **state)
+static void test_the_draw_depends_on_seed_and_position_only(void **state)
 {
     (void)state;
-    /* Two equally likely tokens: a fair draw gives both, in about equal
-     * numbers, and the same seed gives the same sequence. */
+    /* Two equally likely tokens: a fair draw gives both in about equal
+     * numbers; the token at a position is the same whatever was drawn
+     * before it (so batching and resuming cannot change it), and another
+     * seed gives another sequence. */
     float logits[] = {1.0f, 1.0f, -30.0f};
-    int counts[3] = {0, 0, 0};
-    uint64_t a = 42, b = 42;
+    int counts[3] = {0, 0, 0}, same_other_seed = 0;
+    int32_t fwd[2000];
     for (int i = 0; i < 2000; i++) {
-        int32_t x = tsr_sample(logits, 3, 1.0f, 1.0f, &a);
-        assert_int_equal(x, tsr_sample(logits, 3, 1.0f, 1.0f, &b));
-        counts[x]++;
+        fwd[i] = tsr_sample(logits, 3, 1.0f, 1.0f, 42, (uint64_t)i);
+        counts[fwd[i]]++;
+        same_other_seed += fwd[i] == tsr_sample(logits, 3, 1.0f, 1.0f, 43, (uint64_t)i);
     }
+    for (int i = 1999; i >= 0; i--)
+        assert_int_equal(fwd[i], tsr_sample(logits, 3, 1.0f, 1.0f, 42, (uint64_t)i));
     assert_int_equal(counts[2], 0);
     assert_true(counts[0] > 850 && counts[1] > 850);
+    assert_true(same_other_seed < 1200);
 }
 
 static void test_low_temperature_sharpens(void **state)
@@ -112,12 +116,11 @@ static void test_low_temperature_sharpens(void **state)
     (void)state;
     float logits[] = {1.0f, 1.5f};
     int top = 0;
-    uint64_t rng = 9;
-    for (int i = 0; i < 1000; i++) top += tsr_sample(logits, 2, 0.05f, 1.0f, &rng) == 1;
+    for (uint64_t pos = 0; pos < 1000; pos++) top += tsr_sample(logits, 2, 0.05f, 1.0f, 9, pos) == 1;
     assert_true(top > 990);
 }
 
-/* ---- a garbage step from the previous stage ------------------------------------ */
+/* ---- a garbage step from the leader ---------------------------------------------- */
 
 static tsr_model_info_t fake_model = {.hidden_size = 4, .vocab_size = 8};
 static const tsr_model_info_t *fake_model_of(const tsr_engine_t *e)
@@ -125,11 +128,18 @@ static const tsr_model_info_t *fake_model_of(const tsr_engine_t *e)
     (void)e;
     return &fake_model;
 }
-static int garbage_recv(tsr_comm_t *c, int peer, void *buf, size_t len, int timeout_ms,
-                        char *err, size_t errlen)
+static void fake_kv_usage(const tsr_engine_t *e, int *used, int *total)
 {
-    (void)c, (void)peer, (void)timeout_ms, (void)err, (void)errlen;
-    memset(buf, 0xab, len);  /* no magic, an op and a count from nowhere */
+    (void)e;
+    *used = 0;
+    *total = 1;
+}
+static int garbage_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                         size_t errlen)
+{
+    (void)c, (void)timeout_ms, (void)err, (void)errlen;
+    for (int i = 0; i < n; i++)   /* no magic, an op and counts from nowhere */
+        if (!ops[i].is_send) memset(ops[i].buf.ptr, 0xab, ops[i].buf.count * tsr_dtype_size(ops[i].buf.dtype));
     return 0;
 }
 static int never_stop(void *arg)
@@ -141,15 +151,17 @@ static int never_stop(void *arg)
 static void test_garbage_step_is_refused_naming_what_is_wrong(void **state)
 {
     (void)state;
-    static const tsr_coll_ops_t ops = {.name = "fake", .recv = garbage_recv};
-    static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of};
-    tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &ops, .prev = (tsr_comm_t *)&r,
-                            .spec = {0, 1, 1, 2, 4, 8, 64, 1}};
+    static const tsr_coll_ops_t ops = {.name = "fake", .group = garbage_group};
+    static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of,
+                                         .kv_usage = fake_kv_usage};
+    tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &ops, .ctl_ops = &ops,
+                            .ctl = (tsr_comm_t *)&r, .prev = (tsr_comm_t *)&r,
+                            .spec = {0, 1, 1, 2, 4, 8, 64, 4, 36, 16, 1}};
     tsr_replica_io_t io = {.should_stop = never_stop};
     char err[256] = "";
     assert_int_equal(tsr_replica_run(&r, &io, err, sizeof err), -1);
-    assert_non_null(strstr(err, "malformed step from the previous stage: magic 0xabababab"));
-    assert_non_null(strstr(err, "max_seq_len 64"));
+    assert_non_null(strstr(err, "malformed step from the leader: magic 0xabababab"));
+    assert_non_null(strstr(err, "limits 4, 4, 36"));
 }
 
 int main(void)
@@ -161,7 +173,7 @@ int main(void)
         cmocka_unit_test(test_greedy_picks_the_first_maximum),
         cmocka_unit_test(test_top_p_keeps_only_the_nucleus),
         cmocka_unit_test(test_nan_parameters_fall_back_safely),
-        cmocka_unit_test(test_sampling_follows_the_distribution_and_the_seed),
+        cmocka_unit_test(test_the_draw_depends_on_seed_and_position_only),
         cmocka_unit_test(test_low_temperature_sharpens),
         cmocka_unit_test(test_garbage_step_is_refused_naming_what_is_wrong),
     };

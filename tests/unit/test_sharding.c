@@ -14,7 +14,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,9 +22,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "worker/collective.h"
-#include "worker/engine.h"
-#include "worker/replica.h"
+#include "replica_harness.h"
 
 #define STEPS 32
 #define MAX_RANKS 16
@@ -35,197 +32,38 @@ static const int32_t prompt[] = {1, 17, 42, 99, 5, 250, 3};
 
 typedef struct {
     int32_t tokens[STEPS];
-    int n_tokens;
-    float *logits;              /* [STEPS][vocab], recorded by the last stage's rank 0 */
-    int n_logits, vocab;
-    char error[512];
-    int done;
+    float *logits;              /* [STEPS][vocab] */
+    int vocab;
 } result_t;
-
-typedef struct {
-    const char *dir;
-    int tp, pp, stage, rank, idx;
-    tsr_tcp_listener_t **listeners;
-    const char **eps;
-    result_t *res;
-    int served;
-    tsr_engine_t *inner;        /* the CPU engine this rank wraps */
-    uint64_t weight_bytes;      /* what it loaded */
-    char err[512];
-    int rc;
-} rank_t;
-
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* ---- an engine that records the last stage's logits -------------------------- */
-
-struct tsr_engine {
-    rank_t *k;
-};
-
-static int rec_forward(tsr_engine_t *e, int seq, int pos, int n, const int32_t *tokens,
-                       const float *hidden_in, float *out, char *err, size_t errlen)
-{
-    rank_t *k = e->k;
-    int rc = tsr_engine_cpu.forward(k->inner, seq, pos, n, tokens, hidden_in, out, err, errlen);
-    if (rc == 0 && k->stage == k->pp - 1 && k->rank == 0) {
-        result_t *r = k->res;
-        pthread_mutex_lock(&mu);
-        if (r->n_logits < STEPS)
-            memcpy(r->logits + (size_t)r->n_logits++ * r->vocab, out, (size_t)r->vocab * sizeof(float));
-        pthread_mutex_unlock(&mu);
-    }
-    return rc;
-}
-static const tsr_model_info_t *rec_model(const tsr_engine_t *e)
-{
-    return tsr_engine_cpu.model(e->k->inner);
-}
-static const tsr_engine_ops_t recording = {.name = "recording", .forward = rec_forward,
-                                           .model = rec_model};
-
-/* ---- io --------------------------------------------------------------------- */
-
-static int next_request(void *arg, tsr_request_t *r, int wait_ms)
-{
-    rank_t *k = arg;
-    if (k->served) {
-        usleep((useconds_t)(wait_ms > 20 ? 20 : wait_ms) * 1000);
-        return 0;
-    }
-    k->served = 1;
-    memset(r, 0, sizeof *r);
-    r->request_id = 7;
-    r->prompt = malloc(sizeof prompt);
-    memcpy(r->prompt, prompt, sizeof prompt);
-    r->n_prompt = N_PROMPT;
-    r->max_tokens = STEPS;
-    return 1;
-}
-
-static void emit(void *arg, uint64_t req, int32_t token, int index, int done, const char *fin,
-                 const char *error)
-{
-    rank_t *k = arg;
-    (void)req, (void)fin;
-    pthread_mutex_lock(&mu);
-    if (error) snprintf(k->res->error, sizeof k->res->error, "%s", error);
-    else if (index < STEPS && k->res->n_tokens == index) k->res->tokens[k->res->n_tokens++] = token;
-    if (done) k->res->done = 1;
-    pthread_mutex_unlock(&mu);
-}
-
-static int should_stop(void *arg)
-{
-    rank_t *k = arg;
-    pthread_mutex_lock(&mu);
-    int d = k->res->done;
-    pthread_mutex_unlock(&mu);
-    return d;
-}
-
-/* ---- one rank -------------------------------------------------------------- */
-
-static tsr_comm_t *group(rank_t *k, uint64_t gid, int rank, int n, const int *members)
-{
-    const char *eps[MAX_RANKS];
-    for (int i = 0; i < n; i++) eps[i] = k->eps[members[i]];
-    return tsr_tcp_comm_new(k->listeners[k->idx], 1, gid, rank, n, eps, 20000, k->err,
-                            sizeof k->err);
-}
-
-static void *rank_main(void *arg)
-{
-    rank_t *k = arg;
-    tsr_replica_rank_t r = {0};
-    int members[MAX_RANKS];
-    int tp = k->tp, s = k->stage, t = k->rank;
-    k->rc = -1;
-    /* The same order on every rank: TP group, link up, link down, loop. */
-    if (tp > 1) {
-        for (int i = 0; i < tp; i++) members[i] = s * tp + i;
-        if (!(r.tp = group(k, 100 + (uint64_t)s, t, tp, members))) return NULL;
-    }
-    if (s > 0) {
-        members[0] = (s - 1) * tp + t, members[1] = s * tp + t;
-        if (!(r.prev = group(k, 200 + (uint64_t)(s * 16 + t), 1, 2, members))) goto out;
-    }
-    if (s < k->pp - 1) {
-        members[0] = s * tp + t, members[1] = (s + 1) * tp + t;
-        if (!(r.next = group(k, 200 + (uint64_t)((s + 1) * 16 + t), 0, 2, members))) goto out;
-    }
-    if (k->pp > 1 && t == 0 && (s == 0 || s == k->pp - 1)) {
-        members[0] = 0, members[1] = (k->pp - 1) * tp;
-        if (!(r.loop = group(k, 999, s == 0 ? 0 : 1, 2, members))) goto out;
-    }
-    const tsr_model_info_t *probe;
-    tsr_model_info_t m;
-    if (tsr_model_info_load(k->dir, &m, k->err, sizeof k->err) < 0) goto out;
-    probe = &m;
-    r.spec = (tsr_piece_spec_t){t, tp, s, k->pp, 0, 0, 64, 1};
-    tsr_layer_split(probe->num_hidden_layers, k->pp, s, &r.spec.layer_begin, &r.spec.layer_end);
-    if (tsr_engine_cpu.load(k->dir, &r.spec, r.tp, &tsr_coll_tcp, &k->inner, k->err,
-                            sizeof k->err) < 0)
-        goto out;
-    k->weight_bytes = tsr_engine_cpu.weight_bytes(k->inner);
-    struct tsr_engine wrap = {k};
-    r.eng_ops = &recording;
-    r.eng = &wrap;
-    r.ops = &tsr_coll_tcp;
-    r.idle_ms = 20;
-    tsr_replica_io_t io = {next_request, emit, should_stop, k};
-    k->rc = tsr_replica_run(&r, &io, k->err, sizeof k->err);
-out:
-    tsr_engine_cpu.destroy(&k->inner);
-    if (r.tp) tsr_coll_tcp.destroy(&r.tp);
-    if (r.prev) tsr_coll_tcp.destroy(&r.prev);
-    if (r.next) tsr_coll_tcp.destroy(&r.next);
-    if (r.loop) tsr_coll_tcp.destroy(&r.loop);
-    return NULL;
-}
 
 /* Runs the prompt through a tp x pp replica of the model in dir. */
 static void run_layout(const char *dir, int tp, int pp, result_t *res)
 {
+    h_req_t q = {.prompt = (int32_t *)prompt, .n_prompt = N_PROMPT, .max_tokens = STEPS};
+    h_run_t run = {.dir = dir, .tp = tp, .pp = pp, .reqs = &q, .n_reqs = 1, .max_seq_len = 64};
     tsr_model_info_t m;
     char err[256];
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
-    memset(res, 0, sizeof *res);
-    res->vocab = m.vocab_size;
-    res->logits = calloc((size_t)STEPS * m.vocab_size, sizeof(float));
-    int n = tp * pp;
-    tsr_tcp_listener_t *ls[MAX_RANKS];
-    const char *eps[MAX_RANKS];
-    rank_t ranks[MAX_RANKS];
-    pthread_t th[MAX_RANKS];
-    for (int i = 0; i < n; i++) {
-        ls[i] = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
-        assert_non_null(ls[i]);
-        eps[i] = tsr_tcp_listener_endpoint(ls[i]);
-    }
-    for (int i = 0; i < n; i++) {
-        ranks[i] = (rank_t){.dir = dir, .tp = tp, .pp = pp, .stage = i / tp, .rank = i % tp,
-                            .idx = i, .listeners = ls, .eps = eps, .res = res};
-        pthread_create(&th[i], NULL, rank_main, &ranks[i]);
-    }
-    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    run.logits = calloc((size_t)H_MAX_TOKENS * m.vocab_size, sizeof(float));
+    h_run(&run);
     /* Each rank read only its slice: its weights are its share of the model
      * (held as f32), within the rounding of the vocabulary split and the
      * norms every rank keeps whole. */
     tsr_model_info_t f32 = m;
     f32.dtype_bytes = 4;
-    for (int i = 0; i < n; i++) {
-        if (ranks[i].rc != 0) fail_msg("tp %d pp %d rank %d: %s", tp, pp, i, ranks[i].err);
+    for (int i = 0; i < tp * pp; i++) {
         double share = (double)tsr_model_piece_bytes(&f32, pp, i / tp, tp);
-        double ratio = (double)ranks[i].weight_bytes / share;
+        double ratio = (double)run.weight_bytes[i] / share;
         if (ratio < 0.97 || ratio > 1.03)
             fail_msg("tp %d pp %d rank %d holds %llu bytes of weights, %.2fx its share", tp, pp,
-                     i, (unsigned long long)ranks[i].weight_bytes, ratio);
-        tsr_tcp_listener_destroy(&ls[i]);
+                     i, (unsigned long long)run.weight_bytes[i], ratio);
     }
-    if (res->error[0]) fail_msg("tp %d pp %d: %s", tp, pp, res->error);
-    assert_int_equal(res->n_tokens, STEPS);
-    assert_int_equal(res->n_logits, STEPS);
+    if (q.failed) fail_msg("tp %d pp %d: %s", tp, pp, q.error);
+    assert_int_equal(q.n_tokens, STEPS);
+    assert_int_equal(run.n_logits, STEPS);
+    memcpy(res->tokens, q.tokens, sizeof res->tokens);
+    res->logits = run.logits;
+    res->vocab = m.vocab_size;
 }
 
 static double max_rel_diff(const float *a, const float *b, int n)
@@ -374,7 +212,6 @@ static void test_matches_numpy_reference(void **state)
 static int setup(void **state)
 {
     (void)state;
-    openblas_set_num_threads(1);
     static char *llama3[] = {"--llama3-rope", "--shards", "2", NULL};
     if (make_model(0, "f32", 0, NULL) || make_model(1, "bf16", 0, NULL) ||
         make_model(2, "f32", 1, NULL) || make_model(3, "f16", 0, llama3))
