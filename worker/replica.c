@@ -255,8 +255,9 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
                  "the request needs %d KV blocks of %d positions and the pool has %d "
                  "(raise kv_cache_mib)",
                  need, TSR_KV_BLOCK, L->cfg.total_blocks);
-    } else if (L->n >= L->cap ||
-               (waiting >= r->max_queue && !(waiting == 0 && L->n < L->cfg.max_batch))) {
+    } else if (L->n >= L->cap || waiting - (L->cfg.max_batch - (L->n - waiting)) >= r->max_queue) {
+        /* Free slots take arrivals at the next step; max_queue counts the
+         * requests that must wait beyond them. */
         snprintf(why, sizeof why, "the replica's queue is full (max_queue %d, max_batch %d)",
                  r->max_queue, L->cfg.max_batch);
     } else {

@@ -1,0 +1,235 @@
+/* test_batching.c: batching never changes what a request gets.
+ *
+ * A script of requests (random arrival times, prompts of 1 to 300 tokens,
+ * mixed max_tokens, greedy and seeded sampling, some cancelled in the
+ * middle) runs through an in-process replica (tests/unit/replica_harness.h)
+ * with a KV pool too small for all of them at once, under tp=1 pp=1, tp=2
+ * pp=1, tp=1 pp=2 and tp=2 pp=2.  Every request must get exactly the tokens
+ * it gets when it runs alone (a cancelled one: a prefix of them), none may
+ * fail for want of blocks, several must have run together, and every
+ * rank's pool must be empty at the end.  Requests run alone are checked
+ * against the NumPy reference.  Also: a queue that is full refuses at once,
+ * and a request that could never fit the pool is refused with the numbers. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "replica_harness.h"
+
+#define N_REQS 20
+static char model_dir[64];
+static h_req_t script[N_REQS];
+static int32_t alone[N_REQS][H_MAX_TOKENS];
+static int n_alone[N_REQS];
+
+static uint64_t rng_state = 12345;
+static uint32_t rnd(uint32_t n)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33) % n;
+}
+
+static void make_script(void)
+{
+    for (int i = 0; i < N_REQS; i++) {
+        h_req_t *q = &script[i];
+        memset(q, 0, sizeof *q);
+        /* A few long prompts (chunked prefill), most short. */
+        q->n_prompt = i % 5 == 0 ? 200 + (int)rnd(101) : 1 + (int)rnd(40);
+        q->prompt = malloc((size_t)q->n_prompt * sizeof *q->prompt);
+        for (int k = 0; k < q->n_prompt; k++) q->prompt[k] = 3 + (int32_t)rnd(250);
+        q->max_tokens = 1 + (int)rnd(24);
+        if (i % 3 == 1) {
+            q->temperature = 0.8f;
+            q->top_p = 0.9f;
+            q->seed = 1000 + (uint64_t)i;
+        }
+        q->arrive_ms = (int)rnd(300);
+        if (i % 4 == 3 && q->max_tokens > 4) q->cancel_after = 2;
+    }
+    /* Arrival order is script order. */
+    for (int i = 1; i < N_REQS; i++)
+        if (script[i].arrive_ms < script[i - 1].arrive_ms) script[i].arrive_ms = script[i - 1].arrive_ms;
+}
+
+static void reset_outcome(h_req_t *q)
+{
+    q->n_tokens = 0;
+    q->done = q->failed = q->cancel_sent = 0;
+    q->error[0] = q->finish[0] = 0;
+}
+
+static void test_each_request_alone_matches_the_numpy_reference(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_REQS; i++) {
+        h_req_t q = script[i];
+        reset_outcome(&q);
+        q.arrive_ms = 0;
+        q.cancel_after = 0;
+        h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1};
+        h_run(&run);
+        if (q.failed) fail_msg("request %d alone: %s", i, q.error);
+        memcpy(alone[i], q.tokens, sizeof q.tokens);
+        n_alone[i] = q.n_tokens;
+    }
+    /* Greedy ones against the reference (it recomputes every position, so
+     * only the short ones). */
+    int checked = 0;
+    for (int i = 0; i < N_REQS && checked < 4; i++) {
+        const h_req_t *q = &script[i];
+        if (q->temperature > 0 || q->n_prompt > 40) continue;
+        char cmd[2048], ids[1024] = "", line[1024] = "", got[1024] = "";
+        for (int k = 0; k < q->n_prompt; k++)
+            snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", k ? "," : "", q->prompt[k]);
+        snprintf(cmd, sizeof cmd,
+                 "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d --stop-at-eos",
+                 model_dir, ids, q->max_tokens);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        if (!fgets(line, sizeof line, p)) line[0] = 0;
+        assert_int_equal(pclose(p), 0);
+        line[strcspn(line, "\n")] = 0;
+        for (int k = 0; k < n_alone[i]; k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", k ? "," : "", alone[i][k]);
+        if (strcmp(got, line)) fail_msg("request %d: tessera %s, reference %s", i, got, line);
+        checked++;
+    }
+    assert_true(checked >= 2);
+}
+
+static void run_batched(int tp, int pp)
+{
+    h_req_t reqs[N_REQS];
+    memcpy(reqs, script, sizeof reqs);
+    for (int i = 0; i < N_REQS; i++) reset_outcome(&reqs[i]);
+    /* 32 blocks: one 300-token prompt (about 20 blocks with its tokens) and
+     * a few short ones at a time; the rest must wait. */
+    h_run_t run = {.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_REQS,
+                   .max_batch = 6, .prefill_chunk = 48, .kv_blocks = 32};
+    h_run(&run);
+    for (int i = 0; i < N_REQS; i++) {
+        const h_req_t *q = &reqs[i];
+        if (q->cancel_after) {
+            if (!q->failed || !strstr(q->error, "cancelled"))
+                fail_msg("tp %d pp %d request %d was to be cancelled: %s", tp, pp, i,
+                         q->failed ? q->error : "finished");
+            if (q->n_tokens > n_alone[i] || memcmp(q->tokens, alone[i], (size_t)q->n_tokens * 4))
+                fail_msg("tp %d pp %d cancelled request %d: its tokens are not a prefix of its own", tp, pp, i);
+            continue;
+        }
+        if (q->failed) fail_msg("tp %d pp %d request %d failed: %s", tp, pp, i, q->error);
+        if (q->n_tokens != n_alone[i] || memcmp(q->tokens, alone[i], (size_t)q->n_tokens * 4))
+            fail_msg("tp %d pp %d request %d (prompt %d, %s): batched tokens differ from its tokens alone",
+                     tp, pp, i, q->n_prompt, q->temperature > 0 ? "sampled" : "greedy");
+    }
+    if (run.max_running < 3) fail_msg("tp %d pp %d: at most %d sequences ran together", tp, pp, run.max_running);
+    for (int r = 0; r < tp * pp; r++) {
+        assert_int_equal(run.kv_total[r], 32);
+        if (run.kv_used[r] != 0) fail_msg("tp %d pp %d rank %d: %d KV blocks still held", tp, pp, r, run.kv_used[r]);
+    }
+}
+
+static void test_batched_tp1_pp1_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 1);
+}
+static void test_batched_tp2_pp1_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 1);
+}
+static void test_batched_tp1_pp2_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 2);
+}
+static void test_batched_tp2_pp2_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 2);
+}
+
+static void test_a_full_queue_refuses_at_once(void **state)
+{
+    (void)state;
+    h_req_t reqs[6];
+    memset(reqs, 0, sizeof reqs);
+    int32_t p[3] = {5, 6, 7};
+    for (int i = 0; i < 6; i++) reqs[i] = (h_req_t){.prompt = p, .n_prompt = 3, .max_tokens = 20};
+    h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = reqs, .n_reqs = 6,
+                   .max_batch = 1, .max_queue = 2};
+    h_run(&run);
+    int refused = 0, served = 0;
+    for (int i = 0; i < 6; i++) {
+        if (reqs[i].failed) {
+            if (!strstr(reqs[i].error, "queue is full (max_queue 2")) fail_msg("request %d: %s", i, reqs[i].error);
+            assert_int_equal(reqs[i].n_tokens, 0);
+            refused++;
+        } else {
+            assert_int_equal(reqs[i].n_tokens, 20);
+            served++;
+        }
+    }
+    /* One runs, two wait, the other three are turned away. */
+    assert_int_equal(served, 3);
+    assert_int_equal(refused, 3);
+}
+
+static void test_a_request_larger_than_the_pool_is_refused_with_the_numbers(void **state)
+{
+    (void)state;
+    int32_t *p = calloc(200, sizeof *p);
+    for (int i = 0; i < 200; i++) p[i] = 3 + i % 100;
+    h_req_t q = {.prompt = p, .n_prompt = 200, .max_tokens = 8};
+    h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .kv_blocks = 8};
+    h_run(&run);
+    assert_true(q.failed);
+    if (!strstr(q.error, "needs 13 KV blocks of 16 positions and the pool has 8"))
+        fail_msg("refusal: %s", q.error);
+    free(p);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(model_dir, sizeof model_dir, "/tmp/tsr-batch-XXXXXX");
+    if (!mkdtemp(model_dir)) return -1;
+    char *argv[] = {"model-init", model_dir, "--hidden", "64", "--intermediate", "128",
+                    "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "256",
+                    "--max-pos", "512", "--seed", "21", "--force", NULL};
+    if (tsr_cmd_model_init(19, argv)) return -1;
+    make_script();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    for (int i = 0; i < N_REQS; i++) free(script[i].prompt);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", model_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_request_alone_matches_the_numpy_reference),
+        cmocka_unit_test(test_batched_tp1_pp1_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp1_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp1_pp2_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp2_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_a_full_queue_refuses_at_once),
+        cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
