@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,6 +20,22 @@ typedef const char *(*nvml_err_fn)(int);
 
 static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t errlen)
 {
+    /* Tests on machines without a GPU: a stand-in device of this many MiB,
+     * so placement and the "built without CUDA" refusal can be exercised. */
+    const char *fake = getenv("TSR_TEST_FAKE_CUDA_MIB");
+    if (fake && *fake) {
+        char *end;
+        unsigned long long mib = strtoull(fake, &end, 10);
+        if (*end || mib == 0) {
+            snprintf(err, errlen, "TSR_TEST_FAKE_CUDA_MIB: expected a positive number, got '%s'", fake);
+            return -1;
+        }
+        info->kind = TSR_DEVICE_CUDA;
+        info->index = index;
+        info->memory = (uint64_t)mib << 20;
+        snprintf(info->description, sizeof info->description, "test stand-in (no GPU)");
+        return 0;
+    }
     int rc = -1;
     void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
