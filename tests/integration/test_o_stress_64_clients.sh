@@ -1,5 +1,7 @@
 # Stress: 64 concurrent clients on 2 replicas (tp=1 pp=2 each), two rounds.
-# Every request completes with the NumPy reference's tokens, no worker's resident memory grows from round to round.
+# Every request completes with the NumPy reference's tokens, no worker's
+# resident memory grows from round to round, and every KV pool is empty
+# afterwards.
 source "$(dirname "$0")/lib.sh"
 write_yaml "$T/d.yaml" 1 2 2
 sed -i 's/    max_seq_len: 256/    max_seq_len: 256\n    max_batch: 16\n    max_queue: 64/' "$T/d.yaml"
