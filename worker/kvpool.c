@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 struct tsr_kvpool {
-    int n_blocks, max_slots, max_blocks_per_slot;
+    int n_blocks, max_slots, max_seq_len, max_blocks_per_slot;
     int32_t *free_list;         /* stack of free block ids */
     int n_free;
     int32_t *tables;            /* [max_slots][max_blocks_per_slot] */
@@ -17,6 +17,7 @@ tsr_kvpool_t *tsr_kvpool_new(int n_blocks, int max_slots, int max_seq_len)
     if (!p) return NULL;
     p->n_blocks = n_blocks;
     p->max_slots = max_slots;
+    p->max_seq_len = max_seq_len;
     p->max_blocks_per_slot = tsr_kv_blocks_for(max_seq_len);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
     p->tables = malloc((size_t)max_slots * p->max_blocks_per_slot * sizeof *p->tables);
@@ -44,9 +45,9 @@ void tsr_kvpool_destroy(tsr_kvpool_t **p_p)
 
 int tsr_kvpool_grow(tsr_kvpool_t *p, int slot, int n_pos)
 {
-    if (slot < 0 || slot >= p->max_slots || n_pos < 0) return -1;
+    /* Positions, not blocks: the last block may have room past max_seq_len. */
+    if (slot < 0 || slot >= p->max_slots || n_pos < 0 || n_pos > p->max_seq_len) return -1;
     int need = tsr_kv_blocks_for(n_pos);
-    if (need > p->max_blocks_per_slot) return -1;
     int more = need - p->held[slot];
     if (more <= 0) return 0;
     if (more > p->n_free) return -1;
