@@ -17,7 +17,7 @@ static void gen_usage(FILE *f)
     fprintf(f,
             "usage: tessera [--coordinator EP] generate DEPLOYMENT [--prompt-ids 1,2,3]\n"
             "           [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--ids]\n"
-            "           [--token-timeout MS]\n"
+            "           [--timeout MS] [--token-timeout MS]\n"
             "\n"
             "Runs the prompt's token ids through a ready replica of DEPLOYMENT and prints\n"
             "the generated ids as they arrive.  Without --prompt-ids the ids are read from\n"
@@ -29,9 +29,12 @@ static void gen_usage(FILE *f)
             "                      reaches P (default 1)\n"
             "  --seed S            seed for sampling (default 0)\n"
             "  --ids               print only the ids (no summary line on standard error)\n"
-            "  --token-timeout MS  give up when no token comes for this long (default 60000;\n"
-            "                      the global --timeout bounds the wait for the coordinator\n"
-            "                      to accept the request)\n"
+            "  --timeout MS        the whole request's deadline, 1 to 86400000 (0 or absent:\n"
+            "                      none); when it passes the coordinator ends the request,\n"
+            "                      frees its place on the replica and says so (exit 3).  The\n"
+            "                      global --timeout before the command is something else:\n"
+            "                      the wait for the coordinator to accept the request\n"
+            "  --token-timeout MS  give up when no token comes for this long (default 60000)\n"
             "\n"
             "The ids go to standard output on one line, space-separated, as they arrive.\n"
             "exit status: 0 done, 1 no answer or a bad argument value, 2 bad usage,\n"
@@ -82,7 +85,7 @@ static char *read_stdin(void)
 int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
 {
     const char *ids_arg = NULL;
-    long max_tokens = 16, token_timeout = 60000;
+    long max_tokens = 16, token_timeout = 60000, deadline = 0;
     double temperature = 0, top_p = 1;
     unsigned long long seed = 0;
     int only_ids = 0, rc = 1;
@@ -90,8 +93,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         {"prompt-ids", required_argument, 0, 'p'}, {"max-tokens", required_argument, 0, 'm'},
         {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
         {"seed", required_argument, 0, 's'},       {"ids", no_argument, 0, 'i'},
-        {"token-timeout", required_argument, 0, 'T'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"token-timeout", required_argument, 0, 'T'}, {"timeout", required_argument, 0, 'D'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     optind = 0;  /* 0 re-initialises GNU getopt (and its argument permutation) */
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -103,13 +106,16 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         case 'P': top_p = strtod(optarg, &end); break;
         case 's': seed = strtoull(optarg, &end, 10); break;
         case 'T': token_timeout = strtol(optarg, &end, 10); break;
+        case 'D': deadline = strtol(optarg, &end, 10); break;
         case 'i': only_ids = 1; break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
         if (end && (*end || end == optarg)) {
-            fprintf(stderr, "tessera generate: --%s: '%s' is not a number\n",
-                    opts[o == 'm' ? 1 : o == 't' ? 2 : o == 'P' ? 3 : o == 's' ? 4 : 6].name, optarg);
+            const char *name = "?";
+            for (const struct option *op = opts; op->name; op++)
+                if (op->val == o) name = op->name;
+            fprintf(stderr, "tessera generate: --%s: '%s' is not a number\n", name, optarg);
             return 2;
         }
     }
@@ -119,10 +125,11 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     }
     /* Written so that NaN fails every test. */
     if (!(max_tokens >= 1 && max_tokens <= 1000000) || !(temperature >= 0 && temperature <= 100) ||
-        !(top_p > 0 && top_p <= 1) || !(token_timeout >= 1 && token_timeout <= 3600000)) {
+        !(top_p > 0 && top_p <= 1) || !(token_timeout >= 1 && token_timeout <= 3600000) ||
+        !(deadline >= 0 && deadline <= 86400000)) {
         fprintf(stderr, "tessera generate: need 1 <= --max-tokens <= 1000000, "
                         "0 <= --temperature <= 100, 0 < --top-p <= 1, "
-                        "1 <= --token-timeout <= 3600000\n");
+                        "1 <= --token-timeout <= 3600000, 0 <= --timeout <= 86400000\n");
         return 2;
     }
     const char *deployment = argv[optind];
@@ -154,6 +161,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     q.temperature = (float)temperature;
     q.top_p = (float)top_p;
     q.seed = seed;
+    q.timeout_ms = (uint32_t)deadline;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = "";
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
@@ -209,7 +217,18 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             continue;
         }
         int token = (int)json_integer_value(json_object_get(doc, "token"));
+        long long index = json_integer_value(json_object_get(doc, "index"));
         int done = json_is_true(json_object_get(doc, "done"));
+        if (index != got) {
+            /* The coordinator drops replies to a client whose queue is full
+             * rather than block every other client: the ids are incomplete. */
+            fprintf(stderr, "%stessera generate: token(s) %d to %lld never arrived (this client "
+                            "read too slowly and the coordinator dropped them)\n",
+                    got ? "\n" : "", got, index - 1);
+            json_decref(doc);
+            rc = 3;
+            goto out;
+        }
         char finish[32];
         snprintf(finish, sizeof finish, "%s", json_string_value(json_object_get(doc, "finish_reason")) ?: "");
         json_decref(doc);

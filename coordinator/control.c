@@ -1,5 +1,6 @@
 /* control.c: the control API the CLI talks to (status, workers, reload,
  * drain), and the status document. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -288,6 +289,9 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     json_t *stats = json_object_get(json_object_get(root, "coordinator"), "stats");
     json_object_set_new(stats, "requests", json_integer((json_int_t)st->requests));
     json_object_set_new(stats, "requests_failed", json_integer((json_int_t)st->requests_failed));
+    json_object_set_new(stats, "requests_cancelled",
+                        json_integer((json_int_t)st->requests_cancelled));
+    json_object_set_new(stats, "replies_dropped", json_integer((json_int_t)st->replies_dropped));
     json_object_set_new(stats, "tokens", json_integer((json_int_t)st->tokens));
     json_object_set_new(stats, "in_flight", json_integer((json_int_t)c->n_reqs));
     if (!workers_only) {
@@ -327,8 +331,8 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
 
 /* ---- requests -------------------------------------------------------------- */
 
-void tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
-                       const char *error, const char *json)
+int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                      const char *error, const char *json)
 {
     Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
     r.ok = ok;
@@ -338,7 +342,11 @@ void tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool 
     env.epoch = c->epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
     env.control_reply = &r;
-    tsr_wire_send(c->csock, rid, rid_len, &env);
+    if (tsr_wire_send(c->csock, rid, rid_len, &env) == 0) return TSR_REPLY_SENT;
+    /* errno is zmq_send's (tsr_wire_send only frees after it, and free keeps
+     * errno): EHOSTUNREACH for an unknown routing id (the client
+     * disconnected), EAGAIN when its queue is at the high-water mark. */
+    return errno == EHOSTUNREACH ? TSR_REPLY_GONE : TSR_REPLY_DROPPED;
 }
 
 static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *name,

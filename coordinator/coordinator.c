@@ -1,10 +1,12 @@
 /* coordinator.c: worker events, planning and reconciliation. */
 #include "coordinator.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "common/log.h"
 #include "health.h"
@@ -85,6 +87,15 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
     c->csock = tsr_sock_router(c->cfg->control_endpoint, e, sizeof e);
     if (!c->csock) {
         snprintf(err, errlen, "control_endpoint: %s", e);
+        goto fail;
+    }
+    /* A reply to a client that went away fails (EHOSTUNREACH) instead of
+     * vanishing, and one to a slow client fails with EAGAIN: the router
+     * cancels a request whose client left, never one that reads slowly. */
+    int mandatory = 1;
+    if (zmq_setsockopt(c->csock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) != 0) {
+        snprintf(err, errlen, "control_endpoint: cannot set ZMQ_ROUTER_MANDATORY: %s",
+                 zmq_strerror(errno));
         goto fail;
     }
     c->started_ms = tsr_now_ms();
@@ -868,6 +879,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
 {
     int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
     c->now_ms = now_ms;
+    int64_t deadline = tsr_requests_expire(c, now_ms);
     run_retries(c, now_ms);
     if (now_ms >= c->next_scan_ms) {
         tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
@@ -884,6 +896,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     }
     int64_t next = c->next_scan_ms;
     if (c->dirty && due < next) next = due;
+    if (deadline && deadline < next) next = deadline;
     int64_t wait = next - now_ms;
     return wait < 0 ? 0 : (int)wait;
 }

@@ -42,12 +42,17 @@ typedef struct {
     size_t rid_len;
     char deployment[TSR_NAME_MAX + 1];
     int replica;
+    char leader[TSR_NAME_MAX + 1];  /* the worker it was sent to: Cancel goes there */
+    uint64_t epoch;             /* the leader's piece epoch when it was sent */
     int n_tokens;
     int64_t started_ms;
+    uint32_t timeout_ms;        /* the client's deadline; 0: none */
+    int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
+    bool reply_dropped;         /* a reply was lost to a full client queue (warned once) */
 } tsr_request_rec_t;
 
 typedef struct {
-    uint64_t requests, requests_failed, tokens;
+    uint64_t requests, requests_failed, requests_cancelled, replies_dropped, tokens;
     uint64_t messages, heartbeats, registrations, refused, stale_dropped, bad_messages,
         plans, assigns, unassigns, deaths, control_requests;
 } tsr_coord_stats_t;
@@ -96,10 +101,19 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now_ms, bool workers_only);
 /* control.c: answers one control request (status, workers, reload, drain,
  * generate) from the client at routing id rid. */
 void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
+/* What became of a reply.  The control socket is a ROUTER with
+ * ZMQ_ROUTER_MANDATORY, so a client that disconnected is told apart from one
+ * that reads slowly: only GONE means nobody will ever read it. */
+enum {
+    TSR_REPLY_SENT = 0,
+    TSR_REPLY_DROPPED = -1,     /* the client's queue is full (high-water mark): this
+                                   reply is lost, the client is still there */
+    TSR_REPLY_GONE = -2,        /* the client disconnected (EHOSTUNREACH) */
+};
 /* Sends one ControlReply to that client; json is the reply's document text
- * (NULL for none). */
-void tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
-                       const char *error, const char *json);
+ * (NULL for none).  Returns one of TSR_REPLY_*. */
+int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                      const char *error, const char *json);
 
 /* router.c */
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
@@ -109,5 +123,9 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
                                const char *why);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
+/* Fails every request whose deadline is at or before now_ms (the client gets
+ * the reason, the leader a Cancel).  Returns the earliest deadline still
+ * ahead, or 0 when no request has one. */
+int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms);
 
 #endif

@@ -2,23 +2,44 @@
  * replica with the fewest requests in flight; its tokens come back from the
  * replica's last stage and are streamed to the client that asked.  A
  * request whose replica loses a worker or is rewired fails at once with the
- * reason: it never hangs. */
+ * reason: it never hangs.
+ *
+ * A request also ends early when its client's deadline passes (the tick
+ * checks) or its client disconnects (a reply to it fails with
+ * TSR_REPLY_GONE); then the leader is sent a Cancel so the sequence leaves
+ * its batch and frees its KV blocks. */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "common/log.h"
 #include "coordinator.h"
 
-/* Streams one document (or a failure) to the client that sent request q. */
-static void reply_json(tsr_coord_t *c, const tsr_request_rec_t *q, bool ok, const char *error,
-                       json_t *doc)
+#define MAX_TOKENS_LIMIT 1000000
+#define TIMEOUT_MS_LIMIT 86400000u  /* a day */
+
+/* Streams one document (or a failure) to the client that sent request q.
+ * Returns one of TSR_REPLY_*; a reply lost to a full queue is counted. */
+static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char *error,
+                      json_t *doc)
 {
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    tsr_control_reply(c, q->rid, q->rid_len, ok, error, s);
+    int rc = tsr_control_reply(c, q->rid, q->rid_len, ok, error, s);
     free(s);
+    if (rc == TSR_REPLY_DROPPED) {
+        /* The client is slow, not gone: its request keeps running, and the
+         * gap in the token indexes tells it what it missed. */
+        c->stats.replies_dropped++;
+        if (!q->reply_dropped)
+            tsr_warn("request %llu: the client's queue is full; replies are being dropped",
+                     (unsigned long long)q->id);
+        q->reply_dropped = true;
+    }
+    return rc;
 }
 
 static void request_remove(tsr_coord_t *c, size_t i)
@@ -33,9 +54,63 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
     snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
     tsr_warn("%s", msg);
-    reply_json(c, q, false, msg, NULL);
+    reply_json(c, q, false, msg, NULL);  /* a client that left needs no answer */
     c->stats.requests_failed++;
     request_remove(c, i);
+}
+
+/* Tells the leader request q was sent to that it is over.  A leader that died
+ * or was given a new epoch since has dropped the request already (its
+ * replica's requests were failed then). */
+static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *reason)
+{
+    tsr_worker_t *w = tsr_registry_find(c->reg, q->leader);
+    if (!w || w->state == TSR_W_DEAD || !w->has_piece || w->piece.epoch != q->epoch) return;
+    Tessera__Cancel m = TESSERA__CANCEL__INIT;
+    m.request_id = q->id;
+    m.reason = (char *)reason;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = q->epoch;
+    env.worker = w->name;
+    env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
+    env.cancel = &m;
+    if (tsr_wire_send(c->wsock, w->rid, w->rid_len, &env) < 0)
+        tsr_warn("request %llu: could not send Cancel to %s (%s)", (unsigned long long)q->id,
+                 w->name, zmq_strerror(errno));
+}
+
+/* Ends request i early: the leader is told to drop it, and it is forgotten. */
+static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
+{
+    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_info("request %llu on %s replica %d cancelled after %d token(s): %s",
+             (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
+    send_cancel(c, q, reason);
+    c->stats.requests_cancelled++;
+    request_remove(c, i);
+}
+
+int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
+{
+    int64_t next = 0;
+    for (size_t i = c->n_reqs; i-- > 0;) {
+        tsr_request_rec_t *q = &c->reqs[i];
+        if (!q->deadline_ms) continue;
+        if (q->deadline_ms > now_ms) {
+            if (!next || q->deadline_ms < next) next = q->deadline_ms;
+            continue;
+        }
+        char msg[512], reason[64];
+        snprintf(msg, sizeof msg,
+                 "request %llu passed its deadline of %u ms after %d token(s) (%s replica %d)",
+                 (unsigned long long)q->id, q->timeout_ms, q->n_tokens, q->deployment,
+                 q->replica);
+        snprintf(reason, sizeof reason, "deadline of %u ms passed", q->timeout_ms);
+        reply_json(c, q, false, msg, NULL);
+        c->stats.requests_failed++;
+        request_cancel(c, i, reason);
+    }
+    return next;
 }
 
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
@@ -105,8 +180,17 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
             refuse(c, rid, rid_len, msg);
             return;
         }
-    if (q->max_tokens == 0) {
-        refuse(c, rid, rid_len, "max_tokens must be at least 1");
+    /* The worker counts tokens in an int: 2^31 would wrap. */
+    if (q->max_tokens < 1 || q->max_tokens > MAX_TOKENS_LIMIT) {
+        snprintf(msg, sizeof msg, "max_tokens must be 1 to %d, got %u", MAX_TOKENS_LIMIT,
+                 q->max_tokens);
+        refuse(c, rid, rid_len, msg);
+        return;
+    }
+    if (q->timeout_ms > TIMEOUT_MS_LIMIT) {
+        snprintf(msg, sizeof msg, "timeout_ms must be 0 (no deadline) to %u, got %u",
+                 TIMEOUT_MS_LIMIT, q->timeout_ms);
+        refuse(c, rid, rid_len, msg);
         return;
     }
     if (!(q->temperature >= 0.0f && q->temperature <= 100.0f) ||
@@ -144,8 +228,25 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->rid_len = rid_len;
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = replica;
+    snprintf(rec->leader, sizeof rec->leader, "%s", leader->name);
+    rec->epoch = leader->piece.epoch;
     rec->started_ms = tsr_now_ms();
+    rec->timeout_ms = q->timeout_ms;
+    rec->deadline_ms = q->timeout_ms ? rec->started_ms + q->timeout_ms : 0;
     c->stats.requests++;
+
+    /* Tell the client at once that the request is on its way, so it can
+     * tell a missing coordinator from a slow prefill.  A client that has
+     * already left costs the replica nothing. */
+    json_t *ack = json_pack("{s:I, s:i, s:s, s:b}", "request_id", (json_int_t)rec->id,
+                            "replica", replica, "leader", leader->name, "accepted", 1);
+    int sent = reply_json(c, rec, true, NULL, ack);
+    json_decref(ack);
+    if (sent == TSR_REPLY_GONE) {
+        tsr_info("request %llu: the client left before it was sent", (unsigned long long)rec->id);
+        request_remove(c, c->n_reqs - 1);
+        return;
+    }
 
     Tessera__Generate g = TESSERA__GENERATE__INIT;
     g.request_id = rec->id;
@@ -155,18 +256,18 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     g.temperature = q->temperature;
     g.top_p = q->top_p;
     g.seed = q->seed;
+    g.timeout_ms = q->timeout_ms;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.epoch = leader->piece.epoch;
     env.worker = leader->name;
     env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
-    tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env);
-    /* Tell the client at once that the request is on its way, so it can
-     * tell a missing coordinator from a slow prefill. */
-    json_t *ack = json_pack("{s:I, s:i, s:s, s:b}", "request_id", (json_int_t)rec->id,
-                            "replica", replica, "leader", leader->name, "accepted", 1);
-    reply_json(c, rec, true, NULL, ack);
-    json_decref(ack);
+    if (tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env) < 0) {
+        snprintf(msg, sizeof msg, "could not send it to the leader %s (%s)", leader->name,
+                 zmq_strerror(errno));
+        request_fail(c, c->n_reqs - 1, msg);
+        return;
+    }
     tsr_debug("request %llu -> %s replica %d (leader %s)", (unsigned long long)rec->id, d->name,
               replica, leader->name);
 }
@@ -194,8 +295,9 @@ void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env)
     json_t *doc = json_pack("{s:I, s:i, s:i, s:b, s:s}", "request_id", (json_int_t)q->id, "token",
                             t->token, "index", (int)t->index, "done", t->done, "finish_reason",
                             t->finish_reason);
-    reply_json(c, q, true, NULL, doc);
+    int sent = reply_json(c, q, true, NULL, doc);
     json_decref(doc);
     c->stats.tokens++;
     if (t->done) request_remove(c, i);
+    else if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");
 }

@@ -1115,6 +1115,250 @@ static void test_non_control_envelope_on_control_socket_is_refused(void **state)
     assert_int_equal(fx->c->stats.heartbeats, 0);
 }
 
+/* ---- generation: deadlines, cancellation, limits -------------------------------------- */
+
+/* Brings the cluster up with every piece ready; returns the replica's leader
+ * (stage 0, tp rank 0). */
+static int cluster_ready(fx_t *fx)
+{
+    cluster_up(fx);
+    int leader = -1;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        send_ready(fx, i, fx->piece[i].epoch);
+        if (fx->piece[i].stage == 0 && fx->piece[i].tp_rank == 0) leader = i;
+    }
+    pump(fx);
+    assert_int_not_equal(leader, -1);
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i])
+            assert_int_equal(tsr_registry_find(fx->c->reg, fx->name[i])->state, TSR_W_READY);
+    return leader;
+}
+
+static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t timeout_ms)
+{
+    int32_t prompt[3] = {1, 2, 3};
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
+    q.deployment = "tiny";
+    q.worker = "";
+    q.n_prompt = 3;
+    q.prompt = prompt;
+    q.max_tokens = max_tokens;
+    q.top_p = 1.0f;
+    q.timeout_ms = timeout_ms;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = "";
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    send_env(client, &env);
+    pump(fx);
+}
+
+/* Sends a generate request from client and checks that it is accepted and
+ * reaches the leader; returns its id. */
+static uint64_t start_request(fx_t *fx, void *client, int leader, uint32_t timeout_ms)
+{
+    send_generate(fx, client, 16, timeout_ms);
+    tsr_env_t *env = expect_kind(client, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    if (!env->control_reply->ok) fail_msg("refused: %s", env->control_reply->error);
+    json_t *ack = json_loads(env->control_reply->json, 0, NULL);
+    assert_non_null(ack);
+    assert_true(json_is_true(json_object_get(ack, "accepted")));
+    uint64_t id = (uint64_t)json_integer_value(json_object_get(ack, "request_id"));
+    json_decref(ack);
+    tsr_env_free(&env);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->request_id, id);
+    assert_int_equal(env->generate->timeout_ms, timeout_ms);  /* forwarded to the leader */
+    assert_int_equal(env->epoch, fx->piece[leader].epoch);
+    tsr_env_free(&env);
+    return id;
+}
+
+static void send_token(fx_t *fx, int from, uint64_t id, uint32_t index, bool done)
+{
+    Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
+    t.request_id = id;
+    t.token = 40 + (int32_t)index;
+    t.index = index;
+    t.done = done;
+    t.finish_reason = done ? "max_tokens" : "";
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[from];
+    env.epoch = fx->piece[from].epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
+    env.token_event = &t;
+    send_env(fx->dealer[from], &env);
+}
+
+static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leader(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t id = start_request(fx, fx->ctl, leader, 500);
+    assert_int_equal(fx->c->n_reqs, 1);
+    int64_t deadline = fx->c->reqs[0].deadline_ms;
+    assert_int_equal(deadline, fx->c->reqs[0].started_ms + 500);
+    for (uint32_t k = 0; k < 2; k++) send_token(fx, leader, id, k, false);
+    pump(fx);
+    for (int k = 0; k < 2; k++) {
+        tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+        assert_true(env->control_reply->ok);
+        tsr_env_free(&env);
+    }
+
+    /* Before the deadline nothing happens, and the tick asks to be woken
+     * no later than the deadline. */
+    int wait = tsr_coord_tick(fx->c, deadline - 100);
+    assert_true(wait <= 100);
+    assert_int_equal(fx->c->n_reqs, 1);
+    expect_nothing(fx->ctl, 10);
+    expect_nothing(fx->dealer[leader], 10);
+
+    tsr_coord_tick(fx->c, deadline);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(env->control_reply->ok);
+    char want[128];
+    snprintf(want, sizeof want, "request %llu passed its deadline of 500 ms after 2 token(s)",
+             (unsigned long long)id);
+    if (!strstr(env->control_reply->error, want))
+        fail_msg("'%s' lacks '%s'", env->control_reply->error, want);
+    tsr_env_free(&env);
+
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+    assert_int_equal(env->cancel->request_id, id);
+    assert_non_null(strstr(env->cancel->reason, "deadline"));
+    assert_int_equal(env->epoch, fx->piece[leader].epoch);
+    assert_string_equal(env->worker, fx->name[leader]);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(fx->c->stats.requests_failed, 1);
+    assert_int_equal(fx->c->stats.requests_cancelled, 1);
+
+    /* A token that was already on its way is dropped, not forwarded. */
+    send_token(fx, leader, id, 2, false);
+    pump(fx);
+    expect_nothing(fx->ctl, 10);
+}
+
+static void test_a_request_without_a_deadline_never_expires(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    start_request(fx, fx->ctl, leader, 0);
+    assert_int_equal(fx->c->reqs[0].deadline_ms, 0);
+    assert_int_equal(tsr_requests_expire(fx->c, tsr_now_ms() + 86400000), 0);
+    assert_int_equal(fx->c->n_reqs, 1);
+    expect_nothing(fx->dealer[leader], 10);
+}
+
+static void test_a_client_that_goes_away_mid_stream_gets_its_request_cancelled(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    char err[256] = "";
+    void *client = tsr_sock_dealer(fx->cep, 0, err, sizeof err);
+    assert_non_null(client);
+    uint64_t id = start_request(fx, client, leader, 0);
+    send_token(fx, leader, id, 0, false);
+    pump(fx);
+    tsr_env_t *env = expect_kind(client, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    tsr_env_free(&env);
+    tsr_sock_close(&client);
+
+    /* The router learns of the disconnect asynchronously: the next tokens
+     * find the client gone. */
+    tsr_env_t *cancel = NULL;
+    for (uint32_t k = 1; k < 200 && !cancel; k++) {
+        send_token(fx, leader, id, k, false);
+        pump(fx);
+        cancel = recv_env(fx->dealer[leader], TSR_WIRE_MAX_WORKER, 10);
+    }
+    if (!cancel) fail_msg("no Cancel reached the leader");
+    assert_int_equal(cancel->body_case, TESSERA__ENVELOPE__BODY_CANCEL);
+    assert_int_equal(cancel->cancel->request_id, id);
+    assert_non_null(strstr(cancel->cancel->reason, "client"));
+    tsr_env_free(&cancel);
+    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(fx->c->stats.requests_cancelled, 1);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
+static void test_a_slow_client_is_not_taken_for_a_gone_one(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    /* A client that reads nothing: once the router's queue to it is at its
+     * high-water mark, replies fail with EAGAIN, not EHOSTUNREACH. */
+    int hwm = 1, linger = 0;
+    void *client = zmq_socket(tsr_zmq_ctx(), ZMQ_DEALER);
+    assert_non_null(client);
+    assert_int_equal(zmq_setsockopt(client, ZMQ_RCVHWM, &hwm, sizeof hwm), 0);
+    assert_int_equal(zmq_setsockopt(client, ZMQ_LINGER, &linger, sizeof linger), 0);
+    assert_int_equal(zmq_connect(client, fx->cep), 0);
+    send_generate(fx, client, 16, 0);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    uint64_t id = env->generate->request_id;
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->n_reqs, 1);
+    const tsr_request_rec_t *q = &fx->c->reqs[0];
+    int rc = TSR_REPLY_SENT;
+    for (int k = 0; k < 400000 && rc == TSR_REPLY_SENT; k++)
+        rc = tsr_control_reply(fx->c, q->rid, q->rid_len, true, NULL, "{}");
+    assert_int_equal(rc, TSR_REPLY_DROPPED);
+
+    send_token(fx, leader, id, 0, false);
+    pump(fx);
+    assert_int_equal(fx->c->stats.replies_dropped, 1);
+    assert_int_equal(fx->c->n_reqs, 1);  /* still running */
+    assert_int_equal(fx->c->reqs[0].n_tokens, 1);
+    assert_int_equal(fx->c->stats.requests_cancelled, 0);
+    expect_nothing(fx->dealer[leader], 20);
+    zmq_close(client);
+}
+
+static void test_a_reply_to_an_unknown_client_is_reported_gone(void **state)
+{
+    fx_t *fx = *state;
+    const uint8_t rid[5] = {0, 1, 2, 3, 4};
+    assert_int_equal(tsr_control_reply(fx->c, rid, sizeof rid, true, NULL, "{}"), TSR_REPLY_GONE);
+}
+
+/* The reply to a generate request that must be refused before it reaches a
+ * replica. */
+static void expect_generate_refused(fx_t *fx, int leader, uint32_t max_tokens,
+                                    uint32_t timeout_ms, const char *detail)
+{
+    send_generate(fx, fx->ctl, max_tokens, timeout_ms);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(env->control_reply->ok);
+    if (!strstr(env->control_reply->error, detail))
+        fail_msg("'%s' lacks '%s'", env->control_reply->error, detail);
+    tsr_env_free(&env);
+    expect_nothing(fx->dealer[leader], 10);
+    assert_int_equal(fx->c->n_reqs, 0);
+}
+
+static void test_max_tokens_and_timeout_out_of_range_are_refused(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    expect_generate_refused(fx, leader, 0, 0, "max_tokens must be 1 to 1000000, got 0");
+    expect_generate_refused(fx, leader, 1000001, 0, "max_tokens must be 1 to 1000000, got 1000001");
+    expect_generate_refused(fx, leader, 2147483648u, 0, "got 2147483648");
+    expect_generate_refused(fx, leader, UINT32_MAX, 0, "got 4294967295");
+    expect_generate_refused(fx, leader, 16, 86400001, "timeout_ms must be 0 (no deadline) to 86400000");
+    assert_int_equal(fx->c->stats.requests, 0);
+    /* Both ends of the ranges are accepted. */
+    start_request(fx, fx->ctl, leader, 86400000);
+    send_generate(fx, fx->ctl, 1000000, 0);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    tsr_env_free(&env);
+}
+
 int main(void)
 {
     tsr_log_init("test", TSR_LOG_ERROR + 1);
@@ -1148,6 +1392,12 @@ int main(void)
         T(test_control_drain_of_unknown_worker_fails_with_a_message),
         T(test_control_drain_of_a_holder_moves_its_piece_to_the_spare),
         T(test_non_control_envelope_on_control_socket_is_refused),
+        T(test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leader),
+        T(test_a_request_without_a_deadline_never_expires),
+        T(test_a_client_that_goes_away_mid_stream_gets_its_request_cancelled),
+        T(test_a_slow_client_is_not_taken_for_a_gone_one),
+        T(test_a_reply_to_an_unknown_client_is_reported_gone),
+        T(test_max_tokens_and_timeout_out_of_range_are_refused),
 #undef T
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
