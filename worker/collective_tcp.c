@@ -1228,9 +1228,17 @@ static int xfer_serve(tsr_comm_t *c, xfer_t *ops, int p, short rev, bool eager,
     if (!(rev & POLLIN) && !hup) return 0;
     if (r >= 0) return !ops[r].complete && rx_pump(c, p, &ops[r], x, err, errlen) < 0 ? -1 : 0;
     if (!eager || c->paused[p]) return 0;
-    int k = rx_pump(c, p, NULL, x, err, errlen);
-    if (k == RX_PAUSED) c->paused[p] = true;
-    return k < 0 ? -1 : 0;
+    /* A peer with nothing pending in this run (a rank that finished and
+     * closed, say) must not fail it: a send whose data went out would
+     * report an error and break the communicator.  Stop reading from it;
+     * the rx state keeps the error (an EOF stays an EOF, a bad header
+     * stays read), so the operation that next involves it reports it. */
+    bool idle = s < 0 || ops[s].complete;
+    char ignored[8];
+    int k = idle ? rx_pump(c, p, NULL, x, ignored, sizeof ignored)
+                 : rx_pump(c, p, NULL, x, err, errlen);
+    if (k == RX_PAUSED || (k < 0 && idle)) c->paused[p] = true;
+    return k < 0 && !idle ? -1 : 0;
 }
 
 /* Runs the sends and receives in ops together until all are done or the

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/safetensors.h"
 #include "worker/collective.h"
 
 #define MAXR 4
@@ -63,6 +64,30 @@ static float whole(int rank, size_t i)
     return (float)((i * 7 + (size_t)rank * 13) % 1000) - 500.0f;
 }
 
+/* Integers in [-2^29, 2^29) with busy low bits: four of them sum without
+ * overflow, and a float on the way would lose the low bits. */
+static int32_t ival(int rank, size_t i)
+{
+    uint32_t x = (uint32_t)i * 2654435761u ^ (uint32_t)(rank + 1) * 40503u * 977u;
+    return (int32_t)(x & 0x3fffffffu) - 0x20000000;
+}
+
+static tsr_buf_t f32_buf(float *p, size_t count)
+{
+    return tsr_host_buf(p, count, TSR_DT_F32);
+}
+
+static tsr_buf_t i32_buf(void *p, size_t count)
+{
+    return tsr_host_buf(p, count, TSR_DT_I32);
+}
+
+/* Raw bytes travel as I32: len must be a multiple of 4. */
+static tsr_buf_t byte_buf(void *p, size_t len)
+{
+    return tsr_host_buf(p, len / 4, TSR_DT_I32);
+}
+
 /* ---- a group of rank threads ------------------------------------------------- */
 
 typedef struct rank_ctx rank_ctx_t;
@@ -73,17 +98,19 @@ struct rank_ctx {
     uint64_t epoch, group;
     tsr_tcp_listener_t *l;
     const char **eps;
+    bool via_create;            /* form through ops->create and a blob */
     body_fn body;
     void *arg;                  /* the test's shared state */
     tsr_comm_t *comm;
-    int rc;                     /* 0: comm_new and body succeeded */
+    int rc;                     /* 0: forming and body succeeded */
     char err[512];
-    int64_t op_ms;              /* what the body chose to time */
-    float *buf;                 /* the body's result, freed by group_close */
+    int64_t op_ms, op2_ms;      /* what the body chose to time */
+    void *buf;                  /* the body's result, freed by group_close */
 };
 
 typedef struct {
     int n;
+    bool via_create;
     tsr_tcp_listener_t *l[MAXR];
     const char *eps[MAXR];
     rank_ctx_t k[MAXR];
@@ -102,11 +129,28 @@ static void group_open(group_t *g, int n)
     }
 }
 
+/* The TCP rendezvous blob: the endpoints, one a line. */
+static size_t make_blob(char *blob, size_t cap, const char *const *eps, int n)
+{
+    size_t len = 0;
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(blob + len, cap - len, "%s%s", i ? "\n" : "", eps[i]);
+    return len < cap ? len : cap - 1;
+}
+
 static void *rank_main(void *arg)
 {
     rank_ctx_t *k = arg;
-    k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS, k->err,
-                               sizeof k->err);
+    if (k->via_create) {
+        char blob[MAXR * 64];
+        tsr_rendezvous_t rv = {.epoch = k->epoch, .group = k->group, .rank = k->rank, .n = k->n,
+                               .blob = blob, .timeout_ms = FORM_MS};
+        rv.blob_len = make_blob(blob, sizeof blob, k->eps, k->n);
+        if (ops->create(k->l, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
+    } else {
+        k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS,
+                                   k->err, sizeof k->err);
+    }
     k->rc = !k->comm ? -1 : k->body ? k->body(k) : 0;
     return NULL;
 }
@@ -115,7 +159,8 @@ static void group_start(group_t *g, int rank, body_fn body, void *arg)
 {
     rank_ctx_t *k = &g->k[rank];
     *k = (rank_ctx_t){.rank = rank, .n = g->n, .epoch = 1, .group = 1, .l = g->l[rank],
-                      .eps = g->eps, .body = body, .arg = arg, .rc = -1};
+                      .eps = g->eps, .via_create = g->via_create, .body = body, .arg = arg,
+                      .rc = -1};
     assert_int_equal(pthread_create(&g->th[rank], NULL, rank_main, k), 0);
 }
 
@@ -147,6 +192,26 @@ static void group_close(group_t *g)
     }
 }
 
+/* The body's own check failed: say what, for fail_msg on the main thread. */
+static int body_fail(rank_ctx_t *k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->err, sizeof k->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* One I32 summed over the group: all ranks have reached this point, and
+ * the group carries data. */
+static int sync_body(rank_ctx_t *k)
+{
+    int32_t v = k->rank + 1;
+    if (ops->allreduce_sum(k->comm, i32_buf(&v, 1), OP_MS, k->err, sizeof k->err)) return -1;
+    if (v != k->n * (k->n + 1) / 2) return body_fail(k, "sum %d in a group of %d", v, k->n);
+    return 0;
+}
+
 /* ---- allreduce ------------------------------------------------------------------ */
 
 typedef struct {
@@ -159,10 +224,11 @@ typedef struct {
 static int allreduce_body(rank_ctx_t *k)
 {
     const fill_t *f = k->arg;
-    if (!(k->buf = malloc(f->count * sizeof(float)))) return -1;
+    float *b = malloc(f->count * sizeof(float));
+    if (!(k->buf = b)) return -1;
     for (size_t i = 0; i < f->count; i++)
-        k->buf[i] = f->whole ? whole(k->rank, i) : rnd(f->seed, k->rank, i);
-    return ops->allreduce_sum(k->comm, k->buf, f->count, OP_MS, k->err, sizeof k->err);
+        b[i] = f->whole ? whole(k->rank, i) : rnd(f->seed, k->rank, i);
+    return ops->allreduce_sum(k->comm, f32_buf(b, f->count), OP_MS, k->err, sizeof k->err);
 }
 
 static void check_allreduce(int n, size_t count, uint32_t seed, bool exact_order)
@@ -172,18 +238,19 @@ static void check_allreduce(int n, size_t count, uint32_t seed, bool exact_order
     group_open(&g, n);
     group_run(&g, allreduce_body, &f);
     group_expect_ok(&g);
+    const float *b0 = g.k[0].buf;
     for (size_t i = 0; i < count; i++) {
         float ref = rnd(seed, 0, i);
         for (int r = 1; r < n; r++) ref += rnd(seed, r, i);
         /* The small path adds in rank order, so it matches this exactly;
          * the ring adds in ring order, so only closely. */
-        if (exact_order && memcmp(&ref, &g.k[0].buf[i], sizeof ref))
-            fail_msg("n %d [%zu]: %.9g, expected %.9g", n, i, g.k[0].buf[i], ref);
-        if (!exact_order && fabsf(ref - g.k[0].buf[i]) > 1e-5f)
-            fail_msg("n %d [%zu]: %.9g, expected about %.9g", n, i, g.k[0].buf[i], ref);
+        if (exact_order && memcmp(&ref, &b0[i], sizeof ref))
+            fail_msg("n %d [%zu]: %.9g, expected %.9g", n, i, b0[i], ref);
+        if (!exact_order && fabsf(ref - b0[i]) > 1e-5f)
+            fail_msg("n %d [%zu]: %.9g, expected about %.9g", n, i, b0[i], ref);
     }
     for (int r = 1; r < n; r++)
-        if (memcmp(g.k[0].buf, g.k[r].buf, count * sizeof(float)))
+        if (memcmp(b0, g.k[r].buf, count * sizeof(float)))
             fail_msg("n %d: rank %d's result differs from rank 0's", n, r);
     group_close(&g);
 }
@@ -207,17 +274,165 @@ static void test_allreduce_large_ring_is_exact_and_bit_identical(void **state)
         group_open(&g, n);
         group_run(&g, allreduce_body, &f);
         group_expect_ok(&g);
-        for (int r = 0; r < n; r++)
+        for (int r = 0; r < n; r++) {
+            const float *b = g.k[r].buf;
             for (size_t i = 0; i < count; i++) {
                 float want = 0;
                 for (int q = 0; q < n; q++) want += whole(q, i);
-                if (g.k[r].buf[i] != want)
-                    fail_msg("n %d rank %d [%zu]: %g, expected %g", n, r, i, g.k[r].buf[i],
-                             want);
+                if (b[i] != want)
+                    fail_msg("n %d rank %d [%zu]: %g, expected %g", n, r, i, b[i], want);
             }
+        }
         group_close(&g);
         check_allreduce(n, count, 21 + (uint32_t)n, false);
     }
+}
+
+static int allreduce_i32_body(rank_ctx_t *k)
+{
+    const size_t *count = k->arg;
+    int32_t *b = malloc(*count * sizeof *b);
+    if (!(k->buf = b)) return -1;
+    for (size_t i = 0; i < *count; i++) b[i] = ival(k->rank, i);
+    return ops->allreduce_sum(k->comm, i32_buf(b, *count), OP_MS, k->err, sizeof k->err);
+}
+
+static void test_allreduce_of_i32_sums_exactly(void **state)
+{
+    (void)state;
+    /* 100000 I32 is 400 KB: were integers sent down the float path, this
+     * size would take the ring, and either way floats lose the low bits. */
+    static const size_t counts[] = {1, 1000, 100000};
+    for (int n = 1; n <= MAXR; n++)
+        for (int c = 0; c < 3; c++) {
+            size_t count = counts[c];
+            group_t g;
+            group_open(&g, n);
+            group_run(&g, allreduce_i32_body, &count);
+            group_expect_ok(&g);
+            for (int r = 0; r < n; r++) {
+                const int32_t *b = g.k[r].buf;
+                for (size_t i = 0; i < count; i++) {
+                    int64_t want = 0;
+                    for (int q = 0; q < n; q++) want += ival(q, i);
+                    if (b[i] != want)
+                        fail_msg("n %d rank %d [%zu]: %d, expected %lld", n, r, i, b[i],
+                                 (long long)want);
+                }
+            }
+            group_close(&g);
+        }
+}
+
+/* ---- 16-bit floats ---- */
+
+typedef struct {
+    size_t count;
+    tsr_dtype_t dt;
+    uint32_t seed;
+} half_t;
+
+static uint16_t to_half(tsr_dtype_t dt, float f)
+{
+    return dt == TSR_DT_BF16 ? tsr_f32_to_bf16(f) : tsr_f32_to_f16(f);
+}
+
+static float from_half(tsr_dtype_t dt, uint16_t h)
+{
+    return dt == TSR_DT_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
+}
+
+/* The spacing of dt's values around |x|: one rounding moves a sum by at
+ * most this (by half of it, rounding to nearest). */
+static double half_ulp(tsr_dtype_t dt, double x)
+{
+    int e, mant = dt == TSR_DT_BF16 ? 7 : 10, min_exp = dt == TSR_DT_BF16 ? -133 : -24;
+    frexp(fabs(x), &e);         /* |x| = m 2^e, m in [0.5, 1) */
+    int u = e - 1 - mant;
+    return ldexp(1.0, u > min_exp ? u : min_exp);
+}
+
+static int half_body(rank_ctx_t *k)
+{
+    const half_t *h = k->arg;
+    uint16_t *b = malloc(h->count * sizeof *b);
+    if (!(k->buf = b)) return -1;
+    for (size_t i = 0; i < h->count; i++) b[i] = to_half(h->dt, rnd(h->seed, k->rank, i));
+    return ops->allreduce_sum(k->comm, tsr_host_buf(b, h->count, h->dt), OP_MS, k->err,
+                              sizeof k->err);
+}
+
+static void check_half(int n, tsr_dtype_t dt, size_t count, uint32_t seed)
+{
+    group_t g;
+    half_t h = {count, dt, seed};
+    group_open(&g, n);
+    group_run(&g, half_body, &h);
+    group_expect_ok(&g);
+    const uint16_t *b0 = g.k[0].buf;
+    for (size_t i = 0; i < count; i++) {
+        double exact = 0;
+        for (int r = 0; r < n; r++) exact += from_half(dt, to_half(dt, rnd(seed, r, i)));
+        double got = from_half(dt, b0[i]);
+        double big = fabs(got) > fabs(exact) ? fabs(got) : fabs(exact);
+        if (fabs(got - exact) > half_ulp(dt, big))
+            fail_msg("%s n %d count %zu [%zu]: %.9g, expected %.9g within one rounding",
+                     tsr_dtype_name(dt), n, count, i, got, exact);
+    }
+    for (int r = 1; r < n; r++)
+        if (memcmp(b0, g.k[r].buf, count * sizeof *b0))
+            fail_msg("%s n %d count %zu: rank %d's bits differ from rank 0's",
+                     tsr_dtype_name(dt), n, count, r);
+    group_close(&g);
+}
+
+static void test_allreduce_of_bf16_and_f16_sums_within_one_rounding_bit_identically(void **state)
+{
+    (void)state;
+    static const tsr_dtype_t dts[] = {TSR_DT_BF16, TSR_DT_F16};
+    for (int d = 0; d < 2; d++)
+        for (int n = 2; n <= MAXR; n++) {
+            check_half(n, dts[d], 1000, 31 + (uint32_t)n);
+            /* 40000 elements are 160 KB once widened to f32: the ring. */
+            check_half(n, dts[d], 40001, 41 + (uint32_t)n);
+        }
+}
+
+static int device_body(rank_ctx_t *k)
+{
+    float v[4] = {1, 2, 3, 4};
+    tsr_buf_t b = f32_buf(v, 4);
+    b.mem = TSR_MEM_DEVICE;
+    int64_t t0 = now_ms();
+    int rc = ops->allreduce_sum(k->comm, b, OP_MS, k->err, sizeof k->err);
+    k->op_ms = now_ms() - t0;
+    if (rc == 0) return body_fail(k, "an allreduce of device memory succeeded");
+    return strstr(k->err, "device memory") ? 0 : -1;
+}
+
+static void test_allreduce_of_device_memory_is_refused(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 2);
+    group_run(&g, device_body, NULL);
+    group_expect_ok(&g);
+    /* Refused before anything waits on the peer. */
+    for (int r = 0; r < 2; r++) assert_true(g.k[r].op_ms < 100);
+    group_close(&g);
+
+    char err[512];
+    float v[4] = {1, 2, 3, 4};
+    tsr_buf_t b = f32_buf(v, 4);
+    b.mem = TSR_MEM_DEVICE;
+    tsr_comm_t *c = tsr_tcp_comm_new(NULL, 1, 1, 0, 1, NULL, 300, err, sizeof err);
+    assert_non_null(c);
+    /* Even a group of one, which has nothing to send, must not touch it. */
+    err[0] = '\0';
+    assert_int_equal(ops->allreduce_sum(c, b, 100, err, sizeof err), -1);
+    if (!strstr(err, "device memory")) fail_msg("%s", err);
+    assert_int_equal(ops->mem, TSR_MEM_HOST);
+    ops->destroy(&c);
 }
 
 #define TPUT_ITERS 20
@@ -227,12 +442,14 @@ static void test_allreduce_large_ring_is_exact_and_bit_identical(void **state)
 static int throughput_body(rank_ctx_t *k)
 {
     size_t count = (size_t)1 << 20;
-    if (!(k->buf = malloc(count * sizeof(float)))) return -1;
-    for (size_t i = 0; i < count; i++) k->buf[i] = 1.0f;
-    if (ops->allreduce_sum(k->comm, k->buf, count, OP_MS, k->err, sizeof k->err)) return -1;
+    float *b = malloc(count * sizeof(float));
+    if (!(k->buf = b)) return -1;
+    for (size_t i = 0; i < count; i++) b[i] = 1.0f;
+    if (ops->allreduce_sum(k->comm, f32_buf(b, count), OP_MS, k->err, sizeof k->err)) return -1;
     int64_t t0 = now_ms();
     for (int it = 0; it < TPUT_ITERS; it++)
-        if (ops->allreduce_sum(k->comm, k->buf, count, OP_MS, k->err, sizeof k->err)) return -1;
+        if (ops->allreduce_sum(k->comm, f32_buf(b, count), OP_MS, k->err, sizeof k->err))
+            return -1;
     k->op_ms = now_ms() - t0;
     return 0;
 }
@@ -245,17 +462,152 @@ static void test_allreduce_throughput_1M_floats_2_ranks(void **state)
     group_run(&g, throughput_body, NULL);
     group_expect_ok(&g);
     float want = ldexpf(1.0f, TPUT_ITERS + 1);
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < 2; r++) {
+        const float *b = g.k[r].buf;
         for (size_t i = 0; i < (size_t)1 << 20; i++)
-            if (g.k[r].buf[i] != want) fail_msg("rank %d [%zu]: %g, expected %g", r, i,
-                                                g.k[r].buf[i], want);
+            if (b[i] != want) fail_msg("rank %d [%zu]: %g, expected %g", r, i, b[i], want);
+    }
     double ms = (double)g.k[0].op_ms / TPUT_ITERS;
+    if (ms <= 0) ms = 0.01;
     print_message("allreduce of 1M floats (4 MiB) x 2 ranks on loopback: %.2f ms each, "
                   "%.2f GB/s of buffer\n", ms, 4.0 * 1048576 / (ms / 1000) / 1e9);
     group_close(&g);
 }
 
-/* ---- broadcast, send, recv, barrier ---------------------------------------------- */
+#define LATE_MS 300
+
+/* Rank 2 comes late to an allgather and then to an allreduce: the others
+ * wait for it, which is what callers use in place of a barrier. */
+static int late_body(rank_ctx_t *k)
+{
+    int32_t part = k->rank * 10, all[3] = {-1, -1, -1}, one = 1;
+    if (k->rank == 2) sleep_ms(LATE_MS);
+    int64_t t0 = now_ms();
+    if (ops->allgather(k->comm, i32_buf(&part, 1), i32_buf(all, 3), OP_MS, k->err,
+                       sizeof k->err))
+        return -1;
+    k->op_ms = now_ms() - t0;
+    if (all[0] != 0 || all[1] != 10 || all[2] != 20)
+        return body_fail(k, "gathered %d %d %d", all[0], all[1], all[2]);
+    if (k->rank == 2) sleep_ms(LATE_MS);
+    t0 = now_ms();
+    if (ops->allreduce_sum(k->comm, i32_buf(&one, 1), OP_MS, k->err, sizeof k->err)) return -1;
+    k->op2_ms = now_ms() - t0;
+    return one == 3 ? 0 : body_fail(k, "sum %d", one);
+}
+
+static void test_allgather_and_allreduce_wait_for_the_last_rank(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 3);
+    group_run(&g, late_body, NULL);
+    group_expect_ok(&g);
+    for (int r = 0; r < 2; r++) {
+        if (g.k[r].op_ms < LATE_MS - 50) fail_msg("rank %d: allgather %lld ms", r,
+                                                  (long long)g.k[r].op_ms);
+        if (g.k[r].op2_ms < LATE_MS - 50) fail_msg("rank %d: allreduce %lld ms", r,
+                                                   (long long)g.k[r].op2_ms);
+    }
+    group_close(&g);
+}
+
+/* ---- allgather ------------------------------------------------------------------- */
+
+typedef struct {
+    size_t count;               /* per rank */
+    tsr_dtype_t dt;             /* F32 or I32 */
+} gather_t;
+
+/* The bits of element i of rank's part: the rank in the top byte for I32,
+ * a whole number that names (rank, i) for F32. */
+static uint32_t gather_val(int rank, tsr_dtype_t dt, size_t i)
+{
+    if (dt == TSR_DT_I32) return (uint32_t)rank << 24 | (uint32_t)(i & 0xffffff);
+    float f = (float)(rank * 100000 + (int)(i % 100000));
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The receive buffer starts as 0xff bytes, so a part left out shows. */
+static int allgather_body(rank_ctx_t *k)
+{
+    const gather_t *ga = k->arg;
+    size_t total = ga->count * (size_t)k->n;
+    uint32_t *send = malloc((ga->count ? ga->count : 1) * 4), *recv = malloc(total * 4 + 4);
+    int rc = -1;
+    k->buf = recv;
+    if (!send || !recv) goto out;
+    memset(recv, 0xff, total * 4);
+    for (size_t i = 0; i < ga->count; i++) {
+        send[i] = gather_val(k->rank, ga->dt, i);
+    }
+    rc = ops->allgather(k->comm, tsr_host_buf(send, ga->count, ga->dt),
+                        tsr_host_buf(recv, total, ga->dt), OP_MS, k->err, sizeof k->err);
+out:
+    free(send);
+    return rc;
+}
+
+static void test_allgather_puts_every_rank_part_in_rank_order(void **state)
+{
+    (void)state;
+    static const gather_t cases[] = {{3, TSR_DT_F32}, {100003, TSR_DT_I32}, {0, TSR_DT_I32}};
+    for (int n = 1; n <= MAXR; n++)
+        for (int c = 0; c < 3; c++) {
+            gather_t ga = cases[c];
+            group_t g;
+            group_open(&g, n);
+            group_run(&g, allgather_body, &ga);
+            group_expect_ok(&g);
+            for (int r = 0; r < n; r++) {
+                const uint32_t *b = g.k[r].buf;
+                for (int q = 0; q < n; q++)
+                    for (size_t i = 0; i < ga.count; i++) {
+                        uint32_t got = b[(size_t)q * ga.count + i];
+                        uint32_t want = gather_val(q, ga.dt, i);
+                        if (got != want)
+                            fail_msg("n %d rank %d: part %d [%zu] is 0x%08x, expected 0x%08x",
+                                     n, r, q, i, got, want);
+                    }
+            }
+            group_close(&g);
+        }
+}
+
+static int gather_refusal_body(rank_ctx_t *k)
+{
+    int32_t send[3] = {1, 2, 3}, recv[3 * 2 + 1];
+    int64_t t0 = now_ms();
+    int a = ops->allgather(k->comm, i32_buf(send, 3), i32_buf(recv, 5), OP_MS, k->err,
+                           sizeof k->err);
+    if (a == 0) return body_fail(k, "a receive buffer of 5 for 2 parts of 3 was taken");
+    if (!strstr(k->err, "receive buffer of 5")) return -1;
+    int b = ops->allgather(k->comm, i32_buf(send, 3), i32_buf(recv, 7), OP_MS, k->err,
+                           sizeof k->err);
+    if (b == 0) return body_fail(k, "a receive buffer of 7 for 2 parts of 3 was taken");
+    if (!strstr(k->err, "receive buffer of 7")) return -1;
+    /* Same size in bytes, another element type. */
+    int c = ops->allgather(k->comm, i32_buf(send, 3),
+                           tsr_host_buf(recv, 6, TSR_DT_F32), OP_MS, k->err, sizeof k->err);
+    if (c == 0) return body_fail(k, "an F32 receive buffer for I32 parts was taken");
+    k->op_ms = now_ms() - t0;
+    return 0;
+}
+
+static void test_allgather_refuses_a_receive_buffer_of_the_wrong_count(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 2);
+    group_run(&g, gather_refusal_body, NULL);
+    group_expect_ok(&g);
+    for (int r = 0; r < 2; r++) assert_true(g.k[r].op_ms < 100);
+    group_close(&g);
+}
+
+/* ---- broadcast --------------------------------------------------------------------- */
 
 #define BCAST_LEN ((size_t)1 << 20)
 
@@ -269,17 +621,17 @@ static int broadcast_body(rank_ctx_t *k)
         for (size_t i = 0; i < BCAST_LEN; i++) b[i] = (uint8_t)(i * 31 + 7);
         memset(small, 0x5a, sizeof small);
     }
-    if (ops->broadcast(k->comm, b, BCAST_LEN, 2, OP_MS, k->err, sizeof k->err) ||
-        ops->broadcast(k->comm, small, sizeof small, 2, OP_MS, k->err, sizeof k->err))
+    if (ops->broadcast(k->comm, byte_buf(b, BCAST_LEN), 2, OP_MS, k->err, sizeof k->err) ||
+        ops->broadcast(k->comm, byte_buf(small, sizeof small), 2, OP_MS, k->err, sizeof k->err))
         goto out;
     for (size_t i = 0; i < BCAST_LEN; i++)
         if (b[i] != (uint8_t)(i * 31 + 7)) {
-            snprintf(k->err, sizeof k->err, "byte %zu is %u", i, b[i]);
+            body_fail(k, "byte %zu is %u", i, b[i]);
             goto out;
         }
     for (size_t i = 0; i < sizeof small; i++)
         if (small[i] != 0x5a) {
-            snprintf(k->err, sizeof k->err, "small byte %zu is %u", i, small[i]);
+            body_fail(k, "small byte %zu is %u", i, small[i]);
             goto out;
         }
     rc = 0;
@@ -298,6 +650,8 @@ static void test_broadcast_from_a_nonzero_root_reaches_every_rank(void **state)
     group_close(&g);
 }
 
+/* ---- send, recv and group --------------------------------------------------------- */
+
 #define P2P_LEN ((size_t)8 << 20)
 
 static uint8_t pattern(int from, size_t i)
@@ -305,37 +659,50 @@ static uint8_t pattern(int from, size_t i)
     return (uint8_t)(i * 13 + (size_t)from * 101 + (i >> 12));
 }
 
+static void fill_pattern(uint8_t *b, size_t len, int from)
+{
+    for (size_t i = 0; i < len; i++) b[i] = pattern(from, i);
+}
+
 static int check_pattern(rank_ctx_t *k, const uint8_t *b, size_t len, int from)
 {
     for (size_t i = 0; i < len; i++)
-        if (b[i] != pattern(from, i)) {
-            snprintf(k->err, sizeof k->err, "byte %zu from rank %d is %u", i, from, b[i]);
-            return -1;
-        }
+        if (b[i] != pattern(from, i))
+            return body_fail(k, "byte %zu from rank %d is %u", i, from, b[i]);
     return 0;
+}
+
+static int p2p_send(rank_ctx_t *k, int peer, void *b, size_t len, int timeout_ms)
+{
+    return tsr_coll_send(ops, k->comm, peer, byte_buf(b, len), timeout_ms, k->err,
+                         sizeof k->err);
+}
+
+static int p2p_recv(rank_ctx_t *k, int peer, void *b, size_t len, int timeout_ms)
+{
+    return tsr_coll_recv(ops, k->comm, peer, byte_buf(b, len), timeout_ms, k->err,
+                         sizeof k->err);
 }
 
 /* Both ranks send 8 MiB first and receive second: far more than the socket
  * buffers hold, so this finishes only if send keeps reading meanwhile.
- * Then messages of 10, 0 and 1000 bytes keep their boundaries. */
+ * Then messages of 12, 0 and 1000 bytes keep their boundaries. */
 static int exchange_body(rank_ctx_t *k)
 {
     int other = 1 - k->rank, rc = -1;
     uint8_t *out = malloc(P2P_LEN), *in = malloc(P2P_LEN);
     if (!out || !in) goto out;
-    for (size_t i = 0; i < P2P_LEN; i++) out[i] = pattern(k->rank, i);
+    fill_pattern(out, P2P_LEN, k->rank);
     for (int round = 0; round < 2; round++) {
-        if (ops->send(k->comm, other, out, P2P_LEN, OP_MS, k->err, sizeof k->err) ||
-            ops->recv(k->comm, other, in, P2P_LEN, OP_MS, k->err, sizeof k->err) ||
+        if (p2p_send(k, other, out, P2P_LEN, OP_MS) || p2p_recv(k, other, in, P2P_LEN, OP_MS) ||
             check_pattern(k, in, P2P_LEN, other))
             goto out;
     }
-    static const size_t sizes[] = {10, 0, 1000};
+    static const size_t sizes[] = {12, 0, 1000};
     for (int i = 0; i < 3; i++)
-        if (ops->send(k->comm, other, out, sizes[i], OP_MS, k->err, sizeof k->err)) goto out;
+        if (p2p_send(k, other, out, sizes[i], OP_MS)) goto out;
     for (int i = 0; i < 3; i++)
-        if (ops->recv(k->comm, other, in, sizes[i], OP_MS, k->err, sizeof k->err) ||
-            check_pattern(k, in, sizes[i], other))
+        if (p2p_recv(k, other, in, sizes[i], OP_MS) || check_pattern(k, in, sizes[i], other))
             goto out;
     rc = 0;
 out:
@@ -356,11 +723,88 @@ static void test_send_recv_8MiB_both_ways_at_once_does_not_deadlock(void **state
     group_close(&g);
 }
 
+#define GROUP_LEN ((size_t)4 << 20)
+
+/* Every rank sends GROUP_LEN bytes to every other rank and receives as
+ * much from each, all in one group call. */
+static int group_body(rank_ctx_t *k)
+{
+    uint8_t *out = malloc(GROUP_LEN), *in[MAXR] = {0};
+    tsr_p2p_t leg[2 * MAXR];
+    int nleg = 0, rc = -1;
+    if (!out) goto out;
+    fill_pattern(out, GROUP_LEN, k->rank);
+    for (int p = 0; p < k->n; p++) {
+        if (p == k->rank) continue;
+        if (!(in[p] = malloc(GROUP_LEN))) goto out;
+        /* Receives first on odd ranks: the order in the group must not matter. */
+        tsr_p2p_t s = {p, true, byte_buf(out, GROUP_LEN)};
+        tsr_p2p_t r = {p, false, byte_buf(in[p], GROUP_LEN)};
+        leg[nleg++] = k->rank % 2 ? r : s;
+        leg[nleg++] = k->rank % 2 ? s : r;
+    }
+    int64_t t0 = now_ms();
+    if (ops->group(k->comm, leg, nleg, OP_MS, k->err, sizeof k->err)) goto out;
+    k->op_ms = now_ms() - t0;
+    for (int p = 0; p < k->n; p++)
+        if (p != k->rank && check_pattern(k, in[p], GROUP_LEN, p)) goto out;
+    rc = 0;
+out:
+    free(out);
+    for (int p = 0; p < MAXR; p++) free(in[p]);
+    return rc;
+}
+
+static void test_group_exchanges_4MiB_both_ways_in_one_call_without_deadlock(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 3; n++) {
+        group_t g;
+        group_open(&g, n);
+        group_run(&g, group_body, NULL);
+        group_expect_ok(&g);
+        for (int r = 0; r < n; r++) assert_true(g.k[r].op_ms < OP_MS);
+        group_close(&g);
+    }
+}
+
+static int group_refusal_body(rank_ctx_t *k)
+{
+    int other = 1 - k->rank;
+    int32_t a[4] = {0}, b[4] = {0};
+    tsr_p2p_t two_sends[2] = {{other, true, i32_buf(a, 4)}, {other, true, i32_buf(b, 4)}};
+    tsr_p2p_t two_recvs[2] = {{other, false, i32_buf(a, 4)}, {other, false, i32_buf(b, 4)}};
+    tsr_p2p_t to_self[1] = {{k->rank, true, i32_buf(a, 4)}};
+    int64_t t0 = now_ms();
+    if (ops->group(k->comm, two_sends, 2, OP_MS, k->err, sizeof k->err) == 0)
+        return body_fail(k, "a group with two sends to rank %d ran", other);
+    if (!strstr(k->err, "two sends")) return -1;
+    if (ops->group(k->comm, two_recvs, 2, OP_MS, k->err, sizeof k->err) == 0)
+        return body_fail(k, "a group with two receives from rank %d ran", other);
+    if (!strstr(k->err, "two recvs")) return -1;
+    if (ops->group(k->comm, to_self, 1, OP_MS, k->err, sizeof k->err) == 0)
+        return body_fail(k, "a send to itself ran");
+    if (!strstr(k->err, "not another rank")) return -1;
+    k->op_ms = now_ms() - t0;
+    return 0;
+}
+
+static void test_group_with_two_sends_to_one_peer_is_refused(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 2);
+    group_run(&g, group_refusal_body, NULL);
+    group_expect_ok(&g);
+    for (int r = 0; r < 2; r++) assert_true(g.k[r].op_ms < 100);
+    group_close(&g);
+}
+
 static int mismatch_body(rank_ctx_t *k)
 {
     uint8_t b[200] = {0};
-    if (k->rank == 0) return ops->send(k->comm, 1, b, 100, OP_MS, k->err, sizeof k->err);
-    if (ops->recv(k->comm, 0, b, 200, OP_MS, k->err, sizeof k->err) == 0) return -1;
+    if (k->rank == 0) return p2p_send(k, 1, b, 100, OP_MS);
+    if (p2p_recv(k, 0, b, 200, OP_MS) == 0) return body_fail(k, "a 200-byte recv succeeded");
     return strstr(k->err, "100-byte") && strstr(k->err, "200 bytes") ? 0 : -1;
 }
 
@@ -373,31 +817,313 @@ static void test_recv_of_a_different_length_than_sent_fails(void **state)
     group_expect_ok(&g);
     /* And the communicator is unusable afterwards. */
     char err[256];
-    assert_int_equal(ops->barrier(g.k[1].comm, 100, err, sizeof err), -1);
+    int32_t v = 1;
+    assert_int_equal(ops->allreduce_sum(g.k[1].comm, i32_buf(&v, 1), 100, err, sizeof err), -1);
+    assert_non_null(strstr(err, "earlier failure"));
+    assert_int_equal(ops->poll(g.k[1].comm, 0, 100, err, sizeof err), -1);
     assert_non_null(strstr(err, "earlier failure"));
     group_close(&g);
 }
 
-#define LATE_MS 300
-
-static int barrier_body(rank_ctx_t *k)
+/* Rank 2 finishes and closes; rank 0's sends to rank 1 read other ranks
+ * eagerly while they wait, and must not fail over rank 2's EOF (the data
+ * reached rank 1).  The closed rank is reported by the next operation
+ * that involves it. */
+static int closed_bystander_body(rank_ctx_t *k)
 {
-    if (k->rank == 2) sleep_ms(LATE_MS);
+    sem_t *closed = k->arg;
+    uint8_t b[4096];
+    if (k->rank == 2) {
+        ops->destroy(&k->comm);
+        sem_post(closed);
+        sem_post(closed);
+        return 0;
+    }
+    sem_wait(closed);
+    if (k->rank == 1) {
+        for (int i = 0; i < 2; i++)
+            if (p2p_recv(k, 0, b, sizeof b, OP_MS) || check_pattern(k, b, sizeof b, 0)) return -1;
+        return 0;
+    }
+    sleep_ms(50);               /* rank 2's EOF is in rank 0's socket by now */
+    fill_pattern(b, sizeof b, 0);
+    for (int i = 0; i < 2; i++)
+        if (p2p_send(k, 1, b, sizeof b, OP_MS)) return -1;
     int64_t t0 = now_ms();
-    if (ops->barrier(k->comm, OP_MS, k->err, sizeof k->err)) return -1;
+    if (p2p_recv(k, 2, b, 8, OP_MS) == 0)
+        return body_fail(k, "a recv from a closed rank succeeded");
     k->op_ms = now_ms() - t0;
-    return ops->barrier(k->comm, OP_MS, k->err, sizeof k->err);
+    return strstr(k->err, "rank 2 (") && strstr(k->err, "closed") ? 0 : -1;
 }
 
-static void test_barrier_waits_for_the_last_rank(void **state)
+static void test_a_send_is_not_failed_by_another_rank_that_closed(void **state)
 {
     (void)state;
     group_t g;
+    sem_t closed;
+    sem_init(&closed, 0, 0);
     group_open(&g, 3);
-    group_run(&g, barrier_body, NULL);
+    group_run(&g, closed_bystander_body, &closed);
     group_expect_ok(&g);
-    assert_true(g.k[0].op_ms >= LATE_MS - 50);
-    assert_true(g.k[1].op_ms >= LATE_MS - 50);
+    assert_true(g.k[0].op_ms < 100);
+    group_close(&g);
+    sem_destroy(&closed);
+}
+
+/* ---- poll ------------------------------------------------------------------------- */
+
+#define POLL_MS 300
+#define POLL_BIG ((size_t)32 << 20)
+
+typedef struct {
+    sem_t go, sent;
+} poll_t;
+
+/* Rank 0 polls rank 1: before anything was sent (0 at the timeout), while
+ * a message is on its way (1, as it arrives), and after a long send of
+ * its own that pulled rank 1's next message into the inbox (1 at once,
+ * though the socket is empty by then).  Rank 1 sends {1,2,3,4} when told
+ * to, then {5,6,7,8}, then takes rank 0's long message. */
+static int poll_body(rank_ctx_t *k)
+{
+    poll_t *pt = k->arg;
+    int32_t m[4] = {0};
+    uint8_t *big = malloc(POLL_BIG);
+    int rc = -1;
+    if (!big) goto out;
+    if (k->rank == 1) {
+        int32_t m1[4] = {1, 2, 3, 4}, m2[4] = {5, 6, 7, 8};
+        sem_wait(&pt->go);
+        sleep_ms(100);
+        if (tsr_coll_send(ops, k->comm, 0, i32_buf(m1, 4), OP_MS, k->err, sizeof k->err) ||
+            tsr_coll_send(ops, k->comm, 0, i32_buf(m2, 4), OP_MS, k->err, sizeof k->err))
+            goto out;
+        sem_post(&pt->sent);
+        if (p2p_recv(k, 0, big, POLL_BIG, OP_MS) || check_pattern(k, big, POLL_BIG, 0)) goto out;
+        rc = 0;
+        goto out;
+    }
+    int64_t t0 = now_ms();
+    int r = ops->poll(k->comm, 1, POLL_MS, k->err, sizeof k->err);
+    int64_t el = now_ms() - t0;
+    if (r != 0 || el < POLL_MS - 10 || el > POLL_MS + SLACK_MS) {
+        body_fail(k, "poll with nothing sent: %d after %lld ms (timeout %d)", r, (long long)el,
+                  POLL_MS);
+        goto out;
+    }
+    sem_post(&pt->go);
+    t0 = now_ms();
+    r = ops->poll(k->comm, 1, OP_MS, k->err, sizeof k->err);
+    el = now_ms() - t0;
+    if (r != 1 || el > OP_MS / 2) {
+        body_fail(k, "poll while a message comes: %d after %lld ms", r, (long long)el);
+        goto out;
+    }
+    if (tsr_coll_recv(ops, k->comm, 1, i32_buf(m, 4), OP_MS, k->err, sizeof k->err)) goto out;
+    if (m[0] != 1 || m[3] != 4) {
+        body_fail(k, "first message %d %d %d %d", m[0], m[1], m[2], m[3]);
+        goto out;
+    }
+    /* The second message sits in the socket before the long send starts,
+     * and the send reads it into the inbox while it waits on rank 1. */
+    sem_wait(&pt->sent);
+    sleep_ms(50);
+    fill_pattern(big, POLL_BIG, 0);
+    if (p2p_send(k, 1, big, POLL_BIG, OP_MS)) goto out;
+    t0 = now_ms();
+    r = ops->poll(k->comm, 1, POLL_MS, k->err, sizeof k->err);
+    el = now_ms() - t0;
+    if (r != 1 || el > POLL_MS / 2) {
+        body_fail(k, "poll with a message in the inbox: %d after %lld ms", r, (long long)el);
+        goto out;
+    }
+    if (tsr_coll_recv(ops, k->comm, 1, i32_buf(m, 4), OP_MS, k->err, sizeof k->err)) goto out;
+    if (m[0] != 5 || m[3] != 8) {
+        body_fail(k, "second message %d %d %d %d", m[0], m[1], m[2], m[3]);
+        goto out;
+    }
+    if ((r = ops->poll(k->comm, 1, 0, k->err, sizeof k->err)) != 0) {
+        body_fail(k, "poll after both messages were taken: %d", r);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(big);
+    return rc;
+}
+
+static void test_poll_says_when_a_message_waits_and_times_out_when_none(void **state)
+{
+    (void)state;
+    group_t g;
+    poll_t pt;
+    sem_init(&pt.go, 0, 0);
+    sem_init(&pt.sent, 0, 0);
+    group_open(&g, 2);
+    group_run(&g, poll_body, &pt);
+    group_expect_ok(&g);
+    group_close(&g);
+    sem_destroy(&pt.go);
+    sem_destroy(&pt.sent);
+}
+
+/* A peer that closed its end is not "nothing sent": poll returns at once
+ * and the receive that follows names the peer. */
+static int poll_closed_body(rank_ctx_t *k)
+{
+    sem_t *closed = k->arg;
+    if (k->rank == 1) {
+        ops->destroy(&k->comm);
+        sem_post(closed);
+        return 0;
+    }
+    sem_wait(closed);
+    int64_t t0 = now_ms();
+    int r = ops->poll(k->comm, 1, OP_MS, k->err, sizeof k->err);
+    k->op_ms = now_ms() - t0;
+    if (r == 0) return body_fail(k, "poll on a closed peer timed out");
+    int32_t v[2];
+    if (r == 1 &&
+        tsr_coll_recv(ops, k->comm, 1, i32_buf(v, 2), OP_MS, k->err, sizeof k->err) == 0)
+        return body_fail(k, "a recv from a closed peer succeeded");
+    return strstr(k->err, "rank 1 (") ? 0 : -1;
+}
+
+static void test_poll_on_a_closed_peer_returns_at_once(void **state)
+{
+    (void)state;
+    group_t g;
+    sem_t closed;
+    sem_init(&closed, 0, 0);
+    group_open(&g, 2);
+    group_run(&g, poll_closed_body, &closed);
+    group_expect_ok(&g);
+    assert_true(g.k[0].op_ms < 100);
+    group_close(&g);
+    sem_destroy(&closed);
+}
+
+/* ---- abort ------------------------------------------------------------------------ */
+
+#define WHY "replaced by epoch 9"
+
+/* Every operation on an aborted communicator fails at once with the
+ * reason given to abort; from collective.h, one per member of the table. */
+static int aborted_ops_fail(rank_ctx_t *k, tsr_comm_t *c)
+{
+    int32_t v[4] = {0}, all[4 * MAXR] = {0};
+    int n = ops->size(c), peer = (ops->rank(c) + 1) % n;
+    tsr_p2p_t leg = {peer, true, i32_buf(v, 4)};
+    static const char *const what[] = {"allreduce", "allgather", "broadcast", "group",
+                                       "send", "recv", "poll"};
+    for (int i = 0; i < 7; i++) {
+        k->err[0] = '\0';
+        int64_t t0 = now_ms();
+        int rc = i == 0   ? ops->allreduce_sum(c, i32_buf(v, 4), OP_MS, k->err, sizeof k->err)
+                 : i == 1 ? ops->allgather(c, i32_buf(v, 4), i32_buf(all, 4 * (size_t)n), OP_MS,
+                                           k->err, sizeof k->err)
+                 : i == 2 ? ops->broadcast(c, i32_buf(v, 4), 0, OP_MS, k->err, sizeof k->err)
+                 : i == 3 ? ops->group(c, &leg, 1, OP_MS, k->err, sizeof k->err)
+                 : i == 4 ? tsr_coll_send(ops, c, peer, i32_buf(v, 4), OP_MS, k->err,
+                                          sizeof k->err)
+                 : i == 5 ? tsr_coll_recv(ops, c, peer, i32_buf(v, 4), OP_MS, k->err,
+                                          sizeof k->err)
+                          : ops->poll(c, peer, OP_MS, k->err, sizeof k->err);
+        int64_t el = now_ms() - t0;
+        if (rc != -1) return body_fail(k, "%s after abort returned %d", what[i], rc);
+        if (!strstr(k->err, WHY)) return body_fail(k, "%s after abort: \"%s\"", what[i], k->err);
+        if (el > 100) return body_fail(k, "%s after abort took %lld ms", what[i], (long long)el);
+    }
+    return 0;
+}
+
+static int abort_body(rank_ctx_t *k)
+{
+    if (k->rank == 1) return 0;     /* the peer that is never heard from */
+    ops->abort(k->comm, WHY);
+    return aborted_ops_fail(k, k->comm);
+}
+
+static void test_after_abort_every_operation_fails_at_once_with_the_reason(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 2);
+    group_run(&g, abort_body, NULL);
+    group_expect_ok(&g);
+    group_close(&g);
+
+    /* A group of one, which would otherwise have nothing to do. */
+    char err[256];
+    rank_ctx_t k = {0};
+    tsr_comm_t *c = tsr_tcp_comm_new(NULL, 1, 1, 0, 1, NULL, 300, err, sizeof err);
+    assert_non_null(c);
+    ops->abort(c, WHY);
+    if (aborted_ops_fail(&k, c)) fail_msg("%s", k.err);
+    ops->destroy(&c);
+}
+
+/* ---- create from a rendezvous blob ------------------------------------------------ */
+
+static void test_create_refuses_a_blob_naming_fewer_endpoints_than_ranks(void **state)
+{
+    (void)state;
+    group_t g;
+    char err[512], blob[256];
+    group_open(&g, 3);
+    size_t len = make_blob(blob, sizeof blob, g.eps, 2);
+    tsr_rendezvous_t rv = {.epoch = 1, .group = 1, .rank = 0, .n = 3, .blob = blob,
+                           .blob_len = len, .timeout_ms = FORM_MS};
+    tsr_comm_t *c = NULL;
+    int64_t t0 = now_ms();
+    err[0] = '\0';
+    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    assert_null(c);
+    if (!strstr(err, "2 endpoint(s) for a group of 3")) fail_msg("%s", err);
+    /* Empty lines name nobody. */
+    len = (size_t)snprintf(blob, sizeof blob, "%s\n\n%s\n", g.eps[0], g.eps[1]);
+    rv.blob_len = len;
+    err[0] = '\0';
+    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    if (!strstr(err, "2 endpoint(s) for a group of 3")) fail_msg("%s", err);
+    rv.blob_len = 0;
+    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    if (!strstr(err, "0 endpoint(s) for a group of 3")) fail_msg("%s", err);
+    assert_null(c);
+    /* Refused on sight, not after waiting for the peers. */
+    assert_true(now_ms() - t0 < 100);
+    group_close(&g);
+}
+
+static void test_create_from_a_blob_forms_a_working_group(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= MAXR; n++) {
+        group_t g;
+        group_open(&g, n);
+        g.via_create = true;
+        group_run(&g, sync_body, NULL);
+        group_expect_ok(&g);
+        for (int r = 0; r < n; r++) {
+            assert_int_equal(ops->rank(g.k[r].comm), r);
+            assert_int_equal(ops->size(g.k[r].comm), n);
+        }
+        group_close(&g);
+    }
+    /* A blob ending in a newline and a group of one without a listener
+     * (create needs the listener even then, as its ctx). */
+    group_t g;
+    char err[512], blob[256];
+    group_open(&g, 1);
+    size_t len = (size_t)snprintf(blob, sizeof blob, "%s\n", g.eps[0]);
+    tsr_rendezvous_t rv = {.epoch = 1, .group = 1, .rank = 0, .n = 1, .blob = blob,
+                           .blob_len = len, .timeout_ms = FORM_MS};
+    tsr_comm_t *c = NULL;
+    if (ops->create(g.l[0], &rv, &c, err, sizeof err)) fail_msg("%s", err);
+    assert_non_null(c);
+    ops->destroy(&c);
+    assert_int_equal(ops->create(NULL, &rv, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "listener"));
     group_close(&g);
 }
 
@@ -414,7 +1140,7 @@ typedef struct {
     group_t *g;
     tsr_comm_t *tp, *link;
     float sum;
-    uint32_t got;
+    int32_t got;
     char err[512];
     int rc;
 } two_ctx_t;
@@ -437,13 +1163,13 @@ static void *two_groups_main(void *arg)
     if (!(w->tp = form(w, 10))) return NULL;
     if (w->worker == 0 && !(w->link = form(w, 20))) return NULL;
     w->sum = (float)(w->worker + 1);
-    if (ops->allreduce_sum(w->tp, &w->sum, 1, OP_MS, w->err, sizeof w->err)) return NULL;
-    uint32_t token = 0xfeed;
-    if (w->worker == 2 && ops->send(w->link, 0, &token, sizeof token, OP_MS, w->err,
-                                    sizeof w->err))
+    if (ops->allreduce_sum(w->tp, f32_buf(&w->sum, 1), OP_MS, w->err, sizeof w->err)) return NULL;
+    int32_t token = 0xfeed;
+    if (w->worker == 2 &&
+        tsr_coll_send(ops, w->link, 0, i32_buf(&token, 1), OP_MS, w->err, sizeof w->err))
         return NULL;
-    if (w->worker == 0 && ops->recv(w->link, 1, &w->got, sizeof w->got, OP_MS, w->err,
-                                    sizeof w->err))
+    if (w->worker == 0 &&
+        tsr_coll_recv(ops, w->link, 1, i32_buf(&w->got, 1), OP_MS, w->err, sizeof w->err))
         return NULL;
     w->rc = 0;
     return NULL;
@@ -478,11 +1204,6 @@ static void test_two_groups_formed_in_different_orders_share_listeners(void **st
     group_close(&g);
 }
 
-static int barrier_only(rank_ctx_t *k)
-{
-    return ops->barrier(k->comm, OP_MS, k->err, sizeof k->err);
-}
-
 /* Worker 0 forms group 10 (with worker 1) and group 20 (with worker 2) in
  * two threads at once, on its one listener: either thread may accept the
  * other's connection and must hand it over through the stash. */
@@ -500,7 +1221,7 @@ static void test_two_threads_form_groups_on_one_listener_at_once(void **state)
         for (int i = 0; i < 4; i++) {
             k[i] = (rank_ctx_t){.rank = i % 2, .n = 2, .epoch = 3, .group = i < 2 ? 10 : 20,
                                 .l = g.l[worker[i]], .eps = i < 2 ? eps10 : eps20,
-                                .body = barrier_only, .rc = -1};
+                                .body = sync_body, .rc = -1};
             assert_int_equal(pthread_create(&th[i], NULL, rank_main, &k[i]), 0);
         }
         int64_t t0 = now_ms();
@@ -522,7 +1243,7 @@ static void test_a_rank_of_an_older_epoch_is_refused(void **state)
     char err[512];
     group_open(&g, 2);
     g.k[0] = (rank_ctx_t){.rank = 0, .n = 2, .epoch = 7, .group = 5, .l = g.l[0],
-                          .eps = g.eps, .body = barrier_only, .rc = -1};
+                          .eps = g.eps, .body = sync_body, .rc = -1};
     assert_int_equal(pthread_create(&g.th[0], NULL, rank_main, &g.k[0]), 0);
 
     int64_t t0 = now_ms();
@@ -534,7 +1255,7 @@ static void test_a_rank_of_an_older_epoch_is_refused(void **state)
     assert_non_null(strstr(err, "epoch 6 is older than its epoch 7"));
 
     g.k[1] = (rank_ctx_t){.rank = 1, .n = 2, .epoch = 7, .group = 5, .l = g.l[1],
-                          .eps = g.eps, .body = barrier_only, .rc = -1};
+                          .eps = g.eps, .body = sync_body, .rc = -1};
     assert_int_equal(pthread_create(&g.th[1], NULL, rank_main, &g.k[1]), 0);
     for (int r = 0; r < 2; r++) pthread_join(g.th[r], NULL);
     group_expect_ok(&g);
@@ -557,10 +1278,16 @@ static void test_comm_new_times_out_naming_the_missing_rank(void **state)
     /* n == 1 needs no listener and no peers. */
     c = tsr_tcp_comm_new(NULL, 1, 1, 0, 1, NULL, 300, err, sizeof err);
     assert_non_null(c);
-    float v = 2.5f;
-    assert_int_equal(ops->allreduce_sum(c, &v, 1, 100, err, sizeof err), 0);
+    float v = 2.5f, all = 0;
+    assert_int_equal(ops->allreduce_sum(c, f32_buf(&v, 1), 100, err, sizeof err), 0);
     assert_true(v == 2.5f);
-    assert_int_equal(ops->barrier(c, 100, err, sizeof err), 0);
+    assert_int_equal(ops->allgather(c, f32_buf(&v, 1), f32_buf(&all, 1), 100, err, sizeof err),
+                     0);
+    assert_true(all == 2.5f);
+    assert_int_equal(ops->broadcast(c, f32_buf(&v, 1), 0, 100, err, sizeof err), 0);
+    assert_true(v == 2.5f);
+    assert_int_equal(ops->group(c, NULL, 0, 100, err, sizeof err), 0);
+    assert_int_equal(ops->size(c), 1);
     ops->destroy(&c);
     assert_null(tsr_tcp_comm_new(g.l[0], 1, 1, 2, 2, g.eps, 300, err, sizeof err));
     group_close(&g);
@@ -606,7 +1333,7 @@ static int survivor_body(rank_ctx_t *k)
     pthread_barrier_wait(&d->go);
     if (!(k->buf = calloc(count, sizeof(float)))) return -1;
     int64_t t0 = now_ms();
-    int rc = ops->allreduce_sum(k->comm, k->buf, count, DEAD_MS, k->err, sizeof k->err);
+    int rc = ops->allreduce_sum(k->comm, f32_buf(k->buf, count), DEAD_MS, k->err, sizeof k->err);
     k->op_ms = now_ms() - t0;
     return rc == 0 ? -1 : 0;    /* success here is the failure */
 }
@@ -671,7 +1398,7 @@ static int silent_body(rank_ctx_t *k)
     }
     float v[16] = {0};
     int64_t t0 = now_ms();
-    int rc = ops->allreduce_sum(k->comm, v, 16, SILENT_MS, k->err, sizeof k->err);
+    int rc = ops->allreduce_sum(k->comm, f32_buf(v, 16), SILENT_MS, k->err, sizeof k->err);
     k->op_ms = now_ms() - t0;
     return rc == 0 ? -1 : 0;
 }
@@ -709,7 +1436,7 @@ static int stalled_reader_body(rank_ctx_t *k)
     size_t len = (size_t)64 << 20;
     uint8_t *b = calloc(len, 1);
     int64_t t0 = now_ms();
-    int rc = ops->send(k->comm, 1, b, len, 300, k->err, sizeof k->err);
+    int rc = b ? p2p_send(k, 1, b, len, 300) : body_fail(k, "out of memory");
     k->op_ms = now_ms() - t0;
     free(b);
     return rc == 0 ? -1 : 0;
@@ -792,8 +1519,8 @@ static int garbage_body(rank_ctx_t *k)
     const garbage_t *gb = k->arg;
     size_t len = gb->send ? (size_t)16 << 20 : 4096;
     uint8_t *b = calloc(len, 1);
-    int rc = gb->send ? ops->send(k->comm, 1, b, len, 300, k->err, sizeof k->err)
-                      : ops->recv(k->comm, 1, b, len, 2000, k->err, sizeof k->err);
+    int rc = !b ? body_fail(k, "out of memory")
+             : gb->send ? p2p_send(k, 1, b, len, 300) : p2p_recv(k, 1, b, len, 2000);
     free(b);
     return rc == 0 || !strstr(k->err, gb->want) ? -1 : 0;
 }
@@ -892,6 +1619,22 @@ static double mono_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Forms rank my_rank of 2 with a peer that never comes, through
+ * tsr_tcp_comm_new_cancellable or through ops->create with the same flag. */
+static tsr_comm_t *form_cancellable(bool via_create, tsr_tcp_listener_t *me, int my_rank,
+                                    const char **eps, cancel_ctx_t *c, char *err, size_t errlen)
+{
+    if (!via_create)
+        return tsr_tcp_comm_new_cancellable(me, 1, 77, my_rank, 2, eps, 10000, cancel_flag, c,
+                                            err, errlen);
+    char blob[128];
+    tsr_rendezvous_t rv = {.epoch = 1, .group = 77, .rank = my_rank, .n = 2, .blob = blob,
+                           .timeout_ms = 10000, .cancelled = cancel_flag, .cancel_arg = c};
+    rv.blob_len = make_blob(blob, sizeof blob, eps, 2);
+    tsr_comm_t *comm = NULL;
+    return ops->create(me, &rv, &comm, err, errlen) ? NULL : comm;
+}
+
 /* A rank waiting for a peer that never forms (connecting side and
  * accepting side) gives up as soon as it is cancelled, not at its timeout. */
 static void test_forming_can_be_cancelled_before_the_timeout(void **state)
@@ -900,25 +1643,28 @@ static void test_forming_can_be_cancelled_before_the_timeout(void **state)
     char err[256];
     tsr_tcp_listener_t *silent = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
     assert_non_null(silent);
-    for (int my_rank = 0; my_rank < 2; my_rank++) {
-        tsr_tcp_listener_t *me = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
-        assert_non_null(me);
-        const char *eps[2];
-        eps[my_rank] = tsr_tcp_listener_endpoint(me);
-        eps[1 - my_rank] = tsr_tcp_listener_endpoint(silent);
-        cancel_ctx_t c = {me, 0};
-        pthread_t th;
-        pthread_create(&th, NULL, cancel_later, &c);
-        double t0 = mono_s();
-        tsr_comm_t *comm = tsr_tcp_comm_new_cancellable(me, 1, 77, my_rank, 2, eps, 10000,
-                                                        cancel_flag, &c, err, sizeof err);
-        double took = mono_s() - t0;
-        pthread_join(th, NULL);
-        assert_null(comm);
-        assert_non_null(strstr(err, "cancelled"));
-        if (took > 1.5) fail_msg("rank %d: cancelled after %.2f s, timeout was 10 s", my_rank, took);
-        tsr_tcp_listener_destroy(&me);
-    }
+    for (int via_create = 0; via_create < 2; via_create++)
+        for (int my_rank = 0; my_rank < 2; my_rank++) {
+            tsr_tcp_listener_t *me = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
+            assert_non_null(me);
+            const char *eps[2];
+            eps[my_rank] = tsr_tcp_listener_endpoint(me);
+            eps[1 - my_rank] = tsr_tcp_listener_endpoint(silent);
+            cancel_ctx_t c = {me, 0};
+            pthread_t th;
+            pthread_create(&th, NULL, cancel_later, &c);
+            double t0 = mono_s();
+            tsr_comm_t *comm = form_cancellable(via_create, me, my_rank, eps, &c, err,
+                                                sizeof err);
+            double took = mono_s() - t0;
+            pthread_join(th, NULL);
+            assert_null(comm);
+            assert_non_null(strstr(err, "cancelled"));
+            if (took > 1.5)
+                fail_msg("%s rank %d: cancelled after %.2f s, timeout was 10 s",
+                         via_create ? "create" : "comm_new", my_rank, took);
+            tsr_tcp_listener_destroy(&me);
+        }
     tsr_tcp_listener_destroy(&silent);
 }
 
@@ -927,11 +1673,24 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce_small_adds_in_rank_order_on_every_rank),
         cmocka_unit_test(test_allreduce_large_ring_is_exact_and_bit_identical),
+        cmocka_unit_test(test_allreduce_of_i32_sums_exactly),
+        cmocka_unit_test(test_allreduce_of_bf16_and_f16_sums_within_one_rounding_bit_identically),
+        cmocka_unit_test(test_allreduce_of_device_memory_is_refused),
         cmocka_unit_test(test_allreduce_throughput_1M_floats_2_ranks),
+        cmocka_unit_test(test_allgather_and_allreduce_wait_for_the_last_rank),
+        cmocka_unit_test(test_allgather_puts_every_rank_part_in_rank_order),
+        cmocka_unit_test(test_allgather_refuses_a_receive_buffer_of_the_wrong_count),
         cmocka_unit_test(test_broadcast_from_a_nonzero_root_reaches_every_rank),
         cmocka_unit_test(test_send_recv_8MiB_both_ways_at_once_does_not_deadlock),
+        cmocka_unit_test(test_group_exchanges_4MiB_both_ways_in_one_call_without_deadlock),
+        cmocka_unit_test(test_group_with_two_sends_to_one_peer_is_refused),
         cmocka_unit_test(test_recv_of_a_different_length_than_sent_fails),
-        cmocka_unit_test(test_barrier_waits_for_the_last_rank),
+        cmocka_unit_test(test_a_send_is_not_failed_by_another_rank_that_closed),
+        cmocka_unit_test(test_poll_says_when_a_message_waits_and_times_out_when_none),
+        cmocka_unit_test(test_poll_on_a_closed_peer_returns_at_once),
+        cmocka_unit_test(test_after_abort_every_operation_fails_at_once_with_the_reason),
+        cmocka_unit_test(test_create_refuses_a_blob_naming_fewer_endpoints_than_ranks),
+        cmocka_unit_test(test_create_from_a_blob_forms_a_working_group),
         cmocka_unit_test(test_two_groups_formed_in_different_orders_share_listeners),
         cmocka_unit_test(test_two_threads_form_groups_on_one_listener_at_once),
         cmocka_unit_test(test_a_rank_of_an_older_epoch_is_refused),
