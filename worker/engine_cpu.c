@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/safetensors.h"
 #include "common/slice.h"
@@ -76,9 +77,21 @@ static inline float hsum8(v8f a)
 }
 
 /* y[t, o] = x[t] . w[o] for o in [r0, r1), t in [0, T), in tiles of four
- * rows of w by two rows of x.  Each output has one accumulator summed in
- * the same order wherever it falls in a tile (a short tile repeats a row
- * and drops the copy), which is what makes results batch-invariant. */
+ * rows of w by two rows of x (one row of x for an odd last one).  Every
+ * output has one accumulator summed in the same order whichever tile it
+ * falls in (a short tile repeats a row of w and drops the copy), which is
+ * what makes results batch-invariant.  The accumulators are named, not an
+ * array, so they stay in registers. */
+static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
+                           const float *const *wr, const float *xr, int in8, int in)
+{
+    float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+    for (int a = 0; a < no; a++) {
+        for (int k = in8; k < in; k++) s[a] += wr[a][k] * xr[k];
+        y[a] = s[a];
+    }
+}
+
 #define MATMUL_KERNEL(NAME, ATTR, MADD)                                                        \
     ATTR static void NAME(float *y, int ldy, const float *x, const float *w, int T, int in,    \
                           int r0, int r1)                                                      \
@@ -88,26 +101,33 @@ static inline float hsum8(v8f a)
             const int no = r1 - o < 4 ? r1 - o : 4;                                            \
             const float *wr[4];                                                                \
             for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
-            for (int t = 0; t < T; t += 2) {                                                   \
-                const int nt = T - t < 2 ? T - t : 2;                                          \
-                const float *x0 = x + (size_t)t * in, *x1 = x + (size_t)(t + nt - 1) * in;     \
-                v8f acc[4][2];                                                                 \
-                memset(acc, 0, sizeof acc);                                                    \
+            const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];                    \
+            int t = 0;                                                                         \
+            for (; t + 2 <= T; t += 2) {                                                       \
+                const float *xa = x + (size_t)t * in, *xb = xa + in;                           \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
                 for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f xa = load8(x0 + k), xb = load8(x1 + k);                                \
-                    for (int a = 0; a < 4; a++) {                                              \
-                        v8f wv = load8(wr[a] + k);                                             \
-                        acc[a][0] = MADD(wv, xa, acc[a][0]);                                   \
-                        acc[a][1] = MADD(wv, xb, acc[a][1]);                                   \
-                    }                                                                          \
+                    v8f u = load8(xa + k), v = load8(xb + k), q;                               \
+                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0);               \
+                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1);               \
+                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2);               \
+                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3);               \
                 }                                                                              \
-                for (int a = 0; a < no; a++)                                                   \
-                    for (int b = 0; b < nt; b++) {                                             \
-                        const float *xr = b ? x1 : x0;                                         \
-                        float s = hsum8(acc[a][b]);                                            \
-                        for (int k = in8; k < in; k++) s += wr[a][k] * xr[k];                  \
-                        y[(size_t)(t + b) * ldy + o + a] = s;                                  \
-                    }                                                                          \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
+                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
+            }                                                                                  \
+            if (t < T) {                                                                       \
+                const float *xa = x + (size_t)t * in;                                          \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f u = load8(xa + k);                                                     \
+                    a0 = MADD(load8(w0 + k), u, a0);                                           \
+                    a1 = MADD(load8(w1 + k), u, a1);                                           \
+                    a2 = MADD(load8(w2 + k), u, a2);                                           \
+                    a3 = MADD(load8(w3 + k), u, a3);                                           \
+                }                                                                              \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
             }                                                                                  \
         }                                                                                      \
     }
@@ -216,6 +236,24 @@ static float *alloc_f(size_t n, int *bad)
     return p;
 }
 
+/* Weight matrices: on 2 MiB pages where the kernel offers them, since a
+ * decode step streams every matrix and 4 KiB pages cost a TLB miss every
+ * 1024 floats.  Only large buffers, so the rounding wastes little; free()
+ * releases them. */
+static float *alloc_w(size_t n, int *bad)
+{
+    const size_t huge = (size_t)2 << 20, bytes = n * sizeof(float);
+    if (bytes < huge) return alloc_f(n, bad);
+    size_t len = (bytes + huge - 1) & ~(huge - 1);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, len) != 0) {
+        *bad = 1;
+        return NULL;
+    }
+    madvise(p, len, MADV_HUGEPAGE);   /* advice: failing it only costs speed */
+    return p;
+}
+
 static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, char *err,
                       size_t errlen)
 {
@@ -224,10 +262,10 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
     int bad = 0;
     L->attn_norm = alloc_f(H, &bad);
     L->mlp_norm = alloc_f(H, &bad);
-    L->wqkv = alloc_f((qw + 2 * kvw) * H, &bad);
-    L->wo = alloc_f(H * qw, &bad);
-    L->wgu = alloc_f(2 * I * H, &bad);
-    L->wd = alloc_f(H * I, &bad);
+    L->wqkv = alloc_w((qw + 2 * kvw) * H, &bad);
+    L->wo = alloc_w(H * qw, &bad);
+    L->wgu = alloc_w(2 * I * H, &bad);
+    L->wd = alloc_w(H * I, &bad);
     if (bad) {
         tsr_set_err(err, errlen, "out of memory for the weights of layer %d", li);
         return -1;
@@ -339,7 +377,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
-    if (first && (!(e->embed = alloc_f(vrows * H, &bad)) ||
+    if (first && (!(e->embed = alloc_w(vrows * H, &bad)) ||
                   read_slice(st, e, TSR_T_EMBED, 0, e->embed, err, errlen) < 0))
         goto oom_or_fail;
     if (last) {
@@ -348,7 +386,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
             goto oom_or_fail;
         if (m->tie_word_embeddings && first) {
             e->lm_head = e->embed;  /* one copy serves both */
-        } else if (!(e->lm_head = alloc_f(vrows * H, &bad)) ||
+        } else if (!(e->lm_head = alloc_w(vrows * H, &bad)) ||
                    read_slice(st, e, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
             goto oom_or_fail;
         }
