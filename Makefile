@@ -84,6 +84,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(COORD_OBJ) $(WORKER_OBJ) $(CLI_OBJ) $(COMMON_
 $(BUILD)/bench/%: bench/%.c $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+# bench_pool measures the worker's thread pool, so it links that one object.
+$(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
 
 # ---- tests ----------------------------------------------------------------
 test: deps
