@@ -60,9 +60,10 @@ void tsr_pool_set_spin_us(tsr_pool_t *p, int us);
 /* 50 us rather than a few: it has to outlast the caller's single-threaded
  * work between two products (norms, RoPE, attention at short contexts) or
  * every product starts with helpers asleep.  Measured on a 2-core EPYC VM
- * (bench/bench_pool): helpers asleep at each call cost a decode step of 48
- * products ~1 ms (8%); spinning, a handoff costs the caller ~0.3 us.  The
- * price is at most 50 us of each helper's CPU after the last product. */
+ * (bench/bench_pool, a shared host): helpers asleep at each call cost a
+ * decode step of 48 products 0.3-1.7 ms (2-13%); spinning, a handoff costs
+ * the caller 0.2-0.3 us.  The price is at most 50 us of each helper's CPU
+ * after the last product. */
 #define TSR_POOL_SPIN_US 50
 
 #endif
