@@ -1312,20 +1312,29 @@ static int broken(tsr_comm_t *c, const char *err)
 /* Every rank sends its whole buffer to every other and adds all of them
  * in rank order 0..n-1, so the float result is bit-identical everywhere.
  * For small buffers one round of latency beats the ring's 2(n-1). */
+/* Every rank sends its bytes to every other at once, and all[p] gets rank
+ * p's (its own included).  One round: with the few ranks of a TP group
+ * that beats a ring's n - 1. */
+static int exchange_all(tsr_comm_t *c, uint32_t kind, const void *mine, size_t bytes,
+                        uint8_t *all, const opctx_t *x, char *err, size_t errlen)
+{
+    int k = 0;
+    for (int p = 0; p < c->n; p++) {
+        if (p == c->rank) continue;
+        xfer_send(c, &c->ops[k++], p, kind, mine, bytes);
+        xfer_recv(&c->ops[k++], p, kind, all + (size_t)p * bytes, bytes);
+    }
+    if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
+    memmove(all + (size_t)c->rank * bytes, mine, bytes);
+    return 0;
+}
+
 static int allreduce_small(tsr_comm_t *c, float *buf, size_t count, uint32_t kind,
                            const opctx_t *x, char *err, size_t errlen)
 {
     size_t bytes = count * sizeof(float);
     float *all = scratch(c, (size_t)c->n * count, err, errlen);
-    if (!all) return -1;
-    int k = 0;
-    for (int p = 0; p < c->n; p++) {
-        if (p == c->rank) continue;
-        xfer_send(c, &c->ops[k++], p, kind, buf, bytes);
-        xfer_recv(&c->ops[k++], p, kind, all + (size_t)p * count, bytes);
-    }
-    if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
-    memcpy(all + (size_t)c->rank * count, buf, bytes);
+    if (!all || exchange_all(c, kind, buf, bytes, (uint8_t *)all, x, err, errlen)) return -1;
     memcpy(buf, all, bytes);
     for (int r = 1; r < c->n; r++) {
         const float *src = all + (size_t)r * count;
@@ -1393,17 +1402,10 @@ static int allreduce_f32(tsr_comm_t *c, float *buf, size_t n, const opctx_t *x, 
 static int allreduce_i32(tsr_comm_t *c, int32_t *buf, size_t count, const opctx_t *x, char *err,
                          size_t errlen)
 {
-    size_t bytes = count * sizeof(int32_t);
     int32_t *all = (int32_t *)scratch(c, (size_t)c->n * count, err, errlen);
-    if (!all) return -1;
-    int k = 0;
-    for (int p = 0; p < c->n; p++) {
-        if (p == c->rank) continue;
-        xfer_send(c, &c->ops[k++], p, K_ALLREDUCE, buf, bytes);
-        xfer_recv(&c->ops[k++], p, K_ALLREDUCE, all + (size_t)p * count, bytes);
-    }
-    if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
-    memcpy(all + (size_t)c->rank * count, buf, bytes);
+    if (!all ||
+        exchange_all(c, K_ALLREDUCE, buf, count * sizeof(int32_t), (uint8_t *)all, x, err, errlen))
+        return -1;
     for (size_t i = 0; i < count; i++) {
         uint32_t sum = 0;   /* wraps like two's complement, without UB */
         for (int r = 0; r < c->n; r++) sum += (uint32_t)all[(size_t)r * count + i];
@@ -1454,8 +1456,6 @@ static int tcp_allreduce_sum(tsr_comm_t *c, tsr_buf_t b, int timeout_ms, char *e
     return rc ? broken(c, err) : 0;
 }
 
-/* Every rank sends its part to every other at once: with the few ranks of
- * a TP group one round beats a ring's n - 1. */
 static int tcp_allgather(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int timeout_ms,
                          char *err, size_t errlen)
 {
@@ -1470,16 +1470,12 @@ static int tcp_allgather(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int time
         return -1;
     }
     uint8_t *out = recv.ptr;
-    memmove(out + (size_t)c->rank * part, send.ptr, part);
-    if (c->n == 1 || part == 0) return 0;
-    opctx_t x = op_begin(timeout_ms, "allgather");
-    int k = 0;
-    for (int p = 0; p < c->n; p++) {
-        if (p == c->rank) continue;
-        xfer_send(c, &c->ops[k++], p, K_GATHER, out + (size_t)c->rank * part, part);
-        xfer_recv(&c->ops[k++], p, K_GATHER, out + (size_t)p * part, part);
+    if (c->n == 1 || part == 0) {
+        memmove(out + (size_t)c->rank * part, send.ptr, part);
+        return 0;
     }
-    return run_xfers(c, c->ops, k, false, &x, err, errlen) ? broken(c, err) : 0;
+    opctx_t x = op_begin(timeout_ms, "allgather");
+    return exchange_all(c, K_GATHER, send.ptr, part, out, &x, err, errlen) ? broken(c, err) : 0;
 }
 
 /* The root sends to every rank at once: with the few ranks of a TP group

@@ -158,11 +158,17 @@ typedef struct {
     int T, in, out, chunk;
 } mm_job_t;
 
+/* Tokens per pass over a chunk of W: 16 rows of x stay in L1 while the
+ * chunk's rows stream by, and the chunk stays in L2 for the next 16. */
+#define TOKEN_BLOCK 16
+
 static void mm_task(void *arg, int i)
 {
     const mm_job_t *j = arg;
     int r0 = i * j->chunk, r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
-    matmul_rows(j->y, j->ldy, j->x, j->w, j->T, j->in, r0, r1);
+    for (int t = 0; t < j->T; t += TOKEN_BLOCK)
+        matmul_rows(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->w,
+                    j->T - t < TOKEN_BLOCK ? j->T - t : TOKEN_BLOCK, j->in, r0, r1);
 }
 
 /* y[T, out] (row stride ldy) = x[T, in] . W[out, in]^T on the pool, split by
@@ -171,8 +177,14 @@ static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const flo
                    int in, int out)
 {
     int threads = tsr_pool_threads(e->pool);
-    /* Chunks of 16 rows, at least 4 per thread so late wakers even out. */
+    /* Chunks of 16 rows, at least 4 per thread so late wakers even out;
+     * with many tokens, small enough (128 KiB) to stay in L2 between
+     * token blocks. */
     int chunk = (out + 4 * threads - 1) / (4 * threads);
+    if (T > TOKEN_BLOCK) {
+        int fit = (int)((128 << 10) / ((size_t)in * sizeof(float)));
+        if (chunk > fit) chunk = fit;
+    }
     chunk = (chunk + 15) & ~15;
     if (chunk < 16) chunk = 16;
     mm_job_t j = {y, ldy, x, w, T, in, out, chunk};
