@@ -9,6 +9,7 @@
 #include <string.h>
 #include <jansson.h>
 
+#include "slice.h"
 #include "util.h"
 
 
@@ -433,42 +434,34 @@ void tsr_layer_split(int n_layers, int stages, int stage, int *begin, int *end)
     *end = *begin + base + (stage < extra ? 1 : 0);
 }
 
-static uint64_t layer_params(const tsr_model_info_t *m)
-{
-    uint64_t h = (uint64_t)m->hidden_size;
-    uint64_t head_dim = h / (uint64_t)m->num_attention_heads;
-    uint64_t kv_dim = (uint64_t)m->num_key_value_heads * head_dim;
-    uint64_t attn = 2 * h * h + 2 * h * kv_dim; /* q, o full; k, v grouped */
-    uint64_t mlp = 3 * h * (uint64_t)m->intermediate_size; /* gate, up, down */
-
-    return attn + mlp + 2 * h; /* + attention and MLP norms */
-}
-
-/* Every weight is counted as sharded over the tensor ranks (norms too), so
- * pieces sum to the whole model; the replicated norms are a rounding error
- * next to the matrices. */
+/* What tp rank 0 of the stage holds (rank 0 has the widest vocabulary
+ * chunk), exactly as the engines load it: common/slice.c decides. */
 uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor)
 {
-    uint64_t h = (uint64_t)m->hidden_size;
-    uint64_t embed = (uint64_t)m->vocab_size * h;
-    uint64_t params;
+    static const tsr_tensor_kind_t per_layer[] = {TSR_T_ATTN_NORM, TSR_T_MLP_NORM, TSR_T_Q,
+                                                  TSR_T_K, TSR_T_V, TSR_T_O, TSR_T_GATE,
+                                                  TSR_T_UP, TSR_T_DOWN};
+    tsr_slice_t sl;
+    uint64_t layer = 0, params = 0;
     int begin, end;
 
     if (stages <= 0 || tensor <= 0 || stage < 0 || stage >= stages ||
         m->num_attention_heads <= 0)
         return 0;
-    tsr_layer_split(m->num_hidden_layers, stages, stage, &begin, &end);
-    params = (uint64_t)(end - begin) * layer_params(m);
-    if (stage == 0)
-        params += embed;
-    if (stage == stages - 1) {
-        params += h; /* final norm */
-        /* A tied head reuses stage 0's embedding, unless it lives on another
-         * stage, which then needs its own copy. */
-        if (!m->tie_word_embeddings || stages > 1)
-            params += embed;
+    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
+        if (tsr_slice_of(m, per_layer[i], 0, tensor, &sl) < 0) return 0;
+        layer += (uint64_t)tsr_slice_elems(&sl);
     }
-    return params / (uint64_t)tensor * (uint64_t)m->dtype_bytes;
+    tsr_layer_split(m->num_hidden_layers, stages, stage, &begin, &end);
+    params = (uint64_t)(end - begin) * layer;
+    for (int t = TSR_T_EMBED; t <= TSR_T_FINAL_NORM; t++) {
+        if (!tsr_stage_holds((tsr_tensor_kind_t)t, stage, stages)) continue;
+        /* A tied head is stage 0's embedding when both are on one stage. */
+        if (t == TSR_T_LM_HEAD && m->tie_word_embeddings && stages == 1) continue;
+        if (tsr_slice_of(m, (tsr_tensor_kind_t)t, 0, tensor, &sl) < 0) return 0;
+        params += (uint64_t)tsr_slice_elems(&sl);
+    }
+    return params * (uint64_t)m->dtype_bytes;
 }
 
 int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_path,

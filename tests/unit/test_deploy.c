@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/deploy.h"
+#include "common/slice.h"
 #include "common/modelcfg.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -776,34 +777,45 @@ static void test_layer_split_is_even_and_contiguous(void **state)
     }
 }
 
-static void test_piece_bytes_sum_to_whole_model(void **state)
+static void test_piece_bytes_are_what_tp_rank_0_holds(void **state)
 {
     tsr_model_info_t m = {
         .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 6,
         .num_attention_heads = 8, .num_key_value_heads = 2, .vocab_size = 1000,
         .max_position_embeddings = 128, .tie_word_embeddings = 0, .dtype_bytes = 2,
+        .head_dim = 8,
     };
     /* Per layer: q,o 2*64*64 + k,v 2*64*16 + mlp 3*64*160 + norms 2*64 = 41088;
      * 6 layers + embedding 64000 + head 64000 + final norm 64, 2 bytes each. */
     const uint64_t whole = (6 * 41088ULL + 64000 + 64000 + 64) * 2;
-    static const int shapes[][2] = { { 1, 1 }, { 2, 1 }, { 3, 2 }, { 6, 2 }, { 4, 8 } };
-    size_t i;
-    int s, t;
-
+    static const int stage_counts[] = { 1, 2, 3, 6 };
     (void)state;
+    /* Without tensor parallelism the stages hold the model exactly once. */
     assert_int_equal(tsr_model_piece_bytes(&m, 1, 0, 1), whole);
-    for (i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        int stages = shapes[i][0], tensor = shapes[i][1];
+    for (size_t i = 0; i < sizeof stage_counts / sizeof stage_counts[0]; i++) {
         uint64_t sum = 0;
-
-        for (s = 0; s < stages; s++)
-            for (t = 0; t < tensor; t++)
-                sum += tsr_model_piece_bytes(&m, stages, s, tensor);
+        for (int s = 0; s < stage_counts[i]; s++) sum += tsr_model_piece_bytes(&m, stage_counts[i], s, 1);
         assert_int_equal(sum, whole);
     }
+    /* tp 2, pp 2: each rank holds half of every matrix, whole norms and
+     * half of the vocabulary (500 rows). Stage 0: 3 layers of
+     * (8192 + 2048 + 30720) / 2 + 128, and the embedding's 500 rows. */
+    assert_int_equal(tsr_model_piece_bytes(&m, 2, 0, 2), (3 * 20608ULL + 32000) * 2);
+    assert_int_equal(tsr_model_piece_bytes(&m, 2, 1, 2), (3 * 20608ULL + 32000 + 64) * 2);
+    /* A vocabulary that does not divide: rank 0 has the wider chunk, ceil(1000/3). */
+    m.num_attention_heads = 6, m.num_key_value_heads = 3, m.intermediate_size = 150;
+    m.head_dim = 8;
+    tsr_slice_t sl;
+    assert_int_equal(tsr_slice_of(&m, TSR_T_EMBED, 0, 3, &sl), 0);
+    assert_int_equal(sl.r1 - sl.r0, 334);
 
     /* Tied: one pp stage shares the embedding; with two, the last needs a copy. */
-    m.tie_word_embeddings = 1;
+    m = (tsr_model_info_t){
+        .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 6,
+        .num_attention_heads = 8, .num_key_value_heads = 2, .vocab_size = 1000,
+        .max_position_embeddings = 128, .tie_word_embeddings = 1, .dtype_bytes = 2,
+        .head_dim = 8,
+    };
     assert_int_equal(tsr_model_piece_bytes(&m, 1, 0, 1), whole - 64000 * 2);
     assert_int_equal(tsr_model_piece_bytes(&m, 2, 0, 1) + tsr_model_piece_bytes(&m, 2, 1, 1),
                      whole);
@@ -872,7 +884,7 @@ int main(void)
         cmocka_unit_test(test_layout_heads_not_divisible_by_tensor_is_rejected),
         cmocka_unit_test(test_layout_more_stages_than_layers_is_rejected),
         cmocka_unit_test(test_layer_split_is_even_and_contiguous),
-        cmocka_unit_test(test_piece_bytes_sum_to_whole_model),
+        cmocka_unit_test(test_piece_bytes_are_what_tp_rank_0_holds),
         cmocka_unit_test(test_check_piece_rules_name_config_json),
     };
 
