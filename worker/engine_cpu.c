@@ -103,6 +103,22 @@ static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
             for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
             const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];                    \
             int t = 0;                                                                         \
+            for (; t + 3 <= T; t += 3) {                                                       \
+                const float *xa = x + (size_t)t * in, *xb = xa + in, *xc = xb + in;            \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
+                v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f u = load8(xa + k), v = load8(xb + k), z = load8(xc + k), q;            \
+                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0), c0 = MADD(q, z, c0); \
+                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1), c1 = MADD(q, z, c1); \
+                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2), c2 = MADD(q, z, c2); \
+                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3), c3 = MADD(q, z, c3); \
+                }                                                                              \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
+                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
+                put_row(y + (size_t)(t + 2) * ldy + o, no, c0, c1, c2, c3, wr, xc, in8, in);   \
+            }                                                                                  \
             for (; t + 2 <= T; t += 2) {                                                       \
                 const float *xa = x + (size_t)t * in, *xb = xa + in;                           \
                 v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
