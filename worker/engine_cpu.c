@@ -138,6 +138,12 @@ static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
                 v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
                 for (int k = 0; k < in8; k += 8) {                                             \
                     v8f u = load8(xa + k);                                                     \
+                    if (!(k & 15)) { /* the next four rows, a cache line each */            \
+                        __builtin_prefetch(w0 + k + 4 * in);                                   \
+                        __builtin_prefetch(w1 + k + 4 * in);                                   \
+                        __builtin_prefetch(w2 + k + 4 * in);                                   \
+                        __builtin_prefetch(w3 + k + 4 * in);                                   \
+                    }                                                                          \
                     a0 = MADD(load8(w0 + k), u, a0);                                           \
                     a1 = MADD(load8(w1 + k), u, a1);                                           \
                     a2 = MADD(load8(w2 + k), u, a2);                                           \
