@@ -5,7 +5,7 @@
 #   make asan       the same tests built with AddressSanitizer + UBSan
 #   make tsan       the same tests built with ThreadSanitizer (not in CI)
 #   make demo       install missing deps, build, run the demo cluster
-#   make bench      control-plane benchmark (bench/)
+#   make bench      control-plane, data-plane and serving benchmarks (bench/)
 #   make install    PREFIX=/usr/local: binaries, systemd units, example configs
 
 BUILD    ?= build
@@ -120,6 +120,7 @@ bench: deps
 	@$(MAKE) --no-print-directory $(PROGRAMS) $(BENCH_BIN)
 	@./bench/run.sh
 	@./bench/data.sh
+	@./bench/serve.sh
 
 install: $(PROGRAMS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system \

@@ -190,6 +190,8 @@ run_layout() {
             req = d (f > 0 ? "/" f "F" : "")
             printf "%-24s %5d %9s %9.1f %7.2fx %8.0fms %8.0fms %7.2fms %7.2fms\n",
                    l, c, req, tps, (b > 0 ? tps / b : 0), t50, t99, i50, i99 }'
+        awk -v tps="$tps" -v b="$base" -v c="$c" -v pp="$pp" \
+            'BEGIN { printf "%d %d %.2f\n", pp, c, (b > 0 ? tps / b : 0) }' >> "$T/speedups"
         if [ "$ndone" = 0 ]; then
             echo "$label: no request finished at concurrency $c; skipping the rest of this layout"
             break
@@ -199,6 +201,8 @@ run_layout() {
         $S --requests-per-stream "$DEC_REQUESTS" --min-prompt "$DEC_PROMPT" --max-prompt "$DEC_PROMPT" \
             --max-tokens "$DEC_TOKENS" > "$T/decode.json" 2> "$T/decode.err" || { RC=1; cat "$T/decode.err"; }
         echo "tp=$tp pp=$pp, $nw worker(s) with $threads thread(s) each" > "$T/decode.label"
+        # The bandwidth again, right after the decode it bounds: it drifts on a shared host.
+        BW=$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')
     fi
     # Peak resident memory of each worker holding a piece, against its weights
     # plus KV budget as the worker reports them.
@@ -245,10 +249,28 @@ if [ -s "$T/decode.json" ]; then
         printf "                  + KV cache at average position %.0f %.1f MB = %.1f MB\n", pos, kv / 1e6, total / 1e6
         printf "  read bandwidth: %.2f GB/s (%d threads, 1024 MiB buffer, bench/stream --read)\n", bw, n
         printf "  bound: %.1f tok/s; measured %s, %d-token prompt, %.0f tokens: %.1f tok/s = %.0f%% of the bound\n",
-               bound, label, p, g, dec, 100 * dec / bound }'
+               bound, label, p, g, dec, 100 * dec / bound
+        printf "%.1f\n", 100 * dec / bound > "/dev/stderr" }' 2> "$T/decode.pct"
 else
     echo "  no decode measurement (the tp=1 pp=1 layout did not run)"
 fi
+# The issue's targets, from the figures above.
+echo
+echo "targets:"
+speedup() { awk -v pp="$1" -v c="$2" '$1 == pp && $2 == c { print $3 }' "$T/speedups" 2> /dev/null; }
+target() {   # LABEL VALUE OP LIMIT UNIT
+    if [ -z "$2" ]; then printf "  %-58s not measured\n" "$1"; return; fi
+    awk -v l="$1" -v v="$2" -v op="$3" -v lim="$4" -v u="$5" 'BEGIN {
+        met = (op == ">=") ? v >= lim : v <= lim
+        printf "  %-58s %7.2f%s (target %s %s%s): %s\n", l, v, u, op, lim, u, met ? "met" : "MISSED" }'
+}
+target "one replica, 8 streams over 1 (tp=1 pp=1)" "$(speedup 1 8)" ">=" 4 x
+target "one replica, 32 streams over 1 (tp=1 pp=1)" "$(speedup 1 32)" ">=" 6 x
+target "pipeline overlap, 8 streams over 1 (tp=1 pp=2)" "$(speedup 2 8)" ">=" 1.6 x
+target "single-stream decode, share of the memory bound" "$(cat "$T/decode.pct" 2> /dev/null)" ">=" 90 %
+target "peak RSS over weights + KV budget, worst worker" \
+    "$(awk '{ v = $NF; sub(/x$/, "", v); if (v > m) m = v } END { if (NR) print m }' "$T/memory" 2> /dev/null)" "<=" 1.15 x
+
 echo
 echo "total time: $(($(date +%s) - START)) s; load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 exit $RC

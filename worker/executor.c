@@ -279,8 +279,16 @@ static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, 
     return 0;
 }
 
-static void unwire(tsr_replica_rank_t *r)
+/* After a failure every communicator of the replica is aborted first, so
+ * a backend with work in flight (NCCL) lets go of it before it is freed. */
+static void unwire(tsr_replica_rank_t *r, const char *failure)
 {
+    if (failure) {
+        if (r->tp) r->ops->abort(r->tp, failure);
+        if (r->prev) r->ops->abort(r->prev, failure);
+        if (r->next) r->ops->abort(r->next, failure);
+        if (r->ctl) r->ctl_ops->abort(r->ctl, failure);
+    }
     if (r->tp) r->ops->destroy(&r->tp);
     if (r->prev) r->ops->destroy(&r->prev);
     if (r->next) r->ops->destroy(&r->next);
@@ -330,6 +338,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
                   tsr_engine_t **eng, tsr_backend_t *be)
 {
     char err[512], why[600];
+    const char *failed = NULL;
     tsr_replica_rank_t r = {0};
     run_ctx_t ctx = {ex, gen, j->epoch};
     if (!same_piece(j, loaded) || !*eng) {
@@ -371,13 +380,16 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.max_queue = j->max_queue;
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
                            &ctx};
-    if (tsr_replica_run(&r, &io, err, sizeof err) < 0 && !io_should_stop(&ctx)) {
-        snprintf(why, sizeof why, "data plane: %s", err);
-        push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+    if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
+        failed = err;
+        if (!io_should_stop(&ctx)) {
+            snprintf(why, sizeof why, "data plane: %s", err);
+            push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+        }
     }
 out:
     if (*eng) be->engine->set_comm(*eng, NULL, NULL);
-    unwire(&r);
+    unwire(&r, failed);
     fail_queued(ex, j->epoch, "the replica stopped before serving it");
     pthread_mutex_lock(&ex->mu);
     ex->stats.queued = ex->stats.running = 0;
