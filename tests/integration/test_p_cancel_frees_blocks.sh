@@ -4,12 +4,13 @@
 # shows blocks in use while they run, and every piece's pool whole again
 # afterwards.
 source "$(dirname "$0")/lib.sh"
-# A copy of the model without an eos token, so no request ends early.
-cp -r "$MODEL" "$T/noeos"
-python3 -c 'import json,sys; p=sys.argv[1]+"/config.json"; c=json.load(open(p)); c.pop("eos_token_id"); json.dump(c, open(p,"w"))' "$T/noeos"
-MODEL="$T/noeos"
+# A copy of the model without an eos token and with room for 2048
+# positions, so no request ends early and a long one runs for seconds.
+cp -r "$MODEL" "$T/long"
+python3 -c 'import json,sys; p=sys.argv[1]+"/config.json"; c=json.load(open(p)); c.pop("eos_token_id"); c["max_position_embeddings"]=2048; json.dump(c, open(p,"w"))' "$T/long"
+MODEL="$T/long"
 write_yaml "$T/d.yaml" 1 2 1
-sed -i 's/    max_seq_len: 256/    max_seq_len: 256\n    max_batch: 32\n    max_queue: 64/' "$T/d.yaml"
+sed -i 's/    max_seq_len: 256/    max_seq_len: 2048\n    max_batch: 32\n    max_queue: 64/' "$T/d.yaml"
 start_coord "$T/d.yaml"
 for i in 0 1; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
@@ -21,13 +22,19 @@ used() { status_json | jget "sum(w.get('kv_blocks_used', 0) for w in d['workers'
 total() { status_json | jget "min(w.get('kv_blocks_total', 0) for w in d['workers'])"; }
 
 gone=() deadline=() normal=()
-for c in $(seq 0 15); do   # clients that go away
-    "$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids "1,2,$c" --max-tokens 240 --ids \
+for c in $(seq 0 15); do   # clients that go away: 2000 tokens would take many seconds
+    "$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids "1,2,$c" --max-tokens 2000 --ids \
         > "$T/gone.$c" 2>&1 &
     gone+=($!)
 done
+streaming() { for c in $(seq 0 15); do [ -s "$T/gone.$c" ] || return 1; done; }
+wait_until 20 streaming || fail "the clients to kill got no token"
+busy() { [ "$(used)" -gt 0 ]; }
+wait_until 10 busy || fail "status never showed KV blocks in use"
+echo "in use while running: $(used) of $(total) blocks per piece"
+kill -9 "${gone[@]}" || fail "a client to kill had already finished"
 for c in $(seq 0 15); do   # requests that pass their deadline
-    "$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids "3,4,$c" --max-tokens 240 --ids \
+    "$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids "3,4,$c" --max-tokens 2000 --ids \
         --timeout 400 > "$T/dl.$c" 2> "$T/dl.err.$c" &
     deadline+=($!)
 done
@@ -36,12 +43,6 @@ for c in $(seq 0 31); do
         --max-tokens 12 --ids > "$T/ok.$c" 2> "$T/ok.err.$c" &
     normal+=($!)
 done
-busy() { [ "$(used)" -gt 0 ]; }
-wait_until 10 busy || fail "status never showed KV blocks in use"
-echo "in use while running: $(used) of $(total) blocks per piece"
-streaming() { for c in $(seq 0 15); do [ -s "$T/gone.$c" ] || return 1; done; }
-wait_until 20 streaming || fail "the clients to kill got no token"
-kill -9 "${gone[@]}"
 for c in $(seq 0 15); do
     if wait "${deadline[$c]}"; then fail "request $c finished before its deadline: $(cat "$T/dl.$c") / $(cat "$T/dl.err.$c")"; fi
     grep -q "deadline of 400 ms" "$T/dl.err.$c" || fail "deadline $c: $(cat "$T/dl.err.$c")"
@@ -56,7 +57,7 @@ wait_until 1 empty || fail "KV blocks still held 1 s after the last request ende
 cancelled=$(status_json | jget "d['coordinator']['stats']['requests_cancelled']")
 [ "$cancelled" -ge 32 ] || fail "the coordinator cancelled $cancelled requests, expected 32"
 # Cancelled sequences left the batch: the workers sent only the few tokens
-# already in the pipeline for them, not the rest of their 240 each (those
+# already in the pipeline for them, not the rest of their 2000 each (those
 # would reach the coordinator after the request ended, and be dropped).
 stale=$(status_json | jget "d['coordinator']['stats']['stale_dropped']")
 echo "tokens for ended requests: $stale"
