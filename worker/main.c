@@ -43,6 +43,10 @@ static void usage(FILE *f)
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
             "\n"
+            "environment: TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
+            "the worker may run on); TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
+            "GPU of that many MiB, for tests on machines without one.\n"
+            "\n"
             "exit status: 0 stopped by a signal, 1 could not start, 2 refused by the\n"
             "coordinator (wrong protocol version or duplicate name; do not restart).\n");
 }
