@@ -551,10 +551,11 @@ int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err
         goto out;
     }
     rc = lead(r, io, &b, &L, err, errlen);
-    if (rc < 0)   /* every request in hand fails with the reason */
-        for (int i = 0; i < L.n; i++)
-            if (!L.s[i].cancelled && !L.l[i].done)
-                fail_request(io, &L.l[i].q, L.s[i].n_generated, err);
+    /* Every request in hand fails with the reason: none is left waiting. */
+    for (int i = 0; i < L.n; i++)
+        if (!L.s[i].cancelled && !L.l[i].done)
+            fail_request(io, &L.l[i].q, L.s[i].n_generated,
+                         rc < 0 ? err : "the replica was stopped (a new plan or shutdown)");
     {
         tsr_request_t q;
         while (io->next_request(io->arg, &q, 0)) {
