@@ -13,7 +13,7 @@ BIN      ?= bin
 PREFIX   ?= /usr/local
 SANITIZE ?=
 
-PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas
+PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -D_GNU_SOURCE \

@@ -38,7 +38,8 @@ static void usage(FILE *f)
             "      --data-address ADDR  address its peers use to reach its data port\n"
             "                         (default 127.0.0.1 when the coordinator is on\n"
             "                         loopback, else the host name)\n"
-            "      --data-bind ADDR   address the data port listens on (default 0.0.0.0)\n"
+            "      --data-bind ADDR   address the data port listens on (default: the data\n"
+            "                         address; 0.0.0.0 listens on every interface)\n"
             "      --protocol-version N  claim another protocol version (for tests)\n"
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
@@ -67,7 +68,7 @@ static int parse_uint(const char *opt, const char *s, unsigned long max, unsigne
 int main(int argc, char **argv)
 {
     const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
-    const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = "0.0.0.0";
+    const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = NULL;
     tsr_device_t kind = TSR_DEVICE_CPU;
     unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;
     int level = TSR_LOG_INFO;
@@ -147,6 +148,9 @@ int main(int argc, char **argv)
     a->protocol_version = (uint32_t)proto;
     if (!data_addr)
         data_addr = strstr(ep, "127.0.0.1") || strstr(ep, "localhost") ? "127.0.0.1" : host;
+    /* Only the address peers use: a data port on every interface is more
+     * to defend, and asking for that is the operator's choice. */
+    if (!data_bind) data_bind = data_addr;
     a->ex = tsr_executor_new(data_bind, data_addr, err, sizeof err);
     if (!a->ex) {
         tsr_error("data plane: %s", err);
