@@ -7,6 +7,7 @@
 #   make demo       install missing deps, build, run the demo cluster
 #   make bench      control-plane, data-plane and serving benchmarks (bench/)
 #   make install    PREFIX=/usr/local: binaries, systemd units, example configs
+#   make fuzz       libFuzzer targets (tests/fuzz/, clang), each for FUZZ_SECONDS
 
 BUILD    ?= build
 BIN      ?= bin
@@ -45,7 +46,8 @@ BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 PROGRAMS := $(BIN)/tessera-coordinator $(BIN)/tessera-worker $(BIN)/tessera
 
-.PHONY: all deps test unit integration asan tsan demo bench install clean
+.PHONY: all deps test unit integration asan tsan demo bench install clean fuzz fuzz-build \
+        fuzz-corpus
 all: $(PROGRAMS) build/models/demo/config.json
 
 # The demo's model: a small random Llama checkpoint (configs/demo.yaml).
@@ -133,7 +135,56 @@ install: $(PROGRAMS)
 	cp -r configs/*.yaml configs/models $(DESTDIR)$(PREFIX)/share/tessera/configs/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/tessera/
 
+# ---- fuzzing ----------------------------------------------------------------
+# libFuzzer targets, built with clang in their own tree: every object with
+# -fsanitize=fuzzer-no-link plus ASan and UBSan, each target linked with
+# -fsanitize=fuzzer.  `make fuzz` runs each for FUZZ_SECONDS from its seed
+# corpus (tests/fuzz/corpus/<target>/) and fails on any finding; the inputs it
+# finds go to $(FUZZ_BUILD)/corpus/, crashes to $(FUZZ_BUILD)/findings/.
+# FUZZ_TARGETS=fuzz_wire limits the run to some targets.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   ?= build/fuzz
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_TARGETS ?= $(patsubst tests/fuzz/%.c,%,$(FUZZ_SRC))
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/bin/%,$(FUZZ_SRC))
+# Not -Werror: clang warns about things gcc does not, and the gcc build is
+# the one that keeps the tree warning-free.
+FUZZ_CFLAGS  := -O1 -g -fno-omit-frame-pointer -std=gnu11 -Wall -Wextra \
+                -Wno-unknown-warning-option -MMD -MP -D_GNU_SOURCE -I. -I$(BUILD)/gen \
+                $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
+                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+fuzzobj = $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(1))
+FUZZ_LIB_OBJ := $(call fuzzobj,$(COMMON_SRC) $(COORD_SRC) $(PROTO_C))
+
+fuzz: deps
+	@command -v $(FUZZ_CC) > /dev/null 2>&1 || { echo "make fuzz: $(FUZZ_CC) not found;" \
+	  "the fuzz targets need clang with libFuzzer (scripts/install-deps.sh installs it," \
+	  "or set FUZZ_CC)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory fuzz-build
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-build: $(FUZZ_BIN)
+# Kept between runs: they are not intermediate files.
+.SECONDARY: $(FUZZ_LIB_OBJ)
+
+# Rewrites the encoded seeds (wire messages, coordinator scripts) after a
+# protocol change; the other seeds are plain files.
+fuzz-corpus: $(BUILD)/tests/fuzz_mkcorpus
+	$(BUILD)/tests/fuzz_mkcorpus tests/fuzz/corpus
+$(BUILD)/tests/fuzz_mkcorpus: tests/fuzz/mkcorpus.c $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+$(FUZZ_BUILD)/bin/%: tests/fuzz/%.c $(FUZZ_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(filter %.c %.o,$^) $(LDLIBS) -o $@
+
 clean:
 	rm -rf build bin
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(FUZZ_BUILD)/obj $(FUZZ_BUILD)/bin -name '*.d' 2>/dev/null)

@@ -1,6 +1,6 @@
 # systemd integration: `make install` lays out binaries, units and configs;
-# the units carry Type=notify, a watchdog, reload by SIGHUP and device access
-# for GPUs; and the daemons really send READY=1 and WATCHDOG=1.
+# the units carry Type=notify, a watchdog, reload by SIGHUP, device access
+# for GPUs and the sandbox; and the daemons really send READY=1 and WATCHDOG=1.
 source "$(dirname "$0")/lib.sh"
 P="$T/prefix"
 make -s -C "$ROOT" install PREFIX="$P" BIN="$BIN" BUILD="${TSR_BUILD:-build}" > "$T/install.log" 2>&1 || fail "make install: $(cat "$T/install.log")"
@@ -19,9 +19,45 @@ grep -q '^ExecReload=/bin/kill -HUP $MAINPID' "$C" || fail "no ExecReload by SIG
 grep -q "^DeviceAllow=/dev/nvidiactl" "$W" || fail "worker cannot open /dev/nvidiactl"
 grep -q "^DeviceAllow=char-nvidia-frontend" "$W" || fail "worker cannot open /dev/nvidia*"
 grep -q -- "--device-index %i" "$W" || fail "instance is not the device index"
+# Hardening: the sandbox lines are installed as written (README, "Running on
+# a real cluster"), and what only the coordinator can do without is only there.
+for line in DynamicUser=yes UMask=0077 ProtectSystem=strict ProtectHome=yes PrivateTmp=yes \
+            PrivateMounts=yes NoNewPrivileges=yes ProtectClock=yes ProtectHostname=yes \
+            ProtectKernelTunables=yes ProtectKernelModules=yes ProtectKernelLogs=yes \
+            ProtectControlGroups=yes ProtectProc=invisible RestrictNamespaces=yes \
+            RestrictRealtime=yes RestrictSUIDSGID=yes LockPersonality=yes \
+            SystemCallArchitectures=native SystemCallFilter=@system-service \
+            SystemCallErrorNumber=EPERM CapabilityBoundingSet= AmbientCapabilities=; do
+    for u in "$C" "$W"; do
+        grep -qx -- "$line" "$u" || fail "$(basename "$u"): hardening line $line missing"
+    done
+done
+for line in PrivateDevices=yes PrivateUsers=yes ProcSubset=pid MemoryDenyWriteExecute=yes \
+            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" "SystemCallFilter=~@privileged @resources"; do
+    grep -qx -- "$line" "$C" || fail "coordinator unit: hardening line $line missing"
+done
+# The GPU stack needs the devices, /proc/driver/nvidia and JIT memory.
+for line in PrivateDevices=yes ProcSubset=pid MemoryDenyWriteExecute=yes; do
+    ! grep -qx -- "$line" "$W" || fail "worker unit: $line would lock out the GPU"
+done
+grep -qx "DevicePolicy=closed" "$W" || fail "worker unit: devices not closed by default"
+grep -qx "SystemCallFilter=~@privileged" "$W" || fail "worker unit: @privileged not filtered"
 if command -v systemd-analyze > /dev/null; then
     systemd-analyze verify "$C" "$W" > "$T/verify.log" 2>&1 || fail "systemd-analyze: $(cat "$T/verify.log")"
     echo "systemd-analyze verify: clean"
+    # Exposure (0-100 here; the README gives it /10): coordinator 1.1 and a
+    # worker 1.6 when written; fail if either loosens past 1.5 / 2.0.
+    cp "$W" "$T/tessera-worker@0.service"
+    if systemd-analyze security --offline=true "$C" > "$T/sec.log" 2>&1; then
+        for pair in "$C:15" "$T/tessera-worker@0.service:20"; do
+            u=${pair%:*}; max=${pair##*:}
+            systemd-analyze security --offline=true --threshold="$max" "$u" > "$T/sec.log" 2>&1 ||
+                fail "$(basename "$u"): exposure above $max/100: $(grep -E 'Overall|✗' "$T/sec.log")"
+            echo "systemd-analyze security: $(grep -o 'Overall exposure level.*' "$T/sec.log")"
+        done
+    else
+        echo "systemd-analyze security --offline not available here: exposure not checked"
+    fi
 fi
 
 # sd_notify: listen on a datagram socket as systemd would and check that the
@@ -65,4 +101,4 @@ kill -TERM "$CP"; wait "$CP"
 sleep 0.3
 grep -q "STOPPING=1" "$T/notify.txt" || fail "no STOPPING=1"
 grep -q "STOPPING=1" "$T/wnotify.txt" || fail "worker: no STOPPING=1"
-ok "install layout, unit contents and sd_notify READY/WATCHDOG/STOPPING"
+ok "install layout, unit contents, hardening and sd_notify READY/WATCHDOG/STOPPING"
