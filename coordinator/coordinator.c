@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,10 +150,34 @@ static void send_reset(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const
     tsr_wire_send(c->wsock, rid, rid_len, &env);
 }
 
+/* The data-port secret of h's replica for h's epoch: HMAC-SHA256 under a
+ * random key of this process, so it is the same for every piece of the
+ * replica within an epoch, new with every epoch, and needs no state.  A
+ * restarted coordinator makes new ones; the next epoch carries them.  The
+ * result lives in a static buffer until the next call (the assignment is
+ * packed before then).  0, or -1 when no random key could be made. */
+static int data_secret(const tsr_holding_t *h, uint8_t out[32])
+{
+    static uint8_t key[32];
+    static bool have_key;
+    uint8_t msg[TSR_NAME_MAX + 1 + 16];
+    size_t dl = strnlen(h->deployment, TSR_NAME_MAX), ml = 0;
+    unsigned int outl = 32;
+    if (!have_key && RAND_bytes(key, sizeof key) != 1) return -1;
+    have_key = true;
+    memcpy(msg, h->deployment, dl);
+    ml = dl;
+    msg[ml++] = 0;
+    for (int i = 7; i >= 0; i--) msg[ml++] = (uint8_t)((uint64_t)h->replica >> (8 * i));
+    for (int i = 7; i >= 0; i--) msg[ml++] = (uint8_t)(h->epoch >> (8 * i));
+    return HMAC(EVP_sha256(), key, sizeof key, msg, ml, out, &outl) ? 0 : -1;
+}
+
 static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
                             Tessera__Assignment *a, int di)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
+    static uint8_t secret[32];
     a->deployment = (char *)h->deployment;
     a->epoch = h->epoch;
     a->replica = (uint32_t)h->replica;
@@ -169,6 +195,14 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->kv_cache_bytes = (uint64_t)d->kv_cache_mib << 20;  /* 0: the worker sizes it */
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
+    /* Without one the workers refuse to form (collective_tcp.c): fail closed. */
+    if (data_secret(h, secret) == 0) {
+        a->data_secret.data = secret;
+        a->data_secret.len = sizeof secret;
+    } else {
+        tsr_error("no random key for data-port secrets: %s's replica %d cannot form",
+                  h->deployment, h->replica);
+    }
 }
 
 /* Whether a reload changes what a deployment's workers were given without

@@ -51,6 +51,11 @@ typedef struct {
     int timeout_ms;
     int (*cancelled)(void *arg);/* optional: give up early when it turns true */
     void *cancel_arg;
+    /* The replica's secret for this epoch (Assignment.data_secret, 16 to 64
+     * bytes): peers prove they know it, and it keys every frame.  TCP
+     * refuses to form a group of more than one rank without it. */
+    const void *secret;
+    size_t secret_len;
 } tsr_rendezvous_t;
 
 /* One leg of a grouped send/recv. */
@@ -114,19 +119,28 @@ int tsr_tcp_listener_fd(const tsr_tcp_listener_t *l);
 void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p);
 
 /* Forms a group of n ranks for `epoch`: rank i is reachable at endpoints[i].
- * Lower ranks accept connections from higher ones, each connection opens
- * with (magic, epoch, group id, rank) and anything from another epoch or
- * group is refused.  Blocks until every peer is connected or timeout_ms
- * passes, giving up early when cancelled(arg) becomes true (checked every
- * turn of the wait; tsr_tcp_listener_wake makes a waiting call look at
- * once).  Caller owns the result (ops->destroy). */
+ * Lower ranks accept connections from higher ones.  The acceptor opens with
+ * a nonce, the connector answers (magic, epoch, group id, rank, n, the rank
+ * it connects to, its nonce, an HMAC under `secret` over all of it) and the
+ * acceptor's ack proves the secret back; every frame is then AES-256-GCM
+ * sealed under keys derived from both.  Handshakes from another epoch, or
+ * without the proof, are refused and never kept; a connection that sends
+ * no handshake is dropped after 2 s, or sooner when others need the room.
+ * secret: the replica's 16 to 64 bytes for this epoch (required when
+ * n > 1).  Blocks until every peer is connected or timeout_ms passes,
+ * giving up early when cancelled(arg) becomes true (checked every turn of
+ * the wait; tsr_tcp_listener_wake makes a waiting call look at once).
+ * Caller owns the result (ops->destroy). */
+tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
+                                         int rank, int n, const char *const *endpoints,
+                                         const void *secret, size_t secret_len, int timeout_ms,
+                                         int (*cancelled)(void *arg), void *cancel_arg,
+                                         char *err, size_t errlen);
+/* The same with a fixed, publicly known secret and no cancellation: for
+ * tests only (anyone who reads this code could join such a group). */
 tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                              int rank, int n, const char *const *endpoints, int timeout_ms,
                              char *err, size_t errlen);
-tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
-                                         int rank, int n, const char *const *endpoints,
-                                         int timeout_ms, int (*cancelled)(void *arg),
-                                         void *cancel_arg, char *err, size_t errlen);
 /* Wakes every communicator being formed on l so it re-checks cancellation. */
 void tsr_tcp_listener_wake(tsr_tcp_listener_t *l);
 

@@ -18,6 +18,19 @@
  *   transfer engine      run_xfers: sends and receives progressed together
  *   operations           allreduce, allgather, broadcast, grouped send/recv, poll
  *
+ * Security (issue 7).  The coordinator gives every piece of a replica the
+ * same random secret per epoch.  An acceptor opens each connection with a
+ * fresh nonce; the connector answers with its handshake, its own nonce and
+ * HMAC-SHA256(secret, handshake, both nonces), and the acceptor's ack
+ * carries the same proof the other way.  The handshake names the epoch, the
+ * group and both ranks, and the nonces are new per connection, so a
+ * handshake replayed from another connection or epoch fails.  Every frame
+ * after that is sealed with AES-256-GCM: one key per direction from
+ * HKDF(secret, nonces, handshake), the frame's sequence number as the
+ * nonce and its header as associated data.  A stranger can still connect;
+ * it cannot join, read or inject, and a pending handshake is dropped after
+ * PENDING_MS (or sooner, when the slots are full and someone else calls).
+ *
  * Payload floats travel in host byte order: the ranks of a replica run the
  * same build on the same kind of machine, and swapping megabytes of floats
  * per layer would cost more than it could ever save. */
@@ -40,16 +53,40 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HS_MAGIC 0x54535243u    /* "TSRC": handshake and ack */
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#define HS_MAGIC 0x54535243u    /* "TSRC": challenge, handshake and ack */
 #define FRAME_MAGIC 0x54535246u /* "TSRF": data frames */
-#define PROTO_VERSION 1u
-#define HS_LEN 32               /* magic, version, epoch, group, rank, n */
-#define ACK_LEN 16              /* magic, status, detail */
+#define PROTO_VERSION 2u        /* 2: authenticated handshake, sealed frames */
+#define NONCE_LEN 16
+#define MAC_LEN 32              /* HMAC-SHA256 */
+#define KEY_LEN 32              /* AES-256 */
+#define TAG_LEN 16              /* GCM tag after every frame's payload */
+#define SECRET_MIN 16
+#define SECRET_MAX 64
+#define CHAL_LEN (8 + NONCE_LEN)            /* magic, version, acceptor's nonce */
+#define HS_BODY 36                          /* magic, version, epoch, group, rank, n, peer */
+#define HS_LEN (HS_BODY + NONCE_LEN + MAC_LEN) /* + connector's nonce, its proof */
+#define ACK_LEN (16 + MAC_LEN)              /* magic, status, detail, the acceptor's proof */
 #define HDR_LEN 32              /* magic, kind, epoch, seq, len */
+#define CRYPT_CHUNK (1 << 30)   /* EVP lengths are ints */
+
+/* Frames travel sealed.  A build with -DTSR_DATA_PLAIN sends them in the
+ * clear (the handshake is still authenticated): for measuring what the
+ * sealing costs, never for serving; both ends must be built alike. */
+#ifdef TSR_DATA_PLAIN
+static const bool data_plain = true;
+#else
+static const bool data_plain = false;
+#endif
 
 #define EP_MAX 300              /* "host:port"; a DNS name is at most 253 */
 #define STASH_MAX 32            /* connections waiting for another communicator */
 #define PENDING_MAX 16          /* accepted connections still sending their handshake */
+#define PENDING_MS 2000         /* ... each of which is dropped after this long */
 #define SMALL_BYTES (64 * 1024) /* below this, allreduce is all-to-all */
 #define INBOX_MAX ((size_t)256 << 20) /* eager receives held per peer */
 #define RETRY_MIN_MS 20
@@ -60,7 +97,8 @@
 enum { K_ALLREDUCE = 1, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_P2P, K_BARRIER, K_GATHER };
 
 /* Ack statuses: why an acceptor refused a handshake. */
-enum { ACK_OK = 0, ACK_VERSION, ACK_STALE, ACK_SIZE, ACK_RANK, ACK_DUP, ACK_FULL };
+enum { ACK_OK = 0, ACK_VERSION, ACK_STALE, ACK_SIZE, ACK_RANK, ACK_DUP, ACK_FULL, ACK_EARLY,
+       ACK_AUTH };
 
 static int64_t now_ms(void)
 {
@@ -100,24 +138,123 @@ static uint64_t get64(const uint8_t *p)
     return (uint64_t)get32(p) << 32 | get32(p + 4);
 }
 
+/* A connector's handshake: it is rank `rank` of (epoch, group) with n
+ * ranks, connecting to rank `peer`. */
 typedef struct {
     uint32_t magic, version;
     uint64_t epoch, group;
-    uint32_t rank, n;
+    uint32_t rank, n, peer;
 } hs_t;
 
 static void hs_pack(uint8_t *b, const hs_t *h)
 {
     put32(b, h->magic), put32(b + 4, h->version);
     put64(b + 8, h->epoch), put64(b + 16, h->group);
-    put32(b + 24, h->rank), put32(b + 28, h->n);
+    put32(b + 24, h->rank), put32(b + 28, h->n), put32(b + 32, h->peer);
 }
 
 static void hs_unpack(const uint8_t *b, hs_t *h)
 {
     h->magic = get32(b), h->version = get32(b + 4);
     h->epoch = get64(b + 8), h->group = get64(b + 16);
-    h->rank = get32(b + 24), h->n = get32(b + 28);
+    h->rank = get32(b + 24), h->n = get32(b + 28), h->peer = get32(b + 32);
+}
+
+/* ---- handshake proofs and frame sealing ------------------------------------- */
+
+/* HMAC-SHA256(secret, who, handshake, acceptor nonce, connector nonce,
+ * status): 'C' is the connector's proof, 'A' the acceptor's. */
+static bool hs_mac(const uint8_t *secret, size_t slen, char who, const uint8_t *hs,
+                   const uint8_t *na, const uint8_t *nc, uint32_t status, uint8_t *out)
+{
+    uint8_t m[1 + HS_BODY + 2 * NONCE_LEN + 4];
+    unsigned int ol = MAC_LEN;
+    m[0] = (uint8_t)who;
+    memcpy(m + 1, hs, HS_BODY);
+    memcpy(m + 1 + HS_BODY, na, NONCE_LEN);
+    memcpy(m + 1 + HS_BODY + NONCE_LEN, nc, NONCE_LEN);
+    put32(m + 1 + HS_BODY + 2 * NONCE_LEN, status);
+    return HMAC(EVP_sha256(), secret, (int)slen, m, sizeof m, out, &ol) != NULL;
+}
+
+static bool mac_ok(const uint8_t *secret, size_t slen, char who, const uint8_t *hs,
+                   const uint8_t *na, const uint8_t *nc, uint32_t status, const uint8_t *mac)
+{
+    uint8_t want[MAC_LEN];
+    return hs_mac(secret, slen, who, hs, na, nc, status, want) &&
+           CRYPTO_memcmp(want, mac, MAC_LEN) == 0;
+}
+
+/* HKDF-SHA256 (RFC 5869) with the nonces as salt and the handshake as
+ * info: two keys, connector-to-acceptor then acceptor-to-connector. */
+static bool derive_keys(const uint8_t *secret, size_t slen, const uint8_t *hs, const uint8_t *na,
+                        const uint8_t *nc, uint8_t *c2a, uint8_t *a2c)
+{
+    static const char label[16] = "tessera-data-v2";
+    uint8_t salt[2 * NONCE_LEN], prk[32], m[KEY_LEN + sizeof label + HS_BODY + 1];
+    unsigned int ol = 32;
+    bool ok;
+    memcpy(salt, na, NONCE_LEN);
+    memcpy(salt + NONCE_LEN, nc, NONCE_LEN);
+    ok = HMAC(EVP_sha256(), salt, sizeof salt, secret, slen, prk, &ol) != NULL;
+    memcpy(m, label, sizeof label);
+    memcpy(m + sizeof label, hs, HS_BODY);
+    m[sizeof label + HS_BODY] = 1;
+    ok = ok && HMAC(EVP_sha256(), prk, sizeof prk, m, sizeof label + HS_BODY + 1, c2a, &ol);
+    memcpy(m, c2a, KEY_LEN);
+    memcpy(m + KEY_LEN, label, sizeof label);
+    memcpy(m + KEY_LEN + sizeof label, hs, HS_BODY);
+    m[KEY_LEN + sizeof label + HS_BODY] = 2;
+    ok = ok && HMAC(EVP_sha256(), prk, sizeof prk, m, sizeof m, a2c, &ol);
+    OPENSSL_cleanse(prk, sizeof prk);
+    return ok;
+}
+
+static EVP_CIPHER_CTX *gcm_new(const uint8_t *key, bool enc)
+{
+    EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+    if (x && EVP_CipherInit_ex(x, EVP_aes_256_gcm(), NULL, key, NULL, enc ? 1 : 0) != 1)
+        EVP_CIPHER_CTX_free(x), x = NULL;
+    return x;
+}
+
+/* out = AES-256-GCM(payload) then the tag; the header is authenticated
+ * too.  The sequence number is the nonce: each key seals each one once. */
+static bool seal(EVP_CIPHER_CTX *x, uint64_t seq, const uint8_t *hdr, const uint8_t *src,
+                 size_t len, uint8_t *out)
+{
+    uint8_t iv[12] = {0}, fin[16];
+    int ol;
+    put64(iv + 4, seq);
+    if (EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(x, NULL, &ol, hdr, HDR_LEN) != 1)
+        return false;
+    for (size_t off = 0; off < len;) {
+        int step = len - off > CRYPT_CHUNK ? CRYPT_CHUNK : (int)(len - off);
+        if (EVP_EncryptUpdate(x, out + off, &ol, src + off, step) != 1) return false;
+        off += (size_t)step;
+    }
+    return EVP_EncryptFinal_ex(x, fin, &ol) == 1 &&
+           EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_GET_TAG, TAG_LEN, out + len) == 1;
+}
+
+/* Decrypts buf in place; false when the tag does not match. */
+static bool unseal(EVP_CIPHER_CTX *x, uint64_t seq, const uint8_t *hdr, uint8_t *buf,
+                   size_t len, uint8_t *tag)
+{
+    uint8_t iv[12] = {0}, fin[16];
+    int ol;
+    put64(iv + 4, seq);
+    if (EVP_DecryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
+        EVP_DecryptUpdate(x, NULL, &ol, hdr, HDR_LEN) != 1)
+        return false;
+    for (size_t off = 0; off < len;) {
+        int step = len - off > CRYPT_CHUNK ? CRYPT_CHUNK : (int)(len - off);
+        if (EVP_DecryptUpdate(x, buf + off, &ol, buf + off, step) != 1) return false;
+        off += (size_t)step;
+    }
+    return EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_SET_TAG, TAG_LEN, tag) == 1 &&
+           EVP_DecryptFinal_ex(x, fin, &ol) > 0;
 }
 
 static const char *kind_name(uint32_t kind)
@@ -162,6 +299,15 @@ static void ack_describe(uint32_t status, uint64_t detail, const hs_t *me, char 
     case ACK_FULL:
         snprintf(out, outlen, "it holds %d connections for other groups already", STASH_MAX);
         break;
+    case ACK_EARLY:
+        snprintf(out, outlen, "epoch %llu is newer than the epoch %llu it is forming",
+                 (unsigned long long)me->epoch, (unsigned long long)detail);
+        break;
+    case ACK_AUTH:
+        snprintf(out, outlen, "the handshake does not prove the replica's secret for epoch %llu "
+                 "(a stranger, a replayed handshake, or a peer given another secret)",
+                 (unsigned long long)me->epoch);
+        break;
     default: snprintf(out, outlen, "unknown refusal %u", status); break;
     }
 }
@@ -183,13 +329,17 @@ static int split_endpoint(const char *ep, char *host, size_t hostlen, char *port
 
 /* ---- listener ------------------------------------------------------------------ */
 
-/* A connection that completed its handshake for a communicator this worker
- * was not forming at the time (its pipeline link while it formed its TP
- * group, say).  It was acked already; the communicator claims it later. */
+/* A connection that completed its handshake for a communicator of the
+ * epoch being formed that this worker was not forming at the time (its
+ * pipeline link while it formed its TP group, say).  It was authenticated
+ * and acked already; the communicator claims it later, with the keys. */
 typedef struct {
     int fd;
     uint64_t epoch, group;
-    uint32_t rank, n;
+    uint32_t rank, n, peer;
+    uint8_t tx_key[KEY_LEN], rx_key[KEY_LEN];
+    uint8_t secret[SECRET_MAX]; /* it was proven with: the claimer must hold the same */
+    size_t secret_len;
 } stash_t;
 
 struct former;
@@ -301,6 +451,7 @@ void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p)
     if (!l_p || !*l_p) return;
     tsr_tcp_listener_t *l = *l_p;
     for (int i = 0; i < l->nstash; i++) close(l->stash[i].fd);
+    OPENSSL_cleanse(l->stash, sizeof l->stash);
     close(l->fd);
     pthread_mutex_destroy(&l->mu);
     free(l);
@@ -346,12 +497,18 @@ typedef struct {
     uint8_t *dst;
     size_t got;
     inbox_msg_t *eager;         /* dst is this inbox entry's data */
+    uint64_t seq;
+    uint8_t tag[TAG_LEN];       /* follows the payload */
+    size_t tag_got;
 } rx_t;
 
 typedef struct {
     int fd;
     char endpoint[EP_MAX];
     uint64_t tx_seq, rx_seq;    /* frames sent and received on this connection */
+    EVP_CIPHER_CTX *tx_gcm, *rx_gcm; /* this connection's keys, one per direction */
+    uint8_t *txbuf;             /* the sealed frame being sent, kept between calls */
+    size_t txcap;
     rx_t rx;
     inbox_msg_t *inbox, *inbox_tail;
     size_t inbox_bytes;
@@ -390,6 +547,9 @@ static void comm_free(tsr_comm_t *c)
     if (!c) return;
     for (int p = 0; c->peers && p < c->n; p++) {
         if (c->peers[p].fd >= 0) close(c->peers[p].fd);
+        EVP_CIPHER_CTX_free(c->peers[p].tx_gcm);
+        EVP_CIPHER_CTX_free(c->peers[p].rx_gcm);
+        free(c->peers[p].txbuf);
         for (inbox_msg_t *m = c->peers[p].inbox, *next; m; m = next) {
             next = m->next;
             free(m);
@@ -428,6 +588,23 @@ static tsr_comm_t *comm_alloc(uint64_t epoch, uint64_t group, int rank, int n)
     return c;
 }
 
+/* Takes fd as peer p's connection, keyed; false (fd not taken) when out of memory. */
+static bool peer_attach(tsr_comm_t *c, int p, int fd, const uint8_t *tx_key,
+                        const uint8_t *rx_key)
+{
+    peer_t *pe = &c->peers[p];
+    pe->tx_gcm = gcm_new(tx_key, true);
+    pe->rx_gcm = gcm_new(rx_key, false);
+    if (!pe->tx_gcm || !pe->rx_gcm) {
+        EVP_CIPHER_CTX_free(pe->tx_gcm);
+        EVP_CIPHER_CTX_free(pe->rx_gcm);
+        pe->tx_gcm = pe->rx_gcm = NULL;
+        return false;
+    }
+    pe->fd = fd;
+    return true;
+}
+
 /* Scratch floats for an operation, kept between calls: allreduce runs
  * twice per layer and should not allocate each time. */
 static float *scratch(tsr_comm_t *c, size_t floats, char *err, size_t errlen)
@@ -446,24 +623,30 @@ static float *scratch(tsr_comm_t *c, size_t floats, char *err, size_t errlen)
 
 /* ---- forming a communicator --------------------------------------------------- */
 
-typedef enum { OUT_WAIT, OUT_CONNECTING, OUT_ACK, OUT_DONE } out_state_t;
+typedef enum { OUT_WAIT, OUT_CONNECTING, OUT_CHAL, OUT_ACK, OUT_DONE } out_state_t;
 
-/* This rank's connection to one lower rank. */
+/* This rank's connection to one lower rank: connect, read the acceptor's
+ * challenge, send the handshake, read the ack. */
 typedef struct {
     out_state_t st;
     int fd;
     int64_t next_try;
     int backoff;
+    uint8_t chal[CHAL_LEN];     /* the acceptor's challenge (its nonce) */
     uint8_t ack[ACK_LEN];
+    uint8_t hello[HS_LEN];      /* what we sent: the ack's proof covers it */
     size_t got;
-    char why[160];              /* how the last attempt failed, for the timeout message */
+    char why[200];              /* how the last attempt failed, for the timeout message */
 } outgoing_t;
 
-/* An accepted connection whose handshake has not fully arrived. */
+/* An accepted connection whose handshake has not fully arrived.  It was
+ * sent our nonce at once; it has until `deadline` to answer. */
 typedef struct {
     int fd;
     uint8_t hs[HS_LEN];
     size_t got;
+    uint8_t nonce[NONCE_LEN];
+    int64_t since, deadline;
 } pending_t;
 
 typedef struct former {
@@ -472,6 +655,8 @@ typedef struct former {
     int (*cancelled)(void *arg);  /* asked each turn; NULL: never */
     void *cancel_arg;
     hs_t me;
+    const uint8_t *secret;
+    size_t secret_len;
     outgoing_t *out;            /* one per lower rank */
     pending_t pend[PENDING_MAX];
     /* Fixed layout: [0] listener, [1] wake_fd, [2..] pending, then one per
@@ -482,7 +667,7 @@ typedef struct former {
      * for us; it signals this eventfd so our poll wakes (l->formers). */
     int wake_fd;
     struct former *next;
-    char refused[200];          /* the last handshake refused here, for the timeout message */
+    char refused[300];          /* the last handshake refused here, for the timeout message */
     int64_t deadline;
     int timeout_ms;
 } former_t;
@@ -498,25 +683,33 @@ static uint32_t judge_mine(const former_t *f, const hs_t *h, uint64_t *detail)
         *detail = (uint64_t)c->n;
         return ACK_SIZE;
     }
-    if (h->rank <= (uint32_t)c->rank || h->rank >= (uint32_t)c->n) return ACK_RANK;
+    if (h->rank <= (uint32_t)c->rank || h->rank >= (uint32_t)c->n ||
+        h->peer != (uint32_t)c->rank)
+        return ACK_RANK;
     if (c->peers[h->rank].fd >= 0) return ACK_DUP;
     return ACK_OK;
 }
 
 static void note_refusal(former_t *f, const hs_t *h, uint32_t status, uint64_t detail)
 {
-    char why[160];
+    char why[200];
     ack_describe(status, detail, h, why, sizeof why);
     snprintf(f->refused, sizeof f->refused,
              "refused a connection from rank %u (epoch %llu, group %llu): %s", h->rank,
              (unsigned long long)h->epoch, (unsigned long long)h->group, why);
 }
 
-static bool send_ack(int fd, uint32_t status, uint64_t detail)
+/* The ack, with the acceptor's proof when it accepts (a refusal carries
+ * none: the connector gives up, which a stranger could make it do anyway
+ * by closing the connection). */
+static bool send_ack(int fd, uint32_t status, uint64_t detail, const former_t *f,
+                     const uint8_t *hs, const uint8_t *na, const uint8_t *nc)
 {
-    uint8_t b[ACK_LEN];
+    uint8_t b[ACK_LEN] = {0};
     put32(b, HS_MAGIC), put32(b + 4, status), put64(b + 8, detail);
-    /* 16 bytes into a fresh socket's empty buffer: all or nothing. */
+    if (status == ACK_OK && !hs_mac(f->secret, f->secret_len, 'A', hs, na, nc, status, b + 16))
+        return false;
+    /* 48 bytes into a fresh socket's empty buffer: all or nothing. */
     return send(fd, b, sizeof b, MSG_NOSIGNAL) == (ssize_t)sizeof b;
 }
 
@@ -533,28 +726,33 @@ static void claim_stash(former_t *f)
             continue;
         }
         l->stash[i] = l->stash[--l->nstash];
-        hs_t h = {HS_MAGIC, PROTO_VERSION, s.epoch, s.group, s.rank, s.n};
+        hs_t h = {HS_MAGIC, PROTO_VERSION, s.epoch, s.group, s.rank, s.n, s.peer};
         uint64_t detail = 0;
         uint32_t st = judge_mine(f, &h, &detail);
-        if (st == ACK_OK) {
-            f->c->peers[s.rank].fd = s.fd;
+        if (st == ACK_OK && (s.secret_len != f->secret_len ||
+                             CRYPTO_memcmp(s.secret, f->secret, s.secret_len)))
+            st = ACK_AUTH;
+        if (st == ACK_OK && peer_attach(f->c, (int)s.rank, s.fd, s.tx_key, s.rx_key)) {
+            /* taken */
         } else {
             /* It was acked when stashed; closing is the only refusal left. */
             note_refusal(f, &h, st, detail);
             close(s.fd);
         }
+        OPENSSL_cleanse(&s, sizeof s);
     }
     pthread_mutex_unlock(&l->mu);
 }
 
-/* Stashes a handshaked connection for another communicator and acks it.
- * Returns ACK_OK when fd was taken (stashed, or closed because the
- * connector vanished before the ack), else the refusal for the caller. */
-static uint32_t stash_put(former_t *f, int fd, const hs_t *h)
+/* Stashes an authenticated connection for another communicator of our
+ * epoch and acks it.  Returns ACK_OK when fd was taken (stashed, or closed
+ * because the connector vanished before the ack), else the refusal. */
+static uint32_t stash_put(former_t *f, int fd, const hs_t *h, const pending_t *pd,
+                          const uint8_t *c2a, const uint8_t *a2c)
 {
     tsr_tcp_listener_t *l = f->l;
     uint32_t st = ACK_OK;
-    if (h->n == 0 || h->rank == 0 || h->rank >= h->n) return ACK_RANK;
+    if (h->n == 0 || h->rank == 0 || h->rank >= h->n || h->peer >= h->rank) return ACK_RANK;
     pthread_mutex_lock(&l->mu);
     for (int i = 0; i < l->nstash && st == ACK_OK; i++)
         if (l->stash[i].epoch == h->epoch && l->stash[i].group == h->group &&
@@ -562,8 +760,13 @@ static uint32_t stash_put(former_t *f, int fd, const hs_t *h)
             st = ACK_DUP;
     if (st == ACK_OK && l->nstash == STASH_MAX) st = ACK_FULL;
     /* Ack under the lock, so a connection is never stashed unacked. */
-    if (st == ACK_OK && send_ack(fd, ACK_OK, 0)) {
-        l->stash[l->nstash++] = (stash_t){fd, h->epoch, h->group, h->rank, h->n};
+    if (st == ACK_OK && send_ack(fd, ACK_OK, 0, f, pd->hs, pd->nonce, pd->hs + HS_BODY)) {
+        stash_t *s = &l->stash[l->nstash++];
+        *s = (stash_t){fd, h->epoch, h->group, h->rank, h->n, h->peer, {0}, {0}, {0}, 0};
+        memcpy(s->tx_key, a2c, KEY_LEN);
+        memcpy(s->rx_key, c2a, KEY_LEN);
+        memcpy(s->secret, f->secret, f->secret_len);
+        s->secret_len = f->secret_len;
         for (former_t *o = l->formers; o; o = o->next)
             if (o != f) eventfd_write(o->wake_fd, 1);
     } else if (st == ACK_OK) {
@@ -574,13 +777,18 @@ static uint32_t stash_put(former_t *f, int fd, const hs_t *h)
 }
 
 /* A complete handshake arrived on an accepted connection: take it for
- * this communicator, stash it for another one, or refuse it. */
-static void judge_handshake(former_t *f, int fd, const uint8_t *b)
+ * this communicator, stash it for another one of this epoch, or refuse
+ * it.  Nothing from another epoch is kept: we cannot check its proof (the
+ * secret is per epoch), so holding it would let a stranger fill the stash
+ * (issue 7, attack 3).  A connector that is ahead retries. */
+static void judge_handshake(former_t *f, int fd, const pending_t *pd)
 {
     hs_t h;
     uint32_t st = ACK_OK;
     uint64_t detail = 0;
-    hs_unpack(b, &h);
+    uint8_t c2a[KEY_LEN], a2c[KEY_LEN];
+    const uint8_t *nc = pd->hs + HS_BODY, *mac = nc + NONCE_LEN;
+    hs_unpack(pd->hs, &h);
     if (h.magic != HS_MAGIC) {
         snprintf(f->refused, sizeof f->refused,
                  "closed a connection that did not open with the Tessera handshake");
@@ -591,33 +799,76 @@ static void judge_handshake(former_t *f, int fd, const uint8_t *b)
         st = ACK_VERSION, detail = PROTO_VERSION;
     } else if (h.epoch < f->me.epoch) {
         st = ACK_STALE, detail = f->me.epoch;
-    } else if (h.epoch == f->me.epoch && h.group == f->me.group) {
+    } else if (h.epoch > f->me.epoch) {
+        st = ACK_EARLY, detail = f->me.epoch;
+    } else if (!mac_ok(f->secret, f->secret_len, 'C', pd->hs, pd->nonce, nc, 0, mac) ||
+               !derive_keys(f->secret, f->secret_len, pd->hs, pd->nonce, nc, c2a, a2c)) {
+        st = ACK_AUTH;
+    } else if (h.group == f->me.group) {
         st = judge_mine(f, &h, &detail);
-        if (st == ACK_OK && send_ack(fd, ACK_OK, 0)) {
-            f->c->peers[h.rank].fd = fd;
-            return;
+        if (st == ACK_OK && peer_attach(f->c, (int)h.rank, fd, a2c, c2a)) {
+            if (!send_ack(fd, ACK_OK, 0, f, pd->hs, pd->nonce, nc)) {
+                /* It vanished: free the slot for its retry. */
+                EVP_CIPHER_CTX_free(f->c->peers[h.rank].tx_gcm);
+                EVP_CIPHER_CTX_free(f->c->peers[h.rank].rx_gcm);
+                f->c->peers[h.rank].tx_gcm = f->c->peers[h.rank].rx_gcm = NULL;
+                f->c->peers[h.rank].fd = -1;
+                close(fd);
+            }
+            goto out;
         }
     } else {
-        st = stash_put(f, fd, &h);
-        if (st == ACK_OK) return;
+        st = stash_put(f, fd, &h, pd, c2a, a2c);
+        if (st == ACK_OK) goto out;
     }
     if (st != ACK_OK) {
-        send_ack(fd, st, detail);
+        send_ack(fd, st, detail, f, NULL, NULL, NULL);
         note_refusal(f, &h, st, detail);
     }
     close(fd);
+out:
+    OPENSSL_cleanse(c2a, sizeof c2a);
+    OPENSSL_cleanse(a2c, sizeof a2c);
 }
 
+/* Accepts what is waiting and sends each its challenge.  With every slot
+ * taken, the oldest pending connection makes room: an honest peer answers
+ * within a round trip, so idle strangers cannot keep it out. */
 static void accept_new(former_t *f)
 {
-    for (int k = 0; k < PENDING_MAX; k++) {
-        if (f->pend[k].fd >= 0) continue;
+    for (int i = 0; i < 4 * PENDING_MAX; i++) {
         /* EAGAIN: the backlog is empty, or a concurrent comm_new took it. */
         int fd = accept4(f->l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
+        int k = -1;
+        for (int j = 0; j < PENDING_MAX; j++) {
+            if (f->pend[j].fd < 0) {
+                k = j;
+                break;
+            }
+            if (k < 0 || f->pend[j].since < f->pend[k].since) k = j;
+        }
+        pending_t *pd = &f->pend[k];
+        if (pd->fd >= 0) {
+            close(pd->fd);
+            snprintf(f->refused, sizeof f->refused,
+                     "dropped a connection that sent no handshake, to make room");
+        }
         set_nodelay(fd);
-        f->pend[k].fd = fd;
-        f->pend[k].got = 0;
+        *pd = (pending_t){.fd = fd, .since = now_ms()};
+        pd->deadline = pd->since + PENDING_MS;
+        uint8_t chal[CHAL_LEN];
+        put32(chal, HS_MAGIC), put32(chal + 4, PROTO_VERSION);
+        if (RAND_bytes(pd->nonce, NONCE_LEN) != 1) {
+            close(fd);
+            pd->fd = -1;
+            continue;
+        }
+        memcpy(chal + 8, pd->nonce, NONCE_LEN);
+        if (send(fd, chal, sizeof chal, MSG_NOSIGNAL) != (ssize_t)sizeof chal) {
+            close(fd);
+            pd->fd = -1;
+        }
     }
 }
 
@@ -635,7 +886,19 @@ static void read_handshake(former_t *f, int k)
     if (pd->got < HS_LEN) return;
     int fd = pd->fd;
     pd->fd = -1;
-    judge_handshake(f, fd, pd->hs);
+    judge_handshake(f, fd, pd);
+}
+
+/* A handshake that has not arrived by its deadline is dropped. */
+static void expire_pending(former_t *f, int64_t now)
+{
+    for (int k = 0; k < PENDING_MAX; k++) {
+        if (f->pend[k].fd < 0 || now < f->pend[k].deadline) continue;
+        close(f->pend[k].fd);
+        f->pend[k].fd = -1;
+        snprintf(f->refused, sizeof f->refused,
+                 "dropped a connection that sent no handshake within %d ms", PENDING_MS);
+    }
 }
 
 /* Closes the attempt and schedules the next one with a growing backoff:
@@ -651,13 +914,21 @@ static void retry_later(former_t *f, int j, int64_t now, const char *why)
     snprintf(o->why, sizeof o->why, "%s", why);
 }
 
+/* The acceptor's challenge arrived: send our handshake, our nonce and the
+ * proof over both. */
 static void send_hello(former_t *f, int j, int64_t now)
 {
     outgoing_t *o = &f->out[j];
-    uint8_t b[HS_LEN];
-    hs_pack(b, &f->me);
-    set_nodelay(o->fd);
-    if (send(o->fd, b, sizeof b, MSG_NOSIGNAL) != (ssize_t)sizeof b) {
+    hs_t h = f->me;
+    h.peer = (uint32_t)j;
+    hs_pack(o->hello, &h);
+    uint8_t *nc = o->hello + HS_BODY;
+    if (RAND_bytes(nc, NONCE_LEN) != 1 ||
+        !hs_mac(f->secret, f->secret_len, 'C', o->hello, o->chal + 8, nc, 0, nc + NONCE_LEN)) {
+        retry_later(f, j, now, "no random nonce or proof for the handshake");
+        return;
+    }
+    if (send(o->fd, o->hello, HS_LEN, MSG_NOSIGNAL) != (ssize_t)HS_LEN) {
         retry_later(f, j, now, strerror(errno));
         return;
     }
@@ -684,8 +955,10 @@ static void start_connect(former_t *f, int j, int64_t now)
         retry_later(f, j, now, strerror(errno));
         goto out;
     }
+    set_nodelay(o->fd);
+    o->got = 0;
     if (connect(o->fd, ai->ai_addr, ai->ai_addrlen) == 0)
-        send_hello(f, j, now);
+        o->st = OUT_CHAL;
     else if (errno == EINPROGRESS)
         o->st = OUT_CONNECTING;
     else
@@ -699,40 +972,89 @@ static void finish_connect(former_t *f, int j, int64_t now)
     int e = 0;
     socklen_t el = sizeof e;
     if (getsockopt(f->out[j].fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
-    if (e)
+    if (e) {
         retry_later(f, j, now, strerror(e));
-    else
-        send_hello(f, j, now);
+    } else {
+        f->out[j].st = OUT_CHAL;
+        f->out[j].got = 0;
+    }
 }
 
-/* Reads the acceptor's answer.  A refusal is final: retrying would only be
- * refused again, so comm_new fails now with the reason. */
+/* Reads toward want bytes into buf.  1: complete, 0: not yet, -1: the
+ * attempt failed and was scheduled for a retry. */
+static int out_read(former_t *f, int j, int64_t now, uint8_t *buf, size_t want, const char *what)
+{
+    outgoing_t *o = &f->out[j];
+    ssize_t r = recv(o->fd, buf + o->got, want - o->got, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (r <= 0) {
+        char why[160];
+        if (r == 0) snprintf(why, sizeof why, "it closed the connection before %s", what);
+        else snprintf(why, sizeof why, "%s", strerror(errno));
+        retry_later(f, j, now, why);
+        return -1;
+    }
+    o->got += (size_t)r;
+    return o->got == want;
+}
+
+static void read_challenge(former_t *f, int j, int64_t now)
+{
+    outgoing_t *o = &f->out[j];
+    if (out_read(f, j, now, o->chal, CHAL_LEN, "sending its challenge") != 1) return;
+    if (get32(o->chal) != HS_MAGIC) {
+        retry_later(f, j, now, "it did not open with the Tessera challenge");
+        return;
+    }
+    if (get32(o->chal + 4) != PROTO_VERSION) {
+        char why[120];
+        snprintf(why, sizeof why, "it speaks data-port protocol version %u, this rank %u",
+                 get32(o->chal + 4), PROTO_VERSION);
+        retry_later(f, j, now, why);
+        return;
+    }
+    send_hello(f, j, now);
+}
+
+/* Reads the acceptor's answer.  A refusal is final (retrying would only be
+ * refused again, so comm_new fails now with the reason), except that an
+ * acceptor still forming an older epoch will get to ours. */
 static int read_ack(former_t *f, int j, int64_t now, char *err, size_t errlen)
 {
     outgoing_t *o = &f->out[j];
-    ssize_t r = recv(o->fd, o->ack + o->got, ACK_LEN - o->got, 0);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-    if (r <= 0) {
-        retry_later(f, j, now, r == 0 ? "it closed the connection before answering the handshake"
-                                      : strerror(errno));
-        return 0;
-    }
-    o->got += (size_t)r;
-    if (o->got < ACK_LEN) return 0;
+    if (out_read(f, j, now, o->ack, ACK_LEN, "answering the handshake") != 1) return 0;
     uint32_t magic = get32(o->ack), status = get32(o->ack + 4);
+    uint64_t detail = get64(o->ack + 8);
+    const uint8_t *nc = o->hello + HS_BODY;
     if (magic != HS_MAGIC) {
         retry_later(f, j, now, "it answered the handshake with something else than an ack");
         return 0;
     }
+    if (status == ACK_EARLY) {
+        retry_later(f, j, now, "it is still forming an older epoch");
+        return 0;
+    }
     if (status != ACK_OK) {
-        char why[160];
-        ack_describe(status, get64(o->ack + 8), &f->me, why, sizeof why);
+        char why[200];
+        ack_describe(status, detail, &f->me, why, sizeof why);
         snprintf(err, errlen, "rank %d (%s) refused rank %d of group %llu, epoch %llu: %s", j,
                  f->c->peers[j].endpoint, f->c->rank, (unsigned long long)f->me.group,
                  (unsigned long long)f->me.epoch, why);
         return -1;
     }
-    f->c->peers[j].fd = o->fd;
+    uint8_t c2a[KEY_LEN], a2c[KEY_LEN];
+    if (!mac_ok(f->secret, f->secret_len, 'A', o->hello, o->chal + 8, nc, ACK_OK, o->ack + 16)) {
+        retry_later(f, j, now, "it accepted without proof of the replica's secret (not the "
+                               "rank the coordinator named, or given another secret)");
+        return 0;
+    }
+    if (!derive_keys(f->secret, f->secret_len, o->hello, o->chal + 8, nc, c2a, a2c) ||
+        !peer_attach(f->c, j, o->fd, c2a, a2c)) {
+        retry_later(f, j, now, "out of memory for the connection's keys");
+        return 0;
+    }
+    OPENSSL_cleanse(c2a, sizeof c2a);
+    OPENSSL_cleanse(a2c, sizeof a2c);
     o->fd = -1;
     o->st = OUT_DONE;
     return 0;
@@ -751,12 +1073,13 @@ static void form_timeout_msg(const former_t *f, char *err, size_t errlen)
     int missing = 0, first = -1;
     for (int p = 0; p < c->n; p++)
         if (p != c->rank && c->peers[p].fd < 0 && missing++ == 0) first = p;
-    char what[220];
+    char what[300];
     if (first < c->rank) {
         const outgoing_t *o = &f->out[first];
         snprintf(what, sizeof what, "could not connect to rank %d (%s): %s", first,
                  c->peers[first].endpoint,
                  o->st == OUT_ACK          ? "no answer to the handshake"
+                 : o->st == OUT_CHAL       ? "no challenge after connecting"
                  : o->st == OUT_CONNECTING ? "the connection did not complete"
                  : o->why[0]               ? o->why
                                            : "no attempt finished");
@@ -774,18 +1097,20 @@ static void form_timeout_msg(const former_t *f, char *err, size_t errlen)
 static int form_pollset(former_t *f, int64_t now)
 {
     int64_t wake = f->deadline;
-    bool room = false;
     for (int k = 0; k < PENDING_MAX; k++) {
         f->pfd[PFD_PENDING + k] = (struct pollfd){.fd = f->pend[k].fd, .events = POLLIN};
-        room |= f->pend[k].fd < 0;
+        if (f->pend[k].fd >= 0 && f->pend[k].deadline < wake) wake = f->pend[k].deadline;
     }
     /* The listener is served even by a rank that accepts nobody here: a
-     * peer forming another of our communicators may be waiting for its ack. */
-    f->pfd[0] = (struct pollfd){.fd = room ? f->l->fd : -1, .events = POLLIN};
+     * peer forming another of our communicators may be waiting for its
+     * ack.  Served always: accept_new makes room when the slots are full. */
+    f->pfd[0] = (struct pollfd){.fd = f->l->fd, .events = POLLIN};
     f->pfd[1] = (struct pollfd){.fd = f->wake_fd, .events = POLLIN};
     for (int j = 0; j < f->c->rank; j++) {
         const outgoing_t *o = &f->out[j];
-        short ev = o->st == OUT_CONNECTING ? POLLOUT : o->st == OUT_ACK ? POLLIN : 0;
+        short ev = o->st == OUT_CONNECTING                   ? POLLOUT
+                   : o->st == OUT_CHAL || o->st == OUT_ACK ? POLLIN
+                                                           : 0;
         f->pfd[PFD_OUT + j] = (struct pollfd){.fd = ev ? o->fd : -1, .events = ev};
         if (o->st == OUT_WAIT && o->next_try < wake) wake = o->next_try;
     }
@@ -799,12 +1124,13 @@ static int form_serve(former_t *f, char *err, size_t errlen)
     /* Reset before the next claim_stash, which will see what was stashed. */
     if (f->pfd[1].revents) eventfd_read(f->wake_fd, &ignored);
     for (int k = 0; k < PENDING_MAX; k++)
-        if (f->pfd[PFD_PENDING + k].revents) read_handshake(f, k);
+        if (f->pfd[PFD_PENDING + k].revents && f->pend[k].fd >= 0) read_handshake(f, k);
     if (f->pfd[0].revents) accept_new(f);
     for (int j = 0; j < f->c->rank; j++) {
         short rev = f->pfd[PFD_OUT + j].revents;
         if (!rev) continue;
         if (f->out[j].st == OUT_CONNECTING) finish_connect(f, j, now);
+        else if (f->out[j].st == OUT_CHAL) read_challenge(f, j, now);
         else if (f->out[j].st == OUT_ACK && read_ack(f, j, now, err, errlen)) return -1;
     }
     return 0;
@@ -825,6 +1151,7 @@ static int form_run(former_t *f, char *err, size_t errlen)
             form_timeout_msg(f, err, errlen);
             return -1;
         }
+        expire_pending(f, now);
         for (int j = 0; j < f->c->rank; j++)
             if (f->out[j].st == OUT_WAIT && now >= f->out[j].next_try) start_connect(f, j, now);
         int wait = form_pollset(f, now);
@@ -839,7 +1166,7 @@ static int form_run(former_t *f, char *err, size_t errlen)
 }
 
 static int check_args(tsr_tcp_listener_t *l, int rank, int n, const char *const *endpoints,
-                      char *err, size_t errlen)
+                      size_t secret_len, char *err, size_t errlen)
 {
     char host[EP_MAX], port[16];
     if (n < 1 || rank < 0 || rank >= n) {
@@ -849,6 +1176,13 @@ static int check_args(tsr_tcp_listener_t *l, int rank, int n, const char *const 
     if (n == 1) return 0;
     if (!l || !endpoints) {
         snprintf(err, errlen, "a group of %d needs a listener and endpoints", n);
+        return -1;
+    }
+    if (secret_len < SECRET_MIN || secret_len > SECRET_MAX) {
+        snprintf(err, errlen,
+                 "a group of %d needs the replica's data-port secret (%d to %d bytes, from the "
+                 "assignment), got %zu bytes: is the coordinator older than this worker?",
+                 n, SECRET_MIN, SECRET_MAX, secret_len);
         return -1;
     }
     for (int p = 0; p < n; p++) {
@@ -880,17 +1214,15 @@ static void former_release(former_t *f)
     if (f->wake_fd >= 0) close(f->wake_fd);
 }
 
-/* While forming, a rank also acks and stashes connections for the other
- * communicators of its worker, so a peer that forms those first is not held
- * up.  What this cannot fix: two workers each waiting to *accept* the other
- * in different groups.  Forming every group in one order on all workers
- * (as by ascending group id) never meets that. */
+/* The fixed secret of tsr_tcp_comm_new: tests only (collective.h). */
+static const uint8_t test_secret[32] = "tessera test secret, not secret";
+
 tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group, int rank,
                              int n, const char *const *endpoints, int timeout_ms, char *err,
                              size_t errlen)
 {
-    return tsr_tcp_comm_new_cancellable(l, epoch, group, rank, n, endpoints, timeout_ms, NULL,
-                                        NULL, err, errlen);
+    return tsr_tcp_comm_new_cancellable(l, epoch, group, rank, n, endpoints, test_secret,
+                                        sizeof test_secret, timeout_ms, NULL, NULL, err, errlen);
 }
 
 void tsr_tcp_listener_wake(tsr_tcp_listener_t *l)
@@ -900,13 +1232,19 @@ void tsr_tcp_listener_wake(tsr_tcp_listener_t *l)
     pthread_mutex_unlock(&l->mu);
 }
 
+/* While forming, a rank also acks and stashes connections for the other
+ * communicators of its worker in the same epoch, so a peer that forms those
+ * first is not held up.  What this cannot fix: two workers each waiting to
+ * *accept* the other in different groups.  Forming every group in one
+ * order on all workers (as by ascending group id) never meets that. */
 tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                                          int rank, int n, const char *const *endpoints,
-                                         int timeout_ms, int (*cancelled)(void *arg),
-                                         void *cancel_arg, char *err, size_t errlen)
+                                         const void *secret, size_t secret_len, int timeout_ms,
+                                         int (*cancelled)(void *arg), void *cancel_arg,
+                                         char *err, size_t errlen)
 {
     tsr_comm_t *c = NULL, *ret = NULL;
-    if (check_args(l, rank, n, endpoints, err, errlen)) return NULL;
+    if (check_args(l, rank, n, endpoints, secret ? secret_len : 0, err, errlen)) return NULL;
     if (!(c = comm_alloc(epoch, group, rank, n))) {
         snprintf(err, errlen, "out of memory for a group of %d", n);
         return NULL;
@@ -916,8 +1254,8 @@ tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, 
         if (p != rank) snprintf(c->peers[p].endpoint, EP_MAX, "%s", endpoints[p]);
 
     former_t f = {.l = l, .c = c, .timeout_ms = timeout_ms, .cancelled = cancelled,
-                  .cancel_arg = cancel_arg};
-    f.me = (hs_t){HS_MAGIC, PROTO_VERSION, epoch, group, (uint32_t)rank, (uint32_t)n};
+                  .cancel_arg = cancel_arg, .secret = secret, .secret_len = secret_len};
+    f.me = (hs_t){HS_MAGIC, PROTO_VERSION, epoch, group, (uint32_t)rank, (uint32_t)n, 0};
     f.deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     f.npfd = PFD_OUT + rank;
     for (int k = 0; k < PENDING_MAX; k++) f.pend[k].fd = -1;
@@ -962,13 +1300,35 @@ static opctx_t op_begin(int timeout_ms, const char *what)
     return (opctx_t){now_ms() + (timeout_ms > 0 ? timeout_ms : 0), timeout_ms, what};
 }
 
-static void xfer_send(tsr_comm_t *c, xfer_t *op, int peer, uint32_t kind, const void *src,
-                      size_t len)
+/* Prepares one frame: the header, and the payload sealed into the peer's
+ * send buffer (the header's len is the payload's; the tag follows it). */
+static int xfer_send(tsr_comm_t *c, xfer_t *op, int peer, uint32_t kind, const void *src,
+                     size_t len, char *err, size_t errlen)
 {
+    peer_t *pe = &c->peers[peer];
+    uint64_t seq = pe->tx_seq++;
     *op = (xfer_t){.peer = peer, .is_send = true, .kind = kind, .src = src, .len = len};
     put32(op->hdr, FRAME_MAGIC), put32(op->hdr + 4, kind);
-    put64(op->hdr + 8, c->epoch), put64(op->hdr + 16, c->peers[peer].tx_seq++);
+    put64(op->hdr + 8, c->epoch), put64(op->hdr + 16, seq);
     put64(op->hdr + 24, (uint64_t)len);
+    if (data_plain) return 0;
+    if (pe->txcap < len + TAG_LEN) {
+        uint8_t *b = realloc(pe->txbuf, len + TAG_LEN);
+        if (!b) {
+            snprintf(err, errlen, "out of memory for a %zu-byte frame to rank %d", len, peer);
+            return -1;
+        }
+        pe->txbuf = b;
+        pe->txcap = len + TAG_LEN;
+    }
+    if (!seal(pe->tx_gcm, seq, op->hdr, src, len, pe->txbuf)) {
+        snprintf(err, errlen, "sealing a %zu-byte frame to rank %d (%s) failed", len, peer,
+                 pe->endpoint);
+        return -1;
+    }
+    op->src = pe->txbuf;
+    op->len = len + TAG_LEN;
+    return 0;
 }
 
 static void xfer_recv(xfer_t *op, int peer, uint32_t kind, void *dst, size_t len)
@@ -1060,9 +1420,22 @@ static int rx_check_header(tsr_comm_t *c, int p, const opctx_t *x, char *err, si
                  (unsigned long long)pe->rx_seq, (unsigned long long)c->epoch);
         return -1;
     }
-    pe->rx_seq++;
+    rx->seq = pe->rx_seq++;
     rx->hdr_ok = true;
     return 0;
+}
+
+/* The payload and its tag are in: decrypt in place, or fail naming the peer. */
+static int rx_unseal(tsr_comm_t *c, int p, const opctx_t *x, char *err, size_t errlen)
+{
+    peer_t *pe = &c->peers[p];
+    rx_t *rx = &pe->rx;
+    if (unseal(pe->rx_gcm, rx->seq, rx->hdr, rx->dst, (size_t)rx->len, rx->tag)) return 0;
+    snprintf(err, errlen,
+             "rank %d (%s) sent frame %llu (%llu bytes) that fails its integrity check during %s: "
+             "altered on the way, or not sent by that rank",
+             p, pe->endpoint, (unsigned long long)rx->seq, (unsigned long long)rx->len, x->what);
+    return -1;
 }
 
 static int rx_place_op(tsr_comm_t *c, int p, xfer_t *op, const opctx_t *x, char *err,
@@ -1135,6 +1508,11 @@ static int rx_pump(tsr_comm_t *c, int p, xfer_t *op, const opctx_t *x, char *err
         }
         if ((r = read_some(c, p, rx->dst, (size_t)rx->len, &rx->got, x, err, errlen)) <= 0)
             return r;
+        if (!data_plain) {
+            if ((r = read_some(c, p, rx->tag, TAG_LEN, &rx->tag_got, x, err, errlen)) <= 0)
+                return r;
+            if (rx_unseal(c, p, x, err, errlen)) return -1;
+        }
         if (rx->eager) rx->eager->complete = true;
         memset(rx, 0, sizeof *rx);
         if (op) {
@@ -1321,7 +1699,7 @@ static int exchange_all(tsr_comm_t *c, uint32_t kind, const void *mine, size_t b
     int k = 0;
     for (int p = 0; p < c->n; p++) {
         if (p == c->rank) continue;
-        xfer_send(c, &c->ops[k++], p, kind, mine, bytes);
+        if (xfer_send(c, &c->ops[k++], p, kind, mine, bytes, err, errlen)) return -1;
         xfer_recv(&c->ops[k++], p, kind, all + (size_t)p * bytes, bytes);
     }
     if (run_xfers(c, c->ops, k, false, x, err, errlen)) return -1;
@@ -1355,7 +1733,8 @@ static int ring_step(tsr_comm_t *c, uint32_t kind, const float *src, size_t slen
                      size_t rlen, const opctx_t *x, char *err, size_t errlen)
 {
     int right = (c->rank + 1) % c->n, left = (c->rank + c->n - 1) % c->n;
-    xfer_send(c, &c->ops[0], right, kind, src, slen * sizeof(float));
+    if (xfer_send(c, &c->ops[0], right, kind, src, slen * sizeof(float), err, errlen))
+        return -1;
     xfer_recv(&c->ops[1], left, kind, dst, rlen * sizeof(float));
     return run_xfers(c, c->ops, 2, false, x, err, errlen);
 }
@@ -1494,7 +1873,8 @@ static int tcp_broadcast(tsr_comm_t *c, tsr_buf_t b, int root, int timeout_ms, c
     int k = 0;
     if (c->rank == root) {
         for (int p = 0; p < c->n; p++)
-            if (p != root) xfer_send(c, &c->ops[k++], p, K_BROADCAST, b.ptr, len);
+            if (p != root && xfer_send(c, &c->ops[k++], p, K_BROADCAST, b.ptr, len, err, errlen))
+                return broken(c, err);
     } else {
         xfer_recv(&c->ops[k++], root, K_BROADCAST, b.ptr, len);
     }
@@ -1541,8 +1921,12 @@ static int tcp_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms,
     opctx_t x = op_begin(timeout_ms, n == 1 ? (ops[0].is_send ? "send" : "recv") : "send/recv");
     for (int i = 0; i < n; i++) {
         size_t len = ops[i].buf.count * tsr_dtype_size(ops[i].buf.dtype);
-        if (ops[i].is_send) xfer_send(c, &c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
-        else xfer_recv(&c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
+        if (ops[i].is_send) {
+            if (xfer_send(c, &c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len, err, errlen))
+                return broken(c, err);
+        } else {
+            xfer_recv(&c->ops[i], ops[i].peer, K_P2P, ops[i].buf.ptr, len);
+        }
     }
     return run_xfers(c, c->ops, n, eager, &x, err, errlen) ? broken(c, err) : 0;
 }
@@ -1597,7 +1981,8 @@ static int tcp_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
         goto out;
     }
     *out = tsr_tcp_comm_new_cancellable(ctx, rv->epoch, rv->group, rv->rank, rv->n, eps,
-                                        rv->timeout_ms, rv->cancelled, rv->cancel_arg, err, errlen);
+                                        rv->secret, rv->secret_len, rv->timeout_ms, rv->cancelled,
+                                        rv->cancel_arg, err, errlen);
     rc = *out ? 0 : -1;
 out:
     free(eps);

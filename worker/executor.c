@@ -27,6 +27,8 @@ typedef struct {
     tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
+    uint8_t secret[64];         /* the replica's data-port secret for this epoch */
+    size_t secret_len;
 } job_t;
 
 /* A FIFO of nodes that start with a qnode_t (requests in, events out);
@@ -237,7 +239,7 @@ static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job
     }
     for (int i = 0; i < n; i++) len += (size_t)sprintf(blob + len, "%s\n", j->peers[members[i]]);
     tsr_rendezvous_t rv = {j->epoch, group_id(j, kind, a, b), rank, n, blob, len,
-                           FORM_TIMEOUT_MS, form_cancelled, ctx};
+                           FORM_TIMEOUT_MS, form_cancelled, ctx, j->secret, j->secret_len};
     if (ops->create(ex->listener, &rv, &c, err, errlen) < 0) c = NULL;
     free(blob);
     return c;
@@ -526,6 +528,11 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++)
         snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);
+    /* A missing or oversized secret stays empty: forming then fails, naming it. */
+    if (as->data_secret.data && as->data_secret.len <= sizeof j->secret) {
+        memcpy(j->secret, as->data_secret.data, as->data_secret.len);
+        j->secret_len = as->data_secret.len;
+    }
     ex->job_gen++;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);

@@ -11,8 +11,11 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdbool.h>
@@ -34,6 +37,7 @@
 #define SLACK_MS 500
 
 static const tsr_coll_ops_t *ops = &tsr_coll_tcp;
+static const uint8_t SECRET[32] = "test_collective data secret...";
 
 static int64_t now_ms(void)
 {
@@ -144,7 +148,8 @@ static void *rank_main(void *arg)
     if (k->via_create) {
         char blob[MAXR * 64];
         tsr_rendezvous_t rv = {.epoch = k->epoch, .group = k->group, .rank = k->rank, .n = k->n,
-                               .blob = blob, .timeout_ms = FORM_MS};
+                               .blob = blob, .timeout_ms = FORM_MS, .secret = SECRET,
+                               .secret_len = sizeof SECRET};
         rv.blob_len = make_blob(blob, sizeof blob, k->eps, k->n);
         if (ops->create(k->l, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
     } else {
@@ -1475,10 +1480,21 @@ static void put64(uint8_t *p, uint64_t v)
     put32(p + 4, (uint32_t)v);
 }
 
-/* Joins rank 0's group as `rank` over a raw blocking socket; returns the
- * fd, with *status the acceptor's answer (0: accepted). */
-static int raw_join(const char *ep, uint64_t epoch, uint64_t group, uint32_t rank, uint32_t n,
-                    uint32_t *status)
+/* The data port's wire format as a stranger sees it (collective_tcp.c):
+ * the acceptor's challenge (magic, version, nonce), the connector's
+ * handshake (36 bytes, its nonce, its HMAC) and the ack (magic, status,
+ * detail, the acceptor's HMAC). */
+#define T_CHAL_LEN 24
+#define T_HS_BODY 36
+#define T_HS_LEN (T_HS_BODY + 16 + 32)
+#define T_ACK_LEN 48
+#define T_HDR_LEN 32
+#define ACK_STALE 2
+#define ACK_AUTH 8
+/* tsr_tcp_comm_new's fixed secret (tests only). */
+static const uint8_t COMM_NEW_SECRET[32] = "tessera test secret, not secret";
+
+static int raw_connect(const char *ep)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(
                                                        strchr(ep, ':') + 1))};
@@ -1488,9 +1504,43 @@ static int raw_join(const char *ep, uint64_t epoch, uint64_t group, uint32_t ran
     struct timeval tv = {3, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    uint8_t hs[32], ack[16];
-    put32(hs, 0x54535243), put32(hs + 4, 1), put64(hs + 8, epoch), put64(hs + 16, group);
-    put32(hs + 24, rank), put32(hs + 28, n);
+    return fd;
+}
+
+/* Sends a complete handshake (hs: T_HS_LEN bytes) after the challenge;
+ * returns the ack's status. */
+static uint32_t raw_handshake(int fd, const uint8_t *hs)
+{
+    uint8_t chal[T_CHAL_LEN], ack[T_ACK_LEN];
+    assert_int_equal(recv(fd, chal, sizeof chal, MSG_WAITALL), (ssize_t)sizeof chal);
+    assert_int_equal(send(fd, hs, T_HS_LEN, MSG_NOSIGNAL), (ssize_t)T_HS_LEN);
+    assert_int_equal(recv(fd, ack, sizeof ack, MSG_WAITALL), (ssize_t)sizeof ack);
+    uint32_t magic, status;
+    memcpy(&magic, ack, 4), memcpy(&status, ack + 4, 4);
+    assert_int_equal(ntohl(magic), 0x54535243);
+    return ntohl(status);
+}
+
+/* Joins rank 0's group as `rank` over a raw blocking socket, proving
+ * `secret` (NULL: tsr_tcp_comm_new's); returns the fd, with *status the
+ * acceptor's answer (0: accepted). */
+static int raw_join_with(const char *ep, uint64_t epoch, uint64_t group, uint32_t rank,
+                         uint32_t n, const uint8_t *secret, uint32_t *status)
+{
+    int fd = raw_connect(ep);
+    uint8_t chal[T_CHAL_LEN], hs[T_HS_LEN], ack[T_ACK_LEN], m[1 + T_HS_BODY + 32 + 4];
+    assert_int_equal(recv(fd, chal, sizeof chal, MSG_WAITALL), (ssize_t)sizeof chal);
+    put32(hs, 0x54535243), put32(hs + 4, 2), put64(hs + 8, epoch), put64(hs + 16, group);
+    put32(hs + 24, rank), put32(hs + 28, n), put32(hs + 32, 0);
+    for (int i = 0; i < 16; i++) hs[T_HS_BODY + i] = (uint8_t)(rand() & 0xff);
+    m[0] = 'C';
+    memcpy(m + 1, hs, T_HS_BODY);
+    memcpy(m + 1 + T_HS_BODY, chal + 8, 16);
+    memcpy(m + 1 + T_HS_BODY + 16, hs + T_HS_BODY, 16);
+    put32(m + 1 + T_HS_BODY + 32, 0);
+    unsigned int ml = 32;
+    const uint8_t *key = secret ? secret : COMM_NEW_SECRET;
+    assert_non_null(HMAC(EVP_sha256(), key, 32, m, sizeof m, hs + T_HS_BODY + 16, &ml));
     assert_int_equal(send(fd, hs, sizeof hs, MSG_NOSIGNAL), (ssize_t)sizeof hs);
     assert_int_equal(recv(fd, ack, sizeof ack, MSG_WAITALL), (ssize_t)sizeof ack);
     uint32_t magic;
@@ -1498,6 +1548,12 @@ static int raw_join(const char *ep, uint64_t epoch, uint64_t group, uint32_t ran
     assert_int_equal(ntohl(magic), 0x54535243);
     *status = ntohl(*status);
     return fd;
+}
+
+static int raw_join(const char *ep, uint64_t epoch, uint64_t group, uint32_t rank, uint32_t n,
+                    uint32_t *status)
+{
+    return raw_join_with(ep, epoch, group, rank, n, NULL, status);
 }
 
 static void raw_header(int fd, uint32_t magic, uint32_t kind, uint64_t epoch, uint64_t seq,
@@ -1591,6 +1647,272 @@ static void test_a_duplicate_or_misfit_handshake_is_refused(void **state)
     group_close(&g);
 }
 
+/* ---- strangers on the data port (issue 7) ------------------------------------ */
+
+static const uint8_t WRONG_SECRET[32] = "not the replica's secret at all";
+
+static void *comm_new_thread(void *arg)
+{
+    rank_ctx_t *k = arg;
+    k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS, k->err,
+                               sizeof k->err);
+    k->rc = !k->comm ? -1 : k->body ? k->body(k) : 0;
+    return NULL;
+}
+
+static void start_rank(group_t *g, int r, uint64_t epoch, const char **eps, body_fn body)
+{
+    g->k[r] = (rank_ctx_t){.rank = r, .n = g->n, .epoch = epoch, .group = 1, .l = g->l[r],
+                           .eps = eps, .body = body, .rc = -1};
+    assert_int_equal(pthread_create(&g->th[r], NULL, comm_new_thread, &g->k[r]), 0);
+}
+
+/* A stranger without the replica's secret is refused, whether it speaks the
+ * protocol by hand or through this very code with another secret; the
+ * honest rank then joins and the group works. */
+static void test_a_stranger_without_the_secret_cannot_join(void **state)
+{
+    (void)state;
+    group_t g;
+    uint32_t st;
+    char err[512];
+    group_open(&g, 2);
+    start_rank(&g, 0, 1, g.eps, sync_body);
+    int fd = raw_join_with(g.eps[0], 1, 1, 1, 2, WRONG_SECRET, &st);
+    assert_int_equal(st, ACK_AUTH);
+    close(fd);
+    tsr_tcp_listener_t *sl = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
+    assert_non_null(sl);
+    tsr_comm_t *stranger = tsr_tcp_comm_new_cancellable(sl, 1, 1, 1, 2, g.eps, WRONG_SECRET,
+                                                        sizeof WRONG_SECRET, FORM_MS, NULL,
+                                                        NULL, err, sizeof err);
+    assert_null(stranger);
+    if (!strstr(err, "does not prove the replica's secret")) fail_msg("stranger: %s", err);
+    tsr_tcp_listener_destroy(&sl);
+    /* Without a secret at all, no group of two is formed. */
+    assert_null(tsr_tcp_comm_new_cancellable(g.l[1], 1, 1, 1, 2, g.eps, NULL, 0, FORM_MS, NULL,
+                                             NULL, err, sizeof err));
+    assert_non_null(strstr(err, "data-port secret"));
+    start_rank(&g, 1, 1, g.eps, sync_body);
+    pthread_join(g.th[0], NULL);
+    pthread_join(g.th[1], NULL);
+    group_expect_ok(&g);
+    group_close(&g);
+}
+
+/* A man in the middle between rank 1 (the connector) and rank 0: forwards
+ * both ways, records the first bytes rank 1 sends, and flips one bit at
+ * byte flip_at of that direction (0: none). */
+typedef struct {
+    int lfd;
+    char ep[64];
+    const char *target;
+    size_t flip_at;
+    uint8_t rec[T_HS_LEN];
+    size_t nrec;
+    pthread_t th;
+} proxy_t;
+
+static void *proxy_main(void *arg)
+{
+    proxy_t *px = arg;
+    struct pollfd lp = {px->lfd, POLLIN, 0};
+    if (poll(&lp, 1, 5000) != 1) return NULL;
+    int a = accept(px->lfd, NULL, NULL), b = raw_connect(px->target);
+    size_t up = 0;
+    uint8_t buf[65536];
+    for (;;) {
+        struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+        if (poll(p, 2, 5000) <= 0) break;
+        if (p[0].revents) {
+            ssize_t r = recv(a, buf, sizeof buf, 0);
+            if (r <= 0) break;
+            for (ssize_t i = 0; i < r; i++, up++) {
+                if (px->nrec < sizeof px->rec) px->rec[px->nrec++] = buf[i];
+                if (px->flip_at && up == px->flip_at) buf[i] ^= 0x10;
+            }
+            if (send(b, buf, (size_t)r, MSG_NOSIGNAL) != r) break;
+        }
+        if (p[1].revents) {
+            ssize_t r = recv(b, buf, sizeof buf, 0);
+            if (r <= 0 || send(a, buf, (size_t)r, MSG_NOSIGNAL) != r) break;
+        }
+    }
+    close(a);
+    close(b);
+    return NULL;
+}
+
+static void proxy_start(proxy_t *px, const char *target, size_t flip_at)
+{
+    *px = (proxy_t){.target = target, .flip_at = flip_at};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t al = sizeof a;
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    px->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(bind(px->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(px->lfd, 4), 0);
+    getsockname(px->lfd, (struct sockaddr *)&a, &al);
+    snprintf(px->ep, sizeof px->ep, "127.0.0.1:%d", ntohs(a.sin_port));
+    assert_int_equal(pthread_create(&px->th, NULL, proxy_main, px), 0);
+}
+
+static void proxy_stop(proxy_t *px)
+{
+    pthread_join(px->th, NULL);
+    close(px->lfd);
+}
+
+#define FLIP_LEN 4096
+
+static int flip_recv_body(rank_ctx_t *k)
+{
+    uint8_t *b = calloc(FLIP_LEN, 1);
+    int rc = p2p_recv(k, 1, b, FLIP_LEN, OP_MS);
+    free(b);
+    if (rc == 0) return body_fail(k, "a frame with a flipped bit was accepted");
+    if (!strstr(k->err, "fails its integrity check") || !strstr(k->err, "rank 1"))
+        return -1;
+    /* The communicator is broken, as after any other failure. */
+    int32_t v = 1;
+    if (ops->allreduce_sum(k->comm, i32_buf(&v, 1), OP_MS, k->err, sizeof k->err) == 0)
+        return body_fail(k, "the communicator still works after a forged frame");
+    return 0;
+}
+
+static int flip_send_body(rank_ctx_t *k)
+{
+    uint8_t *b = calloc(FLIP_LEN, 1);
+    int rc = p2p_send(k, 0, b, FLIP_LEN, OP_MS);
+    free(b);
+    return rc;
+}
+
+/* One bit flipped on the wire, in a frame's payload, in its tag or in its
+ * header, fails the receive with a message naming the sender. */
+static void test_a_flipped_bit_in_a_frame_is_detected(void **state)
+{
+    (void)state;
+    const size_t at[] = {T_HS_LEN + T_HDR_LEN + 100,          /* payload */
+                         T_HS_LEN + T_HDR_LEN + FLIP_LEN + 3, /* tag */
+                         T_HS_LEN + 6};                       /* header: the kind */
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        group_t g;
+        proxy_t px;
+        group_open(&g, 2);
+        proxy_start(&px, g.eps[0], at[i]);
+        const char *via[2] = {px.ep, g.eps[1]};
+        start_rank(&g, 0, 1, g.eps, flip_recv_body);
+        start_rank(&g, 1, 1, via, flip_send_body);
+        pthread_join(g.th[0], NULL);
+        pthread_join(g.th[1], NULL);
+        if (i < 2) {
+            expect_ok(&g, 0);
+        } else if (g.k[0].rc == 0) {
+            fail_msg("a flipped header bit was accepted");
+        }
+        expect_ok(&g, 1);
+        group_close(&g);
+        proxy_stop(&px);
+    }
+}
+
+/* A handshake recorded on the wire is refused when replayed: in a later
+ * epoch (stale), and in the same epoch on a new connection (the
+ * acceptor's nonce differs, so the proof does not match). */
+static void test_a_replayed_handshake_is_refused(void **state)
+{
+    (void)state;
+    group_t g;
+    proxy_t px;
+    uint32_t st;
+    group_open(&g, 2);
+    proxy_start(&px, g.eps[0], 0);
+    const char *via[2] = {px.ep, g.eps[1]};
+    start_rank(&g, 0, 5, g.eps, sync_body);
+    start_rank(&g, 1, 5, via, sync_body);
+    pthread_join(g.th[0], NULL);
+    pthread_join(g.th[1], NULL);
+    group_expect_ok(&g);
+    ops->destroy(&g.k[0].comm);
+    ops->destroy(&g.k[1].comm);
+    proxy_stop(&px);
+    assert_int_equal(px.nrec, T_HS_LEN);
+
+    start_rank(&g, 0, 6, g.eps, NULL);
+    int fd = raw_connect(g.eps[0]);
+    assert_int_equal(raw_handshake(fd, px.rec), ACK_STALE);
+    close(fd);
+    /* An honest rank 1 of epoch 6 still joins. */
+    int ok = raw_join(g.eps[0], 6, 1, 1, 2, &st);
+    assert_int_equal(st, 0);
+    pthread_join(g.th[0], NULL);
+    expect_ok(&g, 0);
+    ops->destroy(&g.k[0].comm);
+    close(ok);
+
+    start_rank(&g, 0, 5, g.eps, NULL);
+    fd = raw_connect(g.eps[0]);
+    assert_int_equal(raw_handshake(fd, px.rec), ACK_AUTH);
+    close(fd);
+    ok = raw_join(g.eps[0], 5, 1, 1, 2, &st);
+    assert_int_equal(st, 0);
+    pthread_join(g.th[0], NULL);
+    expect_ok(&g, 0);
+    close(ok);
+    group_close(&g);
+}
+
+/* Issue 7, attack 8: idle connections that never send a handshake used to
+ * hold every accept slot.  20 of them do not keep a group from forming. */
+static void test_twenty_idle_connections_do_not_block_forming(void **state)
+{
+    (void)state;
+    group_t g;
+    int idle[20];
+    group_open(&g, 2);
+    for (int i = 0; i < 20; i++) idle[i] = raw_connect(g.eps[0]);
+    int64_t t0 = now_ms();
+    start_rank(&g, 0, 1, g.eps, sync_body);
+    sleep_ms(50);               /* rank 0 has accepted the idle ones first */
+    for (int i = 0; i < 20; i++) {
+        int extra = raw_connect(g.eps[0]);  /* and more keep coming */
+        close(extra);
+    }
+    start_rank(&g, 1, 1, g.eps, sync_body);
+    pthread_join(g.th[0], NULL);
+    pthread_join(g.th[1], NULL);
+    int64_t took = now_ms() - t0;
+    group_expect_ok(&g);
+    if (took > 1500) fail_msg("forming took %lld ms behind 20 idle connections", (long long)took);
+    for (int i = 0; i < 20; i++) close(idle[i]);
+    group_close(&g);
+}
+
+/* A pending handshake has a deadline: a rank that accepts nobody else
+ * still drops an idle connection after 2 s (its peer would see EOF). */
+static void test_an_idle_connection_is_dropped_after_two_seconds(void **state)
+{
+    (void)state;
+    group_t g;
+    group_open(&g, 2);
+    int fd = raw_connect(g.eps[0]);
+    g.k[0] = (rank_ctx_t){.rank = 0, .n = 2, .epoch = 1, .group = 1, .l = g.l[0], .eps = g.eps,
+                          .rc = -1};
+    assert_int_equal(pthread_create(&g.th[0], NULL, comm_new_thread, &g.k[0]), 0);
+    uint8_t chal[T_CHAL_LEN], more;
+    assert_int_equal(recv(fd, chal, sizeof chal, MSG_WAITALL), (ssize_t)sizeof chal);
+    int64_t t0 = now_ms();
+    assert_int_equal(recv(fd, &more, 1, 0), 0);     /* EOF, not the 3 s receive timeout */
+    int64_t took = now_ms() - t0;
+    if (took < 1800 || took > 2600) fail_msg("dropped after %lld ms", (long long)took);
+    close(fd);
+    pthread_join(g.th[0], NULL);    /* times out: rank 1 never came */
+    assert_int_equal(g.k[0].rc, -1);
+    assert_non_null(strstr(g.k[0].err, "sent no handshake within 2000 ms"));
+    group_close(&g);
+}
+
 /* ---- cancellation ---------------------------------------------------------------- */
 
 typedef struct {
@@ -1625,11 +1947,12 @@ static tsr_comm_t *form_cancellable(bool via_create, tsr_tcp_listener_t *me, int
                                     const char **eps, cancel_ctx_t *c, char *err, size_t errlen)
 {
     if (!via_create)
-        return tsr_tcp_comm_new_cancellable(me, 1, 77, my_rank, 2, eps, 10000, cancel_flag, c,
-                                            err, errlen);
+        return tsr_tcp_comm_new_cancellable(me, 1, 77, my_rank, 2, eps, SECRET, sizeof SECRET,
+                                            10000, cancel_flag, c, err, errlen);
     char blob[128];
     tsr_rendezvous_t rv = {.epoch = 1, .group = 77, .rank = my_rank, .n = 2, .blob = blob,
-                           .timeout_ms = 10000, .cancelled = cancel_flag, .cancel_arg = c};
+                           .timeout_ms = 10000, .cancelled = cancel_flag, .cancel_arg = c,
+                           .secret = SECRET, .secret_len = sizeof SECRET};
     rv.blob_len = make_blob(blob, sizeof blob, eps, 2);
     tsr_comm_t *comm = NULL;
     return ops->create(me, &rv, &comm, err, errlen) ? NULL : comm;
@@ -1701,6 +2024,11 @@ int main(void)
         cmocka_unit_test(test_a_send_to_a_stalled_reader_times_out),
         cmocka_unit_test(test_garbage_from_a_peer_fails_cleanly),
         cmocka_unit_test(test_a_duplicate_or_misfit_handshake_is_refused),
+        cmocka_unit_test(test_a_stranger_without_the_secret_cannot_join),
+        cmocka_unit_test(test_a_flipped_bit_in_a_frame_is_detected),
+        cmocka_unit_test(test_a_replayed_handshake_is_refused),
+        cmocka_unit_test(test_twenty_idle_connections_do_not_block_forming),
+        cmocka_unit_test(test_an_idle_connection_is_dropped_after_two_seconds),
         cmocka_unit_test(test_forming_can_be_cancelled_before_the_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
