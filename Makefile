@@ -156,6 +156,7 @@ FUZZ_CFLAGS  := -O1 -g -fno-omit-frame-pointer -std=gnu11 -Wall -Wextra \
                 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 fuzzobj = $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(1))
 FUZZ_LIB_OBJ := $(call fuzzobj,$(COMMON_SRC) $(COORD_SRC) $(PROTO_C))
+FUZZ_WORKER_OBJ := $(call fuzzobj,$(WORKER_SRC))
 
 fuzz: deps
 	@command -v $(FUZZ_CC) > /dev/null 2>&1 || { echo "make fuzz: $(FUZZ_CC) not found;" \
@@ -165,8 +166,16 @@ fuzz: deps
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 fuzz-build: $(FUZZ_BIN)
+# The worker agent's target links the worker.  The CPU engine's vector
+# kernels are gcc's (clang 14 refuses them), so that one object is gcc's and
+# uninstrumented: fuzz_agent has no executor and never runs it.
+$(FUZZ_BUILD)/bin/fuzz_agent: $(FUZZ_WORKER_OBJ)
+$(call fuzzobj,worker/engine_cpu.c): worker/engine_cpu.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
+	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@
 # Kept between runs: they are not intermediate files.
-.SECONDARY: $(FUZZ_LIB_OBJ)
+.SECONDARY: $(FUZZ_LIB_OBJ) $(FUZZ_WORKER_OBJ)
 
 # Rewrites the encoded seeds (wire messages, coordinator scripts) after a
 # protocol change; the other seeds are plain files.

@@ -1,7 +1,7 @@
-/* mkcorpus.c: writes the seed corpus of the wire and coordinator fuzz
- * targets (tests/fuzz/corpus/fuzz_wire/, tests/fuzz/corpus/fuzz_coordinator/):
+/* mkcorpus.c: writes the seed corpus of the wire, coordinator and agent
+ * fuzz targets (tests/fuzz/corpus/fuzz_wire/, fuzz_coordinator/, fuzz_agent/):
  * one valid message of every kind, and scripts of a small cluster's life as
- * the coordinator sees it.  `make fuzz-corpus` runs it; the YAML, config.json
+ * the coordinator and as a worker see it.  `make fuzz-corpus` runs it; the YAML, config.json
  * and safetensors seeds are plain files kept beside them. */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,7 +35,7 @@ static Tessera__Assignment piece(int stage, int tp)
     a.pp_size = 2;
     a.layer_begin = (uint32_t)stage * 2;
     a.layer_end = (uint32_t)stage * 2 + 2;
-    a.model_path = "model";
+    a.model_path = "/tmp/tsr-fuzz-agent-model";   /* fuzz_agent writes it */
     a.max_seq_len = 256;
     a.n_peers = 4;
     a.peers = peers;
@@ -255,5 +255,36 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         msg(&s, (int)i % 5, 0, kinds[i].body, 1);
     put_script("every_kind", &s);
+
+    /* The worker's side: accepted, acked, assigned, asked to generate and
+     * cancel, then unassigned, drained, reset; and one whose lease runs out
+     * (records for the agent: [clock step in 10 ms][len][message]). */
+    static const int life[] = {
+        TESSERA__ENVELOPE__BODY_REGISTER_REPLY, TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK,
+        TESSERA__ENVELOPE__BODY_ASSIGN, TESSERA__ENVELOPE__BODY_GENERATE,
+        TESSERA__ENVELOPE__BODY_CANCEL, TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK,
+        TESSERA__ENVELOPE__BODY_UNASSIGN, TESSERA__ENVELOPE__BODY_ASSIGN,
+        TESSERA__ENVELOPE__BODY_DRAIN, TESSERA__ENVELOPE__BODY_RESET,
+    };
+    s.n = 0;
+    for (size_t i = 0; i < sizeof life / sizeof life[0]; i++) {
+        uint8_t *m = make(life[i], "w0", 3 + i, &n);
+        rec(&s, 10, 0, m, n);
+        free(m);
+    }
+    put_file("fuzz_agent", "life", s.b, s.n);
+    s.n = 0;
+    for (int i = 0; i < 3; i++) {
+        uint8_t *m = make(i ? TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK
+                            : TESSERA__ENVELOPE__BODY_REGISTER_REPLY, "w0", 3, &n);
+        rec(&s, 0, 0, m, n);
+        free(m);
+    }
+    {
+        uint8_t *m = make(TESSERA__ENVELOPE__BODY_ASSIGN, "w0", 4, &n);
+        rec(&s, 31, 31, m, n);   /* 255 x 10 ms: past the 1 s lease */
+        free(m);
+    }
+    put_file("fuzz_agent", "lease", s.b, s.n);
     return 0;
 }

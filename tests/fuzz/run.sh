@@ -12,7 +12,9 @@ S=${FUZZ_SECONDS:-60}
 [ $# -gt 0 ] || set -- $(cd tests/fuzz && ls fuzz_*.c | sed 's/\.c$//')
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TESSERA_LOG_LEVEL=error
+# The targets silence the daemons' logs; TESSERA_LOG_LEVEL=debug when replaying
+# an input shows them.
+unset TESSERA_LOG_LEVEL
 mkdir -p "$B/findings"
 failed=""
 for t in "$@"; do
