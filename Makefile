@@ -166,10 +166,10 @@ fuzz: deps
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 fuzz-build: $(FUZZ_BIN)
-# The worker agent's target links the worker.  The CPU engine's vector
-# kernels are gcc's (clang 14 refuses them), so that one object is gcc's and
-# uninstrumented: fuzz_agent has no executor and never runs it.
-$(FUZZ_BUILD)/bin/fuzz_agent: $(FUZZ_WORKER_OBJ)
+# The worker agent and data-port targets link the worker.  The CPU engine's
+# vector kernels are gcc's (clang 14 refuses them), so that one object is
+# gcc's and uninstrumented: neither target runs it.
+$(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
 $(call fuzzobj,worker/engine_cpu.c): worker/engine_cpu.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
