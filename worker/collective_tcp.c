@@ -851,8 +851,10 @@ static void accept_new(former_t *f)
         pending_t *pd = &f->pend[k];
         if (pd->fd >= 0) {
             close(pd->fd);
-            snprintf(f->refused, sizeof f->refused,
-                     "dropped a connection that sent no handshake, to make room");
+            /* A refused handshake says more than an idle stranger: keep it. */
+            if (!f->refused[0])
+                snprintf(f->refused, sizeof f->refused,
+                         "dropped a connection that sent no handshake, to make room");
         }
         set_nodelay(fd);
         *pd = (pending_t){.fd = fd, .since = now_ms()};
@@ -896,8 +898,9 @@ static void expire_pending(former_t *f, int64_t now)
         if (f->pend[k].fd < 0 || now < f->pend[k].deadline) continue;
         close(f->pend[k].fd);
         f->pend[k].fd = -1;
-        snprintf(f->refused, sizeof f->refused,
-                 "dropped a connection that sent no handshake within %d ms", PENDING_MS);
+        if (!f->refused[0])
+            snprintf(f->refused, sizeof f->refused,
+                     "dropped a connection that sent no handshake within %d ms", PENDING_MS);
     }
 }
 
