@@ -330,13 +330,14 @@ out:
 static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
 {
     static const char *const keys[] = { "workers_endpoint", "control_endpoint",
-                                        "heartbeat_interval_ms", "worker_timeout_ms" };
-    yaml_node_t *v[4];
+                                        "heartbeat_interval_ms", "worker_timeout_ms",
+                                        "max_workers", "dead_worker_ttl_s" };
+    yaml_node_t *v[6];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 4, v) < 0)
+        map_fields(c, n, "coordinator", keys, 6, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -349,6 +350,12 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         return -1;
     if (v[3] && get_posint(c, v[3], "coordinator.worker_timeout_ms",
                            &cfg->worker_timeout_ms) < 0)
+        return -1;
+    if (v[4] && get_int_range(c, v[4], "coordinator.max_workers", 1, TSR_MAX_WORKERS_LIMIT,
+                              &cfg->max_workers) < 0)
+        return -1;
+    if (v[5] && get_int_range(c, v[5], "coordinator.dead_worker_ttl_s", 1, 604800,
+                              &cfg->dead_worker_ttl_s) < 0)
         return -1;
     /* A timeout at or under the interval would declare healthy workers dead
      * between two heartbeats. */
@@ -672,9 +679,47 @@ static tsr_config_t *config_new(const char *name)
     cfg->control_endpoint = strdup("tcp://127.0.0.1:7401");
     cfg->heartbeat_interval_ms = 100;
     cfg->worker_timeout_ms = 1000;
+    cfg->max_workers = 4096;
+    cfg->dead_worker_ttl_s = 600;
     if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint)
         tsr_config_destroy(&cfg);
     return cfg;
+}
+
+/* Walks the event stream once before the document is built and refuses
+ * nesting deeper than TSR_CONFIG_MAX_DEPTH: a file nested 100,000 deep took
+ * libyaml's loader 24 s to refuse; this stops at the first level too many. */
+static int check_depth(pctx_t *c, const char *buf, size_t len)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    int depth = 0, rc = 0;
+
+    if (!yaml_parser_initialize(&p)) {
+        fail_plain(c->err, c->errlen, "%s: out of memory", c->file);
+        return -1;
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)(buf ? buf : ""), buf ? len : 0);
+    for (;;) {
+        if (!yaml_parser_parse(&p, &ev))
+            break; /* the loader reports syntax errors with their position */
+        yaml_event_type_t t = ev.type;
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > TSR_CONFIG_MAX_DEPTH) {
+                fail_at(c, (int)ev.start_mark.line, (int)ev.start_mark.column,
+                        "(document)", "nested more than %d levels deep (the limit)",
+                        TSR_CONFIG_MAX_DEPTH);
+                rc = -1;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        yaml_event_delete(&ev);
+        if (rc < 0 || t == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&p);
+    return rc;
 }
 
 /* Loads the first document and makes sure no second one follows: a stray
@@ -736,6 +781,8 @@ int tsr_config_parse(const char *buf, size_t len, const char *name,
                    len, TSR_CONFIG_MAX_BYTES);
         goto out;
     }
+    if (check_depth(&c, buf, len) < 0)
+        goto out;
     cfg = config_new(c.file);
     if (cfg == NULL || !yaml_parser_initialize(&parser)) {
         fail_plain(err, errlen, "%s: out of memory", c.file);

@@ -8,6 +8,12 @@
 
 #include <stddef.h>
 
+/* The status document lists every known worker in one reply of at most
+ * 64 MiB; at most ~4.5 KB each (escaped reasons), 10,000 fit. */
+#define TSR_MAX_WORKERS_LIMIT 10000
+/* Mapping and sequence nesting a deployment file may have (it needs 4). */
+#define TSR_CONFIG_MAX_DEPTH 32
+
 typedef enum { TSR_DEVICE_CPU = 0, TSR_DEVICE_CUDA = 1 } tsr_device_t;
 
 /* "cpu" / "cuda"; never NULL. */
@@ -43,6 +49,10 @@ typedef struct {
     char *control_endpoint;       /* default tcp://127.0.0.1:7401 */
     int heartbeat_interval_ms;    /* default 100 */
     int worker_timeout_ms;        /* default 1000 */
+    int max_workers;              /* workers the registry holds, alive or dead,
+                                     1..TSR_MAX_WORKERS_LIMIT, default 4096 */
+    int dead_worker_ttl_s;        /* a dead worker is forgotten after this,
+                                     1..604800, default 600 */
     tsr_deployment_t *deployments;
     size_t n_deployments;
 } tsr_config_t;

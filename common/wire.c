@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <zmq.h>
 
 static void *zctx;
@@ -130,9 +131,13 @@ int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len)
 
 /* ---- sockets ------------------------------------------------------------- */
 
-static void sock_common(void *s)
+/* max: the largest frame a peer may send; ZeroMQ closes a connection that
+ * announces a larger one before it buffers it. */
+static void sock_common(void *s, size_t max)
 {
     int linger = 0, hwm = 100000;
+    int64_t maxmsg = (int64_t)max;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
@@ -140,12 +145,17 @@ static void sock_common(void *s)
 
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen)
 {
+    return tsr_sock_router_max(endpoint, TSR_WIRE_MAX_WORKER, err, errlen);
+}
+
+void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t errlen)
+{
     void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_ROUTER);
     if (!s) {
         snprintf(err, errlen, "cannot create socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    sock_common(s);
+    sock_common(s, max);
     int mandatory = 0;  /* unroutable replies (peer gone) are dropped silently */
     int backlog = 4096; /* a whole cluster connecting at once must not overflow it */
     zmq_setsockopt(s, ZMQ_BACKLOG, &backlog, sizeof backlog);
@@ -165,7 +175,18 @@ void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t err
         snprintf(err, errlen, "cannot create socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    sock_common(s);
+    sock_common(s, TSR_WIRE_MAX_CONTROL);
+    /* A random routing id, kept across reconnections: the coordinator binds
+     * a worker's name to it, and a stranger cannot guess it.  (The leading
+     * byte must not be 0: ZeroMQ reserves those ids for itself.) */
+    uint8_t id[16];
+    if (tsr_random(id, sizeof id) < 0) {
+        snprintf(err, errlen, "cannot read random bytes for a routing id: %s", strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    id[0] |= 0x80;
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, sizeof id);
     /* Reconnect fast at first, backing off to 1 s while the peer is away. */
     int ivl = 100, ivl_max = 1000;
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
@@ -308,6 +329,21 @@ const char *tsr_connect_endpoint(const char *bind_ep, char *buf, size_t len)
     else
         snprintf(buf, len, "%s", bind_ep);
     return buf;
+}
+
+int tsr_random(void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
 }
 
 const char *tsr_env_kind(const tsr_env_t *env)

@@ -19,6 +19,14 @@
  * channel, and the largest control reply (a status of 10,000 workers). */
 #define TSR_WIRE_MAX_WORKER   (64u * 1024u)
 #define TSR_WIRE_MAX_CONTROL  (64u * 1024u * 1024u)
+/* Largest control request (CLI -> coordinator): a prompt of 65,536 ids packs
+ * into at most 330 KB.  A request over it is answered with an error naming
+ * the limit; one over twice it is cut off by ZeroMQ (ZMQ_MAXMSGSIZE), so a
+ * peer cannot make the coordinator buffer more than that. */
+#define TSR_WIRE_MAX_REQUEST  (1024u * 1024u)
+/* Epochs above this are refused wherever they arrive: they stay exact in
+ * JSON (2^53) and can never wrap however often they are raised. */
+#define TSR_EPOCH_MAX (1ull << 53)
 #define TSR_NAME_MAX 128
 #define TSR_PATH_MAX 4096
 
@@ -40,10 +48,17 @@ int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len);
 /* Creates the process-wide ZeroMQ context on first use. */
 void *tsr_zmq_ctx(void);
 void tsr_zmq_term(void);
-/* A ROUTER bound to endpoint (coordinator side), or NULL with err set. */
+/* A ROUTER bound to endpoint (coordinator side), or NULL with err set.
+ * ZeroMQ drops a connection that sends a frame over TSR_WIRE_MAX_WORKER
+ * (ZMQ_MAXMSGSIZE), before buffering it. */
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen);
+/* The same with another frame limit (max bytes, > 0). */
+void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t errlen);
 /* A DEALER connected to endpoint.  immediate: queue only on live connections
- * (a worker must not flood a restarted coordinator with stale heartbeats). */
+ * (a worker must not flood a restarted coordinator with stale heartbeats).
+ * Its frames are limited to TSR_WIRE_MAX_CONTROL, the largest reply.  It
+ * gets a random 16-byte routing id that it keeps across reconnections, so
+ * the coordinator can bind a worker's name to its connection. */
 void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen);
 void tsr_sock_close(void **sock_p);
 /* A PAIR socket that receives sock's connection events (ZMQ_EVENT_* mask);
@@ -71,6 +86,10 @@ const char *tsr_connect_endpoint(const char *bind_ep, char *buf, size_t len);
 /* True when s is a usable worker or node name: 1..TSR_NAME_MAX characters
  * of A-Z a-z 0-9 . _ - : @ (they appear in logs, tables and JSON). */
 int tsr_name_ok(const char *s);
+
+/* Fills buf with n bytes from the kernel's random source (getrandom).
+ * Returns 0, or -1 when none can be had. */
+int tsr_random(void *buf, size_t n);
 
 /* "register", "heartbeat", ... for logs. */
 const char *tsr_env_kind(const tsr_env_t *env);

@@ -86,7 +86,10 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
         snprintf(err, errlen, "workers_endpoint: %s", e);
         goto fail;
     }
-    c->csock = tsr_sock_router(c->cfg->control_endpoint, e, sizeof e);
+    /* Requests up to twice the decoder's limit are read, so one over the
+     * limit can be answered with the limit named; ZeroMQ cuts off larger. */
+    c->csock = tsr_sock_router_max(c->cfg->control_endpoint, 2 * (size_t)TSR_WIRE_MAX_REQUEST,
+                                   e, sizeof e);
     if (!c->csock) {
         snprintf(err, errlen, "control_endpoint: %s", e);
         goto fail;
@@ -376,6 +379,13 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     c->stats.plans++;
 
     size_t na = tsr_reconcile_actions(plan, pw, k, acts);
+    /* Epochs never wrap: at the cap nothing more is planned, loudly. */
+    if ((na > 0 || c->lost.n > 0) && c->epoch >= TSR_EPOCH_MAX) {
+        tsr_error("plan epoch %llu is at its limit %llu: no new plan can be made; restart "
+                  "the workers and the coordinator",
+                  (unsigned long long)c->epoch, (unsigned long long)TSR_EPOCH_MAX);
+        goto out;
+    }
     if (na > 0) c->epoch++;
     touched_t touched = {0};
     for (size_t i = 0; i < na; i++) {
@@ -555,6 +565,14 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     if (!piece_fits(c, di, (int)a->replica, (int)a->stage, (int)a->tp_rank, (int)a->tp_size,
                     (int)a->pp_size, (int)a->layer_begin, (int)a->layer_end))
         return "the deployment's layout or layer split has changed";
+    /* An adopted epoch raises the coordinator's: a forged one must neither
+     * wrap it nor push it so far that the real workers' epochs look stale. */
+    if (a->epoch > TSR_EPOCH_MAX || a->epoch > c->epoch + TSR_EPOCH_ADOPT_STEP) {
+        snprintf(why, len, "its epoch %llu is more than %llu ahead of the coordinator's %llu",
+                 (unsigned long long)a->epoch, (unsigned long long)TSR_EPOCH_ADOPT_STEP,
+                 (unsigned long long)c->epoch);
+        return why;
+    }
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *o = tsr_registry_at(c->reg, i);
@@ -578,6 +596,19 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     /* Epochs only grow, also across a coordinator restart. */
     if (a->epoch > c->epoch) c->epoch = a->epoch;
     return NULL;
+}
+
+/* True when no new name can be registered: the registry is at
+ * coordinator.max_workers and has no dead worker left to forget (the one
+ * dead longest is forgotten to make room). */
+static bool registry_full(tsr_coord_t *c)
+{
+    if (tsr_registry_size(c->reg) < (size_t)c->cfg->max_workers) return false;
+    if (tsr_registry_forget_oldest_dead(c->reg)) {
+        c->stats.workers_forgotten++;
+        return tsr_registry_size(c->reg) >= (size_t)c->cfg->max_workers;
+    }
+    return true;
 }
 
 static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
@@ -611,6 +642,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         goto refuse;
     }
     tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);
+    bool same_conn = w && w->rid_len == rid_len && !memcmp(w->rid, rid, rid_len);
     if (w && w->state != TSR_W_DEAD && strcmp(w->node, r->node)) {
         snprintf(reason, sizeof reason,
                  "worker name %s is already registered from node %s (pid %u); names must be "
@@ -619,20 +651,30 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_error("refused worker %s from node %s: %s", env->worker, r->node, reason);
         goto refuse;
     }
-    /* Another process under a live worker's name: the old one is still
-     * heartbeating, so this is a duplicate, not a restart. */
-    if (w && w->state != TSR_W_DEAD && w->pid != r->pid &&
+    /* A name belongs to the connection it registered from (its routing id)
+     * while that connection is heard: another connection under a live name
+     * is a duplicate or an impostor, whatever pid it claims.  A restart is
+     * a new process whose old connection has gone quiet. */
+    if (w && w->state != TSR_W_DEAD && !same_conn &&
         now - w->last_seen_ms < 2 * (int64_t)c->cfg->heartbeat_interval_ms) {
         snprintf(reason, sizeof reason,
-                 "worker name %s is in use by pid %u on node %s (heard %lld ms ago); names "
-                 "must be unique",
+                 "worker name %s is in use by pid %u on node %s from another connection "
+                 "(heard %lld ms ago); names must be unique",
                  env->worker, w->pid, w->node, (long long)(now - w->last_seen_ms));
         tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
-    if (w && w->state != TSR_W_DEAD && w->pid != r->pid)
-        tsr_warn("worker %s restarted (pid %u -> %u); its old piece is released", w->name,
-                 w->pid, r->pid);
+    if (w && w->state != TSR_W_DEAD && !same_conn)
+        tsr_warn("worker %s restarted (pid %u -> %u, new connection); its old piece is released",
+                 w->name, w->pid, r->pid);
+    if (!w && registry_full(c)) {
+        snprintf(reason, sizeof reason,
+                 "the coordinator already knows %zu live workers, its limit "
+                 "(coordinator.max_workers %d)",
+                 tsr_registry_size(c->reg), c->cfg->max_workers);
+        tsr_error("refused worker %s: %s", env->worker, reason);
+        goto refuse;
+    }
     bool known = w != NULL;
     if (!w) w = tsr_registry_upsert(c->reg, env->worker);
     if (!w) return;
@@ -771,9 +813,15 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         send_reset(c, rid, rid_len, env->worker, false, why);
         return;
     }
+    /* The name in a message is a claim; the routing id is the connection it
+     * came from.  A worker keeps its routing id across reconnections (see
+     * tsr_sock_dealer), so a mismatch is another process using its name:
+     * dropped, so it can neither keep the name alive nor speak for it. */
     if (w->rid_len != rid_len || memcmp(w->rid, rid, rid_len)) {
-        memcpy(w->rid, rid, rid_len);  /* it reconnected */
-        w->rid_len = rid_len;
+        c->stats.identity_dropped++;
+        tsr_debug("dropped %s claiming to be %s from another connection", tsr_env_kind(env),
+                  w->name);
+        return;
     }
     w->last_seen_ms = now;
 
@@ -842,7 +890,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         }
         break;
     case TESSERA__ENVELOPE__BODY_TOKEN_EVENT:
-        tsr_router_token(c, env);
+        tsr_router_token(c, w, env);
         break;
     default:
         c->stats.bad_messages++;
@@ -852,7 +900,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
 
 /* Reads up to budget messages from one ROUTER and hands each valid one to
  * handle; rejected ones are counted and logged with the channel's name. */
-static void drain_one(tsr_coord_t *c, void *sock, const char *channel, int budget,
+static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t max, int budget,
                       void (*handle)(tsr_coord_t *, const uint8_t *, size_t, tsr_env_t *, int64_t))
 {
     uint8_t rid[256];
@@ -861,11 +909,19 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, int budge
     int64_t now = tsr_now_ms();
     for (int i = 0; i < budget; i++) {
         tsr_env_t *env = NULL;
-        int rc = tsr_wire_recv(sock, rid, &rid_len, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);
+        rid_len = 0;
+        int rc = tsr_wire_recv(sock, rid, &rid_len, max, &env, err, sizeof err);
         if (rc == 0) break;
         if (rc < 0) {
             c->stats.bad_messages++;
             tsr_warn("rejected a message on the %s endpoint: %s", channel, err);
+            /* A client waits for an answer: tell it why (the limit, the
+             * field over its length) rather than leave it guessing. */
+            if (sock == c->csock && rid_len > 0) {
+                char msg[320];
+                snprintf(msg, sizeof msg, "request rejected: %s", err);
+                tsr_control_reply(c, rid, rid_len, false, msg, NULL);
+            }
             continue;
         }
         if ((i & 255) == 255) now = tsr_now_ms();
@@ -884,8 +940,8 @@ static void on_control_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, t
 
 void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 {
-    drain_one(c, c->wsock, "workers", budget, on_worker_msg);
-    drain_one(c, c->csock, "control", budget, on_control_msg);
+    drain_one(c, c->wsock, "workers", TSR_WIRE_MAX_WORKER, budget, on_worker_msg);
+    drain_one(c, c->csock, "control", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
 }
 
 static void on_dead(tsr_worker_t *w, void *arg)
@@ -917,6 +973,10 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     run_retries(c, now_ms);
     if (now_ms >= c->next_scan_ms) {
         tsr_health_scan(c->reg, now_ms, c->cfg->worker_timeout_ms, on_dead, c);
+        /* Dead workers are shown for a while, then forgotten, so the
+         * registry and the status document stay bounded. */
+        c->stats.workers_forgotten += tsr_registry_forget_dead(
+            c->reg, now_ms - (int64_t)c->cfg->dead_worker_ttl_s * 1000);
         c->next_scan_ms = now_ms + scan;
     }
     /* Plans at most every PLAN_MIN_GAP_MS: a burst of registrations

@@ -15,6 +15,10 @@
 #include "planner.h"
 #include "registry.h"
 
+/* The most an adopted piece may raise the plan epoch: far more plans than a
+ * cluster makes between coordinator restarts, far less than TSR_EPOCH_MAX. */
+#define TSR_EPOCH_ADOPT_STEP (1ull << 24)
+
 /* A set of (deployment index, replica) pairs. */
 typedef struct {
     int *di, *replica;
@@ -55,6 +59,8 @@ typedef struct {
     uint64_t requests, requests_failed, requests_cancelled, replies_dropped, tokens;
     uint64_t messages, heartbeats, registrations, refused, stale_dropped, bad_messages,
         plans, assigns, unassigns, deaths, control_requests;
+    uint64_t identity_dropped;  /* a message whose worker name is not its connection's */
+    uint64_t workers_forgotten; /* dead workers dropped after dead_worker_ttl_s or at the cap */
 } tsr_coord_stats_t;
 
 typedef struct {
@@ -75,7 +81,6 @@ typedef struct {
     tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
     tsr_request_rec_t *reqs;    /* in flight */
     size_t n_reqs, cap_reqs;
-    uint64_t next_request_id;
 } tsr_coord_t;
 
 /* Loads the config and binds both endpoints.  adopt_grace_ms < 0 means one
@@ -118,7 +123,10 @@ int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool o
 /* router.c */
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
                          const Tessera__ControlRequest *q);
-void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env);
+/* A TokenEvent from worker w (already matched to its connection): a token is
+ * taken only from the last stage, tp rank 0, of the request's replica, an
+ * error from any member of it; anything else is dropped and counted. */
+void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env);
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);
 /* Requests in flight on a deployment's replica (replica < 0: all). */

@@ -88,3 +88,44 @@ size_t tsr_registry_alive(const tsr_registry_t *self)
     for (size_t i = 0; i < self->n; i++) k += self->items[i]->state != TSR_W_DEAD;
     return k;
 }
+
+/* Frees entry i, keeping the others in registration order. */
+static void remove_at(tsr_registry_t *self, size_t i)
+{
+    tsr_worker_t *w = self->items[i];
+    zhashx_delete(self->by_name, w->name);
+    free(w);
+    memmove(&self->items[i], &self->items[i + 1], (self->n - i - 1) * sizeof *self->items);
+    self->n--;
+}
+
+size_t tsr_registry_forget_dead(tsr_registry_t *self, int64_t before_ms)
+{
+    size_t kept = 0, gone = 0;
+    for (size_t i = 0; i < self->n; i++) {
+        tsr_worker_t *w = self->items[i];
+        if (w->state == TSR_W_DEAD && w->dead_since_ms <= before_ms) {
+            zhashx_delete(self->by_name, w->name);
+            free(w);
+            gone++;
+            continue;
+        }
+        self->items[kept++] = w;
+    }
+    self->n = kept;
+    return gone;
+}
+
+bool tsr_registry_forget_oldest_dead(tsr_registry_t *self)
+{
+    size_t best = self->n;
+    for (size_t i = 0; i < self->n; i++) {
+        tsr_worker_t *w = self->items[i];
+        if (w->state == TSR_W_DEAD &&
+            (best == self->n || w->dead_since_ms < self->items[best]->dead_since_ms))
+            best = i;
+    }
+    if (best == self->n) return false;
+    remove_at(self, best);
+    return true;
+}

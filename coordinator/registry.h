@@ -1,9 +1,9 @@
 /* registry.h: every worker the coordinator has heard of, alive or dead.
  *
  * Entries are individually allocated and never move, so pointers stay valid
- * until tsr_registry_destroy; lookups by name go through a hash.  Dead
- * workers stay listed (status shows them) until the same name registers
- * again. */
+ * until they are forgotten (tsr_registry_forget_*) or tsr_registry_destroy;
+ * lookups by name go through a hash.  Dead workers stay listed (status shows
+ * them) until the same name registers again or they are forgotten. */
 #ifndef TSR_REGISTRY_H
 #define TSR_REGISTRY_H
 
@@ -76,6 +76,11 @@ tsr_worker_t *tsr_registry_upsert(tsr_registry_t *self, const char *name);
 size_t tsr_registry_size(const tsr_registry_t *self);
 /* Entry i in registration order (0 <= i < size). */
 tsr_worker_t *tsr_registry_at(tsr_registry_t *self, size_t i);
+/* Forgets (frees) every dead worker that died at or before before_ms;
+ * pointers to them become invalid.  Returns how many. */
+size_t tsr_registry_forget_dead(tsr_registry_t *self, int64_t before_ms);
+/* Forgets the worker dead longest.  Returns false when none is dead. */
+bool tsr_registry_forget_oldest_dead(tsr_registry_t *self);
 /* Number of workers not dead. */
 size_t tsr_registry_alive(const tsr_registry_t *self);
 

@@ -148,6 +148,22 @@ static tsr_worker_t *ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int
     return ready == d->tensor * d->pipeline ? leader : NULL;
 }
 
+/* A request id nobody can guess from the ones they saw (63 random bits, so
+ * it stays a positive JSON integer), unique among the requests in flight.
+ * Returns 0 when the kernel has no random bytes to give. */
+static uint64_t new_request_id(const tsr_coord_t *c)
+{
+    for (;;) {
+        uint64_t id;
+        if (tsr_random(&id, sizeof id) < 0) return 0;
+        id &= (1ull << 63) - 1;
+        if (!id) continue;
+        size_t i;
+        for (i = 0; i < c->n_reqs && c->reqs[i].id != id; i++) {}
+        if (i == c->n_reqs) return id;
+    }
+}
+
 static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *msg)
 {
     tsr_control_reply(c, rid, rid_len, false, msg, NULL);
@@ -221,9 +237,14 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         c->reqs = a;
         c->cap_reqs = cap;
     }
+    uint64_t id = new_request_id(c);
+    if (!id) {
+        refuse(c, rid, rid_len, "coordinator cannot read random bytes for a request id");
+        return;
+    }
     tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
     memset(rec, 0, sizeof *rec);
-    rec->id = ++c->next_request_id;
+    rec->id = id;
     memcpy(rec->rid, rid, rid_len);
     rec->rid_len = rid_len;
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
@@ -272,7 +293,18 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
               replica, leader->name);
 }
 
-void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env)
+/* Whether w may speak for request q: a member of the replica it was routed
+ * to; for a token (not an error), the one that samples: last stage, tp 0.
+ * The leader sends refusals and cancellations, the last stage tokens. */
+static bool token_sender_ok(const tsr_worker_t *w, const tsr_request_rec_t *q, bool is_error)
+{
+    if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, q->deployment) ||
+        w->piece.replica != q->replica)
+        return false;
+    return is_error || (w->piece.stage == w->piece.pp_size - 1 && w->piece.tp == 0);
+}
+
+void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env)
 {
     const Tessera__TokenEvent *t = env->token_event;
     size_t i;
@@ -283,6 +315,12 @@ void tsr_router_token(tsr_coord_t *c, const tsr_env_t *env)
         return;
     }
     tsr_request_rec_t *q = &c->reqs[i];
+    if (!token_sender_ok(w, q, t->error[0] != '\0')) {
+        c->stats.identity_dropped++;
+        tsr_debug("dropped a %s for request %llu from %s, which does not serve it",
+                 t->error[0] ? "failure" : "token", (unsigned long long)q->id, w->name);
+        return;
+    }
     if (t->error[0]) {
         request_fail(c, i, t->error);
         return;

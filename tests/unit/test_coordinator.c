@@ -533,30 +533,90 @@ static void test_heartbeat_is_acked_with_same_seq_and_counted(void **state)
     assert_int_equal(w->memory_used, 123456789);
 }
 
-static void test_worker_heard_on_a_new_connection_gets_later_messages_there(void **state)
+/* Attack 1: heartbeats under a live worker's name from another connection
+ * took over its routing.  They are dropped and counted; its messages still
+ * go to the connection it registered from. */
+static void test_heartbeats_under_a_live_workers_name_from_another_connection_are_dropped(
+    void **state)
 {
     fx_t *fx = *state;
     cluster_up(fx);
     int h = first_holder(fx);
     char err[256] = "";
-    void *fresh = tsr_sock_dealer(fx->wep, 0, err, sizeof err);
-    assert_non_null(fresh);
-    /* The worker's connection dropped and came back: same name, new socket. */
-    void *old = fx->dealer[h];
-    fx->dealer[h] = fresh;
-    send_heartbeat(fx, h, fx->name[h], 1);
+    void *impostor = tsr_sock_dealer(fx->wep, 0, err, sizeof err);
+    assert_non_null(impostor);
+    void *real = fx->dealer[h];
+    fx->dealer[h] = impostor;
+    for (uint64_t k = 1; k <= 3; k++) send_heartbeat(fx, h, fx->name[h], k);
+    fx->dealer[h] = real;
     pump(fx);
-    tsr_env_t *env = expect_kind(fresh, TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK);
-    tsr_env_free(&env);
+    expect_nothing(impostor, 20);
+    assert_int_equal(fx->c->stats.identity_dropped, 3);
+    assert_int_equal(fx->c->stats.heartbeats, 0);
 
-    /* An Unassign (from a drain) goes to the new connection, not the old. */
-    env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[h]);
+    /* An Unassign (from a drain) goes to the real worker, not the impostor. */
+    tsr_env_t *env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[h]);
     assert_true(env->control_reply->ok);
     tsr_env_free(&env);
-    env = expect_kind(fresh, TESSERA__ENVELOPE__BODY_UNASSIGN);
+    env = expect_kind(real, TESSERA__ENVELOPE__BODY_UNASSIGN);
     tsr_env_free(&env);
-    expect_nothing(old, 20);
-    tsr_sock_close(&old);
+    expect_nothing(impostor, 20);
+    tsr_sock_close(&impostor);
+}
+
+/* Attack 6: a second process registering under a live name with the pid
+ * copied from status was taken as a restart. */
+static void test_registration_under_a_live_name_from_another_connection_is_refused_whatever_pid(
+    void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    char err[256] = "";
+    void *impostor = tsr_sock_dealer(fx->wep, 0, err, sizeof err);
+    assert_non_null(impostor);
+    void *real = fx->dealer[h];
+    char node[16];
+    snprintf(node, sizeof node, "node%d", h);
+    fx->dealer[h] = impostor;
+    send_register(fx, h, fx->name[h], node, TSR_PROTOCOL_VERSION, NULL, 0);  /* same pid */
+    fx->dealer[h] = real;
+    pump(fx);
+    tsr_env_t *env = expect_kind(impostor, TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "another connection"));
+    tsr_env_free(&env);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_true(w->has_piece);
+    assert_int_equal(w->state, TSR_W_LOADING);
+    tsr_sock_close(&impostor);
+
+    /* The real worker, re-registering on its own connection, is accepted. */
+    send_register(fx, h, fx->name[h], node, TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(real, TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    tsr_env_free(&env);
+}
+
+/* Attack 4: anyone could send a fatal Failed for any worker. */
+static void test_a_failure_sent_for_another_worker_is_dropped(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    int h = first_holder(fx);
+    void *real = fx->dealer[h];
+    fx->dealer[h] = fx->dealer[fx->spare];  /* the spare speaks for the holder */
+    send_failed(fx, h, fx->piece[h].epoch, "forged", true);
+    send_failed(fx, h, fx->piece[h].epoch, "forged", false);
+    send_ready(fx, h, fx->piece[h].epoch);
+    fx->dealer[h] = real;
+    pump(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[h]);
+    assert_int_equal(w->state, TSR_W_LOADING);
+    assert_true(w->has_piece);
+    assert_int_equal(fx->c->stats.deaths, 0);
+    assert_int_equal(fx->c->stats.identity_dropped, 3);
 }
 
 static void test_heartbeat_from_unknown_name_gets_reset_keeping_assignment(void **state)
@@ -1136,6 +1196,17 @@ static int cluster_ready(fx_t *fx)
     return leader;
 }
 
+/* The worker that samples: last stage, tp rank 0. */
+static int sampler(const fx_t *fx)
+{
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i] && fx->piece[i].stage == fx->piece[i].pp_size - 1 &&
+            fx->piece[i].tp_rank == 0)
+            return i;
+    fail_msg("no last stage");
+    return -1;
+}
+
 static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t timeout_ms)
 {
     int32_t prompt[3] = {1, 2, 3};
@@ -1177,6 +1248,20 @@ static uint64_t start_request(fx_t *fx, void *client, int leader, uint32_t timeo
     return id;
 }
 
+static void send_token_error(fx_t *fx, int from, uint64_t id, const char *error)
+{
+    Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
+    t.request_id = id;
+    t.done = true;
+    t.error = (char *)error;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[from];
+    env.epoch = fx->piece[from].epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
+    env.token_event = &t;
+    send_env(fx->dealer[from], &env);
+}
+
 static void send_token(fx_t *fx, int from, uint64_t id, uint32_t index, bool done)
 {
     Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
@@ -1201,7 +1286,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     assert_int_equal(fx->c->n_reqs, 1);
     int64_t deadline = fx->c->reqs[0].deadline_ms;
     assert_int_equal(deadline, fx->c->reqs[0].started_ms + 500);
-    for (uint32_t k = 0; k < 2; k++) send_token(fx, leader, id, k, false);
+    for (uint32_t k = 0; k < 2; k++) send_token(fx, sampler(fx), id, k, false);
     pump(fx);
     for (int k = 0; k < 2; k++) {
         tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
@@ -1238,7 +1323,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     assert_int_equal(fx->c->stats.requests_cancelled, 1);
 
     /* A token that was already on its way is dropped, not forwarded. */
-    send_token(fx, leader, id, 2, false);
+    send_token(fx, sampler(fx), id, 2, false);
     pump(fx);
     expect_nothing(fx->ctl, 10);
 }
@@ -1262,7 +1347,7 @@ static void test_a_client_that_goes_away_mid_stream_gets_its_request_cancelled(v
     void *client = tsr_sock_dealer(fx->cep, 0, err, sizeof err);
     assert_non_null(client);
     uint64_t id = start_request(fx, client, leader, 0);
-    send_token(fx, leader, id, 0, false);
+    send_token(fx, sampler(fx), id, 0, false);
     pump(fx);
     tsr_env_t *env = expect_kind(client, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
     tsr_env_free(&env);
@@ -1272,7 +1357,7 @@ static void test_a_client_that_goes_away_mid_stream_gets_its_request_cancelled(v
      * find the client gone. */
     tsr_env_t *cancel = NULL;
     for (uint32_t k = 1; k < 200 && !cancel; k++) {
-        send_token(fx, leader, id, k, false);
+        send_token(fx, sampler(fx), id, k, false);
         pump(fx);
         cancel = recv_env(fx->dealer[leader], TSR_WIRE_MAX_WORKER, 10);
     }
@@ -1309,7 +1394,7 @@ static void test_a_slow_client_is_not_taken_for_a_gone_one(void **state)
         rc = tsr_control_reply(fx->c, q->rid, q->rid_len, true, NULL, "{}");
     assert_int_equal(rc, TSR_REPLY_DROPPED);
 
-    send_token(fx, leader, id, 0, false);
+    send_token(fx, sampler(fx), id, 0, false);
     pump(fx);
     assert_int_equal(fx->c->stats.replies_dropped, 1);
     assert_int_equal(fx->c->n_reqs, 1);  /* still running */
@@ -1359,6 +1444,189 @@ static void test_max_tokens_and_timeout_out_of_range_are_refused(void **state)
     tsr_env_free(&env);
 }
 
+/* Attack 2: any registered worker could send tokens for any request. */
+static void test_tokens_only_from_the_last_stage_errors_only_from_the_replica(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t id = start_request(fx, fx->ctl, leader, 0);
+    send_token(fx, leader, id, 0, true);        /* stage 0 does not sample */
+    send_token(fx, fx->spare, id, 0, true);     /* not in the replica */
+    send_token_error(fx, fx->spare, id, "forged failure");
+    pump(fx);
+    expect_nothing(fx->ctl, 20);
+    assert_int_equal(fx->c->stats.identity_dropped, 3);
+    assert_int_equal(fx->c->n_reqs, 1);
+    /* The last stage's token reaches the client. */
+    send_token(fx, sampler(fx), id, 0, false);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->json, "\"token\":40"));
+    tsr_env_free(&env);
+    /* The leader's refusals (a full queue) still end the request. */
+    send_token_error(fx, leader, id, "the replica's queue is full");
+    pump(fx);
+    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->error, "queue is full"));
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->n_reqs, 0);
+}
+
+static void test_request_ids_are_random_not_sequential(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t a = start_request(fx, fx->ctl, leader, 0);
+    uint64_t b = start_request(fx, fx->ctl, leader, 0);
+    assert_true(a != b);
+    assert_true(b != a + 1);
+    assert_true(a > (1ull << 24) || b > (1ull << 24));  /* 2^-39 chance of a false alarm */
+    assert_true(a < (1ull << 63) && b < (1ull << 63));  /* positive in JSON */
+}
+
+/* Attack 5: a held piece at epoch 2^64-1 wrapped the coordinator's epoch. */
+static void test_an_adopted_piece_cannot_wrap_or_leap_the_epoch(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t bad[] = {UINT64_MAX, TSR_EPOCH_MAX + 1, TSR_EPOCH_ADOPT_STEP + 1};
+    for (int k = 0; k < 3; k++) {
+        Tessera__Assignment a;
+        held_piece(&a, 4, 8);
+        a.epoch = bad[k];
+        send_register(fx, k, fx->name[k], "node0", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        assert_false(env->register_reply->adopted);
+        assert_non_null(strstr(env->register_reply->reason, "ahead of the coordinator"));
+        tsr_env_free(&env);
+        assert_int_equal(fx->c->epoch, 0);
+    }
+    /* Within the step it is adopted, as after a coordinator restart. */
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    a.epoch = TSR_EPOCH_ADOPT_STEP;
+    send_register(fx, 3, fx->name[3], "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[3], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->epoch, TSR_EPOCH_ADOPT_STEP);
+}
+
+/* Attack 11: a control request over the size limit, or with a name over its
+ * length, got no answer at all. */
+static void test_an_oversized_control_request_is_answered_with_the_limit(void **state)
+{
+    fx_t *fx = *state;
+    size_t n = 400000;  /* 3 bytes each packed: over 1 MiB */
+    int32_t *prompt = malloc(n * sizeof *prompt);
+    assert_non_null(prompt);
+    for (size_t i = 0; i < n; i++) prompt[i] = 100000;
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
+    q.deployment = "tiny";
+    q.n_prompt = n;
+    q.prompt = prompt;
+    q.max_tokens = 1;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    send_env(fx->ctl, &env);
+    free(prompt);
+    pump(fx);
+    tsr_env_t *r = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(r->control_reply->ok);
+    assert_non_null(strstr(r->control_reply->error, "exceeds the limit of 1048576"));
+    tsr_env_free(&r);
+
+    /* A 65,536-id prompt (what the CLI allows) is read and refused by rule. */
+    n = 65536;
+    prompt = calloc(n, sizeof *prompt);
+    q.n_prompt = n;
+    q.prompt = prompt;
+    send_env(fx->ctl, &env);
+    free(prompt);
+    pump(fx);
+    r = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(r->control_reply->ok);
+    assert_non_null(strstr(r->control_reply->error, "max_seq_len"));
+    tsr_env_free(&r);
+
+    char name[201];
+    memset(name, 'd', 200);
+    name[200] = '\0';
+    q.n_prompt = 0;
+    q.prompt = NULL;
+    q.deployment = name;
+    send_env(fx->ctl, &env);
+    pump(fx);
+    r = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(r->control_reply->ok);
+    assert_non_null(strstr(r->control_reply->error, "limit 128"));
+    tsr_env_free(&r);
+}
+
+/* Attack 9: every registration was kept for good; the registry and status
+ * grew without bound. */
+static void test_workers_are_capped_and_dead_ones_forgotten(void **state)
+{
+    fx_t *fx = *state;
+    char err[512] = "";
+    write_yaml(fx->path, fx->wep, fx->cep, "  max_workers: 4\n  dead_worker_ttl_s: 1\n");
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("reload: %s", err);
+    for (int i = 0; i < 4; i++)
+        send_register(fx, i, fx->name[i], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < 4; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    send_register(fx, 4, fx->name[4], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[4], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "coordinator.max_workers 4"));
+    tsr_env_free(&env);
+    assert_int_equal(tsr_registry_size(fx->c->reg), 4);
+
+    /* All four die; a new name takes the place of the one dead longest. */
+    int64_t t = scan_time(fx) + TIMEOUT_MS + 500;
+    tsr_coord_tick(fx->c, t);
+    assert_int_equal(tsr_registry_alive(fx->c->reg), 0);
+    send_register(fx, 4, fx->name[4], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[4], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    tsr_env_free(&env);
+    assert_int_equal(tsr_registry_size(fx->c->reg), 4);
+    json_t *st = status(fx);  /* correct at the cap */
+    assert_int_equal(json_array_size(json_object_get(st, "workers")), 4);
+    json_decref(st);
+
+    /* After dead_worker_ttl_s the dead are forgotten. */
+    send_heartbeat(fx, 4, fx->name[4], 1);
+    pump(fx);
+    tsr_worker_t *w4 = tsr_registry_find(fx->c->reg, fx->name[4]);
+    w4->last_seen_ms = t + 1500;  /* alive on the fake clock */
+    tsr_coord_tick(fx->c, t + 1500 > fx->c->next_scan_ms ? t + 1500 : fx->c->next_scan_ms);
+    assert_int_equal(tsr_registry_size(fx->c->reg), 1);
+    assert_non_null(tsr_registry_find(fx->c->reg, fx->name[4]));
+    assert_null(tsr_registry_find(fx->c->reg, fx->name[0]));
+    st = status(fx);
+    assert_int_equal(json_array_size(json_object_get(st, "workers")), 1);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(json_object_get(st, "coordinator"), "stats"),
+                         "workers_forgotten")),
+                     4);
+    json_decref(st);
+}
+
 int main(void)
 {
     tsr_log_init("test", TSR_LOG_ERROR + 1);
@@ -1373,7 +1641,9 @@ int main(void)
         T(test_piece_messages_with_older_epoch_are_dropped_and_counted),
         T(test_heartbeat_is_acked_with_same_seq_and_counted),
         T(test_heartbeat_from_unknown_name_gets_reset_keeping_assignment),
-        T(test_worker_heard_on_a_new_connection_gets_later_messages_there),
+        T(test_heartbeats_under_a_live_workers_name_from_another_connection_are_dropped),
+        T(test_registration_under_a_live_name_from_another_connection_is_refused_whatever_pid),
+        T(test_a_failure_sent_for_another_worker_is_dropped),
         T(test_worker_silent_past_timeout_is_dead_and_its_heartbeat_gets_reset_dropping_piece),
         T(test_dead_holders_piece_moves_to_the_spare),
         T(test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves),
@@ -1398,6 +1668,11 @@ int main(void)
         T(test_a_slow_client_is_not_taken_for_a_gone_one),
         T(test_a_reply_to_an_unknown_client_is_reported_gone),
         T(test_max_tokens_and_timeout_out_of_range_are_refused),
+        T(test_tokens_only_from_the_last_stage_errors_only_from_the_replica),
+        T(test_request_ids_are_random_not_sequential),
+        T(test_an_adopted_piece_cannot_wrap_or_leap_the_epoch),
+        T(test_an_oversized_control_request_is_answered_with_the_limit),
+        T(test_workers_are_capped_and_dead_ones_forgotten),
 #undef T
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "common/log.h"
 #include <unistd.h>
 
 #include "common/deploy.h"
@@ -163,6 +165,8 @@ static void test_minimal_file_gets_coordinator_defaults(void **state)
         assert_string_equal(cfg->control_endpoint, "tcp://127.0.0.1:7401");
         assert_int_equal(cfg->heartbeat_interval_ms, 100);
         assert_int_equal(cfg->worker_timeout_ms, 1000);
+        assert_int_equal(cfg->max_workers, 4096);
+        assert_int_equal(cfg->dead_worker_ttl_s, 600);
         assert_int_equal(cfg->n_deployments, 0);
         assert_null(cfg->deployments);
         tsr_config_destroy(&cfg);
@@ -280,7 +284,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -844,6 +848,54 @@ static void test_check_piece_rules_name_config_json(void **state)
     assert_non_null(strstr(err, "head_dim 7 is odd"));
 }
 
+static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void **state)
+{
+    (void)state;
+    tsr_config_t *cfg = NULL;
+    char err[512] = "";
+    const char *ok = "version: 1\ncoordinator:\n  max_workers: 10\n  dead_worker_ttl_s: 30\n";
+    if (tsr_config_parse(ok, strlen(ok), "demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->max_workers, 10);
+    assert_int_equal(cfg->dead_worker_ttl_s, 30);
+    tsr_config_destroy(&cfg);
+    expect_error("version: 1\ncoordinator:\n  max_workers: 10001\n",
+                 "demo.yaml:3:16: coordinator.max_workers: ", "10000");
+    expect_error("version: 1\ncoordinator:\n  dead_worker_ttl_s: 0\n",
+                 "demo.yaml:3:22: coordinator.dead_worker_ttl_s: ", "604800");
+}
+
+/* Attack 13: a 200 KB file nested 100,000 deep took 24 s to refuse. */
+static void test_deep_nesting_is_refused_at_once_naming_the_cap(void **state)
+{
+    (void)state;
+    size_t depth = 100000;
+    char *buf = malloc(2 * depth + 32);
+    assert_non_null(buf);
+    size_t n = (size_t)sprintf(buf, "version: 1\ndeployments: ");
+    for (size_t i = 0; i < depth; i++) buf[n++] = '[';
+    for (size_t i = 0; i < depth; i++) buf[n++] = ']';
+    buf[n++] = '\n';
+    buf[n] = '\0';
+    tsr_config_t *cfg = NULL;
+    char err[512] = "";
+    int64_t t0 = tsr_now_ms();
+    assert_int_equal(tsr_config_parse(buf, n, "deep.yaml", &cfg, err, sizeof err), -1);
+    int64_t took = tsr_now_ms() - t0;
+    free(buf);
+    assert_null(cfg);
+    assert_non_null(strstr(err, "nested more than 32 levels deep"));
+    assert_non_null(strstr(err, "deep.yaml:2:"));
+    assert_true(took < 500);
+    /* Block style too: "- - - - ..." */
+    char block[4096] = "version: 1\ndeployments:\n";
+    for (int i = 0; i < 40; i++) strcat(block, "- ");
+    strcat(block, "x\n");
+    assert_int_equal(tsr_config_parse(block, strlen(block), "deep.yaml", &cfg, err, sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "nested more than 32"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -858,6 +910,8 @@ int main(void)
         cmocka_unit_test(test_version_2_is_rejected),
         cmocka_unit_test(test_unknown_top_level_key_is_rejected),
         cmocka_unit_test(test_unknown_nested_key_is_rejected),
+        cmocka_unit_test(test_max_workers_and_dead_worker_ttl_are_read_and_range_checked),
+        cmocka_unit_test(test_deep_nesting_is_refused_at_once_naming_the_cap),
         cmocka_unit_test(test_duplicate_key_is_rejected),
         cmocka_unit_test(test_wrong_node_type_is_rejected),
         cmocka_unit_test(test_non_integer_is_rejected),
