@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/wire.h"
@@ -1007,6 +1008,75 @@ static void test_oversized_message_on_socket_is_rejected(void **state)
     assert_non_null(strstr(err, "exceeds"));
 }
 
+/* Attack 10: a 512 MiB frame was buffered whole before the size check.
+ * Every socket now carries ZMQ_MAXMSGSIZE, so ZeroMQ drops the connection
+ * as soon as a larger frame is announced. */
+static void test_every_socket_limits_its_frame_size(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    int64_t max = 0;
+    size_t sz = sizeof max;
+    void *r = tsr_sock_router("inproc://test-wire-max-r", err, sizeof err);
+    void *r2 = tsr_sock_router_max("inproc://test-wire-max-r2", 12345, err, sizeof err);
+    void *d = tsr_sock_dealer("inproc://test-wire-max-r", 0, err, sizeof err);
+    assert_non_null(r);
+    assert_non_null(r2);
+    assert_non_null(d);
+    assert_int_equal(zmq_getsockopt(r, ZMQ_MAXMSGSIZE, &max, &sz), 0);
+    assert_int_equal(max, TSR_WIRE_MAX_WORKER);
+    assert_int_equal(zmq_getsockopt(r2, ZMQ_MAXMSGSIZE, &max, &sz), 0);
+    assert_int_equal(max, 12345);
+    assert_int_equal(zmq_getsockopt(d, ZMQ_MAXMSGSIZE, &max, &sz), 0);
+    assert_int_equal(max, TSR_WIRE_MAX_CONTROL);
+    tsr_sock_close(&d);
+    tsr_sock_close(&r2);
+    tsr_sock_close(&r);
+}
+
+static void test_an_oversized_frame_over_ipc_never_arrives(void **state)
+{
+    (void)state;
+    char ep[96], err[256] = "";
+    snprintf(ep, sizeof ep, "ipc:///tmp/tsr-test-wire-%d.sock", (int)getpid());
+    void *r = tsr_sock_router(ep, err, sizeof err);
+    assert_non_null(r);
+    void *d = tsr_sock_dealer(ep, 0, err, sizeof err);
+    assert_non_null(d);
+    size_t len = 8u << 20;
+    uint8_t *big = calloc(1, len);
+    assert_non_null(big);
+    assert_int_equal(zmq_send(d, big, len, 0), (int)len);
+    free(big);
+    zmq_pollitem_t item = {.socket = r, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&item, 1, 300), 0);  /* cut off, not buffered */
+    tsr_sock_close(&d);
+    tsr_sock_close(&r);
+    unlink(ep + 6);
+}
+
+/* A dealer's routing id is random, 16 bytes, and its own: the coordinator
+ * binds a worker's name to it. */
+static void test_dealers_get_distinct_random_routing_ids(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    uint8_t a[256], b[256];
+    size_t la = sizeof a, lb = sizeof b;
+    void *d1 = tsr_sock_dealer("inproc://test-wire-rid", 0, err, sizeof err);
+    void *d2 = tsr_sock_dealer("inproc://test-wire-rid", 0, err, sizeof err);
+    assert_non_null(d1);
+    assert_non_null(d2);
+    assert_int_equal(zmq_getsockopt(d1, ZMQ_ROUTING_ID, a, &la), 0);
+    assert_int_equal(zmq_getsockopt(d2, ZMQ_ROUTING_ID, b, &lb), 0);
+    assert_int_equal(la, 16);
+    assert_int_equal(lb, 16);
+    assert_true(a[0] != 0 && b[0] != 0);
+    assert_memory_not_equal(a, b, 16);
+    tsr_sock_close(&d1);
+    tsr_sock_close(&d2);
+}
+
 static int group_teardown(void **state)
 {
     (void)state;
@@ -1056,6 +1126,9 @@ int main(void)
                                         pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_oversized_message_on_socket_is_rejected,
                                         pair_setup, pair_teardown),
+        cmocka_unit_test(test_every_socket_limits_its_frame_size),
+        cmocka_unit_test(test_an_oversized_frame_over_ipc_never_arrives),
+        cmocka_unit_test(test_dealers_get_distinct_random_routing_ids),
     };
     return cmocka_run_group_tests(tests, NULL, group_teardown);
 }
