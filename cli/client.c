@@ -43,6 +43,11 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
     env.control_request = &q;
     env.worker = "";
+    if (strlen(q.worker) > TSR_NAME_MAX) {
+        fprintf(stderr, "tessera: worker name is %zu characters, limit %d\n", strlen(q.worker),
+                TSR_NAME_MAX);
+        goto out;
+    }
 
     /* The request is queued until the connection is up, so one send is
      * enough; the deadline covers connecting and answering. */

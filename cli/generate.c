@@ -166,6 +166,19 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     env.worker = "";
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
     env.control_request = &q;
+    /* The coordinator answers a larger request only with an error: say so
+     * here, with the numbers, without sending it. */
+    if (strlen(deployment) > TSR_NAME_MAX) {
+        fprintf(stderr, "tessera generate: the deployment name is %zu characters, limit %d\n",
+                strlen(deployment), TSR_NAME_MAX);
+        goto out;
+    }
+    size_t packed = tessera__envelope__get_packed_size(&env);
+    if (packed > TSR_WIRE_MAX_REQUEST) {
+        fprintf(stderr, "tessera generate: the request is %zu bytes, over the coordinator's "
+                        "limit of %u\n", packed, TSR_WIRE_MAX_REQUEST);
+        goto out;
+    }
     if (tsr_wire_send(s, NULL, 0, &env) < 0) {
         fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
         goto out;
