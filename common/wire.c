@@ -160,6 +160,13 @@ void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t er
     int backlog = 4096; /* a whole cluster connecting at once must not overflow it */
     zmq_setsockopt(s, ZMQ_BACKLOG, &backlog, sizeof backlog);
     zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    /* A peer that reconnects with its routing id (every tsr_sock_dealer keeps
+     * one) takes it over at once, even while the old TCP connection is not
+     * yet known to be dead: a worker cut off by the network must not be
+     * locked out until the kernel gives up on the old one.  The id is 16
+     * random bytes, so only the peer that has it can do this. */
+    int handover = 1;
+    zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
     if (zmq_bind(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
         zmq_close(s);

@@ -50,7 +50,8 @@ void *tsr_zmq_ctx(void);
 void tsr_zmq_term(void);
 /* A ROUTER bound to endpoint (coordinator side), or NULL with err set.
  * ZeroMQ drops a connection that sends a frame over TSR_WIRE_MAX_WORKER
- * (ZMQ_MAXMSGSIZE), before buffering it. */
+ * (ZMQ_MAXMSGSIZE), before buffering it.  A peer reconnecting with the
+ * routing id of a live connection takes it over (ZMQ_ROUTER_HANDOVER). */
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen);
 /* The same with another frame limit (max bytes, > 0). */
 void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t errlen);
