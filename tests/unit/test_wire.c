@@ -1077,6 +1077,45 @@ static void test_dealers_get_distinct_random_routing_ids(void **state)
     tsr_sock_close(&d2);
 }
 
+/* A worker cut off by the network reconnects with its routing id: its new
+ * connection takes the id over at once, so replies reach it there. */
+static void test_a_peer_reconnecting_with_its_routing_id_takes_it_over(void **state)
+{
+    (void)state;
+    char ep[96], err[256] = "";
+    snprintf(ep, sizeof ep, "ipc:///tmp/tsr-test-wire-ho-%d.sock", (int)getpid());
+    void *r = tsr_sock_router(ep, err, sizeof err);
+    assert_non_null(r);
+    const uint8_t id[4] = {0x81, 2, 3, 4};
+    void *d[2];
+    for (int k = 0; k < 2; k++) {
+        d[k] = zmq_socket(tsr_zmq_ctx(), ZMQ_DEALER);
+        assert_non_null(d[k]);
+        int linger = 0;
+        zmq_setsockopt(d[k], ZMQ_LINGER, &linger, sizeof linger);
+        assert_int_equal(zmq_setsockopt(d[k], ZMQ_ROUTING_ID, id, sizeof id), 0);
+        assert_int_equal(zmq_connect(d[k], ep), 0);
+        send_heartbeat(d[k], NULL, 0, (uint64_t)k + 1);
+        uint8_t rid[256];
+        size_t rid_len = 0;
+        tsr_env_t *out = NULL;
+        assert_int_equal(recv_within_1s(r, rid, &rid_len, &out, err, sizeof err), 1);
+        assert_int_equal(out->heartbeat->seq, (uint64_t)k + 1);
+        assert_int_equal(rid_len, sizeof id);
+        assert_memory_equal(rid, id, sizeof id);
+        tsr_env_free(&out);
+    }
+    send_heartbeat(r, id, sizeof id, 9);
+    tsr_env_t *out = NULL;
+    assert_int_equal(recv_within_1s(d[1], NULL, NULL, &out, err, sizeof err), 1);
+    assert_int_equal(out->heartbeat->seq, 9);
+    tsr_env_free(&out);
+    zmq_close(d[0]);
+    zmq_close(d[1]);
+    tsr_sock_close(&r);
+    unlink(ep + 6);
+}
+
 static int group_teardown(void **state)
 {
     (void)state;
@@ -1129,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_every_socket_limits_its_frame_size),
         cmocka_unit_test(test_an_oversized_frame_over_ipc_never_arrives),
         cmocka_unit_test(test_dealers_get_distinct_random_routing_ids),
+        cmocka_unit_test(test_a_peer_reconnecting_with_its_routing_id_takes_it_over),
     };
     return cmocka_run_group_tests(tests, NULL, group_teardown);
 }
