@@ -176,6 +176,9 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     a->piece.model_path = a->model_path;
     a->piece.n_peers = 0;  /* the executor keeps its own copy */
     a->piece.peers = NULL;
+    /* The replica's secret too: it points into the message being freed, and
+     * a re-registration must not send it back over the wire. */
+    a->piece.data_secret = (ProtobufCBinaryData){0, NULL};
     a->has_piece = true;
     a->state = TESSERA__WORKER_STATE__STATE_LOADING;
     tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,
