@@ -166,11 +166,12 @@ fuzz: deps
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 fuzz-build: $(FUZZ_BIN)
-# The worker agent and data-port targets link the worker.  The CPU engine's
-# vector kernels are gcc's (clang 14 refuses them), so that one object is
-# gcc's and uninstrumented: neither target runs it.
+# The worker agent and data-port targets link the worker.  The CPU vector
+# kernels (the engine and the pool's product, worker/simd.h) are gcc's
+# (clang 14 refuses them), so those objects are gcc's and uninstrumented:
+# neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
-$(call fuzzobj,worker/engine_cpu.c): worker/engine_cpu.c $(PROTO_C)
+$(call fuzzobj,worker/engine_cpu.c) $(call fuzzobj,worker/cpu_pool.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@

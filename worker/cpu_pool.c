@@ -42,17 +42,19 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "worker/simd.h"
 
 /* 16 rows of W are 64 bytes of each row of y, one cache line, so two
  * threads never write the same line of y (when y and ldy are 64-byte
- * aligned), and 16 is a multiple of the column blocking of OpenBLAS's sgemm
- * kernels. */
+ * aligned). */
 #define ROW_ALIGN 16
-/* Below this many multiply-adds per chunk a product runs on the caller
- * alone: 16K MACs of sgemv read 64 KiB of weights, 1-4 us, and under that
+/* Below about this many multiply-adds per chunk a product runs on the
+ * caller alone: 16K MACs read 64 KiB of weights, 1-4 us, and under that
  * the handoff (~0.3 us with helpers spinning, bench_pool) plus the helpers'
  * misses on x and y stop being small next to the work. */
 #define MIN_MACS_PER_CHUNK 16384
+
+static void pick_kernel(void);
 #define MAX_THREADS 1024
 
 typedef void (*tsr_pool_fn)(void *arg, int i);
@@ -233,6 +235,7 @@ tsr_pool_t *tsr_pool_new(int n_threads)
     /* The pool is the parallelism: BLAS threads under it would only contend
      * for the same cores.  Process-wide, as OpenBLAS keeps one count. */
     openblas_set_num_threads(1);
+    pick_kernel();
     result = p;
     p = NULL;  /* transferred */
 out:
@@ -317,48 +320,141 @@ void tsr_pool_for(tsr_pool_t *p, int n, void (*fn)(void *arg, int i), void *arg)
 
 /* ---- matrix products -------------------------------------------------------- */
 
+/* y[t, o] = x[t] . w[o] for o in [r0, r1), t in [0, T), in tiles of four
+ * rows of w by two rows of x (one row of x for an odd last one).  Every
+ * output has one accumulator summed in the same order whichever tile it
+ * falls in (a short tile repeats a row of w and drops the copy), which is
+ * what makes results batch-invariant.  The accumulators are named, not an
+ * array, so they stay in registers. */
+static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
+                           const float *const *wr, const float *xr, int in8, int in)
+{
+    float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+    for (int a = 0; a < no; a++) {
+        for (int k = in8; k < in; k++) s[a] += wr[a][k] * xr[k];
+        y[a] = s[a];
+    }
+}
+
+#define MATMUL_KERNEL(NAME, ATTR, MADD)                                                        \
+    ATTR static void NAME(float *y, int ldy, const float *x, const float *w, int T, int in,    \
+                          int r0, int r1)                                                      \
+    {                                                                                          \
+        const int in8 = in & ~7;                                                               \
+        for (int o = r0; o < r1; o += 4) {                                                     \
+            const int no = r1 - o < 4 ? r1 - o : 4;                                            \
+            const float *wr[4];                                                                \
+            for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
+            const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];                    \
+            int t = 0;                                                                         \
+            for (; t + 3 <= T; t += 3) {                                                       \
+                const float *xa = x + (size_t)t * in, *xb = xa + in, *xc = xb + in;            \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
+                v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f u = load8(xa + k), v = load8(xb + k), z = load8(xc + k), q;            \
+                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0), c0 = MADD(q, z, c0); \
+                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1), c1 = MADD(q, z, c1); \
+                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2), c2 = MADD(q, z, c2); \
+                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3), c3 = MADD(q, z, c3); \
+                }                                                                              \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
+                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
+                put_row(y + (size_t)(t + 2) * ldy + o, no, c0, c1, c2, c3, wr, xc, in8, in);   \
+            }                                                                                  \
+            for (; t + 2 <= T; t += 2) {                                                       \
+                const float *xa = x + (size_t)t * in, *xb = xa + in;                           \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f u = load8(xa + k), v = load8(xb + k), q;                               \
+                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0);               \
+                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1);               \
+                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2);               \
+                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3);               \
+                }                                                                              \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
+                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
+            }                                                                                  \
+            if (t < T) {                                                                       \
+                const float *xa = x + (size_t)t * in;                                          \
+                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
+                for (int k = 0; k < in8; k += 8) {                                             \
+                    v8f u = load8(xa + k);                                                     \
+                    if (!(k & 15)) { /* the next four rows, a cache line each */            \
+                        __builtin_prefetch(w0 + k + 4 * in);                                   \
+                        __builtin_prefetch(w1 + k + 4 * in);                                   \
+                        __builtin_prefetch(w2 + k + 4 * in);                                   \
+                        __builtin_prefetch(w3 + k + 4 * in);                                   \
+                    }                                                                          \
+                    a0 = MADD(load8(w0 + k), u, a0);                                           \
+                    a1 = MADD(load8(w1 + k), u, a1);                                           \
+                    a2 = MADD(load8(w2 + k), u, a2);                                           \
+                    a3 = MADD(load8(w3 + k), u, a3);                                           \
+                }                                                                              \
+                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+#define MADD_PLAIN(a, b, c) ((a) * (b) + (c))
+MATMUL_KERNEL(matmul_rows_generic, , MADD_PLAIN)
+#if defined(__x86_64__)
+#define MADD_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
+MATMUL_KERNEL(matmul_rows_fma, __attribute__((target("avx2,fma"))), MADD_FMA)
+#endif
+
+typedef void (*matmul_rows_fn)(float *, int, const float *, const float *, int, int, int, int);
+static matmul_rows_fn matmul_rows = matmul_rows_generic;
+
+static void pick_kernel(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        matmul_rows = matmul_rows_fma;
+#endif
+}
+
+
+/* Tokens per pass over a chunk of W: 16 rows of x stay in L1 while the
+ * chunk's rows stream by, and the chunk stays in L2 for the next 16. */
+#define TOKEN_BLOCK 16
+
 typedef struct {
     float *y;
+    int ldy;
     const float *x, *w;
-    int ldy, T, in, out;
-    int n_chunks, base_blocks, extra_blocks;  /* chunk c: base + (c < extra) blocks */
+    int T, in, out, chunk;
 } matmul_job_t;
 
-static void matmul_chunk(void *arg, int c)
+static void matmul_chunk(void *arg, int i)
 {
     const matmul_job_t *j = arg;
-    int first = c * j->base_blocks + (c < j->extra_blocks ? c : j->extra_blocks);
-    int blocks = j->base_blocks + (c < j->extra_blocks);
-    int r0 = first * ROW_ALIGN;
-    int r1 = (first + blocks) * ROW_ALIGN;
-    if (r1 > j->out) r1 = j->out;
-    if (r0 >= r1) return;
-    const float *w = j->w + (size_t)r0 * (size_t)j->in;
-    if (j->T == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, j->in, 1.0f, w, j->in, j->x, 1, 0.0f,
-                    j->y + r0, 1);
-    } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->in, 1.0f, j->x,
-                    j->in, w, j->in, 0.0f, j->y + r0, j->ldy);
-    }
+    int r0 = i * j->chunk, r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
+    for (int t = 0; t < j->T; t += TOKEN_BLOCK)
+        matmul_rows(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->w,
+                    j->T - t < TOKEN_BLOCK ? j->T - t : TOKEN_BLOCK, j->in, r0, r1);
 }
 
 void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *w, int T,
                      int in, int out)
 {
     if (T <= 0 || out <= 0) return;
-    if (in <= 0) {  /* an empty sum; BLAS would reject lda 0 */
-        for (int t = 0; t < T; t++) memset(y + (size_t)t * (size_t)ldy, 0, (size_t)out * sizeof *y);
-        return;
+    if (in < 0) in = 0;
+    /* Chunks of ROW_ALIGN rows, at least 4 per thread so late wakers even
+     * out; with many tokens, small enough (128 KiB) to stay in L2 between
+     * token blocks. */
+    int chunk = (out + 4 * p->n_threads - 1) / (4 * p->n_threads);
+    if (T > TOKEN_BLOCK && in > 0) {
+        int fit = (int)((128 << 10) / ((size_t)in * sizeof(float)));
+        if (chunk > fit) chunk = fit;
     }
-    int n_blocks = (out + ROW_ALIGN - 1) / ROW_ALIGN;
-    long long macs = (long long)T * in * out;
-    long long by_work = macs / MIN_MACS_PER_CHUNK;
-    int n_chunks = p->n_threads;
-    if (n_chunks > n_blocks) n_chunks = n_blocks;
-    if (n_chunks > by_work) n_chunks = by_work > 1 ? (int)by_work : 1;
-    matmul_job_t j = {.y = y, .x = x, .w = w, .ldy = ldy, .T = T, .in = in, .out = out,
-                      .n_chunks = n_chunks, .base_blocks = n_blocks / n_chunks,
-                      .extra_blocks = n_blocks % n_chunks};
-    tsr_pool_for(p, n_chunks, matmul_chunk, &j);
+    chunk = (chunk + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    if (chunk < ROW_ALIGN) chunk = ROW_ALIGN;
+    /* Too small to pay for a wake-up: on the calling thread alone. */
+    if ((long long)T * in * out < 2LL * MIN_MACS_PER_CHUNK) chunk = out;
+    matmul_job_t j = {y, ldy, x, w, T, in, out, chunk};
+    tsr_pool_for(p, (out + chunk - 1) / chunk, matmul_chunk, &j);
 }

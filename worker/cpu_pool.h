@@ -1,11 +1,9 @@
 /* cpu_pool.h: one pool of threads for a whole forward step of the CPU engine.
  *
- * Why: the engine makes ~57 small BLAS calls per decoded token, and letting
- * OpenBLAS thread each of them costs a wake-up and a sleep per call (20% of
- * worker time went to sched_yield).  Instead the pool's threads stay awake
- * across a step, and each runs *single-threaded* BLAS on its share of a
- * matrix, so a decode step streams the weights at close to the machine's
- * memory bandwidth.
+ * Why: the engine once made ~57 small OpenBLAS calls per decoded token, and
+ * OpenBLAS threads woke and slept around each (20% of worker time went to
+ * sched_yield).  The pool's threads stay awake across a step, and its own
+ * product (tsr_pool_matmul) splits each matrix between them.
  *
  * Threads: the caller's thread is one of the pool's threads; n-1 helpers
  * are started.  A helper spins for a short while after its work (so back to
@@ -42,13 +40,16 @@ int tsr_pool_threads(const tsr_pool_t *p);
  * Not reentrant: one caller at a time, and fn must not call into the pool. */
 void tsr_pool_for(tsr_pool_t *p, int n, void (*fn)(void *arg, int i), void *arg);
 
-/* y[T, out] = x[T, in] . W[out, in]^T (row-major f32).  The output rows of
- * W are split across the threads in chunks aligned to 16 rows, as evenly as
- * that allows; T == 1 uses sgemv per chunk, T > 1 sgemm per chunk.  ldy is
- * y's row stride (>= out), so the caller can write into a column range of a
- * wider matrix; columns of y outside [0, out) are not touched.  x and y
- * must not overlap.  Products too small to pay for a wake-up run on the
- * calling thread alone. */
+/* y[T, out] = x[T, in] . W[out, in]^T (row-major f32), split across the
+ * threads by chunks of 16 rows of W.  Every output is one dot product
+ * summed in a fixed order (8 lanes, then the lanes in a fixed tree),
+ * whichever tile of the kernel it falls in, so a row of y does not depend
+ * on T or on the other rows of x: a sequence gets the same numbers whatever
+ * it is batched with.  AVX2+FMA where the CPU has them.  ldy is y's row
+ * stride (>= out), so the caller can write into a column range of a wider
+ * matrix; columns of y outside [0, out) are not touched.  x and y must not
+ * overlap.  Products too small to pay for a wake-up run on the calling
+ * thread alone. */
 void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *w, int T,
                      int in, int out);
 

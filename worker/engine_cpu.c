@@ -23,6 +23,7 @@
 #include "common/slice.h"
 #include "common/util.h"
 #include "worker/cpu_pool.h"
+#include "worker/simd.h"
 #include "worker/engine.h"
 #include "worker/kvpool.h"
 
@@ -59,158 +60,12 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* The 8-float vectors below never cross a call boundary that is not
- * inlined (all static), so the ABI note GCC gives for them is moot. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float v8f __attribute__((vector_size(32)));
-
-static inline v8f load8(const float *p)
-{
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline float hsum8(v8f a)
-{
-    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-}
-
-/* y[t, o] = x[t] . w[o] for o in [r0, r1), t in [0, T), in tiles of four
- * rows of w by two rows of x (one row of x for an odd last one).  Every
- * output has one accumulator summed in the same order whichever tile it
- * falls in (a short tile repeats a row of w and drops the copy), which is
- * what makes results batch-invariant.  The accumulators are named, not an
- * array, so they stay in registers. */
-static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
-                           const float *const *wr, const float *xr, int in8, int in)
-{
-    float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-    for (int a = 0; a < no; a++) {
-        for (int k = in8; k < in; k++) s[a] += wr[a][k] * xr[k];
-        y[a] = s[a];
-    }
-}
-
-#define MATMUL_KERNEL(NAME, ATTR, MADD)                                                        \
-    ATTR static void NAME(float *y, int ldy, const float *x, const float *w, int T, int in,    \
-                          int r0, int r1)                                                      \
-    {                                                                                          \
-        const int in8 = in & ~7;                                                               \
-        for (int o = r0; o < r1; o += 4) {                                                     \
-            const int no = r1 - o < 4 ? r1 - o : 4;                                            \
-            const float *wr[4];                                                                \
-            for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
-            const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];                    \
-            int t = 0;                                                                         \
-            for (; t + 3 <= T; t += 3) {                                                       \
-                const float *xa = x + (size_t)t * in, *xb = xa + in, *xc = xb + in;            \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
-                v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k), v = load8(xb + k), z = load8(xc + k), q;            \
-                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0), c0 = MADD(q, z, c0); \
-                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1), c1 = MADD(q, z, c1); \
-                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2), c2 = MADD(q, z, c2); \
-                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3), c3 = MADD(q, z, c3); \
-                }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
-                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
-                put_row(y + (size_t)(t + 2) * ldy + o, no, c0, c1, c2, c3, wr, xc, in8, in);   \
-            }                                                                                  \
-            for (; t + 2 <= T; t += 2) {                                                       \
-                const float *xa = x + (size_t)t * in, *xb = xa + in;                           \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k), v = load8(xb + k), q;                               \
-                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0);               \
-                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1);               \
-                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2);               \
-                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3);               \
-                }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
-                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
-            }                                                                                  \
-            if (t < T) {                                                                       \
-                const float *xa = x + (size_t)t * in;                                          \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k);                                                     \
-                    if (!(k & 15)) { /* the next four rows, a cache line each */            \
-                        __builtin_prefetch(w0 + k + 4 * in);                                   \
-                        __builtin_prefetch(w1 + k + 4 * in);                                   \
-                        __builtin_prefetch(w2 + k + 4 * in);                                   \
-                        __builtin_prefetch(w3 + k + 4 * in);                                   \
-                    }                                                                          \
-                    a0 = MADD(load8(w0 + k), u, a0);                                           \
-                    a1 = MADD(load8(w1 + k), u, a1);                                           \
-                    a2 = MADD(load8(w2 + k), u, a2);                                           \
-                    a3 = MADD(load8(w3 + k), u, a3);                                           \
-                }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-#define MADD_PLAIN(a, b, c) ((a) * (b) + (c))
-MATMUL_KERNEL(matmul_rows_generic, , MADD_PLAIN)
-#if defined(__x86_64__)
-#define MADD_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
-MATMUL_KERNEL(matmul_rows_fma, __attribute__((target("avx2,fma"))), MADD_FMA)
-#endif
-
-typedef void (*matmul_rows_fn)(float *, int, const float *, const float *, int, int, int, int);
-static matmul_rows_fn matmul_rows = matmul_rows_generic;
-
-static void pick_kernel(void)
-{
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        matmul_rows = matmul_rows_fma;
-#endif
-}
-
-typedef struct {
-    float *y;
-    int ldy;
-    const float *x, *w;
-    int T, in, out, chunk;
-} mm_job_t;
-
-/* Tokens per pass over a chunk of W: 16 rows of x stay in L1 while the
- * chunk's rows stream by, and the chunk stays in L2 for the next 16. */
-#define TOKEN_BLOCK 16
-
-static void mm_task(void *arg, int i)
-{
-    const mm_job_t *j = arg;
-    int r0 = i * j->chunk, r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
-    for (int t = 0; t < j->T; t += TOKEN_BLOCK)
-        matmul_rows(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->w,
-                    j->T - t < TOKEN_BLOCK ? j->T - t : TOKEN_BLOCK, j->in, r0, r1);
-}
-
-/* y[T, out] (row stride ldy) = x[T, in] . W[out, in]^T on the pool, split by
- * rows of W. */
+/* Products go through tsr_pool_matmul (worker/cpu_pool.c): batch-invariant,
+ * on the pool's threads. */
 static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const float *w, int T,
                    int in, int out)
 {
-    int threads = tsr_pool_threads(e->pool);
-    /* Chunks of 16 rows, at least 4 per thread so late wakers even out;
-     * with many tokens, small enough (128 KiB) to stay in L2 between
-     * token blocks. */
-    int chunk = (out + 4 * threads - 1) / (4 * threads);
-    if (T > TOKEN_BLOCK) {
-        int fit = (int)((128 << 10) / ((size_t)in * sizeof(float)));
-        if (chunk > fit) chunk = fit;
-    }
-    chunk = (chunk + 15) & ~15;
-    if (chunk < 16) chunk = 16;
-    mm_job_t j = {y, ldy, x, w, T, in, out, chunk};
-    tsr_pool_for(e->pool, (out + chunk - 1) / chunk, mm_task, &j);
+    tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, int H, float eps)
@@ -422,7 +277,6 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->n_layers = spec->layer_end - spec->layer_begin;
     e->vocab = m->vocab_size;
     tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
-    pick_kernel();
     if (!(e->pool = tsr_pool_new(spec->threads))) {
         tsr_set_err(err, errlen, "cannot start the engine's threads");
         goto out;

@@ -170,6 +170,34 @@ static void test_matmul_splits_a_512_token_prefill(void **state)
     tsr_pool_destroy(&p);
 }
 
+/* A row of y has the same bits whatever other rows of x share the product
+ * (1, 2, 3 or 40 of them, so every tile shape and token block is crossed):
+ * what lets a batched sequence get exactly its tokens alone. */
+static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **state)
+{
+    (void)state;
+    enum { T = 40, IN = 70, OUT = 203 };   /* IN not a multiple of 8, OUT not of 16 */
+    uint64_t s = 77;
+    float *x = malloc(sizeof(float) * T * IN), *w = malloc(sizeof(float) * OUT * IN);
+    float *all = malloc(sizeof(float) * T * OUT), *part = malloc(sizeof(float) * 3 * OUT);
+    assert_true(x && w && all && part);
+    for (int i = 0; i < T * IN; i++) x[i] = rnd(&s);
+    for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&s);
+    tsr_pool_t *p = tsr_pool_new(2);
+    assert_non_null(p);
+    tsr_pool_matmul(p, all, OUT, x, w, T, IN, OUT);
+    for (int n = 1; n <= 3; n++)
+        for (int t = 0; t + n <= T; t++) {
+            tsr_pool_matmul(p, part, OUT, x + (size_t)t * IN, w, n, IN, OUT);
+            for (int r = 0; r < n; r++)
+                if (memcmp(part + (size_t)r * OUT, all + (size_t)(t + r) * OUT, sizeof(float) * OUT))
+                    fail_msg("row %d computed with %d row(s) differs from the same row among %d",
+                             t + r, n, T);
+        }
+    tsr_pool_destroy(&p);
+    free(x), free(w), free(all), free(part);
+}
+
 static void test_matmul_with_no_inputs_writes_zeros(void **state)
 {
     (void)state;
@@ -314,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_every_index_runs_exactly_once),
         cmocka_unit_test(test_helpers_run_indices_alongside_the_caller),
         cmocka_unit_test(test_matmul_equals_a_naive_loop_into_a_column_range),
+        cmocka_unit_test(test_a_row_has_the_same_bits_whatever_it_is_batched_with),
         cmocka_unit_test(test_matmul_splits_a_512_token_prefill),
         cmocka_unit_test(test_matmul_with_no_inputs_writes_zeros),
         cmocka_unit_test(test_pool_is_reused_for_10000_back_to_back_calls),
