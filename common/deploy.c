@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -191,65 +192,32 @@ static int want_mapping(pctx_t *c, yaml_node_t *n, const char *path)
     return -1;
 }
 
-/* Decimal digits only: YAML 1.1 would also read 0x10, 1_000 or 1.5e3 as
- * numbers, and accepting those silently would surprise more than it helps. */
-static int get_posint(pctx_t *c, yaml_node_t *n, const char *path, int *out)
+/* An integer in [lo, hi], decimal digits only: YAML 1.1 would also read
+ * 0x10, 1_000 or 1.5e3 as numbers, and accepting those silently would
+ * surprise more than it helps.  The range is part of every message so the
+ * fix is obvious; [1, INT_MAX] is said "a positive integer". */
+static int get_int_range(pctx_t *c, yaml_node_t *n, const char *path, int lo, int hi,
+                         int *out)
 {
     const char *s;
-    char q[QUOTE_MAX + 8];
+    char q[QUOTE_MAX + 8], want[64];
     long long v = 0;
     size_t i;
+    bool positive = lo == 1 && hi == INT_MAX;
 
+    if (positive)
+        snprintf(want, sizeof want, "a positive integer");
+    else
+        snprintf(want, sizeof want, "an integer from %d to %d", lo, hi);
     if (n->type != YAML_SCALAR_NODE) {
-        fail(c, n, path, "expected a positive integer, got %s", node_kind(n));
+        fail(c, n, path, "expected %s, got %s", want, node_kind(n));
         return -1;
     }
     s = (const char *)n->data.scalar.value;
     quote_value(n, q, sizeof q);
     /* "2" in quotes is a string in YAML: a wrong type, not a number. */
     if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
-        fail(c, n, path, "expected a positive integer, got the quoted string '%s'", q);
-        return -1;
-    }
-    if (n->data.scalar.length == 0)
-        goto bad;
-    for (i = 0; i < n->data.scalar.length; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            goto bad;
-        v = v * 10 + (s[i] - '0');
-        if (v > INT_MAX) {
-            fail(c, n, path, "value '%s' is too large (at most %d)", q, INT_MAX);
-            return -1;
-        }
-    }
-    if (v == 0)
-        goto bad;
-    *out = (int)v;
-    return 0;
-bad:
-    fail(c, n, path, "expected a positive integer, got '%s'", q);
-    return -1;
-}
-
-/* An integer in [lo, hi], digits only like get_posint; lo may be 0.  The
- * range is part of every message so the fix is obvious. */
-static int get_int_range(pctx_t *c, yaml_node_t *n, const char *path, int lo, int hi,
-                         int *out)
-{
-    const char *s;
-    char q[QUOTE_MAX + 8];
-    long long v = 0;
-    size_t i;
-
-    if (n->type != YAML_SCALAR_NODE) {
-        fail(c, n, path, "expected an integer from %d to %d, got %s", lo, hi, node_kind(n));
-        return -1;
-    }
-    s = (const char *)n->data.scalar.value;
-    quote_value(n, q, sizeof q);
-    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
-        fail(c, n, path, "expected an integer from %d to %d, got the quoted string '%s'",
-             lo, hi, q);
+        fail(c, n, path, "expected %s, got the quoted string '%s'", want, q);
         return -1;
     }
     if (n->data.scalar.length == 0)
@@ -266,11 +234,21 @@ static int get_int_range(pctx_t *c, yaml_node_t *n, const char *path, int lo, in
     *out = (int)v;
     return 0;
 range:
-    fail(c, n, path, "value '%s' is out of range (%d to %d)", q, lo, hi);
+    if (!positive)
+        fail(c, n, path, "value '%s' is out of range (%d to %d)", q, lo, hi);
+    else if (v > hi)
+        fail(c, n, path, "value '%s' is too large (at most %d)", q, INT_MAX);
+    else
+        goto bad;
     return -1;
 bad:
-    fail(c, n, path, "expected an integer from %d to %d, got '%s'", lo, hi, q);
+    fail(c, n, path, "expected %s, got '%s'", want, q);
     return -1;
+}
+
+static int get_posint(pctx_t *c, yaml_node_t *n, const char *path, int *out)
+{
+    return get_int_range(c, n, path, 1, INT_MAX, out);
 }
 
 /* Copies a scalar's text; an embedded NUL (possible with "\0" in double
