@@ -84,8 +84,10 @@ typedef struct {
      * so two ranks exchanging large buffers cannot deadlock. */
     int (*group)(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
                  size_t errlen);
-    /* 1 when a message from peer is waiting (or arriving), 0 after
-     * timeout_ms without one, -1 when the connection failed. */
+    /* 1 when a message from peer is waiting or arriving, or its connection
+     * has closed (the recv that follows then fails naming the peer); 0
+     * after timeout_ms without either; -1 when the communicator is already
+     * broken or poll itself failed. */
     int (*poll)(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_t errlen);
     /* Marks it failed: every later operation fails at once with why. */
     void (*abort)(tsr_comm_t *c, const char *why);

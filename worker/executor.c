@@ -320,18 +320,15 @@ static bool peers_complete(const job_t *j)
 
 /* The piece's shape and sizes, from the assignment and the deployment's
  * batching keys (0: the documented defaults). */
-static int piece_spec(const job_t *j, tsr_piece_spec_t *spec, char *err, size_t errlen)
+static void piece_spec(const job_t *j, const tsr_model_info_t *m, tsr_piece_spec_t *spec)
 {
-    tsr_model_info_t m;
-    if (tsr_model_info_load(j->model_path, &m, err, errlen) < 0) return -1;
     int batch = j->max_batch > 0 ? j->max_batch : 32;
     int chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     if (chunk > j->max_seq_len) chunk = j->max_seq_len;
     *spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
                                j->layer_end, j->max_seq_len, batch, batch + chunk, 0, 0};
-    spec->kv_blocks = tsr_kv_pool_blocks(&m, j->tp_size, j->pp_size, j->kv_cache_bytes, batch,
+    spec->kv_blocks = tsr_kv_pool_blocks(m, j->tp_size, j->pp_size, j->kv_cache_bytes, batch,
                                          j->max_seq_len, TSR_KV_BLOCK, (int)sizeof(float));
-    return 0;
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -347,9 +344,14 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         if (*eng) be->engine->destroy(eng);
         loaded->active = false;
         push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
-        if (tsr_backend_for(j->device, be, err, sizeof err) < 0 ||
-            piece_spec(j, &r.spec, err, sizeof err) < 0 ||
-            be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) < 0) {
+        tsr_model_info_t m;
+        bool ok = tsr_backend_for(j->device, be, err, sizeof err) == 0 &&
+                  tsr_model_info_load(j->model_path, &m, err, sizeof err) == 0;
+        if (ok) {
+            piece_spec(j, &m, &r.spec);
+            ok = be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) == 0;
+        }
+        if (!ok) {
             push_simple(ex, TSR_EV_FAILED, j->epoch, err);
             goto out;
         }
@@ -358,9 +360,8 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         ex->wbytes = be->engine->weight_bytes(*eng);
         ex->kvbytes = be->engine->kv_bytes(*eng);
         pthread_mutex_unlock(&ex->mu);
-    } else if (piece_spec(j, &r.spec, err, sizeof err) < 0) {
-        push_simple(ex, TSR_EV_FAILED, j->epoch, err);
-        goto out;
+    } else {   /* only rewired: the loaded engine knows its model */
+        piece_spec(j, be->engine->model(*eng), &r.spec);
     }
     /* A replica with a piece still unplaced cannot run; the weights are
      * loaded, and the next epoch brings the full peer list. */
