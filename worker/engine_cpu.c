@@ -405,9 +405,8 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
     const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
     const int kh = h / (qh / e->kv_heads);
     const tsr_entry_t *en = &j->b->entries[ei];
-    const size_t qkvw = (size_t)(qh + 2 * e->kv_heads) * hd, kvw = (size_t)e->kv_heads * hd;
-    const size_t layer_off = (size_t)j->l * e->spec.kv_blocks * TSR_KV_BLOCK * kvw;
-    const int32_t *table = tsr_kvpool_table(e->kv, en->slot);
+    const size_t qkvw = (size_t)(qh + 2 * e->kv_heads) * hd;
+    const size_t head_off = (size_t)kh * TSR_KV_BLOCK * hd;   /* see kv_at */
     const float scale = 1.0f / sqrtf((float)hd);
     v8f acc[64];
     float tail[8];
@@ -419,9 +418,8 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
         memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
         memset(tail, 0, sizeof tail);
         for (int b0 = 0; b0 < visible; b0 += TSR_KV_BLOCK) {
-            size_t base = layer_off + (size_t)table[b0 / TSR_KV_BLOCK] * TSR_KV_BLOCK * kvw +
-                          (size_t)kh * TSR_KV_BLOCK * hd;
-            const float *kb = e->kpool + base, *vb = e->vpool + base;
+            const float *kb = kv_at(e, e->kpool, j->l, en->slot, b0) + head_off;
+            const float *vb = kv_at(e, e->vpool, j->l, en->slot, b0) + head_off;
             int np = visible - b0 < TSR_KV_BLOCK ? visible - b0 : TSR_KV_BLOCK;
             for (int p = 0; p < np; p++, kb += hd, vb += hd) {
                 float sc = dot(q, kb, hd) * scale;
