@@ -1,9 +1,9 @@
 /* engine.h: what executes a piece of the model.
  *
- * A table of functions, like the collectives, so the CPU engine (OpenBLAS
- * kernels and a thread pool) and the CUDA engine (cuBLAS and Tessera's
+ * A table of functions, like the collectives, so the CPU engine (Tessera's
+ * kernels on a thread pool) and the CUDA engine (cuBLAS and Tessera's
  * kernels) are interchangeable; the executor picks one by the piece's
- * device kind (tsr_engine_for) and cannot tell which it has.
+ * device kind (tsr_backend_for) and cannot tell which it has.
  *
  * An engine holds the weights of one piece (a stage's layers, one
  * tensor-parallel slice) and a KV cache that is a pool of fixed-size blocks
