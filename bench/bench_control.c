@@ -593,6 +593,7 @@ static int write_yaml(bench_t *b)
             "  control_endpoint: %s\n"
             "  heartbeat_interval_ms: %d\n"
             "  worker_timeout_ms: %d\n"
+            "  security: none\n"
             "  max_workers: 10000\n"
             "# No deployments: the simulated workers must never be sent work.\n"
             "deployments: []\n",

@@ -42,7 +42,7 @@ run_layout() {
     local wp cp; wp=$(free_port); cp=$(free_port)
     cat > "$T/d.yaml" <<YAML
 version: 1
-coordinator: {workers_endpoint: "tcp://127.0.0.1:$wp", control_endpoint: "tcp://127.0.0.1:$cp"}
+coordinator: {workers_endpoint: "tcp://127.0.0.1:$wp", control_endpoint: "tcp://127.0.0.1:$cp", security: none}
 deployments:
   - name: m
     model: $PWD/$MODEL

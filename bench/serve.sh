@@ -94,7 +94,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 write_yaml() {
     cat > "$1" <<YAML
 version: 1
-coordinator: {workers_endpoint: "tcp://127.0.0.1:$4", control_endpoint: "tcp://127.0.0.1:$5"}
+coordinator: {workers_endpoint: "tcp://127.0.0.1:$4", control_endpoint: "tcp://127.0.0.1:$5", security: none}
 deployments:
   - name: m
     model: $PWD/$MODEL

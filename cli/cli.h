@@ -4,11 +4,21 @@
 
 #include <jansson.h>
 #include "common/wire.h"
+#include "common/keys.h"
 
 typedef struct {
     const char *endpoint;   /* coordinator control endpoint */
     int timeout_ms;         /* how long to wait for an answer */
+    tsr_security_t sec;     /* its CURVE keys (sec.curve 0: plain) */
 } tsr_cli_t;
+
+/* A socket to the control endpoint with the CLI's keys, and a monitor of its
+ * connection (*mon).  NULL with the reason printed. */
+void *tsr_cli_connect(const tsr_cli_t *cli, void **mon);
+/* When mon reports a failed handshake, prints why (naming the endpoint and
+ * the CLI's identity) and returns 1; for other events (or none) returns 0
+ * and the event id in *event (-1: none). */
+int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event);
 
 /* Sends one control request; on success returns 0 and *out (caller owns,
  * json_decref) with the reply's JSON document (NULL when it has none).  On
@@ -27,6 +37,8 @@ int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain);
 int tsr_cmd_plan(int argc, char **argv);
 int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_local(int argc, char **argv);
+/* `tessera keys init|add|remove|list` (cli/keys.c). */
+int tsr_cmd_keys(int argc, char **argv);
 /* `tessera model-init DIR`: writes a random Llama checkpoint (cli/model_init.c). */
 int tsr_cmd_model_init(int argc, char **argv);
 

@@ -31,11 +31,9 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
     char err[512];
     tsr_env_t *reply = NULL;
     *out = NULL;
-    void *s = tsr_sock_dealer(cli->endpoint, 0, err, sizeof err);
-    if (!s) {
-        fprintf(stderr, "tessera: %s\n", err);
-        return 1;
-    }
+    void *mon = NULL;
+    void *s = tsr_cli_connect(cli, &mon);
+    if (!s) return 1;
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
     q.kind = kind;
     q.worker = (char *)(worker ? worker : "");
@@ -56,7 +54,7 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
         goto out;
     }
     int64_t deadline = tsr_now_ms() + cli->timeout_ms;
-    zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
         int64_t left = deadline - tsr_now_ms();
         if (left <= 0) {
@@ -66,7 +64,12 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
                     cli->endpoint, cli->timeout_ms);
             goto out;
         }
-        if (zmq_poll(&item, 1, (long)left) <= 0) continue;
+        if (zmq_poll(items, 2, (long)left) <= 0) continue;
+        if (items[1].revents & ZMQ_POLLIN) {
+            int ev;
+            if (tsr_cli_handshake_failed(cli, mon, &ev)) goto out;
+        }
+        if (!(items[0].revents & ZMQ_POLLIN)) continue;
         int r = tsr_wire_recv(s, NULL, NULL, TSR_WIRE_MAX_CONTROL, &reply, err, sizeof err);
         if (r == 0) continue;
         if (r < 0) {
@@ -88,6 +91,34 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
     rc = *out ? 0 : 1;
 out:
     tsr_env_free(&reply);
+    tsr_sock_monitor_close(s, &mon);
     tsr_sock_close(&s);
     return rc;
+}
+
+void *tsr_cli_connect(const tsr_cli_t *cli, void **mon)
+{
+    char err[512];
+    void *s = tsr_sock_dealer_sec(cli->endpoint, 0, &cli->sec, mon, err, sizeof err);
+    if (!s) fprintf(stderr, "tessera: %s\n", err);
+    return s;
+}
+
+int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event)
+{
+    uint32_t value = 0;
+    *event = -1;
+    int ev;
+    while ((ev = tsr_sock_monitor_event_v(mon, &value)) >= 0) {
+        const char *why = tsr_handshake_failure(ev, value);
+        if (why) {
+            fprintf(stderr, "tessera: the coordinator at %s refused the connection: %s "
+                            "(identity '%s', %s)\n",
+                    cli->endpoint, why, cli->sec.curve ? cli->sec.identity : "-",
+                    cli->sec.curve ? cli->sec.dir : "no keys: plain ZeroMQ");
+            return 1;
+        }
+        *event = ev;
+    }
+    return 0;
 }

@@ -147,10 +147,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     }
 
     char err[512];
-    if (!(s = tsr_sock_dealer(cli->endpoint, 0, err, sizeof err))) {
-        fprintf(stderr, "tessera: %s\n", err);
-        goto out;
-    }
+    if (!(s = tsr_cli_connect(cli, &mon))) goto out;
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
     q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
     q.deployment = (char *)deployment;
@@ -187,7 +184,6 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     int got = 0, accepted = 0;
     /* A coordinator that goes away mid-request (crash, restart) takes the
      * request with it: say so at once instead of waiting out the timeout. */
-    mon = tsr_sock_monitor(s, ZMQ_EVENT_DISCONNECTED);
     zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
         /* --timeout for the coordinator to accept the request, then
@@ -195,7 +191,9 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         int wait = accepted ? (int)token_timeout : cli->timeout_ms;
         int ready = zmq_poll(items, mon ? 2 : 1, wait);
         if (ready > 0 && !(items[0].revents & ZMQ_POLLIN)) {
-            if (tsr_sock_monitor_event(mon) == ZMQ_EVENT_DISCONNECTED) {
+            int ev;
+            if (tsr_cli_handshake_failed(cli, mon, &ev)) goto out;
+            if (ev == ZMQ_EVENT_DISCONNECTED) {
                 fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
                                 "after %d token(s); the request is gone (did it restart?)\n",
                         got ? "\n" : "", cli->endpoint, got);

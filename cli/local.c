@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/keys.h"
 #include "common/deploy.h"
 #include "common/log.h"
 
@@ -39,7 +40,13 @@ static void local_usage(FILE *f)
             "  --workers N    CPU workers to start (default 1)\n"
             "  --nodes K      spread the workers over K simulated node names (default 1)\n"
             "  --log-dir DIR  write each child's log to DIR/NAME.log instead of stderr\n"
-            "                 (DIR is created if missing)\n");
+            "                 (DIR is created if missing)\n"
+            "\n"
+            "With coordinator.security: curve (the default), the file's keys_dir is the\n"
+            "key store: it is created when it does not exist (a throw-away store for\n"
+            "this machine), and a key is added for each worker it starts (local-0,\n"
+            "local-1, ...) and for the CLI (cli) when missing.  The CLI finds them with\n"
+            "`tessera --config FILE.yaml ...` or --keys DIR.\n");
 }
 
 static int bin_dir(char *buf, size_t len)
@@ -50,6 +57,30 @@ static int bin_dir(char *buf, size_t len)
     char *slash = strrchr(buf, '/');
     if (!slash) return -1;
     *slash = '\0';
+    return 0;
+}
+
+/* The key store of a local cluster: created when missing, with a key for
+ * every worker (local-I) and for the CLI. */
+static int ensure_keys(const char *dir, int workers)
+{
+    char err[1024], p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/coordinator.key", dir);
+    if (access(p, F_OK) != 0 && tsr_keys_init(dir, err, sizeof err) < 0) {
+        fprintf(stderr, "tessera local: cannot create the key store: %s\n", err);
+        return -1;
+    }
+    for (int i = -1; i < workers; i++) {
+        char name[64];
+        if (i < 0) snprintf(name, sizeof name, "cli");
+        else snprintf(name, sizeof name, "local-%d", i);
+        snprintf(p, sizeof p, "%s/%s.key", dir, name);
+        if (access(p, F_OK) == 0) continue;
+        if (tsr_keys_add(dir, name, err, sizeof err) < 0) {
+            fprintf(stderr, "tessera local: cannot add a key for %s: %s\n", name, err);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -128,10 +159,13 @@ int tsr_cmd_local(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    char wep[512], cep[512];
+    char wep[512], cep[512], keys[PATH_MAX];
     tsr_connect_endpoint(cfg->workers_endpoint, wep, sizeof wep);
     tsr_connect_endpoint(cfg->control_endpoint, cep, sizeof cep);
+    int curve = !cfg->security_none;
+    snprintf(keys, sizeof keys, "%s", cfg->keys_dir);
     tsr_config_destroy(&cfg);
+    if (curve && ensure_keys(keys, workers) < 0) return 1;
     if (bin_dir(dir, sizeof dir) < 0) {
         fprintf(stderr, "tessera local: cannot find my own binary directory\n");
         return 1;
@@ -157,15 +191,16 @@ int tsr_cmd_local(int argc, char **argv)
         char name[64], node[64];
         snprintf(name, sizeof name, "local-%d", i);
         snprintf(node, sizeof node, "local-node%d", nodes > 1 ? i % nodes : 0);
-        char *wargv[] = {worker_bin, "--coordinator", wep, "--name", name, "--node", node, NULL};
+        char *wargv[] = {worker_bin, "--coordinator", wep, "--name", name, "--node", node,
+                         curve ? "--keys" : NULL, keys, NULL};
         snprintf(kids[nk].name, sizeof kids[nk].name, "worker %s", name);
         kids[nk].pid = spawn(wargv, log_dir, name);
         nk++;
     }
     fprintf(stderr,
             "tessera local: coordinator (pid %d) and %d worker(s) started; control endpoint %s\n"
-            "tessera local: try `tessera --coordinator %s status`; Ctrl-C stops everything\n",
-            (int)kids[0].pid, workers, cep, cep);
+            "tessera local: try `tessera --config %s status`; Ctrl-C stops everything\n",
+            (int)kids[0].pid, workers, cep, path);
 
     int alive = nk, rc = 0;
     while (!local_stop && alive > 0) {

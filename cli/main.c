@@ -27,6 +27,8 @@ static void usage(FILE *f)
             "  undrain WORKER                     make a drained worker placeable again\n"
             "  local FILE.yaml [--workers N] [--nodes K] [--log-dir DIR]\n"
             "                                     coordinator + N CPU workers in the foreground\n"
+            "  keys init|add|remove|list DIR [NAME]\n"
+            "                                     manage a CURVE key store\n"
             "  model-init DIR [options]           write a random Llama checkpoint\n"
             "  version                            print the version\n"
             "\n"
@@ -37,6 +39,14 @@ static void usage(FILE *f)
             "                     tcp://127.0.0.1:7401)\n"
             "  --config FILE      take the control endpoint from a deployment file\n"
             "  --timeout MS       how long to wait for the coordinator (default 3000)\n"
+            "  --keys DIR         key store with this client's key pair (IDENTITY.key) and\n"
+            "                     the coordinator's public key (default $TESSERA_KEYS, else\n"
+            "                     the --config file's coordinator.keys_dir, else\n"
+            "                     /etc/tessera/keys)\n"
+            "  --identity NAME    the name of the client's key (default $TESSERA_IDENTITY,\n"
+            "                     else cli).  With none of these set and no cli.key in\n"
+            "                     /etc/tessera/keys, the CLI connects without CURVE, for a\n"
+            "                     coordinator with security: none\n"
             "\n"
             "exit status: 0 ok, 1 error or no answer, 2 bad usage, 3 refused by the\n"
             "coordinator (plan: some deployment cannot be placed), 4 --wait-ready timed out.\n");
@@ -44,11 +54,16 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    tsr_cli_t cli = {getenv("TESSERA_COORDINATOR"), 3000};
-    char ep_buf[512];
+    tsr_cli_t cli = {.endpoint = getenv("TESSERA_COORDINATOR"), .timeout_ms = 3000};
+    char ep_buf[512], keys_buf[TSR_PATH_MAX];
+    const char *keys = getenv("TESSERA_KEYS"), *identity = getenv("TESSERA_IDENTITY");
+    const char *cfg_keys = NULL;
+    int cfg_plain = 0;
     static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
                                          {"config", required_argument, 0, 'f'},
                                          {"timeout", required_argument, 0, 't'},
+                                         {"keys", required_argument, 0, 'k'},
+                                         {"identity", required_argument, 0, 'i'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -65,9 +80,14 @@ int main(int argc, char **argv)
             }
             tsr_connect_endpoint(cfg->control_endpoint, ep_buf, sizeof ep_buf);
             cli.endpoint = ep_buf;
+            snprintf(keys_buf, sizeof keys_buf, "%s", cfg->keys_dir);
+            cfg_keys = keys_buf;
+            cfg_plain = cfg->security_none;
             tsr_config_destroy(&cfg);
             break;
         }
+        case 'k': keys = optarg; break;
+        case 'i': identity = optarg; break;
         case 't': {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -91,6 +111,22 @@ int main(int argc, char **argv)
     int cargc = argc - optind;
     char **cargv = argv + optind;
     int rc;
+    /* The commands that talk to the coordinator need its keys; a file that
+     * says security: none needs none (unless keys were asked for). */
+    static const char *const net[] = {"status", "workers", "reload", "drain", "undrain",
+                                      "generate"};
+    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++) {
+        if (strcmp(cmd, net[i]) || (cargc > 1 && (!strcmp(cargv[1], "--help") ||
+                                                  !strcmp(cargv[1], "-h"))))
+            continue;
+        if (cfg_plain && !keys && !identity) break;
+        char err[1024];
+        if (tsr_security_client(keys ? keys : cfg_keys, identity, "cli", &cli.sec, err,
+                                sizeof err) < 0) {
+            fprintf(stderr, "tessera: cannot read the client's keys: %s\n", err);
+            return 1;
+        }
+    }
     if (!strcmp(cmd, "status")) rc = tsr_cmd_status(&cli, cargc, cargv);
     else if (!strcmp(cmd, "workers")) rc = tsr_cmd_workers(&cli, cargc, cargv);
     else if (!strcmp(cmd, "reload")) rc = tsr_cmd_reload(&cli, cargc, cargv);
@@ -99,6 +135,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "plan")) rc = tsr_cmd_plan(cargc, cargv);
     else if (!strcmp(cmd, "generate")) rc = tsr_cmd_generate(&cli, cargc, cargv);
     else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
+    else if (!strcmp(cmd, "keys")) rc = tsr_cmd_keys(cargc, cargv);
     else if (!strcmp(cmd, "model-init")) rc = tsr_cmd_model_init(cargc, cargv);
     else if (!strcmp(cmd, "version")) {
         if (cargc > 1 && strcmp(cargv[1], "--help") && strcmp(cargv[1], "-h")) {
@@ -117,6 +154,7 @@ int main(int argc, char **argv)
         usage(stderr);
         rc = 2;
     }
+    memset(&cli.sec, 0, sizeof cli.sec);
     tsr_zmq_term();
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+#include <arpa/inet.h>
 
 #define TSR_CONFIG_MAX_BYTES (1024 * 1024)
 #define PATH_MAX_LEN 256
@@ -305,17 +306,20 @@ out:
     return rc;
 }
 
+static char *resolve_model(const char *file, const char *model);
+
 static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
 {
     static const char *const keys[] = { "workers_endpoint", "control_endpoint",
                                         "heartbeat_interval_ms", "worker_timeout_ms",
-                                        "max_workers", "dead_worker_ttl_s" };
-    yaml_node_t *v[6];
+                                        "max_workers", "dead_worker_ttl_s",
+                                        "security", "keys_dir" };
+    yaml_node_t *v[8];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 6, v) < 0)
+        map_fields(c, n, "coordinator", keys, 8, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -335,6 +339,55 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
     if (v[5] && get_int_range(c, v[5], "coordinator.dead_worker_ttl_s", 1, 604800,
                               &cfg->dead_worker_ttl_s) < 0)
         return -1;
+    if (v[6]) {
+        char *sec = NULL;
+        char q[QUOTE_MAX + 8];
+        if (get_string(c, v[6], "coordinator.security", &sec) < 0)
+            return -1;
+        int known = !strcmp(sec, "curve") || !strcmp(sec, "none");
+        cfg->security_none = !strcmp(sec, "none");
+        free(sec);
+        if (!known) {
+            quote_value(v[6], q, sizeof q);
+            fail(c, v[6], "coordinator.security", "expected curve or none, got '%s'", q);
+            return -1;
+        }
+        cfg->security_line = (int)v[6]->start_mark.line + 1;
+        cfg->security_column = (int)v[6]->start_mark.column + 1;
+    }
+    if (v[7]) {
+        char *dir = NULL;
+        if (get_string(c, v[7], "coordinator.keys_dir", &dir) < 0)
+            return -1;
+        if (!dir[0] || strlen(dir) >= 4096) {
+            fail(c, v[7], "coordinator.keys_dir", "expected a directory path of 1 to 4095 "
+                 "characters");
+            free(dir);
+            return -1;
+        }
+        free(cfg->keys_dir);
+        cfg->keys_dir = resolve_model(c->file_for_paths, dir);
+        free(dir);
+        if (cfg->keys_dir == NULL) {
+            fail(c, v[7], "coordinator.keys_dir", "out of memory");
+            return -1;
+        }
+    }
+    /* Without CURVE anyone who can reach an endpoint can speak for a worker
+     * or a client, so plain ZeroMQ is only for endpoints this machine alone
+     * can reach (tests, tessera local). */
+    if (cfg->security_none) {
+        const char *bad = !tsr_endpoint_is_local(cfg->workers_endpoint)
+                              ? cfg->workers_endpoint
+                              : !tsr_endpoint_is_local(cfg->control_endpoint)
+                                    ? cfg->control_endpoint : NULL;
+        if (bad) {
+            fail(c, v[6], "coordinator.security",
+                 "none is allowed only when every endpoint is loopback, and %s is not "
+                 "(bind 127.0.0.1, or use security: curve with a key store)", bad);
+            return -1;
+        }
+    }
     /* A timeout at or under the interval would declare healthy workers dead
      * between two heartbeats. */
     if (cfg->worker_timeout_ms <= cfg->heartbeat_interval_ms) {
@@ -361,6 +414,30 @@ static int valid_name(const char *s)
             return 0;
     }
     return 1;
+}
+
+bool tsr_endpoint_is_local(const char *ep)
+{
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
+        return true;
+    if (strncmp(ep, "tcp://", 6))
+        return false;
+    const char *h = ep + 6;
+    /* "interface;address" connects from a source: the address is what counts */
+    const char *semi = strchr(h, ';');
+    if (semi)
+        h = semi + 1;
+    const char *colon = strrchr(h, ':');
+    size_t n = colon ? (size_t)(colon - h) : strlen(h);
+    char host[64];
+    if (n == 0 || n >= sizeof host)
+        return false;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    if (!strcmp(host, "localhost") || !strcmp(host, "[::1]"))
+        return true;
+    struct in_addr a;
+    return inet_pton(AF_INET, host, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
 /* model_path = directory of `file` (with its slash) + model, unless model is
@@ -659,7 +736,8 @@ static tsr_config_t *config_new(const char *name)
     cfg->worker_timeout_ms = 1000;
     cfg->max_workers = 4096;
     cfg->dead_worker_ttl_s = 600;
-    if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint)
+    cfg->keys_dir = strdup("/etc/tessera/keys");
+    if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint || !cfg->keys_dir)
         tsr_config_destroy(&cfg);
     return cfg;
 }
@@ -859,6 +937,7 @@ void tsr_config_destroy(tsr_config_t **self_p)
     free(cfg->deployments);
     free(cfg->workers_endpoint);
     free(cfg->control_endpoint);
+    free(cfg->keys_dir);
     free(cfg->path);
     free(cfg);
     *self_p = NULL;

@@ -6,6 +6,7 @@
 #ifndef TSR_DEPLOY_H
 #define TSR_DEPLOY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* The status document lists every known worker in one reply of at most
@@ -53,6 +54,12 @@ typedef struct {
                                      1..TSR_MAX_WORKERS_LIMIT, default 4096 */
     int dead_worker_ttl_s;        /* a dead worker is forgotten after this,
                                      1..604800, default 600 */
+    bool security_none;           /* security: none (plain ZeroMQ); only with
+                                     loopback endpoints.  Default: curve */
+    char *keys_dir;               /* key store (common/keys.h), default
+                                     /etc/tessera/keys; a relative path is
+                                     taken from the file's directory */
+    int security_line, security_column;  /* where security: was set */
     tsr_deployment_t *deployments;
     size_t n_deployments;
 } tsr_config_t;
@@ -71,6 +78,10 @@ int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errl
 
 /* Frees a config and sets *self_p to NULL.  Safe on NULL. */
 void tsr_config_destroy(tsr_config_t **self_p);
+
+/* True when endpoint can only be reached from this machine: ipc://,
+ * inproc://, or tcp:// on 127.0.0.0/8, ::1 or localhost. */
+bool tsr_endpoint_is_local(const char *endpoint);
 
 /* Returns the deployment with that name, or NULL. */
 const tsr_deployment_t *tsr_config_find(const tsr_config_t *cfg, const char *name);

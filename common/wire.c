@@ -1,4 +1,5 @@
 #include "wire.h"
+#include "keys.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -145,10 +146,16 @@ static void sock_common(void *s, size_t max)
 
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen)
 {
-    return tsr_sock_router_max(endpoint, TSR_WIRE_MAX_WORKER, err, errlen);
+    return tsr_sock_router_sec(endpoint, TSR_WIRE_MAX_WORKER, NULL, err, errlen);
 }
 
 void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t errlen)
+{
+    return tsr_sock_router_sec(endpoint, max, NULL, err, errlen);
+}
+
+void *tsr_sock_router_sec(const char *endpoint, size_t max, const tsr_security_t *sec, char *err,
+                          size_t errlen)
 {
     void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_ROUTER);
     if (!s) {
@@ -167,6 +174,19 @@ void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t er
      * random bytes, so only the peer that has it can do this. */
     int handover = 1;
     zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
+    if (sec && sec->curve) {
+        /* Every client is checked by the ZAP handler (coordinator/zap.c),
+         * which the caller must have bound before this socket. */
+        int server = 1;
+        if (zmq_setsockopt(s, ZMQ_CURVE_SERVER, &server, sizeof server) != 0 ||
+            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec->self.sec, 40) != 0 ||
+            zmq_setsockopt(s, ZMQ_ZAP_DOMAIN, "tessera", 7) != 0) {
+            snprintf(err, errlen, "cannot enable CURVE on %s: %s", endpoint,
+                     zmq_strerror(errno));
+            zmq_close(s);
+            return NULL;
+        }
+    }
     if (zmq_bind(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
         zmq_close(s);
@@ -176,6 +196,12 @@ void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t er
 }
 
 void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen)
+{
+    return tsr_sock_dealer_sec(endpoint, immediate, NULL, NULL, err, errlen);
+}
+
+void *tsr_sock_dealer_sec(const char *endpoint, int immediate, const tsr_security_t *sec,
+                          void **mon, char *err, size_t errlen)
 {
     void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_DEALER);
     if (!s) {
@@ -199,12 +225,50 @@ void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t err
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
+    if (sec && sec->curve &&
+        (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, sec->server_pub, 40) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, sec->self.pub, 40) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec->self.sec, 40) != 0)) {
+        snprintf(err, errlen, "cannot enable CURVE towards %s: %s", endpoint,
+                 zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    /* The monitor comes before the connection, so no event is missed. */
+    if (mon && !(*mon = tsr_sock_monitor(s, TSR_SOCK_EVENTS))) {
+        snprintf(err, errlen, "cannot watch the connection to %s: %s", endpoint,
+                 zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot connect to %s: %s", endpoint, zmq_strerror(errno));
+        if (mon) tsr_sock_monitor_close(s, mon);
         zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+const char *tsr_handshake_failure(int event, uint32_t value)
+{
+    switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        return "the coordinator does not allow this key (add it to its key store with "
+               "`tessera keys add DIR NAME`, or check --identity)";
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            return "one side uses CURVE and the other does not (compare coordinator.security "
+                   "with this program's keys: --keys, TESSERA_KEYS)";
+        if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+            return "the CURVE handshake failed (is coordinator.pub the coordinator's current "
+                   "public key?)";
+        return "the handshake failed with a protocol error (a different program on that port?)";
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return "the security handshake failed";
+    default:
+        return NULL;
+    }
 }
 
 void tsr_sock_close(void **sock_p)
@@ -233,6 +297,11 @@ void *tsr_sock_monitor(void *sock, int events)
 
 int tsr_sock_monitor_event(void *mon)
 {
+    return tsr_sock_monitor_event_v(mon, NULL);
+}
+
+int tsr_sock_monitor_event_v(void *mon, uint32_t *value)
+{
     zmq_msg_t m;
     int id = -1;
     zmq_msg_init(&m);
@@ -240,6 +309,7 @@ int tsr_sock_monitor_event(void *mon)
         uint16_t ev;
         memcpy(&ev, zmq_msg_data(&m), sizeof ev);
         id = ev;
+        if (value) memcpy(value, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof *value);
     }
     zmq_msg_close(&m);
     skip_rest(mon);  /* the endpoint frame */
@@ -284,6 +354,12 @@ static void skip_rest(void *sock)
 int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env_t **out,
                   char *err, size_t errlen)
 {
+    return tsr_wire_recv_user(sock, rid, rid_len, NULL, 0, max, out, err, errlen);
+}
+
+int tsr_wire_recv_user(void *sock, uint8_t *rid, size_t *rid_len, char *user, size_t userlen,
+                       size_t max, tsr_env_t **out, char *err, size_t errlen)
+{
     zmq_msg_t m;
     int rc = -1;
     *out = NULL;
@@ -311,6 +387,11 @@ int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env
         if (e == EAGAIN && !rid) return 0;
         snprintf(err, errlen, "receive failed: %s", zmq_strerror(e));
         return -1;
+    }
+    if (user && userlen) {
+        /* The ZAP handler's answer for this connection: the key's name. */
+        const char *u = zmq_msg_gets(&m, "User-Id");
+        snprintf(user, userlen, "%s", u ? u : "");
     }
     int more = zmq_msg_more(&m);
     if (more) {

@@ -4,12 +4,13 @@
  * before protobuf-c sees the bytes, then checks that a body is present and
  * that every string is within its limit, so the rest of the code can trust
  * what it gets.  Sockets are created only here (tsr_sock_*), so transport
- * security can be added in one place. */
+ * security (CURVE, common/keys.h) is set in one place. */
 #ifndef TSR_WIRE_H
 #define TSR_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 #include "proto/tessera.pb-c.h"
 
 #define TSR_PROTOCOL_VERSION 1
@@ -55,18 +56,40 @@ void tsr_zmq_term(void);
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen);
 /* The same with another frame limit (max bytes, > 0). */
 void *tsr_sock_router_max(const char *endpoint, size_t max, char *err, size_t errlen);
+/* The same, with CURVE when sec->curve (common/keys.h): the socket is a
+ * CURVE server with sec's key pair, and every client must pass the ZAP
+ * handler, which must be bound in this process first (coordinator/zap.h).
+ * sec NULL or curve 0: plain. */
+struct tsr_security;
+void *tsr_sock_router_sec(const char *endpoint, size_t max, const struct tsr_security *sec,
+                          char *err, size_t errlen);
 /* A DEALER connected to endpoint.  immediate: queue only on live connections
  * (a worker must not flood a restarted coordinator with stale heartbeats).
  * Its frames are limited to TSR_WIRE_MAX_CONTROL, the largest reply.  It
  * gets a random 16-byte routing id that it keeps across reconnections, so
  * the coordinator can bind a worker's name to its connection. */
 void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t errlen);
+/* The same, as a CURVE client with sec's key pair towards sec->server_pub
+ * when sec->curve; plain when sec is NULL or curve 0.  With mon, *mon gets
+ * a monitor (set up before connecting) of TSR_SOCK_EVENTS; close it with
+ * tsr_sock_monitor_close before the socket. */
+#define TSR_SOCK_EVENTS                                                                    \
+    (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                      \
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+void *tsr_sock_dealer_sec(const char *endpoint, int immediate, const struct tsr_security *sec,
+                          void **mon, char *err, size_t errlen);
+/* What a failed handshake event (ZMQ_EVENT_HANDSHAKE_FAILED_*, with its
+ * value) means for an operator; NULL for any other event. */
+const char *tsr_handshake_failure(int event, uint32_t value);
 void tsr_sock_close(void **sock_p);
 /* A PAIR socket that receives sock's connection events (ZMQ_EVENT_* mask);
  * read one with tsr_sock_monitor_event.  Close with tsr_sock_monitor_close. */
 void *tsr_sock_monitor(void *sock, int events);
 /* Reads one event: returns its ZMQ_EVENT_* id, or -1. */
 int tsr_sock_monitor_event(void *mon);
+/* The same, with the event's value (an errno, a protocol error code) in
+ * *value when value is not NULL. */
+int tsr_sock_monitor_event_v(void *mon, uint32_t *value);
 void tsr_sock_monitor_close(void *sock, void **mon_p);
 
 /* Sends env, prefixed with routing id rid (ROUTER side) when rid != NULL.
@@ -79,6 +102,11 @@ int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env
  * rejected (reason in err). */
 int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env_t **out,
                   char *err, size_t errlen);
+/* The same, also copying the connection's authenticated user id (the name
+ * of the CURVE key the ZAP handler accepted; "" on a plain socket) into
+ * user (userlen bytes). */
+int tsr_wire_recv_user(void *sock, uint8_t *rid, size_t *rid_len, char *user, size_t userlen,
+                       size_t max, tsr_env_t **out, char *err, size_t errlen);
 
 /* Endpoint a client should connect to for a bind endpoint: the wildcard
  * address 0.0.0.0 / * becomes 127.0.0.1.  Writes into buf. */

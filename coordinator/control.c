@@ -297,6 +297,17 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     json_object_set_new(stats, "identity_dropped", json_integer((json_int_t)st->identity_dropped));
     json_object_set_new(stats, "workers_forgotten",
                         json_integer((json_int_t)st->workers_forgotten));
+    json_object_set_new(stats, "key_dropped", json_integer((json_int_t)st->key_dropped));
+    json_t *coord = json_object_get(root, "coordinator");
+    json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
+    if (c->zap) {
+        tsr_zap_stats_t zs;
+        tsr_zap_stats(c->zap, &zs);
+        json_object_set_new(coord, "keys_dir", json_string(c->cfg->keys_dir));
+        json_object_set_new(coord, "allowed_keys", json_integer((json_int_t)zs.keys));
+        json_object_set_new(stats, "handshakes_accepted", json_integer((json_int_t)zs.accepted));
+        json_object_set_new(stats, "handshakes_refused", json_integer((json_int_t)zs.refused));
+    }
     if (!workers_only) {
         json_t *deps = json_array();
         for (size_t i = 0; i < c->cfg->n_deployments; i++)

@@ -80,16 +80,34 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
     for (size_t i = 0; i < c->cfg->n_deployments; i++)
         if (!c->deps[i].model_ok) tsr_error("deployment %s will not be placed: %s",
                                             c->deps[i].name, c->deps[i].model_error);
-    char e[256];
-    c->wsock = tsr_sock_router(c->cfg->workers_endpoint, e, sizeof e);
+    char e[512];
+    if (!c->cfg->security_none) {
+        /* The handler must be bound before the sockets: ZeroMQ lets any
+         * CURVE client in while no ZAP handler is bound. */
+        if (tsr_security_server(c->cfg->keys_dir, &c->sec, e, sizeof e) < 0) {
+            snprintf(err, errlen,
+                     "coordinator.security is curve and its key pair cannot be read: %s "
+                     "(create a key store with `tessera keys init %s`, or set "
+                     "coordinator.security: none with loopback endpoints)",
+                     e, c->cfg->keys_dir);
+            goto fail;
+        }
+        if (!(c->zap = tsr_zap_start(c->cfg->keys_dir, e, sizeof e))) {
+            snprintf(err, errlen, "coordinator.keys_dir: %s", e);
+            goto fail;
+        }
+        c->zap_generation = tsr_zap_generation(c->zap);
+    }
+    c->wsock = tsr_sock_router_sec(c->cfg->workers_endpoint, TSR_WIRE_MAX_WORKER, &c->sec, e,
+                                   sizeof e);
     if (!c->wsock) {
         snprintf(err, errlen, "workers_endpoint: %s", e);
         goto fail;
     }
     /* Requests up to twice the decoder's limit are read, so one over the
      * limit can be answered with the limit named; ZeroMQ cuts off larger. */
-    c->csock = tsr_sock_router_max(c->cfg->control_endpoint, 2 * (size_t)TSR_WIRE_MAX_REQUEST,
-                                   e, sizeof e);
+    c->csock = tsr_sock_router_sec(c->cfg->control_endpoint, 2 * (size_t)TSR_WIRE_MAX_REQUEST,
+                                   &c->sec, e, sizeof e);
     if (!c->csock) {
         snprintf(err, errlen, "control_endpoint: %s", e);
         goto fail;
@@ -119,6 +137,8 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_coord_t *c = *self_p;
     tsr_sock_close(&c->wsock);
     tsr_sock_close(&c->csock);
+    tsr_zap_stop(&c->zap);
+    memset(&c->sec, 0, sizeof c->sec);
     tsr_registry_destroy(&c->reg);
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
@@ -483,6 +503,13 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         tsr_config_destroy(&cfg);
         return -1;
     }
+    if (cfg->security_none != c->cfg->security_none || strcmp(cfg->keys_dir, c->cfg->keys_dir)) {
+        snprintf(err, errlen, "%s: changing coordinator.security or keys_dir needs a restart "
+                              "(keys added to or removed from the store apply at once)",
+                 c->config_path);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
     tsr_dep_state_t *deps = deps_build(cfg, c->deps, c->cfg->n_deployments);
     if (!deps) {
         tsr_config_destroy(&cfg);
@@ -664,6 +691,17 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
+    /* A name is bound to the key it first registered with, alive or dead,
+     * until it is forgotten: a restart must bring the same key. */
+    if (w && strcmp(w->key_id, c->msg_key)) {
+        snprintf(reason, sizeof reason,
+                 "worker name %s is bound to the key '%s'; this connection uses the key '%s' "
+                 "(start the worker with --identity %s, or forget the old one: it is "
+                 "forgotten %d s after it dies)",
+                 env->worker, w->key_id, c->msg_key, w->key_id, c->cfg->dead_worker_ttl_s);
+        tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
+        goto refuse;
+    }
     if (w && w->state != TSR_W_DEAD && !same_conn)
         tsr_warn("worker %s restarted (pid %u -> %u, new connection); its old piece is released",
                  w->name, w->pid, r->pid);
@@ -687,6 +725,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     w->pid = r->pid;
     memcpy(w->rid, rid, rid_len);
     w->rid_len = rid_len;
+    snprintf(w->key_id, sizeof w->key_id, "%s", c->msg_key);
     w->state = TSR_W_IDLE;
     w->has_piece = false;
     w->reason[0] = w->detail[0] = '\0';
@@ -788,6 +827,19 @@ static void run_retries(tsr_coord_t *c, int64_t now)
     }
 }
 
+/* Worker w is dead for the reason why, now: its replica's requests fail
+ * with it and its piece is replanned. */
+static void declare_dead(tsr_coord_t *c, tsr_worker_t *w, int64_t now, const char *why)
+{
+    if (w->has_piece) {
+        tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
+        touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
+    }
+    tsr_health_mark_dead(w, now, why);
+    c->stats.deaths++;
+    c->dirty = true;
+}
+
 static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
                           int64_t now)
 {
@@ -817,7 +869,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
      * came from.  A worker keeps its routing id across reconnections (see
      * tsr_sock_dealer), so a mismatch is another process using its name:
      * dropped, so it can neither keep the name alive nor speak for it. */
-    if (w->rid_len != rid_len || memcmp(w->rid, rid, rid_len)) {
+    if (w->rid_len != rid_len || memcmp(w->rid, rid, rid_len) || strcmp(w->key_id, c->msg_key)) {
         c->stats.identity_dropped++;
         tsr_debug("dropped %s claiming to be %s from another connection", tsr_env_kind(env),
                   w->name);
@@ -873,13 +925,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
             char why[600];
             snprintf(why, sizeof why, "fatal error: %s", env->failed->reason);
             tsr_error("worker %s is dead: %s", w->name, why);
-            if (w->has_piece) {
-                tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
-                touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
-            }
-            tsr_health_mark_dead(w, now, why);
-            c->stats.deaths++;
-            c->dirty = true;
+            declare_dead(c, w, now, why);
         } else {
             tsr_error("worker %s reports %s r%d s%d t%d failed: %s", w->name,
                       w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
@@ -910,8 +956,16 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t ma
     for (int i = 0; i < budget; i++) {
         tsr_env_t *env = NULL;
         rid_len = 0;
-        int rc = tsr_wire_recv(sock, rid, &rid_len, max, &env, err, sizeof err);
+        int rc = tsr_wire_recv_user(sock, rid, &rid_len, c->msg_key, sizeof c->msg_key, max,
+                                    &env, err, sizeof err);
         if (rc == 0) break;
+        /* A session whose key was removed from the store is over, even
+         * before the next key check sees it: nothing it says is heard. */
+        if (c->zap && !tsr_zap_allowed(c->zap, c->msg_key)) {
+            c->stats.key_dropped++;
+            tsr_env_free(&env);
+            continue;
+        }
         if (rc < 0) {
             c->stats.bad_messages++;
             tsr_warn("rejected a message on the %s endpoint: %s", channel, err);
@@ -965,10 +1019,30 @@ static void on_dead(tsr_worker_t *w, void *arg)
         tsr_warn("idle worker %s on %s is dead (no heartbeat)", w->name, w->node);
 }
 
+/* Ends the sessions of keys removed from the store: their workers are
+ * dead (their pieces move), their clients' requests fail. */
+static void drop_removed_keys(tsr_coord_t *c, int64_t now)
+{
+    uint64_t g = tsr_zap_generation(c->zap);
+    if (g == c->zap_generation) return;
+    c->zap_generation = g;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_DEAD || tsr_zap_allowed(c->zap, w->key_id)) continue;
+        char why[256];
+        snprintf(why, sizeof why, "its key '%s' was removed from the key store", w->key_id);
+        tsr_warn("worker %s is cut off: %s", w->name, why);
+        declare_dead(c, w, now, why);
+    }
+    tsr_requests_drop_keys(c);
+}
+
 int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
 {
     int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
     c->now_ms = now_ms;
+    if (c->zap) drop_removed_keys(c, now_ms);
     int64_t deadline = tsr_requests_expire(c, now_ms);
     run_retries(c, now_ms);
     if (now_ms >= c->next_scan_ms) {
@@ -992,5 +1066,8 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     if (c->dirty && due < next) next = due;
     if (deadline && deadline < next) next = deadline;
     int64_t wait = next - now_ms;
+    /* A removed key's sessions end within a second: look at least every
+     * 100 ms. */
+    if (c->zap && wait > 100) wait = 100;
     return wait < 0 ? 0 : (int)wait;
 }

@@ -12,6 +12,8 @@
 #include "common/deploy.h"
 #include "common/modelcfg.h"
 #include "common/wire.h"
+#include "common/keys.h"
+#include "zap.h"
 #include "planner.h"
 #include "registry.h"
 
@@ -53,6 +55,7 @@ typedef struct {
     uint32_t timeout_ms;        /* the client's deadline; 0: none */
     int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
     bool reply_dropped;         /* a reply was lost to a full client queue (warned once) */
+    char key_id[TSR_NAME_MAX + 1];  /* the client's CURVE key ("" without CURVE) */
 } tsr_request_rec_t;
 
 typedef struct {
@@ -61,6 +64,7 @@ typedef struct {
         plans, assigns, unassigns, deaths, control_requests;
     uint64_t identity_dropped;  /* a message whose worker name is not its connection's */
     uint64_t workers_forgotten; /* dead workers dropped after dead_worker_ttl_s or at the cap */
+    uint64_t key_dropped;       /* a message from a connection whose key was removed */
 } tsr_coord_stats_t;
 
 typedef struct {
@@ -81,6 +85,12 @@ typedef struct {
     tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
     tsr_request_rec_t *reqs;    /* in flight */
     size_t n_reqs, cap_reqs;
+    tsr_security_t sec;         /* the coordinator's key pair (sec.curve 0: security none) */
+    tsr_zap_t *zap;             /* who may connect (NULL without CURVE) */
+    uint64_t zap_generation;    /* the allowed set the live sessions were checked against */
+    /* The CURVE key of the connection whose message is being handled ("":
+     * none), set by the socket reader for the handlers. */
+    char msg_key[TSR_NAME_MAX + 1];
 } tsr_coord_t;
 
 /* Loads the config and binds both endpoints.  adopt_grace_ms < 0 means one
@@ -129,6 +139,9 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
 void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env);
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);
+/* Ends every request whose client's key is no longer allowed: the client is
+ * told why, once, and the leader is sent a Cancel. */
+void tsr_requests_drop_keys(tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
 /* Fails every request whose deadline is at or before now_ms (the client gets

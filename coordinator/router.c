@@ -121,6 +121,20 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
             request_fail(c, i, why);
 }
 
+void tsr_requests_drop_keys(tsr_coord_t *c)
+{
+    for (size_t i = c->n_reqs; i-- > 0;) {
+        tsr_request_rec_t *q = &c->reqs[i];
+        if (!c->zap || tsr_zap_allowed(c->zap, q->key_id)) continue;
+        char msg[256];
+        snprintf(msg, sizeof msg, "request %llu ended after %d token(s): the key '%s' was "
+                 "removed from the key store", (unsigned long long)q->id, q->n_tokens, q->key_id);
+        reply_json(c, q, false, msg, NULL);
+        c->stats.requests_failed++;
+        request_cancel(c, i, "the client's key was removed from the key store");
+    }
+}
+
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;
@@ -247,6 +261,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->id = id;
     memcpy(rec->rid, rid, rid_len);
     rec->rid_len = rid_len;
+    snprintf(rec->key_id, sizeof rec->key_id, "%s", c->msg_key);
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = replica;
     snprintf(rec->leader, sizeof rec->leader, "%s", leader->name);

@@ -11,7 +11,7 @@ LOGS=build/demo-logs
 CEP=tcp://127.0.0.1:7401
 mkdir -p "$LOGS"; rm -f "$LOGS"/*.log
 
-if "$BIN/tessera" --coordinator "$CEP" --timeout 300 status > /dev/null 2>&1; then
+if "$BIN/tessera" --config configs/demo.yaml --timeout 300 status > /dev/null 2>&1; then
     echo "demo: a coordinator already answers on $CEP; stop it first" >&2
     exit 1
 fi
@@ -20,22 +20,22 @@ LOCAL=$!
 trap 'kill -TERM $LOCAL 2>/dev/null; wait $LOCAL 2>/dev/null' EXIT
 
 echo "== waiting for the deployment to be ready"
-"$BIN/tessera" --coordinator "$CEP" status --wait-ready 15 || { echo "demo: not ready; logs in $LOGS" >&2; exit 1; }
+"$BIN/tessera" --config configs/demo.yaml status --wait-ready 15 || { echo "demo: not ready; logs in $LOGS" >&2; exit 1; }
 
 echo
 echo "== generate: prompt 1,2,3,4, 16 greedy tokens through 2 stages x 2 tensor ranks"
-"$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
+"$BIN/tessera" --config configs/demo.yaml generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
 
-victim=$("$BIN/tessera" --coordinator "$CEP" status --json | python3 -c \
+victim=$("$BIN/tessera" --config configs/demo.yaml status --json | python3 -c \
   'import json,sys; d=json.load(sys.stdin); r=d["deployments"][0]["replica_list"][0]["stages"][1]["ranks"][0]; print(r["worker"], r["pid"])')
 set -- $victim
 echo
 echo "== kill -9 $1 (pid $2), which holds stage 1 tp 0; the idle worker takes over"
 kill -9 "$2"
 sleep 1.5
-"$BIN/tessera" --coordinator "$CEP" status --wait-ready 5
+"$BIN/tessera" --config configs/demo.yaml status --wait-ready 5
 echo
 echo "== the same prompt again, now served with the spare wired in"
-"$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
+"$BIN/tessera" --config configs/demo.yaml generate tiny --prompt-ids 1,2,3,4 --max-tokens 16 || exit 1
 echo
 echo "== demo done; logs in $LOGS"

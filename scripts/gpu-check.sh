@@ -15,6 +15,7 @@ version: 1
 coordinator:
   workers_endpoint: tcp://127.0.0.1:7500
   control_endpoint: tcp://127.0.0.1:7501
+  security: none
 deployments:
   - name: tiny-gpu
     model: $PWD/configs/models/tiny

@@ -1,5 +1,6 @@
 #include "agent.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,8 @@
 #define REGISTER_BACKOFF_MAX_MS 1000  /* keeps re-attach after a coordinator restart under 2 s */
 
 tsr_agent_t *tsr_agent_new(const char *name, const char *node, const char *endpoint,
-                           const tsr_device_info_t *dev, char *err, size_t errlen)
+                           const tsr_security_t *sec, const tsr_device_info_t *dev, char *err,
+                           size_t errlen)
 {
     tsr_agent_t *a = calloc(1, sizeof *a);
     if (!a) return NULL;
@@ -21,8 +23,12 @@ tsr_agent_t *tsr_agent_new(const char *name, const char *node, const char *endpo
     snprintf(a->node, sizeof a->node, "%s", node);
     snprintf(a->endpoint, sizeof a->endpoint, "%s", endpoint);
     a->device = *dev;
+    if (sec && sec->curve) {
+        snprintf(a->identity, sizeof a->identity, "%s", sec->identity);
+        snprintf(a->keys_dir, sizeof a->keys_dir, "%s", sec->dir);
+    }
     a->protocol_version = TSR_PROTOCOL_VERSION;
-    a->sock = tsr_sock_dealer(endpoint, 1, err, errlen);
+    a->sock = tsr_sock_dealer_sec(endpoint, 1, sec, &a->mon, err, errlen);
     if (!a->sock) {
         free(a);
         return NULL;
@@ -38,6 +44,7 @@ tsr_agent_t *tsr_agent_new(const char *name, const char *node, const char *endpo
 void tsr_agent_destroy(tsr_agent_t **self_p)
 {
     if (!self_p || !*self_p) return;
+    tsr_sock_monitor_close((*self_p)->sock, &(*self_p)->mon);
     tsr_sock_close(&(*self_p)->sock);
     free(*self_p);
     *self_p = NULL;
@@ -351,9 +358,42 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
     }
 }
 
+#define HANDSHAKE_RETRY_MS 1000
+
+/* Says why the coordinator will not talk to us (a key it does not allow,
+ * CURVE on one side only), once per cause and then every 10 s: the worker
+ * keeps trying, since an operator may be adding the key right now. */
+static void watch_handshakes(tsr_agent_t *a, int64_t now)
+{
+    int ev;
+    uint32_t value = 0;
+    while (a->mon && (ev = tsr_sock_monitor_event_v(a->mon, &value)) >= 0) {
+        const char *why = tsr_handshake_failure(ev, value);
+        if (!why) continue;
+        a->handshake_failures++;
+        /* ZeroMQ gives up on a connection whose handshake failed: connect
+         * again later, so a key added or a coordinator fixed meanwhile is
+         * picked up (the routing id stays the socket's). */
+        if (!a->reconnect_at_ms) a->reconnect_at_ms = now + HANDSHAKE_RETRY_MS;
+        if (why == a->handshake_why && now - a->handshake_logged_ms < 10000) continue;
+        tsr_error("the coordinator at %s refused the connection: %s (identity '%s'%s%s)",
+                  a->endpoint, why, a->identity[0] ? a->identity : "-",
+                  a->identity[0] ? ", keys in " : ", no keys", a->keys_dir);
+        a->handshake_why = why;
+        a->handshake_logged_ms = now;
+    }
+}
+
 int tsr_agent_step(tsr_agent_t *a, int64_t now)
 {
     char err[256];
+    watch_handshakes(a, now);
+    if (a->reconnect_at_ms && now >= a->reconnect_at_ms) {
+        a->reconnect_at_ms = 0;
+        zmq_disconnect(a->sock, a->endpoint);
+        if (zmq_connect(a->sock, a->endpoint) != 0)
+            tsr_warn("cannot connect to %s again: %s", a->endpoint, zmq_strerror(errno));
+    }
     for (int i = 0; i < 1024 && !a->stop; i++) {
         tsr_env_t *env = NULL;
         int rc = tsr_wire_recv(a->sock, NULL, NULL, TSR_WIRE_MAX_WORKER, &env, err, sizeof err);

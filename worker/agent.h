@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "common/wire.h"
+#include "common/keys.h"
 #include "worker/device.h"
 #include "worker/executor.h"
 
@@ -44,13 +45,21 @@ typedef struct {
     tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 
     uint64_t stale_dropped;
+    void *mon;                    /* the connection's events (handshake failures) */
+    char identity[TSR_NAME_MAX + 1];  /* its CURVE key's name ("" without CURVE) */
+    char keys_dir[TSR_PATH_MAX];
+    uint64_t handshake_failures;
+    const char *handshake_why;    /* the last failure logged, and when */
+    int64_t handshake_logged_ms;
+    int64_t reconnect_at_ms;      /* connect again then (0: not planned) */
     int exit_code;                /* set with stop */
     bool stop;
 } tsr_agent_t;
 
 /* Connects to endpoint.  Returns NULL with a message in err. */
 tsr_agent_t *tsr_agent_new(const char *name, const char *node, const char *endpoint,
-                           const tsr_device_info_t *dev, char *err, size_t errlen);
+                           const tsr_security_t *sec, const tsr_device_info_t *dev, char *err,
+                           size_t errlen);
 void tsr_agent_destroy(tsr_agent_t **self_p);
 
 /* Handles every waiting message and due timer; returns the ms until the

@@ -40,11 +40,22 @@ static void usage(FILE *f)
             "                         loopback, else the host name)\n"
             "      --data-bind ADDR   address the data port listens on (default: the data\n"
             "                         address; 0.0.0.0 listens on every interface)\n"
+            "      --keys DIR         key store with this worker's key pair (IDENTITY.key)\n"
+            "                         and the coordinator's public key (coordinator.pub)\n"
+            "                         (default $TESSERA_KEYS, else /etc/tessera/keys)\n"
+            "      --identity NAME    the name of its key (default $TESSERA_IDENTITY, else\n"
+            "                         the worker name).  Without --keys, --identity and the\n"
+            "                         environment, a worker whose key is not in the default\n"
+            "                         store connects without CURVE (coordinator.security:\n"
+            "                         none)\n"
             "      --protocol-version N  claim another protocol version (for tests)\n"
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
             "\n"
-            "environment: TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
+            "environment: TESSERA_COORDINATOR_WORKERS, TESSERA_KEYS and\n"
+            "TESSERA_IDENTITY as above; under systemd, files in $CREDENTIALS_DIRECTORY\n"
+            "(LoadCredential=) named IDENTITY.key and coordinator.pub take precedence\n"
+            "over the key store's.  TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
             "the worker may run on); TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
             "GPU of that many MiB, for tests on machines without one.\n"
             "\n"
@@ -69,6 +80,7 @@ int main(int argc, char **argv)
 {
     const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
     const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = NULL;
+    const char *keys = getenv("TESSERA_KEYS"), *identity = getenv("TESSERA_IDENTITY");
     tsr_device_t kind = TSR_DEVICE_CPU;
     unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;
     int level = TSR_LOG_INFO;
@@ -78,6 +90,7 @@ int main(int argc, char **argv)
         {"node", required_argument, 0, 'N'},         {"memory-mib", required_argument, 0, 'm'},
         {"protocol-version", required_argument, 0, 'P'}, {"verbose", no_argument, 0, 'v'},
         {"data-address", required_argument, 0, 'A'}, {"data-bind", required_argument, 0, 'B'},
+        {"keys", required_argument, 0, 'K'},         {"identity", required_argument, 0, 'I'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "c:d:i:n:vh", opts, NULL)) != -1) {
@@ -96,6 +109,8 @@ int main(int argc, char **argv)
         case 'P': if (parse_uint("--protocol-version", optarg, 1000000, &proto) < 0) return 1; break;
         case 'A': data_addr = optarg; break;
         case 'B': data_bind = optarg; break;
+        case 'K': keys = optarg; break;
+        case 'I': identity = optarg; break;
         case 'v': level = TSR_LOG_DEBUG; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 1;
@@ -126,6 +141,14 @@ int main(int argc, char **argv)
     tsr_log_init(logname, level);
 
     char err[512];
+    tsr_security_t sec;
+    if (tsr_security_client(keys, identity, name, &sec, err, sizeof err) < 0) {
+        tsr_error("cannot read this worker's keys: %s", err);
+        return 1;
+    }
+    if (!sec.curve)
+        tsr_info("no key for %s in %s: connecting without CURVE (the coordinator must have "
+                 "security: none)", name, TSR_KEYS_DEFAULT_DIR);
     tsr_device_info_t dev;
     if (tsr_device_probe(kind, (unsigned)index, &dev, err, sizeof err) < 0) {
         tsr_error("%s", err);
@@ -140,7 +163,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    tsr_agent_t *a = tsr_agent_new(name, node, ep, &dev, err, sizeof err);
+    tsr_agent_t *a = tsr_agent_new(name, node, ep, &sec, &dev, err, sizeof err);
+    memset(&sec, 0, sizeof sec);  /* the socket has its copy of the secret */
     if (!a) {
         tsr_error("%s", err);
         return 1;

@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(ep, sizeof ep, "inproc://fuzz-agent-%d", ++seq);
     void *router = tsr_sock_router(ep, err, sizeof err);
     if (!router) { fprintf(stderr, "fuzz_agent: router: %s\n", err); exit(1); }
-    tsr_agent_t *a = tsr_agent_new("w0", "node0", ep, &dev, err, sizeof err);
+    tsr_agent_t *a = tsr_agent_new("w0", "node0", ep, NULL, &dev, err, sizeof err);
     if (!a) { fprintf(stderr, "fuzz_agent: tsr_agent_new: %s\n", err); exit(1); }
     int64_t now = tsr_now_ms();
     tsr_agent_step(a, now);     /* it registers: that gives its routing id */

@@ -57,6 +57,15 @@ MODEL="$T/model"
     --kv-heads 4 --vocab 256 --max-pos 256 --seed 5 > "$T/model-init.log" 2>&1 \
     || { echo "FAIL: model-init: $(cat "$T/model-init.log")"; exit 1; }
 
+# Every test runs with CURVE (the default): a key store with the CLI's key;
+# start_worker adds each worker's.  TESSERA_KEYS is how the CLI and the
+# workers find it.
+KEYS="$T/keys"
+{ "$BIN/tessera" keys init "$KEYS" && "$BIN/tessera" keys add "$KEYS" cli; } > "$T/keys.log" 2>&1 \
+    || { echo "FAIL: keys: $(cat "$T/keys.log")"; exit 1; }
+export TESSERA_KEYS="$KEYS"
+unset TESSERA_IDENTITY
+
 # write_yaml FILE TP PP REPLICAS [NAME] [MODEL] [DEVICE]
 write_yaml() {
     cat > "$1" <<YAML
@@ -66,6 +75,7 @@ coordinator:
   control_endpoint: $CEP
   heartbeat_interval_ms: 100
   worker_timeout_ms: 1000
+  keys_dir: $KEYS
 deployments:
   - name: ${5:-tiny}
     model: ${6:-$MODEL}
@@ -90,6 +100,8 @@ start_coord() {
 declare -A WPID
 start_worker() {
     local name="$1"; shift
+    [ -e "$KEYS/$name.key" ] || "$BIN/tessera" keys add "$KEYS" "$name" > /dev/null \
+        || fail "cannot add a key for $name"
     "$BIN/tessera-worker" --coordinator "$WEP" --name "$name" "$@" >> "$T/$name.log" 2>&1 &
     WPID[$name]=$!
     PIDS+=("$!")

@@ -19,6 +19,13 @@ grep -q '^ExecReload=/bin/kill -HUP $MAINPID' "$C" || fail "no ExecReload by SIG
 grep -q "^DeviceAllow=/dev/nvidiactl" "$W" || fail "worker cannot open /dev/nvidiactl"
 grep -q "^DeviceAllow=char-nvidia-frontend" "$W" || fail "worker cannot open /dev/nvidia*"
 grep -q -- "--device-index %i" "$W" || fail "instance is not the device index"
+# CURVE keys reach the sandboxed (DynamicUser) services as credentials under
+# the names the daemons look for (common/keys.h); the sd_notify run below
+# starts the worker the way the unit does.
+grep -qx "LoadCredential=coordinator.key:/etc/tessera/keys/coordinator.key" "$C" || fail "coordinator key not passed"
+grep -qx "LoadCredential=coordinator.pub:/etc/tessera/keys/coordinator.pub" "$W" || fail "coordinator.pub not passed"
+grep -qx "LoadCredential=tessera-identity.key:/etc/tessera/keys/%H.key" "$W" || fail "worker key not passed"
+grep -qx "Environment=TESSERA_IDENTITY=%H" "$W" || fail "worker identity not set"
 # Hardening: the sandbox lines are installed as written (README, "Running on
 # a real cluster"), and what only the coordinator can do without is only there.
 for line in DynamicUser=yes UMask=0077 ProtectSystem=strict ProtectHome=yes PrivateTmp=yes \
@@ -86,13 +93,22 @@ wait_until 5 bound || fail "notify listener did not start"
 NOTIFY_SOCKET="$T/notify.sock" WATCHDOG_USEC=400000 bash -c 'export WATCHDOG_PID=$$; exec "$0" "$1"' \
     "$BIN/tessera-coordinator" "$T/d.yaml" >> "$T/coordinator.log" 2>&1 &
 CP=$!; PIDS+=("$CP")
-NOTIFY_SOCKET="$T/wnotify.sock" WATCHDOG_USEC=400000 bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wn' \
+# The worker as its unit runs it: identity from TESSERA_IDENTITY, its key
+# pair and the coordinator's public key from $CREDENTIALS_DIRECTORY only.
+"$BIN/tessera" keys add "$KEYS" wnhost > /dev/null || fail "keys add wnhost"
+mkdir -m 0700 "$T/cred"
+cp "$KEYS/wnhost.key" "$T/cred/tessera-identity.key"; cp "$KEYS/coordinator.pub" "$T/cred/"
+NOTIFY_SOCKET="$T/wnotify.sock" WATCHDOG_USEC=400000 CREDENTIALS_DIRECTORY="$T/cred" \
+    TESSERA_IDENTITY=wnhost TESSERA_KEYS= \
+    bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wn' \
     "$BIN/tessera-worker" "$WEP" >> "$T/wn.log" 2>&1 &
 WP=$!; PIDS+=("$WP")
 sleep 2
 grep -q "READY=1" "$T/notify.txt" || fail "no READY=1: $(cat "$T/notify.txt")"
 grep -q "READY=1" "$T/wnotify.txt" || fail "worker: no READY=1: $(cat "$T/wnotify.txt")"
 [ "$(grep -c "WATCHDOG=1" "$T/wnotify.txt")" -ge 4 ] || fail "worker did not pet its watchdog"
+registered() { case "$(worker_field wn state 2>/dev/null)" in idle|loading|ready) return 0;; esac; return 1; }
+wait_until 5 registered || fail "the worker with credentials did not register"
 kill -TERM "$WP"; wait "$WP"
 n=$(grep -c "WATCHDOG=1" "$T/notify.txt")
 echo "watchdog pings in ~1.7 s with WatchdogSec=0.4s: $n"

@@ -50,7 +50,7 @@ static int setup(void **state)
     tsr_device_info_t dev;
     if (tsr_device_probe(TSR_DEVICE_CPU, 0, &dev, err, sizeof err) < 0)
         fail_msg("device probe: %s", err);
-    fx->a = tsr_agent_new("w-test", "node-test", fx->endpoint, &dev, err, sizeof err);
+    fx->a = tsr_agent_new("w-test", "node-test", fx->endpoint, NULL, &dev, err, sizeof err);
     if (!fx->a) fail_msg("tsr_agent_new: %s", err);
     fx->t0 = tsr_now_ms();
     *state = fx;

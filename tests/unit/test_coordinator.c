@@ -63,6 +63,7 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             "  control_endpoint: %s\n"
             "  heartbeat_interval_ms: 100\n"
             "  worker_timeout_ms: %d\n"
+            "  security: none\n"
             "%s"
             "deployments:\n"
             "  - name: tiny\n"

@@ -284,7 +284,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -865,6 +865,66 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:22: coordinator.dead_worker_ttl_s: ", "604800");
 }
 
+static void test_security_defaults_to_curve_with_the_standard_key_store(void **state)
+{
+    (void)state;
+    tsr_config_t *cfg = NULL;
+    char err[512] = "";
+    const char *y = "version: 1\n";
+    if (tsr_config_parse(y, strlen(y), "conf/demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_false(cfg->security_none);
+    assert_string_equal(cfg->keys_dir, "/etc/tessera/keys");
+    tsr_config_destroy(&cfg);
+    /* A relative keys_dir is taken from the file's directory, like models. */
+    y = "version: 1\ncoordinator:\n  security: curve\n  keys_dir: keys\n";
+    if (tsr_config_parse(y, strlen(y), "conf/demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_false(cfg->security_none);
+    assert_string_equal(cfg->keys_dir, "conf/keys");
+    tsr_config_destroy(&cfg);
+    expect_error("version: 1\ncoordinator:\n  security: tls\n",
+                 "demo.yaml:3:13: coordinator.security: ", "expected curve or none, got 'tls'");
+    expect_error("version: 1\ncoordinator:\n  keys_dir: ''\n",
+                 "demo.yaml:3:13: coordinator.keys_dir: ", "directory path");
+}
+
+/* security: none only where nobody else can connect: every endpoint on
+ * loopback (or ipc/inproc); the default workers endpoint (0.0.0.0) is not. */
+static void test_security_none_is_refused_unless_every_endpoint_is_loopback(void **state)
+{
+    (void)state;
+    tsr_config_t *cfg = NULL;
+    char err[512] = "";
+    const char *ok[] = {
+        "version: 1\ncoordinator:\n  workers_endpoint: tcp://127.0.0.1:7400\n"
+        "  control_endpoint: tcp://127.0.0.1:7401\n  security: none\n",
+        "version: 1\ncoordinator:\n  workers_endpoint: tcp://localhost:7400\n"
+        "  control_endpoint: ipc:///tmp/tsr.ctl\n  security: none\n",
+        "version: 1\ncoordinator:\n  workers_endpoint: tcp://127.3.2.1:7400\n"
+        "  control_endpoint: tcp://[::1]:7401\n  security: none\n",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        if (tsr_config_parse(ok[i], strlen(ok[i]), "demo.yaml", &cfg, err, sizeof err) < 0)
+            fail_msg("%zu: %s", i, err);
+        assert_true(cfg->security_none);
+        tsr_config_destroy(&cfg);
+    }
+    expect_error("version: 1\ncoordinator:\n  security: none\n",
+                 "demo.yaml:3:13: coordinator.security: ",
+                 "none is allowed only when every endpoint is loopback, and tcp://0.0.0.0:7400");
+    expect_error("version: 1\ncoordinator:\n  workers_endpoint: tcp://127.0.0.1:7400\n"
+                 "  control_endpoint: tcp://10.0.0.5:7401\n  security: none\n",
+                 "demo.yaml:5:13: coordinator.security: ", "tcp://10.0.0.5:7401 is not");
+    /* A host name that merely starts like a loopback address is not one. */
+    expect_error("version: 1\ncoordinator:\n  workers_endpoint: tcp://127.0.0.1.evil.net:7400\n"
+                 "  control_endpoint: tcp://127.0.0.1:7401\n  security: none\n",
+                 "demo.yaml:5:13: coordinator.security: ", "127.0.0.1.evil.net");
+    assert_false(tsr_endpoint_is_local("tcp://eth0;192.168.1.2:7400"));
+    assert_true(tsr_endpoint_is_local("tcp://eth0;127.0.0.1:7400"));
+    assert_false(tsr_endpoint_is_local("tcp://*:7400"));
+}
+
 /* Attack 13: a 200 KB file nested 100,000 deep took 24 s to refuse. */
 static void test_deep_nesting_is_refused_at_once_naming_the_cap(void **state)
 {
@@ -912,6 +972,8 @@ int main(void)
         cmocka_unit_test(test_unknown_nested_key_is_rejected),
         cmocka_unit_test(test_max_workers_and_dead_worker_ttl_are_read_and_range_checked),
         cmocka_unit_test(test_deep_nesting_is_refused_at_once_naming_the_cap),
+        cmocka_unit_test(test_security_defaults_to_curve_with_the_standard_key_store),
+        cmocka_unit_test(test_security_none_is_refused_unless_every_endpoint_is_loopback),
         cmocka_unit_test(test_duplicate_key_is_rejected),
         cmocka_unit_test(test_wrong_node_type_is_rejected),
         cmocka_unit_test(test_non_integer_is_rejected),

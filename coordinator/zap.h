@@ -1,0 +1,36 @@
+/* zap.h: the coordinator's ZAP handler, which decides who may connect.
+ *
+ * Every connection to a CURVE socket (tsr_sock_router_sec) is handed by
+ * ZeroMQ to this handler, which accepts it only when the client's public key
+ * is one of keys_dir/allowed/NAME.pub, and names the connection NAME (its
+ * "User-Id", see tsr_wire_recv_user).  The handler runs in its own thread;
+ * it rereads the allowed keys within 100 ms of a change to the directory, so
+ * the coordinator can drop a removed key's live sessions within a second. */
+#ifndef TSR_ZAP_H
+#define TSR_ZAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tsr_zap tsr_zap_t;
+
+/* Binds the ZAP endpoint in this process's ZeroMQ context (before any CURVE
+ * socket is bound: ZeroMQ lets every client in while no handler is bound)
+ * and starts its thread.  NULL with err when keys_dir/allowed cannot be
+ * read or the endpoint cannot be bound. */
+tsr_zap_t *tsr_zap_start(const char *keys_dir, char *err, size_t errlen);
+void tsr_zap_stop(tsr_zap_t **self_p);
+
+/* True while name is an allowed key.  Thread-safe. */
+bool tsr_zap_allowed(tsr_zap_t *self, const char *name);
+/* Changes whenever the set of allowed keys changes. */
+uint64_t tsr_zap_generation(tsr_zap_t *self);
+
+typedef struct {
+    uint64_t accepted, refused;  /* handshakes */
+    size_t keys;                 /* allowed keys now */
+} tsr_zap_stats_t;
+void tsr_zap_stats(tsr_zap_t *self, tsr_zap_stats_t *out);
+
+#endif

@@ -1,0 +1,134 @@
+# CURVE on both endpoints: only allowed keys get in, a name stays bound to
+# its key, a removed key's live sessions end within a second, secret key
+# files must be private, and security: none is refused off loopback.
+source "$(dirname "$0")/lib.sh"
+write_yaml "$T/d.yaml" 1 1 1
+start_coord "$T/d.yaml"
+start_worker w1
+start_worker w2
+wait_until 10 all_ready || fail "not ready"
+holder=$(piece_holder 0 0 0)
+spare=w1; [ "$holder" = w1 ] && spare=w2
+
+# Keys that are made and then removed are what a stranger with a stale or
+# stolen-then-revoked key holds.
+"$BIN/tessera" keys add "$KEYS" mallory > /dev/null || fail "keys add mallory"
+mkdir "$T/mk"; cp -p "$KEYS/mallory.key" "$KEYS/coordinator.pub" "$T/mk/"
+"$BIN/tessera" keys remove "$KEYS" mallory > /dev/null || fail "keys remove mallory"
+refused_before=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
+
+# 1. The control endpoint: a plain client and an unknown key get no answer.
+for who in plain mallory; do
+    if [ $who = plain ]; then
+        TESSERA_KEYS= "$BIN/tessera" --coordinator "$CEP" --timeout 1500 status > "$T/o" 2> "$T/e"
+    else
+        "$BIN/tessera" --coordinator "$CEP" --keys "$T/mk" --identity mallory --timeout 1500 \
+            status > "$T/o" 2> "$T/e"
+    fi
+    rc=$?
+    [ $rc = 1 ] || fail "$who client: exit $rc, expected 1"
+    [ -s "$T/o" ] && fail "$who client got an answer: $(cat "$T/o")"
+    grep -q "refused the connection" "$T/e" || fail "$who client not told why: $(cat "$T/e")"
+done
+ok "a plain client and an unknown key get no answer on the control endpoint"
+
+# 2. The workers endpoint: neither can register a worker.
+TESSERA_KEYS= "$BIN/tessera-worker" --coordinator "$WEP" --name intruder > "$T/intruder.log" 2>&1 &
+I1=$!; PIDS+=("$I1")
+"$BIN/tessera-worker" --coordinator "$WEP" --name intruder2 --keys "$T/mk" --identity mallory \
+    > "$T/intruder2.log" 2>&1 &
+I2=$!; PIDS+=("$I2")
+refused_more() {
+    local n; n=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
+    [ "$n" -ge $((refused_before + 4)) ]
+}
+wait_until 10 refused_more || fail "the strangers' handshakes were not refused"
+status_json | jget "[w['name'] for w in d['workers']]" | grep -q intruder && fail "a stranger registered"
+kill "$I1" "$I2"
+ok "a plain worker and an unknown key cannot register"
+
+# 3. Removing a client's key ends its stream; removing a worker's key cuts
+#    the worker off (its piece moves to the spare); both within a second.
+"$BIN/tessera" keys add "$KEYS" cli2 > /dev/null || fail "keys add cli2"
+tsr --identity cli2 generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids \
+    --token-timeout 60000 > "$T/out2" 2> "$T/err2" &
+GEN2=$!
+started2() { [ -s "$T/out2" ]; }
+wait_until 10 started2 || fail "cli2's stream did not start: $(cat "$T/err2")"
+# The holder pauses, so the stream cannot simply finish first; it resumes
+# once the stream has ended (or its lease would run out).
+kill -STOP "${WPID[$holder]}"
+t0=$(now_ms)
+"$BIN/tessera" keys remove "$KEYS" cli2 > /dev/null || fail "keys remove cli2"
+gen_done() { ! kill -0 "$GEN2" 2>/dev/null; }
+wait_until 1 gen_done
+took=$(( $(now_ms) - t0 ))
+kill -CONT "${WPID[$holder]}"
+wait_until 5 gen_done || fail "cli2's stream went on after its key was removed"
+wait "$GEN2"; rc=$?
+[ $rc != 0 ] || fail "cli2's cut-off stream exited 0"
+grep -q "the key 'cli2' was removed" "$T/err2" || fail "cli2 not told why: $(cat "$T/err2")"
+lim=1000; [ "$SLOW" = 1 ] && lim=3000
+[ "$took" -le "$lim" ] || fail "cli2's stream ended $took ms after its key was removed (limit $lim)"
+echo "cli2's stream ended $took ms after its key was removed"
+wait_until 10 all_ready || fail "not ready after the pause"
+holder=$(piece_holder 0 0 0)
+spare=w1; [ "$holder" = w1 ] && spare=w2
+
+t0=$(now_ms)
+"$BIN/tessera" keys remove "$KEYS" "$holder" > /dev/null || fail "keys remove $holder"
+holder_dead() { [ "$(worker_field "$holder" state)" = dead ]; }
+wait_until 5 holder_dead || fail "$holder was not cut off after its key was removed"
+took=$(( $(now_ms) - t0 ))
+[ "$took" -le "$lim" ] || fail "$holder was cut off $took ms after its key was removed (limit $lim)"
+echo "$holder was cut off $took ms after its key was removed"
+moved() { [ "$(piece_holder 0 0 0)" = "$spare" ] && all_ready; }
+wait_until 10 moved || fail "the piece did not move to $spare"
+# The cut-off worker process still runs and still heartbeats: none of it is heard.
+kill -0 "${WPID[$holder]}" || fail "$holder exited"
+dropped() { [ "$(status_json | jget "d['coordinator']['stats']['key_dropped']")" -gt 0 ]; }
+wait_until 5 dropped || fail "the cut-off worker's messages were not dropped"
+[ "$(worker_field "$holder" state)" = dead ] || fail "$holder came back without a key"
+g=$(tsr generate tiny --prompt-ids 1,2,3 --max-tokens 4 --ids) || fail "generate after the move"
+ok "removing a key ends its client's stream and cuts its worker off; the spare serves ($g)"
+
+# 4. A name stays bound to its key: the spare, killed, may come back only
+#    with its own key.
+kill -9 "${WPID[$spare]}"
+spare_dead() { [ "$(worker_field "$spare" state)" = dead ]; }
+wait_until 10 spare_dead || fail "$spare not declared dead"
+"$BIN/tessera" keys add "$KEYS" w3 > /dev/null || fail "keys add w3"
+timeout 10 "$BIN/tessera-worker" --coordinator "$WEP" --name "$spare" --identity w3 \
+    > "$T/steal.log" 2>&1
+rc=$?
+[ $rc = 2 ] || fail "a restart of $spare under another key exited $rc, expected 2 (refused)"
+[ "$(worker_field "$spare" state)" = dead ] || fail "$spare was taken over under another key"
+start_worker "$spare"
+back() { [ "$(worker_field "$spare" state)" != dead ]; }
+wait_until 10 back || fail "$spare did not come back with its own key"
+ok "a restart under the same name is accepted only with the same key"
+
+# 5. Secret key files must be private.
+chmod 644 "$KEYS/w3.key"
+timeout 10 "$BIN/tessera-worker" --coordinator "$WEP" --name w3 > "$T/w3.log" 2>&1
+rc=$?
+[ $rc = 1 ] || fail "a worker with a 0644 key file exited $rc, expected 1"
+grep -q "w3.key.*0644" "$T/w3.log" || fail "the key file and its mode are not named: $(cat "$T/w3.log")"
+chmod 644 "$KEYS/cli.key"
+tsr status > /dev/null 2> "$T/e" && fail "the CLI used a 0644 key"
+chmod 600 "$KEYS/cli.key" "$KEYS/w3.key"
+ok "secret key files readable by others are refused"
+
+# 6. security: none only on loopback; curve needs the key pair.
+sed -e 's/^  keys_dir:.*/  security: none/' -e "s|$WEP|tcp://0.0.0.0:$WPORT|" "$T/d.yaml" > "$T/open.yaml"
+"$BIN/tessera-coordinator" "$T/open.yaml" > "$T/open.log" 2>&1
+[ $? = 1 ] || fail "security: none on 0.0.0.0 was not refused"
+grep -q "open.yaml:[0-9]*:[0-9]*: coordinator.security: none is allowed only when every endpoint is loopback" \
+    "$T/open.log" || fail "refusal does not name the key: $(cat "$T/open.log")"
+mkdir "$T/empty"
+sed -e "s|^  keys_dir:.*|  keys_dir: $T/empty|" -e "s|$WEP|tcp://127.0.0.1:$(free_port)|" \
+    -e "s|$CEP|tcp://127.0.0.1:$(free_port)|" "$T/d.yaml" > "$T/nokeys.yaml"
+"$BIN/tessera-coordinator" "$T/nokeys.yaml" > "$T/nokeys.log" 2>&1
+[ $? = 1 ] || fail "a coordinator without its key pair started"
+grep -q "tessera keys init $T/empty" "$T/nokeys.log" || fail "no hint: $(cat "$T/nokeys.log")"
+ok "security: none off loopback and a missing key pair stop the coordinator at start"
