@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "cli.h"
@@ -37,6 +38,9 @@ static void gen_usage(FILE *f)
             "  --token-timeout MS  give up when no token comes for this long (default 60000)\n"
             "\n"
             "The ids go to standard output on one line, space-separated, as they arrive.\n"
+            "If the coordinator goes away mid-request (a crash, a restart), the request is\n"
+            "sent again when it is back, with the ids already printed, and goes on from\n"
+            "there (up to --token-timeout without a coordinator).\n"
             "exit status: 0 done, 1 no answer or a bad argument value, 2 bad usage,\n"
             "3 the request was refused or failed (the reason is printed).\n");
 }
@@ -146,23 +150,6 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         goto out;
     }
 
-    char err[512];
-    if (!(s = tsr_cli_connect(cli, &mon))) goto out;
-    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
-    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
-    q.deployment = (char *)deployment;
-    q.worker = "";
-    q.n_prompt = (size_t)n;
-    q.prompt = prompt;
-    q.max_tokens = (uint32_t)max_tokens;
-    q.temperature = (float)temperature;
-    q.top_p = (float)top_p;
-    q.seed = seed;
-    q.timeout_ms = (uint32_t)deadline;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.worker = "";
-    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
-    env.control_request = &q;
     /* The coordinator answers a larger request only with an error: say so
      * here, with the numbers, without sending it. */
     if (strlen(deployment) > TSR_NAME_MAX) {
@@ -170,95 +157,179 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 strlen(deployment), TSR_NAME_MAX);
         goto out;
     }
-    size_t packed = tessera__envelope__get_packed_size(&env);
-    if (packed > TSR_WIRE_MAX_REQUEST) {
-        fprintf(stderr, "tessera generate: the request is %zu bytes, over the coordinator's "
-                        "limit of %u\n", packed, TSR_WIRE_MAX_REQUEST);
-        goto out;
-    }
-    if (tsr_wire_send(s, NULL, 0, &env) < 0) {
-        fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
-        goto out;
-    }
+    /* Room for the prompt and every token: a request is resumed by sending
+     * both, so the ids it has are kept. */
+    int32_t *grown = realloc(prompt, ((size_t)n + (size_t)max_tokens) * sizeof *prompt);
+    if (!grown) goto out;
+    prompt = grown;
+
+    char err[512];
     int64_t start = tsr_now_ms(), first = 0;
-    int got = 0, accepted = 0;
-    /* A coordinator that goes away mid-request (crash, restart) takes the
-     * request with it: say so at once instead of waiting out the timeout. */
-    zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
-    for (;;) {
-        /* --timeout for the coordinator to accept the request, then
-         * --token-timeout for each token (the first includes the prefill). */
-        int wait = accepted ? (int)token_timeout : cli->timeout_ms;
-        int ready = zmq_poll(items, mon ? 2 : 1, wait);
-        if (ready > 0 && !(items[0].revents & ZMQ_POLLIN)) {
-            int ev;
-            if (tsr_cli_handshake_failed(cli, mon, &ev)) goto out;
-            if (ev == ZMQ_EVENT_DISCONNECTED) {
-                fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
-                                "after %d token(s); the request is gone (did it restart?)\n",
-                        got ? "\n" : "", cli->endpoint, got);
+    int64_t resume_until = 0;   /* while the coordinator is away: when to give up */
+    int got = 0, resumes = 0;
+    for (;;) {  /* one attempt per connection to the coordinator */
+        Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+        q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
+        q.deployment = (char *)deployment;
+        q.worker = "";
+        q.n_prompt = (size_t)(n + got);
+        q.prompt = prompt;
+        q.max_tokens = (uint32_t)(max_tokens - got);
+        q.temperature = (float)temperature;
+        q.top_p = (float)top_p;
+        q.seed = seed;
+        if (deadline) {
+            int64_t left = start + deadline - tsr_now_ms();
+            if (left <= 0) {
+                fprintf(stderr, "%stessera generate: the request's deadline of %ld ms passed "
+                                "after %d token(s) while the coordinator was away\n",
+                        got ? "\n" : "", deadline, got);
+                rc = 3;
                 goto out;
             }
-            continue;
+            q.timeout_ms = (uint32_t)left;
         }
-        if (ready <= 0) {
-            fprintf(stderr, "%stessera generate: no %s from %s within %d ms%s\n", got ? "\n" : "",
-                    accepted ? "token" : "answer", cli->endpoint, wait,
-                    accepted ? " (see --token-timeout)" : " (is it running? see --coordinator)");
+        tsr_env_t env = TESSERA__ENVELOPE__INIT;
+        env.worker = "";
+        env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+        env.control_request = &q;
+        size_t packed = tessera__envelope__get_packed_size(&env);
+        if (packed > TSR_WIRE_MAX_REQUEST) {
+            fprintf(stderr, "%stessera generate: the request is %zu bytes, over the "
+                            "coordinator's limit of %u\n", got ? "\n" : "", packed,
+                    TSR_WIRE_MAX_REQUEST);
             goto out;
         }
-        tsr_env_free(&reply);
-        int r = tsr_wire_recv(s, NULL, NULL, TSR_WIRE_MAX_CONTROL, &reply, err, sizeof err);
-        if (r <= 0) {
-            if (r < 0) fprintf(stderr, "\ntessera generate: bad reply: %s\n", err);
-            if (r < 0) goto out;
-            continue;
-        }
-        if (reply->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REPLY) continue;
-        if (!reply->control_reply->ok) {
-            fprintf(stderr, "%stessera generate: %s\n", got ? "\n" : "", reply->control_reply->error);
-            rc = 3;
+        if (!(s = tsr_cli_connect(cli, &mon))) goto out;
+        if (tsr_wire_send(s, NULL, 0, &env) < 0) {
+            fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
             goto out;
         }
-        json_t *doc = json_loads(reply->control_reply->json, 0, NULL);
-        if (!doc) continue;
-        if (!json_object_get(doc, "token")) {  /* the acceptance */
-            accepted = 1;
-            json_decref(doc);
-            continue;
-        }
-        int token = (int)json_integer_value(json_object_get(doc, "token"));
-        long long index = json_integer_value(json_object_get(doc, "index"));
-        int done = json_is_true(json_object_get(doc, "done"));
-        if (index != got) {
-            /* The coordinator drops replies to a client whose queue is full
-             * rather than block every other client: the ids are incomplete. */
-            fprintf(stderr, "%stessera generate: token(s) %d to %lld never arrived (this client "
-                            "read too slowly and the coordinator dropped them)\n",
-                    got ? "\n" : "", got, index - 1);
-            json_decref(doc);
-            rc = 3;
-            goto out;
-        }
-        char finish[32];
-        snprintf(finish, sizeof finish, "%s", json_string_value(json_object_get(doc, "finish_reason")) ?: "");
-        json_decref(doc);
-        if (!got) first = tsr_now_ms();
-        printf("%s%d", got ? " " : "", token);
-        fflush(stdout);
-        got++;
-        if (done) {
-            printf("\n");
-            fflush(stdout);  /* the ids before the summary on stderr */
-            if (!only_ids) {
-                int64_t end = tsr_now_ms();
-                fprintf(stderr, "%d token(s), finished by %s; first token after %lld ms, %.1f tokens/s after it\n",
-                        got, finish, (long long)(first - start),
-                        got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
+        /* The coordinator numbers this attempt's tokens from 0. */
+        int base = got, accepted = 0, lost = 0;
+        zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        while (!lost) {
+            /* --timeout for the coordinator to accept the request, then
+             * --token-timeout for each token (the first includes the prefill). */
+            int wait = accepted ? (int)token_timeout : cli->timeout_ms;
+            if (resume_until && !accepted) {
+                int64_t left = resume_until - tsr_now_ms();
+                wait = left < 1 ? 1 : left < wait ? (int)left : wait;
             }
-            rc = 0;
+            int ready = zmq_poll(items, 2, wait);
+            if (ready > 0 && !(items[0].revents & ZMQ_POLLIN)) {
+                int ev;
+                if (tsr_cli_handshake_failed(cli, mon, &ev)) goto out;
+                /* The coordinator went away (a crash, a restart): the
+                 * workers keep their pieces, and a restarted coordinator
+                 * takes the request again from the tokens we have. */
+                if (ev == ZMQ_EVENT_DISCONNECTED) lost = 1;
+                continue;
+            }
+            if (ready <= 0) {
+                if (resume_until) {
+                    lost = 1;  /* not back yet: try again until resume_until */
+                    continue;
+                }
+                fprintf(stderr, "%stessera generate: no %s from %s within %d ms%s\n",
+                        got ? "\n" : "", accepted ? "token" : "answer", cli->endpoint, wait,
+                        accepted ? " (see --token-timeout)" : " (is it running? see --coordinator)");
+                goto out;
+            }
+            tsr_env_free(&reply);
+            int r = tsr_wire_recv(s, NULL, NULL, TSR_WIRE_MAX_CONTROL, &reply, err, sizeof err);
+            if (r <= 0) {
+                if (r < 0) fprintf(stderr, "\ntessera generate: bad reply: %s\n", err);
+                if (r < 0) goto out;
+                continue;
+            }
+            if (reply->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REPLY) continue;
+            if (!reply->control_reply->ok) {
+                /* A restarted coordinator has no ready replica until its
+                 * workers re-attach: keep asking while resuming. */
+                if (resume_until && strstr(reply->control_reply->error, "has no ready replica")) {
+                    lost = 1;
+                    continue;
+                }
+                fprintf(stderr, "%stessera generate: %s\n", got ? "\n" : "",
+                        reply->control_reply->error);
+                rc = 3;
+                goto out;
+            }
+            json_t *doc = json_loads(reply->control_reply->json, 0, NULL);
+            if (!doc) continue;
+            if (!json_object_get(doc, "token")) {  /* the acceptance, or a resumption */
+                accepted = 1;
+                if (resume_until) {
+                    resume_until = 0;
+                    resumes++;
+                }
+                json_decref(doc);
+                continue;
+            }
+            int token = (int)json_integer_value(json_object_get(doc, "token"));
+            long long index = json_integer_value(json_object_get(doc, "index")) + base;
+            int done = json_is_true(json_object_get(doc, "done"));
+            if (index < got) {
+                /* Positions are checked: a resumed request must continue, not
+                 * repeat (the coordinator drops repeats; this would be a bug). */
+                fprintf(stderr, "%stessera generate: token %lld arrived twice\n", got ? "\n" : "",
+                        index);
+                json_decref(doc);
+                rc = 3;
+                goto out;
+            }
+            if (index != got) {
+                /* The coordinator drops replies to a client whose queue is full
+                 * rather than block every other client: the ids are incomplete. */
+                fprintf(stderr, "%stessera generate: token(s) %d to %lld never arrived (this "
+                                "client read too slowly and the coordinator dropped them)\n",
+                        got ? "\n" : "", got, index - 1);
+                json_decref(doc);
+                rc = 3;
+                goto out;
+            }
+            char finish[32];
+            snprintf(finish, sizeof finish, "%s",
+                     json_string_value(json_object_get(doc, "finish_reason")) ?: "");
+            json_decref(doc);
+            if (!got) first = tsr_now_ms();
+            printf("%s%d", got ? " " : "", token);
+            fflush(stdout);
+            prompt[n + got] = token;
+            got++;
+            if (done) {
+                printf("\n");
+                fflush(stdout);  /* the ids before the summary on stderr */
+                if (!only_ids) {
+                    int64_t end = tsr_now_ms();
+                    fprintf(stderr, "%d token(s), finished by %s%s; first token after %lld ms, "
+                                    "%.1f tokens/s after it\n",
+                            got, finish, resumes ? " (resumed after the coordinator restarted)" : "",
+                            (long long)(first - start),
+                            got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
+                }
+                rc = 0;
+                goto out;
+            }
+        }
+        tsr_sock_monitor_close(s, &mon);
+        tsr_sock_close(&s);
+        int64_t now = tsr_now_ms();
+        if (!resume_until) {
+            resume_until = now + token_timeout;
+            fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
+                            "after %d token(s); resuming the request when it is back (up to %ld "
+                            "ms, --token-timeout)\n",
+                    got ? "\n" : "", cli->endpoint, got, token_timeout);
+        } else if (now >= resume_until) {
+            fprintf(stderr, "%stessera generate: the coordinator at %s did not take the request "
+                            "back within %ld ms (--token-timeout) after %d token(s); giving up\n",
+                    got ? "\n" : "", cli->endpoint, token_timeout, got);
             goto out;
         }
+        struct timespec pause = {0, 200 * 1000000L};
+        nanosleep(&pause, NULL);
     }
 out:
     tsr_env_free(&reply);

@@ -313,13 +313,14 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
     static const char *const keys[] = { "workers_endpoint", "control_endpoint",
                                         "heartbeat_interval_ms", "worker_timeout_ms",
                                         "max_workers", "dead_worker_ttl_s",
-                                        "security", "keys_dir" };
-    yaml_node_t *v[8];
+                                        "security", "keys_dir", "max_replays",
+                                        "replay_wait_ms" };
+    yaml_node_t *v[10];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 8, v) < 0)
+        map_fields(c, n, "coordinator", keys, 10, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -338,6 +339,12 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         return -1;
     if (v[5] && get_int_range(c, v[5], "coordinator.dead_worker_ttl_s", 1, 604800,
                               &cfg->dead_worker_ttl_s) < 0)
+        return -1;
+    if (v[8] && get_int_range(c, v[8], "coordinator.max_replays", 0, 100,
+                              &cfg->max_replays) < 0)
+        return -1;
+    if (v[9] && get_int_range(c, v[9], "coordinator.replay_wait_ms", 0, 3600000,
+                              &cfg->replay_wait_ms) < 0)
         return -1;
     if (v[6]) {
         char *sec = NULL;
@@ -423,10 +430,9 @@ bool tsr_endpoint_is_local(const char *ep)
     if (strncmp(ep, "tcp://", 6))
         return false;
     const char *h = ep + 6;
-    /* "interface;address" connects from a source: the address is what counts */
-    const char *semi = strchr(h, ';');
-    if (semi)
-        h = semi + 1;
+    /* "source;address" is a connecting form, not a bind address */
+    if (strchr(h, ';'))
+        return false;
     const char *colon = strrchr(h, ':');
     size_t n = colon ? (size_t)(colon - h) : strlen(h);
     char host[64];
@@ -736,6 +742,8 @@ static tsr_config_t *config_new(const char *name)
     cfg->worker_timeout_ms = 1000;
     cfg->max_workers = 4096;
     cfg->dead_worker_ttl_s = 600;
+    cfg->max_replays = 3;
+    cfg->replay_wait_ms = 30000;
     cfg->keys_dir = strdup("/etc/tessera/keys");
     if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint || !cfg->keys_dir)
         tsr_config_destroy(&cfg);

@@ -54,6 +54,10 @@ typedef struct {
                                      1..TSR_MAX_WORKERS_LIMIT, default 4096 */
     int dead_worker_ttl_s;        /* a dead worker is forgotten after this,
                                      1..604800, default 600 */
+    int max_replays;              /* times a request is resumed after its replica
+                                     fails, 0..100, default 3 */
+    int replay_wait_ms;           /* how long an interrupted request waits for a
+                                     ready replica, 0..3600000, default 30000 */
     bool security_none;           /* security: none (plain ZeroMQ); only with
                                      loopback endpoints.  Default: curve */
     char *keys_dir;               /* key store (common/keys.h), default

@@ -35,7 +35,11 @@ static int z85_key_ok(const char *z, unsigned char bin[32])
 static int slurp(const char *path, char *buf, size_t cap, struct stat *st, char *err,
                  size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* Non-blocking: a FIFO in a key's place must not hang the reader (it is
+     * refused below, as is anything but a regular file).  A symbolic link
+     * is followed (secret stores mount keys that way); the mode checked is
+     * the file's. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
@@ -45,6 +49,7 @@ static int slurp(const char *path, char *buf, size_t cap, struct stat *st, char 
         close(fd);
         return -1;
     }
+
     ssize_t n = read(fd, buf, cap - 1);
     close(fd);
     if (n < 0 || (size_t)n >= cap - 1) {
@@ -105,6 +110,13 @@ int tsr_key_read_public(const char *path, char pub[TSR_Z85_KEY], char *err, size
     struct stat st;
     tsr_keypair_t kp;
     if (slurp(path, buf, sizeof buf, &st, err, errlen) < 0) return -1;
+    /* Anyone who can rewrite a public key chooses who is trusted. */
+    if (st.st_mode & 022) {
+        snprintf(err, errlen, "%s: a key file must not be writable by group or others, but "
+                              "its mode is %04o (chmod go-w %s)",
+                 path, (unsigned)(st.st_mode & 07777), path);
+        return -1;
+    }
     if (parse_key_text(path, buf, &kp, err, errlen) < 0) return -1;
     memcpy(pub, kp.pub, TSR_Z85_KEY);
     return 0;

@@ -174,6 +174,10 @@ void *tsr_sock_router_sec(const char *endpoint, size_t max, const tsr_security_t
      * random bytes, so only the peer that has it can do this. */
     int handover = 1;
     zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &handover, sizeof handover);
+    /* A connection that has not finished its handshake within 5 s is
+     * dropped, so idle strangers cannot hold file descriptors for long. */
+    int hs = 5000;
+    zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
     if (sec && sec->curve) {
         /* Every client is checked by the ZAP handler (coordinator/zap.c),
          * which the caller must have bound before this socket. */

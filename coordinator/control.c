@@ -79,8 +79,7 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
                  failed_w->piece.replica, failed_w->piece.stage, failed_w->piece.tp,
                  failed_w->name, failure);
     } else if (sum->ready == sum->total) {
-        sum->state = "ready";
-        ds->ever_ready = true;
+        sum->state = "ready";  /* ever_ready was set when the last piece became ready */
     } else {
         sum->state = ds->ever_ready ? "degraded" : "loading";
         snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,
@@ -298,6 +297,10 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     json_object_set_new(stats, "workers_forgotten",
                         json_integer((json_int_t)st->workers_forgotten));
     json_object_set_new(stats, "key_dropped", json_integer((json_int_t)st->key_dropped));
+    json_object_set_new(stats, "requests_replayed",
+                        json_integer((json_int_t)st->requests_replayed));
+    json_object_set_new(stats, "orphans_cancelled",
+                        json_integer((json_int_t)st->orphans_cancelled));
     json_t *coord = json_object_get(root, "coordinator");
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {

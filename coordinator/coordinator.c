@@ -638,6 +638,14 @@ static bool registry_full(tsr_coord_t *c)
     return true;
 }
 
+static void note_if_ready(tsr_coord_t *c, const char *deployment);
+
+static bool name_fits_key(const char *name, const char *key)
+{
+    size_t n = strlen(key);
+    return n && !strncmp(name, key, n) && (name[n] == '\0' || name[n] == '-');
+}
+
 static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env,
                         int64_t now)
 {
@@ -688,6 +696,18 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                  "worker name %s is in use by pid %u on node %s from another connection "
                  "(heard %lld ms ago); names must be unique",
                  env->worker, w->pid, w->node, (long long)(now - w->last_seen_ms));
+        tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
+        goto refuse;
+    }
+    /* With CURVE a key NAME may register the worker NAME or NAME-anything
+     * (a machine's key, its workers gpu02-cuda0 ...), nothing else: the
+     * binding needs no memory, so neither a coordinator restart nor a full
+     * registry lets another key take the name. */
+    if (c->zap && !name_fits_key(env->worker, c->msg_key)) {
+        snprintf(reason, sizeof reason,
+                 "worker name %s does not belong to the key '%s', which may register %s or "
+                 "%s-* (start it with --identity set to its key's name)",
+                 env->worker, c->msg_key, c->msg_key, c->msg_key);
         tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
@@ -746,6 +766,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             tsr_info("adopted worker %s with %s r%d s%d t%d (epoch %llu, %s)", w->name,
                      w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
                      (unsigned long long)w->piece.epoch, tsr_wstate_name(w->state));
+            if (w->state == TSR_W_READY) note_if_ready(c, w->piece.deployment);
         } else {
             tsr_info("worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",
                      w->name, r->assignment->deployment, r->assignment->replica,
@@ -786,7 +807,7 @@ static bool piece_msg_current(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *
  * backoff: the workers keep their weights and form new communicators. */
 static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
 {
-    if (strncmp(w->reason, "data plane:", 11)) return;  /* load errors need the operator */
+    if (!w->retryable) return;  /* load errors need the operator */
     int di = dep_index(c, w->piece.deployment);
     if (di < 0) return;
     tsr_dep_state_t *ds = &c->deps[di];
@@ -799,12 +820,13 @@ static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
     ds->retry_backoff_ms = ds->retry_backoff_ms * 2 > 60000 ? 60000 : ds->retry_backoff_ms * 2;
 }
 
-/* Once every piece of a deployment is ready again, its next data-plane
- * failure is retried quickly again. */
-static void reset_backoff_if_ready(tsr_coord_t *c, const char *deployment)
+/* Once every piece of a deployment is ready, it has been ready (a gap from
+ * now on is "degraded", whoever looked), and its next data-plane failure is
+ * retried quickly again.  Called on every piece that becomes ready. */
+static void note_if_ready(tsr_coord_t *c, const char *deployment)
 {
     int di = dep_index(c, deployment);
-    if (di < 0 || !c->deps[di].retry_backoff_ms) return;
+    if (di < 0 || (c->deps[di].ever_ready && !c->deps[di].retry_backoff_ms)) return;
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     int ready = 0;
     size_t n = tsr_registry_size(c->reg);
@@ -812,7 +834,10 @@ static void reset_backoff_if_ready(tsr_coord_t *c, const char *deployment)
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         ready += w->state == TSR_W_READY && w->has_piece && !strcmp(w->piece.deployment, d->name);
     }
-    if (ready == d->replicas * d->pipeline * d->tensor) c->deps[di].retry_backoff_ms = 0;
+    if (ready == d->replicas * d->pipeline * d->tensor) {
+        c->deps[di].retry_backoff_ms = 0;
+        c->deps[di].ever_ready = true;
+    }
 }
 
 static void run_retries(tsr_coord_t *c, int64_t now)
@@ -917,7 +942,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
                      w->piece.replica, w->piece.stage, w->piece.tp);
         w->state = TSR_W_READY;
         w->detail[0] = '\0';
-        reset_backoff_if_ready(c, w->piece.deployment);
+        note_if_ready(c, w->piece.deployment);
         break;
     case TESSERA__ENVELOPE__BODY_FAILED:
         if (!env->failed->fatal && !piece_msg_current(c, w, env)) break;
@@ -931,7 +956,14 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
                       w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
                       env->failed->reason);
             w->state = TSR_W_FAILED;
+            w->retryable = env->failed->retryable;
             snprintf(w->reason, sizeof w->reason, "%s", env->failed->reason);
+            /* Its replica serves nothing until it is rewired: its requests
+             * resume on another one now rather than at their next error. */
+            char why[600];
+            snprintf(why, sizeof why, "worker %s (stage %d tp %d) failed: %s", w->name,
+                     w->piece.stage, w->piece.tp, env->failed->reason);
+            tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
             schedule_retry(c, w, now);
         }
         break;
@@ -1062,6 +1094,9 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
         c->last_plan_ms = now_ms;
         tsr_coord_replan(c, now_ms);
     }
+    /* Interrupted requests go to replicas that are ready now. */
+    int64_t give_up = tsr_requests_dispatch(c, now_ms);
+    if (give_up && (!deadline || give_up < deadline)) deadline = give_up;
     int64_t next = c->next_scan_ms;
     if (c->dirty && due < next) next = due;
     if (deadline && deadline < next) next = deadline;

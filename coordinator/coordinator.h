@@ -41,16 +41,30 @@ typedef struct {
     tsr_replica_set_t retry;    /* replicas to rewire at retry_at_ms */
 } tsr_dep_state_t;
 
-/* A generation request in flight. */
+/* A generation request in flight.  It is kept until its last token is
+ * delivered: when its replica fails it is resumed on another from the
+ * prompt and the tokens delivered so far (router.c). */
 typedef struct {
-    uint64_t id;
+    uint64_t id;                /* the client's request id */
+    uint64_t wid;               /* the current attempt's id at the workers: a new one per
+                                   attempt, so a broken attempt's late tokens are dropped */
     uint8_t rid[256];           /* the client's routing id on the control socket */
     size_t rid_len;
     char deployment[TSR_NAME_MAX + 1];
-    int replica;
+    int replica;                /* -1: waiting for a ready replica to resume it */
     char leader[TSR_NAME_MAX + 1];  /* the worker it was sent to: Cancel goes there */
     uint64_t epoch;             /* the leader's piece epoch when it was sent */
-    int n_tokens;
+    int n_tokens;               /* tokens delivered to the client */
+    int base;                   /* tokens delivered when this attempt started (its index 0) */
+    int replays;                /* attempts after the first */
+    int64_t waiting_since_ms;   /* replica -1: since when */
+    char why[256];              /* what interrupted the last attempt */
+    /* What a replay needs: the prompt followed by every delivered token. */
+    int32_t *ids;
+    int n_prompt, cap_ids;
+    uint32_t max_tokens;
+    float temperature, top_p;
+    uint64_t seed;
     int64_t started_ms;
     uint32_t timeout_ms;        /* the client's deadline; 0: none */
     int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
@@ -65,6 +79,8 @@ typedef struct {
     uint64_t identity_dropped;  /* a message whose worker name is not its connection's */
     uint64_t workers_forgotten; /* dead workers dropped after dead_worker_ttl_s or at the cap */
     uint64_t key_dropped;       /* a message from a connection whose key was removed */
+    uint64_t requests_replayed; /* attempts resumed on another replica after a failure */
+    uint64_t orphans_cancelled; /* Cancels sent for tokens of requests nobody waits for */
 } tsr_coord_stats_t;
 
 typedef struct {
@@ -137,6 +153,9 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
  * taken only from the last stage, tp rank 0, of the request's replica, an
  * error from any member of it; anything else is dropped and counted. */
 void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env);
+/* Replica `replica` of deployment broke or was rewired: its requests are
+ * resumed elsewhere (up to coordinator.max_replays times each), or fail
+ * with why. */
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);
 /* Ends every request whose client's key is no longer allowed: the client is
@@ -148,5 +167,9 @@ int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int rep
  * the reason, the leader a Cancel).  Returns the earliest deadline still
  * ahead, or 0 when no request has one. */
 int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms);
+/* Resumes the requests waiting for a replica on ready ones; fails those that
+ * waited coordinator.replay_wait_ms.  Returns when it next needs to run (0:
+ * nothing waits). */
+int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
@@ -96,6 +97,15 @@ int main(int argc, char **argv)
         if (!bad) printf("%s: valid, %zu deployment(s)\n", path, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return bad;
+    }
+
+    /* Every connection, authenticated or not yet, holds a descriptor: take
+     * all the system allows, so a flood of strangers does not starve the
+     * key store's rereads or the operator's own connections. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
     }
 
     struct sigaction sa;

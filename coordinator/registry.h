@@ -54,6 +54,8 @@ typedef struct {
     bool has_piece;
     tsr_holding_t piece;        /* valid when has_piece */
     char reason[512];           /* why it failed or died */
+    bool retryable;             /* its piece failed in the data plane (Failed.retryable):
+                                   rewiring may mend it; a load error needs the operator */
     char detail[128];           /* last progress report */
 
     int64_t registered_ms;      /* monotonic */

@@ -1,8 +1,16 @@
 /* router.c: generation requests.  A request goes to the leader of the ready
  * replica with the fewest requests in flight; its tokens come back from the
- * replica's last stage and are streamed to the client that asked.  A
- * request whose replica loses a worker or is rewired fails at once with the
- * reason: it never hangs.
+ * replica's last stage and are streamed to the client that asked.
+ *
+ * A request whose replica loses a worker, breaks or is rewired is resumed:
+ * the coordinator keeps its prompt and every token delivered, and sends
+ * both as the prompt of a new attempt (with a new worker-side id) to a ready
+ * replica, which goes on from the next position.  Sampling draws depend on
+ * (seed, position) only and the engine is batch-invariant, so the resumed
+ * request produces the tokens the first attempt would have; the client sees
+ * one stream with consecutive indexes.  After coordinator.max_replays
+ * attempts, or coordinator.replay_wait_ms without a ready replica, or at its
+ * deadline, it fails with the reason and the count delivered: it never hangs.
  *
  * A request also ends early when its client's deadline passes (the tick
  * checks) or its client disconnects (a reply to it fails with
@@ -44,6 +52,7 @@ static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char 
 
 static void request_remove(tsr_coord_t *c, size_t i)
 {
+    free(c->reqs[i].ids);
     c->reqs[i] = c->reqs[--c->n_reqs];
 }
 
@@ -51,8 +60,13 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
 {
     char msg[768];
     tsr_request_rec_t *q = &c->reqs[i];
-    snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
-             (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
+    if (q->replica >= 0)
+        snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
+                 (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
+    else
+        snprintf(msg, sizeof msg, "request %llu on %s failed after %d token(s) and %d "
+                 "replay(s): %s", (unsigned long long)q->id, q->deployment, q->n_tokens,
+                 q->replays, why);
     tsr_warn("%s", msg);
     reply_json(c, q, false, msg, NULL);  /* a client that left needs no answer */
     c->stats.requests_failed++;
@@ -65,9 +79,11 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
 static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *reason)
 {
     tsr_worker_t *w = tsr_registry_find(c->reg, q->leader);
-    if (!w || w->state == TSR_W_DEAD || !w->has_piece || w->piece.epoch != q->epoch) return;
+    if (q->replica < 0 || !w || w->state == TSR_W_DEAD || !w->has_piece ||
+        w->piece.epoch != q->epoch)
+        return;
     Tessera__Cancel m = TESSERA__CANCEL__INIT;
-    m.request_id = q->id;
+    m.request_id = q->wid;
     m.reason = (char *)reason;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.epoch = q->epoch;
@@ -113,12 +129,36 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
     return next;
 }
 
+/* The current attempt of request i broke through no fault of its own (its
+ * replica failed, stopped or was rewired): it waits to be resumed, or fails
+ * when it has been resumed max_replays times already. */
+static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
+{
+    tsr_request_rec_t *q = &c->reqs[i];
+    if (q->replays >= c->cfg->max_replays) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s (resumed %d time(s) already, coordinator.max_replays %d)",
+                 why, q->replays, c->cfg->max_replays);
+        request_fail(c, i, msg);
+        return;
+    }
+    send_cancel(c, q, "the request moves to another replica");
+    tsr_info("request %llu on %s replica %d interrupted after %d token(s): %s; resuming it",
+             (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
+    snprintf(q->why, sizeof q->why, "%s", why);
+    q->replica = -1;
+    q->leader[0] = '\0';
+    q->waiting_since_ms = tsr_now_ms();
+    q->replays++;
+    c->stats.requests_replayed++;
+}
+
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why)
 {
     for (size_t i = c->n_reqs; i-- > 0;)
         if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
-            request_fail(c, i, why);
+            request_interrupt(c, i, why);
 }
 
 void tsr_requests_drop_keys(tsr_coord_t *c)
@@ -173,9 +213,105 @@ static uint64_t new_request_id(const tsr_coord_t *c)
         id &= (1ull << 63) - 1;
         if (!id) continue;
         size_t i;
-        for (i = 0; i < c->n_reqs && c->reqs[i].id != id; i++) {}
+        for (i = 0; i < c->n_reqs && c->reqs[i].id != id && c->reqs[i].wid != id; i++) {}
         if (i == c->n_reqs) return id;
     }
+}
+
+/* The ready replica of d with the fewest requests in flight, or -1. */
+static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
+{
+    int replica = -1, best = 0;
+    for (int r = 0; r < d->replicas; r++) {
+        if (!ready_leader(c, d, r)) continue;
+        int load = tsr_requests_in_flight(c, d->name, r);
+        if (replica < 0 || load < best) replica = r, best = load;
+    }
+    return replica;
+}
+
+/* Sends request i's next attempt to the leader of replica r of d (ready):
+ * the prompt and the tokens delivered so far, for the tokens still to come,
+ * under a new worker-side id.  A send that fails interrupts it again. */
+static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r)
+{
+    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_worker_t *leader = ready_leader(c, d, r);
+    uint64_t wid;
+    do wid = new_request_id(c);
+    while (wid && wid == q->id);
+    if (!wid) {
+        request_fail(c, i, "coordinator cannot read random bytes for a request id");
+        return;
+    }
+    q->wid = wid;
+    q->replica = r;
+    q->base = q->n_tokens;
+    snprintf(q->leader, sizeof q->leader, "%s", leader->name);
+    q->epoch = leader->piece.epoch;
+    Tessera__Generate g = TESSERA__GENERATE__INIT;
+    g.request_id = q->wid;
+    g.n_prompt = (size_t)(q->n_prompt + q->n_tokens);
+    g.prompt = q->ids;
+    g.max_tokens = q->max_tokens - (uint32_t)q->n_tokens;
+    g.temperature = q->temperature;
+    g.top_p = q->top_p;
+    g.seed = q->seed;
+    if (q->deadline_ms) {
+        int64_t left = q->deadline_ms - tsr_now_ms();
+        g.timeout_ms = left < 1 ? 1 : (uint32_t)left;
+    }
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = leader->piece.epoch;
+    env.worker = leader->name;
+    env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
+    env.generate = &g;
+    if (tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env) < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "could not send it to the leader %s (%s)", leader->name,
+                 zmq_strerror(errno));
+        request_interrupt(c, i, msg);
+        return;
+    }
+    tsr_debug("request %llu (attempt %d, id %llu at the workers) -> %s replica %d (leader %s), "
+              "from token %d", (unsigned long long)q->id, q->replays + 1,
+              (unsigned long long)q->wid, d->name, r, leader->name, q->n_tokens);
+}
+
+int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
+{
+    int64_t next = 0;
+    for (size_t i = c->n_reqs; i-- > 0;) {
+        tsr_request_rec_t *q = &c->reqs[i];
+        if (q->replica >= 0) continue;
+        const tsr_deployment_t *d = tsr_config_find(c->cfg, q->deployment);
+        if (!d) {
+            request_fail(c, i, "its deployment was removed from the file");
+            continue;
+        }
+        int r = pick_replica(c, d);
+        if (r >= 0) {
+            if (q->base < q->n_tokens || q->replays) {
+                json_t *doc = json_pack("{s:I, s:b, s:i, s:i}", "request_id", (json_int_t)q->id,
+                                        "resumed", 1, "replica", r, "from_index", q->n_tokens);
+                reply_json(c, q, true, NULL, doc);
+                json_decref(doc);
+            }
+            send_attempt(c, i, d, r);
+            continue;
+        }
+        int64_t give_up = q->waiting_since_ms + c->cfg->replay_wait_ms;
+        if (now_ms >= give_up) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "no replica could take it within %d ms "
+                     "(coordinator.replay_wait_ms) after: %s", c->cfg->replay_wait_ms, q->why);
+            request_fail(c, i, msg);
+            continue;
+        }
+        /* Looked at again on every tick; the wait bounds it. */
+        if (!next || give_up < next) next = give_up;
+    }
+    return next;
 }
 
 static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *msg)
@@ -228,15 +364,14 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         refuse(c, rid, rid_len, "temperature must be 0 to 100 and top_p 0 to 1");
         return;
     }
-    /* The ready replica with the least work in flight. */
-    tsr_worker_t *leader = NULL;
-    int replica = -1, best = 0;
-    for (int r = 0; r < d->replicas; r++) {
-        tsr_worker_t *l = ready_leader(c, d, r);
-        int load = tsr_requests_in_flight(c, d->name, r);
-        if (l && (!leader || load < best)) leader = l, replica = r, best = load;
-    }
-    if (!leader) {
+    /* The ready replica with the least work in flight.  When none is ready
+     * but the deployment was ready before (a replica is being rewired or
+     * replaced) or the coordinator has just started (its workers are
+     * re-attaching), the request waits like an interrupted one; a
+     * deployment that never became ready refuses at once. */
+    int replica = pick_replica(c, d);
+    int64_t now = tsr_now_ms();
+    if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
         refuse(c, rid, rid_len, msg);
         return;
@@ -252,10 +387,16 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         c->cap_reqs = cap;
     }
     uint64_t id = new_request_id(c);
-    if (!id) {
-        refuse(c, rid, rid_len, "coordinator cannot read random bytes for a request id");
+    /* Room for the prompt and what it can generate within max_seq_len: the
+     * positions, and the token sampled at the last one. */
+    int cap_ids = d->max_seq_len + 1;
+    int32_t *ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
+    if (!ids) {
+        refuse(c, rid, rid_len, id ? "coordinator out of memory"
+                                   : "coordinator cannot read random bytes for a request id");
         return;
     }
+    memcpy(ids, q->prompt, q->n_prompt * sizeof *ids);
     tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
     memset(rec, 0, sizeof *rec);
     rec->id = id;
@@ -263,9 +404,14 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->rid_len = rid_len;
     snprintf(rec->key_id, sizeof rec->key_id, "%s", c->msg_key);
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
-    rec->replica = replica;
-    snprintf(rec->leader, sizeof rec->leader, "%s", leader->name);
-    rec->epoch = leader->piece.epoch;
+    rec->replica = -1;
+    rec->ids = ids;
+    rec->n_prompt = (int)q->n_prompt;
+    rec->cap_ids = cap_ids;
+    rec->max_tokens = q->max_tokens;
+    rec->temperature = q->temperature;
+    rec->top_p = q->top_p;
+    rec->seed = q->seed;
     rec->started_ms = tsr_now_ms();
     rec->timeout_ms = q->timeout_ms;
     rec->deadline_ms = q->timeout_ms ? rec->started_ms + q->timeout_ms : 0;
@@ -274,8 +420,10 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     /* Tell the client at once that the request is on its way, so it can
      * tell a missing coordinator from a slow prefill.  A client that has
      * already left costs the replica nothing. */
-    json_t *ack = json_pack("{s:I, s:i, s:s, s:b}", "request_id", (json_int_t)rec->id,
-                            "replica", replica, "leader", leader->name, "accepted", 1);
+    tsr_worker_t *leader = replica >= 0 ? ready_leader(c, d, replica) : NULL;
+    json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b}", "request_id", (json_int_t)rec->id,
+                            "replica", replica, "leader", leader ? leader->name : "",
+                            "accepted", 1, "queued", replica < 0);
     int sent = reply_json(c, rec, true, NULL, ack);
     json_decref(ack);
     if (sent == TSR_REPLY_GONE) {
@@ -283,29 +431,12 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         request_remove(c, c->n_reqs - 1);
         return;
     }
-
-    Tessera__Generate g = TESSERA__GENERATE__INIT;
-    g.request_id = rec->id;
-    g.n_prompt = q->n_prompt;
-    g.prompt = q->prompt;
-    g.max_tokens = q->max_tokens;
-    g.temperature = q->temperature;
-    g.top_p = q->top_p;
-    g.seed = q->seed;
-    g.timeout_ms = q->timeout_ms;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.epoch = leader->piece.epoch;
-    env.worker = leader->name;
-    env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
-    env.generate = &g;
-    if (tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env) < 0) {
-        snprintf(msg, sizeof msg, "could not send it to the leader %s (%s)", leader->name,
-                 zmq_strerror(errno));
-        request_fail(c, c->n_reqs - 1, msg);
+    if (replica >= 0) {
+        send_attempt(c, c->n_reqs - 1, d, replica);
         return;
     }
-    tsr_debug("request %llu -> %s replica %d (leader %s)", (unsigned long long)rec->id, d->name,
-              replica, leader->name);
+    rec->waiting_since_ms = now;
+    snprintf(rec->why, sizeof rec->why, "no replica of %s was ready when it arrived", d->name);
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
@@ -319,14 +450,42 @@ static bool token_sender_ok(const tsr_worker_t *w, const tsr_request_rec_t *q, b
     return is_error || (w->piece.stage == w->piece.pp_size - 1 && w->piece.tp == 0);
 }
 
+static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)
+{
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t k = 0; k < n; k++) {
+        tsr_worker_t *l = tsr_registry_at(c->reg, k);
+        if (l->state == TSR_W_DEAD || !l->has_piece || l->piece.stage || l->piece.tp ||
+            l->piece.replica != last->piece.replica ||
+            strcmp(l->piece.deployment, last->piece.deployment))
+            continue;
+        Tessera__Cancel m = TESSERA__CANCEL__INIT;
+        m.request_id = id;
+        m.reason = "nobody waits for it";
+        tsr_env_t env = TESSERA__ENVELOPE__INIT;
+        env.epoch = l->piece.epoch;
+        env.worker = l->name;
+        env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
+        env.cancel = &m;
+        if (tsr_wire_send(c->wsock, l->rid, l->rid_len, &env) == 0) c->stats.orphans_cancelled++;
+        return;
+    }
+}
+
 void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env)
 {
     const Tessera__TokenEvent *t = env->token_event;
     size_t i;
     for (i = 0; i < c->n_reqs; i++)
-        if (c->reqs[i].id == t->request_id) break;
+        if (c->reqs[i].replica >= 0 && c->reqs[i].wid == t->request_id) break;
     if (i == c->n_reqs) {
-        c->stats.stale_dropped++;  /* finished or failed already */
+        c->stats.stale_dropped++;  /* finished, failed or resumed already */
+        /* A sequence nobody waits for (a previous coordinator's request, an
+         * attempt that was given up) would run to its end: tell its
+         * replica's leader to drop it, so its slot serves someone. */
+        if (!t->done && !t->error[0] && w->has_piece && w->piece.tp == 0 &&
+            w->piece.stage == w->piece.pp_size - 1)
+            cancel_orphan(c, w, t->request_id);
         return;
     }
     tsr_request_rec_t *q = &c->reqs[i];
@@ -337,16 +496,19 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         return;
     }
     if (t->error[0]) {
-        request_fail(c, i, t->error);
+        /* The replica's failure, not the request's: resume it elsewhere. */
+        if (t->retryable) request_interrupt(c, i, t->error);
+        else request_fail(c, i, t->error);
         return;
     }
-    if ((int)t->index != q->n_tokens) {
-        c->stats.stale_dropped++;  /* a repeat */
+    if ((int64_t)t->index + q->base != q->n_tokens || q->n_prompt + q->n_tokens >= q->cap_ids) {
+        c->stats.stale_dropped++;  /* a repeat, or past max_seq_len (a broken worker) */
         return;
     }
-    q->n_tokens++;
+    q->ids[q->n_prompt + q->n_tokens] = t->token;
+    int index = q->n_tokens++;
     json_t *doc = json_pack("{s:I, s:i, s:i, s:b, s:s}", "request_id", (json_int_t)q->id, "token",
-                            t->token, "index", (int)t->index, "done", t->done, "finish_reason",
+                            t->token, "index", index, "done", t->done, "finish_reason",
                             t->finish_reason);
     int sent = reply_json(c, q, true, NULL, doc);
     json_decref(doc);

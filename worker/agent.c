@@ -91,7 +91,7 @@ static void send_register(tsr_agent_t *a)
 }
 
 static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, const char *text,
-                           bool fatal)
+                           bool fatal, bool retryable)
 {
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     Tessera__Progress p = TESSERA__PROGRESS__INIT;
@@ -107,6 +107,7 @@ static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, con
     } else {
         f.reason = (char *)text;
         f.fatal = fatal;
+        f.retryable = retryable;
         env.failed = &f;
     }
     send_env(a, &env);
@@ -191,7 +192,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,
              as->replica, as->stage, as->tp_rank, as->tp_size, as->layer_begin, as->layer_end,
              a->model_path, (unsigned long long)as->epoch);
-    send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, "checking config.json", false);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, "checking config.json", false, false);
 
     char err[512];
     if (tsr_agent_check_piece(&a->piece, err, sizeof err) < 0) {
@@ -199,7 +200,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
         snprintf(a->reason, sizeof a->reason, "%s", err);
         tsr_error("cannot load %s r%u s%u t%u: %s", a->deployment, as->replica, as->stage,
                   as->tp_rank, err);
-        send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false);
+        send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false, false);
         return;
     }
     if (a->ex) {
@@ -209,11 +210,12 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     }
     a->state = TESSERA__WORKER_STATE__STATE_READY;
     tsr_info("ready: %s r%u s%u t%u", a->deployment, as->replica, as->stage, as->tp_rank);
-    send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false, false);
 }
 
 static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32_t token,
-                             int index, int done, const char *finish, const char *error)
+                             int index, int done, const char *finish, const char *error,
+                             bool retryable)
 {
     Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
     t.request_id = req;
@@ -222,6 +224,7 @@ static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32
     t.done = done;
     t.finish_reason = (char *)(finish ? finish : "");
     t.error = (char *)(error ? error : "");
+    t.retryable = retryable;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.epoch = epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
@@ -233,7 +236,7 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
 {
     if (!a->ex || !a->has_piece) {
         send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
-                         "this worker holds no piece to serve it");
+                         "this worker holds no piece to serve it", true);
         return;
     }
     tsr_request_t r = {.request_id = g->request_id, .n_prompt = (int)g->n_prompt,
@@ -246,7 +249,7 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
     r.prompt = malloc((r.n_prompt ? (size_t)r.n_prompt : 1) * sizeof *r.prompt);
     if (!r.prompt) {
         send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
-                         "worker out of memory for the prompt");
+                         "worker out of memory for the prompt", true);
         return;
     }
     memcpy(r.prompt, g->prompt, (size_t)r.n_prompt * sizeof *r.prompt);
@@ -261,7 +264,7 @@ static void drain_executor(tsr_agent_t *a)
     while (a->ex && tsr_executor_pop_event(a->ex, &ev)) {
         if (ev.kind == TSR_EV_TOKEN) {
             send_token_event(a, ev.epoch, ev.request_id, ev.token, ev.index, ev.done, ev.finish,
-                             ev.text[0] ? ev.text : NULL);
+                             ev.text[0] ? ev.text : NULL, ev.retryable);
             continue;
         }
         if (!a->has_piece || ev.epoch != a->piece.epoch) {
@@ -269,18 +272,18 @@ static void drain_executor(tsr_agent_t *a)
             continue;
         }
         if (ev.kind == TSR_EV_PROGRESS) {
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false, false);
         } else if (ev.kind == TSR_EV_READY) {
             a->state = TESSERA__WORKER_STATE__STATE_READY;
             tsr_info("ready: %s r%u s%u t%u (epoch %llu)", a->deployment, a->piece.replica,
                      a->piece.stage, a->piece.tp_rank, (unsigned long long)ev.epoch);
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false, false);
         } else {
             a->state = TESSERA__WORKER_STATE__STATE_FAILED;
             snprintf(a->reason, sizeof a->reason, "%s", ev.text);
             tsr_error("%s r%u s%u t%u failed: %s", a->deployment, a->piece.replica,
                       a->piece.stage, a->piece.tp_rank, ev.text);
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, false);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, false, ev.retryable);
         }
     }
 }

@@ -105,7 +105,16 @@ static void push_event(tsr_executor_t *ex, const tsr_event_t *ev)
 
 static void push_simple(tsr_executor_t *ex, tsr_event_kind_t kind, uint64_t epoch, const char *text)
 {
-    tsr_event_t ev = {.kind = kind, .epoch = epoch};
+    tsr_event_t ev = {.kind = kind, .epoch = epoch, .retryable = 0};
+    snprintf(ev.text, sizeof ev.text, "%s", text ? text : "");
+    push_event(ex, &ev);
+}
+
+/* The data plane broke (a peer, a connection, a deadline): the weights are
+ * fine, so the coordinator rewires the replica. */
+static void push_data_plane_failure(tsr_executor_t *ex, uint64_t epoch, const char *text)
+{
+    tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = epoch, .retryable = 1};
     snprintf(ev.text, sizeof ev.text, "%s", text ? text : "");
     push_event(ex, &ev);
 }
@@ -151,12 +160,12 @@ static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
     return 1;
 }
 
-static void io_emit(void *arg, uint64_t req, int32_t token, int index, int done,
+static void io_emit(void *arg, uint64_t req, int32_t token, int index, int done, int retryable,
                     const char *finish, const char *error)
 {
     run_ctx_t *c = arg;
     tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = c->epoch, .request_id = req,
-                      .token = token, .index = index, .done = done};
+                      .token = token, .index = index, .done = done, .retryable = retryable};
     snprintf(ev.finish, sizeof ev.finish, "%s", finish ? finish : "");
     snprintf(ev.text, sizeof ev.text, "%s", error ? error : "");
     push_event(c->ex, &ev);
@@ -202,7 +211,7 @@ static void fail_queued(tsr_executor_t *ex, uint64_t epoch, const char *why)
     while (n) {
         qreq_t *next = (qreq_t *)n->link.next;
         tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = n->r.request_id,
-                          .token = -1, .done = 1};
+                          .token = -1, .done = 1, .retryable = 1};
         snprintf(ev.text, sizeof ev.text, "%s", why);
         push_event(ex, &ev);
         free(n->r.prompt);
@@ -372,7 +381,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     push_simple(ex, TSR_EV_PROGRESS, j->epoch, "connecting to the replica's peers");
     if (wire_up(ex, be, j, &ctx, &r, err, sizeof err) < 0) {
         snprintf(why, sizeof why, "data plane: %s", err);
-        if (!io_should_stop(&ctx)) push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+        if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why);
         goto out;
     }
     be->engine->set_comm(*eng, r.ops, r.tp);
@@ -387,7 +396,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         failed = err;
         if (!io_should_stop(&ctx)) {
             snprintf(why, sizeof why, "data plane: %s", err);
-            push_simple(ex, TSR_EV_FAILED, j->epoch, why);
+            push_data_plane_failure(ex, j->epoch, why);
         }
     }
 out:
@@ -569,7 +578,7 @@ void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
     pthread_mutex_unlock(&ex->mu);
     if (!leader) {
         tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = n->r.request_id,
-                          .token = -1, .done = 1};
+                          .token = -1, .done = 1, .retryable = 1};
         snprintf(ev.text, sizeof ev.text, "this worker is not a replica leader");
         push_event(ex, &ev);
         free(n->r.prompt);

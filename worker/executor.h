@@ -20,6 +20,8 @@ typedef struct {
     uint64_t request_id;        /* TOKEN */
     int32_t token;
     int index, done;
+    int retryable;              /* FAILED, TOKEN with an error: the replica's fault, not the
+                                   request's or the weights'; rewiring or resuming may help */
     char finish[16];
     char text[512];             /* progress detail, failure reason, request error */
 } tsr_event_t;

@@ -164,7 +164,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
         int32_t tok = b->sampled[ns++];
         const char *fin = tsr_finish_reason(m, tok, c->index, c->prompt_len, c->max_tokens,
                                             r->spec.max_seq_len);
-        io->emit(io->arg, c->req, tok, c->index, fin != NULL, fin, NULL);
+        io->emit(io->arg, c->req, tok, c->index, fin != NULL, 0, fin, NULL);
     }
     if (is_first(r) || ns == 0) return 0;   /* the leader has them already, or expects none */
     b->back[0] = (int32_t)BACK_MAGIC;
@@ -231,10 +231,12 @@ static int waiting_count(const leader_t *L)
     return w;
 }
 
+/* retryable: the request failed because the replica broke or stopped, not
+ * because of anything in it, so it may be resumed on another replica. */
 static void fail_request(const tsr_replica_io_t *io, const tsr_request_t *q, int index,
-                         const char *why)
+                         int retryable, const char *why)
 {
-    io->emit(io->arg, q->request_id, -1, index, 1, NULL, why);
+    io->emit(io->arg, q->request_id, -1, index, 1, retryable, NULL, why);
 }
 
 /* Takes a new request into the queue, or refuses it at once with why. */
@@ -267,7 +269,7 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
         q->prompt = NULL;   /* transferred */
         return;
     }
-    fail_request(io, q, 0, why);
+    fail_request(io, q, 0, 0, why);
     free(q->prompt);
     q->prompt = NULL;
 }
@@ -277,7 +279,7 @@ static void cancel(const tsr_replica_io_t *io, leader_t *L, int i, const char *w
     if (L->s[i].cancelled) return;
     L->s[i].cancelled = true;
     snprintf(L->l[i].why, sizeof L->l[i].why, "%s", why);
-    fail_request(io, &L->l[i].q, L->s[i].n_generated, why);
+    fail_request(io, &L->l[i].q, L->s[i].n_generated, 0, why);
 }
 
 /* Cancellations and deadlines; finished or cancelled sequences that are
@@ -519,7 +521,8 @@ static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t 
             if (is_last(r) && r->spec.tp_rank == 0)
                 for (int i = 0; i < b->hdr.n_entries; i++)
                     if (b->entries[i].sample)
-                        io->emit(io->arg, b->entries[i].req, -1, b->entries[i].index, 1, NULL, err);
+                        io->emit(io->arg, b->entries[i].req, -1, b->entries[i].index, 1, 1, NULL,
+                                 err);
             return -1;
         }
         send_report(r, io, 0, 0);
@@ -554,12 +557,12 @@ int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err
     /* Every request in hand fails with the reason: none is left waiting. */
     for (int i = 0; i < L.n; i++)
         if (!L.s[i].cancelled && !L.l[i].done)
-            fail_request(io, &L.l[i].q, L.s[i].n_generated,
+            fail_request(io, &L.l[i].q, L.s[i].n_generated, 1,
                          rc < 0 ? err : "the replica was stopped (a new plan or shutdown)");
     {
         tsr_request_t q;
         while (io->next_request(io->arg, &q, 0)) {
-            fail_request(io, &q, 0, rc < 0 ? err : "the replica stopped before serving it");
+            fail_request(io, &q, 0, 1, rc < 0 ? err : "the replica stopped before serving it");
             free(q.prompt);
         }
     }

@@ -35,8 +35,10 @@ typedef struct {
     /* Leader: a request to cancel.  1 with *id and reason, 0 when none. */
     int (*next_cancel)(void *arg, uint64_t *id, char *reason, size_t len);
     /* A generated token (last stage, tp rank 0), or a request's failure
-     * (token -1 and error set; from whichever rank found it). */
-    void (*emit)(void *arg, uint64_t request_id, int32_t token, int index, int done,
+     * (token -1 and error set; from whichever rank found it).  retryable:
+     * the failure is the replica's (it broke or stopped), not the
+     * request's, so the request may be resumed on another replica. */
+    void (*emit)(void *arg, uint64_t request_id, int32_t token, int index, int done, int retryable,
                  const char *finish_reason, const char *error);
     /* True when this rank should stop (a new plan, shutdown). */
     int (*should_stop)(void *arg);

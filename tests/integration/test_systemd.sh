@@ -100,14 +100,14 @@ mkdir -m 0700 "$T/cred"
 cp "$KEYS/wnhost.key" "$T/cred/tessera-identity.key"; cp "$KEYS/coordinator.pub" "$T/cred/"
 NOTIFY_SOCKET="$T/wnotify.sock" WATCHDOG_USEC=400000 CREDENTIALS_DIRECTORY="$T/cred" \
     TESSERA_IDENTITY=wnhost TESSERA_KEYS= \
-    bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wn' \
+    bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wnhost-cpu0' \
     "$BIN/tessera-worker" "$WEP" >> "$T/wn.log" 2>&1 &
 WP=$!; PIDS+=("$WP")
 sleep 2
 grep -q "READY=1" "$T/notify.txt" || fail "no READY=1: $(cat "$T/notify.txt")"
 grep -q "READY=1" "$T/wnotify.txt" || fail "worker: no READY=1: $(cat "$T/wnotify.txt")"
 [ "$(grep -c "WATCHDOG=1" "$T/wnotify.txt")" -ge 4 ] || fail "worker did not pet its watchdog"
-registered() { case "$(worker_field wn state 2>/dev/null)" in idle|loading|ready) return 0;; esac; return 1; }
+registered() { case "$(worker_field wnhost-cpu0 state 2>/dev/null)" in idle|loading|ready) return 0;; esac; return 1; }
 wait_until 5 registered || fail "the worker with credentials did not register"
 kill -TERM "$WP"; wait "$WP"
 n=$(grep -c "WATCHDOG=1" "$T/notify.txt")

@@ -106,7 +106,17 @@ rc=$?
 start_worker "$spare"
 back() { [ "$(worker_field "$spare" state)" != dead ]; }
 wait_until 10 back || fail "$spare did not come back with its own key"
-ok "a restart under the same name is accepted only with the same key"
+# A key registers its own name or NAME-*, nothing else, even a name nobody
+# holds (so no restart of the coordinator or full registry can hand one
+# key another's name).
+timeout 10 "$BIN/tessera-worker" --coordinator "$WEP" --name fresh --identity w3 > "$T/fresh.log" 2>&1
+rc=$?
+[ $rc = 2 ] || fail "key w3 registered the name 'fresh' (exit $rc)"
+"$BIN/tessera-worker" --coordinator "$WEP" --name w3-gpu1 --identity w3 > "$T/w3-gpu1.log" 2>&1 &
+PIDS+=("$!")
+w3up() { [ "$(worker_field w3-gpu1 state 2>/dev/null)" = idle ]; }
+wait_until 10 w3up || fail "key w3 could not register w3-gpu1"
+ok "a name belongs to its key: a restart with another key is refused, a key registers only its own names"
 
 # 5. Secret key files must be private.
 chmod 644 "$KEYS/w3.key"

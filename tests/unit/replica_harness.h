@@ -39,6 +39,7 @@ typedef struct {
     int32_t tokens[H_MAX_TOKENS];
     int n_tokens;
     int done, failed, cancel_sent;
+    int retryable;              /* the failure was the replica's, not the request's */
     char error[256];
     char finish[16];
 } h_req_t;
@@ -165,8 +166,8 @@ static int h_next_cancel(void *arg, uint64_t *id, char *reason, size_t len)
     return found;
 }
 
-static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, const char *fin,
-                   const char *error)
+static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, int retryable,
+                   const char *fin, const char *error)
 {
     h_rank_t *k = arg;
     h_run_t *run = k->run;
@@ -176,6 +177,7 @@ static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, c
     if (!q->done) {
         if (error) {
             q->failed = 1;
+            q->retryable = retryable;
             q->done = 1;
             snprintf(q->error, sizeof q->error, "%s", error);
         } else if (index == q->n_tokens && q->n_tokens < H_MAX_TOKENS) {
@@ -186,6 +188,7 @@ static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, c
             }
         } else {
             q->failed = 1;
+            q->retryable = retryable;
             q->done = 1;
             snprintf(q->error, sizeof q->error, "token index %d out of order (had %d)", index,
                      q->n_tokens);

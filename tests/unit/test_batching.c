@@ -172,6 +172,9 @@ static void test_a_full_queue_refuses_at_once(void **state)
     for (int i = 0; i < 6; i++) {
         if (reqs[i].failed) {
             if (!strstr(reqs[i].error, "queue is full (max_queue 2")) fail_msg("request %d: %s", i, reqs[i].error);
+            /* A refusal is the request's answer, not a broken replica: it
+             * is not to be resumed elsewhere. */
+            assert_false(reqs[i].retryable);
             assert_int_equal(reqs[i].n_tokens, 0);
             refused++;
         } else {
@@ -193,6 +196,7 @@ static void test_a_request_larger_than_the_pool_is_refused_with_the_numbers(void
     h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .kv_blocks = 8};
     h_run(&run);
     assert_true(q.failed);
+    assert_false(q.retryable);
     if (!strstr(q.error, "needs 13 KV blocks of 16 positions and the pool has 8"))
         fail_msg("refusal: %s", q.error);
     free(p);

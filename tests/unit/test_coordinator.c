@@ -42,6 +42,7 @@ typedef struct {
     bool holds[NW];
     Tessera__Assignment piece[NW];  /* copied scalars; strings not kept */
     int spare;
+    uint64_t last_id;           /* the client's id of the last start_request */
 } fx_t;
 
 static char model_dir[PATH_MAX];
@@ -246,17 +247,24 @@ static void send_progress(fx_t *fx, int i, uint64_t epoch, const char *detail)
     send_env(fx->dealer[i], &env);
 }
 
-static void send_failed(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal)
+static void send_failed_as(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal,
+                           bool retryable)
 {
     Tessera__Failed f = TESSERA__FAILED__INIT;
     f.reason = (char *)reason;
     f.fatal = fatal;
+    f.retryable = retryable;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = fx->name[i];
     env.epoch = epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_FAILED;
     env.failed = &f;
     send_env(fx->dealer[i], &env);
+}
+
+static void send_failed(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal)
+{
+    send_failed_as(fx, i, epoch, reason, fatal, false);
 }
 
 static tsr_env_t *control(fx_t *fx, Tessera__ControlRequest__Kind kind, const char *worker)
@@ -1229,7 +1237,8 @@ static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t 
 }
 
 /* Sends a generate request from client and checks that it is accepted and
- * reaches the leader; returns its id. */
+ * reaches the leader; returns the id the workers know it by (the client's
+ * is in fx->last_id: each attempt has its own at the workers). */
 static uint64_t start_request(fx_t *fx, void *client, int leader, uint32_t timeout_ms)
 {
     send_generate(fx, client, 16, timeout_ms);
@@ -1242,11 +1251,13 @@ static uint64_t start_request(fx_t *fx, void *client, int leader, uint32_t timeo
     json_decref(ack);
     tsr_env_free(&env);
     env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
-    assert_int_equal(env->generate->request_id, id);
+    uint64_t wid = env->generate->request_id;
+    assert_true(wid != id && wid != 0);
     assert_int_equal(env->generate->timeout_ms, timeout_ms);  /* forwarded to the leader */
     assert_int_equal(env->epoch, fx->piece[leader].epoch);
     tsr_env_free(&env);
-    return id;
+    fx->last_id = id;
+    return wid;
 }
 
 static void send_token_error(fx_t *fx, int from, uint64_t id, const char *error)
@@ -1308,7 +1319,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     assert_false(env->control_reply->ok);
     char want[128];
     snprintf(want, sizeof want, "request %llu passed its deadline of 500 ms after 2 token(s)",
-             (unsigned long long)id);
+             (unsigned long long)fx->last_id);
     if (!strstr(env->control_reply->error, want))
         fail_msg("'%s' lacks '%s'", env->control_reply->error, want);
     tsr_env_free(&env);
@@ -1479,12 +1490,229 @@ static void test_request_ids_are_random_not_sequential(void **state)
 {
     fx_t *fx = *state;
     int leader = cluster_ready(fx);
-    uint64_t a = start_request(fx, fx->ctl, leader, 0);
-    uint64_t b = start_request(fx, fx->ctl, leader, 0);
-    assert_true(a != b);
-    assert_true(b != a + 1);
-    assert_true(a > (1ull << 24) || b > (1ull << 24));  /* 2^-39 chance of a false alarm */
-    assert_true(a < (1ull << 63) && b < (1ull << 63));  /* positive in JSON */
+    uint64_t wa = start_request(fx, fx->ctl, leader, 0), a = fx->last_id;
+    uint64_t wb = start_request(fx, fx->ctl, leader, 0), b = fx->last_id;
+    /* The clients' ids and the workers' alike. */
+    uint64_t ids[2][2] = {{a, b}, {wa, wb}};
+    for (int k = 0; k < 2; k++) {
+        a = ids[k][0];
+        b = ids[k][1];
+        assert_true(a != b);
+        assert_true(b != a + 1);
+        assert_true(a > (1ull << 24) || b > (1ull << 24));  /* 2^-39 chance of a false alarm */
+        assert_true(a < (1ull << 63) && b < (1ull << 63));  /* positive in JSON */
+    }
+}
+
+/* "degraded" is a fact about events: a deployment that was ready and lost a
+ * worker before anyone asked for status is degraded, not waiting. */
+static void test_a_deployment_that_was_ready_is_degraded_even_if_nobody_looked(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);  /* no status request on the way */
+    send_failed(fx, leader, fx->piece[leader].epoch, "device lost", true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    json_t *root = status(fx);
+    json_t *dep = json_array_get(json_object_get(root, "deployments"), 0);
+    const char *st = json_string_value(json_object_get(dep, "state"));
+    /* Without a spare left placed it is degraded; with one it may be
+     * loading again, but never "waiting" or "loading" as if new. */
+    if (strcmp(st, "degraded")) fail_msg("state %s, expected degraded", st);
+    json_decref(root);
+}
+
+/* Reads the client's next reply: a token document, checked for its index
+ * and token, or (want_ok false) a failure containing want. */
+static void expect_client_token(fx_t *fx, int index, int token)
+{
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    if (!env->control_reply->ok) fail_msg("failed: %s", env->control_reply->error);
+    json_t *doc = json_loads(env->control_reply->json, 0, NULL);
+    assert_non_null(doc);
+    assert_int_equal(json_integer_value(json_object_get(doc, "request_id")), fx->last_id);
+    assert_int_equal(json_integer_value(json_object_get(doc, "index")), index);
+    assert_int_equal(json_integer_value(json_object_get(doc, "token")), token);
+    json_decref(doc);
+    tsr_env_free(&env);
+}
+
+/* A replica that breaks mid-request (a member reports a data-plane failure)
+ * does not fail the request: once a replica is ready again, the request
+ * goes on from the prompt plus the tokens delivered, under a new id at the
+ * workers, and the client's stream continues at the next index. */
+static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_tokens(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t wid1 = start_request(fx, fx->ctl, leader, 0);
+    for (uint32_t k = 0; k < 2; k++) send_token(fx, sampler(fx), wid1, k, false);
+    pump(fx);
+    expect_client_token(fx, 0, 40);
+    expect_client_token(fx, 1, 41);
+
+    int member = leader == 0 ? 1 : 0;
+    while (!fx->holds[member] || member == leader) member++;
+    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    /* Not failed: waiting for a replica, the old attempt cancelled. */
+    expect_nothing(fx->ctl, 10);
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(fx->c->stats.requests_replayed, 1);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+    assert_int_equal(env->cancel->request_id, wid1);
+    tsr_env_free(&env);
+    /* A late token of the broken attempt is dropped, and its leader is
+     * told (again) that nobody waits for that sequence. */
+    send_token(fx, sampler(fx), wid1, 2, false);
+    pump(fx);
+    expect_nothing(fx->ctl, 10);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+    assert_int_equal(env->cancel->request_id, wid1);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.orphans_cancelled, 1);
+
+    /* The replica is ready again: the request resumes there. */
+    send_ready(fx, member, fx->piece[member].epoch);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->json, "\"resumed\":true"));
+    assert_non_null(strstr(env->control_reply->json, "\"from_index\":2"));
+    tsr_env_free(&env);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    uint64_t wid2 = env->generate->request_id;
+    assert_true(wid2 != wid1 && wid2 != fx->last_id);
+    int32_t want[5] = {1, 2, 3, 40, 41};
+    assert_int_equal(env->generate->n_prompt, 5);
+    assert_memory_equal(env->generate->prompt, want, sizeof want);
+    assert_int_equal(env->generate->max_tokens, 14);
+    tsr_env_free(&env);
+    /* Its index 0 is the client's index 2; the end removes the request. */
+    send_token(fx, sampler(fx), wid2, 0, false);
+    send_token(fx, sampler(fx), wid2, 0, false);  /* a repeat: dropped */
+    send_token(fx, sampler(fx), wid2, 1, true);
+    pump(fx);
+    expect_client_token(fx, 2, 40);
+    expect_client_token(fx, 3, 41);
+    expect_nothing(fx->ctl, 10);
+    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
+/* A request that arrives while the deployment's only replica is being
+ * mended waits for it instead of being refused; one for a deployment that
+ * never became ready is refused at once. */
+static void test_a_request_arriving_during_an_outage_waits_for_a_replica(void **state)
+{
+    fx_t *fx = *state;
+    /* Never ready: refused with the reason. */
+    cluster_up(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    send_generate(fx, fx->ctl, 4, 0);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->error, "has no ready replica"));
+    tsr_env_free(&env);
+
+    int leader = -1;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        send_ready(fx, i, fx->piece[i].epoch);
+        if (fx->piece[i].stage == 0 && fx->piece[i].tp_rank == 0) leader = i;
+    }
+    pump(fx);
+    assert_int_not_equal(leader, -1);
+    int member = leader == 0 ? 1 : 0;
+    while (!fx->holds[member] || member == leader) member++;
+    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
+    pump(fx);
+    send_generate(fx, fx->ctl, 4, 0);
+    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->json, "\"queued\":true"));
+    tsr_env_free(&env);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    expect_nothing(fx->dealer[leader], 20);
+    send_ready(fx, member, fx->piece[member].epoch);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->n_prompt, 3);
+    assert_int_equal(env->generate->max_tokens, 4);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
+}
+
+/* A failure that is the request's own (a refusal) is not replayed; one that
+ * is the replica's is, at most max_replays times. */
+static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
+{
+    fx_t *fx = *state;
+    write_yaml(fx->path, fx->wep, fx->cep, "  max_replays: 1\n  replay_wait_ms: 0\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    int leader = cluster_ready(fx);
+    uint64_t wid = start_request(fx, fx->ctl, leader, 0);
+    Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
+    t.request_id = wid;
+    t.done = true;
+    t.error = "the replica stopped before serving it";
+    t.retryable = true;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[leader];
+    env.epoch = fx->piece[leader].epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
+    env.token_event = &t;
+    send_env(fx->dealer[leader], &env);
+    pump(fx);
+    /* Resumed at once on the replica, which is still ready. */
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(e->control_reply->ok);
+    tsr_env_free(&e);
+    while ((e = recv_env(fx->dealer[leader], TSR_WIRE_MAX_WORKER, 50)) &&
+           e->body_case != TESSERA__ENVELOPE__BODY_GENERATE)
+        tsr_env_free(&e);
+    assert_non_null(e);
+    t.request_id = e->generate->request_id;
+    tsr_env_free(&e);
+    /* The second break is one too many. */
+    send_env(fx->dealer[leader], &env);
+    pump(fx);
+    e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(e->control_reply->ok);
+    assert_non_null(strstr(e->control_reply->error, "coordinator.max_replays 1"));
+    tsr_env_free(&e);
+    assert_int_equal(fx->c->n_reqs, 0);
+
+    /* A refusal fails at once. */
+    wid = start_request(fx, fx->ctl, leader, 0);
+    send_token_error(fx, leader, wid, "the request needs 13 KV blocks");
+    pump(fx);
+    e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(e->control_reply->ok);
+    tsr_env_free(&e);
+    assert_int_equal(fx->c->stats.requests_replayed, 1);
+
+    /* With no ready replica, replay_wait_ms 0 gives up at the next tick and
+     * says how many tokens were delivered. */
+    wid = start_request(fx, fx->ctl, leader, 0);
+    send_token(fx, sampler(fx), wid, 0, false);
+    pump(fx);
+    expect_client_token(fx, 0, 40);
+    send_failed_as(fx, leader, fx->piece[leader].epoch, "data plane: x", false, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_false(e->control_reply->ok);
+    assert_non_null(strstr(e->control_reply->error, "failed after 1 token(s)"));
+    assert_non_null(strstr(e->control_reply->error, "no replica could take it within 0 ms"));
+    tsr_env_free(&e);
+    assert_int_equal(fx->c->n_reqs, 0);
 }
 
 /* Attack 5: a held piece at epoch 2^64-1 wrapped the coordinator's epoch. */
@@ -1654,6 +1882,10 @@ int main(void)
         T(test_status_json_has_the_documented_fields),
         T(test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat),
         T(test_a_heartbeat_with_a_nan_or_infinite_load_keeps_the_status_valid_json),
+        T(test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_tokens),
+        T(test_a_deployment_that_was_ready_is_degraded_even_if_nobody_looked),
+        T(test_replays_are_bounded_and_refusals_are_not_replayed),
+        T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),

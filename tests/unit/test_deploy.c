@@ -284,7 +284,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -863,6 +863,23 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:16: coordinator.max_workers: ", "10000");
     expect_error("version: 1\ncoordinator:\n  dead_worker_ttl_s: 0\n",
                  "demo.yaml:3:22: coordinator.dead_worker_ttl_s: ", "604800");
+    /* Replay: defaults, values, ranges. */
+    const char *d = "version: 1\n";
+    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->max_replays, 3);
+    assert_int_equal(cfg->replay_wait_ms, 30000);
+    tsr_config_destroy(&cfg);
+    d = "version: 1\ncoordinator:\n  max_replays: 0\n  replay_wait_ms: 3600000\n";
+    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->max_replays, 0);
+    assert_int_equal(cfg->replay_wait_ms, 3600000);
+    tsr_config_destroy(&cfg);
+    expect_error("version: 1\ncoordinator:\n  max_replays: 101\n",
+                 "demo.yaml:3:16: coordinator.max_replays: ", "100");
+    expect_error("version: 1\ncoordinator:\n  replay_wait_ms: -1\n",
+                 "demo.yaml:3:19: coordinator.replay_wait_ms: ", "3600000");
 }
 
 static void test_security_defaults_to_curve_with_the_standard_key_store(void **state)
@@ -921,7 +938,7 @@ static void test_security_none_is_refused_unless_every_endpoint_is_loopback(void
                  "  control_endpoint: tcp://127.0.0.1:7401\n  security: none\n",
                  "demo.yaml:5:13: coordinator.security: ", "127.0.0.1.evil.net");
     assert_false(tsr_endpoint_is_local("tcp://eth0;192.168.1.2:7400"));
-    assert_true(tsr_endpoint_is_local("tcp://eth0;127.0.0.1:7400"));
+    assert_false(tsr_endpoint_is_local("tcp://0.0.0.0;127.0.0.1:7400"));
     assert_false(tsr_endpoint_is_local("tcp://*:7400"));
 }
 

@@ -144,6 +144,27 @@ static void test_secret_key_files_must_be_private_and_well_formed(void **state)
     /* A public key file where a pair is needed. */
     path(p, sizeof p, "ks/coordinator.pub");
     assert_int_equal(tsr_key_read_pair(p, &kp, err, sizeof err), -1);
+    /* A link is followed, and the mode checked is the file's. */
+    char link[256], target[256];
+    path(link, sizeof link, "link.key");
+    path(target, sizeof target, "ks/w1.key");
+    assert_int_equal(chmod(target, 0600), 0);
+    assert_int_equal(symlink(target, link), 0);
+    assert_int_equal(tsr_key_read_pair(link, &kp, err, sizeof err), 0);
+    assert_string_equal(kp.pub, good.pub);
+    /* A FIFO in a key's place is refused at once, not read forever. */
+    path(p, sizeof p, "fifo.key");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_equal(tsr_key_read_pair(p, &kp, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a regular file"));
+    /* A public key anyone in the group may rewrite is not trusted. */
+    path(p, sizeof p, "ks/coordinator.pub");
+    assert_int_equal(chmod(p, 0664), 0);
+    char pub[41];
+    assert_int_equal(tsr_key_read_public(p, pub, err, sizeof err), -1);
+    assert_non_null(strstr(err, "chmod go-w"));
+    assert_int_equal(chmod(p, 0644), 0);
+    assert_int_equal(tsr_key_read_public(p, pub, err, sizeof err), 0);
     /* A broken file in allowed/ is reported, not skipped. */
     write_text("ks/allowed/typo.pub", "public-key = nope\n", 0644);
     tsr_allowed_key_t *keys = NULL;
