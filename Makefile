@@ -123,6 +123,7 @@ bench: deps
 	@./bench/run.sh
 	@./bench/data.sh
 	@./bench/serve.sh
+	@./bench/chaos.sh
 
 install: $(PROGRAMS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system \

@@ -223,7 +223,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 /* The coordinator went away (a crash, a restart): the
                  * workers keep their pieces, and a restarted coordinator
                  * takes the request again from the tokens we have. */
-                if (ev == ZMQ_EVENT_DISCONNECTED) lost = 1;
+                if (ev == ZMQ_EVENT_DISCONNECTED || ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+                    lost = 1;
                 continue;
             }
             if (ready <= 0) {

@@ -268,9 +268,10 @@ const char *tsr_handshake_failure(int event, uint32_t value)
             return "the CURVE handshake failed (is coordinator.pub the coordinator's current "
                    "public key?)";
         return "the handshake failed with a protocol error (a different program on that port?)";
-    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return "the security handshake failed";
     default:
+        /* ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: the connection closed during
+         * the handshake (the coordinator stopped or restarted); a transient
+         * like a disconnection, not a refusal. */
         return NULL;
     }
 }

@@ -78,8 +78,10 @@ void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t err
      ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 void *tsr_sock_dealer_sec(const char *endpoint, int immediate, const struct tsr_security *sec,
                           void **mon, char *err, size_t errlen);
-/* What a failed handshake event (ZMQ_EVENT_HANDSHAKE_FAILED_*, with its
- * value) means for an operator; NULL for any other event. */
+/* What a failed handshake event (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL or
+ * _AUTH, with its value) means for an operator: a refusal that retrying will
+ * not mend.  NULL for any other event, including _NO_DETAIL (the connection
+ * closed during the handshake, a transient like a disconnection). */
 const char *tsr_handshake_failure(int event, uint32_t value);
 void tsr_sock_close(void **sock_p);
 /* A PAIR socket that receives sock's connection events (ZMQ_EVENT_* mask);

@@ -255,9 +255,12 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                                                     b, e, "ranks", ranks));
         }
         const char *rs = rready == d->pipeline * d->tensor ? "ready" : "not ready";
-        json_array_append_new(reps, json_pack("{s:i, s:s, s:i, s:o}", "replica", r, "state", rs,
-                                              "in_flight", tsr_requests_in_flight(c, d->name, r),
-                                              "stages", stages));
+        const tsr_dep_state_t *ds = &c->deps[i];
+        json_int_t done = ds->completed && r < ds->n_completed ? (json_int_t)ds->completed[r] : 0;
+        json_array_append_new(reps, json_pack("{s:i, s:s, s:i, s:I, s:o}", "replica", r, "state",
+                                              rs, "in_flight",
+                                              tsr_requests_in_flight(c, d->name, r),
+                                              "requests_completed", done, "stages", stages));
     }
     json_object_set_new(o, "replica_list", reps);
     json_object_set_new(o, "in_flight", json_integer(tsr_requests_in_flight(c, d->name, -1)));
@@ -301,6 +304,7 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
                         json_integer((json_int_t)st->requests_replayed));
     json_object_set_new(stats, "orphans_cancelled",
                         json_integer((json_int_t)st->orphans_cancelled));
+    json_object_set_new(stats, "sends_failed", json_integer((json_int_t)st->sends_failed));
     json_t *coord = json_object_get(root, "coordinator");
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {

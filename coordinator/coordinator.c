@@ -43,8 +43,16 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         } else {
             s->model_ok = true;
         }
-        for (size_t j = 0; j < n_old; j++)
-            if (!strcmp(old[j].name, s->name)) s->ever_ready = old[j].ever_ready;
+        /* Requests completed per replica, kept across a reload for the
+         * replicas that remain. */
+        s->n_completed = d->replicas;
+        s->completed = calloc((size_t)d->replicas, sizeof *s->completed);
+        for (size_t j = 0; j < n_old; j++) {
+            if (strcmp(old[j].name, s->name)) continue;
+            s->ever_ready = old[j].ever_ready;
+            for (int r = 0; s->completed && r < s->n_completed && r < old[j].n_completed; r++)
+                s->completed[r] = old[j].completed[r];
+        }
     }
     return deps;
 }
@@ -54,9 +62,13 @@ static void deps_free(tsr_dep_state_t *deps, size_t n)
     for (size_t i = 0; deps && i < n; i++) {
         free(deps[i].retry.di);
         free(deps[i].retry.replica);
+        free(deps[i].completed);
     }
     free(deps);
 }
+
+/* Clients are asked whether they are still there at most this often. */
+#define PROBE_GAP_MS 100
 
 static int dep_index(const tsr_coord_t *c, const char *name)
 {
@@ -112,6 +124,7 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
         snprintf(err, errlen, "control_endpoint: %s", e);
         goto fail;
     }
+    c->cmon = tsr_sock_monitor(c->csock, ZMQ_EVENT_DISCONNECTED);
     /* A reply to a client that went away fails (EHOSTUNREACH) instead of
      * vanishing, and one to a slow client fails with EAGAIN: the router
      * cancels a request whose client left, never one that reads slowly. */
@@ -136,6 +149,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     if (!self_p || !*self_p) return;
     tsr_coord_t *c = *self_p;
     tsr_sock_close(&c->wsock);
+    if (c->csock) tsr_sock_monitor_close(c->csock, &c->cmon);
     tsr_sock_close(&c->csock);
     tsr_zap_stop(&c->zap);
     memset(&c->sec, 0, sizeof c->sec);
@@ -152,11 +166,30 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
 
 /* ---- sending --------------------------------------------------------------- */
 
+/* Every send to a worker goes through here: one that cannot be queued (the
+ * worker's connection is gone or its queue is full) is counted in
+ * stats.sends_failed and logged, at most once a second. */
+int tsr_coord_send(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env)
+{
+    if (tsr_wire_send(c->wsock, rid, rid_len, env) == 0) return 0;
+    int e = errno;
+    c->stats.sends_failed++;
+    int64_t now = tsr_now_ms();
+    if (now - c->send_warned_ms >= 1000) {
+        c->send_warned_ms = now;
+        tsr_warn("could not send %s to %s: %s (%llu send(s) failed so far)", tsr_env_kind(env),
+                 env->worker && env->worker[0] ? env->worker : "a worker", zmq_strerror(e),
+                 (unsigned long long)c->stats.sends_failed);
+    }
+    errno = e;
+    return -1;
+}
+
 static void send_to(tsr_coord_t *c, tsr_worker_t *w, tsr_env_t *env)
 {
     env->worker = w->name;
     if (!env->epoch) env->epoch = c->epoch;
-    tsr_wire_send(c->wsock, w->rid, w->rid_len, env);
+    tsr_coord_send(c, w->rid, w->rid_len, env);
 }
 
 static void send_reset(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *name,
@@ -170,7 +203,7 @@ static void send_reset(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const
     env.worker = (char *)name;
     env.body_case = TESSERA__ENVELOPE__BODY_RESET;
     env.reset = &r;
-    tsr_wire_send(c->wsock, rid, rid_len, &env);
+    tsr_coord_send(c, rid, rid_len, &env);
 }
 
 /* The data-port secret of h's replica for h's epoch: HMAC-SHA256 under a
@@ -319,7 +352,7 @@ static void touch(touched_t *t, int di, int replica)
 static void rewire(tsr_coord_t *c, int di, int replica)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    tsr_requests_fail_replica(c, d->name, replica, "the replica was rewired for a new plan");
+    tsr_requests_move_replica(c, d->name, replica, "the replica was rewired for a new plan");
     /* One peer list serves every member. */
     tsr_holding_t h = {.replica = replica, .tp_size = d->tensor, .pp_size = d->pipeline};
     snprintf(h.deployment, sizeof h.deployment, "%s", d->name);
@@ -781,14 +814,14 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     }
     rep.accepted = true;
     out.epoch = c->epoch;
-    tsr_wire_send(c->wsock, rid, rid_len, &out);
+    tsr_coord_send(c, rid, rid_len, &out);
     c->dirty = true;
     return;
 refuse:
     c->stats.refused++;
     rep.accepted = false;
     rep.reason = reason;
-    tsr_wire_send(c->wsock, rid, rid_len, &out);
+    tsr_coord_send(c, rid, rid_len, &out);
 }
 
 /* A message about a piece is only meaningful for the epoch it was assigned
@@ -928,7 +961,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         out.worker = env->worker;
         out.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK;
         out.heartbeat_ack = &ack;
-        tsr_wire_send(c->wsock, rid, rid_len, &out);
+        tsr_coord_send(c, rid, rid_len, &out);
         break;
     }
     case TESSERA__ENVELOPE__BODY_PROGRESS:
@@ -1028,6 +1061,13 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 {
     drain_one(c, c->wsock, "workers", TSR_WIRE_MAX_WORKER, budget, on_worker_msg);
     drain_one(c, c->csock, "control", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
+    /* A client connection closed: whose it was ZeroMQ does not say, so the
+     * clients of the requests in flight are asked (tick), at most every
+     * PROBE_GAP_MS, and those that are gone have their requests cancelled. */
+    while (c->cmon && tsr_sock_monitor_event(c->cmon) == ZMQ_EVENT_DISCONNECTED) {
+        tsr_debug("a client disconnected; probing %zu request(s)", c->n_reqs);
+        if (!c->probe_due_ms) c->probe_due_ms = c->last_probe_ms + PROBE_GAP_MS;
+    }
 }
 
 static void on_dead(tsr_worker_t *w, void *arg)
@@ -1094,12 +1134,18 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
         c->last_plan_ms = now_ms;
         tsr_coord_replan(c, now_ms);
     }
+    if (c->probe_due_ms && now_ms >= c->probe_due_ms) {
+        c->probe_due_ms = 0;
+        c->last_probe_ms = now_ms;
+        tsr_requests_probe_clients(c);
+    }
     /* Interrupted requests go to replicas that are ready now. */
     int64_t give_up = tsr_requests_dispatch(c, now_ms);
     if (give_up && (!deadline || give_up < deadline)) deadline = give_up;
     int64_t next = c->next_scan_ms;
     if (c->dirty && due < next) next = due;
     if (deadline && deadline < next) next = deadline;
+    if (c->probe_due_ms && c->probe_due_ms < next) next = c->probe_due_ms;
     int64_t wait = next - now_ms;
     /* A removed key's sessions end within a second: look at least every
      * 100 ms. */

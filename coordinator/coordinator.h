@@ -39,6 +39,9 @@ typedef struct {
     int64_t retry_at_ms;        /* 0: nothing scheduled */
     int retry_backoff_ms;
     tsr_replica_set_t retry;    /* replicas to rewire at retry_at_ms */
+    uint64_t *completed;        /* requests finished by each replica (n_completed of them;
+                                   NULL when out of memory) */
+    int n_completed;
 } tsr_dep_state_t;
 
 /* A generation request in flight.  It is kept until its last token is
@@ -81,6 +84,7 @@ typedef struct {
     uint64_t key_dropped;       /* a message from a connection whose key was removed */
     uint64_t requests_replayed; /* attempts resumed on another replica after a failure */
     uint64_t orphans_cancelled; /* Cancels sent for tokens of requests nobody waits for */
+    uint64_t sends_failed;      /* messages to workers that could not be queued */
 } tsr_coord_stats_t;
 
 typedef struct {
@@ -107,6 +111,9 @@ typedef struct {
     /* The CURVE key of the connection whose message is being handled ("":
      * none), set by the socket reader for the handlers. */
     char msg_key[TSR_NAME_MAX + 1];
+    int64_t send_warned_ms;     /* the last warning about a failed send */
+    void *cmon;                 /* the control socket's disconnections */
+    int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 
 /* Loads the config and binds both endpoints.  adopt_grace_ms < 0 means one
@@ -114,6 +121,9 @@ typedef struct {
 tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen);
 void tsr_coord_destroy(tsr_coord_t **self_p);
 
+/* Sends env to the worker at routing id rid on the workers socket; a send
+ * that fails is counted (stats.sends_failed) and logged.  0 or -1. */
+int tsr_coord_send(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);
 /* Reads every waiting message on both sockets (at most `budget` each). */
 void tsr_coord_drain_sockets(tsr_coord_t *c, int budget);
 /* Periodic work: health scan, planning when dirty.  Returns the ms until the
@@ -158,6 +168,14 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
  * with why. */
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);
+/* The same for a replica rewired by a new plan (a reload, a drain): its
+ * requests resume elsewhere without it counting against max_replays, since
+ * nothing failed. */
+void tsr_requests_move_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why);
+/* Sends each request's client a no-op reply; a request whose client is gone
+ * (the reply fails as unroutable) is cancelled at its leader. */
+void tsr_requests_probe_clients(tsr_coord_t *c);
 /* Ends every request whose client's key is no longer allowed: the client is
  * told why, once, and the leader is sent a Cancel. */
 void tsr_requests_drop_keys(tsr_coord_t *c);

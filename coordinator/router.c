@@ -90,7 +90,7 @@ static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *
     env.worker = w->name;
     env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
     env.cancel = &m;
-    if (tsr_wire_send(c->wsock, w->rid, w->rid_len, &env) < 0)
+    if (tsr_coord_send(c, w->rid, w->rid_len, &env) < 0)
         tsr_warn("request %llu: could not send Cancel to %s (%s)", (unsigned long long)q->id,
                  w->name, zmq_strerror(errno));
 }
@@ -132,10 +132,10 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
 /* The current attempt of request i broke through no fault of its own (its
  * replica failed, stopped or was rewired): it waits to be resumed, or fails
  * when it has been resumed max_replays times already. */
-static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
+static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool counts)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    if (q->replays >= c->cfg->max_replays) {
+    if (counts && q->replays >= c->cfg->max_replays) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s (resumed %d time(s) already, coordinator.max_replays %d)",
                  why, q->replays, c->cfg->max_replays);
@@ -149,8 +149,13 @@ static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
     q->replica = -1;
     q->leader[0] = '\0';
     q->waiting_since_ms = tsr_now_ms();
-    q->replays++;
+    if (counts) q->replays++;
     c->stats.requests_replayed++;
+}
+
+static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
+{
+    request_interrupt_as(c, i, why, true);
 }
 
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
@@ -159,6 +164,25 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
     for (size_t i = c->n_reqs; i-- > 0;)
         if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
             request_interrupt(c, i, why);
+}
+
+void tsr_requests_move_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why)
+{
+    for (size_t i = c->n_reqs; i-- > 0;)
+        if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
+            request_interrupt_as(c, i, why, false);
+}
+
+void tsr_requests_probe_clients(tsr_coord_t *c)
+{
+    for (size_t i = c->n_reqs; i-- > 0;) {
+        tsr_request_rec_t *q = &c->reqs[i];
+        json_t *doc = json_pack("{s:I, s:b}", "request_id", (json_int_t)q->id, "alive", 1);
+        int sent = reply_json(c, q, true, NULL, doc);
+        json_decref(doc);
+        if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");
+    }
 }
 
 void tsr_requests_drop_keys(tsr_coord_t *c)
@@ -257,8 +281,10 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
     g.temperature = q->temperature;
     g.top_p = q->top_p;
     g.seed = q->seed;
-    if (q->deadline_ms) {
-        int64_t left = q->deadline_ms - tsr_now_ms();
+    if (q->deadline_ms && !q->waiting_since_ms) {
+        g.timeout_ms = q->timeout_ms;  /* sent as it arrived */
+    } else if (q->deadline_ms) {
+        int64_t left = q->deadline_ms - tsr_now_ms();  /* what is left of it */
         g.timeout_ms = left < 1 ? 1 : (uint32_t)left;
     }
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -266,7 +292,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
     env.worker = leader->name;
     env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
-    if (tsr_wire_send(c->wsock, leader->rid, leader->rid_len, &env) < 0) {
+    if (tsr_coord_send(c, leader->rid, leader->rid_len, &env) < 0) {
         char msg[300];
         snprintf(msg, sizeof msg, "could not send it to the leader %s (%s)", leader->name,
                  zmq_strerror(errno));
@@ -467,7 +493,7 @@ static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)
         env.worker = l->name;
         env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
         env.cancel = &m;
-        if (tsr_wire_send(c->wsock, l->rid, l->rid_len, &env) == 0) c->stats.orphans_cancelled++;
+        if (tsr_coord_send(c, l->rid, l->rid_len, &env) == 0) c->stats.orphans_cancelled++;
         return;
     }
 }
@@ -501,7 +527,16 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         else request_fail(c, i, t->error);
         return;
     }
-    if ((int64_t)t->index + q->base != q->n_tokens || q->n_prompt + q->n_tokens >= q->cap_ids) {
+    int64_t at = (int64_t)t->index + q->base;
+    if (at > q->n_tokens) {
+        /* A token was lost between the worker and here: go on from the ones
+         * the client has rather than leave a gap. */
+        char why[128];
+        snprintf(why, sizeof why, "token %d was lost on its way from the replica", q->n_tokens);
+        request_interrupt(c, i, why);
+        return;
+    }
+    if (at < q->n_tokens || q->n_prompt + q->n_tokens >= q->cap_ids) {
         c->stats.stale_dropped++;  /* a repeat, or past max_seq_len (a broken worker) */
         return;
     }
@@ -513,6 +548,13 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     int sent = reply_json(c, q, true, NULL, doc);
     json_decref(doc);
     c->stats.tokens++;
-    if (t->done) request_remove(c, i);
+    if (t->done) {
+        for (size_t k = 0; k < c->cfg->n_deployments; k++) {
+            tsr_dep_state_t *ds = &c->deps[k];
+            if (!strcmp(ds->name, q->deployment) && ds->completed && q->replica < ds->n_completed)
+                ds->completed[q->replica]++;
+        }
+        request_remove(c, i);
+    }
     else if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");
 }

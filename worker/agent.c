@@ -54,7 +54,15 @@ static int send_env(tsr_agent_t *a, tsr_env_t *env)
 {
     env->protocol_version = a->protocol_version;
     env->worker = a->name;
-    return tsr_wire_send(a->sock, NULL, 0, env);
+    if (tsr_wire_send(a->sock, NULL, 0, env) == 0) return 0;
+    /* No connection to the coordinator (it is away: ZMQ_IMMEDIATE) or a
+     * full queue.  Counted; what matters comes again (heartbeats,
+     * registration) or is recovered by the coordinator (a lost token or
+     * report makes its request resume, see router.c). */
+    a->sends_failed++;
+    tsr_debug("could not send %s to the coordinator (%llu so far)", tsr_env_kind(env),
+              (unsigned long long)a->sends_failed);
+    return -1;
 }
 
 static void drop_piece(tsr_agent_t *a, const char *why)
@@ -372,6 +380,10 @@ static void watch_handshakes(tsr_agent_t *a, int64_t now)
     uint32_t value = 0;
     while (a->mon && (ev = tsr_sock_monitor_event_v(a->mon, &value)) >= 0) {
         const char *why = tsr_handshake_failure(ev, value);
+        /* A handshake cut short (the coordinator restarting) is retried
+         * like a refusal, without an alarm. */
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && !a->reconnect_at_ms)
+            a->reconnect_at_ms = now + HANDSHAKE_RETRY_MS;
         if (!why) continue;
         a->handshake_failures++;
         /* ZeroMQ gives up on a connection whose handshake failed: connect

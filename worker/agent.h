@@ -45,6 +45,7 @@ typedef struct {
     tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 
     uint64_t stale_dropped;
+    uint64_t sends_failed;        /* messages the coordinator could not be sent */
     void *mon;                    /* the connection's events (handshake failures) */
     char identity[TSR_NAME_MAX + 1];  /* its CURVE key's name ("" without CURVE) */
     char keys_dir[TSR_PATH_MAX];

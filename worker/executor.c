@@ -87,17 +87,32 @@ struct tsr_executor {
     char endpoint[TSR_NAME_MAX + 1];
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
+    /* Events that could not be queued (out of memory): the agent is told by
+     * one synthesized failure of that epoch, so nothing waits for them. */
+    uint64_t events_lost, lost_epoch;
 };
+
+/* Where event nodes come from (tests make it fail). */
+static void *(*ev_calloc)(size_t, size_t) = calloc;
+
+void tsr_executor_test_set_event_alloc(void *(*alloc)(size_t, size_t))
+{
+    ev_calloc = alloc ? alloc : calloc;
+}
 
 /* ---- events ------------------------------------------------------------------ */
 
 static void push_event(tsr_executor_t *ex, const tsr_event_t *ev)
 {
-    ev_node_t *n = calloc(1, sizeof *n);
-    if (!n) return;
-    n->ev = *ev;
+    ev_node_t *n = ev_calloc(1, sizeof *n);
     pthread_mutex_lock(&ex->mu);
-    fifo_push(&ex->events, &n->link);
+    if (n) {
+        n->ev = *ev;
+        fifo_push(&ex->events, &n->link);
+    } else {
+        ex->events_lost++;
+        if (ev->epoch > ex->lost_epoch) ex->lost_epoch = ev->epoch;
+    }
     pthread_mutex_unlock(&ex->mu);
     char b = 1;
     if (write(ex->pipe_w, &b, 1) < 0 && errno != EAGAIN) tsr_warn("executor: wake pipe: %s", strerror(errno));
@@ -125,10 +140,25 @@ int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev)
     while (read(ex->pipe_r, buf, sizeof buf) > 0) {}
     pthread_mutex_lock(&ex->mu);
     ev_node_t *n = (ev_node_t *)fifo_pop(&ex->events);
+    uint64_t lost = n ? 0 : ex->events_lost, epoch = ex->lost_epoch;
+    if (lost) ex->events_lost = 0;
     pthread_mutex_unlock(&ex->mu);
-    if (!n) return 0;
-    *ev = n->ev;
-    free(n);
+    if (n) {
+        *ev = n->ev;
+        free(n);
+        return 1;
+    }
+    if (!lost) return 0;
+    /* A lost ready, failure or token would leave someone waiting for good:
+     * the piece fails instead (retryable: its requests resume elsewhere and
+     * the replica is rewired). */
+    memset(ev, 0, sizeof *ev);
+    ev->kind = TSR_EV_FAILED;
+    ev->epoch = epoch;
+    ev->retryable = 1;
+    snprintf(ev->text, sizeof ev->text,
+             "data plane: the worker ran out of memory and lost %llu event(s)",
+             (unsigned long long)lost);
     return 1;
 }
 
@@ -563,7 +593,15 @@ void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
 {
     qreq_t *n = calloc(1, sizeof *n);
     if (!n) {
+        pthread_mutex_lock(&ex->mu);
+        uint64_t epoch = ex->job->epoch;
+        pthread_mutex_unlock(&ex->mu);
+        tsr_event_t ev = {.kind = TSR_EV_TOKEN, .epoch = epoch, .request_id = r->request_id,
+                          .token = -1, .done = 1, .retryable = 1};
+        snprintf(ev.text, sizeof ev.text, "the worker is out of memory for the request");
+        push_event(ex, &ev);
         free(r->prompt);
+        r->prompt = NULL;
         return;
     }
     n->r = *r;

@@ -58,6 +58,9 @@ typedef struct {
     int kv_used, kv_total;      /* KV pool blocks */
 } tsr_executor_stats_t;
 void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out);
+/* Tests: event nodes come from alloc (NULL: calloc again), so an allocation
+ * failure can be injected. */
+void tsr_executor_test_set_event_alloc(void *(*alloc)(size_t, size_t));
 
 /* Bytes of weights and of KV cache the loaded engine holds (0 when none). */
 void tsr_executor_bytes(tsr_executor_t *ex, uint64_t *weights, uint64_t *kv);

@@ -69,7 +69,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
     t0=$(now_ms)
     if [ $a -le 3 ]; then
         v="w$(( RANDOM % NWORK ))"
-        kill -9 "${WPID[$v]}" 2>/dev/null
+        kill -9 "${WPID[$v]}" 2>/dev/null; wait "${WPID[$v]}" 2>/dev/null
         sleep 0.5
         start_worker "$v"
         kills=$((kills + 1)); what="kill -9 $v"

@@ -9,6 +9,7 @@ wait_until 10 all_ready || fail "first cluster not ready"
 B=$!; PIDS+=("$B")
 bkids=""
 for i in $(seq 1 20); do bkids=$(pgrep -P "$B" | tr '\n' ' '); [ -n "$bkids" ] && break; sleep 0.05; done
+[ -n "$bkids" ] || fail "the second local started no children to check"
 gone() { ! kill -0 "$B" 2>/dev/null; }
 wait_until 10 gone || fail "second local kept running without its coordinator"
 wait "$B"; rc=$?

@@ -1603,6 +1603,30 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
+/* A token lost between the replica and the coordinator leaves no gap: the
+ * request goes on from the tokens the client has. */
+static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t wid = start_request(fx, fx->ctl, leader, 0);
+    send_token(fx, sampler(fx), wid, 0, false);
+    send_token(fx, sampler(fx), wid, 2, false);  /* 1 never came */
+    pump(fx);
+    expect_client_token(fx, 0, 40);
+    expect_nothing(fx->ctl, 10);
+    assert_int_equal(fx->c->stats.requests_replayed, 1);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *env;
+    while ((env = recv_env(fx->dealer[leader], TSR_WIRE_MAX_WORKER, 50)) &&
+           env->body_case != TESSERA__ENVELOPE__BODY_GENERATE)
+        tsr_env_free(&env);
+    assert_non_null(env);
+    assert_int_equal(env->generate->n_prompt, 4);  /* the prompt and token 0 */
+    assert_int_equal(env->generate->prompt[3], 40);
+    tsr_env_free(&env);
+}
+
 /* A request that arrives while the deployment's only replica is being
  * mended waits for it instead of being refused; one for a deployment that
  * never became ready is refused at once. */
@@ -1886,6 +1910,7 @@ int main(void)
         T(test_a_deployment_that_was_ready_is_degraded_even_if_nobody_looked),
         T(test_replays_are_bounded_and_refusals_are_not_replayed),
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
+        T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
