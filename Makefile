@@ -12,6 +12,7 @@
 BUILD    ?= build
 BIN      ?= bin
 PREFIX   ?= /usr/local
+SYSCONFDIR ?= /etc
 SANITIZE ?=
 
 PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto
@@ -135,6 +136,12 @@ install: $(PROGRAMS)
 	  $(DESTDIR)$(PREFIX)/lib/systemd/system/tessera-worker@.service
 	cp -r configs/*.yaml configs/models $(DESTDIR)$(PREFIX)/share/tessera/configs/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/tessera/
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/tessera/keys/allowed
+	@if [ ! -e $(DESTDIR)$(SYSCONFDIR)/tessera/keys/coordinator.key ]; then \
+	  echo "make install: the units expect CURVE keys in $(SYSCONFDIR)/tessera/keys:"; \
+	  echo "  on the coordinator host: tessera keys init $(SYSCONFDIR)/tessera/keys, then"; \
+	  echo "  tessera keys add $(SYSCONFDIR)/tessera/keys HOSTNAME for each machine and cli"; \
+	fi
 
 # ---- fuzzing ----------------------------------------------------------------
 # libFuzzer targets, built with clang in their own tree: every object with

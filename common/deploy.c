@@ -314,13 +314,14 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
                                         "heartbeat_interval_ms", "worker_timeout_ms",
                                         "max_workers", "dead_worker_ttl_s",
                                         "security", "keys_dir", "max_replays",
-                                        "replay_wait_ms" };
-    yaml_node_t *v[10];
+                                        "replay_wait_ms", "canary_interval_ms",
+                                        "canary_timeout_ms" };
+    yaml_node_t *v[12];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 10, v) < 0)
+        map_fields(c, n, "coordinator", keys, 12, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -345,6 +346,17 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         return -1;
     if (v[9] && get_int_range(c, v[9], "coordinator.replay_wait_ms", 0, 3600000,
                               &cfg->replay_wait_ms) < 0)
+        return -1;
+    if (v[10] && get_int_range(c, v[10], "coordinator.canary_interval_ms", 0, 3600000,
+                               &cfg->canary_interval_ms) < 0)
+        return -1;
+    if (v[10] && cfg->canary_interval_ms > 0 && cfg->canary_interval_ms < 100) {
+        fail(c, v[10], "coordinator.canary_interval_ms", "expected 0 (off) or 100 to 3600000, "
+             "got %d", cfg->canary_interval_ms);
+        return -1;
+    }
+    if (v[11] && get_int_range(c, v[11], "coordinator.canary_timeout_ms", 1, 600000,
+                               &cfg->canary_timeout_ms) < 0)
         return -1;
     if (v[6]) {
         char *sec = NULL;
@@ -743,6 +755,8 @@ static tsr_config_t *config_new(const char *name)
     cfg->max_workers = 4096;
     cfg->dead_worker_ttl_s = 600;
     cfg->max_replays = 3;
+    cfg->canary_interval_ms = 5000;
+    cfg->canary_timeout_ms = 2000;
     cfg->replay_wait_ms = 30000;
     cfg->keys_dir = strdup("/etc/tessera/keys");
     if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint || !cfg->keys_dir)

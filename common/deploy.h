@@ -58,6 +58,10 @@ typedef struct {
                                      fails, 0..100, default 3 */
     int replay_wait_ms;           /* how long an interrupted request waits for a
                                      ready replica, 0..3600000, default 30000 */
+    int canary_interval_ms;       /* a one-token request on each idle ready replica
+                                     this often, 0 (off) or 100..3600000, default 5000 */
+    int canary_timeout_ms;        /* its token must come within this, 1..600000,
+                                     default 2000; else the replica is unhealthy */
     bool security_none;           /* security: none (plain ZeroMQ); only with
                                      loopback endpoints.  Default: curve */
     char *keys_dir;               /* key store (common/keys.h), default

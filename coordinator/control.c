@@ -80,6 +80,14 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
                  failed_w->name, failure);
     } else if (sum->ready == sum->total) {
         sum->state = "ready";  /* ever_ready was set when the last piece became ready */
+        /* Ready pieces that do not generate: the canary's verdict. */
+        for (int r = 0; ds->canary && r < ds->n_completed; r++)
+            if (ds->canary[r].unhealthy) {
+                sum->state = "degraded";
+                snprintf(sum->message, sizeof sum->message, "replica %d is unhealthy: %s", r,
+                         ds->canary[r].why);
+                break;
+            }
     } else {
         sum->state = ds->ever_ready ? "degraded" : "loading";
         snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,
@@ -257,10 +265,13 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
         const char *rs = rready == d->pipeline * d->tensor ? "ready" : "not ready";
         const tsr_dep_state_t *ds = &c->deps[i];
         json_int_t done = ds->completed && r < ds->n_completed ? (json_int_t)ds->completed[r] : 0;
-        json_array_append_new(reps, json_pack("{s:i, s:s, s:i, s:I, s:o}", "replica", r, "state",
-                                              rs, "in_flight",
-                                              tsr_requests_in_flight(c, d->name, r),
-                                              "requests_completed", done, "stages", stages));
+        const tsr_canary_t *k = ds->canary && r < ds->n_completed ? &ds->canary[r] : NULL;
+        if (k && k->unhealthy && rready == d->pipeline * d->tensor) rs = "unhealthy";
+        json_t *rep = json_pack("{s:i, s:s, s:i, s:I, s:o}", "replica", r, "state", rs,
+                                "in_flight", tsr_requests_in_flight(c, d->name, r),
+                                "requests_completed", done, "stages", stages);
+        if (k && k->unhealthy) json_object_set_new(rep, "reason", json_string(k->why));
+        json_array_append_new(reps, rep);
     }
     json_object_set_new(o, "replica_list", reps);
     json_object_set_new(o, "in_flight", json_integer(tsr_requests_in_flight(c, d->name, -1)));
@@ -305,6 +316,8 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     json_object_set_new(stats, "orphans_cancelled",
                         json_integer((json_int_t)st->orphans_cancelled));
     json_object_set_new(stats, "sends_failed", json_integer((json_int_t)st->sends_failed));
+    json_object_set_new(stats, "canaries", json_integer((json_int_t)st->canaries));
+    json_object_set_new(stats, "canaries_failed", json_integer((json_int_t)st->canaries_failed));
     json_t *coord = json_object_get(root, "coordinator");
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {

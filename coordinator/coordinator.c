@@ -47,6 +47,7 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
          * replicas that remain. */
         s->n_completed = d->replicas;
         s->completed = calloc((size_t)d->replicas, sizeof *s->completed);
+        s->canary = calloc((size_t)d->replicas, sizeof *s->canary);
         for (size_t j = 0; j < n_old; j++) {
             if (strcmp(old[j].name, s->name)) continue;
             s->ever_ready = old[j].ever_ready;
@@ -63,6 +64,7 @@ static void deps_free(tsr_dep_state_t *deps, size_t n)
         free(deps[i].retry.di);
         free(deps[i].retry.replica);
         free(deps[i].completed);
+        free(deps[i].canary);
     }
     free(deps);
 }
@@ -1142,6 +1144,8 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     /* Interrupted requests go to replicas that are ready now. */
     int64_t give_up = tsr_requests_dispatch(c, now_ms);
     if (give_up && (!deadline || give_up < deadline)) deadline = give_up;
+    int64_t canary = tsr_canary_tick(c, now_ms);
+    if (canary && (!deadline || canary < deadline)) deadline = canary;
     int64_t next = c->next_scan_ms;
     if (c->dirty && due < next) next = due;
     if (deadline && deadline < next) next = deadline;

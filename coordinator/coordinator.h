@@ -27,6 +27,18 @@ typedef struct {
     size_t n, cap;
 } tsr_replica_set_t;
 
+/* What the canary knows of one replica: a one-token request sent when the
+ * replica is idle, every canary_interval_ms (router.c). */
+typedef struct {
+    int64_t next_ms;            /* when the next canary is due */
+    int64_t sent_ms;            /* when the one in flight was sent */
+    uint64_t wid;               /* its id at the workers (0: none in flight) */
+    char leader[TSR_NAME_MAX + 1];
+    uint64_t epoch;
+    bool unhealthy;             /* its last canary failed: no requests go to it */
+    char why[256];
+} tsr_canary_t;
+
 typedef struct {
     char name[TSR_NAME_MAX + 1];
     bool model_ok;
@@ -42,6 +54,7 @@ typedef struct {
     uint64_t *completed;        /* requests finished by each replica (n_completed of them;
                                    NULL when out of memory) */
     int n_completed;
+    tsr_canary_t *canary;       /* one per replica (n_completed of them; NULL: none) */
 } tsr_dep_state_t;
 
 /* A generation request in flight.  It is kept until its last token is
@@ -85,6 +98,7 @@ typedef struct {
     uint64_t requests_replayed; /* attempts resumed on another replica after a failure */
     uint64_t orphans_cancelled; /* Cancels sent for tokens of requests nobody waits for */
     uint64_t sends_failed;      /* messages to workers that could not be queued */
+    uint64_t canaries, canaries_failed;
 } tsr_coord_stats_t;
 
 typedef struct {
@@ -173,6 +187,10 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
  * nothing failed. */
 void tsr_requests_move_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);
+/* Sends a canary to every idle ready replica that is due one, and marks a
+ * replica whose canary got no token in time unhealthy.  Returns when it next
+ * needs to run (0: never). */
+int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now_ms);
 /* Sends each request's client a no-op reply; a request whose client is gone
  * (the reply fails as unroutable) is cancelled at its leader. */
 void tsr_requests_probe_clients(tsr_coord_t *c);

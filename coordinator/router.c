@@ -242,12 +242,25 @@ static uint64_t new_request_id(const tsr_coord_t *c)
     }
 }
 
-/* The ready replica of d with the fewest requests in flight, or -1. */
+/* The canary state of replica r of deployment d, or NULL. */
+static tsr_canary_t *canary_of(tsr_coord_t *c, const char *deployment, int r)
+{
+    for (size_t k = 0; k < c->cfg->n_deployments; k++) {
+        tsr_dep_state_t *ds = &c->deps[k];
+        if (!strcmp(ds->name, deployment))
+            return ds->canary && r >= 0 && r < ds->n_completed ? &ds->canary[r] : NULL;
+    }
+    return NULL;
+}
+
+/* The ready replica of d with the fewest requests in flight, or -1.  A
+ * replica whose canary failed gets none. */
 static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
 {
     int replica = -1, best = 0;
     for (int r = 0; r < d->replicas; r++) {
-        if (!ready_leader(c, d, r)) continue;
+        tsr_canary_t *k = canary_of(c, d->name, r);
+        if ((k && k->unhealthy) || !ready_leader(c, d, r)) continue;
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
@@ -498,10 +511,144 @@ static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)
     }
 }
 
+/* ---- canaries ---------------------------------------------------------------
+ * A replica can be "ready" (every worker heartbeats, every piece loaded) and
+ * still not generate: a hung step, a wedged device.  So each idle ready
+ * replica gets a one-token request every canary_interval_ms; a canary with
+ * no token within canary_timeout_ms marks the replica unhealthy (status says
+ * why, the router sends it nothing) until a later canary succeeds or the
+ * replica is rewired. */
+
+static void canary_send(tsr_coord_t *c, const tsr_deployment_t *d, int r, tsr_canary_t *k,
+                        tsr_worker_t *leader, int64_t now)
+{
+    uint64_t wid = new_request_id(c);
+    if (!wid) return;
+    int32_t prompt[1] = {0};
+    Tessera__Generate g = TESSERA__GENERATE__INIT;
+    g.request_id = wid;
+    g.n_prompt = 1;
+    g.prompt = prompt;
+    g.max_tokens = 1;
+    g.top_p = 1.0f;
+    g.timeout_ms = (uint32_t)c->cfg->canary_timeout_ms;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = leader->piece.epoch;
+    env.worker = leader->name;
+    env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
+    env.generate = &g;
+    if (tsr_coord_send(c, leader->rid, leader->rid_len, &env) < 0) return;
+    k->wid = wid;
+    k->sent_ms = now;
+    k->epoch = leader->piece.epoch;
+    snprintf(k->leader, sizeof k->leader, "%s", leader->name);
+    c->stats.canaries++;
+    tsr_debug("canary %llu -> %s replica %d", (unsigned long long)wid, d->name, r);
+}
+
+static void canary_fail(tsr_coord_t *c, const char *dep, int r, tsr_canary_t *k,
+                        const char *why)
+{
+    if (!k->unhealthy)
+        tsr_warn("deployment %s replica %d is unhealthy: %s; no requests go to it", dep, r, why);
+    k->unhealthy = true;
+    snprintf(k->why, sizeof k->why, "%s", why);
+    k->wid = 0;
+    c->stats.canaries_failed++;
+}
+
+int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
+{
+    int interval = c->cfg->canary_interval_ms;
+    if (!interval) return 0;
+    int64_t next = 0;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        const tsr_deployment_t *d = &c->cfg->deployments[i];
+        tsr_dep_state_t *ds = &c->deps[i];
+        for (int r = 0; ds->canary && r < ds->n_completed && r < d->replicas; r++) {
+            tsr_canary_t *k = &ds->canary[r];
+            tsr_worker_t *leader = ready_leader(c, d, r);
+            if (!leader) {  /* being placed, loaded or rewired */
+                k->wid = 0;
+                k->unhealthy = false;
+                k->epoch = 0;
+                continue;
+            }
+            if (leader->piece.epoch != k->epoch) {
+                /* A new set of pieces starts healthy and is checked after an
+                 * interval. */
+                k->wid = 0;
+                k->unhealthy = false;
+                k->epoch = leader->piece.epoch;
+                k->next_ms = now + interval;
+            }
+            if (k->wid) {
+                int64_t due = k->sent_ms + c->cfg->canary_timeout_ms;
+                if (now >= due) {
+                    char why[200];
+                    snprintf(why, sizeof why, "its canary (a one-token request) got no token "
+                             "within %d ms (canary_timeout_ms)", c->cfg->canary_timeout_ms);
+                    tsr_worker_t *l = tsr_registry_find(c->reg, k->leader);
+                    if (l && l->has_piece && l->piece.epoch == k->epoch) {
+                        Tessera__Cancel m = TESSERA__CANCEL__INIT;
+                        m.request_id = k->wid;
+                        m.reason = "canary timed out";
+                        tsr_env_t env = TESSERA__ENVELOPE__INIT;
+                        env.epoch = l->piece.epoch;
+                        env.worker = l->name;
+                        env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
+                        env.cancel = &m;
+                        tsr_coord_send(c, l->rid, l->rid_len, &env);
+                    }
+                    canary_fail(c, d->name, r, k, why);
+                    k->next_ms = now + interval;
+                } else if (!next || due < next) {
+                    next = due;
+                }
+                continue;
+            }
+            /* Only an idle replica: a busy one shows it works by its tokens. */
+            if (now >= k->next_ms && tsr_requests_in_flight(c, d->name, r) == 0) {
+                canary_send(c, d, r, k, leader, now);
+                k->next_ms = now + interval;
+                if (k->wid) {
+                    int64_t due = now + c->cfg->canary_timeout_ms;
+                    if (!next || due < next) next = due;
+                }
+            }
+            if (!next || k->next_ms < next) next = k->next_ms;
+        }
+    }
+    return next;
+}
+
+/* A token or error for a canary: true when it was one (consumed). */
+static bool canary_token(tsr_coord_t *c, const tsr_worker_t *w, const Tessera__TokenEvent *t)
+{
+    if (!w->has_piece) return false;
+    tsr_canary_t *k = canary_of(c, w->piece.deployment, w->piece.replica);
+    if (!k || !k->wid || k->wid != t->request_id) return false;
+    if (t->error[0]) {
+        char why[300];
+        snprintf(why, sizeof why, "its canary failed: %s", t->error);
+        canary_fail(c, w->piece.deployment, w->piece.replica, k, why);
+        return true;
+    }
+    if (w->piece.stage != w->piece.pp_size - 1 || w->piece.tp != 0) return true;
+    if (k->unhealthy)
+        tsr_info("deployment %s replica %d is healthy again (its canary answered)",
+                 w->piece.deployment, w->piece.replica);
+    k->unhealthy = false;
+    k->why[0] = '\0';
+    k->wid = 0;
+    return true;
+}
+
 void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env)
 {
     const Tessera__TokenEvent *t = env->token_event;
     size_t i;
+    if (canary_token(c, w, t)) return;
     for (i = 0; i < c->n_reqs; i++)
         if (c->reqs[i].replica >= 0 && c->reqs[i].wid == t->request_id) break;
     if (i == c->n_reqs) {

@@ -66,6 +66,7 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             "  worker_timeout_ms: %d\n"
             "  security: none\n"
             "%s"
+            "%s"
             "deployments:\n"
             "  - name: tiny\n"
             "    model: %s\n"
@@ -76,7 +77,11 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             "      replicas: 1\n"
             "    max_seq_len: 256\n"
             "%s",
-            wep, cep, TIMEOUT_MS, extra ? extra : "", model_dir, dep_extra ? dep_extra : "");
+            wep, cep, TIMEOUT_MS, extra ? extra : "",
+            /* Canaries only where a test asks for them (they would add
+             * Generate messages to every exchange). */
+            extra && strstr(extra, "canary_interval_ms") ? "" : "  canary_interval_ms: 0\n",
+            model_dir, dep_extra ? dep_extra : "");
     fclose(f);
 }
 
@@ -1188,9 +1193,9 @@ static void test_non_control_envelope_on_control_socket_is_refused(void **state)
 
 /* Brings the cluster up with every piece ready; returns the replica's leader
  * (stage 0, tp rank 0). */
-static int cluster_ready(fx_t *fx)
+/* Every holder reports ready; returns the leader. */
+static int pieces_ready(fx_t *fx)
 {
-    cluster_up(fx);
     int leader = -1;
     for (int i = 0; i < NW; i++) {
         if (!fx->holds[i]) continue;
@@ -1199,6 +1204,22 @@ static int cluster_ready(fx_t *fx)
     }
     pump(fx);
     assert_int_not_equal(leader, -1);
+    return leader;
+}
+
+/* A holder other than the leader. */
+static int a_member(const fx_t *fx, int leader)
+{
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i] && i != leader) return i;
+    fail_msg("no member");
+    return -1;
+}
+
+static int cluster_ready(fx_t *fx)
+{
+    cluster_up(fx);
+    int leader = pieces_ready(fx);
     for (int i = 0; i < NW; i++)
         if (fx->holds[i])
             assert_int_equal(tsr_registry_find(fx->c->reg, fx->name[i])->state, TSR_W_READY);
@@ -1551,8 +1572,7 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     expect_client_token(fx, 0, 40);
     expect_client_token(fx, 1, 41);
 
-    int member = leader == 0 ? 1 : 0;
-    while (!fx->holds[member] || member == leader) member++;
+    int member = a_member(fx, leader);
     send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
     pump(fx);
     tsr_coord_tick(fx->c, tsr_now_ms());
@@ -1603,6 +1623,66 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
+/* A replica whose pieces are all ready but which does not generate is found
+ * by its canary, marked unhealthy in status and sent no requests, until a
+ * canary answers again. */
+static void test_a_silent_replica_is_found_by_its_canary(void **state)
+{
+    fx_t *fx = *state;
+    write_yaml(fx->path, fx->wep, fx->cep, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);          /* the pieces are seen ready: first canary in 100 ms */
+    expect_nothing(fx->dealer[leader], 10);
+    tsr_coord_tick(fx->c, t + 100);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 1);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.canaries, 1);
+
+    /* No token within 50 ms: unhealthy, and says why. */
+    tsr_coord_tick(fx->c, t + 160);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+    tsr_env_free(&env);
+    json_t *root = status(fx);
+    json_t *dep = json_array_get(json_object_get(root, "deployments"), 0);
+    assert_string_equal(json_string_value(json_object_get(dep, "state")), "degraded");
+    json_t *rep = json_array_get(json_object_get(dep, "replica_list"), 0);
+    assert_string_equal(json_string_value(json_object_get(rep, "state")), "unhealthy");
+    assert_non_null(strstr(json_string_value(json_object_get(rep, "reason")), "canary"));
+    json_decref(root);
+
+    /* A request waits rather than going to it. */
+    send_generate(fx, fx->ctl, 4, 0);
+    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    assert_non_null(strstr(env->control_reply->json, "\"queued\":true"));
+    tsr_env_free(&env);
+    expect_nothing(fx->dealer[leader], 10);
+
+    /* The next canary answers: healthy again, and the request goes out. */
+    tsr_coord_tick(fx->c, t + 260);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    uint64_t wid = env->generate->request_id;
+    assert_int_equal(env->generate->max_tokens, 1);
+    tsr_env_free(&env);
+    send_token(fx, sampler(fx), wid, 0, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, t + 270);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 4);
+    assert_int_equal(env->generate->n_prompt, 3);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.canaries_failed, 1);
+    root = status(fx);
+    dep = json_array_get(json_object_get(root, "deployments"), 0);
+    rep = json_array_get(json_object_get(dep, "replica_list"), 0);
+    assert_string_equal(json_string_value(json_object_get(rep, "state")), "ready");
+    json_decref(root);
+}
+
 /* A token lost between the replica and the coordinator leaves no gap: the
  * request goes on from the tokens the client has. */
 static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
@@ -1642,16 +1722,8 @@ static void test_a_request_arriving_during_an_outage_waits_for_a_replica(void **
     assert_non_null(strstr(env->control_reply->error, "has no ready replica"));
     tsr_env_free(&env);
 
-    int leader = -1;
-    for (int i = 0; i < NW; i++) {
-        if (!fx->holds[i]) continue;
-        send_ready(fx, i, fx->piece[i].epoch);
-        if (fx->piece[i].stage == 0 && fx->piece[i].tp_rank == 0) leader = i;
-    }
-    pump(fx);
-    assert_int_not_equal(leader, -1);
-    int member = leader == 0 ? 1 : 0;
-    while (!fx->holds[member] || member == leader) member++;
+    int leader = pieces_ready(fx);
+    int member = a_member(fx, leader);
     send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
     pump(fx);
     send_generate(fx, fx->ctl, 4, 0);
@@ -1911,6 +1983,7 @@ int main(void)
         T(test_replays_are_bounded_and_refusals_are_not_replayed),
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
+        T(test_a_silent_replica_is_found_by_its_canary),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),

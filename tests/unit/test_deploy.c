@@ -284,7 +284,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms, canary_interval_ms, canary_timeout_ms)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -880,6 +880,23 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:16: coordinator.max_replays: ", "100");
     expect_error("version: 1\ncoordinator:\n  replay_wait_ms: -1\n",
                  "demo.yaml:3:19: coordinator.replay_wait_ms: ", "3600000");
+    /* Canary: defaults, off, and the gap between 0 and 100. */
+    d = "version: 1\n";
+    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->canary_interval_ms, 5000);
+    assert_int_equal(cfg->canary_timeout_ms, 2000);
+    tsr_config_destroy(&cfg);
+    d = "version: 1\ncoordinator:\n  canary_interval_ms: 0\n  canary_timeout_ms: 600000\n";
+    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->canary_interval_ms, 0);
+    assert_int_equal(cfg->canary_timeout_ms, 600000);
+    tsr_config_destroy(&cfg);
+    expect_error("version: 1\ncoordinator:\n  canary_interval_ms: 50\n",
+                 "demo.yaml:3:23: coordinator.canary_interval_ms: ", "0 (off) or 100");
+    expect_error("version: 1\ncoordinator:\n  canary_timeout_ms: 0\n",
+                 "demo.yaml:3:22: coordinator.canary_timeout_ms: ", "600000");
 }
 
 static void test_security_defaults_to_curve_with_the_standard_key_store(void **state)
