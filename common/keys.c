@@ -330,7 +330,7 @@ int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, char *err, size_t
         zmq_z85_decode(k->bin, k->pub);
         n++;
     }
-    qsort(v, n, sizeof *v, by_name);
+    if (n) qsort(v, n, sizeof *v, by_name);
     *out = v;
     v = NULL;
     rc = (int)n;

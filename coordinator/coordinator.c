@@ -51,7 +51,8 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         for (size_t j = 0; j < n_old; j++) {
             if (strcmp(old[j].name, s->name)) continue;
             s->ever_ready = old[j].ever_ready;
-            for (int r = 0; s->completed && r < s->n_completed && r < old[j].n_completed; r++)
+            for (int r = 0; s->completed && old[j].completed && r < s->n_completed &&
+                            r < old[j].n_completed; r++)
                 s->completed[r] = old[j].completed[r];
         }
     }
@@ -159,6 +160,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
     free(c->config_path);
+    for (size_t i = 0; i < c->n_reqs; i++) free(c->reqs[i].ids);
     free(c->reqs);
     free(c->lost.di);
     free(c->lost.replica);
@@ -675,8 +677,10 @@ static bool registry_full(tsr_coord_t *c)
 
 static void note_if_ready(tsr_coord_t *c, const char *deployment);
 
-static bool name_fits_key(const char *name, const char *key)
+static bool name_fits_key(const char *name, const char *key_id)
 {
+    char key[TSR_NAME_MAX + 1];
+    tsr_key_name(key_id, key, sizeof key);
     size_t n = strlen(key);
     return n && !strncmp(name, key, n) && (name[n] == '\0' || name[n] == '-');
 }
@@ -738,22 +742,26 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
      * (a machine's key, its workers gpu02-cuda0 ...), nothing else: the
      * binding needs no memory, so neither a coordinator restart nor a full
      * registry lets another key take the name. */
+    char kname[TSR_NAME_MAX + 1], bound[TSR_NAME_MAX + 1];
+    tsr_key_name(c->msg_key, kname, sizeof kname);
     if (c->zap && !name_fits_key(env->worker, c->msg_key)) {
         snprintf(reason, sizeof reason,
                  "worker name %s does not belong to the key '%s', which may register %s or "
                  "%s-* (start it with --identity set to its key's name)",
-                 env->worker, c->msg_key, c->msg_key, c->msg_key);
+                 env->worker, kname, kname, kname);
         tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
     /* A name is bound to the key it first registered with, alive or dead,
      * until it is forgotten: a restart must bring the same key. */
-    if (w && strcmp(w->key_id, c->msg_key)) {
+    /* (By name: a key replaced under its name keeps its workers' names.) */
+    tsr_key_name(w ? w->key_id : "", bound, sizeof bound);
+    if (w && strcmp(bound, kname)) {
         snprintf(reason, sizeof reason,
                  "worker name %s is bound to the key '%s'; this connection uses the key '%s' "
                  "(start the worker with --identity %s, or forget the old one: it is "
                  "forgotten %d s after it dies)",
-                 env->worker, w->key_id, c->msg_key, w->key_id, c->cfg->dead_worker_ttl_s);
+                 env->worker, bound, kname, bound, c->cfg->dead_worker_ttl_s);
         tsr_error("refused worker %s (pid %u): %s", env->worker, r->pid, reason);
         goto refuse;
     }
@@ -1023,6 +1031,7 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t ma
     for (int i = 0; i < budget; i++) {
         tsr_env_t *env = NULL;
         rid_len = 0;
+        c->msg_key[0] = '\0';
         int rc = tsr_wire_recv_user(sock, rid, &rid_len, c->msg_key, sizeof c->msg_key, max,
                                     &env, err, sizeof err);
         if (rc == 0) break;
@@ -1104,8 +1113,9 @@ static void drop_removed_keys(tsr_coord_t *c, int64_t now)
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state == TSR_W_DEAD || tsr_zap_allowed(c->zap, w->key_id)) continue;
-        char why[256];
-        snprintf(why, sizeof why, "its key '%s' was removed from the key store", w->key_id);
+        char why[256], name[TSR_NAME_MAX + 1];
+        snprintf(why, sizeof why, "its key '%s' was removed from the key store (or replaced)",
+                 tsr_key_name(w->key_id, name, sizeof name));
         tsr_warn("worker %s is cut off: %s", w->name, why);
         declare_dead(c, w, now, why);
     }

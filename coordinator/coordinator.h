@@ -74,6 +74,8 @@ typedef struct {
     int base;                   /* tokens delivered when this attempt started (its index 0) */
     int replays;                /* attempts after the first */
     int64_t waiting_since_ms;   /* replica -1: since when */
+    int avoid;                  /* the replica whose error interrupted it (-1: none): the
+                                   next attempt goes elsewhere when it can */
     char why[256];              /* what interrupted the last attempt */
     /* What a replay needs: the prompt followed by every delivered token. */
     int32_t *ids;
@@ -85,7 +87,7 @@ typedef struct {
     uint32_t timeout_ms;        /* the client's deadline; 0: none */
     int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
     bool reply_dropped;         /* a reply was lost to a full client queue (warned once) */
-    char key_id[TSR_NAME_MAX + 1];  /* the client's CURVE key ("" without CURVE) */
+    char key_id[TSR_KEY_ID_MAX];  /* the client's CURVE key id ("" without CURVE) */
 } tsr_request_rec_t;
 
 typedef struct {
@@ -124,7 +126,7 @@ typedef struct {
     uint64_t zap_generation;    /* the allowed set the live sessions were checked against */
     /* The CURVE key of the connection whose message is being handled ("":
      * none), set by the socket reader for the handlers. */
-    char msg_key[TSR_NAME_MAX + 1];
+    char msg_key[TSR_KEY_ID_MAX];
     int64_t send_warned_ms;     /* the last warning about a failed send */
     void *cmon;                 /* the control socket's disconnections */
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include "common/deploy.h"
 #include "common/wire.h"
+#include "zap.h"
 
 typedef enum {
     TSR_W_IDLE = 0,
@@ -46,8 +47,8 @@ typedef struct {
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */
     uint8_t rid[256];           /* ZeroMQ routing id of its connection */
     size_t rid_len;
-    char key_id[TSR_NAME_MAX + 1];  /* the CURVE key it registered with: the name
-                                       stays bound to it ("" without CURVE) */
+    char key_id[TSR_KEY_ID_MAX];  /* the CURVE key id (name/public key, zap.h) it
+                                     registered with ("" without CURVE) */
 
     tsr_wstate_t state;
     bool drained;               /* excluded from placement until undrained */

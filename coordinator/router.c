@@ -146,6 +146,7 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
     tsr_info("request %llu on %s replica %d interrupted after %d token(s): %s; resuming it",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
     snprintf(q->why, sizeof q->why, "%s", why);
+    q->avoid = q->replica;
     q->replica = -1;
     q->leader[0] = '\0';
     q->waiting_since_ms = tsr_now_ms();
@@ -190,9 +191,10 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
     for (size_t i = c->n_reqs; i-- > 0;) {
         tsr_request_rec_t *q = &c->reqs[i];
         if (!c->zap || tsr_zap_allowed(c->zap, q->key_id)) continue;
-        char msg[256];
+        char msg[300], name[TSR_NAME_MAX + 1];
         snprintf(msg, sizeof msg, "request %llu ended after %d token(s): the key '%s' was "
-                 "removed from the key store", (unsigned long long)q->id, q->n_tokens, q->key_id);
+                 "removed from the key store (or replaced)", (unsigned long long)q->id,
+                 q->n_tokens, tsr_key_name(q->key_id, name, sizeof name));
         reply_json(c, q, false, msg, NULL);
         c->stats.requests_failed++;
         request_cancel(c, i, "the client's key was removed from the key store");
@@ -255,16 +257,21 @@ static tsr_canary_t *canary_of(tsr_coord_t *c, const char *deployment, int r)
 
 /* The ready replica of d with the fewest requests in flight, or -1.  A
  * replica whose canary failed gets none. */
-static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
+static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid)
 {
     int replica = -1, best = 0;
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = canary_of(c, d->name, r);
-        if ((k && k->unhealthy) || !ready_leader(c, d, r)) continue;
+        if (r == avoid || (k && k->unhealthy) || !ready_leader(c, d, r)) continue;
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
     return replica;
+}
+
+static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
+{
+    return pick_replica_but(c, d, -1);
 }
 
 /* Sends request i's next attempt to the leader of replica r of d (ready):
@@ -305,6 +312,16 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
     env.worker = leader->name;
     env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
+    /* A worker drops a message over its limit: say so instead of waiting. */
+    env.protocol_version = TSR_PROTOCOL_VERSION;
+    size_t packed = tessera__envelope__get_packed_size(&env);
+    if (packed > TSR_WIRE_MAX_WORKER) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "its prompt and tokens (%zu ids) make a message of %zu bytes, "
+                 "over the workers' limit of %u", g.n_prompt, packed, TSR_WIRE_MAX_WORKER);
+        request_fail(c, i, msg);
+        return;
+    }
     if (tsr_coord_send(c, leader->rid, leader->rid_len, &env) < 0) {
         char msg[300];
         snprintf(msg, sizeof msg, "could not send it to the leader %s (%s)", leader->name,
@@ -328,8 +345,12 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
             request_fail(c, i, "its deployment was removed from the file");
             continue;
         }
-        int r = pick_replica(c, d);
+        /* Not straight back to the replica that just failed it, while
+         * another can take it. */
+        int r = pick_replica_but(c, d, q->avoid);
+        if (r < 0) r = pick_replica(c, d);
         if (r >= 0) {
+            q->avoid = -1;
             if (q->base < q->n_tokens || q->replays) {
                 json_t *doc = json_pack("{s:I, s:b, s:i, s:i}", "request_id", (json_int_t)q->id,
                                         "resumed", 1, "replica", r, "from_index", q->n_tokens);
@@ -426,9 +447,8 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         c->cap_reqs = cap;
     }
     uint64_t id = new_request_id(c);
-    /* Room for the prompt and what it can generate within max_seq_len: the
-     * positions, and the token sampled at the last one. */
-    int cap_ids = d->max_seq_len + 1;
+    /* Room for the prompt and the first tokens; it grows as tokens come. */
+    int cap_ids = (int)q->n_prompt + 64;
     int32_t *ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
     if (!ids) {
         refuse(c, rid, rid_len, id ? "coordinator out of memory"
@@ -444,6 +464,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     snprintf(rec->key_id, sizeof rec->key_id, "%s", c->msg_key);
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = -1;
+    rec->avoid = -1;
     rec->ids = ids;
     rec->n_prompt = (int)q->n_prompt;
     rec->cap_ids = cap_ids;
@@ -555,6 +576,10 @@ static void canary_fail(tsr_coord_t *c, const char *dep, int r, tsr_canary_t *k,
     snprintf(k->why, sizeof k->why, "%s", why);
     k->wid = 0;
     c->stats.canaries_failed++;
+    /* Requests sent to it since the canary went out would wait for good. */
+    char msg[300];
+    snprintf(msg, sizeof msg, "its replica is unhealthy: %s", why);
+    tsr_requests_fail_replica(c, dep, r, msg);
 }
 
 int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
@@ -683,9 +708,19 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         request_interrupt(c, i, why);
         return;
     }
-    if (at < q->n_tokens || q->n_prompt + q->n_tokens >= q->cap_ids) {
-        c->stats.stale_dropped++;  /* a repeat, or past max_seq_len (a broken worker) */
+    if (at < q->n_tokens) {
+        c->stats.stale_dropped++;  /* a repeat */
         return;
+    }
+    if (q->n_prompt + q->n_tokens >= q->cap_ids) {
+        int cap = q->cap_ids * 2;
+        int32_t *ids = realloc(q->ids, (size_t)cap * sizeof *ids);
+        if (!ids) {
+            request_fail(c, i, "coordinator out of memory for the request's tokens");
+            return;
+        }
+        q->ids = ids;
+        q->cap_ids = cap;
     }
     q->ids[q->n_prompt + q->n_tokens] = t->token;
     int index = q->n_tokens++;

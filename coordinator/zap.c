@@ -100,7 +100,7 @@ static void answer(tsr_zap_t *z)
     }
     /* version, request id, domain, address, routing id, mechanism, key */
     const char *status = "400", *text = "key not allowed";
-    char user[TSR_NAME_MAX + 1] = "";
+    char user[TSR_KEY_ID_MAX] = "";
     if (n == 7 && zmq_msg_size(&f[0]) == 3 && !memcmp(zmq_msg_data(&f[0]), "1.0", 3) &&
         zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
         zmq_msg_size(&f[6]) == 32) {
@@ -113,7 +113,7 @@ static void answer(tsr_zap_t *z)
             pthread_mutex_lock(&z->mu);
             for (size_t i = 0; i < z->n_keys; i++)
                 if (!memcmp(z->keys[i].bin, zmq_msg_data(&f[6]), 32)) {
-                    snprintf(user, sizeof user, "%s", z->keys[i].name);
+                    snprintf(user, sizeof user, "%s/%s", z->keys[i].name, z->keys[i].pub);
                     break;
                 }
             struct timespec was = z->mtime;
@@ -228,11 +228,16 @@ static int cmp_name(const void *key, const void *elem)
     return strcmp(key, ((const tsr_allowed_key_t *)elem)->name);
 }
 
-bool tsr_zap_allowed(tsr_zap_t *z, const char *name)
+bool tsr_zap_allowed(tsr_zap_t *z, const char *key_id)
 {
-    if (!name || !name[0]) return false;
+    if (!key_id || !key_id[0]) return false;
+    const char *slash = strchr(key_id, '/');
+    char name[TSR_NAME_MAX + 1];
+    tsr_key_name(key_id, name, sizeof name);
     pthread_mutex_lock(&z->mu);
-    bool ok = bsearch(name, z->keys, z->n_keys, sizeof *z->keys, cmp_name) != NULL;
+    const tsr_allowed_key_t *k =
+        z->n_keys ? bsearch(name, z->keys, z->n_keys, sizeof *z->keys, cmp_name) : NULL;
+    bool ok = k && (!slash || !strcmp(slash + 1, k->pub));
     pthread_mutex_unlock(&z->mu);
     return ok;
 }

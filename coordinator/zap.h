@@ -15,6 +15,20 @@
 
 typedef struct tsr_zap tsr_zap_t;
 
+/* A connection's key id (its ZAP "User-Id"): the key's name, '/', and its
+ * public key in Z85, so a key replaced under the same name is another key. */
+#define TSR_KEY_ID_MAX (128 + 1 + 40 + 1)
+
+/* The name part of a key id, into buf. */
+static inline const char *tsr_key_name(const char *key_id, char *buf, size_t len)
+{
+    size_t n = 0;
+    while (key_id[n] && key_id[n] != '/' && n + 1 < len) n++;
+    for (size_t i = 0; i < n; i++) buf[i] = key_id[i];
+    if (len) buf[n] = '\0';
+    return buf;
+}
+
 /* Binds the ZAP endpoint in this process's ZeroMQ context (before any CURVE
  * socket is bound: ZeroMQ lets every client in while no handler is bound)
  * and starts its thread.  NULL with err when keys_dir/allowed cannot be
@@ -22,8 +36,9 @@ typedef struct tsr_zap tsr_zap_t;
 tsr_zap_t *tsr_zap_start(const char *keys_dir, char *err, size_t errlen);
 void tsr_zap_stop(tsr_zap_t **self_p);
 
-/* True while name is an allowed key.  Thread-safe. */
-bool tsr_zap_allowed(tsr_zap_t *self, const char *name);
+/* True while key_id (name/public key) is an allowed key: false once the
+ * name is removed or its key replaced.  Thread-safe. */
+bool tsr_zap_allowed(tsr_zap_t *self, const char *key_id);
 /* Changes whenever the set of allowed keys changes. */
 uint64_t tsr_zap_generation(tsr_zap_t *self);
 

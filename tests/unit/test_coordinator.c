@@ -1642,10 +1642,24 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     tsr_env_free(&env);
     assert_int_equal(fx->c->stats.canaries, 1);
 
-    /* No token within 50 ms: unhealthy, and says why. */
-    tsr_coord_tick(fx->c, t + 160);
-    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+    /* A request arrives while the canary is out, and goes to the replica. */
+    send_generate(fx, fx->ctl, 4, 0);
+    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
     tsr_env_free(&env);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 4);
+    tsr_env_free(&env);
+
+    /* No token within 50 ms: unhealthy, and says why; the request on it
+     * leaves it (cancelled there) to wait for a healthy replica. */
+    tsr_coord_tick(fx->c, t + 160);
+    for (int k = 0; k < 2; k++) {
+        env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+        tsr_env_free(&env);
+    }
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replica, -1);
     json_t *root = status(fx);
     json_t *dep = json_array_get(json_object_get(root, "deployments"), 0);
     assert_string_equal(json_string_value(json_object_get(dep, "state")), "degraded");
@@ -1653,13 +1667,6 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     assert_string_equal(json_string_value(json_object_get(rep, "state")), "unhealthy");
     assert_non_null(strstr(json_string_value(json_object_get(rep, "reason")), "canary"));
     json_decref(root);
-
-    /* A request waits rather than going to it. */
-    send_generate(fx, fx->ctl, 4, 0);
-    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
-    assert_true(env->control_reply->ok);
-    assert_non_null(strstr(env->control_reply->json, "\"queued\":true"));
-    tsr_env_free(&env);
     expect_nothing(fx->dealer[leader], 10);
 
     /* The next canary answers: healthy again, and the request goes out. */
@@ -1675,6 +1682,7 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     assert_int_equal(env->generate->max_tokens, 4);
     assert_int_equal(env->generate->n_prompt, 3);
     tsr_env_free(&env);
+    assert_int_equal(fx->c->reqs[0].replica, 0);
     assert_int_equal(fx->c->stats.canaries_failed, 1);
     root = status(fx);
     dep = json_array_get(json_object_get(root, "deployments"), 0);

@@ -278,8 +278,10 @@ static void test_only_allowed_keys_get_in_under_their_names(void **state)
     assert_non_null(good);
     send_hb(good);
     char user[TSR_NAME_MAX + 1] = "?";
+    char want[TSR_KEY_ID_MAX];
+    snprintf(want, sizeof want, "w1/%s", w1.self.pub);
     assert_int_equal(recv_user(router, user, sizeof user), 1);
-    assert_string_equal(user, "w1");
+    assert_string_equal(user, want);  /* the key's name and public key */
     tsr_sock_monitor_close(good, &mon);
 
     /* An unknown key and a plain client: nothing arrives, and each side
@@ -299,13 +301,24 @@ static void test_only_allowed_keys_get_in_under_their_names(void **state)
     assert_true(zs.refused >= 1);
     assert_true(zs.accepted >= 1);
 
-    /* Removing w1 is seen within the handler's rescan. */
+    /* Replacing w1's key (remove, add) is seen within the handler's
+     * rescan: the old key's sessions are no longer allowed, the new key's
+     * are. */
     uint64_t g = tsr_zap_generation(zap);
-    assert_true(tsr_zap_allowed(zap, "w1"));
+    assert_true(tsr_zap_allowed(zap, user));
     assert_int_equal(tsr_keys_remove(store, "w1", err, sizeof err), 0);
+    assert_int_equal(tsr_keys_add(store, "w1", err, sizeof err), 0);
     for (int i = 0; i < 100 && tsr_zap_generation(zap) == g; i++) usleep(10000);
     assert_true(tsr_zap_generation(zap) != g);
-    assert_false(tsr_zap_allowed(zap, "w1"));
+    assert_false(tsr_zap_allowed(zap, user));
+    tsr_security_t w1b;
+    assert_int_equal(tsr_security_client(store, NULL, "w1", &w1b, err, sizeof err), 0);
+    snprintf(want, sizeof want, "w1/%s", w1b.self.pub);
+    assert_true(tsr_zap_allowed(zap, want));
+    g = tsr_zap_generation(zap);
+    assert_int_equal(tsr_keys_remove(store, "w1", err, sizeof err), 0);
+    for (int i = 0; i < 100 && tsr_zap_generation(zap) == g; i++) usleep(10000);
+    assert_false(tsr_zap_allowed(zap, want));
     assert_false(tsr_zap_allowed(zap, ""));
 
     tsr_sock_monitor_close(bad, &mon2);
