@@ -13,7 +13,9 @@
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define RESCAN_MS 100        /* how often the directory's mtime is checked */
-#define FULL_RELOAD_MS 2000  /* reread even without a visible change */
+/* Reread even without a visible change: two changes within one tick of the
+ * file system's clock leave the directory's mtime as it was. */
+#define FULL_RELOAD_MS 500
 
 struct tsr_zap {
     char dir[TSR_PATH_MAX];
@@ -160,6 +162,7 @@ static void *run(void *arg)
     zmq_pollitem_t item = {z->rep, 0, ZMQ_POLLIN, 0};
     while (!__atomic_load_n(&z->stop, __ATOMIC_ACQUIRE)) {
         int rc = zmq_poll(&item, 1, RESCAN_MS);
+        if (rc < 0 && zmq_errno() == ETERM) break;  /* the context is going away */
         if (rc > 0 && (item.revents & ZMQ_POLLIN)) answer(z);
         struct timespec mt = dir_mtime(z->dir);
         pthread_mutex_lock(&z->mu);
