@@ -19,6 +19,10 @@ fi
 LOCAL=$!
 trap 'kill -TERM $LOCAL 2>/dev/null; wait $LOCAL 2>/dev/null' EXIT
 
+# `tessera local` makes the cluster's CURVE keys (configs/demo.yaml: keys_dir
+# build/demo-keys) before it starts anything; the CLI needs its own.
+for _ in $(seq 100); do [ -e build/demo-keys/cli.key ] && break; sleep 0.1; done
+
 echo "== waiting for the deployment to be ready"
 "$BIN/tessera" --config configs/demo.yaml status --wait-ready 15 || { echo "demo: not ready; logs in $LOGS" >&2; exit 1; }
 
