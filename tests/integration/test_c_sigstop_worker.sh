@@ -16,10 +16,14 @@ echo "stopped worker declared dead after $detect ms (limit 1100)"
 [ "$detect" -le 1100 ] || fail "detection took $detect ms"
 takes_over() { [ "$(piece_holder 0 0 1)" = "$spare" ] && all_ready; }
 wait_until 3 takes_over || fail "spare did not take over"
+plans() { status_json | jget "d['coordinator']['stats']['plans']"; }
+p0=$(plans)
 kill -CONT "${WPID[$victim]}"
 back_idle() { [ "$(worker_field "$victim" state)" = idle ]; }
 wait_until 5 back_idle || fail "$victim did not come back idle: $(worker_field "$victim" state)"
-sleep 0.5
+# Its return is an event the planner sees; after that plan the piece stays.
+replanned() { [ "$(plans)" -gt "$p0" ]; }
+wait_until 5 replanned || fail "no plan after $victim came back"
 [ "$(piece_holder 0 0 1)" = "$spare" ] || fail "piece moved back to $(piece_holder 0 0 1)"
 [ "$(worker_field "$victim" assignment)" = null ] || fail "$victim still holds $(worker_field "$victim" assignment)"
 all_ready || fail "deployment not ready after SIGCONT"

@@ -9,16 +9,16 @@ placement() { status_json | jget "sorted((w['name'], w['assignment'] and [w['ass
 before=$(placement)
 epoch_before=$(status_json | jget "d['coordinator']['epoch']")
 kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null
-sleep 0.3
 start_coord "$T/d.yaml"; t0=$(now_ms)
 complete() { all_ready && [ "$(placement)" = "$before" ]; }
 wait_until 4 complete || fail "not complete after restart: before $before, now $(placement)"
 took=$(( $(now_ms) - t0 ))
 echo "status complete $took ms after restart"
 [ "$took" -le 2000 ] || fail "took $took ms > 2000"
-# Wait past the adoption grace, so the planner has run, then check that it
-# moved nothing.
-sleep 1.5
+# Once the adoption grace is over and the planner has run, it has moved
+# nothing.
+planned() { [ "$(status_json | jget "d['coordinator']['planning'] and d['coordinator']['stats']['plans'] >= 1")" = true ]; }
+wait_until 5 planned || fail "the new coordinator never planned"
 [ "$(placement)" = "$before" ] || fail "pieces were reshuffled: $(placement)"
 [ "$(status_json | jget "d['coordinator']['stats']['assigns']")" = 0 ] || fail "the new coordinator sent assignments"
 [ "$(status_json | jget "d['coordinator']['epoch'] >= $epoch_before")" = true ] || fail "epoch went backwards"
