@@ -13,13 +13,18 @@
 
 #define KEY_FILE_MAX 4096
 
-const char *tsr_keys_path(const char *dir, const char *file, char *buf, size_t len)
+/* $CREDENTIALS_DIRECTORY/file into buf when that file exists, else NULL. */
+static const char *credential(const char *file, char *buf, size_t len)
 {
     const char *cred = getenv("CREDENTIALS_DIRECTORY");
-    if (cred && cred[0]) {
-        snprintf(buf, len, "%s/%s", cred, file);
-        if (access(buf, F_OK) == 0) return buf;
-    }
+    if (!cred || !cred[0]) return NULL;
+    snprintf(buf, len, "%s/%s", cred, file);
+    return access(buf, F_OK) == 0 ? buf : NULL;
+}
+
+const char *tsr_keys_path(const char *dir, const char *file, char *buf, size_t len)
+{
+    if (credential(file, buf, len)) return buf;
     snprintf(buf, len, "%s/%s", dir, file);
     return buf;
 }
@@ -375,9 +380,7 @@ int tsr_security_client(const char *dir, const char *identity, const char *defau
     snprintf(file, sizeof file, "%s.key", identity);
     /* systemd units pass the key pair under a fixed name (their identity is
      * the host name, which LoadCredential= cannot put in a name). */
-    tsr_keys_path(dir, TSR_KEYS_CREDENTIAL, p, sizeof p);
-    if (strncmp(p, dir, strlen(dir)) == 0 || access(p, F_OK) != 0)
-        tsr_keys_path(dir, file, p, sizeof p);
+    if (!credential(TSR_KEYS_CREDENTIAL, p, sizeof p)) tsr_keys_path(dir, file, p, sizeof p);
     if (!asked && access(p, F_OK) != 0) return 0; /* plain: security none */
     out->curve = 1;
     if (tsr_key_read_pair(p, &out->self, err, errlen) < 0) return -1;

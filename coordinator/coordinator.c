@@ -80,6 +80,12 @@ static int dep_index(const tsr_coord_t *c, const char *name)
     return -1;
 }
 
+tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name)
+{
+    int i = dep_index(c, name);
+    return i < 0 ? NULL : &c->deps[i];
+}
+
 tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen)
 {
     tsr_coord_t *c = calloc(1, sizeof *c);

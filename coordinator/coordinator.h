@@ -137,6 +137,8 @@ typedef struct {
 tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen);
 void tsr_coord_destroy(tsr_coord_t **self_p);
 
+/* The state of the deployment with that name, or NULL. */
+tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
 /* Sends env to the worker at routing id rid on the workers socket; a send
  * that fails is counted (stats.sends_failed) and logged.  0 or -1. */
 int tsr_coord_send(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);

@@ -73,26 +73,35 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
     request_remove(c, i);
 }
 
-/* Tells the leader request q was sent to that it is over.  A leader that died
- * or was given a new epoch since has dropped the request already (its
- * replica's requests were failed then). */
-static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *reason)
+/* The worker named leader while it still holds the piece of that epoch; a
+ * leader that died or was given a new epoch since has dropped what it ran
+ * (its replica's requests were interrupted then). */
+static tsr_worker_t *leader_of_epoch(tsr_coord_t *c, const char *leader, uint64_t epoch)
 {
-    tsr_worker_t *w = tsr_registry_find(c->reg, q->leader);
-    if (q->replica < 0 || !w || w->state == TSR_W_DEAD || !w->has_piece ||
-        w->piece.epoch != q->epoch)
-        return;
+    tsr_worker_t *w = tsr_registry_find(c->reg, leader);
+    return w && w->state != TSR_W_DEAD && w->has_piece && w->piece.epoch == epoch ? w : NULL;
+}
+
+/* Tells replica leader w to drop sequence id (a failed send is counted and
+ * logged by tsr_coord_send).  Returns 0 or -1. */
+static int cancel_at(tsr_coord_t *c, const tsr_worker_t *w, uint64_t id, const char *reason)
+{
     Tessera__Cancel m = TESSERA__CANCEL__INIT;
-    m.request_id = q->wid;
+    m.request_id = id;
     m.reason = (char *)reason;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.epoch = q->epoch;
-    env.worker = w->name;
+    env.epoch = w->piece.epoch;
+    env.worker = (char *)w->name;
     env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
     env.cancel = &m;
-    if (tsr_coord_send(c, w->rid, w->rid_len, &env) < 0)
-        tsr_warn("request %llu: could not send Cancel to %s (%s)", (unsigned long long)q->id,
-                 w->name, zmq_strerror(errno));
+    return tsr_coord_send(c, w->rid, w->rid_len, &env);
+}
+
+/* Tells the leader request q's attempt was sent to that it is over. */
+static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *reason)
+{
+    tsr_worker_t *w = q->replica < 0 ? NULL : leader_of_epoch(c, q->leader, q->epoch);
+    if (w) cancel_at(c, w, q->wid, reason);
 }
 
 /* Ends request i early: the leader is told to drop it, and it is forgotten. */
@@ -159,20 +168,24 @@ static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
     request_interrupt_as(c, i, why, true);
 }
 
-void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
-                               const char *why)
+static void interrupt_replica(tsr_coord_t *c, const char *deployment, int replica,
+                              const char *why, bool counts)
 {
     for (size_t i = c->n_reqs; i-- > 0;)
         if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
-            request_interrupt(c, i, why);
+            request_interrupt_as(c, i, why, counts);
+}
+
+void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why)
+{
+    interrupt_replica(c, deployment, replica, why, true);
 }
 
 void tsr_requests_move_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why)
 {
-    for (size_t i = c->n_reqs; i-- > 0;)
-        if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
-            request_interrupt_as(c, i, why, false);
+    interrupt_replica(c, deployment, replica, why, false);
 }
 
 void tsr_requests_probe_clients(tsr_coord_t *c)
@@ -247,12 +260,8 @@ static uint64_t new_request_id(const tsr_coord_t *c)
 /* The canary state of replica r of deployment d, or NULL. */
 static tsr_canary_t *canary_of(tsr_coord_t *c, const char *deployment, int r)
 {
-    for (size_t k = 0; k < c->cfg->n_deployments; k++) {
-        tsr_dep_state_t *ds = &c->deps[k];
-        if (!strcmp(ds->name, deployment))
-            return ds->canary && r >= 0 && r < ds->n_completed ? &ds->canary[r] : NULL;
-    }
-    return NULL;
+    tsr_dep_state_t *ds = tsr_coord_dep(c, deployment);
+    return ds && ds->canary && r >= 0 && r < ds->n_completed ? &ds->canary[r] : NULL;
 }
 
 /* The ready replica of d with the fewest requests in flight, or -1.  A
@@ -519,15 +528,7 @@ static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)
             l->piece.replica != last->piece.replica ||
             strcmp(l->piece.deployment, last->piece.deployment))
             continue;
-        Tessera__Cancel m = TESSERA__CANCEL__INIT;
-        m.request_id = id;
-        m.reason = "nobody waits for it";
-        tsr_env_t env = TESSERA__ENVELOPE__INIT;
-        env.epoch = l->piece.epoch;
-        env.worker = l->name;
-        env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
-        env.cancel = &m;
-        if (tsr_coord_send(c, l->rid, l->rid_len, &env) == 0) c->stats.orphans_cancelled++;
+        if (cancel_at(c, l, id, "nobody waits for it") == 0) c->stats.orphans_cancelled++;
         return;
     }
 }
@@ -613,18 +614,8 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
                     char why[200];
                     snprintf(why, sizeof why, "its canary (a one-token request) got no token "
                              "within %d ms (canary_timeout_ms)", c->cfg->canary_timeout_ms);
-                    tsr_worker_t *l = tsr_registry_find(c->reg, k->leader);
-                    if (l && l->has_piece && l->piece.epoch == k->epoch) {
-                        Tessera__Cancel m = TESSERA__CANCEL__INIT;
-                        m.request_id = k->wid;
-                        m.reason = "canary timed out";
-                        tsr_env_t env = TESSERA__ENVELOPE__INIT;
-                        env.epoch = l->piece.epoch;
-                        env.worker = l->name;
-                        env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
-                        env.cancel = &m;
-                        tsr_coord_send(c, l->rid, l->rid_len, &env);
-                    }
+                    tsr_worker_t *l = leader_of_epoch(c, k->leader, k->epoch);
+                    if (l) cancel_at(c, l, k->wid, "canary timed out");
                     canary_fail(c, d->name, r, k, why);
                     k->next_ms = now + interval;
                 } else if (!next || due < next) {
@@ -731,11 +722,8 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     json_decref(doc);
     c->stats.tokens++;
     if (t->done) {
-        for (size_t k = 0; k < c->cfg->n_deployments; k++) {
-            tsr_dep_state_t *ds = &c->deps[k];
-            if (!strcmp(ds->name, q->deployment) && ds->completed && q->replica < ds->n_completed)
-                ds->completed[q->replica]++;
-        }
+        tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
+        if (ds && ds->completed && q->replica < ds->n_completed) ds->completed[q->replica]++;
         request_remove(c, i);
     }
     else if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");

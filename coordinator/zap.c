@@ -74,6 +74,33 @@ static int reload(tsr_zap_t *z, char *err, size_t errlen)
     return 0;
 }
 
+/* The key id ("name/public key") of the allowed key bin (32 bytes) into
+ * user; false when it is not allowed. */
+static bool find_key(tsr_zap_t *z, const void *bin, char *user, size_t len)
+{
+    bool found = false;
+    pthread_mutex_lock(&z->mu);
+    for (size_t i = 0; i < z->n_keys && !found; i++)
+        if (!memcmp(z->keys[i].bin, bin, 32)) {
+            snprintf(user, len, "%s/%s", z->keys[i].name, z->keys[i].pub);
+            found = true;
+        }
+    pthread_mutex_unlock(&z->mu);
+    return found;
+}
+
+/* Whether the store may have changed since it was read: its directory's
+ * mtime moved, or FULL_RELOAD_MS passed. */
+static bool reload_due(tsr_zap_t *z)
+{
+    struct timespec mt = dir_mtime(z->dir);
+    pthread_mutex_lock(&z->mu);
+    bool due = mt.tv_sec != z->mtime.tv_sec || mt.tv_nsec != z->mtime.tv_nsec ||
+               tsr_now_ms() - z->loaded_ms >= FULL_RELOAD_MS;
+    pthread_mutex_unlock(&z->mu);
+    return due;
+}
+
 static void send_frame(void *s, const void *p, size_t n, int more)
 {
     zmq_send(s, p, n, more ? ZMQ_SNDMORE : 0);
@@ -107,25 +134,13 @@ static void answer(tsr_zap_t *z)
         zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
         zmq_msg_size(&f[6]) == 32) {
         /* A key added a moment ago may not be in the set yet: an unknown
-         * key rereads the store first (when the directory changed, or at
-         * most every RESCAN_MS), so a
+         * key rereads the store first when it may have changed, so a
          * worker started right after `tessera keys add` gets in (ZeroMQ
          * does not retry a connection refused here). */
-        for (int pass = 0; pass < 2 && !user[0]; pass++) {
-            pthread_mutex_lock(&z->mu);
-            for (size_t i = 0; i < z->n_keys; i++)
-                if (!memcmp(z->keys[i].bin, zmq_msg_data(&f[6]), 32)) {
-                    snprintf(user, sizeof user, "%s/%s", z->keys[i].name, z->keys[i].pub);
-                    break;
-                }
-            struct timespec was = z->mtime;
-            bool may_reload = tsr_now_ms() - z->loaded_ms >= RESCAN_MS;
-            pthread_mutex_unlock(&z->mu);
-            struct timespec mt = dir_mtime(z->dir);
-            if (mt.tv_sec != was.tv_sec || mt.tv_nsec != was.tv_nsec) may_reload = true;
-            char err[512];
-            if (user[0] || pass || !may_reload || reload(z, err, sizeof err) < 0) break;
-        }
+        char err[512];
+        if (!find_key(z, zmq_msg_data(&f[6]), user, sizeof user) && reload_due(z) &&
+            reload(z, err, sizeof err) == 0)
+            find_key(z, zmq_msg_data(&f[6]), user, sizeof user);
         pthread_mutex_lock(&z->mu);
         if (user[0]) z->accepted++;
         else z->refused++;
@@ -164,14 +179,10 @@ static void *run(void *arg)
         int rc = zmq_poll(&item, 1, RESCAN_MS);
         if (rc < 0 && zmq_errno() == ETERM) break;  /* the context is going away */
         if (rc > 0 && (item.revents & ZMQ_POLLIN)) answer(z);
-        struct timespec mt = dir_mtime(z->dir);
-        pthread_mutex_lock(&z->mu);
-        bool due = mt.tv_sec != z->mtime.tv_sec || mt.tv_nsec != z->mtime.tv_nsec ||
-                   tsr_now_ms() - z->loaded_ms >= FULL_RELOAD_MS;
-        pthread_mutex_unlock(&z->mu);
         char err[512];
-        if (due && reload(z, err, sizeof err) < 0) {
+        if (reload_due(z) && reload(z, err, sizeof err) < 0) {
             tsr_warn("cannot reread the allowed keys, keeping the last good set: %s", err);
+            struct timespec mt = dir_mtime(z->dir);
             pthread_mutex_lock(&z->mu);
             z->mtime = mt; /* warn once per change, not every 100 ms */
             z->loaded_ms = tsr_now_ms();

@@ -50,6 +50,11 @@ static int endpoint_seq;
 
 static void find_model_dir(void) { tsr_test_tiny_model_dir(model_dir); }
 
+/* The deployment's parallel layout (a test may change it before it writes
+ * the file). */
+static const char *layout;
+#define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
+
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
  * deployment (after max_seq_len).  Either may be NULL. */
 static void write_yaml_dep(const char *path, const char *wep, const char *cep, const char *extra,
@@ -72,16 +77,14 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             "    model: %s\n"
             "    device: cpu\n"
             "    parallel:\n"
-            "      tensor: 2\n"
-            "      pipeline: 2\n"
-            "      replicas: 1\n"
+            "%s"
             "    max_seq_len: 256\n"
             "%s",
             wep, cep, TIMEOUT_MS, extra ? extra : "",
             /* Canaries only where a test asks for them (they would add
              * Generate messages to every exchange). */
             extra && strstr(extra, "canary_interval_ms") ? "" : "  canary_interval_ms: 0\n",
-            model_dir, dep_extra ? dep_extra : "");
+            model_dir, layout, dep_extra ? dep_extra : "");
     fclose(f);
 }
 
@@ -93,6 +96,7 @@ static void write_yaml(const char *path, const char *wep, const char *cep, const
 static int setup(void **state)
 {
     if (!model_dir[0]) find_model_dir();
+    layout = LAYOUT_TP2_PP2;
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
     snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
@@ -1281,18 +1285,26 @@ static uint64_t start_request(fx_t *fx, void *client, int leader, uint32_t timeo
     return wid;
 }
 
-static void send_token_error(fx_t *fx, int from, uint64_t id, const char *error)
+/* retryable: the replica's failure, not the request's (it is resumed). */
+static void send_token_error_as(fx_t *fx, int from, uint64_t id, const char *error,
+                                bool retryable)
 {
     Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
     t.request_id = id;
     t.done = true;
     t.error = (char *)error;
+    t.retryable = retryable;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = fx->name[from];
     env.epoch = fx->piece[from].epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
     env.token_event = &t;
     send_env(fx->dealer[from], &env);
+}
+
+static void send_token_error(fx_t *fx, int from, uint64_t id, const char *error)
+{
+    send_token_error_as(fx, from, id, error, false);
 }
 
 static void send_token(fx_t *fx, int from, uint64_t id, uint32_t index, bool done)
@@ -1543,6 +1555,15 @@ static void test_a_deployment_that_was_ready_is_degraded_even_if_nobody_looked(v
     json_decref(root);
 }
 
+/* Rewrites the file with extra coordinator lines (and the current layout)
+ * and reloads it, before the workers register. */
+static void reconfigure(fx_t *fx, const char *extra)
+{
+    char err[512];
+    write_yaml(fx->path, fx->wep, fx->cep, extra);
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+}
+
 /* Reads the client's next reply: a token document, checked for its index
  * and token, or (want_ok false) a failure containing want. */
 static void expect_client_token(fx_t *fx, int index, int token)
@@ -1629,9 +1650,7 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
 static void test_a_silent_replica_is_found_by_its_canary(void **state)
 {
     fx_t *fx = *state;
-    write_yaml(fx->path, fx->wep, fx->cep, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    char err[512];
-    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
     int leader = cluster_ready(fx);
     int64_t t = tsr_now_ms();
     tsr_coord_tick(fx->c, t);          /* the pieces are seen ready: first canary in 100 ms */
@@ -1715,6 +1734,35 @@ static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
     tsr_env_free(&env);
 }
 
+/* The attempt after a replica's error goes to another replica while one is
+ * ready, not straight back to the one that failed it (it would likely fail
+ * again, using up the request's replays). */
+static void test_the_next_attempt_avoids_the_replica_that_failed_it(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 2\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    cluster_up(fx);
+    pieces_ready(fx);
+    int lead[2] = {-1, -1};
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i] && fx->piece[i].stage == 0) lead[fx->piece[i].replica] = i;
+    assert_true(lead[0] >= 0 && lead[1] >= 0);
+    /* Both idle: the first goes to replica 0. */
+    uint64_t wid = start_request(fx, fx->ctl, lead[0], 0);
+    send_token_error_as(fx, lead[0], wid, "this worker holds no piece to serve it", true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *e = expect_kind(fx->dealer[lead[1]], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(e->generate->n_prompt, 3);
+    tsr_env_free(&e);
+    e = expect_kind(fx->dealer[lead[0]], TESSERA__ENVELOPE__BODY_CANCEL);
+    assert_int_equal(e->cancel->request_id, wid);
+    tsr_env_free(&e);
+    expect_nothing(fx->dealer[lead[0]], 10);
+    assert_int_equal(fx->c->reqs[0].replica, 1);
+}
+
 /* A request that arrives while the deployment's only replica is being
  * mended waits for it instead of being refused; one for a deployment that
  * never became ready is refused at once. */
@@ -1756,22 +1804,11 @@ static void test_a_request_arriving_during_an_outage_waits_for_a_replica(void **
 static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
 {
     fx_t *fx = *state;
-    write_yaml(fx->path, fx->wep, fx->cep, "  max_replays: 1\n  replay_wait_ms: 0\n");
-    char err[512];
-    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reconfigure(fx, "  max_replays: 1\n  replay_wait_ms: 0\n");
     int leader = cluster_ready(fx);
     uint64_t wid = start_request(fx, fx->ctl, leader, 0);
-    Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
-    t.request_id = wid;
-    t.done = true;
-    t.error = "the replica stopped before serving it";
-    t.retryable = true;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.worker = fx->name[leader];
-    env.epoch = fx->piece[leader].epoch;
-    env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;
-    env.token_event = &t;
-    send_env(fx->dealer[leader], &env);
+    const char *stopped = "the replica stopped before serving it";
+    send_token_error_as(fx, leader, wid, stopped, true);
     pump(fx);
     /* Resumed at once on the replica, which is still ready. */
     tsr_coord_tick(fx->c, tsr_now_ms());
@@ -1782,10 +1819,10 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
            e->body_case != TESSERA__ENVELOPE__BODY_GENERATE)
         tsr_env_free(&e);
     assert_non_null(e);
-    t.request_id = e->generate->request_id;
+    wid = e->generate->request_id;
     tsr_env_free(&e);
     /* The second break is one too many. */
-    send_env(fx->dealer[leader], &env);
+    send_token_error_as(fx, leader, wid, stopped, true);
     pump(fx);
     e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
     assert_false(e->control_reply->ok);
@@ -1991,6 +2028,7 @@ int main(void)
         T(test_replays_are_bounded_and_refusals_are_not_replayed),
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
+        T(test_the_next_attempt_avoids_the_replica_that_failed_it),
         T(test_a_silent_replica_is_found_by_its_canary),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),

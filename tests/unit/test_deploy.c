@@ -28,6 +28,15 @@ static int parse(const char *yaml, const char *name, tsr_config_t **cfg,
     return tsr_config_parse(yaml, strlen(yaml), name, cfg, err, errlen);
 }
 
+/* Parses yaml that must be valid; fails the test with the message if not. */
+static tsr_config_t *parse_ok(const char *yaml, const char *name)
+{
+    tsr_config_t *cfg = NULL;
+    char err[512];
+    if (parse(yaml, name, &cfg, err, sizeof err) < 0) fail_msg("%s", err);
+    return cfg;
+}
+
 /* Asserts that yaml is rejected and the message starts with `prefix`
  * ("demo.yaml:LINE:COL: KEYPATH: ") and contains `detail` (may be NULL). */
 static void expect_error(const char *yaml, const char *prefix, const char *detail)
@@ -852,10 +861,8 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
 {
     (void)state;
     tsr_config_t *cfg = NULL;
-    char err[512] = "";
     const char *ok = "version: 1\ncoordinator:\n  max_workers: 10\n  dead_worker_ttl_s: 30\n";
-    if (tsr_config_parse(ok, strlen(ok), "demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(ok, "demo.yaml");
     assert_int_equal(cfg->max_workers, 10);
     assert_int_equal(cfg->dead_worker_ttl_s, 30);
     tsr_config_destroy(&cfg);
@@ -863,16 +870,16 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:16: coordinator.max_workers: ", "10000");
     expect_error("version: 1\ncoordinator:\n  dead_worker_ttl_s: 0\n",
                  "demo.yaml:3:22: coordinator.dead_worker_ttl_s: ", "604800");
-    /* Replay: defaults, values, ranges. */
+    /* Replay and canary: defaults, values, ranges. */
     const char *d = "version: 1\n";
-    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(d, "demo.yaml");
     assert_int_equal(cfg->max_replays, 3);
     assert_int_equal(cfg->replay_wait_ms, 30000);
+    assert_int_equal(cfg->canary_interval_ms, 5000);
+    assert_int_equal(cfg->canary_timeout_ms, 2000);
     tsr_config_destroy(&cfg);
     d = "version: 1\ncoordinator:\n  max_replays: 0\n  replay_wait_ms: 3600000\n";
-    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(d, "demo.yaml");
     assert_int_equal(cfg->max_replays, 0);
     assert_int_equal(cfg->replay_wait_ms, 3600000);
     tsr_config_destroy(&cfg);
@@ -880,16 +887,9 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:16: coordinator.max_replays: ", "100");
     expect_error("version: 1\ncoordinator:\n  replay_wait_ms: -1\n",
                  "demo.yaml:3:19: coordinator.replay_wait_ms: ", "3600000");
-    /* Canary: defaults, off, and the gap between 0 and 100. */
-    d = "version: 1\n";
-    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    assert_int_equal(cfg->canary_interval_ms, 5000);
-    assert_int_equal(cfg->canary_timeout_ms, 2000);
-    tsr_config_destroy(&cfg);
+    /* The canary off, and the gap between 0 and 100. */
     d = "version: 1\ncoordinator:\n  canary_interval_ms: 0\n  canary_timeout_ms: 600000\n";
-    if (tsr_config_parse(d, strlen(d), "demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(d, "demo.yaml");
     assert_int_equal(cfg->canary_interval_ms, 0);
     assert_int_equal(cfg->canary_timeout_ms, 600000);
     tsr_config_destroy(&cfg);
@@ -903,17 +903,14 @@ static void test_security_defaults_to_curve_with_the_standard_key_store(void **s
 {
     (void)state;
     tsr_config_t *cfg = NULL;
-    char err[512] = "";
     const char *y = "version: 1\n";
-    if (tsr_config_parse(y, strlen(y), "conf/demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(y, "conf/demo.yaml");
     assert_false(cfg->security_none);
     assert_string_equal(cfg->keys_dir, "/etc/tessera/keys");
     tsr_config_destroy(&cfg);
     /* A relative keys_dir is taken from the file's directory, like models. */
     y = "version: 1\ncoordinator:\n  security: curve\n  keys_dir: keys\n";
-    if (tsr_config_parse(y, strlen(y), "conf/demo.yaml", &cfg, err, sizeof err) < 0)
-        fail_msg("%s", err);
+    cfg = parse_ok(y, "conf/demo.yaml");
     assert_false(cfg->security_none);
     assert_string_equal(cfg->keys_dir, "conf/keys");
     tsr_config_destroy(&cfg);

@@ -56,6 +56,15 @@ static void write_text(const char *rel, const char *text, mode_t mode)
     assert_int_equal(chmod(p, mode), 0);
 }
 
+/* A key store in the test's directory with the coordinator's pair and w1's. */
+static void make_store(char *store, size_t len)
+{
+    char err[1024];
+    path(store, len, "ks");
+    if (tsr_keys_init(store, err, sizeof err) < 0 || tsr_keys_add(store, "w1", err, sizeof err) < 0)
+        fail_msg("%s", err);
+}
+
 static void test_init_add_list_remove(void **state)
 {
     (void)state;
@@ -107,9 +116,7 @@ static void test_secret_key_files_must_be_private_and_well_formed(void **state)
 {
     (void)state;
     char err[1024] = "", p[256], store[128];
-    path(store, sizeof store, "ks");
-    assert_int_equal(tsr_keys_init(store, err, sizeof err), 0);
-    assert_int_equal(tsr_keys_add(store, "w1", err, sizeof err), 0);
+    make_store(store, sizeof store);
     tsr_keypair_t kp, good;
     path(p, sizeof p, "ks/w1.key");
     assert_int_equal(tsr_key_read_pair(p, &good, err, sizeof err), 0);
@@ -176,9 +183,7 @@ static void test_client_keys_come_from_flags_defaults_or_credentials(void **stat
 {
     (void)state;
     char err[1024] = "", store[128], p[256];
-    path(store, sizeof store, "ks");
-    assert_int_equal(tsr_keys_init(store, err, sizeof err), 0);
-    assert_int_equal(tsr_keys_add(store, "w1", err, sizeof err), 0);
+    make_store(store, sizeof store);
     tsr_security_t sec;
     assert_int_equal(tsr_security_client(store, NULL, "w1", &sec, err, sizeof err), 0);
     assert_int_equal(sec.curve, 1);
@@ -254,9 +259,7 @@ static void test_only_allowed_keys_get_in_under_their_names(void **state)
 {
     (void)state;
     char err[1024] = "", store[128], ep[64];
-    path(store, sizeof store, "ks");
-    assert_int_equal(tsr_keys_init(store, err, sizeof err), 0);
-    assert_int_equal(tsr_keys_add(store, "w1", err, sizeof err), 0);
+    make_store(store, sizeof store);
     assert_int_equal(tsr_keys_add(store, "mallory", err, sizeof err), 0);
     tsr_security_t server, w1, mallory, plain = {0};
     assert_int_equal(tsr_security_server(store, &server, err, sizeof err), 0);
