@@ -15,7 +15,7 @@ PREFIX   ?= /usr/local
 SYSCONFDIR ?= /etc
 SANITIZE ?=
 
-PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto
+PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto libpcre2-8
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -D_GNU_SOURCE \
@@ -92,6 +92,7 @@ $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
 
 # ---- tests ----------------------------------------------------------------
 test: deps
+	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory all-tests
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh
 
@@ -103,6 +104,7 @@ integration: $(PROGRAMS)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh integration
 
 asan: deps
+	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin SANITIZE=1 all-tests
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
@@ -110,6 +112,7 @@ asan: deps
 # ThreadSanitizer on the multi-threaded paths (worker agent + data plane,
 # collectives); not part of CI, which runs asan.
 tsan: deps
+	@./scripts/pyenv.sh > /dev/null
 	@CFLAGS="-O1 -g -fsanitize=thread" LDFLAGS="-fsanitize=thread" $(MAKE) --no-print-directory \
 	  BUILD=build/tsan BIN=build/tsan/bin all-tests
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp exitcode=66" \
@@ -120,6 +123,7 @@ demo: deps
 	@./scripts/demo.sh
 
 bench: deps
+	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory $(PROGRAMS) $(BENCH_BIN)
 	@./bench/run.sh
 	@./bench/data.sh

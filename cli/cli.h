@@ -42,6 +42,9 @@ int tsr_cmd_keys(int argc, char **argv);
 /* `tessera model-init DIR`: writes a random Llama checkpoint (cli/model_init.c). */
 int tsr_cmd_model_init(int argc, char **argv);
 
+/* `tessera tokenize DIR`: encode and decode with a tokenizer.json (cli/tokenize.c). */
+int tsr_cmd_tokenize(int argc, char **argv);
+
 /* Renders a status document as tables on stdout. */
 void tsr_print_status(json_t *doc, int workers_only);
 

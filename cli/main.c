@@ -30,6 +30,7 @@ static void usage(FILE *f)
             "  keys init|add|remove|list DIR [NAME]\n"
             "                                     manage a CURVE key store\n"
             "  model-init DIR [options]           write a random Llama checkpoint\n"
+            "  tokenize DIR TEXT | --decode IDS   encode or decode with DIR/tokenizer.json\n"
             "  version                            print the version\n"
             "\n"
             "Every command takes --help.\n"
@@ -137,6 +138,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
     else if (!strcmp(cmd, "keys")) rc = tsr_cmd_keys(cargc, cargv);
     else if (!strcmp(cmd, "model-init")) rc = tsr_cmd_model_init(cargc, cargv);
+    else if (!strcmp(cmd, "tokenize")) rc = tsr_cmd_tokenize(cargc, cargv);
     else if (!strcmp(cmd, "version")) {
         if (cargc > 1 && strcmp(cargv[1], "--help") && strcmp(cargv[1], "-h")) {
             fprintf(stderr, "tessera version: unexpected argument '%s'\n", cargv[1]);
