@@ -128,6 +128,7 @@ bench: deps
 	@./bench/run.sh
 	@./bench/data.sh
 	@./bench/serve.sh
+	@./bench/tokenize.sh
 	@./bench/chaos.sh
 
 install: $(PROGRAMS)

@@ -480,7 +480,7 @@ typedef int (*leaf_fn)(tsr_tokenizer_t *t, json_t *node, const char *path, char 
 static int walk(tsr_tokenizer_t *t, json_t *node, const char *path, const char *list_key,
                 leaf_fn one, int depth, char *err, size_t errlen)
 {
-    if (json_is_null(node)) return 0;
+    if (!node || json_is_null(node)) return 0;  /* absent or null: no such stage */
     const char *type = json_is_object(node) ? jstr(node, "type", NULL) : NULL;
     if (!type) {
         fail(t, err, errlen, "%s.type: missing", path);

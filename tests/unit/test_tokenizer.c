@@ -1,0 +1,331 @@
+/* test_tokenizer.c: common/tokenizer.h on tokenizers built here, small enough to reason
+ * about by hand.  Agreement with the reference library on real corpora is
+ * tests/integration/test_u_tokenizer_agrees.sh; this covers what it cannot see: the
+ * errors for files it never writes, the streaming decoder's holding back of split
+ * characters, invalid input text, and encoding from several threads at once. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/tokenizer.h"
+
+/* ---- a byte-level tokenizer: id b is byte b, plus one merge ("a" "b") -> 256 ---- */
+
+static unsigned bl_cp(int b)
+{
+    static unsigned map[256];
+    static int ready;
+    if (!ready) {
+        unsigned next = 256;
+        for (int i = 0; i < 256; i++) {
+            int printable = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
+            map[i] = printable ? (unsigned)i : next++;
+        }
+        ready = 1;
+    }
+    return map[b];
+}
+
+/* JSON text of a byte-level tokenizer with the given extra top-level members. */
+static char *byte_level_json(const char *pre, const char *extra)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
+    for (int b = 0; b < 256; b++) {
+        unsigned cp = bl_cp(b);
+        if (cp == '"' || cp == '\\') n += (size_t)snprintf(s + n, cap - n, "\"\\%c\": %d, ", cp, b);
+        else n += (size_t)snprintf(s + n, cap - n, "\"\\u%04x\": %d, ", cp, b);
+    }
+    n += (size_t)snprintf(s + n, cap - n, "\"ab\": 256}, \"merges\": [\"a b\"]}, "
+                          "\"pre_tokenizer\": %s, \"decoder\": {\"type\": \"ByteLevel\"}%s}",
+                          pre, extra);
+    return s;
+}
+
+static tsr_tokenizer_t *load(const char *json, char *err, size_t errlen)
+{
+    return tsr_tok_load_text(json, strlen(json), NULL, 0, "t.json", err, errlen);
+}
+
+static tsr_tokenizer_t *byte_level(void)
+{
+    char *j = byte_level_json("{\"type\": \"ByteLevel\", \"add_prefix_space\": false}",
+                              ", \"added_tokens\": [{\"id\": 257, \"content\": \"<eos>\", "
+                              "\"special\": true}]");
+    char err[512];
+    tsr_tokenizer_t *t = load(j, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    free(j);
+    return t;
+}
+
+static void test_encode_byte_level(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();
+    int32_t *ids;
+    size_t n;
+    char err[256];
+    assert_int_equal(tsr_tok_encode(t, "abc<eos>\xe4\xb8\xad", 11, true, &ids, &n, err, sizeof err), 0);
+    int32_t want[] = {256, 'c', 257, 0xE4, 0xB8, 0xAD};  /* the merge, the added token, bytes */
+    assert_int_equal(n, 6);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    assert_int_equal(tsr_tok_token_id(t, "<eos>"), 257);
+    assert_true(tsr_tok_is_special(t, 257));
+    assert_false(tsr_tok_is_special(t, 256));
+    assert_int_equal(tsr_tok_vocab_size(t), 258);
+    tsr_tok_destroy(&t);
+    assert_null(t);
+}
+
+/* Invalid UTF-8 is refused with the offset of the first bad byte; nothing is returned. */
+static void test_invalid_utf8(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();
+    int32_t *ids = (int32_t *)1;
+    size_t n = 9;
+    char err[256];
+    assert_int_equal(tsr_tok_encode(t, "abc\xff", 4, false, &ids, &n, err, sizeof err), -1);
+    assert_null(ids);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(err, "byte 3"));
+    /* A character cut short, and an encoded surrogate, are both invalid. */
+    assert_int_equal(tsr_tok_encode(t, "ab\xe4\xb8", 4, false, &ids, &n, err, sizeof err), -1);
+    assert_non_null(strstr(err, "byte 2"));
+    assert_int_equal(tsr_tok_encode(t, "\xed\xa0\x80", 3, false, &ids, &n, err, sizeof err), -1);
+    assert_non_null(strstr(err, "byte 0"));
+    tsr_tok_destroy(&t);
+}
+
+static const char *push(tsr_detok_t *d, int32_t id)
+{
+    static char buf[64];
+    const char *s;
+    size_t len;
+    assert_int_equal(tsr_detok_push(d, id, &s, &len), 0);
+    snprintf(buf, sizeof buf, "%.*s", (int)len, s);
+    return buf;
+}
+
+static const char *flush(tsr_detok_t *d)
+{
+    static char buf[64];
+    const char *s;
+    size_t len;
+    assert_int_equal(tsr_detok_flush(d, &s, &len), 0);
+    snprintf(buf, sizeof buf, "%.*s", (int)len, s);
+    return buf;
+}
+
+/* A character whose bytes come in three tokens is emitted whole, with the last one;
+ * one cut short at the end of the stream becomes U+FFFD; special tokens are skipped. */
+static void test_stream_holds_split_character(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();
+    tsr_detok_t *d = tsr_detok_new(t, true);
+    assert_string_equal(push(d, 256), "ab");
+    assert_string_equal(push(d, 0xE4), "");
+    assert_string_equal(push(d, 0xB8), "");
+    assert_string_equal(push(d, 0xAD), "\xe4\xb8\xad");
+    assert_string_equal(push(d, 257), "");         /* special: skipped */
+    assert_string_equal(push(d, 99999), "");       /* outside the vocabulary: skipped */
+    assert_string_equal(push(d, 0xF0), "");
+    assert_string_equal(push(d, 0x9F), "");
+    assert_string_equal(flush(d), "\xef\xbf\xbd");  /* one U+FFFD for the cut sequence */
+    /* After a flush the stream starts afresh. */
+    assert_string_equal(push(d, 'x'), "x");
+    assert_string_equal(flush(d), "");
+    tsr_detok_destroy(&d);
+    int32_t ids[] = {256, 0xE4, 0xB8, 0xAD, 257, 0xF0, 0x9F};
+    size_t len;
+    char *s = tsr_tok_decode(t, ids, 7, false, &len);
+    assert_string_equal(s, "ab\xe4\xb8\xad<eos>\xef\xbf\xbd");
+    free(s);
+    tsr_tok_destroy(&t);
+}
+
+/* ---- a SentencePiece-style tokenizer with byte fallback ---------------------------- */
+
+static tsr_tokenizer_t *sentencepiece(void)
+{
+    char j[16384];
+    size_t n = (size_t)snprintf(j, sizeof j, "{\"normalizer\": {\"type\": \"Sequence\", "
+        "\"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\\u2581\"}, {\"type\": "
+        "\"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]}, "
+        "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", "
+        "\"pattern\": {\"String\": \"\\u2581\"}, \"content\": \" \"}, {\"type\": "
+        "\"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", "
+        "\"start\": 1, \"stop\": 0}]}, \"post_processor\": {\"type\": \"TemplateProcessing\", "
+        "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": "
+        "{\"id\": \"A\", \"type_id\": 0}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", "
+        "\"ids\": [1], \"tokens\": [\"<s>\"]}}}, \"added_tokens\": [{\"id\": 1, \"content\": "
+        "\"<s>\", \"special\": true}], \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, "
+        "\"fuse_unk\": true, \"unk_token\": \"<unk>\", \"merges\": [\"\\u2581 a\"], \"vocab\": "
+        "{\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, \"\\u2581\": 259, \"a\": 260, \"\\u2581a\": 261");
+    for (int b = 0; b < 256; b++) n += (size_t)snprintf(j + n, sizeof j - n, ", \"<0x%02X>\": %d", b, 3 + b);
+    snprintf(j + n, sizeof j - n, "}}}");
+    char err[512];
+    const char *cfg = "{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", "
+                      "\"chat_template\": \"{{ x }}\"}";
+    tsr_tokenizer_t *t = tsr_tok_load_text(j, strlen(j), cfg, strlen(cfg), "sp", err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    return t;
+}
+
+static void test_sentencepiece_byte_fallback(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = sentencepiece();
+    assert_int_equal(tsr_tok_bos(t), 1);
+    assert_int_equal(tsr_tok_eos(t), 2);
+    assert_string_equal(tsr_tok_chat_template(t), "{{ x }}");
+    int32_t *ids;
+    size_t n;
+    char err[256];
+    assert_int_equal(tsr_tok_encode(t, "a a\xe4\xb8\xad", 6, true, &ids, &n, err, sizeof err), 0);
+    int32_t want[] = {1, 261, 261, 3 + 0xE4, 3 + 0xB8, 3 + 0xAD};
+    assert_int_equal(n, 6);
+    assert_memory_equal(ids, want, sizeof want);
+    /* Streamed: the byte run is held until a token that is not a byte ends it. */
+    tsr_detok_t *d = tsr_detok_new(t, true);
+    assert_string_equal(push(d, 1), "");
+    assert_string_equal(push(d, 261), "a");
+    assert_string_equal(push(d, 261), " a");
+    assert_string_equal(push(d, 3 + 0xE4), "");
+    assert_string_equal(push(d, 3 + 0xB8), "");
+    assert_string_equal(push(d, 3 + 0xAD), "");
+    assert_string_equal(push(d, 260), "\xe4\xb8\xad" "a");
+    /* An invalid run decodes to one U+FFFD per byte, as a whole. */
+    assert_string_equal(push(d, 3 + 0xE4), "");
+    assert_string_equal(push(d, 3 + 0x41), "");
+    assert_string_equal(flush(d), "\xef\xbf\xbd\xef\xbf\xbd");
+    tsr_detok_destroy(&d);
+    free(ids);
+    tsr_tok_destroy(&t);
+}
+
+/* ---- errors name the file and the JSON path ---------------------------------------- */
+
+static void expect_error(const char *json, const char *path)
+{
+    char err[512] = "";
+    tsr_tokenizer_t *t = load(json, err, sizeof err);
+    assert_null(t);
+    if (!strstr(err, path) || !strstr(err, "t.json")) fail_msg("error \"%s\" lacks \"%s\"", err, path);
+}
+
+static void test_errors_name_the_field(void **state)
+{
+    (void)state;
+    expect_error("{\"model\": {\"type\": \"Unigram\"}}", "model.type");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}",
+                 "model.merges[0]");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}",
+                 "model.vocab[\"a\"]");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": [], \"dropout\": 0.1}}",
+                 "model.dropout");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"normalizer\": "
+                 "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": "
+                 "\"x\"}, {\"type\": \"NFKC\"}]}}", "normalizer.normalizers[1].type");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
+                 "{\"type\": \"Whitespace\"}}", "pre_tokenizer.type");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
+                 "{\"type\": \"Split\", \"behavior\": \"Isolated\", \"pattern\": {\"Regex\": \"(\"}}}",
+                 "pre_tokenizer.pattern");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"decoder\": "
+                 "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"WordPiece\"}]}}",
+                 "decoder.decoders[0].type");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"post_processor\": "
+                 "{\"type\": \"BertProcessing\"}}", "post_processor.type");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": [], \"unk_token\": "
+                 "\"<unk>\"}}", "model.unk_token");
+    expect_error("{\"model\": ", "line 1");
+    char err[512];
+    assert_null(tsr_tok_load("/nonexistent-dir", err, sizeof err));
+    assert_non_null(strstr(err, "/nonexistent-dir/tokenizer.json"));
+}
+
+/* ---- several threads at once --------------------------------------------------------- */
+
+typedef struct {
+    tsr_tokenizer_t *tok;
+    int32_t *ids[64];
+    size_t n[64];
+} thread_job_t;
+
+static void text_of(int i, char *buf, size_t len)
+{
+    snprintf(buf, len, "w%d ab%d abab %d <eos> ab", i % 17, i % 5, i * 7919 % 101);
+}
+
+static void *encode_all(void *arg)
+{
+    thread_job_t *j = arg;
+    for (int round = 0; round < 50; round++)
+        for (int i = 0; i < 64; i++) {
+            char text[128], err[128];
+            text_of(i, text, sizeof text);
+            free(j->ids[i]);
+            if (tsr_tok_encode(j->tok, text, strlen(text), false, &j->ids[i], &j->n[i], err,
+                               sizeof err))
+                return NULL;
+        }
+    return j;
+}
+
+static void test_threads_agree(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();
+    thread_job_t jobs[4];
+    pthread_t th[4];
+    memset(jobs, 0, sizeof jobs);
+    for (int k = 0; k < 4; k++) {
+        jobs[k].tok = t;
+        assert_int_equal(pthread_create(&th[k], NULL, encode_all, &jobs[k]), 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        void *r;
+        pthread_join(th[k], &r);
+        assert_non_null(r);
+    }
+    for (int i = 0; i < 64; i++) {
+        char text[128];
+        text_of(i, text, sizeof text);
+        size_t len;
+        char *back = tsr_tok_decode(t, jobs[0].ids[i], jobs[0].n[i], false, &len);
+        assert_string_equal(back, text);  /* byte-level: a round trip */
+        free(back);
+        for (int k = 1; k < 4; k++) {
+            assert_int_equal(jobs[k].n[i], jobs[0].n[i]);
+            assert_memory_equal(jobs[k].ids[i], jobs[0].ids[i], jobs[0].n[i] * sizeof(int32_t));
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 64; i++) free(jobs[k].ids[i]);
+    tsr_tok_destroy(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_encode_byte_level),
+        cmocka_unit_test(test_invalid_utf8),
+        cmocka_unit_test(test_stream_holds_split_character),
+        cmocka_unit_test(test_sentencepiece_byte_fallback),
+        cmocka_unit_test(test_errors_name_the_field),
+        cmocka_unit_test(test_threads_agree),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
