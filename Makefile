@@ -77,6 +77,21 @@ $(BIN)/tessera-coordinator: $(call obj,coordinator/main.c) $(COORD_OBJ) $(COMMON
 $(BIN)/tessera-worker: $(call obj,worker/main.c) $(WORKER_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+# The tokenizer model-init writes (configs/tokenizer/, made by scripts/make-tokenizer.py),
+# as C arrays: od is in coreutils, so building needs nothing more.
+TOKENIZER_C := $(BUILD)/gen/shipped_tokenizer.c
+$(TOKENIZER_C): configs/tokenizer/tokenizer.json configs/tokenizer/tokenizer_config.json
+	@mkdir -p $(dir $@)
+	@{ for f in tokenizer tokenizer_config; do \
+	    echo "const unsigned char tsr_shipped_$${f}[] = {"; \
+	    od -An -v -tx1 configs/tokenizer/$$f.json | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	    echo "};"; \
+	    echo "const unsigned long tsr_shipped_$${f}_len = sizeof tsr_shipped_$${f};"; \
+	  done; } > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/shipped_tokenizer.o: $(TOKENIZER_C)
+	$(CC) $(CFLAGS) -c $< -o $@
+CLI_OBJ += $(BUILD)/obj/shipped_tokenizer.o
+
 $(BIN)/tessera: $(call obj,cli/main.c) $(CLI_OBJ) $(COORD_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

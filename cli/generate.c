@@ -16,20 +16,26 @@
 static void gen_usage(FILE *f)
 {
     fprintf(f,
-            "usage: tessera [--coordinator EP] generate DEPLOYMENT [--prompt-ids 1,2,3]\n"
-            "           [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--ids]\n"
+            "usage: tessera [--coordinator EP] generate DEPLOYMENT [--prompt TEXT | --prompt-ids 1,2,3]\n"
+            "           [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--ids | --text]\n"
             "           [--timeout MS] [--token-timeout MS]\n"
             "\n"
-            "Runs the prompt's token ids through a ready replica of DEPLOYMENT and prints\n"
-            "the generated ids as they arrive.  Without --prompt-ids the ids are read from\n"
-            "standard input (separated by commas, spaces or newlines).  Generation stops at\n"
-            "the model's end-of-sequence token, after --max-tokens, or at max_seq_len.\n"
+            "Runs a prompt through a ready replica of DEPLOYMENT and prints what it generates\n"
+            "as it arrives: text for a --prompt, token ids for --prompt-ids.  --prompt is\n"
+            "encoded by the deployment's tokenizer (its model directory's tokenizer.json,\n"
+            "with its bos token).  Without either, token ids are read from standard input\n"
+            "(separated by commas, spaces or newlines).  Generation stops at the model's\n"
+            "end-of-sequence token, after --max-tokens, or at max_seq_len.\n"
+            "  --prompt TEXT       the prompt as text (UTF-8)\n"
+            "  --prompt-ids IDS    the prompt as token ids\n"
             "  --max-tokens N      tokens to generate at most (default 16)\n"
             "  --temperature T     0 (default) picks the most likely token; above 0 samples\n"
             "  --top-p P           sample from the smallest set of tokens whose probability\n"
             "                      reaches P (default 1)\n"
             "  --seed S            seed for sampling (default 0)\n"
             "  --ids               print only the ids (no summary line on standard error)\n"
+            "  --text              print text, also for a prompt of ids (the deployment\n"
+            "                      needs a tokenizer)\n"
             "  --timeout MS        the whole request's deadline, 1 to 86400000 (0 or absent:\n"
             "                      none); when it passes the coordinator ends the request,\n"
             "                      frees its place on the replica and says so (exit 3).  The\n"
@@ -37,7 +43,8 @@ static void gen_usage(FILE *f)
             "                      the wait for the coordinator to accept the request\n"
             "  --token-timeout MS  give up when no token comes for this long (default 60000)\n"
             "\n"
-            "The ids go to standard output on one line, space-separated, as they arrive.\n"
+            "The ids go to standard output on one line, space-separated, as they arrive;\n"
+            "text goes there as it streams (a character split across tokens comes whole).\n"
             "If the coordinator goes away mid-request (a crash, a restart), the request is\n"
             "sent again when it is back, with the ids already printed, and goes on from\n"
             "there (up to --token-timeout without a coordinator).\n"
@@ -88,15 +95,16 @@ static char *read_stdin(void)
 
 int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
 {
-    const char *ids_arg = NULL;
+    const char *ids_arg = NULL, *text_arg = NULL;
     long max_tokens = 16, token_timeout = 60000, deadline = 0;
     double temperature = 0, top_p = 1;
     unsigned long long seed = 0;
-    int only_ids = 0, rc = 1;
+    int only_ids = 0, want_text = 0, rc = 1;
     static const struct option opts[] = {
         {"prompt-ids", required_argument, 0, 'p'}, {"max-tokens", required_argument, 0, 'm'},
         {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
         {"seed", required_argument, 0, 's'},       {"ids", no_argument, 0, 'i'},
+        {"prompt", required_argument, 0, 'x'},     {"text", no_argument, 0, 'X'},
         {"token-timeout", required_argument, 0, 'T'}, {"timeout", required_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int o;
@@ -112,6 +120,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         case 'T': token_timeout = strtol(optarg, &end, 10); break;
         case 'D': deadline = strtol(optarg, &end, 10); break;
         case 'i': only_ids = 1; break;
+        case 'x': text_arg = optarg; break;
+        case 'X': want_text = 1; break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
@@ -136,18 +146,33 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                         "1 <= --token-timeout <= 3600000, 0 <= --timeout <= 86400000\n");
         return 2;
     }
+    if ((text_arg && ids_arg) || (only_ids && want_text)) {
+        fprintf(stderr, "tessera generate: %s\n", text_arg && ids_arg
+                ? "give --prompt or --prompt-ids, not both"
+                : "give --ids or --text, not both");
+        return 2;
+    }
+    if (text_arg && !*text_arg) {
+        fprintf(stderr, "tessera generate: --prompt: the prompt is empty\n");
+        return 2;
+    }
+    /* Text out for a text prompt (unless --ids), or when asked. */
+    want_text = want_text || (text_arg && !only_ids);
     const char *deployment = argv[optind];
     int32_t *prompt = malloc(MAX_PROMPT * sizeof *prompt);
-    char *in = ids_arg ? NULL : read_stdin();
+    char *in = ids_arg || text_arg ? NULL : read_stdin();
     void *s = NULL, *mon = NULL;
     tsr_env_t *reply = NULL;
-    if (!prompt || (!ids_arg && !in)) goto out;
-    int n = parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT,
+    if (!prompt || (!ids_arg && !text_arg && !in)) goto out;
+    int n = 0;
+    if (!text_arg) {
+        n = parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT,
                       ids_arg ? "--prompt-ids" : "standard input");
-    if (n < 0) goto out;
-    if (n == 0) {
-        fprintf(stderr, "tessera generate: the prompt is empty\n");
-        goto out;
+        if (n < 0) goto out;
+        if (n == 0) {
+            fprintf(stderr, "tessera generate: the prompt is empty\n");
+            goto out;
+        }
     }
 
     /* The coordinator answers a larger request only with an error: say so
@@ -172,8 +197,13 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
         q.deployment = (char *)deployment;
         q.worker = "";
-        q.n_prompt = (size_t)(n + got);
+        /* The prompt, and on a resumption the tokens already received. */
+        q.n_prompt = (size_t)n;
         q.prompt = prompt;
+        q.prompt_text = (char *)(text_arg ? text_arg : "");
+        q.want_text = want_text;
+        q.n_resume = (size_t)got;
+        q.resume = prompt + n;
         q.max_tokens = (uint32_t)(max_tokens - got);
         q.temperature = (float)temperature;
         q.top_p = (float)top_p;
@@ -293,9 +323,14 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             char finish[32];
             snprintf(finish, sizeof finish, "%s",
                      json_string_value(json_object_get(doc, "finish_reason")) ?: "");
-            json_decref(doc);
             if (!got) first = tsr_now_ms();
-            printf("%s%d", got ? " " : "", token);
+            if (want_text) {
+                json_t *piece = json_object_get(doc, "text");
+                fwrite(json_string_value(piece) ?: "", 1, json_string_length(piece), stdout);
+            } else {
+                printf("%s%d", got ? " " : "", token);
+            }
+            json_decref(doc);
             fflush(stdout);
             prompt[n + got] = token;
             got++;

@@ -29,7 +29,7 @@ typedef struct {
     uint64_t seed;
     int hidden, inter, layers, heads, kv_heads, vocab, max_pos, shards;
     tsr_dtype_t dtype;
-    int tied, llama3, force;
+    int tied, llama3, force, no_tokenizer;
     double rope_theta;
 } mi_opts_t;
 
@@ -65,6 +65,9 @@ static void mi_usage(FILE *f)
             "  --rope-theta T      RoPE base (default 10000)\n"
             "  --llama3-rope       add Llama 3.1 style rope_scaling\n"
             "  --shards N          split the weights over N files (default 1)\n"
+            "  --no-tokenizer      write no tokenizer.json (by default the small byte-level\n"
+            "                      tokenizer the repository ships, 1,024 ids, is written\n"
+            "                      when --vocab is at least 1024)\n"
             "  --force             overwrite an existing checkpoint in DIR\n");
 }
 
@@ -148,6 +151,7 @@ static int apply_opt(int o, const char *arg, mi_opts_t *m)
     case 't': m->tied = 1; return 0;
     case 'l': m->llama3 = 1; return 0;
     case 'f': m->force = 1; return 0;
+    case 'T': m->no_tokenizer = 1; return 0;
     case 'h': mi_usage(stdout); return 1;
     default: mi_usage(stderr); return -1;
     }
@@ -164,7 +168,8 @@ static int parse_args(int argc, char **argv, mi_opts_t *m)
         {"dtype", required_argument, 0, 'd'},   {"tied", no_argument, 0, 't'},
         {"rope-theta", required_argument, 0, 'r'}, {"llama3-rope", no_argument, 0, 'l'},
         {"shards", required_argument, 0, 'S'},  {"force", no_argument, 0, 'f'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+        {"no-tokenizer", no_argument, 0, 'T'},  {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int o, r;
 
     optind = 0; /* 0 re-initialises GNU getopt (and its argument permutation) */
@@ -622,6 +627,48 @@ out:
     return rc;
 }
 
+/* ---- tokenizer ------------------------------------------------------------ */
+
+/* configs/tokenizer/, compiled in (the Makefile makes build/gen/shipped_tokenizer.c). */
+extern const unsigned char tsr_shipped_tokenizer[], tsr_shipped_tokenizer_config[];
+extern const unsigned long tsr_shipped_tokenizer_len, tsr_shipped_tokenizer_config_len;
+#define SHIPPED_TOKENIZER_IDS 1024
+
+static int write_file(const char *dir, const char *name, const unsigned char *data, size_t len)
+{
+    char *path = tsr_path_join(dir, name);
+    int rc = -1;
+    FILE *f = path ? fopen(path, "wb") : NULL;
+    if (f && fwrite(data, 1, len, f) == len && fclose(f) == 0)
+        rc = 0;
+    else if (f)
+        fclose(f);
+    if (rc < 0)
+        fprintf(stderr, "tessera model-init: %s: %s\n", path ? path : name, strerror(errno));
+    free(path);
+    return rc;
+}
+
+/* The shipped tokenizer, when its ids fit the vocabulary; else none (an old one is
+ * removed, so that a directory never pairs weights with a tokenizer they do not fit). */
+static int write_tokenizer(const mi_opts_t *m)
+{
+    if (m->no_tokenizer || m->vocab < SHIPPED_TOKENIZER_IDS) {
+        char *a = tsr_path_join(m->dir, "tokenizer.json");
+        char *b = tsr_path_join(m->dir, "tokenizer_config.json");
+        if (a) unlink(a);
+        if (b) unlink(b);
+        free(a);
+        free(b);
+        return 0;
+    }
+    if (write_file(m->dir, "tokenizer.json", tsr_shipped_tokenizer, tsr_shipped_tokenizer_len) < 0 ||
+        write_file(m->dir, "tokenizer_config.json", tsr_shipped_tokenizer_config,
+                   tsr_shipped_tokenizer_config_len) < 0)
+        return -1;
+    return 0;
+}
+
 /* ---- command ------------------------------------------------------------ */
 
 static int write_model(const mi_opts_t *m, const mi_spec_t *s, int n, uint64_t total)
@@ -634,6 +681,8 @@ static int write_model(const mi_opts_t *m, const mi_spec_t *s, int n, uint64_t t
             return -1;
     }
     if (m->shards > 1 && write_index(m, s, n, total) < 0)
+        return -1;
+    if (write_tokenizer(m) < 0)
         return -1;
     /* config.json last: its presence means the checkpoint is complete. */
     return write_config(m);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/log.h"
@@ -18,6 +19,60 @@
 
 
 /* ---- deployments ----------------------------------------------------------- */
+
+tsr_tokref_t *tsr_tokref_hold(tsr_tokref_t *r)
+{
+    if (r) atomic_fetch_add(&r->refs, 1);
+    return r;
+}
+
+void tsr_tokref_drop(tsr_tokref_t **r_p)
+{
+    if (!r_p || !*r_p) return;
+    if (atomic_fetch_sub(&(*r_p)->refs, 1) == 1) {
+        tsr_tok_destroy(&(*r_p)->tok);
+        free(*r_p);
+    }
+    *r_p = NULL;
+}
+
+/* The deployment's tokenizer: the one an old state read from the same directory, else
+ * read now.  None is not an error (requests then take token ids only); a file that is
+ * there but cannot be used is logged. */
+static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *old,
+                          size_t n_old)
+{
+    for (size_t j = 0; j < n_old; j++)
+        if (old[j].tok && old[j].tok_dir && !strcmp(old[j].tok_dir, dir) &&
+            !strcmp(old[j].name, s->name)) {
+            s->tok = tsr_tokref_hold(old[j].tok);
+            s->tok_dir = strdup(dir);
+            return;
+        }
+    char err[600];
+    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
+    if (!t) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s", err);
+        if (access(dir, F_OK) == 0 && !strstr(err, "No such file"))
+            tsr_warn("deployment %s takes token ids only: %s", s->name, err);
+        return;
+    }
+    s->tok = calloc(1, sizeof *s->tok);
+    s->tok_dir = strdup(dir);
+    if (!s->tok || !s->tok_dir) {
+        tsr_tok_destroy(&t);
+        free(s->tok);
+        s->tok = NULL;
+        snprintf(s->tok_error, sizeof s->tok_error, "out of memory");
+        return;
+    }
+    s->tok->tok = t;
+    atomic_init(&s->tok->refs, 1);
+    if (s->model_ok && tsr_tok_vocab_size(t) > s->model.vocab_size)
+        tsr_warn("deployment %s: the tokenizer has %d ids, the model's vocabulary %d; prompts "
+                 "with the others are refused", s->name, tsr_tok_vocab_size(t),
+                 s->model.vocab_size);
+}
 
 /* Reads each deployment's config.json and checks its layout.  A deployment
  * whose model cannot be read is kept but never placed; its status says why. */
@@ -43,6 +98,7 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         } else {
             s->model_ok = true;
         }
+        dep_tokenizer(s, d->model_path, old, n_old);
         /* Requests completed per replica, kept across a reload for the
          * replicas that remain. */
         s->n_completed = d->replicas;
@@ -66,6 +122,8 @@ static void deps_free(tsr_dep_state_t *deps, size_t n)
         free(deps[i].retry.replica);
         free(deps[i].completed);
         free(deps[i].canary);
+        tsr_tokref_drop(&deps[i].tok);
+        free(deps[i].tok_dir);
     }
     free(deps);
 }
@@ -166,7 +224,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
     free(c->config_path);
-    for (size_t i = 0; i < c->n_reqs; i++) free(c->reqs[i].ids);
+    for (size_t i = 0; i < c->n_reqs; i++) tsr_request_free(&c->reqs[i]);
     free(c->reqs);
     free(c->lost.di);
     free(c->lost.replica);

@@ -7,10 +7,12 @@
 #ifndef TSR_COORDINATOR_H
 #define TSR_COORDINATOR_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "common/deploy.h"
 #include "common/modelcfg.h"
+#include "common/tokenizer.h"
 #include "common/wire.h"
 #include "common/keys.h"
 #include "zap.h"
@@ -39,9 +41,24 @@ typedef struct {
     char why[256];
 } tsr_canary_t;
 
+/* A deployment's tokenizer, shared by the deployment and the requests decoding with it,
+ * so that a reload that drops it frees it only after its last request. */
+typedef struct {
+    tsr_tokenizer_t *tok;
+    atomic_int refs;
+} tsr_tokref_t;
+
+/* One more holder of r (NULL-safe); returns r. */
+tsr_tokref_t *tsr_tokref_hold(tsr_tokref_t *r);
+/* Drops one hold; the last frees the tokenizer.  Sets *r_p to NULL. */
+void tsr_tokref_drop(tsr_tokref_t **r_p);
+
 typedef struct {
     char name[TSR_NAME_MAX + 1];
     bool model_ok;
+    tsr_tokref_t *tok;          /* its model directory's tokenizer.json (NULL: none) */
+    char tok_error[600];        /* why there is none */
+    char *tok_dir;              /* the directory it was read from */
     tsr_model_info_t model;
     char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
@@ -88,6 +105,8 @@ typedef struct {
     int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
     bool reply_dropped;         /* a reply was lost to a full client queue (warned once) */
     char key_id[TSR_KEY_ID_MAX];  /* the client's CURVE key id ("" without CURVE) */
+    tsr_tokref_t *tok;          /* want_text: the tokenizer held for it, and its decoder */
+    tsr_detok_t *detok;
 } tsr_request_rec_t;
 
 typedef struct {
@@ -203,6 +222,8 @@ void tsr_requests_probe_clients(tsr_coord_t *c);
 void tsr_requests_drop_keys(tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
+/* Frees what a request record owns (its ids, its text decoder and tokenizer hold). */
+void tsr_request_free(tsr_request_rec_t *q);
 /* Fails every request whose deadline is at or before now_ms (the client gets
  * the reason, the leader a Cancel).  Returns the earliest deadline still
  * ahead, or 0 when no request has one. */

@@ -50,9 +50,17 @@ static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char 
     return rc;
 }
 
+void tsr_request_free(tsr_request_rec_t *q)
+{
+    free(q->ids);
+    q->ids = NULL;
+    tsr_detok_destroy(&q->detok);
+    tsr_tokref_drop(&q->tok);
+}
+
 static void request_remove(tsr_coord_t *c, size_t i)
 {
-    free(c->reqs[i].ids);
+    tsr_request_free(&c->reqs[i]);
     c->reqs[i] = c->reqs[--c->n_reqs];
 }
 
@@ -401,37 +409,62 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         return;
     }
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    const tsr_model_info_t *m = &c->deps[di].model;
-    if (q->n_prompt == 0 || q->n_prompt > (size_t)d->max_seq_len) {
-        snprintf(msg, sizeof msg, "the prompt has %zu token(s); %s takes 1 to %d (max_seq_len)",
-                 q->n_prompt, d->name, d->max_seq_len);
+    tsr_dep_state_t *ds = &c->deps[di];
+    const tsr_model_info_t *m = &ds->model;
+    bool text = q->prompt_text && q->prompt_text[0];
+    if (text && q->n_prompt) {
+        refuse(c, rid, rid_len, "give the prompt as text or as token ids, not both");
+        return;
+    }
+    if ((text || q->want_text) && !ds->tok) {
+        snprintf(msg, sizeof msg, "%s takes token ids only: it has no usable tokenizer (%s)",
+                 d->name, ds->tok_error);
         refuse(c, rid, rid_len, msg);
         return;
     }
-    for (size_t i = 0; i < q->n_prompt; i++)
-        if (q->prompt[i] < 0 || (c->deps[di].model_ok && q->prompt[i] >= m->vocab_size)) {
-            snprintf(msg, sizeof msg, "prompt token %zu is %d, outside the vocabulary of %d", i,
-                     q->prompt[i], m->vocab_size);
+    /* The prompt's ids: as sent, or the text's; then the tokens a resumed client has. */
+    int32_t *pids = q->prompt;
+    size_t n_pids = q->n_prompt;
+    if (text) {
+        char err[300];
+        if (tsr_tok_encode(ds->tok->tok, q->prompt_text, strlen(q->prompt_text), true, &pids,
+                           &n_pids, err, sizeof err)) {
+            snprintf(msg, sizeof msg, "the prompt: %s", err);
             refuse(c, rid, rid_len, msg);
             return;
         }
+    }
+    size_t total = n_pids + q->n_resume;
+    int32_t *ids = NULL;
+    if (n_pids == 0 || total > (size_t)d->max_seq_len) {
+        snprintf(msg, sizeof msg, "the prompt has %zu token(s)%s; %s takes 1 to %d (max_seq_len)",
+                 total, q->n_resume ? " with the resumed ones" : "", d->name, d->max_seq_len);
+        goto refused;
+    }
+    for (size_t i = 0; i < total; i++) {
+        int32_t v = i < n_pids ? pids[i] : q->resume[i - n_pids];
+        if (v < 0 || (ds->model_ok && v >= m->vocab_size)) {
+            snprintf(msg, sizeof msg, "%s token %zu is %d, outside the vocabulary of %d",
+                     i < n_pids ? "prompt" : "resumed", i < n_pids ? i : i - n_pids, v,
+                     m->vocab_size);
+            goto refused;
+        }
+    }
     /* The worker counts tokens in an int: 2^31 would wrap. */
     if (q->max_tokens < 1 || q->max_tokens > MAX_TOKENS_LIMIT) {
         snprintf(msg, sizeof msg, "max_tokens must be 1 to %d, got %u", MAX_TOKENS_LIMIT,
                  q->max_tokens);
-        refuse(c, rid, rid_len, msg);
-        return;
+        goto refused;
     }
     if (q->timeout_ms > TIMEOUT_MS_LIMIT) {
         snprintf(msg, sizeof msg, "timeout_ms must be 0 (no deadline) to %u, got %u",
                  TIMEOUT_MS_LIMIT, q->timeout_ms);
-        refuse(c, rid, rid_len, msg);
-        return;
+        goto refused;
     }
     if (!(q->temperature >= 0.0f && q->temperature <= 100.0f) ||
         !(q->top_p >= 0.0f && q->top_p <= 1.0f)) {
-        refuse(c, rid, rid_len, "temperature must be 0 to 100 and top_p 0 to 1");
-        return;
+        snprintf(msg, sizeof msg, "temperature must be 0 to 100 and top_p 0 to 1");
+        goto refused;
     }
     /* The ready replica with the least work in flight.  When none is ready
      * but the deployment was ready before (a replica is being rewired or
@@ -442,29 +475,39 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     int64_t now = tsr_now_ms();
     if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
-        refuse(c, rid, rid_len, msg);
-        return;
+        goto refused;
     }
     if (c->n_reqs == c->cap_reqs) {
         size_t cap = c->cap_reqs ? c->cap_reqs * 2 : 16;
         tsr_request_rec_t *a = realloc(c->reqs, cap * sizeof *a);
         if (!a) {
-            refuse(c, rid, rid_len, "coordinator out of memory");
-            return;
+            snprintf(msg, sizeof msg, "coordinator out of memory");
+            goto refused;
         }
         c->reqs = a;
         c->cap_reqs = cap;
     }
     uint64_t id = new_request_id(c);
     /* Room for the prompt and the first tokens; it grows as tokens come. */
-    int cap_ids = (int)q->n_prompt + 64;
-    int32_t *ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
-    if (!ids) {
-        refuse(c, rid, rid_len, id ? "coordinator out of memory"
-                                   : "coordinator cannot read random bytes for a request id");
-        return;
+    int cap_ids = (int)total + 64;
+    ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
+    tsr_detok_t *detok = q->want_text ? tsr_detok_new(ds->tok->tok, true) : NULL;
+    if (!ids || (q->want_text && !detok)) {
+        tsr_detok_destroy(&detok);
+        snprintf(msg, sizeof msg, "%s", id ? "coordinator out of memory"
+                                           : "coordinator cannot read random bytes for a request id");
+        goto refused;
     }
-    memcpy(ids, q->prompt, q->n_prompt * sizeof *ids);
+    memcpy(ids, pids, n_pids * sizeof *ids);
+    if (q->n_resume) memcpy(ids + n_pids, q->resume, q->n_resume * sizeof *ids);
+    if (text) free(pids);
+    /* The client has printed the text of the tokens it resumes with, up to what the
+     * decoder held back: the decoder starts where that left off. */
+    for (size_t k = 0; detok && k < q->n_resume; k++) {
+        const char *piece;
+        size_t plen;
+        tsr_detok_push(detok, q->resume[k], &piece, &plen);
+    }
     tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
     memset(rec, 0, sizeof *rec);
     rec->id = id;
@@ -475,7 +518,9 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->replica = -1;
     rec->avoid = -1;
     rec->ids = ids;
-    rec->n_prompt = (int)q->n_prompt;
+    rec->n_prompt = (int)total;
+    rec->detok = detok;
+    rec->tok = detok ? tsr_tokref_hold(ds->tok) : NULL;
     rec->cap_ids = cap_ids;
     rec->max_tokens = q->max_tokens;
     rec->temperature = q->temperature;
@@ -490,9 +535,10 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
      * tell a missing coordinator from a slow prefill.  A client that has
      * already left costs the replica nothing. */
     tsr_worker_t *leader = replica >= 0 ? ready_leader(c, d, replica) : NULL;
-    json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b}", "request_id", (json_int_t)rec->id,
+    json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b, s:I}", "request_id", (json_int_t)rec->id,
                             "replica", replica, "leader", leader ? leader->name : "",
-                            "accepted", 1, "queued", replica < 0);
+                            "accepted", 1, "queued", replica < 0, "prompt_tokens",
+                            (json_int_t)n_pids);
     int sent = reply_json(c, rec, true, NULL, ack);
     json_decref(ack);
     if (sent == TSR_REPLY_GONE) {
@@ -506,6 +552,11 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     }
     rec->waiting_since_ms = now;
     snprintf(rec->why, sizeof rec->why, "no replica of %s was ready when it arrived", d->name);
+    return;
+refused:
+    if (text) free(pids);
+    free(ids);
+    refuse(c, rid, rid_len, msg);
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
@@ -718,6 +769,26 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     json_t *doc = json_pack("{s:I, s:i, s:i, s:b, s:s}", "request_id", (json_int_t)q->id, "token",
                             t->token, "index", index, "done", t->done, "finish_reason",
                             t->finish_reason);
+    if (q->detok && doc) {
+        /* The text this token completes; the last one also flushes what is held back. */
+        const char *piece;
+        size_t plen;
+        json_t *str = NULL;
+        if (tsr_detok_push(q->detok, t->token, &piece, &plen) == 0) {
+            char *all = malloc(plen + 1);
+            size_t have = plen;
+            if (all) memcpy(all, piece, plen);
+            if (all && t->done && tsr_detok_flush(q->detok, &piece, &plen) == 0) {
+                char *more = realloc(all, have + plen + 1);
+                if (more) memcpy(more + have, piece, plen), have += plen;
+                else free(all);
+                all = more;
+            }
+            if (all) str = json_stringn(all, have);
+            free(all);
+        }
+        json_object_set_new(doc, "text", str ? str : json_string(""));
+    }
     int sent = reply_json(c, q, true, NULL, doc);
     json_decref(doc);
     c->stats.tokens++;

@@ -1,0 +1,74 @@
+# Text in, text out through the CLI: the coordinator encodes --prompt with the
+# deployment's tokenizer (the one model-init writes) and streams the text each token
+# completes.  The same tokens as the prompt's ids; text equal to decoding the ids; a
+# request resumed after a coordinator restart goes on without a gap or a repeat in the
+# text; a deployment without a tokenizer, and invalid UTF-8, are refused with reasons.
+source "$(dirname "$0")/lib.sh"
+M2="$T/text-model"
+"$BIN/tessera" model-init "$M2" --hidden 64 --intermediate 128 --layers 8 --heads 8 \
+    --kv-heads 4 --vocab 1024 --max-pos 512 --seed 9 > /dev/null || fail "model-init"
+[ -s "$M2/tokenizer.json" ] || fail "model-init wrote no tokenizer.json"
+cat > "$T/d.yaml" <<YAML
+version: 1
+coordinator:
+  workers_endpoint: $WEP
+  control_endpoint: $CEP
+  heartbeat_interval_ms: 100
+  worker_timeout_ms: 1000
+  keys_dir: $KEYS
+deployments:
+  - name: text
+    model: $M2
+    parallel: {tensor: 1, pipeline: 2, replicas: 1}
+    max_seq_len: 400
+  - name: ids
+    model: $MODEL
+    parallel: {tensor: 1, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+YAML
+start_coord "$T/d.yaml"
+for i in 0 1 2; do start_worker "w$i"; done
+wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
+
+PROMPT="Tessera shards a model across GPU machines — ça marche, 日本語も 🚀."
+pids=$("$BIN/tessera" tokenize "$M2" "$PROMPT") || fail "tokenize"
+a=$(tsr generate text --prompt "$PROMPT" --max-tokens 60 --ids) || fail "generate --prompt --ids"
+b=$(tsr generate text --prompt-ids "$pids" --max-tokens 60 --ids) || fail "generate --prompt-ids"
+[ "$a" = "$b" ] || fail "a text prompt and its ids gave different tokens: $a / $b"
+txt=$(tsr generate text --prompt "$PROMPT" --max-tokens 60) || fail "generate --prompt"
+dec=$("$BIN/tessera" tokenize "$M2" --decode "$(echo "$a" | tr ' ' ',')") || fail "decode"
+[ "$txt" = "$dec" ] || fail "streamed text differs from the decoded ids:
+got $txt
+dec $dec"
+txt2=$(tsr generate text --prompt-ids "$pids" --max-tokens 60 --text) || fail "generate --text"
+[ "$txt2" = "$dec" ] || fail "--text for an id prompt differs: $txt2"
+ok "text prompt = its ids; streamed text = decoded ids ($(echo "$a" | wc -w) tokens)"
+
+s=$(tsr generate text --prompt "$PROMPT" --max-tokens 40 --temperature 1 --seed 3 --ids)
+st=$(tsr generate text --prompt "$PROMPT" --max-tokens 40 --temperature 1 --seed 3)
+[ "$st" = "$("$BIN/tessera" tokenize "$M2" --decode "$(echo "$s" | tr ' ' ',')")" ] ||
+    fail "sampled text differs from its decoded ids"
+
+# Refusals, with reasons and exit status 3 (2 for bad usage).
+tsr generate ids --prompt "hello" 2> "$T/e1"; [ $? = 3 ] || fail "text to an ids-only deployment"
+grep -q "takes token ids only" "$T/e1" || fail "no reason: $(cat "$T/e1")"
+tsr generate text --prompt $'ab\xff' 2> "$T/e2"; [ $? = 3 ] || fail "invalid UTF-8 accepted"
+grep -q "not valid UTF-8 at byte 2" "$T/e2" || fail "no offset: $(cat "$T/e2")"
+tsr generate text --prompt x --prompt-ids 1 2> /dev/null; [ $? = 2 ] || fail "both prompts accepted"
+ok "refusals name their reason"
+
+# A coordinator restart mid-stream: the text goes on where it stopped.
+ref=$(tsr generate text --prompt "$PROMPT" --max-tokens 360) || fail "reference run"
+tsr generate text --prompt "$PROMPT" --max-tokens 360 --token-timeout 60000 > "$T/out" 2> "$T/err" &
+GEN=$!
+started() { [ -s "$T/out" ]; }
+wait_until 10 started || fail "no text arrived"
+kill -9 "$COORD_PID"
+noticed() { grep -q "lost the connection to the coordinator" "$T/err"; }
+wait_until 3 noticed || fail "the client did not notice: $(cat "$T/err")"
+start_coord "$T/d.yaml"
+wait "$GEN" || fail "the request did not resume: $(cat "$T/err")"
+[ "$(cat "$T/out")" = "$ref" ] || fail "resumed text differs:
+got $(cat "$T/out")
+ref $ref"
+ok "the text resumed after a coordinator restart with no gap or repeat"
