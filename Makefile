@@ -15,7 +15,8 @@ PREFIX   ?= /usr/local
 SYSCONFDIR ?= /etc
 SANITIZE ?=
 
-PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto libpcre2-8
+PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto libpcre2-8 \
+            libmicrohttpd
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -D_GNU_SOURCE \

@@ -308,6 +308,42 @@ out:
 
 static char *resolve_model(const char *file, const char *model);
 
+/* http_endpoint: HOST:PORT with a numeric IPv4 host, [IPv6], or localhost. */
+static int parse_http_endpoint(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
+{
+    static const char *const path = "coordinator.http_endpoint";
+    char *s = NULL;
+    if (get_string(c, n, path, &s) < 0)
+        return -1;
+    char host[64] = "";
+    const char *colon = strrchr(s, ':');
+    size_t hl = colon ? (size_t)(colon - s) : 0;
+    if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
+        memcpy(host, s + 1, hl - 2 < sizeof host - 1 ? hl - 2 : sizeof host - 1);
+    } else if (hl > 0 && hl < sizeof host) {
+        memcpy(host, s, hl);
+    }
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    unsigned char addr[16];
+    int ok = colon && end && !*end && end != colon + 1 && port >= 1 && port <= 65535 &&
+             (!strcmp(host, "localhost") || inet_pton(AF_INET, host, addr) == 1 ||
+              (s[0] == '[' && inet_pton(AF_INET6, host, addr) == 1));
+    if (!ok) {
+        char q[QUOTE_MAX + 8];
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "expected HOST:PORT with a numeric IPv4 address, [IPv6] or "
+             "localhost, and a port 1 to 65535, e.g. 127.0.0.1:8000; got '%s'", q);
+        free(s);
+        return -1;
+    }
+    cfg->http_endpoint = s;
+    snprintf(cfg->http_host, sizeof cfg->http_host, "%s",
+             !strcmp(host, "localhost") ? "127.0.0.1" : host);
+    cfg->http_port = (int)port;
+    return 0;
+}
+
 static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
 {
     static const char *const keys[] = { "workers_endpoint", "control_endpoint",
@@ -315,13 +351,14 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
                                         "max_workers", "dead_worker_ttl_s",
                                         "security", "keys_dir", "max_replays",
                                         "replay_wait_ms", "canary_interval_ms",
-                                        "canary_timeout_ms" };
-    yaml_node_t *v[12];
+                                        "canary_timeout_ms", "http_endpoint",
+                                        "api_keys_file" };
+    yaml_node_t *v[14];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 12, v) < 0)
+        map_fields(c, n, "coordinator", keys, 14, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -389,6 +426,30 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         free(dir);
         if (cfg->keys_dir == NULL) {
             fail(c, v[7], "coordinator.keys_dir", "out of memory");
+            return -1;
+        }
+    }
+    if (v[12] && parse_http_endpoint(c, v[12], cfg) < 0)
+        return -1;
+    if (v[13]) {
+        char *file = NULL;
+        if (get_string(c, v[13], "coordinator.api_keys_file", &file) < 0)
+            return -1;
+        if (!file[0] || strlen(file) >= 4096) {
+            fail(c, v[13], "coordinator.api_keys_file", "expected a file path of 1 to 4095 "
+                 "characters");
+            free(file);
+            return -1;
+        }
+        cfg->api_keys_file = resolve_model(c->file_for_paths, file);
+        free(file);
+        if (cfg->api_keys_file == NULL) {
+            fail(c, v[13], "coordinator.api_keys_file", "out of memory");
+            return -1;
+        }
+        if (!cfg->http_endpoint) {
+            fail(c, v[13], "coordinator.api_keys_file", "is for the HTTP server: set "
+                 "coordinator.http_endpoint too");
             return -1;
         }
     }
@@ -575,14 +636,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
 {
     static const char *const keys[] = { "name", "model", "device", "parallel",
                                         "max_seq_len", "max_batch", "prefill_chunk",
-                                        "kv_cache_mib", "max_queue" };
+                                        "kv_cache_mib", "max_queue", "chat_template" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[9];
+    yaml_node_t *v[10];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 9, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 10, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -612,6 +673,20 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         if (v[5 + k] && get_int_range(c, v[5 + k], kpath, batch_keys[k].lo, batch_keys[k].hi,
                                       (int *)((char *)d + batch_keys[k].offset)) < 0)
             return -1;
+    }
+    if (v[9]) {
+        char *name = NULL;
+        path_key(kpath, path, "chat_template");
+        if (get_string(c, v[9], kpath, &name) < 0)
+            return -1;
+        if (strcmp(name, "llama2") && strcmp(name, "llama3") && strcmp(name, "chatml") &&
+            strcmp(name, "mistral")) {
+            fail(c, v[9], kpath, "expected llama2, llama3, chatml or mistral, got '%.40s'", name);
+            free(name);
+            return -1;
+        }
+        snprintf(d->chat_template, sizeof d->chat_template, "%s", name);
+        free(name);
     }
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
@@ -960,6 +1035,8 @@ void tsr_config_destroy(tsr_config_t **self_p)
     free(cfg->workers_endpoint);
     free(cfg->control_endpoint);
     free(cfg->keys_dir);
+    free(cfg->http_endpoint);
+    free(cfg->api_keys_file);
     free(cfg->path);
     free(cfg);
     *self_p = NULL;

@@ -41,6 +41,8 @@ typedef struct {
                              max_seq_len positions, sized by the worker */
     int max_queue;        /* requests waiting per replica, 0..1000000, default
                              256; 0: refuse when the batch is full */
+    char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
+                                recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */
 } tsr_deployment_t;
 
@@ -68,6 +70,12 @@ typedef struct {
                                      /etc/tessera/keys; a relative path is
                                      taken from the file's directory */
     int security_line, security_column;  /* where security: was set */
+    char *http_endpoint;          /* HOST:PORT of the OpenAI-compatible HTTP server;
+                                     NULL (the default): no HTTP server */
+    char http_host[64];           /* its numeric host (localhost: 127.0.0.1) */
+    int http_port;
+    char *api_keys_file;          /* bearer tokens the HTTP API accepts, one per line;
+                                     NULL: none asked */
     tsr_deployment_t *deployments;
     size_t n_deployments;
 } tsr_config_t;

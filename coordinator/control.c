@@ -95,6 +95,14 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
     }
 }
 
+const char *tsr_coord_dep_state(tsr_coord_t *c, size_t i, int64_t now_ms)
+{
+    dep_summary_t sum;
+    dep_summarise(c, i, now_ms, &sum);
+    free(sum.at);
+    return sum.state;
+}
+
 /* ---- JSON ------------------------------------------------------------------ */
 
 static json_t *holding_json(const tsr_holding_t *h)
@@ -368,8 +376,15 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
 int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                       const char *error, const char *json)
 {
+    return tsr_control_reply_code(c, rid, rid_len, ok, NULL, error, json);
+}
+
+int tsr_control_reply_code(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                           const char *code, const char *error, const char *json)
+{
     Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
     r.ok = ok;
+    r.code = (char *)(code ? code : "");
     r.error = (char *)(error ? error : "");
     r.json = (char *)(json ? json : "");
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -463,6 +478,15 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     case TESSERA__CONTROL_REQUEST__KIND__GENERATE:
         tsr_router_generate(c, rid, rid_len, q);
         break;
+    case TESSERA__CONTROL_REQUEST__KIND__CANCEL:
+        tsr_router_cancel(c, rid, rid_len, q->request_id);
+        break;
+    case TESSERA__CONTROL_REQUEST__KIND__METRICS: {
+        char *s = tsr_coord_metrics_text(c, now);
+        tsr_control_reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);
+        free(s);
+        break;
+    }
     case TESSERA__CONTROL_REQUEST__KIND__DRAIN:
     case TESSERA__CONTROL_REQUEST__KIND__UNDRAIN:
         handle_drain(c, rid, rid_len, q->worker, q->kind == TESSERA__CONTROL_REQUEST__KIND__DRAIN);

@@ -191,6 +191,15 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
         snprintf(err, errlen, "control_endpoint: %s", e);
         goto fail;
     }
+    /* The HTTP server's threads speak to the loop as control clients, in process. */
+    if (c->cfg->http_endpoint) {
+        snprintf(c->bridge, sizeof c->bridge, "inproc://tessera-http-%p", (void *)c);
+        if (zmq_bind(c->csock, c->bridge) != 0) {
+            snprintf(err, errlen, "http_endpoint: cannot bind %s: %s", c->bridge,
+                     zmq_strerror(errno));
+            goto fail;
+        }
+    }
     c->cmon = tsr_sock_monitor(c->csock, ZMQ_EVENT_DISCONNECTED);
     /* A reply to a client that went away fails (EHOSTUNREACH) instead of
      * vanishing, and one to a slow client fails with EAGAIN: the router
@@ -225,6 +234,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_config_destroy(&c->cfg);
     free(c->config_path);
     for (size_t i = 0; i < c->n_reqs; i++) tsr_request_free(&c->reqs[i]);
+    free(c->metrics);
     free(c->reqs);
     free(c->lost.di);
     free(c->lost.replica);

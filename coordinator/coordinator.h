@@ -107,6 +107,8 @@ typedef struct {
     char key_id[TSR_KEY_ID_MAX];  /* the client's CURVE key id ("" without CURVE) */
     tsr_tokref_t *tok;          /* want_text: the tokenizer held for it, and its decoder */
     tsr_detok_t *detok;
+    const char *fail_code;      /* ControlReply.code of its failure ("failed", "unavailable") */
+    int64_t last_token_ms;      /* when its last token was delivered (inter-token latency) */
 } tsr_request_rec_t;
 
 typedef struct {
@@ -122,9 +124,29 @@ typedef struct {
     uint64_t canaries, canaries_failed;
 } tsr_coord_stats_t;
 
+/* A Prometheus histogram in seconds over fixed bucket bounds (metrics.c). */
+#define TSR_HIST_BUCKETS 14
+typedef struct {
+    uint64_t le[TSR_HIST_BUCKETS];  /* observations <= each bound (not cumulative) */
+    uint64_t count;
+    double sum;
+} tsr_hist_t;
+
+/* What /metrics reports per deployment; kept across reloads, by name. */
+typedef struct {
+    char name[TSR_NAME_MAX + 1];
+    uint64_t outcome[5];        /* TSR_OUTCOME_*: requests that ended so */
+    uint64_t prompt_tokens, generated_tokens;
+    tsr_hist_t ttft, itl, duration;
+} tsr_dep_metrics_t;
+enum { TSR_OUTCOME_STOP, TSR_OUTCOME_LENGTH, TSR_OUTCOME_FAILED, TSR_OUTCOME_CANCELLED,
+       TSR_OUTCOME_REFUSED };
+
 typedef struct {
     char *config_path;
     tsr_config_t *cfg;
+    tsr_dep_metrics_t *metrics; /* per deployment name, in order of first use */
+    size_t n_metrics;
     tsr_dep_state_t *deps;      /* one per cfg->deployments */
     tsr_registry_t *reg;
     void *wsock;                /* ROUTER, workers endpoint */
@@ -148,6 +170,8 @@ typedef struct {
     char msg_key[TSR_KEY_ID_MAX];
     int64_t send_warned_ms;     /* the last warning about a failed send */
     void *cmon;                 /* the control socket's disconnections */
+    char bridge[64];            /* the control socket's inproc endpoint for the HTTP server
+                                   ("" without http_endpoint) */
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 
@@ -172,6 +196,18 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen);
 /* Runs the planner now and applies its actions. */
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
 
+/* metrics.c.  The deployment's metrics (created on first use; NULL when out of memory). */
+tsr_dep_metrics_t *tsr_metrics_of(tsr_coord_t *c, const char *deployment);
+/* Counts one request of that deployment ending as outcome ("stop", "length", "failed",
+ * "cancelled", "refused"). */
+void tsr_metrics_outcome(tsr_coord_t *c, const char *deployment, const char *outcome);
+void tsr_hist_observe(tsr_hist_t *h, double seconds);
+/* The Prometheus text exposition of the coordinator's metrics (GET /metrics).  Caller
+ * owns the string; NULL when out of memory. */
+char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms);
+/* control.c: a deployment's state as status shows it ("ready", "degraded", ...). */
+const char *tsr_coord_dep_state(tsr_coord_t *c, size_t i, int64_t now_ms);
+
 /* The status document (what `tessera status --json` prints).  Caller owns
  * the string (free()). */
 char *tsr_coord_status_json(tsr_coord_t *c, int64_t now_ms, bool workers_only);
@@ -192,6 +228,9 @@ enum {
  * (NULL for none).  Returns one of TSR_REPLY_*. */
 int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                       const char *error, const char *json);
+/* The same with ControlReply.code set (NULL: none). */
+int tsr_control_reply_code(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
+                           const char *code, const char *error, const char *json);
 
 /* router.c */
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
@@ -222,6 +261,8 @@ void tsr_requests_probe_clients(tsr_coord_t *c);
 void tsr_requests_drop_keys(tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
+/* Ends the request id that the client at rid sent (ControlRequest CANCEL). */
+void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id);
 /* Frees what a request record owns (its ids, its text decoder and tokenizer hold). */
 void tsr_request_free(tsr_request_rec_t *q);
 /* Fails every request whose deadline is at or before now_ms (the client gets

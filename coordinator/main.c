@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "coordinator.h"
+#include "http.h"
 
 static volatile sig_atomic_t stop_flag, reload_flag;
 
@@ -125,6 +126,19 @@ int main(int argc, char **argv)
     tsr_info("listening: workers %s, control %s; %zu deployment(s) from %s; pid %d",
              c->cfg->workers_endpoint, c->cfg->control_endpoint, c->cfg->n_deployments, path,
              (int)getpid());
+    tsr_http_t *http = NULL;
+    if (c->cfg->http_endpoint) {
+        http = tsr_http_start(c->cfg->http_host, c->cfg->http_port, c->bridge,
+                              c->cfg->api_keys_file, err, sizeof err);
+        if (!http) {
+            tsr_error("%s", err);
+            tsr_coord_destroy(&c);
+            tsr_zmq_term();
+            return 1;
+        }
+        tsr_info("HTTP API on %s%s", c->cfg->http_endpoint,
+                 c->cfg->api_keys_file ? " (API keys required on /v1/)" : "");
+    }
 
     uint64_t wd_usec = 0;
     int watchdog = sd_watchdog_enabled(0, &wd_usec) > 0;
@@ -159,6 +173,7 @@ int main(int argc, char **argv)
     tsr_info("shutting down (epoch %llu, %zu worker(s) alive)", (unsigned long long)c->epoch,
              tsr_registry_alive(c->reg));
     sd_notify(0, "STOPPING=1");
+    tsr_http_stop(&http);  /* its threads close their sockets before the context goes */
     tsr_coord_destroy(&c);
     tsr_zmq_term();
     return 0;

@@ -26,6 +26,7 @@
 
 #include "common/log.h"
 #include "coordinator.h"
+#include "chat.h"
 
 #define MAX_TOKENS_LIMIT 1000000
 #define TIMEOUT_MS_LIMIT 86400000u  /* a day */
@@ -36,7 +37,7 @@ static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char 
                       json_t *doc)
 {
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    int rc = tsr_control_reply(c, q->rid, q->rid_len, ok, error, s);
+    int rc = tsr_control_reply_code(c, q->rid, q->rid_len, ok, ok ? NULL : q->fail_code, error, s);
     free(s);
     if (rc == TSR_REPLY_DROPPED) {
         /* The client is slow, not gone: its request keeps running, and the
@@ -64,10 +65,12 @@ static void request_remove(tsr_coord_t *c, size_t i)
     c->reqs[i] = c->reqs[--c->n_reqs];
 }
 
-static void request_fail(tsr_coord_t *c, size_t i, const char *why)
+/* code: the ControlReply code ("failed", "unavailable"). */
+static void request_fail_as(tsr_coord_t *c, size_t i, const char *code, const char *why)
 {
     char msg[768];
     tsr_request_rec_t *q = &c->reqs[i];
+    q->fail_code = code;
     if (q->replica >= 0)
         snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
                  (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
@@ -78,7 +81,13 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
     tsr_warn("%s", msg);
     reply_json(c, q, false, msg, NULL);  /* a client that left needs no answer */
     c->stats.requests_failed++;
+    tsr_metrics_outcome(c, q->deployment, "failed");
     request_remove(c, i);
+}
+
+static void request_fail(tsr_coord_t *c, size_t i, const char *why)
+{
+    request_fail_as(c, i, "failed", why);
 }
 
 /* The worker named leader while it still holds the piece of that epoch; a
@@ -120,7 +129,22 @@ static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
     send_cancel(c, q, reason);
     c->stats.requests_cancelled++;
+    tsr_metrics_outcome(c, q->deployment, "cancelled");
     request_remove(c, i);
+}
+
+void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id)
+{
+    for (size_t i = 0; i < c->n_reqs; i++) {
+        tsr_request_rec_t *q = &c->reqs[i];
+        /* Only the client that sent a request may end it. */
+        if (q->id != id || q->rid_len != rid_len || memcmp(q->rid, rid, rid_len)) continue;
+        request_cancel(c, i, "the client cancelled it");
+        tsr_control_reply(c, rid, rid_len, true, NULL, "{\"cancelled\":true}");
+        return;
+    }
+    tsr_control_reply_code(c, rid, rid_len, false, "not_found", "no such request of this client "
+                           "in flight (it may have ended)", NULL);
 }
 
 int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
@@ -139,6 +163,7 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
                  (unsigned long long)q->id, q->timeout_ms, q->n_tokens, q->deployment,
                  q->replica);
         snprintf(reason, sizeof reason, "deadline of %u ms passed", q->timeout_ms);
+        q->fail_code = "failed";
         reply_json(c, q, false, msg, NULL);
         c->stats.requests_failed++;
         request_cancel(c, i, reason);
@@ -216,6 +241,7 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
         snprintf(msg, sizeof msg, "request %llu ended after %d token(s): the key '%s' was "
                  "removed from the key store (or replaced)", (unsigned long long)q->id,
                  q->n_tokens, tsr_key_name(q->key_id, name, sizeof name));
+        q->fail_code = "failed";
         reply_json(c, q, false, msg, NULL);
         c->stats.requests_failed++;
         request_cancel(c, i, "the client's key was removed from the key store");
@@ -391,9 +417,33 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
     return next;
 }
 
-static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *msg)
+/* code: "not_found", "invalid" or "unavailable" (ControlReply.code). */
+static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *code,
+                   const char *msg)
 {
-    tsr_control_reply(c, rid, rid_len, false, msg, NULL);
+    tsr_control_reply_code(c, rid, rid_len, false, code, msg, NULL);
+}
+
+/* A chat's messages (JSON text) as prompt text, with the deployment's template: the one
+ * it names, else the one its tokenizer_config.json's template is recognised as.  NULL
+ * with the reason in msg. */
+static char *render_chat(const tsr_deployment_t *d, const tsr_dep_state_t *ds, const char *json,
+                         char *msg, size_t len)
+{
+    tsr_chat_kind_t kind = d->chat_template[0] ? tsr_chat_named(d->chat_template)
+                                               : tsr_chat_detect(tsr_tok_chat_template(ds->tok->tok));
+    if (kind == TSR_CHAT_NONE) {
+        snprintf(msg, len, "%s has no chat template Tessera recognises (llama2, llama3, chatml, "
+                 "mistral): set chat_template: on the deployment", d->name);
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *messages = json_loads(json, 0, &jerr);
+    char err[300];
+    char *out = messages ? tsr_chat_render(kind, messages, err, sizeof err) : NULL;
+    if (!out) snprintf(msg, len, "%s", messages ? err : "messages: not JSON");
+    json_decref(messages);
+    return out;
 }
 
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
@@ -405,21 +455,22 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         if (!strcmp(c->cfg->deployments[i].name, q->deployment)) di = (int)i;
     if (di < 0) {
         snprintf(msg, sizeof msg, "no deployment named '%s'", q->deployment);
-        refuse(c, rid, rid_len, msg);
+        refuse(c, rid, rid_len, "not_found", msg);
         return;
     }
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_dep_state_t *ds = &c->deps[di];
     const tsr_model_info_t *m = &ds->model;
-    bool text = q->prompt_text && q->prompt_text[0];
-    if (text && q->n_prompt) {
-        refuse(c, rid, rid_len, "give the prompt as text or as token ids, not both");
+    bool chat = q->chat && q->chat[0];
+    bool text = (q->prompt_text && q->prompt_text[0]) || chat;
+    if ((text && q->n_prompt) || (chat && q->prompt_text && q->prompt_text[0])) {
+        refuse(c, rid, rid_len, "invalid", "give one prompt: text, token ids or a chat");
         return;
     }
     if ((text || q->want_text) && !ds->tok) {
         snprintf(msg, sizeof msg, "%s takes token ids only: it has no usable tokenizer (%s)",
                  d->name, ds->tok_error);
-        refuse(c, rid, rid_len, msg);
+        refuse(c, rid, rid_len, "invalid", msg);
         return;
     }
     /* The prompt's ids: as sent, or the text's; then the tokens a resumed client has. */
@@ -427,15 +478,24 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     size_t n_pids = q->n_prompt;
     if (text) {
         char err[300];
-        if (tsr_tok_encode(ds->tok->tok, q->prompt_text, strlen(q->prompt_text), true, &pids,
-                           &n_pids, err, sizeof err)) {
+        char *rendered = chat ? render_chat(d, ds, q->chat, msg, sizeof msg) : NULL;
+        if (chat && !rendered) {
+            refuse(c, rid, rid_len, "invalid", msg);
+            return;
+        }
+        const char *src = chat ? rendered : q->prompt_text;
+        int rc = tsr_tok_encode(ds->tok->tok, src, strlen(src), true, &pids, &n_pids, err,
+                                sizeof err);
+        free(rendered);
+        if (rc) {
             snprintf(msg, sizeof msg, "the prompt: %s", err);
-            refuse(c, rid, rid_len, msg);
+            refuse(c, rid, rid_len, "invalid", msg);
             return;
         }
     }
     size_t total = n_pids + q->n_resume;
     int32_t *ids = NULL;
+    const char *code = "invalid";
     if (n_pids == 0 || total > (size_t)d->max_seq_len) {
         snprintf(msg, sizeof msg, "the prompt has %zu token(s)%s; %s takes 1 to %d (max_seq_len)",
                  total, q->n_resume ? " with the resumed ones" : "", d->name, d->max_seq_len);
@@ -475,6 +535,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     int64_t now = tsr_now_ms();
     if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
+        code = "unavailable";
         goto refused;
     }
     if (c->n_reqs == c->cap_reqs) {
@@ -482,6 +543,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         tsr_request_rec_t *a = realloc(c->reqs, cap * sizeof *a);
         if (!a) {
             snprintf(msg, sizeof msg, "coordinator out of memory");
+            code = "unavailable";
             goto refused;
         }
         c->reqs = a;
@@ -496,6 +558,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         tsr_detok_destroy(&detok);
         snprintf(msg, sizeof msg, "%s", id ? "coordinator out of memory"
                                            : "coordinator cannot read random bytes for a request id");
+        code = "unavailable";
         goto refused;
     }
     memcpy(ids, pids, n_pids * sizeof *ids);
@@ -530,6 +593,8 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->timeout_ms = q->timeout_ms;
     rec->deadline_ms = q->timeout_ms ? rec->started_ms + q->timeout_ms : 0;
     c->stats.requests++;
+    tsr_dep_metrics_t *mt = tsr_metrics_of(c, d->name);
+    if (mt) mt->prompt_tokens += n_pids;
 
     /* Tell the client at once that the request is on its way, so it can
      * tell a missing coordinator from a slow prefill.  A client that has
@@ -556,7 +621,8 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
 refused:
     if (text) free(pids);
     free(ids);
-    refuse(c, rid, rid_len, msg);
+    tsr_metrics_outcome(c, d->name, "refused");
+    refuse(c, rid, rid_len, code, msg);
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
@@ -738,7 +804,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     if (t->error[0]) {
         /* The replica's failure, not the request's: resume it elsewhere. */
         if (t->retryable) request_interrupt(c, i, t->error);
-        else request_fail(c, i, t->error);
+        else request_fail_as(c, i, t->busy ? "unavailable" : "failed", t->error);
         return;
     }
     int64_t at = (int64_t)t->index + q->base;
@@ -792,9 +858,19 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     int sent = reply_json(c, q, true, NULL, doc);
     json_decref(doc);
     c->stats.tokens++;
+    int64_t now = tsr_now_ms();
+    tsr_dep_metrics_t *mt = tsr_metrics_of(c, q->deployment);
+    if (mt) {
+        mt->generated_tokens++;
+        if (index == 0) tsr_hist_observe(&mt->ttft, (double)(now - q->started_ms) / 1000.0);
+        else tsr_hist_observe(&mt->itl, (double)(now - q->last_token_ms) / 1000.0);
+    }
+    q->last_token_ms = now;
     if (t->done) {
         tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
         if (ds && ds->completed && q->replica < ds->n_completed) ds->completed[q->replica]++;
+        if (mt) tsr_hist_observe(&mt->duration, (double)(now - q->started_ms) / 1000.0);
+        tsr_metrics_outcome(c, q->deployment, !strcmp(t->finish_reason, "eos") ? "stop" : "length");
         request_remove(c, i);
     }
     else if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");

@@ -4,8 +4,8 @@
 set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libczmq-dev libyaml-dev \
-libprotobuf-c-dev protobuf-c-compiler libssl-dev libjansson-dev libpcre2-dev \
-libopenblas-dev libsystemd-dev libcmocka-dev python3 python3-numpy python3-venv procps iproute2 \
+libprotobuf-c-dev protobuf-c-compiler libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev \
+libopenblas-dev libsystemd-dev libcmocka-dev python3 python3-numpy python3-venv python3-prometheus-client procps iproute2 \
 clang libclang-rt-14-dev"
 # clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes, only
 # recommended by clang, so --no-install-recommends would skip them): make fuzz.

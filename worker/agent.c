@@ -223,7 +223,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
 
 static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32_t token,
                              int index, int done, const char *finish, const char *error,
-                             bool retryable)
+                             int retryable)
 {
     Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
     t.request_id = req;
@@ -232,7 +232,8 @@ static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32
     t.done = done;
     t.finish_reason = (char *)(finish ? finish : "");
     t.error = (char *)(error ? error : "");
-    t.retryable = retryable;
+    t.retryable = retryable == TSR_FAIL_RETRYABLE;
+    t.busy = retryable == TSR_FAIL_BUSY;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.epoch = epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_TOKEN_EVENT;

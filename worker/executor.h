@@ -21,7 +21,8 @@ typedef struct {
     int32_t token;
     int index, done;
     int retryable;              /* FAILED, TOKEN with an error: the replica's fault, not the
-                                   request's or the weights'; rewiring or resuming may help */
+                                   request's or the weights'; rewiring or resuming may help.
+                                   TOKEN: a TSR_FAIL_* value (worker/replica.h) */
     char finish[16];
     char text[512];             /* progress detail, failure reason, request error */
 } tsr_event_t;

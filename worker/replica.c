@@ -262,6 +262,10 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
          * requests that must wait beyond them. */
         snprintf(why, sizeof why, "the replica's queue is full (max_queue %d, max_batch %d)",
                  r->max_queue, L->cfg.max_batch);
+        fail_request(io, q, 0, TSR_FAIL_BUSY, why);
+        free(q->prompt);
+        q->prompt = NULL;
+        return;
     } else {
         int i = L->n++;
         L->s[i] = s;

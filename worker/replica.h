@@ -18,6 +18,9 @@
 #include "worker/collective.h"
 #include "worker/engine.h"
 
+/* How a request failed (the emit callback's retryable argument). */
+enum { TSR_FAIL_FINAL = 0, TSR_FAIL_RETRYABLE = 1, TSR_FAIL_BUSY = 2 };
+
 typedef struct {
     uint64_t request_id;
     int32_t *prompt;            /* owned by the request; freed by the runner */
@@ -36,8 +39,10 @@ typedef struct {
     int (*next_cancel)(void *arg, uint64_t *id, char *reason, size_t len);
     /* A generated token (last stage, tp rank 0), or a request's failure
      * (token -1 and error set; from whichever rank found it).  retryable:
-     * the failure is the replica's (it broke or stopped), not the
-     * request's, so the request may be resumed on another replica. */
+     * TSR_FAIL_RETRYABLE when the failure is the replica's (it broke or
+     * stopped), not the request's, so the request may be resumed on another
+     * replica; TSR_FAIL_BUSY when the replica's queue is full (try later);
+     * TSR_FAIL_FINAL otherwise. */
     void (*emit)(void *arg, uint64_t request_id, int32_t token, int index, int done, int retryable,
                  const char *finish_reason, const char *error);
     /* True when this rank should stop (a new plan, shutdown). */
