@@ -382,6 +382,13 @@ int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool o
 int tsr_control_reply_code(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                            const char *code, const char *error, const char *json)
 {
+    return tsr_control_send(c, c->reply_sock ? c->reply_sock : c->csock, rid, rid_len, ok, code,
+                            error, json);
+}
+
+int tsr_control_send(tsr_coord_t *c, void *sock, const uint8_t *rid, size_t rid_len, bool ok,
+                     const char *code, const char *error, const char *json)
+{
     Tessera__ControlReply r = TESSERA__CONTROL_REPLY__INIT;
     r.ok = ok;
     r.code = (char *)(code ? code : "");
@@ -391,7 +398,7 @@ int tsr_control_reply_code(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, b
     env.epoch = c->epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REPLY;
     env.control_reply = &r;
-    if (tsr_wire_send(c->csock, rid, rid_len, &env) == 0) return TSR_REPLY_SENT;
+    if (tsr_wire_send(sock, rid, rid_len, &env) == 0) return TSR_REPLY_SENT;
     /* errno is zmq_send's (tsr_wire_send only frees after it, and free keeps
      * errno): EHOSTUNREACH for an unknown routing id (the client
      * disconnected), EAGAIN when its queue is at the high-water mark. */

@@ -191,12 +191,18 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
         snprintf(err, errlen, "control_endpoint: %s", e);
         goto fail;
     }
-    /* The HTTP server's threads speak to the loop as control clients, in process. */
+    c->reply_sock = c->csock;
+    /* The HTTP server's threads speak to the loop as control clients, in process, on a
+     * socket of their own: no key is needed where nothing outside the process reaches. */
     if (c->cfg->http_endpoint) {
         snprintf(c->bridge, sizeof c->bridge, "inproc://tessera-http-%p", (void *)c);
-        if (zmq_bind(c->csock, c->bridge) != 0) {
+        c->bsock = tsr_sock_router_sec(c->bridge, 2 * (size_t)TSR_WIRE_MAX_REQUEST, NULL, e,
+                                       sizeof e);
+        int one = 1;
+        if (!c->bsock ||
+            zmq_setsockopt(c->bsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0) {
             snprintf(err, errlen, "http_endpoint: cannot bind %s: %s", c->bridge,
-                     zmq_strerror(errno));
+                     c->bsock ? zmq_strerror(errno) : e);
             goto fail;
         }
     }
@@ -227,6 +233,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_sock_close(&c->wsock);
     if (c->csock) tsr_sock_monitor_close(c->csock, &c->cmon);
     tsr_sock_close(&c->csock);
+    tsr_sock_close(&c->bsock);
     tsr_zap_stop(&c->zap);
     memset(&c->sec, 0, sizeof c->sec);
     tsr_registry_destroy(&c->reg);
@@ -1110,8 +1117,9 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t ma
                                     &env, err, sizeof err);
         if (rc == 0) break;
         /* A session whose key was removed from the store is over, even
-         * before the next key check sees it: nothing it says is heard. */
-        if (c->zap && !tsr_zap_allowed(c->zap, c->msg_key)) {
+         * before the next key check sees it: nothing it says is heard.  (The
+         * HTTP bridge is in-process: its callers were checked by the server.) */
+        if (c->zap && sock != c->bsock && !tsr_zap_allowed(c->zap, c->msg_key)) {
             c->stats.key_dropped++;
             tsr_env_free(&env);
             continue;
@@ -1121,15 +1129,19 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t ma
             tsr_warn("rejected a message on the %s endpoint: %s", channel, err);
             /* A client waits for an answer: tell it why (the limit, the
              * field over its length) rather than leave it guessing. */
-            if (sock == c->csock && rid_len > 0) {
+            if (sock != c->wsock && rid_len > 0) {
                 char msg[320];
                 snprintf(msg, sizeof msg, "request rejected: %s", err);
+                c->reply_sock = sock;
                 tsr_control_reply(c, rid, rid_len, false, msg, NULL);
+                c->reply_sock = c->csock;
             }
             continue;
         }
         if ((i & 255) == 255) now = tsr_now_ms();
+        if (sock != c->wsock) c->reply_sock = sock;  /* control replies go back where asked */
         handle(c, rid, rid_len, env, now);
+        c->reply_sock = c->csock;
         tsr_env_free(&env);
     }
 }
@@ -1146,6 +1158,7 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 {
     drain_one(c, c->wsock, "workers", TSR_WIRE_MAX_WORKER, budget, on_worker_msg);
     drain_one(c, c->csock, "control", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
+    if (c->bsock) drain_one(c, c->bsock, "HTTP bridge", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
     /* A client connection closed: whose it was ZeroMQ does not say, so the
      * clients of the requests in flight are asked (tick), at most every
      * PROBE_GAP_MS, and those that are gone have their requests cancelled. */

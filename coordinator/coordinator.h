@@ -108,6 +108,7 @@ typedef struct {
     tsr_tokref_t *tok;          /* want_text: the tokenizer held for it, and its decoder */
     tsr_detok_t *detok;
     const char *fail_code;      /* ControlReply.code of its failure ("failed", "unavailable") */
+    void *sock;                 /* the socket its client is on (control or HTTP bridge) */
     int64_t last_token_ms;      /* when its last token was delivered (inter-token latency) */
 } tsr_request_rec_t;
 
@@ -170,8 +171,10 @@ typedef struct {
     char msg_key[TSR_KEY_ID_MAX];
     int64_t send_warned_ms;     /* the last warning about a failed send */
     void *cmon;                 /* the control socket's disconnections */
-    char bridge[64];            /* the control socket's inproc endpoint for the HTTP server
-                                   ("" without http_endpoint) */
+    char bridge[64];            /* the HTTP server's inproc endpoint ("" without
+                                   http_endpoint) and its ROUTER (plain, in-process) */
+    void *bsock;
+    void *reply_sock;           /* where the control message being handled came from */
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 
@@ -228,9 +231,13 @@ enum {
  * (NULL for none).  Returns one of TSR_REPLY_*. */
 int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                       const char *error, const char *json);
-/* The same with ControlReply.code set (NULL: none). */
+/* The same with ControlReply.code set (NULL: none).  Both answer on the socket the
+ * message being handled came from (c->reply_sock). */
 int tsr_control_reply_code(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                            const char *code, const char *error, const char *json);
+/* The same on a given socket (a request's client, later). */
+int tsr_control_send(tsr_coord_t *c, void *sock, const uint8_t *rid, size_t rid_len, bool ok,
+                     const char *code, const char *error, const char *json);
 
 /* router.c */
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,

@@ -146,11 +146,13 @@ int main(int argc, char **argv)
     sd_notifyf(0, "READY=1\nSTATUS=serving %zu deployment(s)\nMAINPID=%d",
                c->cfg->n_deployments, (int)getpid());
 
-    zmq_pollitem_t items[3] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
-                               {c->cmon, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[4] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0}};
+    int n_items = 2;
+    if (c->cmon) items[n_items++] = (zmq_pollitem_t){c->cmon, 0, ZMQ_POLLIN, 0};
+    if (c->bsock) items[n_items++] = (zmq_pollitem_t){c->bsock, 0, ZMQ_POLLIN, 0};
     int timeout = 0;
     while (!stop_flag) {
-        int rc = zmq_poll(items, c->cmon ? 3 : 2, timeout);
+        int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
             tsr_error("poll failed: %s", zmq_strerror(errno));
             break;

@@ -37,7 +37,8 @@ static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char 
                       json_t *doc)
 {
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    int rc = tsr_control_reply_code(c, q->rid, q->rid_len, ok, ok ? NULL : q->fail_code, error, s);
+    int rc = tsr_control_send(c, q->sock ? q->sock : c->csock, q->rid, q->rid_len, ok,
+                              ok ? NULL : q->fail_code, error, s);
     free(s);
     if (rc == TSR_REPLY_DROPPED) {
         /* The client is slow, not gone: its request keeps running, and the
@@ -138,7 +139,9 @@ void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint6
     for (size_t i = 0; i < c->n_reqs; i++) {
         tsr_request_rec_t *q = &c->reqs[i];
         /* Only the client that sent a request may end it. */
-        if (q->id != id || q->rid_len != rid_len || memcmp(q->rid, rid, rid_len)) continue;
+        if (q->id != id || q->sock != c->reply_sock || q->rid_len != rid_len ||
+            memcmp(q->rid, rid, rid_len))
+            continue;
         request_cancel(c, i, "the client cancelled it");
         tsr_control_reply(c, rid, rid_len, true, NULL, "{\"cancelled\":true}");
         return;
@@ -236,7 +239,7 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
 {
     for (size_t i = c->n_reqs; i-- > 0;) {
         tsr_request_rec_t *q = &c->reqs[i];
-        if (!c->zap || tsr_zap_allowed(c->zap, q->key_id)) continue;
+        if (!c->zap || q->sock == c->bsock || tsr_zap_allowed(c->zap, q->key_id)) continue;
         char msg[300], name[TSR_NAME_MAX + 1];
         snprintf(msg, sizeof msg, "request %llu ended after %d token(s): the key '%s' was "
                  "removed from the key store (or replaced)", (unsigned long long)q->id,
@@ -577,6 +580,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     memcpy(rec->rid, rid, rid_len);
     rec->rid_len = rid_len;
     snprintf(rec->key_id, sizeof rec->key_id, "%s", c->msg_key);
+    rec->sock = c->reply_sock;
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = -1;
     rec->avoid = -1;

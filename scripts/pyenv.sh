@@ -14,7 +14,8 @@ if [ -x "$env/bin/python" ] && cmp -s "$req" "$stamp"; then
     exit 0
 fi
 rm -rf "$env"
-/usr/bin/python3 -m venv "$env" >&2
+# --system-site-packages: the Debian packages (python3-prometheus-client, numpy) too.
+/usr/bin/python3 -m venv --system-site-packages "$env" >&2
 "$env/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2
 cp "$req" "$stamp"
 echo "$env/bin/python"

@@ -1,0 +1,257 @@
+"""Drives Tessera's HTTP API with the official `openai` client (and plain HTTP where the
+client hides what is checked).  Run by tests/integration/test_w_http_api.sh, which starts
+a coordinator with http_endpoint and an API keys file, and workers for two deployments:
+  text   tp=1, the model's tokenizer and chat template (model-init's), max_seq_len 400
+  tight  the same model with max_batch 1 and max_queue 0 (a second request finds it full)
+Environment: TSR_HTTP (base URL), TSR_KEY, TSR_BIN, TSR_CEP, TSR_MODEL, TSR_YAML.
+Prints one line per check and exits non-zero on the first failure."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+BASE, KEY, BIN = os.environ["TSR_HTTP"], os.environ["TSR_KEY"], os.environ["TSR_BIN"]
+CEP, MODEL, YAML = os.environ["TSR_CEP"], os.environ["TSR_MODEL"], os.environ["TSR_YAML"]
+PROMPT = "Tessera serves sharded models: ça marche, 日本語も."
+client = OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def ok(cond, what):
+    if not cond:
+        print("FAIL: " + what)
+        sys.exit(1)
+    print("ok: " + what)
+
+
+def run(*args):
+    p = subprocess.run([BIN + "/tessera", *args], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        print("FAIL: tessera %s: %s" % (" ".join(args), p.stderr))
+        sys.exit(1)
+    return p.stdout
+
+
+def cli_ids(prompt, n):
+    return [int(x) for x in run("--coordinator", CEP, "generate", "text", "--prompt", prompt,
+                                "--max-tokens", str(n), "--ids").split()]
+
+
+def decode(ids):
+    return run("tokenize", MODEL, "--decode", ",".join(map(str, ids)))[:-1]  # its newline
+
+
+def prompt_ids(text):
+    return [int(x) for x in run("tokenize", MODEL, text).strip().split(",")]
+
+
+def http(method, path, body=None, key=KEY, raw=None):
+    req = urllib.request.Request(BASE + path, method=method, data=raw if raw is not None else
+                                 (json.dumps(body).encode() if body is not None else None))
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def metrics():
+    st, _, text = http("GET", "/metrics", key=None)
+    ok(st == 200, "/metrics answers 200") if False else None
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def metric(m, name, **labels):
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def ended(m, dep):
+    return sum(metric(m, "tessera_requests_total", deployment=dep, outcome=o)
+               for o in ("stop", "length"))
+
+
+# ---- models and health ------------------------------------------------------------
+ok(sorted(m.id for m in client.models.list()) == ["text", "tight"], "/v1/models lists the deployments")
+st, _, body = http("GET", "/health", key=None)
+ok(st == 200 and json.loads(body)["status"] == "ok", "/health is 200 while every deployment is ready")
+
+# ---- completions: the CLI's tokens, as text; streamed = whole ------------------------
+ids = cli_ids(PROMPT, 40)
+want = decode(ids)
+r = client.completions.create(model="text", prompt=PROMPT, max_tokens=40, temperature=0)
+ok(r.choices[0].text == want, "completion text = decoded `tessera generate --ids` tokens")
+ok(r.usage.completion_tokens == len(ids) and r.usage.prompt_tokens == len(prompt_ids(PROMPT)),
+   "usage counts the prompt and completion tokens (%d, %d)" % (r.usage.prompt_tokens,
+                                                              r.usage.completion_tokens))
+ok(r.choices[0].finish_reason == ("length" if len(ids) == 40 else "stop"), "finish_reason")
+chunks = list(client.completions.create(model="text", prompt=PROMPT, max_tokens=40,
+                                        temperature=0, stream=True))
+ok("".join(c.choices[0].text for c in chunks) == want, "streamed deltas concatenate to the text")
+ok(chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason, "the last chunk says why")
+r2 = client.completions.create(model="text", prompt=prompt_ids(PROMPT), max_tokens=40,
+                               temperature=0)
+ok(r2.choices[0].text == want, "a prompt of token ids gives the same text")
+s1 = client.completions.create(model="text", prompt=PROMPT, max_tokens=20, temperature=0.9,
+                               top_p=0.9, seed=11)
+s2 = client.completions.create(model="text", prompt=PROMPT, max_tokens=20, temperature=0.9,
+                               top_p=0.9, seed=11, stream=True)
+ok(s1.choices[0].text == "".join(c.choices[0].text for c in s2), "a seeded sample repeats")
+
+# ---- chat -----------------------------------------------------------------------------
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+rendered = ("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n")
+cids = cli_ids(rendered, 30)
+c = client.chat.completions.create(model="text", messages=msgs, max_tokens=30, temperature=0)
+ok(c.choices[0].message.content == decode(cids) and c.choices[0].message.role == "assistant",
+   "chat renders the model's template (llama3 layout) and answers its tokens")
+cs = list(client.chat.completions.create(model="text", messages=msgs, max_tokens=30,
+                                         temperature=0, stream=True))
+ok(cs[0].choices[0].delta.role == "assistant" and
+   "".join(x.choices[0].delta.content or "" for x in cs) == c.choices[0].message.content,
+   "streamed chat deltas concatenate to the answer")
+
+# ---- stop strings ------------------------------------------------------------------------
+text = want
+cut = next((text[i:i + 3] for i in range(8, len(text) - 3) if text[i:i + 3].strip()), None)
+ok(cut is not None, "the text has a stop candidate")
+expect = text[:text.find(cut)]
+r3 = client.completions.create(model="text", prompt=PROMPT, max_tokens=40, temperature=0,
+                               stop=["\x01never", cut])
+ok(r3.choices[0].text == expect and r3.choices[0].finish_reason == "stop",
+   "a stop string cuts exactly (%r)" % cut)
+st3 = list(client.completions.create(model="text", prompt=PROMPT, max_tokens=40,
+                                     temperature=0, stop=cut, stream=True))
+ok("".join(x.choices[0].text for x in st3) == expect and
+   st3[-1].choices[0].finish_reason == "stop", "streamed, too: nothing of the stop is sent")
+
+# ---- errors ------------------------------------------------------------------------------
+def status_of(fn):
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        return e.status_code, e.body if isinstance(e.body, dict) else {}, e.response.headers
+    return 200, {}, {}
+
+
+code, body, _ = status_of(lambda: client.completions.create(model="text", prompt="x",
+                                                            temperature=5))
+ok(code == 400 and body.get("param") == "temperature", "400 names the bad field")
+code, body, _ = status_of(lambda: client.completions.create(model="text", prompt="x",
+                                                            max_tokens=0))
+ok(code == 400 and body.get("param") == "max_tokens", "400 for max_tokens 0")
+code, body, _ = status_of(lambda: client.chat.completions.create(model="text", messages=[
+    {"role": "wizard", "content": "x"}]))
+ok(code == 400 and "messages[0].role" in body.get("message", ""), "400 names the bad message")
+code, body, _ = status_of(lambda: client.completions.create(model="nope", prompt="x"))
+ok(code == 404 and body.get("code") == "model_not_found", "404 for an unknown model")
+st, _, body = http("POST", "/v1/completions", raw=b'{"model": "text", "prompt": "' +
+                   b"x" * (2 << 20) + b'"}')
+ok(st == 413 and "error" in json.loads(body), "413 for an oversized body")
+st, _, body = http("POST", "/v1/completions", raw=b"{not json")
+ok(st == 400 and "error" in json.loads(body), "400 for a body that is not JSON")
+bad = OpenAI(base_url=BASE + "/v1", api_key="wrong-key-0123456789", max_retries=0)
+code, _, _ = status_of(lambda: bad.completions.create(model="text", prompt="x"))
+ok(code == 401, "401 for a wrong API key")
+st, _, _ = http("GET", "/v1/models", key=None)
+ok(st == 401, "401 without a key")
+st, _, _ = http("GET", "/nowhere")
+ok(st == 404, "404 for an unknown path")
+
+# A full queue: tight has max_batch 1 and max_queue 0.
+first = client.completions.create(model="tight", prompt=PROMPT, max_tokens=300, temperature=0,
+                                  stream=True)
+next(iter(first))  # it holds the only slot now
+code, body, headers = status_of(lambda: client.completions.create(model="tight", prompt="x"))
+ok(code == 503 and headers.get("retry-after") == "1", "503 with Retry-After when the queue is full")
+first.close()
+
+# ---- a client that goes away cancels its request ------------------------------------------
+m0 = metrics()
+s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
+req = json.dumps({"model": "text", "prompt": PROMPT, "max_tokens": 350, "stream": True,
+                  "temperature": 0}).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+          str(len(req)).encode() + b"\r\n\r\n" + req)
+ok(b"data:" in s.recv(4096), "a raw stream started")
+s.close()
+t0 = time.time()
+while time.time() - t0 < 10 and metric(metrics(), "tessera_requests_total", deployment="text",
+                                       outcome="cancelled") <= metric(m0, "tessera_requests_total",
+                                                                      deployment="text",
+                                                                      outcome="cancelled"):
+    time.sleep(0.05)
+ok(time.time() - t0 < 10, "closing the connection cancelled the request (%.0f ms)" %
+   ((time.time() - t0) * 1000))
+
+# ---- 32 concurrent streams ----------------------------------------------------------------------
+results = [None] * 32
+
+
+def one(i):
+    try:
+        results[i] = "".join(x.choices[0].text for x in client.completions.create(
+            model="text", prompt=PROMPT, max_tokens=40, temperature=0, stream=True))
+    except Exception as e:  # noqa: BLE001 (reported below)
+        results[i] = "error: %s" % e
+
+
+threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ok(all(x == want for x in results), "32 concurrent streaming clients all get the text (%d differ)"
+   % sum(x != want for x in results))
+
+# ---- metrics count what was sent -----------------------------------------------------------------
+m0 = metrics()
+sent = [client.completions.create(model="text", prompt=PROMPT[:k], max_tokens=5 + k,
+                                  temperature=0) for k in (5, 10, 15, 20, 25)]
+m1 = metrics()
+d = lambda name, **l: metric(m1, name, **l) - metric(m0, name, **l)  # noqa: E731
+ok(ended(m1, "text") - ended(m0, "text") == 5, "tessera_requests_total counts the 5 requests")
+ok(d("tessera_generated_tokens_total", deployment="text") ==
+   sum(x.usage.completion_tokens for x in sent), "generated tokens match the usage")
+ok(d("tessera_prompt_tokens_total", deployment="text") == sum(x.usage.prompt_tokens for x in sent),
+   "prompt tokens match the usage")
+ok(d("tessera_time_to_first_token_seconds_count", deployment="text") == 5 and
+   d("tessera_request_duration_seconds_count", deployment="text") == 5 and
+   d("tessera_inter_token_latency_seconds_count", deployment="text") ==
+   sum(x.usage.completion_tokens - 1 for x in sent), "the histograms saw every request and token")
+ok(metric(m1, "tessera_deployment_state", deployment="text", state="ready") == 1 and
+   metric(m1, "tessera_workers", state="ready") == 2 and metric(m1, "tessera_plan_epoch") >= 1,
+   "deployment states, workers by state and the plan epoch")
+
+# ---- health: a deployment with no ready replica ----------------------------------------------------
+orig = open(YAML).read()
+with open(YAML, "a") as f:
+    f.write("  - name: ghost\n    model: %s\n    parallel: {tensor: 1, pipeline: 1, replicas: 1}\n"
+            "    max_seq_len: 64\n" % MODEL)
+run("--coordinator", CEP, "reload")
+st, headers, body = http("GET", "/health", key=None)
+ok(st == 503 and any("ghost" in x for x in json.loads(body)["reasons"]) and
+   headers.get("Retry-After") == "1", "/health is 503 naming the deployment without a replica")
+code, body, headers = status_of(lambda: client.completions.create(model="ghost", prompt="x"))
+ok(code == 503 and headers.get("retry-after") == "1", "503 with Retry-After for a deployment "
+   "that is not ready")
+open(YAML, "w").write(orig)
+run("--coordinator", CEP, "reload")
+st, _, _ = http("GET", "/health", key=None)
+ok(st == 200, "/health is 200 again once it is gone")

@@ -1,0 +1,41 @@
+# The OpenAI-compatible HTTP API, driven by the official `openai` Python client
+# (tests/http/test_api.py): completions and chat, streamed and not, equal to the CLI's
+# tokens decoded; stop strings; every error status; API keys; a closed connection
+# cancels; 32 concurrent streams; /metrics parsed by the Prometheus parser and counting
+# what was sent; /health.
+source "$(dirname "$0")/lib.sh"
+PY="$ROOT/build/pyenv/bin/python"
+[ -x "$PY" ] || fail "no $PY: run scripts/pyenv.sh (make test does)"
+M2="$T/text-model"
+"$BIN/tessera" model-init "$M2" --hidden 64 --intermediate 128 --layers 4 --heads 8 \
+    --kv-heads 4 --vocab 1024 --max-pos 512 --seed 4 > /dev/null || fail "model-init"
+HPORT=$(free_port)
+KEY="tsr-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+echo "$KEY" > "$T/api-keys"
+chmod 600 "$T/api-keys"
+cat > "$T/d.yaml" <<YAML
+version: 1
+coordinator:
+  workers_endpoint: $WEP
+  control_endpoint: $CEP
+  http_endpoint: 127.0.0.1:$HPORT
+  api_keys_file: $T/api-keys
+  heartbeat_interval_ms: 100
+  worker_timeout_ms: 1000
+  keys_dir: $KEYS
+deployments:
+  - name: text
+    model: $M2
+    max_seq_len: 400
+  - name: tight
+    model: $M2
+    max_seq_len: 400
+    max_batch: 1
+    max_queue: 0
+YAML
+start_coord "$T/d.yaml"
+for i in 0 1; do start_worker "w$i"; done
+wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
+TSR_HTTP="http://127.0.0.1:$HPORT" TSR_KEY="$KEY" TSR_BIN="$BIN" TSR_CEP="$CEP" TSR_MODEL="$M2" \
+    TSR_YAML="$T/d.yaml" "$PY" "$ROOT/tests/http/test_api.py" || fail "the HTTP API test failed"
+ok "the HTTP API behaves for the openai client"
