@@ -614,10 +614,15 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 {
     tsr_config_t *cfg = NULL;
     if (tsr_config_load(c->config_path, &cfg, err, errlen) < 0) return -1;
+    /* The HTTP server was started with the old ones. */
+    bool same_http = !cfg->http_endpoint == !c->cfg->http_endpoint &&
+                     (!cfg->http_endpoint || !strcmp(cfg->http_endpoint, c->cfg->http_endpoint)) &&
+                     !cfg->api_keys_file == !c->cfg->api_keys_file &&
+                     (!cfg->api_keys_file || !strcmp(cfg->api_keys_file, c->cfg->api_keys_file));
     if (strcmp(cfg->workers_endpoint, c->cfg->workers_endpoint) ||
-        strcmp(cfg->control_endpoint, c->cfg->control_endpoint)) {
-        snprintf(err, errlen, "%s: changing coordinator endpoints needs a restart",
-                 c->config_path);
+        strcmp(cfg->control_endpoint, c->cfg->control_endpoint) || !same_http) {
+        snprintf(err, errlen, "%s: changing coordinator endpoints (http_endpoint and "
+                 "api_keys_file included) needs a restart", c->config_path);
         tsr_config_destroy(&cfg);
         return -1;
     }

@@ -172,9 +172,9 @@ static void test_a_full_queue_refuses_at_once(void **state)
     for (int i = 0; i < 6; i++) {
         if (reqs[i].failed) {
             if (!strstr(reqs[i].error, "queue is full (max_queue 2")) fail_msg("request %d: %s", i, reqs[i].error);
-            /* A refusal is the request's answer, not a broken replica: it
-             * is not to be resumed elsewhere. */
-            assert_false(reqs[i].retryable);
+            /* A refusal for load: not a broken replica (it is not resumed
+             * elsewhere), but busy, so the client may try later (503). */
+            assert_int_equal(reqs[i].retryable, TSR_FAIL_BUSY);
             assert_int_equal(reqs[i].n_tokens, 0);
             refused++;
         } else {

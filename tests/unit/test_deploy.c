@@ -293,7 +293,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms, canary_interval_ms, canary_timeout_ms)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms, canary_interval_ms, canary_timeout_ms, http_endpoint, api_keys_file)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -899,6 +899,41 @@ static void test_max_workers_and_dead_worker_ttl_are_read_and_range_checked(void
                  "demo.yaml:3:22: coordinator.canary_timeout_ms: ", "600000");
 }
 
+/* The HTTP server's keys: HOST:PORT with a numeric host, keys file beside it, and the
+ * chat template names. */
+static void test_http_endpoint_api_keys_and_chat_template(void **state)
+{
+    (void)state;
+    tsr_config_t *cfg = parse_ok("version: 1\n", "demo.yaml");
+    assert_null(cfg->http_endpoint);  /* no key, no server */
+    assert_null(cfg->api_keys_file);
+    tsr_config_destroy(&cfg);
+    cfg = parse_ok("version: 1\ncoordinator:\n  http_endpoint: localhost:8000\n"
+                   "  api_keys_file: keys.txt\n", "conf/demo.yaml");
+    assert_string_equal(cfg->http_endpoint, "localhost:8000");
+    assert_string_equal(cfg->http_host, "127.0.0.1");
+    assert_int_equal(cfg->http_port, 8000);
+    assert_non_null(strstr(cfg->api_keys_file, "conf/keys.txt"));
+    tsr_config_destroy(&cfg);
+    cfg = parse_ok("version: 1\ncoordinator:\n  http_endpoint: \"[::1]:80\"\n", "demo.yaml");
+    assert_string_equal(cfg->http_host, "::1");
+    tsr_config_destroy(&cfg);
+    expect_error("version: 1\ncoordinator:\n  http_endpoint: 127.0.0.1\n",
+                 "demo.yaml:3:18: coordinator.http_endpoint: ", "HOST:PORT");
+    expect_error("version: 1\ncoordinator:\n  http_endpoint: 127.0.0.1:70000\n",
+                 "demo.yaml:3:18: coordinator.http_endpoint: ", "1 to 65535");
+    expect_error("version: 1\ncoordinator:\n  http_endpoint: example.com:80\n",
+                 "demo.yaml:3:18: coordinator.http_endpoint: ", "numeric IPv4");
+    expect_error("version: 1\ncoordinator:\n  api_keys_file: k\n",
+                 "demo.yaml:3:18: coordinator.api_keys_file: ", "set coordinator.http_endpoint");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    chat_template: jinja\n",
+                 "demo.yaml:5:20: deployments[0].chat_template: ", "llama2, llama3, chatml or mistral");
+    cfg = parse_ok("version: 1\ndeployments:\n  - name: a\n    model: m\n    chat_template: chatml\n",
+                   "demo.yaml");
+    assert_string_equal(cfg->deployments[0].chat_template, "chatml");
+    tsr_config_destroy(&cfg);
+}
+
 static void test_security_defaults_to_curve_with_the_standard_key_store(void **state)
 {
     (void)state;
@@ -1003,6 +1038,7 @@ int main(void)
         cmocka_unit_test(test_unknown_nested_key_is_rejected),
         cmocka_unit_test(test_max_workers_and_dead_worker_ttl_are_read_and_range_checked),
         cmocka_unit_test(test_deep_nesting_is_refused_at_once_naming_the_cap),
+        cmocka_unit_test(test_http_endpoint_api_keys_and_chat_template),
         cmocka_unit_test(test_security_defaults_to_curve_with_the_standard_key_store),
         cmocka_unit_test(test_security_none_is_refused_unless_every_endpoint_is_loopback),
         cmocka_unit_test(test_duplicate_key_is_rejected),
