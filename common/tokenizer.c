@@ -34,7 +34,11 @@
 #define CACHE_BYTES (4u << 20)       /* ... bytes of words kept */
 #define CACHE_IDS (1u << 20)         /* ... ids kept */
 #define CACHE_MAX_WORD 256           /* longer words are not cached */
-#define DETOK_MAX_WINDOW 64          /* tokens held before a forced emit */
+/* Tokens the streaming decoder holds at most.  A character split across tokens, or a
+ * byte-fallback run, is held until it is complete; past this many tokens (only garbage
+ * gets there: 4,096 tokens that never complete a character) the text is emitted as it
+ * is, and may then differ from the whole decode. */
+#define DETOK_MAX_WINDOW 4096
 
 /* GPT-2's split, used by ByteLevel when use_regex is true. */
 static const char GPT2_SPLIT[] =
@@ -1857,7 +1861,7 @@ char *tsr_tok_decode(const tsr_tokenizer_t *t, const int32_t *ids, size_t n, boo
 struct tsr_detok {
     const tsr_tokenizer_t *tok;
     bool skip_special;
-    int32_t win[DETOK_MAX_WINDOW + 1];
+    int32_t *win;                    /* DETOK_MAX_WINDOW + 1 ids */
     size_t n;                        /* ids in the window */
     buf_t prefix;                    /* decode of win[0] when emitted_one, else empty */
     bool has_prefix;
@@ -1868,6 +1872,11 @@ tsr_detok_t *tsr_detok_new(const tsr_tokenizer_t *tok, bool skip_special)
 {
     tsr_detok_t *d = calloc(1, sizeof *d);
     if (!d) return NULL;
+    d->win = malloc((DETOK_MAX_WINDOW + 1) * sizeof *d->win);
+    if (!d->win) {
+        free(d);
+        return NULL;
+    }
     d->tok = tok;
     d->skip_special = skip_special;
     return d;
@@ -1877,6 +1886,7 @@ void tsr_detok_destroy(tsr_detok_t **self_p)
 {
     if (!self_p || !*self_p) return;
     tsr_detok_t *d = *self_p;
+    free(d->win);
     free(d->prefix.p);
     free(d->full.p);
     free(d->emit.p);

@@ -49,7 +49,8 @@ char *tsr_tok_decode(const tsr_tokenizer_t *self, const int32_t *ids, size_t n,
 
 /* Streaming decoder: text for ids as they arrive, never a broken UTF-8 character.  A
  * character split across tokens is held back until it is complete; the pieces pushed,
- * then flushed, concatenate to tsr_tok_decode of all the ids. */
+ * then flushed, concatenate to tsr_tok_decode of all the ids (unless 4,096 tokens in a
+ * row never complete a character: then what is held is emitted as it stands). */
 typedef struct tsr_detok tsr_detok_t;
 
 /* Caller owns the result (tsr_detok_destroy); the tokenizer must outlive it. */
