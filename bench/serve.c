@@ -20,9 +20,18 @@
  * consecutive tokens of one request) p50/p99, and each request's decode rate
  * ((tokens - 1) / (last - first)) averaged: the speed one stream sees.
  *
+ * With --http HOST:PORT the same requests go to the coordinator's HTTP API instead
+ * (POST /v1/completions, the prompt as token ids, stream: true with usage), one
+ * HTTP/1.0 connection per request, polled with the others: TTFT is then the time to the
+ * first server-sent event with text, ITL the gap between events (one per token, unless
+ * a character split across tokens merges two), and the tokens are the usage's.  The
+ * figures of the two modes compare: the same program, clock and prompts.
+ *
  * Exit status: 0 every request finished, 1 some failed or could not be sent
  * (the reasons are printed), 2 bad usage. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
@@ -30,8 +39,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/wire.h"
@@ -109,6 +121,8 @@ static uint32_t rng_below(uint64_t *state, uint32_t n)
 
 typedef struct {
     const char *endpoint, *deployment;
+    const char *http;          /* HOST:PORT of the HTTP API, or NULL: the control endpoint */
+    struct sockaddr_in http_addr;
     int concurrency, per_stream, min_prompt, max_prompt, max_tokens, vocab, json, timeout_ms;
     double duration_s;
     uint64_t seed;
@@ -124,6 +138,10 @@ typedef struct {
     uint64_t request_id;       /* from the acceptance */
     int tokens;                /* tokens of the request in flight */
     int64_t t_send, t_first, t_last, t_activity;
+    int fd;                    /* --http: the request's connection (-1: none) */
+    char *in;                  /* --http: bytes received and not yet parsed */
+    size_t in_len, in_cap;
+    int headers_done, events;
 } stream_t;
 
 typedef struct {
@@ -165,6 +183,144 @@ static int stream_wants_more(const bench_t *b, const stream_t *s, int64_t now)
     return s->sent < b->cfg->per_stream;
 }
 
+static void stream_finish(bench_t *b, stream_t *s, int64_t now);
+
+/* --http: the request in flight ends (its connection closes). */
+static void http_end(bench_t *b, stream_t *s, int64_t now, const char *error)
+{
+    if (error) {
+        record_error(b, error);
+        b->failed++;
+    }
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    s->in_len = 0;
+    stream_finish(b, s, now);
+}
+
+/* --http: one server-sent event's data. */
+static void http_event(bench_t *b, stream_t *s, const char *data, int64_t now)
+{
+    if (!strcmp(data, "[DONE]")) {
+        if (s->tokens > 1 && s->t_last > s->t_first)
+            samples_add(&b->decode_rate, (s->tokens - 1) * 1e9 / (double)(s->t_last - s->t_first));
+        b->done++;
+        http_end(b, s, now, NULL);
+        return;
+    }
+    json_t *doc = json_loads(data, 0, NULL);
+    if (!doc) return;
+    json_t *err = json_object_get(doc, "error");
+    if (err) {
+        const char *m = json_string_value(json_object_get(err, "message"));
+        json_decref(doc);
+        http_end(b, s, now, m ? m : "an error event");
+        return;
+    }
+    json_t *usage = json_object_get(doc, "usage");
+    if (json_is_object(usage)) {
+        int t = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+        b->tokens += t;
+        s->tokens = t;
+        b->short_done += t < b->cfg->max_tokens;
+    }
+    json_t *choice = json_array_get(json_object_get(doc, "choices"), 0);
+    const char *text = json_string_value(json_object_get(choice, "text"));
+    if (text && *text) {
+        if (s->events++ == 0) {
+            s->t_first = now;
+            samples_add(&b->ttft_ms, (double)(now - s->t_send) / 1e6);
+        } else {
+            samples_add(&b->itl_ms, (double)(now - s->t_last) / 1e6);
+        }
+        s->t_last = now;
+    }
+    json_decref(doc);
+}
+
+/* --http: reads what the connection has and takes in the complete events. */
+static void http_drain(bench_t *b, stream_t *s)
+{
+    for (;;) {
+        if (s->in_len + 4096 + 1 > s->in_cap) {
+            size_t cap = s->in_cap ? s->in_cap * 2 : 16384;
+            char *p = realloc(s->in, cap);
+            if (!p) {
+                http_end(b, s, now_ns(), "out of memory");
+                return;
+            }
+            s->in = p;
+            s->in_cap = cap;
+        }
+        ssize_t r = read(s->fd, s->in + s->in_len, s->in_cap - s->in_len - 1);
+        int64_t now = now_ns();
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (r <= 0) {
+            http_end(b, s, now, r < 0 ? strerror(errno) : "the server closed the connection "
+                                                           "before [DONE]");
+            return;
+        }
+        s->in_len += (size_t)r;
+        s->in[s->in_len] = '\0';
+        s->t_activity = now;
+        char *p = s->in;
+        if (!s->headers_done) {
+            char *end = strstr(p, "\r\n\r\n");
+            if (!end) continue;
+            if (strncmp(p, "HTTP/1.", 7) || strncmp(p + 9, "200", 3)) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "HTTP %.3s: %.200s", p + 9, end + 4);
+                if (!strncmp(p + 9, "503", 3)) b->refused++;
+                http_end(b, s, now, msg);
+                return;
+            }
+            s->headers_done = 1;
+            p = end + 4;
+        }
+        char *ev;
+        while (s->fd >= 0 && (ev = strstr(p, "\n\n"))) {
+            *ev = '\0';
+            if (!strncmp(p, "data: ", 6)) http_event(b, s, p + 6, now);
+            p = ev + 2;
+        }
+        if (s->fd < 0) return;
+        s->in_len -= (size_t)(p - s->in);
+        memmove(s->in, p, s->in_len);
+    }
+}
+
+/* --http: the request as an HTTP/1.0 POST on a new connection. */
+static int http_send(bench_t *b, stream_t *s, const int32_t *prompt, int n)
+{
+    const config_t *cfg = b->cfg;
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_integer(prompt[i]));
+    json_t *body = json_pack("{s:s, s:o, s:i, s:i, s:b, s:{s:b}}", "model", cfg->deployment,
+                             "prompt", ids, "max_tokens", cfg->max_tokens, "temperature", 0,
+                             "stream", 1, "stream_options", "include_usage", 1);
+    char *js = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!js) return -1;
+    size_t jl = strlen(js);
+    char head[256];
+    int hl = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.0\r\nHost: %s\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      cfg->http, jl);
+    s->headers_done = 0;
+    s->events = 0;
+    s->in_len = 0;
+    s->fd = socket(AF_INET, SOCK_STREAM, 0);
+    int rc = -1;
+    if (s->fd >= 0 && connect(s->fd, (const struct sockaddr *)&cfg->http_addr,
+                              sizeof cfg->http_addr) == 0 &&
+        write(s->fd, head, (size_t)hl) == hl && write(s->fd, js, jl) == (ssize_t)jl) {
+        fcntl(s->fd, F_SETFL, fcntl(s->fd, F_GETFL) | O_NONBLOCK);
+        rc = 0;
+    }
+    free(js);
+    return rc;
+}
+
 /* Sends the stream's next request.  Returns 0, or -1 (counted as failed). */
 static int stream_send(bench_t *b, stream_t *s)
 {
@@ -193,6 +349,20 @@ static int stream_send(bench_t *b, stream_t *s)
     s->request_id = 0;
     s->tokens = 0;
     s->t_send = s->t_activity = now_ns();
+    if (cfg->http) {
+        if (http_send(b, s, b->prompt, n) < 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "cannot send to http://%s: %s", cfg->http, strerror(errno));
+            record_error(b, msg);
+            b->failed++;
+            if (s->fd >= 0) close(s->fd);
+            s->fd = -1;
+            s->busy = 0;
+            return -1;
+        }
+        b->prompt_tokens += n;
+        return 0;
+    }
     if (tsr_wire_send(s->sock, NULL, 0, &env) < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "cannot send to %s: %s", cfg->endpoint, zmq_strerror(errno));
@@ -218,6 +388,10 @@ static void stream_finish(bench_t *b, stream_t *s, int64_t now)
 static void stream_abandon(bench_t *b, stream_t *s, int64_t now, const char *why)
 {
     char err[256];
+    if (b->cfg->http) {
+        http_end(b, s, now, why);
+        return;
+    }
     record_error(b, why);
     b->failed++;
     stream_finish(b, s, now);
@@ -305,6 +479,8 @@ static int run(bench_t *b)
     char err[256];
     for (int i = 0; i < C; i++) {
         stream_t *s = &b->streams[i];
+        s->fd = -1;
+        if (cfg->http) continue;
         if (!(s->sock = tsr_sock_dealer(cfg->endpoint, 0, err, sizeof err))) {
             fprintf(stderr, "serve: %s\n", err);
             goto out;
@@ -321,8 +497,9 @@ static int run(bench_t *b)
         int64_t wait_ns = INT64_MAX;
         for (int i = 0; i < C; i++) {
             stream_t *s = &b->streams[i];
-            while (!s->busy && s->sock && stream_wants_more(b, s, now)) stream_send(b, s);
-            if (!s->busy || !s->sock) continue;
+            int open = cfg->http ? 1 : s->sock != NULL;
+            while (!s->busy && open && stream_wants_more(b, s, now)) stream_send(b, s);
+            if (!s->busy || !open) continue;
             int64_t left = s->t_activity + (int64_t)cfg->timeout_ms * 1000000 - now;
             if (left <= 0) {
                 char why[160];
@@ -333,7 +510,8 @@ static int run(bench_t *b)
                 continue;
             }
             if (left < wait_ns) wait_ns = left;
-            items[n] = (zmq_pollitem_t){s->sock, 0, ZMQ_POLLIN, 0};
+            items[n] = cfg->http ? (zmq_pollitem_t){NULL, s->fd, ZMQ_POLLIN, 0}
+                                 : (zmq_pollitem_t){s->sock, 0, ZMQ_POLLIN, 0};
             index[n++] = i;
         }
         if (n == 0) break;  /* nothing in flight, nothing more to send */
@@ -344,11 +522,18 @@ static int run(bench_t *b)
             goto out;
         }
         for (int k = 0; k < n; k++)
-            if (items[k].revents & ZMQ_POLLIN) stream_drain(b, &b->streams[index[k]]);
+            if (items[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {
+                if (cfg->http) http_drain(b, &b->streams[index[k]]);
+                else stream_drain(b, &b->streams[index[k]]);
+            }
     }
     rc = 0;
 out:
-    for (int i = 0; i < C; i++) tsr_sock_close(&b->streams[i].sock);
+    for (int i = 0; i < C; i++) {
+        tsr_sock_close(&b->streams[i].sock);
+        if (b->streams[i].fd >= 0) close(b->streams[i].fd);
+        free(b->streams[i].in);
+    }
     free(items);
     free(index);
     return rc;
@@ -434,6 +619,8 @@ static void usage(FILE *f)
             "soon as the previous one finished, against a coordinator's control endpoint.\n"
             "  --coordinator EP          control endpoint (default $TESSERA_COORDINATOR,\n"
             "                            else tcp://127.0.0.1:7401)\n"
+            "  --http HOST:PORT          send the requests to the HTTP API instead\n"
+            "                            (POST /v1/completions, streamed; numeric IPv4 host)\n"
             "  --deployment NAME         deployment to send requests to (required)\n"
             "  --vocab V                 prompt ids are drawn below V (required)\n"
             "  --concurrency C           streams (default 1, at most %d)\n"
@@ -480,6 +667,7 @@ static int parse_args(int argc, char **argv, config_t *cfg)
         {"max-prompt", required_argument, 0, 'P'},  {"max-tokens", required_argument, 0, 'm'},
         {"vocab", required_argument, 0, 'v'},       {"seed", required_argument, 0, 's'},
         {"timeout", required_argument, 0, 't'},     {"json", no_argument, 0, 'j'},
+        {"http", required_argument, 0, 'H'},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int o, per_stream_set = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -515,6 +703,22 @@ static int parse_args(int argc, char **argv, config_t *cfg)
             break;
         case 't': bad = parse_int("timeout", optarg, 1, 3600000, &cfg->timeout_ms); break;
         case 'j': cfg->json = 1; break;
+        case 'H': {
+            cfg->http = optarg;
+            char host[64];
+            const char *colon = strrchr(optarg, ':');
+            size_t hl = colon ? (size_t)(colon - optarg) : 0;
+            int port = colon ? atoi(colon + 1) : 0;
+            snprintf(host, sizeof host, "%.*s", (int)(hl < sizeof host ? hl : 0), optarg);
+            cfg->http_addr.sin_family = AF_INET;
+            cfg->http_addr.sin_port = htons((uint16_t)port);
+            if (!colon || port < 1 || port > 65535 ||
+                inet_pton(AF_INET, host, &cfg->http_addr.sin_addr) != 1) {
+                fprintf(stderr, "serve: --http: '%s' is not IPV4:PORT\n", optarg);
+                bad = -1;
+            }
+            break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

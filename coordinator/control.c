@@ -486,7 +486,7 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_router_generate(c, rid, rid_len, q);
         break;
     case TESSERA__CONTROL_REQUEST__KIND__CANCEL:
-        tsr_router_cancel(c, rid, rid_len, q->request_id);
+        tsr_router_cancel(c, rid, rid_len, q->request_id, q->stopped);
         break;
     case TESSERA__CONTROL_REQUEST__KIND__METRICS: {
         char *s = tsr_coord_metrics_text(c, now);

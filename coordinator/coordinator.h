@@ -268,8 +268,10 @@ void tsr_requests_probe_clients(tsr_coord_t *c);
 void tsr_requests_drop_keys(tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
-/* Ends the request id that the client at rid sent (ControlRequest CANCEL). */
-void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id);
+/* Ends the request id that the client at rid sent (ControlRequest CANCEL); stopped: the
+ * client's stop string ended it (counted as finished, outcome "stop"). */
+void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id,
+                       bool stopped);
 /* Frees what a request record owns (its ids, its text decoder and tokenizer hold). */
 void tsr_request_free(tsr_request_rec_t *q);
 /* Fails every request whose deadline is at or before now_ms (the client gets

@@ -222,6 +222,7 @@ static void gen_cancel(gen_t *g)
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
     q.kind = TESSERA__CONTROL_REQUEST__KIND__CANCEL;
     q.request_id = g->request_id;
+    q.stopped = g->finish && !strcmp(g->finish, "stop");
     bridge_send(g->sock, &q);
     g->cancel_sent = true;
 }

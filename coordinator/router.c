@@ -122,19 +122,29 @@ static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *
     if (w) cancel_at(c, w, q->wid, reason);
 }
 
-/* Ends request i early: the leader is told to drop it, and it is forgotten. */
-static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
+/* Ends request i early: the leader is told to drop it, and it is forgotten.  outcome:
+ * what the metrics count it as ("cancelled", or "stop" for a client's stop string). */
+static void request_cancel_as(tsr_coord_t *c, size_t i, const char *reason, const char *outcome)
 {
     tsr_request_rec_t *q = &c->reqs[i];
     tsr_info("request %llu on %s replica %d cancelled after %d token(s): %s",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
     send_cancel(c, q, reason);
-    c->stats.requests_cancelled++;
-    tsr_metrics_outcome(c, q->deployment, "cancelled");
+    if (strcmp(outcome, "stop")) c->stats.requests_cancelled++;
+    tsr_dep_metrics_t *mt = tsr_metrics_of(c, q->deployment);
+    if (mt && !strcmp(outcome, "stop"))
+        tsr_hist_observe(&mt->duration, (double)(tsr_now_ms() - q->started_ms) / 1000.0);
+    tsr_metrics_outcome(c, q->deployment, outcome);
     request_remove(c, i);
 }
 
-void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id)
+static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
+{
+    request_cancel_as(c, i, reason, "cancelled");
+}
+
+void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id,
+                       bool stopped)
 {
     for (size_t i = 0; i < c->n_reqs; i++) {
         tsr_request_rec_t *q = &c->reqs[i];
@@ -142,7 +152,8 @@ void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint6
         if (q->id != id || q->sock != c->reply_sock || q->rid_len != rid_len ||
             memcmp(q->rid, rid, rid_len))
             continue;
-        request_cancel(c, i, "the client cancelled it");
+        if (stopped) request_cancel_as(c, i, "the client's stop string came", "stop");
+        else request_cancel(c, i, "the client cancelled it");
         tsr_control_reply(c, rid, rid_len, true, NULL, "{\"cancelled\":true}");
         return;
     }

@@ -67,7 +67,8 @@ def http(method, path, body=None, key=KEY, raw=None):
 
 def metrics():
     st, _, text = http("GET", "/metrics", key=None)
-    ok(st == 200, "/metrics answers 200") if False else None
+    if st != 200:
+        ok(False, "/metrics answers 200, not %d" % st)
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -131,6 +132,7 @@ text = want
 cut = next((text[i:i + 3] for i in range(8, len(text) - 3) if text[i:i + 3].strip()), None)
 ok(cut is not None, "the text has a stop candidate")
 expect = text[:text.find(cut)]
+m_before = metrics()
 r3 = client.completions.create(model="text", prompt=PROMPT, max_tokens=40, temperature=0,
                                stop=["\x01never", cut])
 ok(r3.choices[0].text == expect and r3.choices[0].finish_reason == "stop",
@@ -139,6 +141,19 @@ st3 = list(client.completions.create(model="text", prompt=PROMPT, max_tokens=40,
                                      temperature=0, stop=cut, stream=True))
 ok("".join(x.choices[0].text for x in st3) == expect and
    st3[-1].choices[0].finish_reason == "stop", "streamed, too: nothing of the stop is sent")
+# The cancel that a stop string sends may reach the loop after the client's next request.
+t0 = time.time()
+while True:
+    m_after = metrics()
+    stops = (metric(m_after, "tessera_requests_total", deployment="text", outcome="stop") -
+             metric(m_before, "tessera_requests_total", deployment="text", outcome="stop"))
+    if stops >= 2 or time.time() - t0 > 5:
+        break
+    time.sleep(0.05)
+ok(stops == 2 and
+   metric(m_after, "tessera_requests_total", deployment="text", outcome="cancelled") ==
+   metric(m_before, "tessera_requests_total", deployment="text", outcome="cancelled"),
+   "a stop string counts as a finished request (outcome stop), not a cancelled one")
 
 # ---- errors ------------------------------------------------------------------------------
 def status_of(fn):
@@ -189,7 +204,14 @@ req = json.dumps({"model": "text", "prompt": PROMPT, "max_tokens": 350, "stream"
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
           str(len(req)).encode() + b"\r\n\r\n" + req)
-ok(b"data:" in s.recv(4096), "a raw stream started")
+s.settimeout(30)
+got = b""
+while b"data:" not in got:
+    part = s.recv(4096)
+    if not part:
+        break
+    got += part
+ok(b"data:" in got, "a raw stream started")
 s.close()
 t0 = time.time()
 while time.time() - t0 < 10 and metric(metrics(), "tessera_requests_total", deployment="text",
