@@ -145,6 +145,7 @@ bench: deps
 	@./bench/data.sh
 	@./bench/serve.sh
 	@./bench/tokenize.sh
+	@./bench/http.sh
 	@./bench/chaos.sh
 
 install: $(PROGRAMS)
