@@ -12,6 +12,12 @@
  *   4. failure detection: one worker goes silent, STATUS is polled until it
  *      is "dead".
  *
+ * With --http-streams S and --model DIR the coordinator also serves a deployment of
+ * that model on one real tessera-worker (started, and ready, before the simulated
+ * workers register, so they stay idle spares) through its HTTP API, and S streams
+ * (bench/serve --http, a child process) generate through it from the warm-up to the end
+ * of the heartbeat window: the heartbeat figures are then taken under that load.
+ *
  * Everything runs in one event loop (pump()), so heartbeats keep flowing
  * while the benchmark waits for a status reply or a CLI run.
  *
@@ -27,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -77,6 +84,8 @@ typedef struct {
     int workers, connections, seconds, hb_ms, timeout_ms, status_samples, coord_cpu;
     int connect_window;
     const char *coord_bin, *cli_bin;
+    int http_streams;           /* HTTP streams during the heartbeat window (0: none) */
+    const char *model, *worker_bin, *serve_bin;
 } opts_t;
 
 enum { REG_NONE = 0, REG_ACCEPTED, REG_REFUSED };
@@ -86,6 +95,9 @@ typedef struct {
     int n, c;                   /* workers and connections actually used */
     char dir[64], yaml[128], log[128];
     char wep[64], cep[64];      /* workers and control endpoints */
+    int http_port;              /* --http-streams: the coordinator's HTTP port */
+    pid_t worker, serve;        /* --http-streams: the real worker, the load generator */
+    char serve_out[128], worker_log[128];
     pid_t coord;
     int epfd;
     void **socks;               /* [c] DEALERs to the workers endpoint */
@@ -594,10 +606,21 @@ static int write_yaml(bench_t *b)
             "  heartbeat_interval_ms: %d\n"
             "  worker_timeout_ms: %d\n"
             "  security: none\n"
-            "  max_workers: 10000\n"
-            "# No deployments: the simulated workers must never be sent work.\n"
-            "deployments: []\n",
+            "  max_workers: 10000\n",
             b->wep, b->cep, b->o.hb_ms, b->o.timeout_ms);
+    if (b->o.http_streams)
+        /* One deployment, on the real worker that registers before the simulated ones:
+         * they stay spares and are never sent work. */
+        fprintf(f, "  http_endpoint: 127.0.0.1:%d\n"
+                   "deployments:\n"
+                   "  - name: m\n"
+                   "    model: %s\n"
+                   "    max_seq_len: 512\n"
+                   "    max_batch: 128\n",
+                b->http_port, b->o.model);
+    else
+        fprintf(f, "# No deployments: the simulated workers must never be sent work.\n"
+                   "deployments: []\n");
     return fclose(f) == 0 ? 0 : -1;
 }
 
@@ -723,6 +746,91 @@ static void pin_self_away(int cpu, char *desc, size_t len)
             used += (size_t)snprintf(desc + used, len - used, "%s%d", used ? "," : "cpu ", i);
 }
 
+/* Runs argv with stdout and stderr to out, off the coordinator's cpu.  The child dies
+ * with this process. */
+static pid_t spawn(const bench_t *b, char *const argv[], const char *out)
+{
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int nul = open("/dev/null", O_RDWR);
+    if (fd < 0 || nul < 0) _exit(127);
+    dup2(nul, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    (void)b;
+    execv(argv[0], argv);
+    dprintf(2, "bench_control: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* --http-streams: the real worker, and the wait for its deployment to be ready. */
+static int start_real_worker(bench_t *b)
+{
+    char *argv[] = {(char *)b->o.worker_bin, "--coordinator", b->wep, "--name", "real-0", NULL};
+    snprintf(b->worker_log, sizeof b->worker_log, "%s/worker.log", b->dir);
+    b->worker = spawn(b, argv, b->worker_log);
+    if (b->worker < 0) return -1;
+    int64_t deadline = now_ns() + 60000 * NS_PER_MS;
+    while (!stop_flag && now_ns() < deadline) {
+        probe_t p;
+        if (control_request(b, TESSERA__CONTROL_REQUEST__KIND__STATUS, 1000, &p) == 0) {
+            json_t *doc = json_loads(p.json, 0, NULL);
+            free(p.json);
+            const char *st = json_string_value(json_object_get(
+                json_array_get(json_object_get(doc, "deployments"), 0), "state"));
+            bool ready = st && !strcmp(st, "ready");
+            json_decref(doc);
+            if (ready) return 0;
+        }
+        sleep_pumping(b, 100);
+    }
+    fprintf(stderr, "bench_control: the real worker's deployment was not ready within 60 s "
+                    "(log %s)\n", b->worker_log);
+    return -1;
+}
+
+/* --http-streams: the load, for the warm-up and the heartbeat window and a little more. */
+static void start_http_load(bench_t *b)
+{
+    char addr[32], streams[16], secs[16];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", b->http_port);
+    snprintf(streams, sizeof streams, "%d", b->o.http_streams);
+    snprintf(secs, sizeof secs, "%d", WARMUP_MS / 1000 + b->o.seconds + 2);
+    snprintf(b->serve_out, sizeof b->serve_out, "%s/serve.json", b->dir);
+    char *argv[] = {(char *)b->o.serve_bin, "--http", addr, "--deployment", "m", "--vocab",
+                    "1024", "--concurrency", streams, "--duration", secs, "--min-prompt", "8",
+                    "--max-prompt", "64", "--max-tokens", "64", "--json", NULL};
+    b->serve = spawn(b, argv, b->serve_out);
+}
+
+/* --http-streams: what the load generator saw. */
+static void report_http_load(bench_t *b)
+{
+    if (b->serve <= 0) return;
+    int st;
+    waitpid(b->serve, &st, 0);
+    b->serve = 0;
+    FILE *f = fopen(b->serve_out, "r");
+    char line[8192] = "";
+    json_t *doc = NULL;
+    while (f && fgets(line, sizeof line, f))
+        if (line[0] == '{') doc = (json_decref(doc), json_loads(line, 0, NULL));
+    if (f) fclose(f);
+    if (!doc) {
+        printf("HTTP load: no result from %s (%s)\n", b->o.serve_bin, line);
+        return;
+    }
+    printf("HTTP load during the window: %d streams, %lld requests done, %lld failed, %.0f "
+           "tokens/s, TTFT p50 %.1f ms\n", b->o.http_streams,
+           (long long)json_integer_value(json_object_get(doc, "done")),
+           (long long)json_integer_value(json_object_get(doc, "failed")),
+           json_real_value(json_object_get(doc, "tok_per_s")),
+           json_number_value(json_object_get(doc, "ttft_p50_ms")));
+    json_decref(doc);
+}
+
 static int setup(bench_t *b)
 {
     int pw, pc;
@@ -756,6 +864,11 @@ static int setup(bench_t *b)
     }
     snprintf(b->wep, sizeof b->wep, "tcp://127.0.0.1:%d", pw);
     snprintf(b->cep, sizeof b->cep, "tcp://127.0.0.1:%d", pc);
+    if (b->o.http_streams) {
+        int ph, unused;
+        if (free_ports(&ph, &unused) < 0) return -1;
+        b->http_port = ph;
+    }
     if (write_yaml(b) < 0) {
         fprintf(stderr, "bench_control: cannot write %s: %s\n", b->yaml, strerror(errno));
         return -1;
@@ -774,11 +887,14 @@ static int setup(bench_t *b)
     }
     b->stamp = 1;
     b->silent = -1;
-    return coord_start(b);
+    if (coord_start(b) < 0) return -1;
+    return b->o.http_streams ? start_real_worker(b) : 0;
 }
 
 static void teardown(bench_t *b)
 {
+    if (b->serve > 0) kill(b->serve, SIGKILL), waitpid(b->serve, NULL, 0);
+    if (b->worker > 0) kill(b->worker, SIGKILL), waitpid(b->worker, NULL, 0);
     coord_stop(b);
     for (int i = 0; b->socks && i < b->c; i++) tsr_sock_close(&b->socks[i]);
     tsr_zmq_term();
@@ -787,6 +903,8 @@ static void teardown(bench_t *b)
     if (b->dir[0]) {
         unlink(b->yaml);
         unlink(b->log);
+        if (b->serve_out[0]) unlink(b->serve_out);
+        if (b->worker_log[0]) unlink(b->worker_log);
         rmdir(b->dir);
     }
     free(b->socks);
@@ -907,6 +1025,7 @@ static int sample_counters(bench_t *b, int64_t *heartbeats, int64_t *plans, int6
  * status documents stays out of it. */
 static void phase_heartbeat(bench_t *b)
 {
+    if (b->o.http_streams) start_http_load(b);
     sleep_pumping(b, WARMUP_MS);
     int64_t h0 = 0, u0 = 0, h1 = 0, u1 = 0, plans0 = 0, plans1 = 0;
     int ok0 = sample_counters(b, &h0, &plans0, &u0);
@@ -958,6 +1077,10 @@ static void phase_heartbeat(bench_t *b)
            beating > 0 ? cpu * 1000.0 / beating : 0.0);
     long rss = proc_rss_kib(b->coord);
     if (rss >= 0) printf("coordinator RSS: %.1f MiB\n", rss / 1024.0);
+    if (b->o.http_streams) {
+        sleep_pumping(b, 2500);  /* the load's last requests end */
+        report_http_load(b);
+    }
 }
 
 static int cmp_double(const void *x, const void *y)
@@ -1103,7 +1226,12 @@ static void usage(FILE *f)
             "                       100; 0: all at once, a reconnect storm)\n"
             "  --coordinator-cpu K  pin the coordinator to cpu K, this process off it\n"
             "  --coordinator-bin P  default bin/tessera-coordinator\n"
-            "  --cli-bin P          default bin/tessera\n");
+            "  --cli-bin P          default bin/tessera\n"
+            "  --http-streams S     S streams through the HTTP API during the heartbeat\n"
+            "                       window, to a deployment of --model on one real worker\n"
+            "  --model DIR          its checkpoint (vocabulary 1,024 or more)\n"
+            "  --worker-bin P       default bin/tessera-worker\n"
+            "  --serve-bin P        default build/bench/serve\n");
 }
 
 static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
@@ -1127,6 +1255,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"coordinator-cpu", required_argument, 0, 'p'},
         {"coordinator-bin", required_argument, 0, 'B'},
         {"cli-bin", required_argument, 0, 'C'},    {"connect-window", required_argument, 0, 'w'},
+        {"http-streams", required_argument, 0, 'H'}, {"model", required_argument, 0, 'm'},
+        {"worker-bin", required_argument, 0, 'W'}, {"serve-bin", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (opts_t){.workers = 1000,
@@ -1137,7 +1267,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                   .coord_cpu = -1,
                   .connect_window = 64,
                   .coord_bin = "bin/tessera-coordinator",
-                  .cli_bin = "bin/tessera"};
+                  .cli_bin = "bin/tessera",
+                  .worker_bin = "bin/tessera-worker",
+                  .serve_bin = "build/bench/serve"};
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1 && rc == 0) {
         switch (c) {
@@ -1151,12 +1283,20 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         case 'w': rc = parse_int("--connect-window", optarg, 0, 100000, &o->connect_window); break;
         case 'B': o->coord_bin = optarg; break;
         case 'C': o->cli_bin = optarg; break;
+        case 'H': rc = parse_int("--http-streams", optarg, 0, 1000, &o->http_streams); break;
+        case 'm': o->model = optarg; break;
+        case 'W': o->worker_bin = optarg; break;
+        case 'S': o->serve_bin = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
     }
     if (rc == 0 && optind != argc) {
         usage(stderr);
+        return -1;
+    }
+    if (rc == 0 && o->http_streams && !o->model) {
+        fprintf(stderr, "bench_control: --http-streams needs --model DIR\n");
         return -1;
     }
     if (rc == 0 && o->timeout_ms <= o->hb_ms) {

@@ -26,7 +26,7 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD="${TSR_BUILD:-build}" BIN="${TSR_BIN:-bin}"
 bench="$BUILD/bench/bench_control"
-for f in "$bench" "$BIN/tessera-coordinator" "$BIN/tessera"; do
+for f in "$bench" "$BIN/tessera-coordinator" "$BIN/tessera" "$BIN/tessera-worker" "$BUILD/bench/serve"; do
     if [ ! -x "$f" ]; then
         echo "bench/run.sh: $f is missing; run 'make bench' (or make && make $bench)" >&2
         exit 1
@@ -48,4 +48,14 @@ run() {
 run --workers 1000 --connections 1000 "$@"
 run --workers 10000 --connections 1250 "$@"
 run --workers 10000 --connections 10000 "$@"
+# The same 1,000 workers while 100 HTTP streams generate through the coordinator (a
+# deployment of a small model on one real worker; the simulated workers are spares):
+# the heartbeat figures should not move.
+model="$BUILD/models/http-bench"
+if [ ! -f "$model/tokenizer.json" ]; then
+    "$BIN/tessera" model-init "$model" --hidden 256 --intermediate 688 --layers 4 --heads 8 \
+        --kv-heads 4 --vocab 1024 --max-pos 512 --seed 3 --force > /dev/null || exit 1
+fi
+run --workers 1000 --connections 1000 --http-streams 100 --model "$PWD/$model" \
+    --worker-bin "$BIN/tessera-worker" --serve-bin "$BUILD/bench/serve" "$@"
 exit $rc

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strbuf.h"
 #include "common/util.h"
 
 #define TOK_MAX_ID (1 << 24)         /* ids beyond this are refused at load */
@@ -47,30 +48,13 @@ static const char GPT2_SPLIT[] =
 enum { F_SPECIAL = 1, F_ADDED = 2, F_BYTE = 4 };
 enum { SCHEME_ALWAYS, SCHEME_FIRST, SCHEME_NEVER };
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} buf_t;
+typedef tsr_sb_t buf_t;
 
-static int buf_reserve(buf_t *b, size_t more)
-{
-    if (b->len + more + 1 <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + more + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
+/* Appends; -1 once the buffer ran out of memory (the callers' error flow). */
 static int buf_put(buf_t *b, const void *s, size_t n)
 {
-    if (buf_reserve(b, n)) return -1;
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
+    tsr_sb_putn(b, s, n);
+    return b->oom ? -1 : 0;
 }
 
 typedef struct {
@@ -1409,6 +1393,7 @@ static int model_word(const tsr_tokenizer_t *tc, enc_t *e, const char *w, size_t
         memset(t->cslots, 0, CACHE_SLOTS * sizeof *t->cslots);
         t->cused = 0;
         t->ckeys.len = 0;
+        t->ckeys.oom = false;
         t->cids.n = 0;
     }
     size_t s = h & (CACHE_SLOTS - 1);

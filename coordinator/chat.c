@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strbuf.h"
 #include "common/util.h"
 
 tsr_chat_kind_t tsr_chat_detect(const char *j)
@@ -40,49 +41,20 @@ const char *tsr_chat_name(tsr_chat_kind_t kind)
     return kind > TSR_CHAT_NONE && kind <= TSR_CHAT_MISTRAL ? NAMES[kind] : "none";
 }
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sb_t;
-
-static void sb_put(sb_t *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->cap ? b->cap : 256) * 2 + n;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(sb_t *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
 /* Appends s without leading and trailing whitespace (the templates trim contents). */
-static void sb_trim(sb_t *b, const char *s, size_t n)
+static void sb_trim(tsr_sb_t *b, const char *s, size_t n)
 {
     while (n && strchr(" \t\r\n", *s)) s++, n--;
     while (n && strchr(" \t\r\n", s[n - 1])) n--;
-    sb_put(b, s, n);
+    tsr_sb_putn(b, s, n);
 }
 
 /* A message's content: a string, or the text parts of a list, joined. */
-static int content_of(json_t *m, size_t i, sb_t *out, char *err, size_t errlen)
+static int content_of(json_t *m, size_t i, tsr_sb_t *out, char *err, size_t errlen)
 {
     json_t *c = json_object_get(m, "content");
     if (json_is_string(c)) {
-        sb_put(out, json_string_value(c), json_string_length(c));
+        tsr_sb_putn(out, json_string_value(c), json_string_length(c));
         return 0;
     }
     if (json_is_array(c)) {
@@ -96,7 +68,7 @@ static int content_of(json_t *m, size_t i, sb_t *out, char *err, size_t errlen)
                             "\"text\": ...} parts are supported", i, k);
                 return -1;
             }
-            sb_put(out, json_string_value(text), json_string_length(text));
+            tsr_sb_putn(out, json_string_value(text), json_string_length(text));
         }
         return 0;
     }
@@ -106,7 +78,7 @@ static int content_of(json_t *m, size_t i, sb_t *out, char *err, size_t errlen)
 
 char *tsr_chat_render(tsr_chat_kind_t kind, json_t *messages, char *err, size_t errlen)
 {
-    sb_t out = {0}, content = {0}, system = {0};
+    tsr_sb_t out = {0}, content = {0}, system = {0};
     char *result = NULL;
     if (!json_is_array(messages) || json_array_size(messages) == 0) {
         tsr_set_err(err, errlen, "messages: expected a non-empty list");
@@ -116,7 +88,7 @@ char *tsr_chat_render(tsr_chat_kind_t kind, json_t *messages, char *err, size_t 
         tsr_set_err(err, errlen, "no chat template");
         return NULL;
     }
-    sb_str(&out, "");
+    tsr_sb_puts(&out, "");
     bool want_user = true, have_system = false;
     size_t i;
     json_t *m;
@@ -127,15 +99,15 @@ char *tsr_chat_render(tsr_chat_kind_t kind, json_t *messages, char *err, size_t 
             goto out;
         }
         content.len = 0;
-        sb_str(&content, "");
+        tsr_sb_puts(&content, "");
         if (content_of(m, i, &content, err, errlen)) goto out;
         if (kind == TSR_CHAT_LLAMA3 || kind == TSR_CHAT_CHATML) {
-            sb_str(&out, kind == TSR_CHAT_LLAMA3 ? "<|start_header_id|>" : "<|im_start|>");
-            sb_str(&out, role);
-            sb_str(&out, kind == TSR_CHAT_LLAMA3 ? "<|end_header_id|>\n\n" : "\n");
+            tsr_sb_puts(&out, kind == TSR_CHAT_LLAMA3 ? "<|start_header_id|>" : "<|im_start|>");
+            tsr_sb_puts(&out, role);
+            tsr_sb_puts(&out, kind == TSR_CHAT_LLAMA3 ? "<|end_header_id|>\n\n" : "\n");
             if (kind == TSR_CHAT_LLAMA3) sb_trim(&out, content.p, content.len);
-            else sb_put(&out, content.p, content.len);
-            sb_str(&out, kind == TSR_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>\n");
+            else tsr_sb_putn(&out, content.p, content.len);
+            tsr_sb_puts(&out, kind == TSR_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>\n");
             continue;
         }
         /* llama2, mistral */
@@ -155,25 +127,25 @@ char *tsr_chat_render(tsr_chat_kind_t kind, json_t *messages, char *err, size_t 
             goto out;
         }
         if (want_user) {
-            if (out.len) sb_str(&out, kind == TSR_CHAT_LLAMA2 ? "<s>" : "");
-            sb_str(&out, "[INST] ");
+            if (out.len) tsr_sb_puts(&out, kind == TSR_CHAT_LLAMA2 ? "<s>" : "");
+            tsr_sb_puts(&out, "[INST] ");
             if (have_system && system.p) {
                 if (kind == TSR_CHAT_LLAMA2) {
-                    sb_str(&out, "<<SYS>>\n");
-                    sb_put(&out, system.p, system.len);
-                    sb_str(&out, "\n<</SYS>>\n\n");
+                    tsr_sb_puts(&out, "<<SYS>>\n");
+                    tsr_sb_putn(&out, system.p, system.len);
+                    tsr_sb_puts(&out, "\n<</SYS>>\n\n");
                 } else {
-                    sb_put(&out, system.p, system.len);
-                    sb_str(&out, "\n\n");
+                    tsr_sb_putn(&out, system.p, system.len);
+                    tsr_sb_puts(&out, "\n\n");
                 }
                 have_system = false;
             }
             sb_trim(&out, content.p, content.len);
-            sb_str(&out, " [/INST]");
+            tsr_sb_puts(&out, " [/INST]");
         } else {
-            if (kind == TSR_CHAT_LLAMA2) sb_str(&out, " ");
+            if (kind == TSR_CHAT_LLAMA2) tsr_sb_puts(&out, " ");
             sb_trim(&out, content.p, content.len);
-            sb_str(&out, kind == TSR_CHAT_LLAMA2 ? " </s>" : "</s>");
+            tsr_sb_puts(&out, kind == TSR_CHAT_LLAMA2 ? " </s>" : "</s>");
         }
         want_user = !want_user;
     }
@@ -181,8 +153,8 @@ char *tsr_chat_render(tsr_chat_kind_t kind, json_t *messages, char *err, size_t 
         tsr_set_err(err, errlen, "messages: the last message must be the user's");
         goto out;
     }
-    if (kind == TSR_CHAT_LLAMA3) sb_str(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    if (kind == TSR_CHAT_CHATML) sb_str(&out, "<|im_start|>assistant\n");
+    if (kind == TSR_CHAT_LLAMA3) tsr_sb_puts(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (kind == TSR_CHAT_CHATML) tsr_sb_puts(&out, "<|im_start|>assistant\n");
     if (out.oom || content.oom || system.oom) {
         tsr_set_err(err, errlen, "out of memory");
         goto out;

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "coordinator.h"
+#include "common/strbuf.h"
 
 
 /* ---- deployment summaries ------------------------------------------------- */
@@ -116,107 +117,69 @@ static json_t *holding_json(const tsr_holding_t *h)
 /* The worker list is most of a large cluster's status document, so it is
  * written straight into a buffer: building it as jansson objects cost a
  * quarter of a second at 10,000 workers. */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf_t;
-
-static void sb_putn(sbuf_t *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_puts(sbuf_t *b, const char *s) { sb_putn(b, s, strlen(s)); }
-
-static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf_t *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0) sb_putn(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 /* A JSON string.  Bytes outside printable ASCII (names are ASCII; reasons
  * come from workers) are escaped or replaced, so the document stays valid. */
-static void sb_str(sbuf_t *b, const char *s)
+static void sb_str(tsr_sb_t *b, const char *s)
 {
-    sb_putn(b, "\"", 1);
+    tsr_sb_putn(b, "\"", 1);
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c == '"' || *c == '\\') {
             char e[2] = {'\\', (char)*c};
-            sb_putn(b, e, 2);
+            tsr_sb_putn(b, e, 2);
         } else if (*c < 0x20) {
-            sb_printf(b, "\\u%04x", *c);
+            tsr_sb_printf(b, "\\u%04x", *c);
         } else if (*c >= 0x7f) {
-            sb_putn(b, "?", 1);
+            tsr_sb_putn(b, "?", 1);
         } else {
-            sb_putn(b, (const char *)c, 1);
+            tsr_sb_putn(b, (const char *)c, 1);
         }
     }
-    sb_putn(b, "\"", 1);
+    tsr_sb_putn(b, "\"", 1);
 }
 
-static void sb_kv_str(sbuf_t *b, const char *k, const char *v)
+static void sb_kv_str(tsr_sb_t *b, const char *k, const char *v)
 {
-    sb_printf(b, ",\"%s\":", k);
+    tsr_sb_printf(b, ",\"%s\":", k);
     sb_str(b, v);
 }
 
-static void worker_json(sbuf_t *b, const tsr_worker_t *w, int64_t now)
+static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
 {
-    sb_puts(b, "{\"name\":");
+    tsr_sb_puts(b, "{\"name\":");
     sb_str(b, w->name);
     sb_kv_str(b, "node", w->node);
-    sb_printf(b, ",\"pid\":%u,\"device\":\"%s\",\"device_index\":%u", w->pid,
+    tsr_sb_printf(b, ",\"pid\":%u,\"device\":\"%s\",\"device_index\":%u", w->pid,
               tsr_device_name(w->device), w->device_index);
-    sb_printf(b, ",\"memory\":%llu,\"memory_used\":%llu", (unsigned long long)w->memory,
+    tsr_sb_printf(b, ",\"memory\":%llu,\"memory_used\":%llu", (unsigned long long)w->memory,
               (unsigned long long)w->memory_used);
-    sb_printf(b, ",\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"load\":%.3f",
+    tsr_sb_printf(b, ",\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"load\":%.3f",
               (unsigned long long)w->weight_bytes, (unsigned long long)w->kv_bytes,
               (double)w->load);
-    sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"queued\":%u,\"running\":%u",
+    tsr_sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"queued\":%u,\"running\":%u",
               w->kv_blocks_used, w->kv_blocks_total, w->queued, w->running);
     sb_kv_str(b, "version", w->version);
     sb_kv_str(b, "data_endpoint", w->data_endpoint);
-    sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
+    tsr_sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
               tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);
     if (w->has_piece) {
         const tsr_holding_t *h = &w->piece;
-        sb_puts(b, ",\"assignment\":{\"deployment\":");
+        tsr_sb_puts(b, ",\"assignment\":{\"deployment\":");
         sb_str(b, h->deployment);
-        sb_printf(b, ",\"epoch\":%llu,\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
+        tsr_sb_printf(b, ",\"epoch\":%llu,\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
                      "\"pp_size\":%d,\"layers\":[%d,%d]}",
                   (unsigned long long)h->epoch, h->replica, h->stage, h->tp, h->tp_size,
                   h->pp_size, h->layer_begin, h->layer_end);
     } else {
-        sb_puts(b, ",\"assignment\":null");
+        tsr_sb_puts(b, ",\"assignment\":null");
     }
     if (w->reason[0]) sb_kv_str(b, "reason", w->reason);
     if (w->detail[0]) sb_kv_str(b, "detail", w->detail);
     if (w->state == TSR_W_DEAD)  /* and when, on the wall clock, for scripts */
-        sb_printf(b, ",\"dead_for_ms\":%lld,\"dead_at_ms\":%lld",
+        tsr_sb_printf(b, ",\"dead_for_ms\":%lld,\"dead_at_ms\":%lld",
                   (long long)(now - w->dead_since_ms),
                   (long long)(tsr_wall_ms() - (tsr_now_ms() - w->dead_since_ms)));
-    sb_puts(b, "}");
+    tsr_sb_puts(b, "}");
 }
 
 static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
@@ -345,25 +308,25 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     char *head = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!head) return NULL;
-    sbuf_t b = {0};
-    sb_putn(&b, head, strlen(head) - 1);  /* all but the closing brace */
+    tsr_sb_t b = {0};
+    tsr_sb_putn(&b, head, strlen(head) - 1);  /* all but the closing brace */
     free(head);
-    sb_puts(&b, ",\"workers\":[");
+    tsr_sb_puts(&b, ",\"workers\":[");
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
-        if (i) sb_puts(&b, ",");
+        if (i) tsr_sb_puts(&b, ",");
         worker_json(&b, tsr_registry_at(c->reg, i), now);
     }
-    sb_puts(&b, "],\"idle\":[");
+    tsr_sb_puts(&b, "],\"idle\":[");
     bool first = true;
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state != TSR_W_IDLE || w->has_piece) continue;
-        if (!first) sb_puts(&b, ",");
+        if (!first) tsr_sb_puts(&b, ",");
         sb_str(&b, w->name);
         first = false;
     }
-    sb_puts(&b, "]}");
+    tsr_sb_puts(&b, "]}");
     if (b.oom) {
         free(b.p);
         return NULL;

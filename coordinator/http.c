@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/util.h"
 #include "common/wire.h"
 
@@ -39,6 +40,9 @@
 #define TOKEN_WAIT_MS 300000         /* no word from the coordinator for this long: 504 */
 #define POLL_MS 100                  /* how often a waiting thread looks at its client */
 #define MAX_REPLY (64u << 20)        /* a reply from the coordinator (metrics can be large) */
+#define MAX_DISCARD (16u << 20)      /* a body past MAX_BODY read to answer 413, at most */
+#define IDLE_TIMEOUT_S 30            /* a connection that sends nothing for this long closes
+                                        (a streaming or waiting request is not idle) */
 
 struct tsr_http {
     struct MHD_Daemon *d;
@@ -47,24 +51,11 @@ struct tsr_http {
     size_t n_keys;
 };
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} hbuf_t;
-
-static int hb_put(hbuf_t *b, const char *s, size_t n)
+/* Appends; -1 once the buffer ran out of memory. */
+static int hb_put(tsr_sb_t *b, const char *s, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->cap ? b->cap : 256) * 2 + n;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
+    tsr_sb_putn(b, s, n);
+    return b->oom ? -1 : 0;
 }
 
 /* ---- responses ------------------------------------------------------------------- */
@@ -202,7 +193,7 @@ typedef struct {
     long long created;
     char *stops[MAX_STOPS];
     size_t n_stops, max_stop;
-    hbuf_t text;                     /* all the text so far (cut at a stop string) */
+    tsr_sb_t text;                     /* all the text so far (cut at a stop string) */
     size_t sent;                     /* stream: text bytes already sent */
     long long prompt_tokens, completion_tokens;
     const char *finish;              /* "stop", "length"; NULL while it runs */
@@ -211,7 +202,7 @@ typedef struct {
     unsigned err_status;             /* a failure: its HTTP status */
     char err[700], err_code[32];
     /* stream */
-    hbuf_t out;                      /* SSE bytes not yet handed to the server */
+    tsr_sb_t out;                      /* SSE bytes not yet handed to the server */
     size_t out_pos;
     bool role_sent, tail_sent;
 } gen_t;
@@ -595,6 +586,19 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     q.deployment = g->model;
     q.worker = "";
     q.want_text = true;
+    {
+        tsr_env_t env = TESSERA__ENVELOPE__INIT;
+        env.worker = "";
+        env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+        env.control_request = &q;
+        size_t packed = tessera__envelope__get_packed_size(&env);
+        if (packed > TSR_WIRE_MAX_REQUEST) {
+            snprintf(msg, sizeof msg, "the prompt makes a request of %zu bytes, over the limit of "
+                     "%u", packed, TSR_WIRE_MAX_REQUEST);
+            rc = respond_error(conn, 413, msg, chat ? "messages" : "prompt", NULL);
+            goto out;
+        }
+    }
     if (!(g->sock = bridge_open(h)) || bridge_send(g->sock, &q) != 0) {
         rc = respond_error(conn, 500, "cannot reach the coordinator's loop", NULL, NULL);
         goto out;
@@ -742,8 +746,9 @@ static enum MHD_Result get_metrics(const tsr_http_t *h, struct MHD_Connection *c
 /* ---- the server ------------------------------------------------------------------------ */
 
 typedef struct {
-    hbuf_t body;
+    tsr_sb_t body;
     bool too_big;
+    size_t discarded;
 } conn_t;
 
 static bool authorized(const tsr_http_t *h, struct MHD_Connection *conn)
@@ -778,6 +783,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (*upload_size) {
         if (!cc->too_big && cc->body.len + *upload_size > MAX_BODY) cc->too_big = true;
         if (!cc->too_big && hb_put(&cc->body, upload, *upload_size)) cc->too_big = true;
+        /* A body over the limit is read and dropped, so the client (which sends it all
+         * before it reads) gets its 413; past MAX_DISCARD the connection just closes. */
+        if (cc->too_big && (cc->discarded += *upload_size) > MAX_DISCARD) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -907,7 +915,7 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
     }
     h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_END);
     if (!h->d) {
         tsr_set_err(err, errlen, "http_endpoint %s:%d: cannot listen (in use, or not an address "

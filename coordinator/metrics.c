@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "coordinator.h"
+#include "common/strbuf.h"
 
 static const double BOUNDS[TSR_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                 0.25,  0.5,    1,     2.5,  5,     10,  30};
@@ -46,43 +47,9 @@ void tsr_metrics_outcome(tsr_coord_t *c, const char *deployment, const char *out
         if (!strcmp(outcome, OUTCOMES[k])) m->outcome[k]++;
 }
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} out_t;
-
-static void put(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(out_t *o, const char *fmt, ...)
+static void family(tsr_sb_t *o, const char *name, const char *type, const char *help)
 {
-    if (o->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(o->p + o->len, o->cap - o->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            o->oom = true;
-            return;
-        }
-        if ((size_t)n < o->cap - o->len) {
-            o->len += (size_t)n;
-            return;
-        }
-        size_t cap = o->cap * 2 + (size_t)n;
-        char *p = realloc(o->p, cap);
-        if (!p) {
-            o->oom = true;
-            return;
-        }
-        o->p = p;
-        o->cap = cap;
-    }
-}
-
-static void family(out_t *o, const char *name, const char *type, const char *help)
-{
-    put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    tsr_sb_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* Names in the registry are [A-Za-z0-9._-] (checked at registration and load), so
@@ -99,7 +66,7 @@ static const char *esc(const char *s, char *buf, size_t len)
     return buf;
 }
 
-static void histogram(out_t *o, const char *name, const char *help, tsr_coord_t *c,
+static void histogram(tsr_sb_t *o, const char *name, const char *help, tsr_coord_t *c,
                       size_t which)
 {
     family(o, name, "histogram", help);
@@ -111,21 +78,20 @@ static void histogram(out_t *o, const char *name, const char *help, tsr_coord_t 
         esc(m->name, e, sizeof e);
         for (int b = 0; b < TSR_HIST_BUCKETS; b++) {
             cum += h->le[b];
-            put(o, "%s_bucket{deployment=\"%s\",le=\"%g\"} %llu\n", name, e, BOUNDS[b],
+            tsr_sb_printf(o, "%s_bucket{deployment=\"%s\",le=\"%g\"} %llu\n", name, e, BOUNDS[b],
                 (unsigned long long)cum);
         }
-        put(o, "%s_bucket{deployment=\"%s\",le=\"+Inf\"} %llu\n", name, e,
+        tsr_sb_printf(o, "%s_bucket{deployment=\"%s\",le=\"+Inf\"} %llu\n", name, e,
             (unsigned long long)h->count);
-        put(o, "%s_sum{deployment=\"%s\"} %.6f\n", name, e, h->sum);
-        put(o, "%s_count{deployment=\"%s\"} %llu\n", name, e, (unsigned long long)h->count);
+        tsr_sb_printf(o, "%s_sum{deployment=\"%s\"} %.6f\n", name, e, h->sum);
+        tsr_sb_printf(o, "%s_count{deployment=\"%s\"} %llu\n", name, e, (unsigned long long)h->count);
     }
 }
 
 char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
 {
-    out_t o = {malloc(16384), 0, 16384, false};
-    if (!o.p) return NULL;
-    o.p[0] = '\0';
+    tsr_sb_t o = {0};
+    tsr_sb_puts(&o, "");
     char e[2 * TSR_NAME_MAX + 8], w[2 * TSR_NAME_MAX + 8];
 
     family(&o, "tessera_requests_total", "counter",
@@ -133,16 +99,16 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
            "or a stop string, length: max_tokens or max_seq_len).");
     for (size_t i = 0; i < c->n_metrics; i++)
         for (size_t k = 0; k < sizeof OUTCOMES / sizeof OUTCOMES[0]; k++)
-            put(&o, "tessera_requests_total{deployment=\"%s\",outcome=\"%s\"} %llu\n",
+            tsr_sb_printf(&o, "tessera_requests_total{deployment=\"%s\",outcome=\"%s\"} %llu\n",
                 esc(c->metrics[i].name, e, sizeof e), OUTCOMES[k],
                 (unsigned long long)c->metrics[i].outcome[k]);
     family(&o, "tessera_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
     for (size_t i = 0; i < c->n_metrics; i++)
-        put(&o, "tessera_prompt_tokens_total{deployment=\"%s\"} %llu\n",
+        tsr_sb_printf(&o, "tessera_prompt_tokens_total{deployment=\"%s\"} %llu\n",
             esc(c->metrics[i].name, e, sizeof e), (unsigned long long)c->metrics[i].prompt_tokens);
     family(&o, "tessera_generated_tokens_total", "counter", "Tokens delivered to clients.");
     for (size_t i = 0; i < c->n_metrics; i++)
-        put(&o, "tessera_generated_tokens_total{deployment=\"%s\"} %llu\n",
+        tsr_sb_printf(&o, "tessera_generated_tokens_total{deployment=\"%s\"} %llu\n",
             esc(c->metrics[i].name, e, sizeof e),
             (unsigned long long)c->metrics[i].generated_tokens);
     histogram(&o, "tessera_time_to_first_token_seconds",
@@ -158,7 +124,7 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
         const char *st = tsr_coord_dep_state(c, i, now_ms);
         static const char *const states[] = {"ready", "loading", "degraded", "waiting", "failed"};
         for (size_t k = 0; k < 5; k++)
-            put(&o, "tessera_deployment_state{deployment=\"%s\",state=\"%s\"} %d\n",
+            tsr_sb_printf(&o, "tessera_deployment_state{deployment=\"%s\",state=\"%s\"} %d\n",
                 esc(c->cfg->deployments[i].name, e, sizeof e), states[k], !strcmp(st, states[k]));
     }
 
@@ -171,7 +137,7 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
         tsr_worker_t *x = tsr_registry_at(c->reg, k);
         if (x->state <= TSR_W_DEAD) by_state[x->state]++;
         if (x->state == TSR_W_DEAD || !x->has_piece || x->piece.stage || x->piece.tp) continue;
-        put(&o, "tessera_replica_queued_requests{deployment=\"%s\",replica=\"%d\"} %u\n",
+        tsr_sb_printf(&o, "tessera_replica_queued_requests{deployment=\"%s\",replica=\"%d\"} %u\n",
             esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->queued);
     }
     family(&o, "tessera_replica_running_sequences", "gauge",
@@ -179,7 +145,7 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
     for (size_t k = 0; k < n; k++) {
         tsr_worker_t *x = tsr_registry_at(c->reg, k);
         if (x->state == TSR_W_DEAD || !x->has_piece || x->piece.stage || x->piece.tp) continue;
-        put(&o, "tessera_replica_running_sequences{deployment=\"%s\",replica=\"%d\"} %u\n",
+        tsr_sb_printf(&o, "tessera_replica_running_sequences{deployment=\"%s\",replica=\"%d\"} %u\n",
             esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->running);
     }
     for (int used = 1; used >= 0; used--) {
@@ -189,7 +155,7 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
         for (size_t k = 0; k < n; k++) {
             tsr_worker_t *x = tsr_registry_at(c->reg, k);
             if (x->state == TSR_W_DEAD || !x->has_piece) continue;
-            put(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %u\n",
+            tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %u\n",
                 name, esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->piece.stage,
                 x->piece.tp, esc(x->name, w, sizeof w),
                 used ? x->kv_blocks_used : x->kv_blocks_total);
@@ -197,20 +163,20 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
     }
     family(&o, "tessera_workers", "gauge", "Registered workers by state.");
     for (int s = 0; s <= TSR_W_DEAD; s++)
-        put(&o, "tessera_workers{state=\"%s\"} %llu\n", tsr_wstate_name((tsr_wstate_t)s),
+        tsr_sb_printf(&o, "tessera_workers{state=\"%s\"} %llu\n", tsr_wstate_name((tsr_wstate_t)s),
             (unsigned long long)by_state[s]);
     family(&o, "tessera_heartbeats_total", "counter", "Worker heartbeats received.");
-    put(&o, "tessera_heartbeats_total %llu\n", (unsigned long long)c->stats.heartbeats);
+    tsr_sb_printf(&o, "tessera_heartbeats_total %llu\n", (unsigned long long)c->stats.heartbeats);
     family(&o, "tessera_registrations_total", "counter", "Worker registrations accepted.");
-    put(&o, "tessera_registrations_total %llu\n", (unsigned long long)c->stats.registrations);
+    tsr_sb_printf(&o, "tessera_registrations_total %llu\n", (unsigned long long)c->stats.registrations);
     family(&o, "tessera_worker_deaths_total", "counter",
            "Workers declared dead (missed heartbeats or a removed key).");
-    put(&o, "tessera_worker_deaths_total %llu\n", (unsigned long long)c->stats.deaths);
+    tsr_sb_printf(&o, "tessera_worker_deaths_total %llu\n", (unsigned long long)c->stats.deaths);
     family(&o, "tessera_requests_replayed_total", "counter",
            "Request attempts resumed on another replica after a failure.");
-    put(&o, "tessera_requests_replayed_total %llu\n", (unsigned long long)c->stats.requests_replayed);
+    tsr_sb_printf(&o, "tessera_requests_replayed_total %llu\n", (unsigned long long)c->stats.requests_replayed);
     family(&o, "tessera_plan_epoch", "gauge", "The plan epoch (grows with every new plan).");
-    put(&o, "tessera_plan_epoch %llu\n", (unsigned long long)c->epoch);
+    tsr_sb_printf(&o, "tessera_plan_epoch %llu\n", (unsigned long long)c->epoch);
     if (o.oom) {
         free(o.p);
         return NULL;

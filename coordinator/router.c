@@ -161,6 +161,21 @@ void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint6
                            "in flight (it may have ended)", NULL);
 }
 
+/* Request i passed its deadline: the client is told, the replica's leader cancels it. */
+static void request_expire(tsr_coord_t *c, size_t i)
+{
+    tsr_request_rec_t *q = &c->reqs[i];
+    char msg[512], reason[64];
+    snprintf(msg, sizeof msg,
+             "request %llu passed its deadline of %u ms after %d token(s) (%s replica %d)",
+             (unsigned long long)q->id, q->timeout_ms, q->n_tokens, q->deployment, q->replica);
+    snprintf(reason, sizeof reason, "deadline of %u ms passed", q->timeout_ms);
+    q->fail_code = "failed";
+    reply_json(c, q, false, msg, NULL);
+    c->stats.requests_failed++;
+    request_cancel(c, i, reason);
+}
+
 int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
 {
     int64_t next = 0;
@@ -171,16 +186,7 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
             if (!next || q->deadline_ms < next) next = q->deadline_ms;
             continue;
         }
-        char msg[512], reason[64];
-        snprintf(msg, sizeof msg,
-                 "request %llu passed its deadline of %u ms after %d token(s) (%s replica %d)",
-                 (unsigned long long)q->id, q->timeout_ms, q->n_tokens, q->deployment,
-                 q->replica);
-        snprintf(reason, sizeof reason, "deadline of %u ms passed", q->timeout_ms);
-        q->fail_code = "failed";
-        reply_json(c, q, false, msg, NULL);
-        c->stats.requests_failed++;
-        request_cancel(c, i, reason);
+        request_expire(c, i);
     }
     return next;
 }
@@ -376,7 +382,8 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
         char msg[300];
         snprintf(msg, sizeof msg, "its prompt and tokens (%zu ids) make a message of %zu bytes, "
                  "over the workers' limit of %u", g.n_prompt, packed, TSR_WIRE_MAX_WORKER);
-        request_fail(c, i, msg);
+        /* Before any token it is the request's own size that is wrong. */
+        request_fail_as(c, i, q->n_tokens ? "failed" : "invalid", msg);
         return;
     }
     if (tsr_coord_send(c, leader->rid, leader->rid_len, &env) < 0) {
@@ -817,8 +824,11 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         return;
     }
     if (t->error[0]) {
+        /* The leader keeps the deadline too, and may see it pass before this loop's
+         * tick: one outcome either way. */
+        if (q->deadline_ms && tsr_now_ms() >= q->deadline_ms) request_expire(c, i);
         /* The replica's failure, not the request's: resume it elsewhere. */
-        if (t->retryable) request_interrupt(c, i, t->error);
+        else if (t->retryable) request_interrupt(c, i, t->error);
         else request_fail_as(c, i, t->busy ? "unavailable" : "failed", t->error);
         return;
     }

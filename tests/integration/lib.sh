@@ -66,16 +66,18 @@ KEYS="$T/keys"
 export TESSERA_KEYS="$KEYS"
 unset TESSERA_IDENTITY
 
+# coordinator_yaml [LINE...]: the head of a deployment file for this test's endpoints
+# and key store, with extra coordinator keys given as lines ("http_endpoint: ...").
+coordinator_yaml() {
+    printf 'version: 1\ncoordinator:\n  workers_endpoint: %s\n  control_endpoint: %s\n' "$WEP" "$CEP"
+    printf '  heartbeat_interval_ms: 100\n  worker_timeout_ms: 1000\n  keys_dir: %s\n' "$KEYS"
+    local line
+    for line in "$@"; do printf '  %s\n' "$line"; done
+}
+
 # write_yaml FILE TP PP REPLICAS [NAME] [MODEL] [DEVICE]
 write_yaml() {
-    cat > "$1" <<YAML
-version: 1
-coordinator:
-  workers_endpoint: $WEP
-  control_endpoint: $CEP
-  heartbeat_interval_ms: 100
-  worker_timeout_ms: 1000
-  keys_dir: $KEYS
+    { coordinator_yaml; cat <<YAML
 deployments:
   - name: ${5:-tiny}
     model: ${6:-$MODEL}
@@ -86,6 +88,7 @@ deployments:
       replicas: $4
     max_seq_len: 256
 YAML
+    } > "$1"
 }
 
 # start_coord YAML [args...]: sets COORD_PID; log in $T/coordinator.log

@@ -8,14 +8,7 @@ M2="$T/text-model"
 "$BIN/tessera" model-init "$M2" --hidden 64 --intermediate 128 --layers 8 --heads 8 \
     --kv-heads 4 --vocab 1024 --max-pos 512 --seed 9 > /dev/null || fail "model-init"
 [ -s "$M2/tokenizer.json" ] || fail "model-init wrote no tokenizer.json"
-cat > "$T/d.yaml" <<YAML
-version: 1
-coordinator:
-  workers_endpoint: $WEP
-  control_endpoint: $CEP
-  heartbeat_interval_ms: 100
-  worker_timeout_ms: 1000
-  keys_dir: $KEYS
+{ coordinator_yaml; cat <<YAML
 deployments:
   - name: text
     model: $M2
@@ -26,6 +19,7 @@ deployments:
     parallel: {tensor: 1, pipeline: 1, replicas: 1}
     max_seq_len: 256
 YAML
+} > "$T/d.yaml"
 start_coord "$T/d.yaml"
 for i in 0 1 2; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"

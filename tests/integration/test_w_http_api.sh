@@ -13,16 +13,7 @@ HPORT=$(free_port)
 KEY="tsr-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 echo "$KEY" > "$T/api-keys"
 chmod 600 "$T/api-keys"
-cat > "$T/d.yaml" <<YAML
-version: 1
-coordinator:
-  workers_endpoint: $WEP
-  control_endpoint: $CEP
-  http_endpoint: 127.0.0.1:$HPORT
-  api_keys_file: $T/api-keys
-  heartbeat_interval_ms: 100
-  worker_timeout_ms: 1000
-  keys_dir: $KEYS
+{ coordinator_yaml "http_endpoint: 127.0.0.1:$HPORT" "api_keys_file: $T/api-keys"; cat <<YAML
 deployments:
   - name: text
     model: $M2
@@ -33,6 +24,7 @@ deployments:
     max_batch: 1
     max_queue: 0
 YAML
+} > "$T/d.yaml"
 start_coord "$T/d.yaml"
 for i in 0 1; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
