@@ -287,7 +287,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 rc = 3;
                 goto out;
             }
-            json_t *doc = json_loads(reply->control_reply->json, 0, NULL);
+            /* A token's text may hold U+0000. */
+            json_t *doc = json_loads(reply->control_reply->json, JSON_ALLOW_NUL, NULL);
             if (!doc) continue;
             if (!json_object_get(doc, "token")) {  /* the acceptance, or a resumption */
                 accepted = 1;

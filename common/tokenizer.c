@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/strbuf.h"
 #include "common/util.h"
@@ -35,6 +36,7 @@
 #define CACHE_BYTES (4u << 20)       /* ... bytes of words kept */
 #define CACHE_IDS (1u << 20)         /* ... ids kept */
 #define CACHE_MAX_WORD 256           /* longer words are not cached */
+#define CACHE_MAX_PROBE 16           /* slots looked at per lookup: a word beyond is uncached */
 /* Tokens the streaming decoder holds at most.  A character split across tokens, or a
  * byte-fallback run, is held until it is complete; past this many tokens (only garbage
  * gets there: 4,096 tokens that never complete a character) the text is emitted as it
@@ -113,11 +115,18 @@ typedef struct {
     bool special, lstrip, rstrip, single_word, normalized;
 } added_t;
 
-/* Added tokens by the first byte of their pattern, longest first. */
+/* Added tokens' patterns as a byte trie (node 0 the root; children in a sibling list),
+ * so finding the longest one at a position costs its length, not the number of tokens. */
 typedef struct {
-    uint32_t *idx[256];
-    uint32_t n[256];
-    size_t count;
+    uint32_t child, sibling;         /* 0: none (the root is nobody's child) */
+    int32_t token;                   /* index into added, or -1 */
+    uint8_t byte;
+} tnode_t;
+
+typedef struct {
+    tnode_t *v;
+    size_t n, cap;
+    size_t count;                    /* patterns */
 } added_set_t;
 
 typedef struct {
@@ -157,6 +166,7 @@ struct tsr_tokenizer {
     int32_t bos, eos;
     char *chat_template;
     pthread_mutex_t lock;            /* the word cache */
+    uint64_t cache_key;              /* random: keys the cache's hash */
     centry_t *cslots;
     size_t cused;
     buf_t ckeys;
@@ -957,28 +967,63 @@ static int normalize(const tsr_tokenizer_t *t, const char *s, size_t n, buf_t *o
     return 0;
 }
 
-static int cmp_pattern_len_desc(const void *a, const void *b, void *arg)
+static uint32_t trie_child(const added_set_t *set, uint32_t node, uint8_t byte)
 {
-    const added_t *added = arg;
-    size_t la = added[*(const uint32_t *)a].pattern_len, lb = added[*(const uint32_t *)b].pattern_len;
-    return la < lb ? 1 : la > lb ? -1 : 0;
+    for (uint32_t c = set->v[node].child; c; c = set->v[c].sibling)
+        if (set->v[c].byte == byte) return c;
+    return 0;
+}
+
+static int trie_add(added_set_t *set, const char *p, size_t len, int32_t token)
+{
+    uint32_t node = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint32_t c = trie_child(set, node, (uint8_t)p[i]);
+        if (!c) {
+            if (set->n == set->cap) {
+                size_t cap = set->cap * 2;
+                tnode_t *v = realloc(set->v, cap * sizeof *v);
+                if (!v) return -1;
+                set->v = v;
+                set->cap = cap;
+            }
+            c = (uint32_t)set->n++;
+            set->v[c] = (tnode_t){0, set->v[node].child, -1, (uint8_t)p[i]};
+            set->v[node].child = c;
+        }
+        node = c;
+    }
+    if (set->v[node].token < 0) {  /* two tokens with one pattern: the first wins */
+        set->v[node].token = token;
+        set->count++;
+    }
+    return 0;
+}
+
+/* The added token with the longest pattern at s[0..n), or NULL. */
+static const added_t *trie_longest(const tsr_tokenizer_t *t, const added_set_t *set,
+                                   const char *s, size_t n)
+{
+    const added_t *best = NULL;
+    uint32_t node = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(node = trie_child(set, node, (uint8_t)s[i]))) break;
+        if (set->v[node].token >= 0) best = &t->added[set->v[node].token];
+    }
+    return best;
 }
 
 static int build_set(tsr_tokenizer_t *t, added_set_t *set, bool normalized)
 {
+    set->cap = 64;
+    set->n = 1;
+    if (!(set->v = malloc(set->cap * sizeof *set->v))) return -1;
+    set->v[0] = (tnode_t){0, 0, -1, 0};
     for (size_t i = 0; i < t->n_added; i++) {
         const added_t *a = &t->added[i];
         if (a->normalized != normalized || a->pattern_len == 0) continue;
-        unsigned char f = (unsigned char)a->pattern[0];
-        uint32_t *v = realloc(set->idx[f], (set->n[f] + 1) * sizeof *v);
-        if (!v) return -1;
-        set->idx[f] = v;
-        v[set->n[f]++] = (uint32_t)i;
-        set->count++;
+        if (trie_add(set, a->pattern, a->pattern_len, (int32_t)i)) return -1;
     }
-    for (int f = 0; f < 256; f++)
-        if (set->n[f] > 1)
-            qsort_r(set->idx[f], set->n[f], sizeof(uint32_t), cmp_pattern_len_desc, t->added);
     return 0;
 }
 
@@ -1096,6 +1141,8 @@ tsr_tokenizer_t *tsr_tok_load_text(const char *tokenizer_json, size_t len,
         return NULL;
     }
     pthread_mutex_init(&t->lock, NULL);
+    if (getrandom(&t->cache_key, sizeof t->cache_key, 0) != (ssize_t)sizeof t->cache_key)
+        t->cache_key = (uint64_t)(uintptr_t)t ^ 0x9e3779b97f4a7c15ull;
     snprintf(t->name, sizeof t->name, "%s", name ? name : "tokenizer.json");
     t->bos = t->eos = -1;
     json_error_t jerr;
@@ -1211,10 +1258,8 @@ void tsr_tok_destroy(tsr_tokenizer_t **self_p)
         free(t->added[i].pattern);
     }
     free(t->added);
-    for (int f = 0; f < 256; f++) {
-        free(t->raw_set.idx[f]);
-        free(t->norm_set.idx[f]);
-    }
+    free(t->raw_set.v);
+    free(t->norm_set.v);
     pcre2_code_free(t->word_re);
     for (size_t i = 0; i < t->n_norms; i++) {
         free(t->norms[i].a);
@@ -1248,6 +1293,8 @@ typedef struct {
     int32_t *sym_prev, *sym_next;
     uint64_t *heap;
     size_t sym_cap;
+    size_t max_ids;                  /* stop past this many ids (0: no bound) */
+    bool over;                       /* ... and it was passed */
 } enc_t;
 
 static int enc_grow(enc_t *e, size_t n)
@@ -1369,10 +1416,16 @@ static int model_word(const tsr_tokenizer_t *tc, enc_t *e, const char *w, size_t
 {
     tsr_tokenizer_t *t = (tsr_tokenizer_t *)tc;  /* the cache is the one mutable part */
     if (n == 0) return 0;
+    if (e->max_ids && e->out->n > e->max_ids) {
+        e->over = true;  /* enough: the rest is not worth encoding */
+        return -1;
+    }
     if (n > CACHE_MAX_WORD) return bpe_word(t, e, w, n, e->out);
-    uint64_t h = hash_bytes(w, n);
+    /* Keyed: the words of a prompt cannot be chosen to collide in the cache. */
+    uint64_t h = hash_u64(hash_bytes(w, n) ^ t->cache_key);
     pthread_mutex_lock(&t->lock);
-    for (size_t s = h & (CACHE_SLOTS - 1);; s = (s + 1) & (CACHE_SLOTS - 1)) {
+    size_t s = h & (CACHE_SLOTS - 1);
+    for (int probe = 0; probe < CACHE_MAX_PROBE; probe++, s = (s + 1) & (CACHE_SLOTS - 1)) {
         centry_t *c = &t->cslots[s];
         if (c->key_len == 0) break;
         if (c->h == h && c->key_len == n && !memcmp(t->ckeys.p + c->key_off, w, n)) {
@@ -1396,13 +1449,14 @@ static int model_word(const tsr_tokenizer_t *tc, enc_t *e, const char *w, size_t
         t->ckeys.oom = false;
         t->cids.n = 0;
     }
-    size_t s = h & (CACHE_SLOTS - 1);
+    s = h & (CACHE_SLOTS - 1);
     bool present = false;
-    for (; t->cslots[s].key_len; s = (s + 1) & (CACHE_SLOTS - 1))
+    int probe = 0;
+    for (; probe < CACHE_MAX_PROBE && t->cslots[s].key_len; probe++, s = (s + 1) & (CACHE_SLOTS - 1))
         if (t->cslots[s].h == h && t->cslots[s].key_len == n &&
             !memcmp(t->ckeys.p + t->cslots[s].key_off, w, n))
             present = true;  /* another thread cached it meanwhile */
-    if (!present) {
+    if (!present && probe < CACHE_MAX_PROBE) {
         size_t koff = t->ckeys.len, ioff = t->cids.n;
         bool ok = buf_put(&t->ckeys, w, n) == 0;
         for (size_t k = 0; ok && k < got; k++) ok = ids_put(&t->cids, e->out->v[before + k]) == 0;
@@ -1528,15 +1582,7 @@ static int find_added(const tsr_tokenizer_t *t, const added_set_t *set, const ch
 {
     size_t start_offset = 0, pos = 0;
     while (set->count && pos < n) {
-        unsigned char f = (unsigned char)s[pos];
-        const added_t *hit = NULL;
-        for (uint32_t k = 0; k < set->n[f]; k++) {
-            const added_t *a = &t->added[set->idx[f][k]];
-            if (a->pattern_len <= n - pos && !memcmp(s + pos, a->pattern, a->pattern_len)) {
-                hit = a;  /* longest first */
-                break;
-            }
-        }
+        const added_t *hit = trie_longest(t, set, s + pos, n - pos);
         if (!hit) {
             pos++;
             continue;
@@ -1582,6 +1628,12 @@ static int find_added(const tsr_tokenizer_t *t, const added_set_t *set, const ch
 int tsr_tok_encode(const tsr_tokenizer_t *t, const char *text, size_t len, bool add_special,
                    int32_t **ids, size_t *n, char *err, size_t errlen)
 {
+    return tsr_tok_encode_max(t, text, len, add_special, 0, ids, n, err, errlen);
+}
+
+int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, bool add_special,
+                       size_t max_ids, int32_t **ids, size_t *n, char *err, size_t errlen)
+{
     *ids = NULL;
     *n = 0;
     size_t bad = utf8_check(text, len);
@@ -1591,7 +1643,7 @@ int tsr_tok_encode(const tsr_tokenizer_t *t, const char *text, size_t len, bool 
         return -1;
     }
     ids_t out = {0};
-    enc_t e = {.out = &out};
+    enc_t e = {.out = &out, .max_ids = max_ids};
     segs_t raw = {0}, norm = {0};
     buf_t nb = {0}, tmp = {0};
     int rc = -1;
@@ -1617,6 +1669,10 @@ int tsr_tok_encode(const tsr_tokenizer_t *t, const char *text, size_t len, bool 
                            : pretok(t, &e, 0, nb.p + g->off, g->len, r->off == 0 && g->off == 0))
                 goto oom;
         }
+        if (max_ids && out.n > max_ids) {
+            e.over = true;
+            goto oom;
+        }
     }
     if (add_special && t->tmpl)
         for (size_t k = tmpl_seq + 1; k < t->n_tmpl; k++)
@@ -1628,7 +1684,8 @@ int tsr_tok_encode(const tsr_tokenizer_t *t, const char *text, size_t len, bool 
     rc = 0;
     goto out;
 oom:
-    tsr_set_err(err, errlen, "out of memory");
+    if (e.over) tsr_set_err(err, errlen, "the text makes more than %zu tokens", max_ids);
+    else tsr_set_err(err, errlen, "out of memory");
 out:
     for (size_t i = 0; e.stage && i <= t->n_pres; i++) free(e.stage[i].p);
     free(e.stage);
@@ -1848,6 +1905,8 @@ struct tsr_detok {
     bool skip_special;
     int32_t *win;                    /* DETOK_MAX_WINDOW + 1 ids */
     size_t n;                        /* ids in the window */
+    size_t next_try;                 /* a long window that ends incomplete is decoded again
+                                        only when it has doubled: linear, not quadratic */
     buf_t prefix;                    /* decode of win[0] when emitted_one, else empty */
     bool has_prefix;
     buf_t full, emit;
@@ -1893,8 +1952,13 @@ static int detok_emit(tsr_detok_t *d, bool force, const char **text, size_t *len
     *text = d->emit.p;
     *len = 0;
     if (d->n == 0 || (d->has_prefix && d->n == 1)) return 0;
+    if (!force && d->n < d->next_try) return 0;
     if (decode_into(d->tok, d->win, d->n, &d->full)) return -1;
-    if (!force && ends_incomplete(&d->full)) return 0;
+    if (!force && ends_incomplete(&d->full)) {
+        if (d->n > 16) d->next_try = 2 * d->n;
+        return 0;
+    }
+    d->next_try = 0;
     size_t p = d->has_prefix ? d->prefix.len : 0;
     if (p > d->full.len || memcmp(d->full.p, d->prefix.p ? d->prefix.p : "", p) != 0)
         p = 0;  /* cannot happen with the supported decoders; never drop text */
@@ -1919,7 +1983,13 @@ int tsr_detok_push(tsr_detok_t *d, int32_t id, const char **text, size_t *len)
     /* A byte-fallback run decodes as a whole: wait for its end. */
     bool in_run = d->tok->dec_bytefallback && (d->tok->flags[id] & F_BYTE);
     if (in_run && d->n < DETOK_MAX_WINDOW) return 0;
-    return detok_emit(d, d->n >= DETOK_MAX_WINDOW, text, len);
+    int rc = detok_emit(d, d->n >= DETOK_MAX_WINDOW, text, len);
+    if (rc || d->n >= DETOK_MAX_WINDOW) {  /* out of memory: start over rather than overrun */
+        d->n = 0;
+        d->has_prefix = false;
+        d->next_try = 0;
+    }
+    return rc;
 }
 
 int tsr_detok_flush(tsr_detok_t *d, const char **text, size_t *len)
@@ -1927,6 +1997,7 @@ int tsr_detok_flush(tsr_detok_t *d, const char **text, size_t *len)
     int rc = detok_emit(d, true, text, len);
     d->n = 0;
     d->has_prefix = false;
+    d->next_try = 0;
     return rc;
 }
 

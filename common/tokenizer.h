@@ -40,6 +40,12 @@ void tsr_tok_destroy(tsr_tokenizer_t **self_p);
 int tsr_tok_encode(const tsr_tokenizer_t *self, const char *text, size_t len,
                    bool add_special, int32_t **ids, size_t *n, char *err, size_t errlen);
 
+/* The same, giving up (-1, "the text makes more than N tokens") once the ids pass
+ * max_ids (0: no bound), so a long text costs no more than a bounded prompt. */
+int tsr_tok_encode_max(const tsr_tokenizer_t *self, const char *text, size_t len,
+                       bool add_special, size_t max_ids, int32_t **ids, size_t *n, char *err,
+                       size_t errlen);
+
 /* Decodes n ids the way the tokenizer's decoder does; ids outside the vocabulary are
  * skipped, as are special tokens when skip_special.  Invalid UTF-8 becomes U+FFFD.
  * Caller owns the NUL-terminated result (its length in *len when len is not NULL);

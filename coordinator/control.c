@@ -96,6 +96,36 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
     }
 }
 
+char *tsr_coord_deployments_json(tsr_coord_t *c, int64_t now_ms)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        const tsr_deployment_t *d = &c->cfg->deployments[i];
+        const tsr_dep_state_t *ds = &c->deps[i];
+        dep_summary_t sum;
+        dep_summarise(c, i, now_ms, &sum);
+        int ready = 0, per = d->pipeline * d->tensor;
+        for (int r = 0; sum.at && r < d->replicas; r++) {
+            int k = 0;
+            for (int p = 0; p < per; p++) {
+                const tsr_worker_t *w = sum.at[r * per + p];
+                k += w && w->state == TSR_W_READY;
+            }
+            bool unhealthy = ds->canary && r < ds->n_completed && ds->canary[r].unhealthy;
+            ready += k == per && !unhealthy;
+        }
+        json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:i, s:i}", "name", d->name, "state",
+                                              sum.state, "message", sum.message, "ready_replicas",
+                                              ready, "replicas", d->replicas));
+        free(sum.at);
+    }
+    json_t *doc = json_pack("{s:o, s:I}", "deployments", list, "uptime_ms",
+                            (json_int_t)(now_ms - c->started_ms));
+    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return s;
+}
+
 const char *tsr_coord_dep_state(tsr_coord_t *c, size_t i, int64_t now_ms)
 {
     dep_summary_t sum;
@@ -451,6 +481,12 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     case TESSERA__CONTROL_REQUEST__KIND__CANCEL:
         tsr_router_cancel(c, rid, rid_len, q->request_id, q->stopped);
         break;
+    case TESSERA__CONTROL_REQUEST__KIND__DEPLOYMENTS: {
+        char *s = tsr_coord_deployments_json(c, now);
+        tsr_control_reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);
+        free(s);
+        break;
+    }
     case TESSERA__CONTROL_REQUEST__KIND__METRICS: {
         char *s = tsr_coord_metrics_text(c, now);
         tsr_control_reply(c, rid, rid_len, s != NULL, s ? NULL : "out of memory", s);

@@ -1138,7 +1138,7 @@ static void drain_one(tsr_coord_t *c, void *sock, const char *channel, size_t ma
                 char msg[320];
                 snprintf(msg, sizeof msg, "request rejected: %s", err);
                 c->reply_sock = sock;
-                tsr_control_reply(c, rid, rid_len, false, msg, NULL);
+                tsr_control_reply_code(c, rid, rid_len, false, "invalid", msg, NULL);
                 c->reply_sock = c->csock;
             }
             continue;
@@ -1163,7 +1163,11 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 {
     drain_one(c, c->wsock, "workers", TSR_WIRE_MAX_WORKER, budget, on_worker_msg);
     drain_one(c, c->csock, "control", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
-    if (c->bsock) drain_one(c, c->bsock, "HTTP bridge", TSR_WIRE_MAX_REQUEST, budget, on_control_msg);
+    /* HTTP requests come in small batches, so heartbeats are read between them however
+     * many HTTP clients there are. */
+    if (c->bsock)
+        drain_one(c, c->bsock, "HTTP bridge", TSR_WIRE_MAX_REQUEST, budget < 64 ? budget : 64,
+                  on_control_msg);
     /* A client connection closed: whose it was ZeroMQ does not say, so the
      * clients of the requests in flight are asked (tick), at most every
      * PROBE_GAP_MS, and those that are gone have their requests cancelled. */

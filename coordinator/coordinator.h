@@ -208,6 +208,9 @@ void tsr_hist_observe(tsr_hist_t *h, double seconds);
 /* The Prometheus text exposition of the coordinator's metrics (GET /metrics).  Caller
  * owns the string; NULL when out of memory. */
 char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms);
+/* control.c: {"deployments": [{"name", "state", "message", "ready_replicas",
+ * "replicas"}], "uptime_ms"}: what /health and /v1/models need.  Caller frees. */
+char *tsr_coord_deployments_json(tsr_coord_t *c, int64_t now_ms);
 /* control.c: a deployment's state as status shows it ("ready", "degraded", ...). */
 const char *tsr_coord_dep_state(tsr_coord_t *c, size_t i, int64_t now_ms);
 

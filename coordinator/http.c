@@ -15,6 +15,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -44,12 +45,26 @@
 #define IDLE_TIMEOUT_S 30            /* a connection that sends nothing for this long closes
                                         (a streaming or waiting request is not idle) */
 
+#define DEPLOYMENTS_TTL_MS 250        /* /health and /v1/models share one answer this long */
+
 struct tsr_http {
     struct MHD_Daemon *d;
     char bridge[128];
     char **keys;
     size_t n_keys;
+    /* The deployments document, fetched at most every DEPLOYMENTS_TTL_MS whatever the
+     * number of /health and /v1/models requests: a flood of them costs the loop nothing. */
+    pthread_mutex_t cache_mu;
+    json_t *deployments;
+    int64_t deployments_at;
 };
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 /* Appends; -1 once the buffer ran out of memory. */
 static int hb_put(tsr_sb_t *b, const char *s, size_t n)
@@ -124,8 +139,9 @@ static void *bridge_open(const tsr_http_t *h)
 {
     void *s = zmq_socket(tsr_zmq_ctx(), ZMQ_DEALER);
     if (!s) return NULL;
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    /* A cancel sent just before the socket closes must still reach the loop. */
+    int linger = 1000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     if (zmq_connect(s, h->bridge) != 0) {
         zmq_close(s);
         return NULL;
@@ -158,7 +174,7 @@ static int bridge_recv(void *s, int ms, tsr_env_t **out)
     return r;
 }
 
-/* One request, one answer (status, metrics).  Caller owns *reply. */
+/* One request, one answer (deployments, metrics).  Caller owns *reply. */
 static int bridge_call(const tsr_http_t *h, Tessera__ControlRequest__Kind kind,
                        tsr_env_t **reply)
 {
@@ -222,6 +238,17 @@ static void gen_free(gen_t *g)
 {
     if (!g) return;
     if (!g->ended) gen_cancel(g);  /* the client left mid-stream */
+    /* The socket stays open until the cancel is answered: closed sooner, a token sent to
+     * it meanwhile would find the client gone and end the request as cancelled, not as
+     * what ended it (a stop string). */
+    for (int waited = 0; g->cancel_sent && g->sock && waited < 1000; waited += POLL_MS) {
+        tsr_env_t *env = NULL;
+        int r = bridge_recv(g->sock, POLL_MS, &env);
+        bool answered = r > 0 && (!env->control_reply->ok ||
+                                  strstr(env->control_reply->json, "\"cancelled\""));
+        tsr_env_free(&env);
+        if (answered || r < 0) break;
+    }
     if (g->sock) zmq_close(g->sock);
     for (size_t i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->text.p);
@@ -301,12 +328,23 @@ static int gen_step(gen_t *g)
             tsr_env_free(&env);
             return 0;
         }
-        json_t *doc = json_loads(rep->json, 0, NULL);
+        /* A token's text may hold U+0000. */
+        json_t *doc = json_loads(rep->json, JSON_ALLOW_NUL, NULL);
         tsr_env_free(&env);
-        if (!doc) continue;
+        if (!doc) {
+            gen_cancel(g);
+            gen_fail(g, 500, NULL, "an unreadable reply from the coordinator");
+            return 0;
+        }
         if (json_object_get(doc, "cancelled") || !json_object_get(doc, "token")) {
             json_decref(doc);  /* the acceptance, a probe, our cancel's answer */
             continue;
+        }
+        if (json_integer_value(json_object_get(doc, "index")) != g->completion_tokens) {
+            json_decref(doc);
+            gen_cancel(g);
+            gen_fail(g, 500, NULL, "tokens were lost between the coordinator and this server");
+            return 0;
         }
         g->completion_tokens++;
         json_t *t = json_object_get(doc, "text");
@@ -337,8 +375,9 @@ static const char *read_params(json_t *body, bool chat, Tessera__ControlRequest 
 {
     json_t *v;
     const char *model = json_string_value(json_object_get(body, "model"));
-    if (!model || !*model || strlen(model) >= sizeof g->model)
-        return snprintf(msg, len, "model: expected the name of a deployment"), "model";
+    if (!model || !*model || strlen(model) > TSR_NAME_MAX)
+        return snprintf(msg, len, "model: expected the name of a deployment (at most %d "
+                        "characters)", TSR_NAME_MAX), "model";
     snprintf(g->model, sizeof g->model, "%s", model);
     q->max_tokens = chat ? 1000000 : 16;  /* chat: until eos or max_seq_len */
     const char *mt = chat && json_object_get(body, "max_completion_tokens") ? "max_completion_tokens"
@@ -559,7 +598,11 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
         } else if (json_is_array(p) && json_array_size(p) > 0) {
             size_t n = json_array_size(p);
             ids = malloc(n * sizeof *ids);
-            for (size_t k = 0; ids && k < n; k++) {
+            if (!ids) {
+                rc = respond_error(conn, 500, "out of memory", NULL, NULL);
+                goto out;
+            }
+            for (size_t k = 0; k < n; k++) {
                 json_t *x = json_array_get(p, k);
                 if (!json_is_integer(x) || json_integer_value(x) < 0 ||
                     json_integer_value(x) > INT32_MAX) {
@@ -607,14 +650,19 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     tsr_env_t *env = NULL;
     int waited = 0, r;
     while ((r = bridge_recv(g->sock, POLL_MS, &env)) == 0 && (waited += POLL_MS) < STATUS_WAIT_MS)
-        ;
+        if (client_gone(conn)) {
+            rc = MHD_NO;  /* it left before the acceptance: nothing runs for it yet */
+            goto out;
+        }
     if (r != 1) {
         rc = respond_error(conn, 504, "the coordinator did not answer", NULL, NULL);
         goto out;
     }
     if (!env->control_reply->ok) {
         unsigned st = status_of(env->control_reply->code);
-        rc = respond_error(conn, st, env->control_reply->error, st == 404 ? "model" : NULL,
+        /* The coordinator refuses a request for its deployment or its prompt. */
+        rc = respond_error(conn, st, env->control_reply->error,
+                           st == 404 ? "model" : st == 400 ? (chat ? "messages" : "prompt") : NULL,
                            st == 404 ? "model_not_found" : NULL);
         tsr_env_free(&env);
         goto out;
@@ -669,21 +717,32 @@ out:
 
 /* ---- GET endpoints ---------------------------------------------------------------------- */
 
-static json_t *status_doc(const tsr_http_t *h)
+/* The deployments document (a new reference; NULL when the coordinator is silent). */
+static json_t *deployments_doc(tsr_http_t *h)
 {
-    tsr_env_t *env = NULL;
-    if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__STATUS, &env) != 0) return NULL;
-    json_t *doc = env->control_reply->ok ? json_loads(env->control_reply->json, 0, NULL) : NULL;
-    tsr_env_free(&env);
-    return doc;
+    pthread_mutex_lock(&h->cache_mu);
+    if (!h->deployments || mono_ms() - h->deployments_at >= DEPLOYMENTS_TTL_MS) {
+        tsr_env_t *env = NULL;
+        json_t *doc = NULL;
+        if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__DEPLOYMENTS, &env) == 0 &&
+            env->control_reply->ok)
+            doc = json_loads(env->control_reply->json, 0, NULL);
+        tsr_env_free(&env);
+        json_decref(h->deployments);
+        h->deployments = doc;
+        h->deployments_at = mono_ms();
+    }
+    json_t *out = json_incref(h->deployments);
+    pthread_mutex_unlock(&h->cache_mu);
+    return out;
 }
 
-static enum MHD_Result get_models(const tsr_http_t *h, struct MHD_Connection *conn)
+static enum MHD_Result get_models(tsr_http_t *h, struct MHD_Connection *conn)
 {
-    json_t *st = status_doc(h);
-    if (!st) return respond_error(conn, 503, "the coordinator did not answer", NULL, NULL);
+    json_t *st = deployments_doc(h);
+    if (!st) return respond_error(conn, 504, "the coordinator did not answer", NULL, NULL);
     json_t *data = json_array();
-    long long up = json_integer_value(json_object_get(json_object_get(st, "coordinator"), "uptime_ms"));
+    long long up = json_integer_value(json_object_get(st, "uptime_ms"));
     size_t i;
     json_t *d;
     json_array_foreach(json_object_get(st, "deployments"), i, d)
@@ -695,25 +754,20 @@ static enum MHD_Result get_models(const tsr_http_t *h, struct MHD_Connection *co
     return respond_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "object", "list", "data", data), 0);
 }
 
-static enum MHD_Result get_health(const tsr_http_t *h, struct MHD_Connection *conn)
+static enum MHD_Result get_health(tsr_http_t *h, struct MHD_Connection *conn)
 {
-    json_t *st = status_doc(h);
+    json_t *st = deployments_doc(h);
     if (!st)
         return respond_json(conn, 503, json_pack("{s:s, s:[s]}", "status", "unavailable", "reasons",
                                                  "the coordinator did not answer"), 1);
     json_t *reasons = json_array(), *states = json_object();
-    size_t i, r;
-    json_t *d, *rep;
+    size_t i;
+    json_t *d;
     json_array_foreach(json_object_get(st, "deployments"), i, d) {
         const char *name = json_string_value(json_object_get(d, "name"));
         const char *state = json_string_value(json_object_get(d, "state"));
         json_object_set_new(states, name ? name : "?", json_string(state ? state : "?"));
-        bool any = false;
-        json_array_foreach(json_object_get(d, "replica_list"), r, rep) {
-            const char *rs = json_string_value(json_object_get(rep, "state"));
-            if (rs && !strcmp(rs, "ready")) any = true;
-        }
-        if (!any) {
+        if (json_integer_value(json_object_get(d, "ready_replicas")) < 1) {
             char why[1400];
             const char *m = json_string_value(json_object_get(d, "message"));
             snprintf(why, sizeof why, "%s has no ready replica (%s%s%s)", name ? name : "?",
@@ -729,7 +783,7 @@ static enum MHD_Result get_health(const tsr_http_t *h, struct MHD_Connection *co
     return respond_json(conn, ok ? MHD_HTTP_OK : 503, out, ok ? 0 : 1);
 }
 
-static enum MHD_Result get_metrics(const tsr_http_t *h, struct MHD_Connection *conn)
+static enum MHD_Result get_metrics(tsr_http_t *h, struct MHD_Connection *conn)
 {
     tsr_env_t *env = NULL;
     if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__METRICS, &env) != 0 || !env->control_reply->ok) {
@@ -755,7 +809,7 @@ static bool authorized(const tsr_http_t *h, struct MHD_Connection *conn)
 {
     if (!h->n_keys) return true;
     const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!a || strncmp(a, "Bearer ", 7)) return false;
+    if (!a || strncasecmp(a, "Bearer ", 7)) return false;
     a += 7;
     size_t n = strlen(a);
     bool ok = false;
@@ -775,7 +829,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     (void)version;
     tsr_http_t *h = cls;
     conn_t *cc = *con_cls;
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    bool completions = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
+    bool known = completions || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
+                 !strcmp(url, "/metrics");
     if (!cc) {
+        /* Path, key and method are checked before any of the body is read: a stranger's
+         * body is never held. */
+        if (!known) return respond_error(conn, 404, "no such endpoint", NULL, NULL);
+        if (!strncmp(url, "/v1/", 4) && !authorized(h, conn))
+            return respond_error(conn, 401, "a valid API key is needed (Authorization: Bearer "
+                                 "KEY)", NULL, "invalid_api_key");
+        if ((completions || chat) != post || (!post && !get))
+            return respond_error(conn, 405, "method not allowed here", NULL, NULL);
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
         return MHD_YES;
@@ -789,16 +855,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         *upload_size = 0;
         return MHD_YES;
     }
-    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
-    bool completions = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
-    bool known = completions || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
-                 !strcmp(url, "/metrics");
-    if (!known) return respond_error(conn, 404, "no such endpoint", NULL, NULL);
-    if (!strncmp(url, "/v1/", 4) && !authorized(h, conn))
-        return respond_error(conn, 401, "a valid API key is needed (Authorization: Bearer KEY)",
-                             NULL, "invalid_api_key");
-    if ((completions || chat) != post || (!post && !get))
-        return respond_error(conn, 405, "method not allowed here", NULL, NULL);
     if (cc->too_big) {
         char msg[96];
         snprintf(msg, sizeof msg, "the body is over the limit of %u bytes", MAX_BODY);
@@ -842,6 +898,11 @@ int tsr_http_read_keys(const char *path, char ***keys, char *err, size_t errlen)
     int n = 0, lineno = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            tsr_set_err(err, errlen, "%s:%d: the line is over %zu bytes", path, lineno,
+                        sizeof line - 2);
+            goto bad;
+        }
         size_t l = strcspn(line, "\r\n");
         line[l] = '\0';
         char *s = line;
@@ -887,6 +948,7 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
         return NULL;
     }
     snprintf(h->bridge, sizeof h->bridge, "%s", bridge);
+    pthread_mutex_init(&h->cache_mu, NULL);
     if (api_keys_file) {
         int n = tsr_http_read_keys(api_keys_file, &h->keys, err, errlen);
         if (n < 0) {
@@ -931,6 +993,8 @@ void tsr_http_stop(tsr_http_t **self_p)
     if (!self_p || !*self_p) return;
     tsr_http_t *h = *self_p;
     if (h->d) MHD_stop_daemon(h->d);
+    json_decref(h->deployments);
+    pthread_mutex_destroy(&h->cache_mu);
     for (size_t k = 0; k < h->n_keys; k++) free(h->keys[k]);
     free(h->keys);
     free(h);

@@ -82,7 +82,8 @@ static void request_fail_as(tsr_coord_t *c, size_t i, const char *code, const ch
     tsr_warn("%s", msg);
     reply_json(c, q, false, msg, NULL);  /* a client that left needs no answer */
     c->stats.requests_failed++;
-    tsr_metrics_outcome(c, q->deployment, "failed");
+    /* Refused for load (a full queue) or for its own size: not a failure of the service. */
+    tsr_metrics_outcome(c, q->deployment, !strcmp(code, "failed") ? "failed" : "refused");
     request_remove(c, i);
 }
 
@@ -467,6 +468,14 @@ static char *render_chat(const tsr_deployment_t *d, const tsr_dep_state_t *ds, c
     return out;
 }
 
+/* A refusal of a request for deployment d, counted in its metrics. */
+static void refuse_counted(tsr_coord_t *c, const tsr_deployment_t *d, const uint8_t *rid,
+                           size_t rid_len, const char *code, const char *msg)
+{
+    tsr_metrics_outcome(c, d->name, "refused");
+    refuse(c, rid, rid_len, code, msg);
+}
+
 void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
                          const Tessera__ControlRequest *q)
 {
@@ -485,13 +494,13 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     bool chat = q->chat && q->chat[0];
     bool text = (q->prompt_text && q->prompt_text[0]) || chat;
     if ((text && q->n_prompt) || (chat && q->prompt_text && q->prompt_text[0])) {
-        refuse(c, rid, rid_len, "invalid", "give one prompt: text, token ids or a chat");
+        refuse_counted(c, d, rid, rid_len, "invalid", "give one prompt: text, token ids or a chat");
         return;
     }
     if ((text || q->want_text) && !ds->tok) {
         snprintf(msg, sizeof msg, "%s takes token ids only: it has no usable tokenizer (%s)",
                  d->name, ds->tok_error);
-        refuse(c, rid, rid_len, "invalid", msg);
+        refuse_counted(c, d, rid, rid_len, "invalid", msg);
         return;
     }
     /* The prompt's ids: as sent, or the text's; then the tokens a resumed client has. */
@@ -501,16 +510,17 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         char err[300];
         char *rendered = chat ? render_chat(d, ds, q->chat, msg, sizeof msg) : NULL;
         if (chat && !rendered) {
-            refuse(c, rid, rid_len, "invalid", msg);
+            refuse_counted(c, d, rid, rid_len, "invalid", msg);
             return;
         }
         const char *src = chat ? rendered : q->prompt_text;
-        int rc = tsr_tok_encode(ds->tok->tok, src, strlen(src), true, &pids, &n_pids, err,
-                                sizeof err);
+        /* Bounded by max_seq_len: a long text costs no more than the longest prompt. */
+        int rc = tsr_tok_encode_max(ds->tok->tok, src, strlen(src), true, (size_t)d->max_seq_len,
+                                    &pids, &n_pids, err, sizeof err);
         free(rendered);
         if (rc) {
             snprintf(msg, sizeof msg, "the prompt: %s", err);
-            refuse(c, rid, rid_len, "invalid", msg);
+            refuse_counted(c, d, rid, rid_len, "invalid", msg);
             return;
         }
     }
@@ -643,8 +653,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
 refused:
     if (text) free(pids);
     free(ids);
-    tsr_metrics_outcome(c, d->name, "refused");
-    refuse(c, rid, rid_len, code, msg);
+    refuse_counted(c, d, rid, rid_len, code, msg);
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
