@@ -167,6 +167,10 @@ struct tsr_tokenizer {
     char *chat_template;
     pthread_mutex_t lock;            /* the word cache */
     uint64_t cache_key;              /* random: keys the cache's hash */
+    size_t max_token_bytes;          /* the longest vocabulary or added token */
+    bool unbounded_tokens;           /* a token can cover any length of text (fuse_unk, an
+                                        lstrip or rstrip added token): no length bound */
+    bool shrinking_norm;             /* a Replace normalizer shortens the text */
     centry_t *cslots;
     size_t cused;
     buf_t ckeys;
@@ -1171,6 +1175,14 @@ tsr_tokenizer_t *tsr_tok_load_text(const char *tokenizer_json, size_t len,
              add_post, 0, err, errlen))
         goto out;
     if (config_json && load_config(t, config_json, config_len, err, errlen)) goto out;
+    for (int32_t i = 0; i < t->n_ids; i++)
+        if (t->text[i] && t->tlen[i] > t->max_token_bytes) t->max_token_bytes = t->tlen[i];
+    t->unbounded_tokens = (t->fuse_unk && t->unk_id >= 0) || t->max_token_bytes == 0;
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].lstrip || t->added[i].rstrip) t->unbounded_tokens = true;
+    for (size_t i = 0; i < t->n_norms; i++)
+        if (t->norms[i].kind == NORM_REPLACE && t->norms[i].blen < t->norms[i].alen)
+            t->shrinking_norm = true;
     t->cslots = calloc(CACHE_SLOTS, sizeof *t->cslots);
     if (!t->cslots) {
         fail(t, err, errlen, "out of memory");
@@ -1416,8 +1428,12 @@ static int model_word(const tsr_tokenizer_t *tc, enc_t *e, const char *w, size_t
 {
     tsr_tokenizer_t *t = (tsr_tokenizer_t *)tc;  /* the cache is the one mutable part */
     if (n == 0) return 0;
-    if (e->max_ids && e->out->n > e->max_ids) {
-        e->over = true;  /* enough: the rest is not worth encoding */
+    /* Enough: the rest is not worth encoding.  A word needs at least n / (longest token)
+     * tokens, so one that cannot fit is not encoded either. */
+    if (e->max_ids && (e->out->n > e->max_ids ||
+                       (!t->unbounded_tokens &&
+                        n > (e->max_ids + 1 - e->out->n) * t->max_token_bytes))) {
+        e->over = true;
         return -1;
     }
     if (n > CACHE_MAX_WORD) return bpe_word(t, e, w, n, e->out);
@@ -1644,6 +1660,13 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
     }
     ids_t out = {0};
     enc_t e = {.out = &out, .max_ids = max_ids};
+    /* Every token covers at most max_token_bytes of the text (unless one can absorb any
+     * length): a text longer than the bound cannot fit and is not looked at. */
+    if (max_ids && !t->unbounded_tokens && !t->shrinking_norm &&
+        len / t->max_token_bytes > max_ids + 2) {
+        tsr_set_err(err, errlen, "the text makes more than %zu tokens", max_ids);
+        return -1;
+    }
     segs_t raw = {0}, norm = {0};
     buf_t nb = {0}, tmp = {0};
     int rc = -1;
@@ -1658,6 +1681,10 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
         const seg_t *r = &raw.v[i];
         if (r->id >= 0) {
             if (ids_put(&out, r->id)) goto oom;
+            if (max_ids && out.n > max_ids) {
+                e.over = true;
+                goto oom;
+            }
             continue;
         }
         if (normalize(t, text + r->off, r->len, &nb, &tmp)) goto oom;

@@ -128,6 +128,49 @@ static void deps_free(tsr_dep_state_t *deps, size_t n)
     free(deps);
 }
 
+/* ---- the tokenizers the HTTP threads use ---------------------------------------- */
+
+static void tokreg_clear(tsr_tokreg_t *reg)
+{
+    for (size_t i = 0; i < reg->n; i++) tsr_tokref_drop(&reg->v[i].tok);
+    free(reg->v);
+    reg->v = NULL;
+    reg->n = 0;
+}
+
+/* Publishes the current deployments' tokenizers (after a load or a reload). */
+static void tokreg_publish(tsr_coord_t *c)
+{
+    tsr_tokreg_entry_t *v = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *v);
+    pthread_mutex_lock(&c->tokreg.mu);
+    tokreg_clear(&c->tokreg);
+    for (size_t i = 0; v && i < c->cfg->n_deployments; i++) {
+        const tsr_deployment_t *d = &c->cfg->deployments[i];
+        snprintf(v[i].name, sizeof v[i].name, "%s", d->name);
+        v[i].tok = tsr_tokref_hold(c->deps[i].tok);
+        snprintf(v[i].chat_template, sizeof v[i].chat_template, "%s", d->chat_template);
+        v[i].max_seq_len = d->max_seq_len;
+    }
+    c->tokreg.v = v;
+    c->tokreg.n = v ? c->cfg->n_deployments : 0;
+    pthread_mutex_unlock(&c->tokreg.mu);
+}
+
+int tsr_tokreg_get(tsr_tokreg_t *reg, const char *name, tsr_tokreg_entry_t *out)
+{
+    int rc = -1;
+    pthread_mutex_lock(&reg->mu);
+    for (size_t i = 0; i < reg->n; i++)
+        if (!strcmp(reg->v[i].name, name)) {
+            *out = reg->v[i];
+            out->tok = tsr_tokref_hold(reg->v[i].tok);
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&reg->mu);
+    return rc;
+}
+
 /* Clients are asked whether they are still there at most this often. */
 #define PROBE_GAP_MS 100
 
@@ -149,8 +192,10 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
     tsr_coord_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->config_path = strdup(config_path);
+    pthread_mutex_init(&c->tokreg.mu, NULL);
     if (tsr_config_load(config_path, &c->cfg, err, errlen) < 0) goto fail;
     c->deps = deps_build(c->cfg, NULL, 0);
+    if (c->deps) tokreg_publish(c);
     c->reg = tsr_registry_new();
     if (!c->deps || !c->reg) {
         snprintf(err, errlen, "out of memory");
@@ -240,6 +285,8 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
     tsr_config_destroy(&c->cfg);
     free(c->config_path);
+    tokreg_clear(&c->tokreg);
+    pthread_mutex_destroy(&c->tokreg.mu);
     for (size_t i = 0; i < c->n_reqs; i++) tsr_request_free(&c->reqs[i]);
     free(c->metrics);
     free(c->reqs);
@@ -677,6 +724,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     tsr_config_destroy(&c->cfg);
     c->cfg = cfg;
     c->deps = deps;
+    tokreg_publish(c);
     /* Pieces that failed to load are tried again: the operator may have
      * fixed the model directory.  A piece whose layout the reload changed is
      * left to the planner, which replaces it. */

@@ -7,6 +7,7 @@
 #ifndef TSR_COORDINATOR_H
 #define TSR_COORDINATOR_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -52,6 +53,26 @@ typedef struct {
 tsr_tokref_t *tsr_tokref_hold(tsr_tokref_t *r);
 /* Drops one hold; the last frees the tokenizer.  Sets *r_p to NULL. */
 void tsr_tokref_drop(tsr_tokref_t **r_p);
+
+/* What the HTTP server needs to encode a deployment's prompts in its own threads: a
+ * copy of each deployment's tokenizer hold and keys, kept current by the loop (on load
+ * and reload) under a mutex. */
+typedef struct {
+    char name[TSR_NAME_MAX + 1];
+    tsr_tokref_t *tok;          /* held; NULL: the deployment has no usable tokenizer */
+    char chat_template[16];     /* the deployment's chat_template key ("": recognise) */
+    int max_seq_len;
+} tsr_tokreg_entry_t;
+
+typedef struct tsr_tokreg {
+    pthread_mutex_t mu;
+    tsr_tokreg_entry_t *v;
+    size_t n;
+} tsr_tokreg_t;
+
+/* Copies deployment name's entry into *out, its tokenizer held for the caller (drop it
+ * with tsr_tokref_drop(&out->tok)).  -1 when there is no such deployment. */
+int tsr_tokreg_get(tsr_tokreg_t *reg, const char *name, tsr_tokreg_entry_t *out);
 
 typedef struct {
     char name[TSR_NAME_MAX + 1];
@@ -175,6 +196,7 @@ typedef struct {
                                    http_endpoint) and its ROUTER (plain, in-process) */
     void *bsock;
     void *reply_sock;           /* where the control message being handled came from */
+    tsr_tokreg_t tokreg;        /* the deployments' tokenizers, for the HTTP threads */
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 

@@ -33,6 +33,8 @@
 #include "common/strbuf.h"
 #include "common/util.h"
 #include "common/wire.h"
+#include "coordinator/chat.h"
+#include "coordinator/coordinator.h"
 
 #define MAX_BODY (1u << 20)          /* request bodies above this get 413 */
 #define MAX_STOPS 4
@@ -44,11 +46,15 @@
 #define MAX_DISCARD (16u << 20)      /* a body past MAX_BODY read to answer 413, at most */
 #define IDLE_TIMEOUT_S 30            /* a connection that sends nothing for this long closes
                                         (a streaming or waiting request is not idle) */
+#define BODY_DEADLINE_MS 30000       /* a body must be in within this, however it trickles */
+#define PER_CLIENT_CONNECTIONS 128   /* connections from one address at once */
+#define MAX_CONNECTIONS 1024
 
 #define DEPLOYMENTS_TTL_MS 250        /* /health and /v1/models share one answer this long */
 
 struct tsr_http {
     struct MHD_Daemon *d;
+    tsr_tokreg_t *reg;               /* the deployments' tokenizers (the coordinator's) */
     char bridge[128];
     char **keys;
     size_t n_keys;
@@ -552,6 +558,61 @@ static void stream_free(void *cls)
     gen_free(cls);
 }
 
+/* Renders q's chat (or takes its text) and encodes it with the deployment's tokenizer,
+ * bounded by its max_seq_len: q then carries the ids (*ids, caller frees).  0, or the
+ * HTTP status of the refusal with the reason in msg. */
+static unsigned encode_here(tsr_http_t *h, const char *model, Tessera__ControlRequest *q,
+                            int32_t **ids, char *msg, size_t len)
+{
+    tsr_tokreg_entry_t e;
+    if (tsr_tokreg_get(h->reg, model, &e) < 0) {
+        snprintf(msg, len, "no deployment named '%s'", model);
+        return 404;
+    }
+    unsigned st = 400;
+    char *rendered = NULL, err[300];
+    bool is_chat = q->chat && *q->chat;
+    if (!e.tok) {
+        snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer.json (see the "
+                 "coordinator's log)", model);
+        goto out;
+    }
+    if (is_chat) {
+        tsr_chat_kind_t kind = e.chat_template[0] ? tsr_chat_named(e.chat_template)
+                                                  : tsr_chat_detect(tsr_tok_chat_template(e.tok->tok));
+        if (kind == TSR_CHAT_NONE) {
+            snprintf(msg, len, "%s has no chat template Tessera recognises (llama2, llama3, "
+                     "chatml, mistral): set chat_template: on the deployment", model);
+            goto out;
+        }
+        json_t *m = json_loads(q->chat, 0, NULL);
+        rendered = m ? tsr_chat_render(kind, m, err, sizeof err) : NULL;
+        json_decref(m);
+        if (!rendered) {
+            snprintf(msg, len, "%s", m ? err : "messages: not JSON");
+            goto out;
+        }
+    }
+    const char *text = rendered ? rendered : q->prompt_text;
+    size_t n;
+    free(*ids);
+    *ids = NULL;
+    if (tsr_tok_encode_max(e.tok->tok, text, strlen(text), true, (size_t)e.max_seq_len, ids, &n,
+                           err, sizeof err)) {
+        snprintf(msg, len, "%s: %s", is_chat ? "messages" : "prompt", err);
+        goto out;
+    }
+    q->prompt = *ids;
+    q->n_prompt = n;
+    q->prompt_text = "";
+    q->chat = "";
+    st = 0;
+out:
+    free(rendered);
+    tsr_tokref_drop(&e.tok);
+    return st;
+}
+
 /* POST /v1/completions and /v1/chat/completions. */
 static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, const char *body,
                                 size_t len, bool chat)
@@ -624,6 +685,16 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     if (bad) {
         rc = respond_error(conn, 400, msg, bad, NULL);
         goto out;
+    }
+    /* Text and chats are rendered and encoded here, in this connection's thread, so the
+     * coordinator's loop gets token ids only. */
+    if ((q.prompt_text && *q.prompt_text) || (q.chat && *q.chat)) {
+        unsigned st = encode_here(h, g->model, &q, &ids, msg, sizeof msg);
+        if (st) {
+            rc = respond_error(conn, st, msg, st == 404 ? "model" : chat ? "messages" : "prompt",
+                               st == 404 ? "model_not_found" : NULL);
+            goto out;
+        }
     }
     q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
     q.deployment = g->model;
@@ -803,13 +874,29 @@ typedef struct {
     tsr_sb_t body;
     bool too_big;
     size_t discarded;
+    int64_t started_ms;              /* when its headers were in */
 } conn_t;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    (void)value;
+    int *n = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) n[0]++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) n[1]++;
+    return MHD_YES;
+}
 
 static bool authorized(const tsr_http_t *h, struct MHD_Connection *conn)
 {
     if (!h->n_keys) return true;
-    const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!a || strncasecmp(a, "Bearer ", 7)) return false;
+    const char *a;
+    size_t alen;
+    if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &a, &alen) != MHD_YES ||
+        !a || alen != strlen(a) || strncasecmp(a, "Bearer ", 7))  /* a NUL inside: no */
+        return false;
     a += 7;
     size_t n = strlen(a);
     bool ok = false;
@@ -829,24 +916,42 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     (void)version;
     tsr_http_t *h = cls;
     conn_t *cc = *con_cls;
-    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool completions = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
     bool known = completions || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
                  !strcmp(url, "/metrics");
     if (!cc) {
-        /* Path, key and method are checked before any of the body is read: a stranger's
-         * body is never held. */
-        if (!known) return respond_error(conn, 404, "no such endpoint", NULL, NULL);
-        if (!strncmp(url, "/v1/", 4) && !authorized(h, conn))
+        /* Key, path, method and framing are checked before any of the body is read: a
+         * stranger's body is never held, and /v1/ paths are not told apart without a key. */
+        if (!strncmp(url, "/v1", 3) && !authorized(h, conn))
             return respond_error(conn, 401, "a valid API key is needed (Authorization: Bearer "
                                  "KEY)", NULL, "invalid_api_key");
+        if (!known) return respond_error(conn, 404, "no such endpoint", NULL, NULL);
         if ((completions || chat) != post || (!post && !get))
             return respond_error(conn, 405, "method not allowed here", NULL, NULL);
+        int framing[2] = {0, 0};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, framing);
+        if (framing[0] > 1 || (framing[0] && framing[1]))
+            return respond_error(conn, 400, "ambiguous framing: more than one Content-Length, or "
+                                 "one with Transfer-Encoding", NULL, NULL);
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+        /* A body declared too long is refused at once when the client waits to be told
+         * (Expect: 100-continue) or is too long to read and drop. */
+        if (declared > MAX_BODY && (expect || declared > MAX_DISCARD)) {
+            char m[96];
+            snprintf(m, sizeof m, "the body is over the limit of %u bytes", MAX_BODY);
+            return respond_error(conn, 413, m, NULL, NULL);
+        }
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
+        cc->started_ms = mono_ms();
         *con_cls = cc;
         return MHD_YES;
     }
     if (*upload_size) {
+        if (mono_ms() - cc->started_ms > BODY_DEADLINE_MS) return MHD_NO;  /* a trickle */
         if (!cc->too_big && cc->body.len + *upload_size > MAX_BODY) cc->too_big = true;
         if (!cc->too_big && hb_put(&cc->body, upload, *upload_size)) cc->too_big = true;
         /* A body over the limit is read and dropped, so the client (which sends it all
@@ -940,13 +1045,15 @@ bad:
 }
 
 tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
-                           const char *api_keys_file, char *err, size_t errlen)
+                           struct tsr_tokreg *reg, const char *api_keys_file, char *err,
+                           size_t errlen)
 {
     tsr_http_t *h = calloc(1, sizeof *h);
     if (!h) {
         tsr_set_err(err, errlen, "out of memory");
         return NULL;
     }
+    h->reg = reg;
     snprintf(h->bridge, sizeof h->bridge, "%s", bridge);
     pthread_mutex_init(&h->cache_mu, NULL);
     if (api_keys_file) {
@@ -976,7 +1083,8 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
         return NULL;
     }
     h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_CLIENT_CONNECTIONS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_END);
     if (!h->d) {

@@ -18,11 +18,16 @@
 
 typedef struct tsr_http tsr_http_t;
 
-/* Starts serving on host:port.  bridge: the inproc endpoint the control socket is also
- * bound to.  api_keys_file: bearer tokens, one per line ('#' comments), owner-only
- * permissions; NULL for none.  NULL with the reason in err. */
+struct tsr_tokreg;
+
+/* Starts serving on host:port.  bridge: the inproc endpoint of the coordinator's socket
+ * for it.  reg: the deployments' tokenizers, with which prompts are encoded in the
+ * connections' threads (it must outlive the server).  api_keys_file: bearer tokens, one
+ * per line ('#' comments), owner-only permissions; NULL for none.  NULL with the reason
+ * in err. */
 tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
-                           const char *api_keys_file, char *err, size_t errlen);
+                           struct tsr_tokreg *reg, const char *api_keys_file, char *err,
+                           size_t errlen);
 /* Stops the server: open connections are closed.  Sets *self_p to NULL. */
 void tsr_http_stop(tsr_http_t **self_p);
 

@@ -128,7 +128,7 @@ int main(int argc, char **argv)
              (int)getpid());
     tsr_http_t *http = NULL;
     if (c->cfg->http_endpoint) {
-        http = tsr_http_start(c->cfg->http_host, c->cfg->http_port, c->bridge,
+        http = tsr_http_start(c->cfg->http_host, c->cfg->http_port, c->bridge, &c->tokreg,
                               c->cfg->api_keys_file, err, sizeof err);
         if (!http) {
             tsr_error("%s", err);

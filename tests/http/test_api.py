@@ -197,6 +197,31 @@ s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000
 ok(s.recv(64).startswith(b"HTTP/1.1 401"), "401 before the body of a request without a key")
 s.close()
 
+
+def raw(request):
+    """Sends raw bytes; returns the status line's code."""
+    s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
+    s.settimeout(10)
+    s.sendall(request)
+    got = s.recv(256)
+    s.close()
+    return int(got.split(b" ")[1]) if got.startswith(b"HTTP/") else 0
+
+
+auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+ok(raw(b"GET /v1/nope HTTP/1.1\r\nHost: x\r\n\r\n") == 401 and
+   raw(b"GET /v1/nope HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n") == 404,
+   "/v1/ paths are not told apart without a key (401), 404 with one")
+ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 2\r\n"
+       b"Content-Length: 40\r\n\r\n{}") == 400, "two Content-Lengths: 400, no smuggling")
+ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 5000000\r\n"
+       b"Expect: 100-continue\r\n\r\n") == 413, "Expect: 100-continue with 5 MB: 413 at once")
+ok(raw(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n") == 200, "HEAD /health works for probes")
+t0 = time.time()
+code, body, _ = status_of(lambda: client.completions.create(model="text", prompt=" " * 1000000))
+ok(code == 400 and time.time() - t0 < 5, "1 MB of spaces is refused as too many tokens (%.0f ms)"
+   % ((time.time() - t0) * 1000))
+
 # A full queue: tight has max_batch 1 and max_queue 0.
 first = client.completions.create(model="tight", prompt=PROMPT, max_tokens=300, temperature=0,
                                   stream=True)
