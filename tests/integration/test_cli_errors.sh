@@ -5,10 +5,19 @@ source "$(dirname "$0")/lib.sh"
 grep -q "no answer from the coordinator at tcp://127.0.0.1:$WPORT within 300 ms" "$T/e.txt" || fail "$(cat "$T/e.txt")"
 "$BIN/tessera" frobnicate 2> "$T/e.txt"; [ $? = 2 ] || fail "unknown command should exit 2"
 grep -q "unknown command 'frobnicate'" "$T/e.txt" || fail "unknown command message"
-for c in status workers plan reload drain undrain local generate model-init version; do
+for c in status workers plan reload drain undrain local generate model-init tokenize version; do
     "$BIN/tessera" $c --help > "$T/h.txt" || fail "$c --help failed"
     grep -q "usage: tessera" "$T/h.txt" || fail "$c --help has no usage line"
 done
+# tokenize: a directory without tokenizer.json, and ids that are not ids.
+"$BIN/tessera" tokenize "$T/none" hello 2> "$T/e.txt"; [ $? = 1 ] || fail "tokenize without a tokenizer"
+grep -q "$T/none/tokenizer.json: No such file" "$T/e.txt" || fail "tokenize: $(cat "$T/e.txt")"
+"$BIN/tessera" model-init "$T/tm" --hidden 64 --intermediate 128 --layers 2 --heads 8 --kv-heads 4 \
+    --vocab 1024 > /dev/null || fail "model-init"
+"$BIN/tessera" tokenize "$T/tm" --decode 1,x 2> "$T/e.txt"; [ $? = 2 ] || fail "bad ids accepted"
+grep -q "is not a token id list" "$T/e.txt" || fail "tokenize --decode: $(cat "$T/e.txt")"
+[ "$("$BIN/tessera" tokenize "$T/tm" --decode "$("$BIN/tessera" tokenize "$T/tm" --no-special "héllo wörld")")" = \
+  "héllo wörld" ] || fail "tokenize did not round-trip"
 "$BIN/tessera-coordinator" --help | grep -q "usage: tessera-coordinator" || fail "coordinator --help"
 "$BIN/tessera-worker" --help | grep -q "usage: tessera-worker" || fail "worker --help"
 "$BIN/tessera-worker" --device tpu 2> "$T/e.txt"; [ $? = 1 ] || fail "bad device accepted"
