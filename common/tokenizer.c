@@ -756,22 +756,27 @@ bad:
 
 /* ---- loading the model --------------------------------------------------------- */
 
+/* "<0xNN>" (hex digits of either case), a byte-fallback token: its byte in *byte. */
+static bool is_byte_token(const char *s, size_t n, uint8_t *byte)
+{
+    if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>' || !isxdigit((unsigned char)s[3]) ||
+        !isxdigit((unsigned char)s[4]))
+        return false;
+    char hex[3] = {s[3], s[4], 0};
+    *byte = (uint8_t)strtoul(hex, NULL, 16);
+    return true;
+}
+
 static int set_token(tsr_tokenizer_t *t, int32_t id, const char *s, size_t n)
 {
     if (t->text[id]) return 0;
     t->text[id] = dup_bytes(s, n);
     if (!t->text[id]) return -1;
     t->tlen[id] = (uint32_t)n;
-    if (n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>') {
-        unsigned v;
-        char hex[3] = {s[3], s[4], 0};
-        char *end;
-        errno = 0;
-        v = (unsigned)strtoul(hex, &end, 16);
-        if (!*end && isxdigit((unsigned char)hex[0]) && isxdigit((unsigned char)hex[1])) {
-            t->flags[id] |= F_BYTE;
-            t->byte_of[id] = (uint8_t)v;
-        }
+    uint8_t byte;
+    if (is_byte_token(s, n, &byte)) {
+        t->flags[id] |= F_BYTE;
+        t->byte_of[id] = byte;
     }
     return 0;
 }
@@ -1779,19 +1784,8 @@ static void tl_free(tlist_t *l)
 
 #define TL_S(l, i) ((l)->b.p + (l)->off[i])
 
-static bool is_byte_token(const tsr_tokenizer_t *t, const char *s, size_t n, uint8_t *byte)
-{
-    if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>' || !isxdigit((unsigned char)s[3]) ||
-        !isxdigit((unsigned char)s[4]))
-        return false;
-    char hex[3] = {s[3], s[4], 0};
-    *byte = (uint8_t)strtoul(hex, NULL, 16);
-    (void)t;
-    return true;
-}
-
 /* One decoder over the list in, into out. */
-static int run_decoder(const tsr_tokenizer_t *t, const dec_t *d, const tlist_t *in, tlist_t *out)
+static int run_decoder(const dec_t *d, const tlist_t *in, tlist_t *out)
 {
     tl_clear(out);
     if (d->kind == DEC_FUSE || d->kind == DEC_BYTELEVEL) {
@@ -1828,7 +1822,7 @@ static int run_decoder(const tsr_tokenizer_t *t, const dec_t *d, const tlist_t *
         int rc = 0;
         for (size_t i = 0; i <= in->n && !rc; i++) {
             uint8_t byte;
-            if (i < in->n && is_byte_token(t, TL_S(in, i), in->len[i], &byte)) {
+            if (i < in->n && is_byte_token(TL_S(in, i), in->len[i], &byte)) {
                 rc = buf_put(&run, &byte, 1);
                 run_tokens++;
                 continue;
@@ -1892,7 +1886,7 @@ static int decode_into(const tsr_tokenizer_t *t, const int32_t *ids, size_t n, b
     for (size_t i = 0; i < n; i++)
         if (tl_add(&a, t->text[ids[i]], t->tlen[ids[i]])) goto out;
     for (size_t k = 0; k < t->n_decs; k++) {
-        if (run_decoder(t, &t->decs[k], &a, &b)) goto out;
+        if (run_decoder(&t->decs[k], &a, &b)) goto out;
         tlist_t swap = a;
         a = b;
         b = swap;

@@ -59,10 +59,8 @@ static int check_strings(const ProtobufCMessage *m, char *err, size_t errlen)
             const char *s = *(char *const *)base;
             if (!s) continue;
             size_t limit = TSR_PATH_MAX;
-            /* A document, a prompt's text and a chat are bounded by the message size. */
-            if (!strcmp(f->name, "json") || !strcmp(f->name, "prompt_text") ||
-                !strcmp(f->name, "chat"))
-                continue;
+            /* A document and a prompt's text are bounded by the message size. */
+            if (!strcmp(f->name, "json") || !strcmp(f->name, "prompt_text")) continue;
             if (!strcmp(f->name, "worker") || !strcmp(f->name, "deployment") ||
                 !strcmp(f->name, "node") || !strcmp(f->name, "software_version"))
                 limit = TSR_NAME_MAX;

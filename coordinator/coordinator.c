@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/util.h"
 #include "health.h"
 #include "reconciler.h"
 
@@ -50,11 +51,17 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
             return;
         }
     char err[600];
+    char *file = tsr_path_join(dir, "tokenizer.json");
+    bool present = file && access(file, F_OK) == 0;
+    free(file);
+    if (!present) {  /* a model for token ids only: not a fault */
+        snprintf(s->tok_error, sizeof s->tok_error, "%s has no tokenizer.json", dir);
+        return;
+    }
     tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
     if (!t) {
         snprintf(s->tok_error, sizeof s->tok_error, "%s", err);
-        if (access(dir, F_OK) == 0 && !strstr(err, "No such file"))
-            tsr_warn("deployment %s takes token ids only: %s", s->name, err);
+        tsr_warn("deployment %s takes token ids only: %s", s->name, err);
         return;
     }
     s->tok = calloc(1, sizeof *s->tok);

@@ -65,12 +65,6 @@ struct tsr_http {
     int64_t deployments_at;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Appends; -1 once the buffer ran out of memory. */
 static int hb_put(tsr_sb_t *b, const char *s, size_t n)
@@ -155,12 +149,19 @@ static void *bridge_open(const tsr_http_t *h)
     return s;
 }
 
-static int bridge_send(void *s, Tessera__ControlRequest *q)
+/* The envelope a control request travels in. */
+static tsr_env_t control_env(Tessera__ControlRequest *q)
 {
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = "";
     env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
     env.control_request = q;
+    return env;
+}
+
+static int bridge_send(void *s, Tessera__ControlRequest *q)
+{
+    tsr_env_t env = control_env(q);
     return tsr_wire_send(s, NULL, 0, &env);
 }
 
@@ -558,11 +559,12 @@ static void stream_free(void *cls)
     gen_free(cls);
 }
 
-/* Renders q's chat (or takes its text) and encodes it with the deployment's tokenizer,
- * bounded by its max_seq_len: q then carries the ids (*ids, caller frees).  0, or the
- * HTTP status of the refusal with the reason in msg. */
-static unsigned encode_here(tsr_http_t *h, const char *model, Tessera__ControlRequest *q,
-                            int32_t **ids, char *msg, size_t len)
+/* Renders messages (or takes text) and encodes it with the deployment's tokenizer,
+ * bounded by its max_seq_len, into q's prompt (*ids, caller frees).  0, or the HTTP
+ * status of the refusal with the reason in msg. */
+static unsigned encode_here(tsr_http_t *h, const char *model, const char *text,
+                            json_t *messages, Tessera__ControlRequest *q, int32_t **ids,
+                            char *msg, size_t len)
 {
     tsr_tokreg_entry_t e;
     if (tsr_tokreg_get(h->reg, model, &e) < 0) {
@@ -571,13 +573,12 @@ static unsigned encode_here(tsr_http_t *h, const char *model, Tessera__ControlRe
     }
     unsigned st = 400;
     char *rendered = NULL, err[300];
-    bool is_chat = q->chat && *q->chat;
     if (!e.tok) {
         snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer.json (see the "
                  "coordinator's log)", model);
         goto out;
     }
-    if (is_chat) {
+    if (messages) {
         tsr_chat_kind_t kind = e.chat_template[0] ? tsr_chat_named(e.chat_template)
                                                   : tsr_chat_detect(tsr_tok_chat_template(e.tok->tok));
         if (kind == TSR_CHAT_NONE) {
@@ -585,27 +586,20 @@ static unsigned encode_here(tsr_http_t *h, const char *model, Tessera__ControlRe
                      "chatml, mistral): set chat_template: on the deployment", model);
             goto out;
         }
-        json_t *m = json_loads(q->chat, 0, NULL);
-        rendered = m ? tsr_chat_render(kind, m, err, sizeof err) : NULL;
-        json_decref(m);
-        if (!rendered) {
-            snprintf(msg, len, "%s", m ? err : "messages: not JSON");
+        if (!(rendered = tsr_chat_render(kind, messages, err, sizeof err))) {
+            snprintf(msg, len, "%s", err);
             goto out;
         }
+        text = rendered;
     }
-    const char *text = rendered ? rendered : q->prompt_text;
     size_t n;
-    free(*ids);
-    *ids = NULL;
     if (tsr_tok_encode_max(e.tok->tok, text, strlen(text), true, (size_t)e.max_seq_len, ids, &n,
                            err, sizeof err)) {
-        snprintf(msg, len, "%s: %s", is_chat ? "messages" : "prompt", err);
+        snprintf(msg, len, "%s: %s", messages ? "messages" : "prompt", err);
         goto out;
     }
     q->prompt = *ids;
     q->n_prompt = n;
-    q->prompt_text = "";
-    q->chat = "";
     st = 0;
 out:
     free(rendered);
@@ -628,7 +622,8 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     }
     gen_t *g = calloc(1, sizeof *g);
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
-    char *chat_json = NULL;
+    json_t *messages = NULL;         /* borrowed from doc */
+    const char *text = NULL;         /* borrowed from doc */
     int32_t *ids = NULL;
     enum MHD_Result rc;
     if (!g) {
@@ -640,22 +635,18 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     g->created = (long long)time(NULL);
     const char *bad = read_params(doc, chat, &q, g, msg, sizeof msg);
     if (!bad && chat) {
-        json_t *m = json_object_get(doc, "messages");
-        if (!json_is_array(m) || json_array_size(m) == 0) {
+        messages = json_object_get(doc, "messages");
+        if (!json_is_array(messages) || json_array_size(messages) == 0) {
             bad = "messages";
             snprintf(msg, sizeof msg, "messages: expected a non-empty list of messages");
-        } else if (!(chat_json = json_dumps(m, JSON_COMPACT))) {
-            bad = "messages";
-            snprintf(msg, sizeof msg, "out of memory");
         }
-        q.chat = chat_json;
     } else if (!bad) {
         json_t *p = json_object_get(doc, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
             p = json_array_get(p, 0);
         if (json_is_string(p) && json_string_length(p) > 0 &&
             strlen(json_string_value(p)) == json_string_length(p)) {
-            q.prompt_text = (char *)json_string_value(p);
+            text = json_string_value(p);
         } else if (json_is_array(p) && json_array_size(p) > 0) {
             size_t n = json_array_size(p);
             ids = malloc(n * sizeof *ids);
@@ -688,8 +679,8 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     }
     /* Text and chats are rendered and encoded here, in this connection's thread, so the
      * coordinator's loop gets token ids only. */
-    if ((q.prompt_text && *q.prompt_text) || (q.chat && *q.chat)) {
-        unsigned st = encode_here(h, g->model, &q, &ids, msg, sizeof msg);
+    if (text || messages) {
+        unsigned st = encode_here(h, g->model, text, messages, &q, &ids, msg, sizeof msg);
         if (st) {
             rc = respond_error(conn, st, msg, st == 404 ? "model" : chat ? "messages" : "prompt",
                                st == 404 ? "model_not_found" : NULL);
@@ -701,10 +692,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     q.worker = "";
     q.want_text = true;
     {
-        tsr_env_t env = TESSERA__ENVELOPE__INIT;
-        env.worker = "";
-        env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
-        env.control_request = &q;
+        tsr_env_t env = control_env(&q);
         size_t packed = tessera__envelope__get_packed_size(&env);
         if (packed > TSR_WIRE_MAX_REQUEST) {
             snprintf(msg, sizeof msg, "the prompt makes a request of %zu bytes, over the limit of "
@@ -780,7 +768,6 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
         rc = respond_json(conn, MHD_HTTP_OK, whole_doc(g), 0);
 out:
     gen_free(g);
-    free(chat_json);
     free(ids);
     json_decref(doc);
     return rc;
@@ -792,7 +779,7 @@ out:
 static json_t *deployments_doc(tsr_http_t *h)
 {
     pthread_mutex_lock(&h->cache_mu);
-    if (!h->deployments || mono_ms() - h->deployments_at >= DEPLOYMENTS_TTL_MS) {
+    if (!h->deployments || tsr_now_ms() - h->deployments_at >= DEPLOYMENTS_TTL_MS) {
         tsr_env_t *env = NULL;
         json_t *doc = NULL;
         if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__DEPLOYMENTS, &env) == 0 &&
@@ -801,7 +788,7 @@ static json_t *deployments_doc(tsr_http_t *h)
         tsr_env_free(&env);
         json_decref(h->deployments);
         h->deployments = doc;
-        h->deployments_at = mono_ms();
+        h->deployments_at = tsr_now_ms();
     }
     json_t *out = json_incref(h->deployments);
     pthread_mutex_unlock(&h->cache_mu);
@@ -946,12 +933,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
             return respond_error(conn, 413, m, NULL, NULL);
         }
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
-        cc->started_ms = mono_ms();
+        cc->started_ms = tsr_now_ms();
         *con_cls = cc;
         return MHD_YES;
     }
     if (*upload_size) {
-        if (mono_ms() - cc->started_ms > BODY_DEADLINE_MS) return MHD_NO;  /* a trickle */
+        if (tsr_now_ms() - cc->started_ms > BODY_DEADLINE_MS) return MHD_NO;  /* a trickle */
         if (!cc->too_big && cc->body.len + *upload_size > MAX_BODY) cc->too_big = true;
         if (!cc->too_big && hb_put(&cc->body, upload, *upload_size)) cc->too_big = true;
         /* A body over the limit is read and dropped, so the client (which sends it all

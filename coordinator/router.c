@@ -26,7 +26,6 @@
 
 #include "common/log.h"
 #include "coordinator.h"
-#include "chat.h"
 
 #define MAX_TOKENS_LIMIT 1000000
 #define TIMEOUT_MS_LIMIT 86400000u  /* a day */
@@ -446,28 +445,6 @@ static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const cha
     tsr_control_reply_code(c, rid, rid_len, false, code, msg, NULL);
 }
 
-/* A chat's messages (JSON text) as prompt text, with the deployment's template: the one
- * it names, else the one its tokenizer_config.json's template is recognised as.  NULL
- * with the reason in msg. */
-static char *render_chat(const tsr_deployment_t *d, const tsr_dep_state_t *ds, const char *json,
-                         char *msg, size_t len)
-{
-    tsr_chat_kind_t kind = d->chat_template[0] ? tsr_chat_named(d->chat_template)
-                                               : tsr_chat_detect(tsr_tok_chat_template(ds->tok->tok));
-    if (kind == TSR_CHAT_NONE) {
-        snprintf(msg, len, "%s has no chat template Tessera recognises (llama2, llama3, chatml, "
-                 "mistral): set chat_template: on the deployment", d->name);
-        return NULL;
-    }
-    json_error_t jerr;
-    json_t *messages = json_loads(json, 0, &jerr);
-    char err[300];
-    char *out = messages ? tsr_chat_render(kind, messages, err, sizeof err) : NULL;
-    if (!out) snprintf(msg, len, "%s", messages ? err : "messages: not JSON");
-    json_decref(messages);
-    return out;
-}
-
 /* A refusal of a request for deployment d, counted in its metrics. */
 static void refuse_counted(tsr_coord_t *c, const tsr_deployment_t *d, const uint8_t *rid,
                            size_t rid_len, const char *code, const char *msg)
@@ -491,10 +468,10 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_dep_state_t *ds = &c->deps[di];
     const tsr_model_info_t *m = &ds->model;
-    bool chat = q->chat && q->chat[0];
-    bool text = (q->prompt_text && q->prompt_text[0]) || chat;
-    if ((text && q->n_prompt) || (chat && q->prompt_text && q->prompt_text[0])) {
-        refuse_counted(c, d, rid, rid_len, "invalid", "give one prompt: text, token ids or a chat");
+    bool text = q->prompt_text && q->prompt_text[0];
+    if (text && q->n_prompt) {
+        refuse_counted(c, d, rid, rid_len, "invalid", "give the prompt as text or as token ids, "
+                       "not both");
         return;
     }
     if ((text || q->want_text) && !ds->tok) {
@@ -508,17 +485,9 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     size_t n_pids = q->n_prompt;
     if (text) {
         char err[300];
-        char *rendered = chat ? render_chat(d, ds, q->chat, msg, sizeof msg) : NULL;
-        if (chat && !rendered) {
-            refuse_counted(c, d, rid, rid_len, "invalid", msg);
-            return;
-        }
-        const char *src = chat ? rendered : q->prompt_text;
         /* Bounded by max_seq_len: a long text costs no more than the longest prompt. */
-        int rc = tsr_tok_encode_max(ds->tok->tok, src, strlen(src), true, (size_t)d->max_seq_len,
-                                    &pids, &n_pids, err, sizeof err);
-        free(rendered);
-        if (rc) {
+        if (tsr_tok_encode_max(ds->tok->tok, q->prompt_text, strlen(q->prompt_text), true,
+                               (size_t)d->max_seq_len, &pids, &n_pids, err, sizeof err)) {
             snprintf(msg, sizeof msg, "the prompt: %s", err);
             refuse_counted(c, d, rid, rid_len, "invalid", msg);
             return;

@@ -217,6 +217,9 @@ ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length
 ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 5000000\r\n"
        b"Expect: 100-continue\r\n\r\n") == 413, "Expect: 100-continue with 5 MB: 413 at once")
 ok(raw(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n") == 200, "HEAD /health works for probes")
+ok(raw(b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n") == 405 and
+   raw(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n") == 405,
+   "405 for a method an endpoint does not take")
 t0 = time.time()
 code, body, _ = status_of(lambda: client.completions.create(model="text", prompt=" " * 1000000))
 ok(code == 400 and time.time() - t0 < 5, "1 MB of spaces is refused as too many tokens (%.0f ms)"
