@@ -28,6 +28,30 @@ LDFLAGS  += -fsanitize=address,undefined
 endif
 
 # snprintf truncation is how bounded messages are built here, not a bug.
+
+# ---- CUDA -----------------------------------------------------------------
+# The CUDA engine (worker/cuda/) is built whenever nvcc is found, on PATH or
+# in /usr/local/cuda; `make CUDA=0` leaves it out, and the worker then runs
+# CPU pieces only.  A machine without a GPU builds and tests it all the same
+# (the kernels' math is tested on the CPU: tests/cuda/).
+NVCC     ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA     ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc is neither on PATH nor in /usr/local/cuda/bin)
+endif
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+# sm_80 (A100) and sm_90 (H100, H200) as machine code, plus PTX for newer GPUs.
+CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+NVCCFLAGS  ?= -O2 -g
+NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings \
+              -MMD -MP -D_GNU_SOURCE -DTSR_HAVE_CUDA -I. -I$(BUILD)/gen
+CUDA_CFLAGS := -DTSR_HAVE_CUDA -I$(CUDA_HOME)/include
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_CU    := $(wildcard worker/cuda/*.cu)
+CUDA_C     := $(wildcard worker/cuda/*.c)
+endif
 # ---- sources -------------------------------------------------------------
 PROTO        := proto/tessera.proto
 PROTO_C      := $(BUILD)/gen/proto/tessera.pb-c.c
@@ -42,6 +66,12 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 COMMON_OBJ   := $(call obj,$(COMMON_SRC)) $(PROTO_C:.c=.o)
 COORD_OBJ    := $(call obj,$(COORD_SRC))
 WORKER_OBJ   := $(call obj,$(WORKER_SRC))
+ifeq ($(CUDA),1)
+WORKER_OBJ   += $(call obj,$(CUDA_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU))
+WORKER_LIBS  := $(CUDA_LIBS)
+# Host programs nvcc builds from tests/cuda/: the kernels' math on the CPU.
+CUDA_TEST_BIN := $(patsubst tests/cuda/%.cu,$(BUILD)/tests/%,$(wildcard tests/cuda/test_*.cu))
+endif
 CLI_OBJ      := $(call obj,$(CLI_SRC))
 UNIT_BIN     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -68,6 +98,11 @@ $(PROTO_C:.c=.h): $(PROTO_C)
 $(BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+# Only the worker's backend table and the CUDA sources see the CUDA headers.
+$(BUILD)/obj/worker/backend.o $(BUILD)/obj/worker/main.o $(call obj,$(CUDA_C)): CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/obj/%.cu.o: %.cu $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(PROTO_C:.c=.o): $(PROTO_C)
 	$(CC) $(filter-out -Werror,$(CFLAGS)) -c $< -o $@
 
@@ -77,7 +112,7 @@ $(BIN)/tessera-coordinator: $(call obj,coordinator/main.c) $(COORD_OBJ) $(COMMON
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BIN)/tessera-worker: $(call obj,worker/main.c) $(WORKER_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -o $@
 # The tokenizer model-init writes (configs/tokenizer/, made by scripts/make-tokenizer.py),
 # as C arrays: od is in coreutils, so building needs nothing more.
 TOKENIZER_C := $(BUILD)/gen/shipped_tokenizer.c
@@ -99,7 +134,10 @@ $(BIN)/tessera: $(call obj,cli/main.c) $(CLI_OBJ) $(COORD_OBJ) $(COMMON_OBJ)
 
 $(BUILD)/tests/%: tests/unit/%.c $(COORD_OBJ) $(WORKER_OBJ) $(CLI_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcmocka -o $@
+$(BUILD)/tests/%: $(BUILD)/obj/tests/cuda/%.cu.o $(WORKER_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcmocka -o $@
 $(BUILD)/bench/%: bench/%.c $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
@@ -112,9 +150,9 @@ test: deps
 	@$(MAKE) --no-print-directory all-tests
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh
 
-all-tests: all $(UNIT_BIN) $(BENCH_BIN)
+all-tests: all $(UNIT_BIN) $(CUDA_TEST_BIN) $(BENCH_BIN)
 
-unit: $(PROGRAMS) $(UNIT_BIN)
+unit: $(PROGRAMS) $(UNIT_BIN) $(CUDA_TEST_BIN)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh unit
 integration: $(PROGRAMS)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh integration

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -856,4 +857,26 @@ int tsr_st_read_f32(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64
 out:
     free(bounce);
     return rc;
+}
+
+int tsr_st_read_raw(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64_t r1,
+                    int64_t c0, int64_t c1, void *dst, char *err, size_t errlen)
+{
+    int64_t rows, cols;
+    if (check_range(st, t, r0, r1, c0, c1, err, errlen) < 0) return -1;
+    as_matrix(t, &rows, &cols);
+    const size_t es = tsr_dtype_size(t->dtype), width = (size_t)(c1 - c0) * es;
+    /* Whole rows are one read; a column slice is one read per row. */
+    const bool whole = c0 == 0 && c1 == cols;
+    for (int64_t r = r0; r < r1; r += whole ? r1 - r0 : 1) {
+        size_t len = whole ? width * (size_t)(r1 - r0) : width;
+        uint64_t at = t->offset + ((uint64_t)r * (uint64_t)cols + (uint64_t)c0) * es;
+        ssize_t got = pread_full(st->fds[t->file], (uint8_t *)dst + (size_t)(r - r0) * width, len, at);
+        if (got < 0 || (size_t)got != len) {
+            tsr_set_err(err, errlen, "%s: tensor %s: %s", st->paths[t->file], t->name,
+                        got < 0 ? strerror(errno) : "short read (file truncated since open?)");
+            return -1;
+        }
+    }
+    return 0;
 }

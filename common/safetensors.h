@@ -63,6 +63,12 @@ int tsr_st_expect(const tsr_st_t *st, const char *name, int ndim, const int64_t 
 int tsr_st_read_f32(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64_t r1,
                     int64_t c0, int64_t c1, float *dst, char *err, size_t errlen);
 
+/* The same slice in the file's own dtype (tsr_dtype_size(t->dtype) bytes
+ * an element, little-endian), unconverted: (r1-r0)*(c1-c0) elements into
+ * dst.  What an engine that converts on its device reads. */
+int tsr_st_read_raw(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64_t r1,
+                    int64_t c0, int64_t c1, void *dst, char *err, size_t errlen);
+
 /* dtype conversions (exposed for tests and the model writer). */
 float tsr_bf16_to_f32(uint16_t h);
 uint16_t tsr_f32_to_bf16(float f);   /* round to nearest even */

@@ -1,15 +1,23 @@
 /* backend.c: the one place a piece's device kind picks its engine and
- * collectives.  A build without the CUDA engine has no row for cuda, so a
- * cuda piece fails with that reason instead of running on the CPU. */
+ * collectives.  A build without the CUDA engine (make CUDA=0, or no nvcc)
+ * has no row for cuda, so a cuda piece fails with that reason instead of
+ * running on the CPU. */
 #include <stdio.h>
 
 #include "worker/engine.h"
+#ifdef TSR_HAVE_CUDA
+#include "worker/cuda/cuda.h"
+#endif
 
 static const struct {
     tsr_device_t device;
     tsr_backend_t b;
 } backends[] = {
     {TSR_DEVICE_CPU, {&tsr_engine_cpu, &tsr_coll_tcp}},
+#ifdef TSR_HAVE_CUDA
+    /* Until the NCCL backend: the TCP collectives, staged through host memory. */
+    {TSR_DEVICE_CUDA, {&tsr_engine_cuda, &tsr_coll_staged}},
+#endif
 };
 
 int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen)

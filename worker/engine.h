@@ -21,6 +21,8 @@
 #include "common/deploy.h"
 #include "common/modelcfg.h"
 #include "worker/collective.h"
+#include "worker/kvpool.h"
+#include "worker/kmath.h"
 
 typedef struct {
     int tp_rank, tp_size;
@@ -31,6 +33,7 @@ typedef struct {
     int max_tokens;                 /* token rows one step may carry */
     int kv_blocks;                  /* KV pool size, in blocks of TSR_KV_BLOCK positions */
     int threads;                    /* CPU threads (0: every CPU the worker may use) */
+    int device_index;               /* the GPU a CUDA engine runs on */
 } tsr_piece_spec_t;
 
 /* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
@@ -53,6 +56,7 @@ typedef struct tsr_engine tsr_engine_t;
 typedef struct {
     const char *name;
     tsr_device_t device;
+    int kv_elem_bytes;              /* bytes of one cached key or value element */
     /* Loads the piece from a Hugging Face directory: only its layers and its
      * tensor-parallel slice are read.  Caller owns *out (destroy). */
     int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
@@ -82,6 +86,9 @@ typedef struct {
     const tsr_model_info_t *(*model)(const tsr_engine_t *e);
     uint64_t (*weight_bytes)(const tsr_engine_t *e);     /* bytes of weights held */
     uint64_t (*kv_bytes)(const tsr_engine_t *e);         /* bytes of the KV pool */
+    /* Nonzero after an error that leaves the device unusable (an illegal
+     * address, ECC): the worker reports it and exits to be restarted. */
+    int (*fatal)(const tsr_engine_t *e);
     void (*destroy)(tsr_engine_t **e_p);
 } tsr_engine_ops_t;
 
@@ -95,6 +102,22 @@ typedef struct {
     const tsr_coll_ops_t *coll;     /* tensors between ranks */
 } tsr_backend_t;
 int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen);
+
+/* The rotary embedding's parameters of model m. */
+static inline tsr_rope_cfg_t tsr_rope_cfg(const tsr_model_info_t *m)
+{
+    tsr_rope_cfg_t c = {m->rope_theta, m->rope_llama3, m->rope_factor, m->rope_low_freq_factor,
+                        m->rope_high_freq_factor, m->rope_original_max_pos};
+    return c;
+}
+
+/* What every engine does first in step: checks batch b against spec
+ * (entries, rows, positions, distinct slots), writes each entry's first
+ * row and each row's slot and position, and takes KV blocks from kv for
+ * every entry's positions, taking none when the pool is short. */
+int tsr_batch_prepare(const tsr_piece_spec_t *spec, tsr_kvpool_t *kv, const tsr_batch_t *b,
+                      int *first_row, int32_t *row_slot, int32_t *row_pos, char *err,
+                      size_t errlen);
 
 /* Picks the next token from logits [vocab]: argmax (first maximum) when
  * temperature <= 0, else a draw tsr_draw(seed, position) from

@@ -26,6 +26,7 @@
 #include "worker/simd.h"
 #include "worker/engine.h"
 #include "worker/kvpool.h"
+#include "worker/kmath.h"
 
 typedef struct {
     float *attn_norm, *mlp_norm;    /* [H] */
@@ -74,7 +75,7 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, int H, fl
         const float *xi = x + (size_t)i * H;
         double ss = 0;
         for (int j = 0; j < H; j++) ss += (double)xi[j] * xi[j];
-        float s = (float)(1.0 / sqrt(ss / H + eps));
+        float s = tsr_k_rms_scale(ss, H, eps);
         for (int j = 0; j < H; j++) out[(size_t)i * H + j] = w[j] * (xi[j] * s);
     }
 }
@@ -86,11 +87,7 @@ static void rope_row(const tsr_engine_t *e, float *v, int heads, int pos)
     int hd = e->head_dim, half = hd / 2;
     const float *c = e->rope_cos + (size_t)pos * half, *s = e->rope_sin + (size_t)pos * half;
     for (int h = 0; h < heads; h++, v += hd)
-        for (int j = 0; j < half; j++) {
-            float a = v[j], b = v[j + half];
-            v[j] = a * c[j] - b * s[j];
-            v[j + half] = b * c[j] + a * s[j];
-        }
+        for (int j = 0; j < half; j++) tsr_k_rope_pair(&v[j], &v[j + half], c[j], s[j]);
 }
 
 /* ---- loading --------------------------------------------------------------- */
@@ -195,23 +192,10 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
 /* RoPE tables, with transformers' "llama3" rescaling of the frequencies. */
 static void rope_tables(tsr_engine_t *e)
 {
-    const tsr_model_info_t *m = &e->m;
+    tsr_rope_cfg_t rc = tsr_rope_cfg(&e->m);
     int half = e->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double inv = pow((double)m->rope_theta, -2.0 * i / e->head_dim);
-        if (m->rope_llama3) {
-            double orig = m->rope_original_max_pos;
-            double low_wl = orig / m->rope_low_freq_factor;
-            double high_wl = orig / m->rope_high_freq_factor;
-            double wl = 2.0 * M_PI / inv;
-            if (wl > low_wl) {
-                inv /= m->rope_factor;
-            } else if (wl >= high_wl) {
-                double smooth = (orig / wl - m->rope_low_freq_factor) /
-                                (m->rope_high_freq_factor - m->rope_low_freq_factor);
-                inv = (1 - smooth) * inv / m->rope_factor + smooth * inv;
-            }
-        }
+        double inv = tsr_k_rope_inv_freq(&rc, i, e->head_dim);
         for (int p = 0; p < e->spec.max_seq_len; p++) {
             double a = p * inv;
             e->rope_cos[(size_t)p * half + i] = (float)cos(a);
@@ -414,7 +398,7 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
         size_t row = (size_t)j->first_row[ei] + r;
         const float *q = e->qkv + row * qkvw + (size_t)h * hd;
         int visible = en->pos + r + 1;
-        float mx = -INFINITY, sum = 0;
+        tsr_osm_t st = tsr_k_osm_init();
         memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
         memset(tail, 0, sizeof tail);
         for (int b0 = 0; b0 < visible; b0 += TSR_KV_BLOCK) {
@@ -423,16 +407,12 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
             int np = visible - b0 < TSR_KV_BLOCK ? visible - b0 : TSR_KV_BLOCK;
             for (int p = 0; p < np; p++, kb += hd, vb += hd) {
                 float sc = dot(q, kb, hd) * scale;
-                if (sc > mx) {
-                    float c = expf(mx - sc);
-                    sum *= c;
+                float w, c = tsr_k_osm_push(&st, sc, &w);
+                if (c != 1.0f) {
                     v8f cv = {c, c, c, c, c, c, c, c};
                     for (int d = 0; d < hd8; d += 8) acc[d / 8] *= cv;
                     for (int d = hd8; d < hd; d++) tail[d - hd8] *= c;
-                    mx = sc;
                 }
-                float w = expf(sc - mx);
-                sum += w;
                 v8f wv = {w, w, w, w, w, w, w, w};
                 for (int d = 0; d < hd8; d += 8) acc[d / 8] += wv * load8(vb + d);
                 for (int d = hd8; d < hd; d++) tail[d - hd8] += w * vb[d];
@@ -440,8 +420,8 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
         }
         float *out = e->att + row * (size_t)qh * hd + (size_t)h * hd;
         for (int d = 0; d < hd8; d += 8)
-            for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / sum;
-        for (int d = hd8; d < hd; d++) out[d] = tail[d - hd8] / sum;
+            for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / st.l;
+        for (int d = hd8; d < hd; d++) out[d] = tail[d - hd8] / st.l;
     }
 }
 
@@ -483,61 +463,11 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     for (int t = 0; t < T; t++) {
         const float *g = e->gu + (size_t)t * 2 * I, *u = g + I;
         float *a = e->act + (size_t)t * I;
-        for (int i = 0; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int i = 0; i < I; i++) a[i] = tsr_k_swiglu(g[i], u[i]);
     }
     matmul(e, e->proj, H, e->act, L->wd, T, I, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
-    return 0;
-}
-
-/* The batch must fit what the engine was sized for; blocks are taken for
- * every entry before anything runs, and given back when that fails. */
-static int check_batch(tsr_engine_t *e, const tsr_batch_t *b, int *first_row, char *err,
-                       size_t errlen)
-{
-    const tsr_piece_spec_t *s = &e->spec;
-    int rows = 0;
-    if (b->n_entries < 0 || b->n_entries > s->max_seqs || b->n_tokens > s->max_tokens) {
-        tsr_set_err(err, errlen, "a batch of %d entries and %d rows exceeds this piece's %d and %d",
-                    b->n_entries, b->n_tokens, s->max_seqs, s->max_tokens);
-        return -1;
-    }
-    for (int i = 0; i < b->n_entries; i++) {
-        const tsr_entry_t *en = &b->entries[i];
-        if (en->slot < 0 || en->slot >= s->max_seqs || en->pos < 0 || en->n < 1 ||
-            en->pos + en->n > s->max_seq_len) {
-            tsr_set_err(err, errlen,
-                        "entry %d: positions [%d,%d) of slot %d do not fit (max_seq_len %d, %d slots)",
-                        i, en->pos, en->pos + en->n, en->slot, s->max_seq_len, s->max_seqs);
-            return -1;
-        }
-        for (int j = 0; j < i; j++)
-            if (b->entries[j].slot == en->slot) {
-                tsr_set_err(err, errlen, "entries %d and %d both run slot %d", j, i, en->slot);
-                return -1;
-            }
-        first_row[i] = rows;
-        for (int r = 0; r < en->n; r++) e->row_slot[rows + r] = en->slot, e->row_pos[rows + r] = en->pos + r;
-        rows += en->n;
-    }
-    if (rows != b->n_tokens) {
-        tsr_set_err(err, errlen, "the entries cover %d rows, the batch says %d", rows, b->n_tokens);
-        return -1;
-    }
-    int need = 0;
-    for (int i = 0; i < b->n_entries; i++) {
-        const tsr_entry_t *en = &b->entries[i];
-        int more = tsr_kv_blocks_for(en->pos + en->n) - tsr_kvpool_held(e->kv, en->slot);
-        need += more > 0 ? more : 0;
-    }
-    if (need > tsr_kvpool_total(e->kv) - tsr_kvpool_used(e->kv)) {
-        tsr_set_err(err, errlen, "the KV pool has %d free blocks, this step needs %d",
-                    tsr_kvpool_total(e->kv) - tsr_kvpool_used(e->kv), need);
-        return -1;
-    }
-    for (int i = 0; i < b->n_entries; i++)
-        tsr_kvpool_grow(e->kv, b->entries[i].slot, b->entries[i].pos + b->entries[i].n);
     return 0;
 }
 
@@ -609,7 +539,8 @@ static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
                     b->n_entries, s->max_seqs);
         return -1;
     }
-    if (check_batch(e, b, first_row, err, errlen) < 0) return -1;
+    if (tsr_batch_prepare(s, e->kv, b, first_row, e->row_slot, e->row_pos, err, errlen) < 0)
+        return -1;
     if (!b->n_tokens) return 0;
     const size_t rows = (size_t)b->n_tokens * e->hidden;
     if (s->stage == 0) {
@@ -661,6 +592,11 @@ static void cpu_kv_usage(const tsr_engine_t *e, int *used, int *total)
 static const tsr_model_info_t *cpu_model(const tsr_engine_t *e) { return &e->m; }
 static uint64_t cpu_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cpu_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
+static int cpu_fatal(const tsr_engine_t *e)
+{
+    (void)e;
+    return 0;
+}
 static void cpu_destroy(tsr_engine_t **e_p)
 {
     if (!e_p) return;
@@ -671,6 +607,7 @@ static void cpu_destroy(tsr_engine_t **e_p)
 const tsr_engine_ops_t tsr_engine_cpu = {
     .name = "cpu",
     .device = TSR_DEVICE_CPU,
+    .kv_elem_bytes = (int)sizeof(float),
     .load = cpu_load,
     .set_comm = cpu_set_comm,
     .hidden = cpu_hidden,
@@ -681,5 +618,6 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .model = cpu_model,
     .weight_bytes = cpu_weight_bytes,
     .kv_bytes = cpu_kv_bytes,
+    .fatal = cpu_fatal,
     .destroy = cpu_destroy,
 };

@@ -85,6 +85,8 @@ struct tsr_executor {
     int pipe_r, pipe_w;
     tsr_tcp_listener_t *listener;
     char endpoint[TSR_NAME_MAX + 1];
+    int device_index;               /* the GPU of a CUDA worker */
+    bool device_lost;               /* a fatal device error: the worker must restart */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
     /* Events that could not be queued (out of memory): the agent is told by
@@ -359,15 +361,17 @@ static bool peers_complete(const job_t *j)
 
 /* The piece's shape and sizes, from the assignment and the deployment's
  * batching keys (0: the documented defaults). */
-static void piece_spec(const job_t *j, const tsr_model_info_t *m, tsr_piece_spec_t *spec)
+static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model_info_t *m,
+                       const tsr_engine_ops_t *eng, tsr_piece_spec_t *spec)
 {
     int batch = j->max_batch > 0 ? j->max_batch : 32;
     int chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     if (chunk > j->max_seq_len) chunk = j->max_seq_len;
     *spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
-                               j->layer_end, j->max_seq_len, batch, batch + chunk, 0, 0};
+                               j->layer_end, j->max_seq_len, batch, batch + chunk, 0, 0,
+                               ex->device_index};
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->tp_size, j->pp_size, j->kv_cache_bytes, batch,
-                                         j->max_seq_len, TSR_KV_BLOCK, (int)sizeof(float));
+                                         j->max_seq_len, TSR_KV_BLOCK, eng->kv_elem_bytes);
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -387,7 +391,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         bool ok = tsr_backend_for(j->device, be, err, sizeof err) == 0 &&
                   tsr_model_info_load(j->model_path, &m, err, sizeof err) == 0;
         if (ok) {
-            piece_spec(j, &m, &r.spec);
+            piece_spec(ex, j, &m, be->engine, &r.spec);
             ok = be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) == 0;
         }
         if (!ok) {
@@ -400,7 +404,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         ex->kvbytes = be->engine->kv_bytes(*eng);
         pthread_mutex_unlock(&ex->mu);
     } else {   /* only rewired: the loaded engine knows its model */
-        piece_spec(j, be->engine->model(*eng), &r.spec);
+        piece_spec(ex, j, be->engine->model(*eng), be->engine, &r.spec);
     }
     /* A replica with a piece still unplaced cannot run; the weights are
      * loaded, and the next epoch brings the full peer list. */
@@ -424,6 +428,15 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
                            &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
         failed = err;
+        if (be->engine->fatal(*eng)) {
+            /* The device is unusable: say why, and let the worker exit so
+             * that its supervisor restarts it with a fresh context. */
+            push_simple(ex, TSR_EV_FAILED, j->epoch, err);
+            pthread_mutex_lock(&ex->mu);
+            ex->device_lost = true;
+            pthread_mutex_unlock(&ex->mu);
+            goto out;
+        }
         if (!io_should_stop(&ctx)) {
             snprintf(why, sizeof why, "data plane: %s", err);
             push_data_plane_failure(ex, j->epoch, why);
@@ -641,4 +654,17 @@ void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out)
     pthread_mutex_lock(&ex->mu);
     *out = ex->stats;
     pthread_mutex_unlock(&ex->mu);
+}
+
+void tsr_executor_set_device(tsr_executor_t *ex, int index)
+{
+    ex->device_index = index;
+}
+
+bool tsr_executor_device_lost(tsr_executor_t *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    bool lost = ex->device_lost;
+    pthread_mutex_unlock(&ex->mu);
+    return lost;
 }

@@ -34,6 +34,11 @@ typedef struct tsr_executor tsr_executor_t;
 tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_host, char *err,
                                  size_t errlen);
 void tsr_executor_destroy(tsr_executor_t **ex_p);
+/* The GPU index CUDA pieces run on (the worker's --device-index). */
+void tsr_executor_set_device(tsr_executor_t *ex, int index);
+/* True after a fatal device error (an illegal address, ECC): the piece was
+ * reported failed, and the worker should exit to be restarted. */
+bool tsr_executor_device_lost(tsr_executor_t *ex);
 
 /* "host:port" its peers connect to. */
 const char *tsr_executor_endpoint(const tsr_executor_t *ex);

@@ -59,8 +59,19 @@ static void usage(FILE *f)
             "the worker may run on); TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
             "GPU of that many MiB, for tests on machines without one.\n"
             "\n"
+            "%s"
+            "\n"
             "exit status: 0 stopped by a signal, 1 could not start, 2 refused by the\n"
-            "coordinator (wrong protocol version or duplicate name; do not restart).\n");
+            "coordinator (wrong protocol version or duplicate name; do not restart), 75\n"
+            "a fatal device error (an illegal address, ECC): restart it.\n",
+#ifdef TSR_HAVE_CUDA
+            "This worker was built with CUDA: --device cuda pieces run on the GPU\n"
+            "(TSR_CUDA_GRAPHS=0 turns off decode graphs; TSR_CUDA_DUMMY_WEIGHTS=SEED fills\n"
+            "weights from a seed instead of reading them, for benchmarks only).\n"
+#else
+            "This worker was built without CUDA: it runs cpu pieces only.\n"
+#endif
+            );
 }
 
 static int parse_uint(const char *opt, const char *s, unsigned long max, unsigned long *out)
@@ -181,6 +192,7 @@ int main(int argc, char **argv)
         tsr_agent_destroy(&a);
         return 1;
     }
+    tsr_executor_set_device(a->ex, (int)index);
     tsr_info("starting: %s, %.1f GiB, node %s, coordinator %s, data %s, pid %d",
              dev.description, (double)dev.memory / (1u << 30), node, ep,
              tsr_executor_endpoint(a->ex), (int)getpid());
@@ -193,6 +205,7 @@ int main(int argc, char **argv)
     zmq_pollitem_t items[2] = {{a->sock, 0, ZMQ_POLLIN, 0},
                                {NULL, tsr_executor_event_fd(a->ex), ZMQ_POLLIN, 0}};
     int timeout = 0;
+    int64_t lost_at = 0;
     while (!stop_flag && !a->stop) {
         if (zmq_poll(items, 2, timeout) < 0 && errno != EINTR) {
             tsr_error("poll failed: %s", zmq_strerror(errno));
@@ -200,13 +213,24 @@ int main(int argc, char **argv)
         }
         int64_t now = tsr_now_ms();
         timeout = tsr_agent_step(a, now);
+        /* A fatal device error: give the agent a moment to send the
+         * piece's failure, then exit so that systemd restarts the worker. */
+        if (!lost_at && tsr_executor_device_lost(a->ex)) {
+            tsr_error("fatal device error: exiting so that the worker is restarted");
+            lost_at = now;
+        }
+        if (lost_at && now - lost_at >= 300) {
+            a->exit_code = 75;
+            break;
+        }
+        if (lost_at) timeout = timeout < 50 ? timeout : 50;
         if (watchdog && now >= wd_next) {
             sd_notify(0, "WATCHDOG=1");
             wd_next = now + wd_every;
         }
     }
     int rc = a->exit_code;
-    tsr_info("stopping%s", rc ? " (refused by the coordinator)" : "");
+    tsr_info("stopping%s", rc == 75 ? " (fatal device error)" : rc ? " (refused by the coordinator)" : "");
     sd_notify(0, "STOPPING=1");
     tsr_executor_destroy(&a->ex);
     tsr_agent_destroy(&a);

@@ -4,6 +4,7 @@
 
 #include "common/draw.h"
 #include "worker/engine.h"
+#include "worker/kmath.h"
 
 typedef struct {
     float p;
@@ -25,14 +26,13 @@ int32_t tsr_sample(const float *logits, int vocab, float temperature, float top_
         if (logits[i] > logits[best]) best = i;
     /* NaN compares false everywhere: treat anything but a positive finite
      * temperature as greedy, anything outside (0, 1) as no nucleus cut. */
-    if (!(temperature > 0.0f) || !isfinite(temperature)) return best;
-    bool cut = top_p > 0.0f && top_p < 1.0f;
+    if (tsr_k_greedy(temperature)) return best;
+    bool cut = tsr_k_top_p_cuts(top_p);
     cand_t *c = malloc((size_t)vocab * sizeof *c);
     if (!c) return best;
     double sum = 0;
     for (int i = 0; i < vocab; i++) {
-        float p = expf((logits[i] - logits[best]) / temperature);
-        c[i] = (cand_t){isfinite(p) ? p : 0.0f, i};
+        c[i] = (cand_t){tsr_k_sample_weight(logits[i], logits[best], temperature), i};
         sum += c[i].p;
     }
     /* Without a nucleus cut the draw walks the ids in order: no sort. */

@@ -1,0 +1,1123 @@
+/* engine_cuda.cu: the Llama forward pass on one NVIDIA GPU, BF16, batched.
+ *
+ * The same piece, sharding and batch as the CPU engine (worker/engine_cpu.c)
+ * behind the same table: weights and the KV block pool live in device
+ * memory in BF16, hidden states and products accumulate in f32.  Products
+ * are cuBLAS GEMMs (BF16 in, f32 out); everything else is a kernel here:
+ * embedding gather, RMSNorm (fused with the residual add before it), RoPE
+ * with the KV write into the paged pool, attention over the pool (one
+ * kernel for prompt chunks and decodes: tiles of 16 query rows share each
+ * 16-position K/V tile in shared memory, with an online softmax), SwiGLU,
+ * and sampling with the CPU engine's (seed, position) draw.  The per-element
+ * math is worker/kmath.h's, which tests/cuda/test_kmath.cu runs on the CPU.
+ *
+ * A step uploads its metadata (tokens, row and tile tables, block tables)
+ * in one copy, then runs on the engine's stream.  Decode-only steps of a
+ * single-rank piece are replayed from CUDA graphs, one per batch-size
+ * bucket, captured on first use. */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cub/cub.cuh>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "common/safetensors.h"
+#include "common/slice.h"
+#include "common/util.h"
+#include "worker/cuda/cuda.h"
+#include "worker/engine.h"
+#include "worker/kvpool.h"
+}
+
+typedef uint16_t bf16_t;     /* raw BF16 bits; worker/kmath.h converts */
+
+#define NBUCKETS 12          /* graph buckets: 1, 2, 4, 8, 16, ..., 72 (tsr_k_graph_bucket) */
+#define STAGE_BYTES ((size_t)32 << 20)  /* each of the two pinned load buffers */
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Errors after which the context is unusable: the worker must exit and be
+ * restarted (illegal address, ECC, a trap, a launch failure). */
+static bool sticky(cudaError_t r)
+{
+    switch (r) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorECCUncorrectable:
+    case cudaErrorHardwareStackError: case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc:
+    case cudaErrorAssert: case cudaErrorLaunchTimeout:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int cuda_fail(int *fatal, cudaError_t r, const char *what, char *err, size_t errlen)
+{
+    if (r == cudaSuccess) return 0;
+    bool f = sticky(r);
+    if (fatal && f) *fatal = 1;
+    tsr_set_err(err, errlen, "%s%s: %s (%s)", f ? "fatal device error: " : "", what,
+                cudaGetErrorString(r), cudaGetErrorName(r));
+    return -1;
+}
+
+static int blas_fail(cublasStatus_t s, const char *what, char *err, size_t errlen)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    tsr_set_err(err, errlen, "%s: cuBLAS status %d", what, (int)s);
+    return -1;
+}
+
+#define CK(call) do { if (cuda_fail(&e->fatal, (call), #call, err, errlen) < 0) return -1; } while (0)
+#define LAUNCHED(what) CK(cudaGetLastError())
+
+/* ---- the engine -------------------------------------------------------------- */
+
+typedef struct {
+    bf16_t *attn_norm, *mlp_norm, *wqkv, *wo, *wgu, *wd;
+} layer_t;
+
+/* What a step's kernels read, uploaded in one copy: fixed-size arrays, then
+ * the entries' block tables, ragged, sized per step. */
+typedef struct {
+    int32_t *tokens;         /* [T] stage 0 */
+    int32_t *row_pos;        /* [T] -1: a padding row */
+    int32_t *row_tbl;        /* [T] offset of the row's block table in tables */
+    int32_t *tile_row0;      /* [tiles] first row of each attention tile */
+    int32_t *tile_n;         /* [tiles] rows in it (0: padding) */
+    int32_t *tile_pos0;      /* [tiles] position of its first row */
+    int32_t *tile_tbl;       /* [tiles] offset of its block table */
+    int32_t *samp_row;       /* [S] the row each sampled entry is picked after */
+    float *samp_temp, *samp_top_p;
+    unsigned long long *samp_seed, *samp_pos;
+    int32_t *tables;         /* ragged block tables */
+} meta_t;
+
+struct tsr_engine {
+    tsr_model_info_t m;
+    tsr_piece_spec_t spec;
+    const tsr_coll_ops_t *ops;
+    tsr_comm_t *tp;
+    int device, fatal;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
+    int v_begin, v_end, v_chunk;
+    int max_tiles, max_blocks_per_seq;
+    bf16_t *embed, *lm_head, *final_norm;
+    layer_t *layers;                /* host array of device pointers */
+    tsr_kvpool_t *kv;
+    bf16_t *kpool, *vpool;          /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
+    float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
+    float *x, *qkv, *proj, *gu, *hin, *hout;
+    bf16_t *h, *att, *act;
+    float *logits, *gathered;       /* [S][v_chunk], [tp][S][v_chunk] */
+    /* sampling scratch: weights and ids, unsorted and sorted, per row */
+    float *w, *w_sorted;
+    int32_t *ids, *ids_sorted, *seg_begin, *seg_end, *best, *sampled_d;
+    double *wsum;
+    void *sort_tmp;
+    size_t sort_tmp_bytes;
+    /* metadata: pinned host and device copies of one buffer */
+    void *meta_h, *meta_d;
+    size_t meta_fixed, meta_bytes;
+    meta_t mh, md;
+    int32_t *sampled_h;
+    int first_row[1024];
+    int last_sampled;
+    cudaGraphExec_t graph[NBUCKETS];
+    int graphs_on;
+    uint64_t wbytes, kvbytes;
+};
+
+/* ---- kernels ------------------------------------------------------------------- */
+
+__device__ __forceinline__ float ld_bf16(const bf16_t *p) { return tsr_k_bf16_to_f32(*p); }
+
+__global__ void k_convert(bf16_t *dst, const void *src, size_t n, int dtype)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float f = dtype == TSR_DT_F32 ? ((const float *)src)[i]
+                                      : tsr_k_f16_to_f32(((const uint16_t *)src)[i]);
+        dst[i] = tsr_k_f32_to_bf16(f);
+    }
+}
+
+/* Benchmark weights from a seed: uniform in [-scale, scale), or 1 for norms. */
+__global__ void k_fill(bf16_t *dst, size_t n, unsigned long long seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = scale ? (float)(tsr_draw(seed, i) * 2.0 - 1.0) * scale : 1.0f;
+        dst[i] = tsr_k_f32_to_bf16(v);
+    }
+}
+
+/* Vocabulary-parallel lookup: rows this rank does not hold stay zero. */
+__global__ void k_embed(float *x, const bf16_t *embed, const int32_t *tokens, int H, int v_begin,
+                        int v_end)
+{
+    int t = blockIdx.x, id = tokens[t];
+    bool mine = id >= v_begin && id < v_end;
+    for (int j = threadIdx.x; j < H; j += blockDim.x)
+        x[(size_t)t * H + j] = mine ? ld_bf16(embed + (size_t)(id - v_begin) * H + j) : 0.0f;
+}
+
+/* x += add (when add is given), then out = RMSNorm(x) * w in BF16.  Row
+ * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same). */
+template <int THREADS>
+__global__ void k_add_rmsnorm(bf16_t *out, float *x, const float *add, const bf16_t *w,
+                              const int32_t *rows, int H, float eps)
+{
+    typedef cub::BlockReduce<double, THREADS> reduce_t;
+    __shared__ typename reduce_t::TempStorage tmp;
+    __shared__ float scale;
+    int r = rows ? rows[blockIdx.x] : (int)blockIdx.x;
+    float *xr = x + (size_t)r * H;
+    float ss = 0;
+    for (int j = threadIdx.x; j < H; j += THREADS) {
+        float v = xr[j];
+        if (add) xr[j] = v = v + add[(size_t)r * H + j];
+        ss += v * v;
+    }
+    double total = reduce_t(tmp).Sum((double)ss);
+    if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
+    __syncthreads();
+    for (int j = threadIdx.x; j < H; j += THREADS)
+        out[(size_t)blockIdx.x * H + j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * scale));
+}
+
+__global__ void k_add(float *x, const float *add, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += add[i];
+}
+
+/* RoPE on q and k of row blockIdx.x, then k and v into the pool. */
+__global__ void k_rope_kv(float *qkv, bf16_t *kpool, bf16_t *vpool, const float *cosv,
+                          const float *sinv, meta_t md, int l, int n_blocks, int qh, int kvh,
+                          int hd)
+{
+    int t = blockIdx.x, pos = md.row_pos[t];
+    if (pos < 0) return;
+    int half = hd / 2;
+    float *q = qkv + (size_t)t * (qh + 2 * kvh) * hd, *k = q + (size_t)qh * hd, *v = k + (size_t)kvh * hd;
+    const float *c = cosv + (size_t)pos * half, *s = sinv + (size_t)pos * half;
+    for (int i = threadIdx.x; i < (qh + kvh) * half; i += blockDim.x) {
+        int head = i / half, j = i % half;
+        float *base = head < qh ? q + (size_t)head * hd : k + (size_t)(head - qh) * hd;
+        tsr_k_rope_pair(&base[j], &base[j + half], c[j], s[j]);
+    }
+    __syncthreads();
+    const int32_t *table = md.tables + md.row_tbl[t];
+    for (int i = threadIdx.x; i < kvh * hd; i += blockDim.x) {
+        int kh = i / hd, d = i % hd;
+        size_t off = tsr_k_kv_offset(table, n_blocks, kvh, hd, l, pos, kh) + d;
+        kpool[off] = tsr_k_f32_to_bf16(k[i]);
+        vpool[off] = tsr_k_f32_to_bf16(v[i]);
+    }
+}
+
+/* Causal attention of one tile (up to TSR_ATT_TILE query rows of one
+ * entry) for one query head: 4 warps, each with up to 4 rows; a lane holds
+ * head_dim / 32 dimensions of its rows' queries and accumulators.  Every
+ * 16-position K/V tile is loaded once into shared memory for all rows. */
+#define ATT_WARPS 4
+#define ATT_DPL 8           /* dimensions per lane: head_dim <= 256 */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+k_attention(bf16_t *att, const float *qkv, const bf16_t *kpool, const bf16_t *vpool, meta_t md,
+            int l, int n_blocks, int qh, int kvh, int hd, float scale)
+{
+    __shared__ float ks[TSR_KV_BLOCK][256], vs[TSR_KV_BLOCK][256];
+    const int tile = blockIdx.x, h = blockIdx.y, n = md.tile_n[tile];
+    if (n <= 0) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kh = h / (qh / kvh);
+    const int row0 = md.tile_row0[tile], pos0 = md.tile_pos0[tile];
+    const int32_t *table = md.tables + md.tile_tbl[tile];
+    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd;
+    const int rows_per_warp = (TSR_ATT_TILE + ATT_WARPS - 1) / ATT_WARPS;
+    float q[rows_per_warp][ATT_DPL], acc[rows_per_warp][ATT_DPL];
+    tsr_osm_t sm[rows_per_warp];
+    for (int i = 0; i < rows_per_warp; i++) {
+        int r = warp + i * ATT_WARPS;
+        sm[i] = tsr_k_osm_init();
+        for (int j = 0; j < ATT_DPL; j++) {
+            int d = lane + 32 * j;
+            q[i][j] = r < n && d < hd ? qkv[(size_t)(row0 + r) * qkvw + (size_t)h * hd + d] : 0.0f;
+            acc[i][j] = 0.0f;
+        }
+    }
+    const int visible_max = pos0 + n;     /* the last row sees this many positions */
+    for (int b0 = 0; b0 < visible_max; b0 += TSR_KV_BLOCK) {
+        const int np = min(TSR_KV_BLOCK, visible_max - b0);
+        size_t base = tsr_k_kv_offset(table, n_blocks, kvh, hd, l, b0, kh);
+        __syncthreads();
+        for (int i = threadIdx.x; i < np * hd; i += blockDim.x) {
+            ks[i / hd][i % hd] = ld_bf16(kpool + base + i);
+            vs[i / hd][i % hd] = ld_bf16(vpool + base + i);
+        }
+        __syncthreads();
+        for (int i = 0; i < rows_per_warp; i++) {
+            int r = warp + i * ATT_WARPS;
+            if (r >= n) break;
+            int visible = pos0 + r + 1;
+            for (int p = 0; p < np && b0 + p < visible; p++) {
+                float part = 0;
+                for (int j = 0; j < ATT_DPL; j++) {
+                    int d = lane + 32 * j;
+                    if (d < hd) part += q[i][j] * ks[p][d];
+                }
+                for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+                float w, c = tsr_k_osm_push(&sm[i], part * scale, &w);
+                for (int j = 0; j < ATT_DPL; j++) {
+                    int d = lane + 32 * j;
+                    if (d < hd) acc[i][j] = acc[i][j] * c + w * vs[p][d];
+                }
+            }
+        }
+    }
+    for (int i = 0; i < rows_per_warp; i++) {
+        int r = warp + i * ATT_WARPS;
+        if (r >= n) break;
+        for (int j = 0; j < ATT_DPL; j++) {
+            int d = lane + 32 * j;
+            if (d < hd)
+                att[(size_t)(row0 + r) * qh * hd + (size_t)h * hd + d] =
+                    tsr_k_f32_to_bf16(acc[i][j] / sm[i].l);
+        }
+    }
+}
+
+__global__ void k_swiglu(bf16_t *act, const float *gu, int I, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / I, k = i % I;
+        const float *g = gu + t * 2 * I;
+        act[i] = tsr_k_f32_to_bf16(tsr_k_swiglu(g[k], g[I + k]));
+    }
+}
+
+/* Pads each row of logits past this rank's vocabulary with -inf. */
+__global__ void k_pad(float *lg, int C, int vs, int rows)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * (C - vs); i += gridDim.x * blockDim.x)
+        lg[(size_t)(i / (C - vs)) * C + vs + i % (C - vs)] = -INFINITY;
+}
+
+/* The logit of token i of sampled row s in the gathered [tp][S][C] layout. */
+__device__ __forceinline__ float logit_at(const float *g, int S, int C, int s, int i)
+{
+    return g[((size_t)(i / C) * S + s) * C + i % C];
+}
+
+/* Per sampled row: the first maximum; for a sampled (not greedy) row also
+ * the weights, their sum in id order, and the segment to sort when top_p
+ * cuts (an empty one otherwise). */
+template <int THREADS>
+__global__ void k_sample_prep(const float *g, int S, int C, int V, meta_t md, int32_t *best,
+                              float *w, int32_t *ids, double *wsum, int32_t *seg_begin,
+                              int32_t *seg_end)
+{
+    typedef cub::BlockReduce<cub::KeyValuePair<int, float>, THREADS> argmax_t;
+    typedef cub::BlockReduce<double, THREADS> sum_t;
+    __shared__ union {
+        typename argmax_t::TempStorage a;
+        typename sum_t::TempStorage s;
+    } tmp;
+    __shared__ int b;
+    const int s = blockIdx.x;
+    cub::KeyValuePair<int, float> m(0, -INFINITY);
+    for (int i = threadIdx.x; i < V; i += THREADS) {
+        float v = logit_at(g, S, C, s, i);
+        if (v > m.value) m = cub::KeyValuePair<int, float>(i, v);  /* first max per thread */
+    }
+    /* The first maximum over threads: larger value, then smaller id. */
+    struct first_max {
+        __device__ cub::KeyValuePair<int, float> operator()(const cub::KeyValuePair<int, float> &x,
+                                                            const cub::KeyValuePair<int, float> &y) const
+        {
+            if (x.value != y.value) return x.value > y.value ? x : y;
+            return x.key < y.key ? x : y;
+        }
+    };
+    cub::KeyValuePair<int, float> r = argmax_t(tmp.a).Reduce(m, first_max());
+    if (threadIdx.x == 0) best[s] = b = r.key;
+    __syncthreads();
+    seg_begin[s] = seg_end[s] = s * V;
+    if (tsr_k_greedy(md.samp_temp[s])) return;
+    const float mx = logit_at(g, S, C, s, b), temp = md.samp_temp[s];
+    double dpart = 0;
+    for (int i = threadIdx.x; i < V; i += THREADS) {
+        float p = tsr_k_sample_weight(logit_at(g, S, C, s, i), mx, temp);
+        w[(size_t)s * V + i] = p;
+        ids[(size_t)s * V + i] = i;
+        dpart += p;
+    }
+    __syncthreads();
+    double total = sum_t(tmp.s).Sum(dpart);
+    if (threadIdx.x == 0) {
+        wsum[s] = total;
+        if (tsr_k_top_p_cuts(md.samp_top_p[s])) seg_end[s] = (s + 1) * V;
+    }
+}
+
+/* Walks a row's candidates (sorted when top_p cuts, else in id order) in
+ * tiles of THREADS with a block scan: first the cut, then the draw. */
+template <int THREADS>
+__global__ void k_sample_pick(const float *w, const int32_t *ids, const float *w_sorted,
+                              const int32_t *ids_sorted, const double *wsum, const int32_t *best,
+                              int V, meta_t md, int32_t *out)
+{
+    typedef cub::BlockScan<double, THREADS> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ int found;
+    __shared__ double found_sum;
+    const int s = blockIdx.x;
+    if (tsr_k_greedy(md.samp_temp[s])) {
+        if (threadIdx.x == 0) out[s] = best[s];
+        return;
+    }
+    const bool cut = tsr_k_top_p_cuts(md.samp_top_p[s]);
+    const float *p = (cut ? w_sorted : w) + (size_t)s * V;
+    const int32_t *id = (cut ? ids_sorted : ids) + (size_t)s * V;
+    int k = V;
+    double keep = wsum[s];
+    /* 1. the cut: the smallest k >= 1 whose prefix reaches top_p * sum */
+    if (cut) {
+        const double goal = md.samp_top_p[s] * wsum[s];
+        if (threadIdx.x == 0) found = V, found_sum = wsum[s];
+        double run = 0;
+        for (int t0 = 0; t0 < V; t0 += THREADS) {
+            int i = t0 + threadIdx.x;
+            double v = i < V ? p[i] : 0.0, incl, total;
+            __syncthreads();
+            scan_t(tmp).InclusiveSum(v, incl, total);
+            incl += run;
+            /* incl: the prefix of i + 1 candidates */
+            if (i < V && incl >= goal) atomicMin(&found, i);
+            __syncthreads();
+            if (found < V) break;
+            run += total;
+        }
+        __syncthreads();
+        k = found + 1 < V ? found + 1 : V;
+        /* keep = prefix(k), summed sequentially like the CPU */
+        if (threadIdx.x == 0) {
+            double acc = 0;
+            for (int i = 0; i < k; i++) acc += p[i];
+            found_sum = acc;
+        }
+        __syncthreads();
+        keep = found_sum;
+    }
+    /* 2. the draw: the first candidate whose prefix passes r */
+    const double r = tsr_draw(md.samp_seed[s], md.samp_pos[s]) * keep;
+    __syncthreads();
+    if (threadIdx.x == 0) found = k;
+    double run = 0;
+    for (int t0 = 0; t0 < k; t0 += THREADS) {
+        int i = t0 + threadIdx.x;
+        double v = i < k ? p[i] : 0.0, incl, total;
+        __syncthreads();
+        scan_t(tmp).InclusiveSum(v, incl, total);
+        incl += run;
+        if (i < k && r < incl && p[i] > 0) atomicMin(&found, i);
+        __syncthreads();
+        if (found < k) break;
+        run += total;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) out[s] = found < k ? id[found] : best[s];
+}
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static int grid_for(size_t n, int threads)
+{
+    size_t g = (n + threads - 1) / threads;
+    return g > 4096 ? 4096 : g < 1 ? 1 : (int)g;
+}
+
+/* y[T][ldy] (f32) = x[T][in] (BF16) * w[out][in]^T (BF16). */
+static int gemm(tsr_engine_t *e, float *y, int ldy, const bf16_t *x, const bf16_t *w, int T, int in,
+                int out, char *err, size_t errlen)
+{
+    const float one = 1.0f, zero = 0.0f;
+    return blas_fail(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w,
+                                  CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, ldy,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx", err, errlen);
+}
+
+static int dalloc(tsr_engine_t *e, void **p, size_t bytes, const char *what, char *err,
+                  size_t errlen)
+{
+    cudaError_t r = cudaMalloc(p, bytes ? bytes : 1);
+    if (r == cudaSuccess) return 0;
+    *p = NULL;
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    if (r == cudaErrorMemoryAllocation)
+        tsr_set_err(err, errlen,
+                    "out of device memory for %s: %.1f MiB needed, %.1f MiB free of %.1f MiB on "
+                    "cuda device %d",
+                    what, bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0, e->device);
+    else
+        cuda_fail(&e->fatal, r, what, err, errlen);
+    return -1;
+}
+#define DALLOC(ptr, bytes, what) \
+    do { if (dalloc(e, (void **)&(ptr), (bytes), (what), err, errlen) < 0) return -1; } while (0)
+
+/* ---- loading ---------------------------------------------------------------------- */
+
+/* Streams tensors from the checkpoint through two pinned buffers: while one
+ * buffer's copy (and conversion) runs on the stream, the next rows are read
+ * into the other. */
+typedef struct {
+    tsr_engine_t *e;
+    const tsr_st_t *st;
+    void *pin[2], *dev[2];           /* pinned host staging; device staging for conversion */
+    cudaEvent_t done[2];
+    int cur;
+    unsigned long long dummy_seed;   /* benchmarks: fill from this seed instead of reading */
+    bool dummy;
+} loader_t;
+
+static int load_tensor(loader_t *ld, tsr_tensor_kind_t t, int li, bf16_t *dst, char *err,
+                       size_t errlen)
+{
+    tsr_engine_t *e = ld->e;
+    char name[160];
+    tsr_slice_t s;
+    tsr_tensor_name(&e->m, t, li, name, sizeof name);
+    if (tsr_slice_of(&e->m, t, e->spec.tp_rank, e->spec.tp_size, &s) < 0) {
+        tsr_set_err(err, errlen, "%s: tensor-parallel size %d does not divide it", name,
+                    e->spec.tp_size);
+        return -1;
+    }
+    int64_t r0 = s.r0, r1 = s.r1, c0 = s.c0, c1 = s.c1;
+    if (!s.cols) c0 = r0, c1 = r1, r0 = 0, r1 = 1;   /* a vector is one row */
+    const size_t n = (size_t)((r1 - r0) * (c1 - c0));
+    e->wbytes += n * sizeof(bf16_t);
+    if (!n) return 0;
+    if (ld->dummy) {
+        bool norm = t == TSR_T_FINAL_NORM || t == TSR_T_ATTN_NORM || t == TSR_T_MLP_NORM;
+        k_fill<<<grid_for(n, 256), 256, 0, e->st>>>(dst, n, ld->dummy_seed + (uint64_t)t * 1000003u + li,
+                                                  norm ? 0.0f : 0.02f);
+        LAUNCHED("fill");
+        return 0;
+    }
+    int64_t shape[2] = {s.rows, s.cols};
+    if (tsr_st_expect(ld->st, name, s.cols ? 2 : 1, shape, err, errlen) < 0) return -1;
+    const tsr_tensor_t *ten = tsr_st_find(ld->st, name);
+    const size_t es = tsr_dtype_size(ten->dtype), width = (size_t)(c1 - c0);
+    int64_t rows_per = (int64_t)(STAGE_BYTES / (width * es));
+    if (rows_per < 1) {
+        tsr_set_err(err, errlen, "%s: a row of %zu bytes is larger than the %zu-byte staging buffer",
+                    name, width * es, STAGE_BYTES);
+        return -1;
+    }
+    for (int64_t r = r0; r < r1; r += rows_per) {
+        int64_t re = r + rows_per < r1 ? r + rows_per : r1;
+        const size_t cnt = (size_t)(re - r) * width;
+        int b = ld->cur;
+        ld->cur ^= 1;
+        CK(cudaEventSynchronize(ld->done[b]));   /* this buffer's last copy has finished */
+        if (tsr_st_read_raw(ld->st, ten, r, re, c0, c1, ld->pin[b], err, errlen) < 0) return -1;
+        bf16_t *out = dst + (size_t)(r - r0) * width;
+        if (ten->dtype == TSR_DT_BF16) {
+            CK(cudaMemcpyAsync(out, ld->pin[b], cnt * 2, cudaMemcpyHostToDevice, e->st));
+        } else {
+            CK(cudaMemcpyAsync(ld->dev[b], ld->pin[b], cnt * es, cudaMemcpyHostToDevice, e->st));
+            k_convert<<<grid_for(cnt, 256), 256, 0, e->st>>>(out, ld->dev[b], cnt, ten->dtype);
+            LAUNCHED("convert");
+        }
+        CK(cudaEventRecord(ld->done[b], e->st));
+    }
+    return 0;
+}
+
+static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errlen)
+{
+    loader_t ld = {};
+    ld.e = e;
+    const char *dummy = getenv("TSR_CUDA_DUMMY_WEIGHTS");
+    int rc = -1;
+    if (dummy && *dummy) {
+        ld.dummy = true;
+        ld.dummy_seed = strtoull(dummy, NULL, 10);
+    } else if (tsr_st_open(dir, (tsr_st_t **)&ld.st, err, errlen) < 0) {
+        return -1;
+    }
+    const size_t H = e->hidden, qw = (size_t)e->q_heads * e->head_dim,
+                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter,
+                 vrows = (size_t)(e->v_end - e->v_begin);
+    const bool first = e->spec.stage == 0, last = e->spec.stage == e->spec.pp_size - 1;
+    for (int b = 0; b < 2 && !ld.dummy; b++) {
+        if (cuda_fail(&e->fatal, cudaHostAlloc(&ld.pin[b], STAGE_BYTES, cudaHostAllocDefault),
+                      "pinned staging buffer", err, errlen) < 0 ||
+            dalloc(e, &ld.dev[b], STAGE_BYTES, "the load staging buffer", err, errlen) < 0 ||
+            cuda_fail(&e->fatal, cudaEventCreateWithFlags(&ld.done[b], cudaEventDisableTiming),
+                      "event", err, errlen) < 0)
+            goto out;
+        cudaEventRecord(ld.done[b], e->st);
+    }
+    if (first) {
+        if (dalloc(e, (void **)&e->embed, vrows * H * 2, "the embedding", err, errlen) < 0 ||
+            load_tensor(&ld, TSR_T_EMBED, 0, e->embed, err, errlen) < 0)
+            goto out;
+    }
+    if (last) {
+        if (dalloc(e, (void **)&e->final_norm, H * 2, "the final norm", err, errlen) < 0 ||
+            load_tensor(&ld, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
+            goto out;
+        if (e->m.tie_word_embeddings && first) {
+            e->lm_head = e->embed;
+        } else if (dalloc(e, (void **)&e->lm_head, vrows * H * 2, "the LM head", err, errlen) < 0 ||
+                   load_tensor(&ld, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
+            goto out;
+        }
+    }
+    for (int l = 0; l < e->n_layers; l++) {
+        layer_t *L = &e->layers[l];
+        int li = e->spec.layer_begin + l;
+        char what[64];
+        snprintf(what, sizeof what, "the weights of layer %d", li);
+        if (dalloc(e, (void **)&L->attn_norm, H * 2, what, err, errlen) < 0 ||
+            dalloc(e, (void **)&L->mlp_norm, H * 2, what, err, errlen) < 0 ||
+            dalloc(e, (void **)&L->wqkv, (qw + 2 * kvw) * H * 2, what, err, errlen) < 0 ||
+            dalloc(e, (void **)&L->wo, H * qw * 2, what, err, errlen) < 0 ||
+            dalloc(e, (void **)&L->wgu, 2 * I * H * 2, what, err, errlen) < 0 ||
+            dalloc(e, (void **)&L->wd, H * I * 2, what, err, errlen) < 0)
+            goto out;
+        if (load_tensor(&ld, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
+            load_tensor(&ld, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
+            load_tensor(&ld, TSR_T_Q, li, L->wqkv, err, errlen) ||
+            load_tensor(&ld, TSR_T_K, li, L->wqkv + qw * H, err, errlen) ||
+            load_tensor(&ld, TSR_T_V, li, L->wqkv + (qw + kvw) * H, err, errlen) ||
+            load_tensor(&ld, TSR_T_O, li, L->wo, err, errlen) ||
+            load_tensor(&ld, TSR_T_GATE, li, L->wgu, err, errlen) ||
+            load_tensor(&ld, TSR_T_UP, li, L->wgu + I * H, err, errlen) ||
+            load_tensor(&ld, TSR_T_DOWN, li, L->wd, err, errlen))
+            goto out;
+    }
+    rc = cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), "loading the weights", err, errlen);
+out:
+    cudaStreamSynchronize(e->st);
+    for (int b = 0; b < 2; b++) {
+        if (ld.pin[b]) cudaFreeHost(ld.pin[b]);
+        if (ld.dev[b]) cudaFree(ld.dev[b]);
+        if (ld.done[b]) cudaEventDestroy(ld.done[b]);
+    }
+    tsr_st_close((tsr_st_t **)&ld.st);
+    return rc;
+}
+
+static void engine_free(tsr_engine_t *e)
+{
+    if (!e) return;
+    if (e->st) cudaStreamSynchronize(e->st);
+    for (int i = 0; i < NBUCKETS; i++)
+        if (e->graph[i]) cudaGraphExecDestroy(e->graph[i]);
+    for (int l = 0; e->layers && l < e->n_layers; l++) {
+        layer_t *L = &e->layers[l];
+        cudaFree(L->attn_norm), cudaFree(L->mlp_norm), cudaFree(L->wqkv), cudaFree(L->wo);
+        cudaFree(L->wgu), cudaFree(L->wd);
+    }
+    free(e->layers);
+    if (e->lm_head != e->embed) cudaFree(e->lm_head);
+    void *dev[] = {e->embed, e->final_norm, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->x,
+                   e->qkv, e->proj, e->gu, e->hin, e->hout, e->h, e->att, e->act, e->logits,
+                   e->gathered, e->w, e->w_sorted, e->ids, e->ids_sorted, e->seg_begin,
+                   e->seg_end, e->best, e->sampled_d, e->wsum, e->sort_tmp, e->meta_d,
+                   e->blas_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (e->meta_h) cudaFreeHost(e->meta_h);
+    if (e->blas) cublasDestroy(e->blas);
+    if (e->st) cudaStreamDestroy(e->st);
+    tsr_kvpool_destroy(&e->kv);
+    free(e);
+}
+
+/* Lays the metadata out in one buffer: fixed arrays, then the tables. */
+static void meta_layout(tsr_engine_t *e, char *base, meta_t *m)
+{
+    const size_t T = e->spec.max_tokens, S = e->spec.max_seqs, tiles = e->max_tiles;
+    size_t off = 0;
+#define TAKE(field, type, n) \
+    do { m->field = (type *)(base + off); off += ((n) * sizeof(type) + 15) & ~(size_t)15; } while (0)
+    TAKE(tokens, int32_t, T);
+    TAKE(row_pos, int32_t, T);
+    TAKE(row_tbl, int32_t, T);
+    TAKE(tile_row0, int32_t, tiles);
+    TAKE(tile_n, int32_t, tiles);
+    TAKE(tile_pos0, int32_t, tiles);
+    TAKE(tile_tbl, int32_t, tiles);
+    TAKE(samp_row, int32_t, S);
+    TAKE(samp_temp, float, S);
+    TAKE(samp_top_p, float, S);
+    TAKE(samp_seed, unsigned long long, S);
+    TAKE(samp_pos, unsigned long long, S);
+#undef TAKE
+    e->meta_fixed = off;
+    m->tables = (int32_t *)(base + off);
+    e->meta_bytes = off + (size_t)S * e->max_blocks_per_seq * sizeof(int32_t);
+}
+
+static int alloc_all(tsr_engine_t *e, char *err, size_t errlen)
+{
+    const tsr_piece_spec_t *s = &e->spec;
+    const size_t H = e->hidden, T = s->max_tokens, S = s->max_seqs, V = e->vocab,
+                 qw = (size_t)e->q_heads * e->head_dim, kvw = (size_t)e->kv_heads * e->head_dim,
+                 I = e->inter, half = e->head_dim / 2;
+    const bool last = s->stage == s->pp_size - 1;
+    const size_t pool = (size_t)e->n_layers * s->kv_blocks * TSR_KV_BLOCK * kvw;
+    e->kvbytes = 2 * pool * sizeof(bf16_t);
+    DALLOC(e->kpool, pool * 2, "the KV pool");
+    DALLOC(e->vpool, pool * 2, "the KV pool");
+    DALLOC(e->rope_cos, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
+    DALLOC(e->rope_sin, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
+    DALLOC(e->x, T * H * 4, "activations");
+    DALLOC(e->proj, T * H * 4, "activations");
+    DALLOC(e->hin, T * H * 4, "activations");
+    DALLOC(e->hout, T * H * 4, "activations");
+    DALLOC(e->qkv, T * (qw + 2 * kvw) * 4, "activations");
+    DALLOC(e->gu, T * 2 * I * 4, "activations");
+    DALLOC(e->h, T * H * 2, "activations");
+    DALLOC(e->att, T * qw * 2, "activations");
+    DALLOC(e->act, T * I * 2, "activations");
+    if (last) {
+        DALLOC(e->logits, S * e->v_chunk * 4, "logits");
+        DALLOC(e->gathered, (size_t)s->tp_size * S * e->v_chunk * 4, "logits");
+        DALLOC(e->w, S * V * 4, "sampling scratch");
+        DALLOC(e->w_sorted, S * V * 4, "sampling scratch");
+        DALLOC(e->ids, S * V * 4, "sampling scratch");
+        DALLOC(e->ids_sorted, S * V * 4, "sampling scratch");
+        DALLOC(e->seg_begin, S * 4, "sampling scratch");
+        DALLOC(e->seg_end, S * 4, "sampling scratch");
+        DALLOC(e->best, S * 4, "sampling scratch");
+        DALLOC(e->sampled_d, S * 4, "sampling scratch");
+        DALLOC(e->wsum, S * 8, "sampling scratch");
+        size_t tmp = 0;
+        cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            (void *)NULL, tmp, e->w, e->w_sorted, e->ids, e->ids_sorted, (int)(S * V), (int)S,
+            e->seg_begin, e->seg_end, 0, 32, e->st);
+        e->sort_tmp_bytes = tmp;
+        DALLOC(e->sort_tmp, tmp, "sampling scratch");
+    }
+    meta_layout(e, NULL, &e->mh);
+    CK(cudaHostAlloc(&e->meta_h, e->meta_bytes, cudaHostAllocDefault));
+    DALLOC(e->meta_d, e->meta_bytes, "step metadata");
+    meta_layout(e, (char *)e->meta_h, &e->mh);
+    meta_layout(e, (char *)e->meta_d, &e->md);
+    CK(cudaHostAlloc((void **)&e->sampled_h, S * 4, cudaHostAllocDefault));
+    return 0;
+}
+
+static int rope_upload(tsr_engine_t *e, char *err, size_t errlen)
+{
+    const int half = e->head_dim / 2, S = e->spec.max_seq_len;
+    tsr_rope_cfg_t rc = tsr_rope_cfg(&e->m);
+    float *c = (float *)malloc((size_t)S * half * 4), *s = (float *)malloc((size_t)S * half * 4);
+    int ok = c && s;
+    for (int i = 0; ok && i < half; i++) {
+        double inv = tsr_k_rope_inv_freq(&rc, i, e->head_dim);
+        for (int p = 0; p < S; p++) {
+            c[(size_t)p * half + i] = (float)cos(p * inv);
+            s[(size_t)p * half + i] = (float)sin(p * inv);
+        }
+    }
+    int rc2 = -1;
+    if (!ok)
+        tsr_set_err(err, errlen, "out of host memory for the RoPE tables");
+    else if (cuda_fail(&e->fatal, cudaMemcpy(e->rope_cos, c, (size_t)S * half * 4, cudaMemcpyHostToDevice), "RoPE tables", err, errlen) == 0 &&
+             cuda_fail(&e->fatal, cudaMemcpy(e->rope_sin, s, (size_t)S * half * 4, cudaMemcpyHostToDevice), "RoPE tables", err, errlen) == 0)
+        rc2 = 0;
+    free(c);
+    free(s);
+    return rc2;
+}
+
+static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
+                     size_t errlen)
+{
+    tsr_engine_t *e = (tsr_engine_t *)calloc(1, sizeof *e);
+    if (!e) return -1;
+    e->spec = *spec;
+    e->device = spec->device_index;
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || e->device >= n) {
+        if (r != cudaSuccess)
+            tsr_set_err(err, errlen, "cuda device %d: the CUDA runtime finds no usable GPU (%s)",
+                        e->device, cudaGetErrorString(r));
+        else
+            tsr_set_err(err, errlen, "cuda device %d not found: the runtime sees %d device(s)",
+                        e->device, n);
+        free(e);
+        return -1;
+    }
+    const tsr_model_info_t *m = &e->m;
+    if (tsr_model_info_load(dir, &e->m, err, errlen) < 0) goto fail;
+    if (m->head_dim > 32 * ATT_DPL || m->head_dim % 2) {
+        tsr_set_err(err, errlen, "%s/config.json: head_dim %d is not supported by the CUDA engine "
+                    "(even, at most %d)", dir, m->head_dim, 32 * ATT_DPL);
+        goto fail;
+    }
+    if (spec->max_seq_len < 1 || spec->max_seqs < 1 || spec->max_seqs > 1024 ||
+        spec->max_tokens < 1 || spec->kv_blocks < 1) {
+        tsr_set_err(err, errlen, "a piece needs max_seq_len, 1 to 1024 sequence slots, step rows "
+                    "and KV blocks (got %d, %d, %d and %d)", spec->max_seq_len, spec->max_seqs,
+                    spec->max_tokens, spec->kv_blocks);
+        goto fail;
+    }
+    if (tsr_model_check_piece(m, dir, spec->tp_rank, spec->tp_size, spec->stage, spec->pp_size,
+                              spec->layer_begin, spec->layer_end, err, errlen) < 0)
+        goto fail;
+    if (cuda_fail(&e->fatal, cudaSetDevice(e->device), "cudaSetDevice", err, errlen) < 0 ||
+        cuda_fail(&e->fatal, cudaStreamCreate(&e->st), "cudaStreamCreate", err, errlen) < 0)
+        goto fail;
+    if (blas_fail(cublasCreate(&e->blas), "cublasCreate", err, errlen) < 0 ||
+        blas_fail(cublasSetStream(e->blas, e->st), "cublasSetStream", err, errlen) < 0)
+        goto fail;
+    /* A workspace of our own, so the products can be captured in graphs. */
+    if (dalloc(e, &e->blas_ws, (size_t)32 << 20, "the cuBLAS workspace", err, errlen) < 0 ||
+        blas_fail(cublasSetWorkspace(e->blas, e->blas_ws, (size_t)32 << 20), "cublasSetWorkspace",
+                  err, errlen) < 0)
+        goto fail;
+    e->hidden = m->hidden_size;
+    e->head_dim = m->head_dim;
+    e->q_heads = m->num_attention_heads / spec->tp_size;
+    e->kv_heads = m->num_key_value_heads / spec->tp_size;
+    e->inter = m->intermediate_size / spec->tp_size;
+    e->n_layers = spec->layer_end - spec->layer_begin;
+    e->vocab = m->vocab_size;
+    e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
+    e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
+    e->graphs_on = spec->tp_size == 1 && !(getenv("TSR_CUDA_GRAPHS") && !strcmp(getenv("TSR_CUDA_GRAPHS"), "0"));
+    tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
+    if (!(e->layers = (layer_t *)calloc(e->n_layers ? e->n_layers : 1, sizeof *e->layers)) ||
+        !(e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len))) {
+        tsr_set_err(err, errlen, "out of host memory");
+        goto fail;
+    }
+    if (load_weights(e, dir, err, errlen) < 0 || alloc_all(e, err, errlen) < 0 ||
+        rope_upload(e, err, errlen) < 0)
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    engine_free(e);
+    return -1;
+}
+
+/* ---- the forward pass ------------------------------------------------------------ */
+
+static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
+{
+    if (e->spec.tp_size == 1) return 0;
+    tsr_buf_t b = {buf, n, TSR_DT_F32, TSR_MEM_DEVICE};
+    return e->ops->allreduce_sum(e->tp, b, 30000, err, errlen);
+}
+
+/* The layers, from x (filled) to x; T rows, tiles attention tiles. */
+static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t errlen)
+{
+    const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, I = e->inter;
+    const size_t qw = (size_t)qh * hd, qkvw = qw + 2 * (size_t)kvh * hd;
+    const float eps = e->m.rms_norm_eps;
+    for (int l = 0; l < e->n_layers; l++) {
+        const layer_t *L = &e->layers[l];
+        /* attention (the previous layer's MLP output is added here) */
+        k_add_rmsnorm<256><<<T, 256, 0, e->st>>>(e->h, e->x, l ? e->proj : NULL, L->attn_norm,
+                                                 NULL, H, eps);
+        if (gemm(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw, err, errlen) < 0) return -1;
+        k_rope_kv<<<T, 128, 0, e->st>>>(e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md,
+                                        l, e->spec.kv_blocks, qh, kvh, hd);
+        k_attention<<<dim3(tiles, qh), ATT_WARPS * 32, 0, e->st>>>(
+            e->att, e->qkv, e->kpool, e->vpool, e->md, l, e->spec.kv_blocks, qh, kvh, hd,
+            1.0f / sqrtf((float)hd));
+        if (gemm(e, e->proj, H, e->att, L->wo, T, (int)qw, H, err, errlen) < 0) return -1;
+        if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
+        /* SwiGLU MLP */
+        k_add_rmsnorm<256><<<T, 256, 0, e->st>>>(e->h, e->x, e->proj, L->mlp_norm, NULL, H, eps);
+        if (gemm(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I, err, errlen) < 0) return -1;
+        k_swiglu<<<grid_for((size_t)T * I, 256), 256, 0, e->st>>>(e->act, e->gu, I, (size_t)T * I);
+        if (gemm(e, e->proj, H, e->act, L->wd, T, I, H, err, errlen) < 0) return -1;
+        if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
+        LAUNCHED("layer kernels");
+    }
+    if (e->n_layers)
+        k_add<<<grid_for((size_t)T * H, 256), 256, 0, e->st>>>(e->x, e->proj, (size_t)T * H);
+    LAUNCHED("residual add");
+    return 0;
+}
+
+/* The last stage: logits of the sampled rows (ns of them, bucket rows
+ * computed), gathered over the TP group. */
+static int logits_forward(tsr_engine_t *e, int ns, char *err, size_t errlen)
+{
+    const int H = e->hidden, C = e->v_chunk, tp = e->spec.tp_size, vs = e->v_end - e->v_begin;
+    k_add_rmsnorm<256><<<ns, 256, 0, e->st>>>(e->h, e->x, NULL, e->final_norm, e->md.samp_row, H,
+                                              e->m.rms_norm_eps);
+    float *lg = tp > 1 ? e->logits : e->gathered;
+    if (vs > 0 && gemm(e, lg, C, e->h, e->lm_head, ns, H, vs, err, errlen) < 0) return -1;
+    if (vs < C) k_pad<<<grid_for((size_t)ns * (C - vs), 256), 256, 0, e->st>>>(lg, C, vs, ns);
+    LAUNCHED("logits");
+    return 0;
+}
+
+/* Samples the ns entries of b from `rows` rows of logits (rows > ns when
+ * a graph padded the batch; the padding rows are greedy and dropped). */
+static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int ns,
+                          int32_t *sampled, char *err, size_t errlen)
+{
+    const int C = e->v_chunk, V = e->vocab;
+    bool any_cut = false;
+    for (int i = 0, s = 0; i < b->n_entries; i++)
+        if (b->entries[i].sample) {
+            any_cut |= !tsr_k_greedy(e->mh.samp_temp[s]) && tsr_k_top_p_cuts(e->mh.samp_top_p[s]);
+            s++;
+        }
+    k_sample_prep<1024><<<rows, 1024, 0, e->st>>>(e->gathered, rows, C, V, e->md, e->best, e->w,
+                                                e->ids, e->wsum, e->seg_begin, e->seg_end);
+    LAUNCHED("sampling");
+    if (any_cut) {
+        size_t tmp = e->sort_tmp_bytes;
+        CK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            e->sort_tmp, tmp, e->w, e->w_sorted, e->ids, e->ids_sorted, rows * V, rows, e->seg_begin,
+            e->seg_end, 0, 32, e->st));
+    }
+    k_sample_pick<1024><<<rows, 1024, 0, e->st>>>(e->w, e->ids, e->w_sorted, e->ids_sorted, e->wsum,
+                                                e->best, V, e->md, e->sampled_d);
+    LAUNCHED("sampling");
+    CK(cudaMemcpyAsync(e->sampled_h, e->sampled_d, (size_t)ns * 4, cudaMemcpyDeviceToHost, e->st));
+    CK(cudaStreamSynchronize(e->st));
+    memcpy(sampled, e->sampled_h, (size_t)ns * 4);
+    return 0;
+}
+
+/* Fills the metadata of batch b padded to `rows` rows and `tiles` tiles;
+ * returns the bytes to upload, or 0 when the tables do not fit. */
+static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *row_pos_in,
+                        int rows, int *tiles_out, int *ns_out)
+{
+    meta_t *m = &e->mh;
+    int tiles = 0, ns = 0, tbl = 0;
+    for (int i = 0; i < b->n_entries; i++) {
+        const tsr_entry_t *en = &b->entries[i];
+        int held = tsr_kvpool_held(e->kv, en->slot);
+        memcpy(m->tables + tbl, tsr_kvpool_table(e->kv, en->slot), (size_t)held * 4);
+        for (int r = 0; r < en->n; r++) {
+            int row = e->first_row[i] + r;
+            m->tokens[row] = b->tokens ? b->tokens[row] : 0;
+            m->row_pos[row] = row_pos_in[row];
+            m->row_tbl[row] = tbl;
+        }
+        for (int t = 0; t < tsr_k_att_tiles(en->n); t++, tiles++) {
+            m->tile_row0[tiles] = e->first_row[i] + t * TSR_ATT_TILE;
+            m->tile_n[tiles] = en->n - t * TSR_ATT_TILE < TSR_ATT_TILE ? en->n - t * TSR_ATT_TILE
+                                                                        : TSR_ATT_TILE;
+            m->tile_pos0[tiles] = en->pos + t * TSR_ATT_TILE;
+            m->tile_tbl[tiles] = tbl;
+        }
+        if (en->sample) {
+            m->samp_row[ns] = e->first_row[i] + en->n - 1;
+            m->samp_temp[ns] = en->temperature;
+            m->samp_top_p[ns] = en->top_p;
+            m->samp_seed[ns] = en->seed;
+            m->samp_pos[ns] = (unsigned long long)(en->pos + en->n);
+            ns++;
+        }
+        tbl += held;
+    }
+    /* Padding up to a graph bucket: rows that touch nothing. */
+    for (int r = b->n_tokens; r < rows; r++) m->tokens[r] = 0, m->row_pos[r] = -1, m->row_tbl[r] = 0;
+    for (int t = tiles; t < rows && t < e->max_tiles; t++) m->tile_n[t] = 0;
+    *tiles_out = tiles;
+    *ns_out = ns;
+    return e->meta_fixed + (size_t)tbl * 4;
+}
+
+/* The step's kernels from the embedding (or the received hidden state) to
+ * the logits: what a decode graph holds. */
+static int forward(tsr_engine_t *e, int rows, int tiles, int ns_rows, char *err, size_t errlen)
+{
+    const tsr_piece_spec_t *s = &e->spec;
+    if (s->stage == 0) {
+        k_embed<<<rows, 256, 0, e->st>>>(e->x, e->embed, e->md.tokens, e->hidden, e->v_begin, e->v_end);
+        LAUNCHED("embedding");
+        if (allreduce(e, e->x, (size_t)rows * e->hidden, err, errlen) < 0) return -1;
+    } else {
+        CK(cudaMemcpyAsync(e->x, e->hin, (size_t)rows * e->hidden * 4, cudaMemcpyDeviceToDevice, e->st));
+    }
+    if (layers_forward(e, rows, tiles, err, errlen) < 0) return -1;
+    if (s->stage < s->pp_size - 1) {
+        CK(cudaMemcpyAsync(e->hout, e->x, (size_t)rows * e->hidden * 4, cudaMemcpyDeviceToDevice, e->st));
+        return 0;
+    }
+    return ns_rows ? logits_forward(e, ns_rows, err, errlen) : 0;
+}
+
+static int bucket_index(int bucket)
+{
+    if (bucket <= 8) return bucket == 1 ? 0 : bucket == 2 ? 1 : bucket == 4 ? 2 : 3;
+    return 3 + bucket / 8 - 1;   /* 16 -> 4, 24 -> 5, ... */
+}
+
+static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                     size_t errlen)
+{
+    const tsr_piece_spec_t *s = &e->spec;
+    if (e->fatal) {
+        tsr_set_err(err, errlen, "fatal device error earlier: this worker must restart");
+        return -1;
+    }
+    int32_t *row_slot = (int32_t *)alloca((size_t)s->max_tokens * 4),
+            *row_pos = (int32_t *)alloca((size_t)s->max_tokens * 4);
+    if (b->n_entries > s->max_seqs) {
+        tsr_set_err(err, errlen, "a batch of %d entries exceeds this piece's %d slots",
+                    b->n_entries, s->max_seqs);
+        return -1;
+    }
+    if (tsr_batch_prepare(s, e->kv, b, e->first_row, row_slot, row_pos, err, errlen) < 0) return -1;
+    e->last_sampled = 0;
+    if (!b->n_tokens) return 0;
+    if (s->stage == 0)
+        for (int i = 0; i < b->n_tokens; i++)
+            if (b->tokens[i] < 0 || b->tokens[i] >= e->vocab) {
+                tsr_set_err(err, errlen, "token id %d at position %d is outside the vocabulary (%d)",
+                            b->tokens[i], row_pos[i], e->vocab);
+                return -1;
+            }
+    /* A decode-only step (one row per entry) runs from a graph of its bucket. */
+    bool decode = b->n_tokens == b->n_entries;
+    bool last = s->stage == s->pp_size - 1;
+    int all_sample = 1;
+    for (int i = 0; i < b->n_entries; i++) all_sample &= b->entries[i].sample;
+    int bucket = tsr_k_graph_bucket(b->n_entries, 8 * (NBUCKETS - 3));
+    bool graph = e->graphs_on && decode && (!last || all_sample) && bucket <= s->max_seqs &&
+                 bucket <= s->max_tokens && bucket_index(bucket) < NBUCKETS;
+    int rows = graph ? bucket : b->n_tokens, tiles, ns;
+    size_t bytes = meta_fill(e, b, row_pos, rows, &tiles, &ns);
+    if (graph)
+        for (int i = ns; i < rows; i++) e->mh.samp_row[i] = 0, e->mh.samp_temp[i] = 0;
+    CK(cudaMemcpyAsync(e->meta_d, e->meta_h, bytes, cudaMemcpyHostToDevice, e->st));
+    if (graph) {
+        cudaGraphExec_t *g = &e->graph[bucket_index(bucket)];
+        if (!*g) {
+            cudaGraph_t cap;
+            CK(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
+            int rc = forward(e, rows, rows, last ? rows : 0, err, errlen);
+            cudaError_t r = cudaStreamEndCapture(e->st, &cap);
+            if (rc < 0) return -1;
+            CK(r);
+            r = cudaGraphInstantiate(g, cap, 0);
+            cudaGraphDestroy(cap);
+            CK(r);
+        }
+        CK(cudaGraphLaunch(*g, e->st));
+    } else if (forward(e, rows, tiles, last ? ns : 0, err, errlen) < 0) {
+        return -1;
+    }
+    if (!last) return 0;
+    if (s->tp_size > 1) {
+        tsr_buf_t send = {e->logits, (size_t)ns * e->v_chunk, TSR_DT_F32, TSR_MEM_DEVICE};
+        tsr_buf_t recv = {e->gathered, (size_t)s->tp_size * ns * e->v_chunk, TSR_DT_F32,
+                          TSR_MEM_DEVICE};
+        if (e->ops->allgather(e->tp, send, recv, 30000, err, errlen) < 0) return -1;
+    }
+    e->last_sampled = ns;
+    if (s->tp_rank != 0) return cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), "step", err, errlen);
+    /* With padding rows the gathered layout has `rows` rows per rank; only
+     * a single rank pads (graphs need tp 1), so rows index directly. */
+    return sample_forward(e, b, graph ? rows : ns, ns, sampled, err, errlen);
+}
+
+static void cuda_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp)
+{
+    e->ops = ops;
+    e->tp = tp;
+}
+
+static tsr_buf_t cuda_hidden(tsr_engine_t *e, int which)
+{
+    tsr_buf_t b = {which ? e->hout : e->hin, (size_t)e->spec.max_tokens * e->hidden, TSR_DT_F32,
+                   TSR_MEM_DEVICE};
+    return b;
+}
+
+static int cuda_last_logits(tsr_engine_t *e, float *out, int max_rows)
+{
+    const int C = e->v_chunk, tp = e->spec.tp_size, ns = e->last_sampled, V = e->vocab;
+    int rows = ns < max_rows ? ns : max_rows;
+    if (!e->gathered || !rows) return 0;
+    size_t n = (size_t)tp * ns * C;
+    float *h = (float *)malloc(n * 4);
+    if (!h || cudaMemcpy(h, e->gathered, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h);
+        return 0;
+    }
+    for (int s = 0; s < rows; s++)
+        for (int r = 0; r < tp; r++) {
+            int w = V - r * C < C ? V - r * C : C;
+            if (w > 0) memcpy(out + (size_t)s * V + (size_t)r * C, h + ((size_t)r * ns + s) * C, (size_t)w * 4);
+        }
+    free(h);
+    return rows;
+}
+
+static void cuda_release(tsr_engine_t *e, int slot) { tsr_kvpool_release(e->kv, slot); }
+static void cuda_kv_usage(const tsr_engine_t *e, int *used, int *total)
+{
+    *used = tsr_kvpool_used(e->kv);
+    *total = tsr_kvpool_total(e->kv);
+}
+static const tsr_model_info_t *cuda_model(const tsr_engine_t *e) { return &e->m; }
+static uint64_t cuda_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
+static uint64_t cuda_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
+static int cuda_fatal(const tsr_engine_t *e) { return e->fatal; }
+static void cuda_destroy(tsr_engine_t **e_p)
+{
+    if (!e_p) return;
+    engine_free(*e_p);
+    *e_p = NULL;
+}
+
+extern "C" int tsr_cuda_copy(void *dst, const void *src, size_t bytes, int to_device, char *err,
+                             size_t errlen)
+{
+    return cuda_fail(NULL, cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice
+                                                                 : cudaMemcpyDeviceToHost),
+                     "staging copy", err, errlen);
+}
+
+extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
+    /* .name = */ "cuda",
+    /* .device = */ TSR_DEVICE_CUDA,
+    /* .kv_elem_bytes = */ 2,
+    /* .load = */ cuda_load,
+    /* .set_comm = */ cuda_set_comm,
+    /* .hidden = */ cuda_hidden,
+    /* .step = */ cuda_step,
+    /* .last_logits = */ cuda_last_logits,
+    /* .release = */ cuda_release,
+    /* .kv_usage = */ cuda_kv_usage,
+    /* .model = */ cuda_model,
+    /* .weight_bytes = */ cuda_weight_bytes,
+    /* .kv_bytes = */ cuda_kv_bytes,
+    /* .fatal = */ cuda_fatal,
+    /* .destroy = */ cuda_destroy,
+};
