@@ -205,6 +205,14 @@ static inline TSR_HD int tsr_k_att_tiles(int n)
     return (n + TSR_ATT_TILE - 1) / TSR_ATT_TILE;
 }
 
+/* Tile t of an entry of n query rows: its first row (from the entry's
+ * first) and its row count. */
+static inline TSR_HD void tsr_k_att_tile(int n, int t, int *row_off, int *rows)
+{
+    *row_off = t * TSR_ATT_TILE;
+    *rows = n - *row_off < TSR_ATT_TILE ? n - *row_off : TSR_ATT_TILE;
+}
+
 /* The smallest CUDA-graph bucket that holds a decode batch of n sequences
  * (1, 2, 4, 8, then multiples of 8), or n itself past max. */
 static inline TSR_HD int tsr_k_graph_bucket(int n, int max)

@@ -927,10 +927,11 @@ static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *ro
             m->row_tbl[row] = tbl;
         }
         for (int t = 0; t < tsr_k_att_tiles(en->n); t++, tiles++) {
-            m->tile_row0[tiles] = e->first_row[i] + t * TSR_ATT_TILE;
-            m->tile_n[tiles] = en->n - t * TSR_ATT_TILE < TSR_ATT_TILE ? en->n - t * TSR_ATT_TILE
-                                                                        : TSR_ATT_TILE;
-            m->tile_pos0[tiles] = en->pos + t * TSR_ATT_TILE;
+            int off, n;
+            tsr_k_att_tile(en->n, t, &off, &n);
+            m->tile_row0[tiles] = e->first_row[i] + off;
+            m->tile_n[tiles] = n;
+            m->tile_pos0[tiles] = en->pos + off;
             m->tile_tbl[tiles] = tbl;
         }
         if (en->sample) {
