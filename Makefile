@@ -71,6 +71,8 @@ WORKER_OBJ   += $(call obj,$(CUDA_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA
 WORKER_LIBS  := $(CUDA_LIBS)
 # Host programs nvcc builds from tests/cuda/: the kernels' math on the CPU.
 CUDA_TEST_BIN := $(patsubst tests/cuda/%.cu,$(BUILD)/tests/%,$(wildcard tests/cuda/test_*.cu))
+# The device check's engine comparison and speed figures (scripts/gpu-check.sh).
+CUDA_BENCH_BIN := $(BUILD)/bench/gpu_bench
 endif
 CLI_OBJ      := $(call obj,$(CLI_SRC))
 UNIT_BIN     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -141,6 +143,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/cuda/%.cu.o $(WORKER_OBJ) $(COMMON_OBJ)
 $(BUILD)/bench/%: bench/%.c $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -o $@
 # bench_pool measures the worker's thread pool, so it links that one object.
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
 
@@ -150,7 +155,7 @@ test: deps
 	@$(MAKE) --no-print-directory all-tests
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh
 
-all-tests: all $(UNIT_BIN) $(CUDA_TEST_BIN) $(BENCH_BIN)
+all-tests: all $(UNIT_BIN) $(CUDA_TEST_BIN) $(BENCH_BIN) $(CUDA_BENCH_BIN)
 
 unit: $(PROGRAMS) $(UNIT_BIN) $(CUDA_TEST_BIN)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh unit

@@ -1,33 +1,126 @@
 #!/bin/bash
-# Device check: a CUDA worker probes the real GPU through NVML, registers with
-# its device memory, takes a cuda piece and reports ready; a worker for a GPU
-# that does not exist fails with a clear message.
+# The device check: one command that builds, checks and benchmarks the GPU
+# path on a machine with an NVIDIA GPU, in at most 8 minutes on one H200.
+# It prints every figure and exits non-zero when any check fails.
+#
+#   scripts/gpu-check.sh            build here (make, with nvcc), then check
+#   TSR_BIN=DIR TSR_BUILD=DIR ...   use binaries built elsewhere (TSR_LIBS:
+#                                   a folder of the libraries they need)
+#
+# Checks, in order:
+#   1. the kernels' math on the host (build/tests/test_kmath)
+#   2. the CUDA engine against the CPU engine on one BF16 checkpoint: logits
+#      within 3% of each row's largest logit, 32 greedy tokens equal, a
+#      seeded sampled request equal (build/bench/gpu_bench compare)
+#   3. a cuda deployment served by a coordinator and a CUDA worker, whose
+#      greedy tokens equal a cpu deployment's; then tp=2 pp=2 on the one GPU
+#      (four workers; ranks that share a GPU use the staged TCP collectives)
+#      with the same tokens; a worker for a GPU that does not exist refused
+#   4. speed with weights filled on the device from a seed: a ~1B model and
+#      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
+#      tokens, each next to its measured bound (build/bench/gpu_bench speed)
 set -u
 cd "$(dirname "$0")/.."
-# When the binaries were built elsewhere, their libraries can travel in a
-# folder named by TSR_LIBS.
-[ -n "${TSR_LIBS:-}" ] && export LD_LIBRARY_PATH="$TSR_LIBS"
-B="${TSR_BIN:-bin}"
+[ -n "${TSR_LIBS:-}" ] && export LD_LIBRARY_PATH="$TSR_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+B="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 T=$(mktemp -d)
-nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-cat > $T/d.yaml <<YAML
+failed=0
+check() {   # check NAME COMMAND...: runs it, counts a failure
+    local name="$1"; shift
+    echo "=== $name"
+    if "$@"; then echo "=== $name: passed"; else echo "=== $name: FAILED"; failed=$((failed + 1)); fi
+}
+cleanup() { kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+start=$(date +%s)
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv || exit 1
+if [ -z "${TSR_BIN:-}" ]; then
+    echo "=== build"
+    make -j"$(nproc)" all "$BUILD/tests/test_kmath" "$BUILD/bench/gpu_bench" > "$T/build.log" 2>&1 ||
+        { tail -40 "$T/build.log"; echo "=== build: FAILED"; exit 1; }
+fi
+"$B/tessera-worker" --help | grep -q "built with CUDA" || { echo "the worker was built without CUDA"; exit 1; }
+
+check "kernel math on the host" "$BUILD/tests/test_kmath"
+
+M="$T/tiny-bf16"
+"$B/tessera" model-init "$M" --dtype bf16 --hidden 512 --intermediate 1376 --layers 8 --heads 8 \
+    --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope > /dev/null || exit 1
+check "cuda engine against the cpu engine" "$BUILD/bench/gpu_bench" compare "$M"
+
+# ---- a cluster on this machine -------------------------------------------------
+cluster_check() {
+    cat > "$T/d.yaml" <<YAML
 version: 1
 coordinator:
   workers_endpoint: tcp://127.0.0.1:7500
   control_endpoint: tcp://127.0.0.1:7501
   security: none
 deployments:
-  - name: tiny-gpu
-    model: $PWD/configs/models/tiny
+  - name: on-cpu
+    model: $M
+    device: cpu
+    parallel: {tensor: 1, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+  - name: on-gpu
+    model: $M
     device: cuda
     parallel: {tensor: 1, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+  - name: on-gpu-tp2pp2
+    model: $M
+    device: cuda
+    parallel: {tensor: 2, pipeline: 2, replicas: 1}
+    max_seq_len: 256
 YAML
-$B/tessera-coordinator --adopt-grace-ms 200 $T/d.yaml 2> $T/c.log &
-$B/tessera-worker --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 0 --name gpu0 2> $T/w0.log &
-$B/tessera-worker --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 7 --name gpu7 2> $T/w7.log; echo "gpu7 worker exit status: $?"
-$B/tessera --coordinator tcp://127.0.0.1:7501 status --wait-ready 10; echo "wait-ready exit: $?"
-$B/tessera --coordinator tcp://127.0.0.1:7501 workers --json
-echo "--- coordinator log"; cat $T/c.log
-echo "--- gpu0 log"; cat $T/w0.log
-echo "--- gpu7 log"; cat $T/w7.log
-kill %1 %2 2>/dev/null; wait
+    local C=(--coordinator tcp://127.0.0.1:7501) ok=0
+    "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/d.yaml" 2> "$T/c.log" &
+    "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cpu --name cpu0 2> "$T/cpu0.log" &
+    for i in 0 1 2 3 4; do
+        "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 0 \
+            --name gpu0-w$i 2> "$T/gpu0-w$i.log" &
+    done
+    "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 7 \
+        --name gpu7 2> "$T/gpu7.log"
+    echo "a worker for cuda device 7: exit status $? ($(tail -1 "$T/gpu7.log"))"
+    if ! "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/status.txt"; then
+        cat "$T/status.txt"; cat "$T/c.log" | tail -20; ok=1
+    fi
+    "$B/tessera" "${C[@]}" workers
+    local ids=1,5,9,200,3,77,512,1000
+    local cpu gpu gpu4
+    cpu=$("$B/tessera" "${C[@]}" generate on-cpu --prompt-ids $ids --max-tokens 32 --ids)
+    gpu=$("$B/tessera" "${C[@]}" generate on-gpu --prompt-ids $ids --max-tokens 32 --ids)
+    gpu4=$("$B/tessera" "${C[@]}" generate on-gpu-tp2pp2 --prompt-ids $ids --max-tokens 32 --ids)
+    echo "cpu deployment:        $cpu"
+    echo "cuda tp=1:             $gpu"
+    echo "cuda tp=2 pp=2:        $gpu4"
+    [ -n "$cpu" ] && [ "$cpu" = "$gpu" ] || { echo "cuda tp=1 differs from the cpu deployment"; ok=1; }
+    [ -n "$gpu" ] && [ "$gpu4" = "$gpu" ] || { echo "cuda tp=2 pp=2 differs from tp=1"; ok=1; }
+    "$B/tessera" "${C[@]}" workers --json | grep -o '"name": *"[^"]*"\|"weight_bytes": *[0-9]*\|"kv_bytes": *[0-9]*' | paste - - - 2>/dev/null
+    kill %1 %2 %3 %4 %5 %6 %7 2>/dev/null; wait 2>/dev/null
+    [ $ok -eq 0 ] || { for f in "$T"/*.log; do echo "--- $f"; tail -15 "$f"; done; }
+    return $ok
+}
+check "cuda deployments served through the coordinator" cluster_check
+
+# ---- speed ------------------------------------------------------------------------
+shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED
+    mkdir -p "$1"
+    cat > "$1/config.json" <<JSON
+{"architectures": ["LlamaForCausalLM"], "hidden_size": $2, "intermediate_size": $3,
+ "num_hidden_layers": $4, "num_attention_heads": $5, "num_key_value_heads": $6,
+ "vocab_size": $7, "tie_word_embeddings": $8, "max_position_embeddings": 8192,
+ "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "torch_dtype": "bfloat16",
+ "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+JSON
+}
+shape "$T/1b" 2048 8192 16 32 8 128256 true      # Llama-3.2-1B's shape
+shape "$T/8b" 4096 14336 32 32 8 128256 false    # Llama-3-8B's shape
+check "speed, ~1B model" env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
+check "speed, Llama-3-8B shape" env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
+
+echo "gpu-check: $failed failed check(s), $(( $(date +%s) - start )) s"
+[ $failed -eq 0 ]

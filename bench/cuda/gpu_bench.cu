@@ -1,0 +1,289 @@
+/* gpu_bench.cu: the device check's two programs (scripts/gpu-check.sh).
+ *
+ *   gpu_bench compare DIR      the CUDA engine against the CPU engine on the
+ *                              checkpoint in DIR: logits of a mixed batch
+ *                              (prompt chunks and decodes), then 32 greedy
+ *                              tokens of three sequences, and a sampled one
+ *   gpu_bench speed DIR        decode tokens/s at batch 1, 8, 32 and 64 and
+ *                              prefill tokens/s for a 2,048-token prompt,
+ *                              each next to its bound: bytes per step over
+ *                              the copy bandwidth measured here, FLOPs over
+ *                              the bf16 GEMM rate measured here
+ *
+ * Both engines come from the backend table (tsr_backend_for), as in the
+ * worker.  `speed` is meant for TSR_CUDA_DUMMY_WEIGHTS=SEED, which fills
+ * the weights on the device from a seed, so DIR needs only config.json.
+ * Exit status: 0 when every check passed, 1 otherwise. */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+extern "C" {
+#include "common/modelcfg.h"
+#include "worker/engine.h"
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static tsr_engine_t *load(tsr_device_t d, const char *dir, const tsr_piece_spec_t *spec,
+                          const tsr_engine_ops_t **ops)
+{
+    tsr_backend_t be;
+    char err[512];
+    tsr_engine_t *e = NULL;
+    if (tsr_backend_for(d, &be, err, sizeof err) < 0 || be.engine->load(dir, spec, &e, err, sizeof err) < 0) {
+        fprintf(stderr, "%s engine: %s\n", d == TSR_DEVICE_CUDA ? "cuda" : "cpu", err);
+        return NULL;
+    }
+    *ops = be.engine;
+    return e;
+}
+
+/* ---- compare ------------------------------------------------------------------ */
+
+static int compare(const char *dir)
+{
+    tsr_model_info_t m;
+    char err[512];
+    if (tsr_model_info_load(dir, &m, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 4 + 192, 64, 0, 0};
+    const tsr_engine_ops_t *cpu_ops, *gpu_ops;
+    tsr_engine_t *cpu = load(TSR_DEVICE_CPU, dir, &spec, &cpu_ops);
+    tsr_engine_t *gpu = load(TSR_DEVICE_CUDA, dir, &spec, &gpu_ops);
+    if (!cpu || !gpu) return 1;
+    printf("compare: %s, %d layers, hidden %d, vocab %d; cuda holds %.1f MiB of weights, %.1f MiB of KV\n",
+           dir, m.num_hidden_layers, m.hidden_size, m.vocab_size,
+           gpu_ops->weight_bytes(gpu) / 1048576.0, gpu_ops->kv_bytes(gpu) / 1048576.0);
+    const int V = m.vocab_size, NS = 3;
+    int len[NS] = {5, 70, 120}, pos[NS] = {0, 0, 0};
+    int32_t last[NS], toks[200];
+    float *lc = (float *)malloc(sizeof(float) * NS * V), *lg = (float *)malloc(sizeof(float) * NS * V);
+    int fails = 0, agree_until = -1;
+    double worst_rel = 0;
+    /* step 0: three prompts in one batch; then 32 decode steps of all three */
+    for (int step = 0; step <= 32; step++) {
+        tsr_entry_t en[NS];
+        int n = 0;
+        for (int s = 0; s < NS; s++) {
+            int cnt = step == 0 ? len[s] : 1;
+            en[s] = (tsr_entry_t){s, pos[s], cnt, 1, 0.0f, 1.0f, 0};
+            for (int i = 0; i < cnt; i++)
+                toks[n++] = step == 0 ? (int32_t)((s * 7919 + i * 104729) % V) : last[s];
+        }
+        tsr_batch_t b = {en, NS, toks, n};
+        int32_t sc[NS], sg[NS];
+        if (cpu_ops->step(cpu, &b, sc, err, sizeof err) < 0 || gpu_ops->step(gpu, &b, sg, err, sizeof err) < 0) {
+            fprintf(stderr, "step %d: %s\n", step, err);
+            return 1;
+        }
+        cpu_ops->last_logits(cpu, lc, NS);
+        gpu_ops->last_logits(gpu, lg, NS);
+        for (int s = 0; s < NS; s++) {
+            double mx = 0, d = 0;
+            for (int v = 0; v < V; v++) {
+                mx = fmax(mx, fabs(lc[(size_t)s * V + v]));
+                d = fmax(d, fabs(lc[(size_t)s * V + v] - lg[(size_t)s * V + v]));
+            }
+            worst_rel = fmax(worst_rel, d / (mx > 0 ? mx : 1));
+        }
+        bool same = !memcmp(sc, sg, sizeof sc);
+        if (same && agree_until == step - 1) agree_until = step;
+        for (int s = 0; s < NS; s++) pos[s] += en[s].n, last[s] = sc[s];  /* follow the CPU */
+    }
+    /* the BF16 tolerance: every logit within 3% of the row's largest magnitude */
+    const double tol = 0.03;
+    printf("compare: logits of 3 rows x 33 steps: largest difference %.4f of the row's largest "
+           "logit (tolerance %.2f)\n", worst_rel, tol);
+    printf("compare: greedy tokens equal for the first %d of 32 decode steps (3 sequences)\n",
+           agree_until < 0 ? 0 : agree_until);
+    fails += worst_rel > tol;
+    fails += agree_until < 32;
+    /* sampled: the same (seed, position) draw on both */
+    int same_sampled = 0;
+    for (int s = 0; s < NS; s++) cpu_ops->release(cpu, s), gpu_ops->release(gpu, s);
+    int p = 0;
+    int32_t t = 1;
+    for (int step = 0; step < 16; step++) {
+        tsr_entry_t en = {0, p, 1, 1, 0.8f, 0.9f, 4242};
+        tsr_batch_t b = {&en, 1, &t, 1};
+        int32_t a, g;
+        if (cpu_ops->step(cpu, &b, &a, err, sizeof err) < 0 || gpu_ops->step(gpu, &b, &g, err, sizeof err) < 0) {
+            fprintf(stderr, "sampled step %d: %s\n", step, err);
+            return 1;
+        }
+        same_sampled += a == g;
+        t = a;
+        p++;
+    }
+    printf("compare: sampled tokens (temperature 0.8, top_p 0.9, one seed) equal in %d of 16 steps\n",
+           same_sampled);
+    fails += same_sampled < 16;
+    cpu_ops->destroy(&cpu);
+    gpu_ops->destroy(&gpu);
+    free(lc);
+    free(lg);
+    printf("compare: %s\n", fails ? "FAILED" : "passed");
+    return fails ? 1 : 0;
+}
+
+/* ---- speed ----------------------------------------------------------------------- */
+
+/* Device-to-device copy bandwidth, bytes read plus written per second. */
+static double copy_bandwidth(void)
+{
+    const size_t n = (size_t)2 << 30;
+    void *a, *b;
+    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0;
+    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+    double t = now_s();
+    for (int i = 0; i < 10; i++) cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+    double bw = 2.0 * n * 10 / (now_s() - t);
+    cudaFree(a);
+    cudaFree(b);
+    return bw;
+}
+
+/* The bf16 GEMM rate (BF16 in, f32 out, as the engine multiplies). */
+static double gemm_rate(void)
+{
+    const int N = 8192;
+    void *a, *b, *c;
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+    cudaMalloc(&a, (size_t)N * N * 2);
+    cudaMalloc(&b, (size_t)N * N * 2);
+    cudaMalloc(&c, (size_t)N * N * 4);
+    cudaMemset(a, 0, (size_t)N * N * 2);
+    cudaMemset(b, 0, (size_t)N * N * 2);
+    const float one = 1, zero = 0;
+    double best = 0;
+    for (int i = 0; i < 6; i++) {
+        cudaDeviceSynchronize();
+        double t = now_s();
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, a, CUDA_R_16BF, N, b, CUDA_R_16BF, N,
+                     &zero, c, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cudaDeviceSynchronize();
+        double r = 2.0 * N * N * (double)N / (now_s() - t);
+        if (i && r > best) best = r;
+    }
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    cublasDestroy(h);
+    return best;
+}
+
+static int speed(const char *dir)
+{
+    tsr_model_info_t m;
+    char err[512];
+    if (tsr_model_info_load(dir, &m, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    double bw = copy_bandwidth(), rate = gemm_rate();
+    printf("speed: %s (%d SMs); measured copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOPS\n",
+           prop.name, prop.multiProcessorCount, bw / 1e9, rate / 1e12);
+    const int MAXB = 64, PROMPT = 2048, CTX = 128;
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 4096, MAXB, PROMPT, 0, 0, 0};
+    spec.kv_blocks = MAXB * tsr_kv_blocks_for(CTX + 64) + tsr_kv_blocks_for(PROMPT) + 8;
+    const tsr_engine_ops_t *ops;
+    double t = now_s();
+    tsr_engine_t *e = load(TSR_DEVICE_CUDA, dir, &spec, &ops);
+    if (!e) return 1;
+    const double wbytes = (double)ops->weight_bytes(e);
+    printf("speed: %s: %d layers, hidden %d, %.2f B parameters in BF16 (%.1f GiB), loaded in %.1f s\n",
+           dir, m.num_hidden_layers, m.hidden_size, wbytes / 2e9, wbytes / (1 << 30), now_s() - t);
+    const int H = m.hidden_size, L = m.num_hidden_layers, hd = m.head_dim;
+    const double kv_per_pos = 2.0 * L * m.num_key_value_heads * hd * 2;   /* bytes */
+    const double mm_params = wbytes / 2 - (m.tie_word_embeddings ? 0 : (double)m.vocab_size * H);
+    int32_t *toks = (int32_t *)calloc(PROMPT, 4), out[MAXB];
+    tsr_entry_t en[MAXB];
+    int batches[] = {1, 8, 32, 64}, fails = 0;
+    double tps1 = 0, tps64 = 0;
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        int B = batches[bi];
+        for (int s = 0; s < B; s++) ops->release(e, s);
+        /* fill each sequence's context, 64 rows at a time */
+        for (int p = 0; p < CTX; p += 64)
+            for (int s0 = 0; s0 < B; s0++) {
+                en[0] = (tsr_entry_t){s0, p, 64, 0, 0, 1, 0};
+                tsr_batch_t b = {en, 1, toks, 64};
+                if (ops->step(e, &b, out, err, sizeof err) < 0) {
+                    fprintf(stderr, "prefill: %s\n", err);
+                    return 1;
+                }
+            }
+        const int steps = 40, warm = 4;
+        double t0 = 0;
+        for (int k = 0; k < steps + warm; k++) {
+            if (k == warm) t0 = now_s();
+            for (int s = 0; s < B; s++) en[s] = (tsr_entry_t){s, CTX + k, 1, 1, 0, 1, 0};
+            tsr_batch_t b = {en, B, toks, B};
+            if (ops->step(e, &b, out, err, sizeof err) < 0) {
+                fprintf(stderr, "decode: %s\n", err);
+                return 1;
+            }
+        }
+        double dt = (now_s() - t0) / steps, tps = B / dt;
+        double bytes = wbytes + B * (CTX + steps / 2.0 + warm) * kv_per_pos;
+        double bound = B / (bytes / bw);
+        printf("speed: decode batch %2d: %8.1f tokens/s (%.2f ms a step); bandwidth bound %8.1f "
+               "tokens/s: %4.1f%%\n", B, tps, dt * 1e3, bound, 100 * tps / bound);
+        if (B == 1) tps1 = tps;
+        if (B == 64) tps64 = tps;
+    }
+    printf("speed: decode at batch 64 is %.1fx batch 1 (target 20x)\n", tps64 / tps1);
+    for (int s = 0; s < MAXB; s++) ops->release(e, s);
+    /* prefill: one 2,048-token prompt in one step */
+    double best = 1e9;
+    for (int k = 0; k < 4; k++) {
+        ops->release(e, 0);
+        en[0] = (tsr_entry_t){0, 0, PROMPT, 1, 0, 1, 0};
+        tsr_batch_t b = {en, 1, toks, PROMPT};
+        double t1 = now_s();
+        if (ops->step(e, &b, out, err, sizeof err) < 0) {
+            fprintf(stderr, "prefill: %s\n", err);
+            return 1;
+        }
+        if (k) best = fmin(best, now_s() - t1);
+    }
+    double flops = 2.0 * mm_params * PROMPT +
+                   2.0 * L * m.num_attention_heads * hd * (double)PROMPT * PROMPT;  /* QK^T and PV, causal */
+    printf("speed: prefill of %d tokens: %.0f tokens/s (%.1f ms); %.0f TFLOPS achieved, %.1f%% of "
+           "the measured bf16 rate\n", PROMPT, PROMPT / best, best * 1e3, flops / best / 1e12,
+           100 * flops / best / rate);
+    ops->destroy(&e);
+    free(toks);
+    return fails;
+}
+
+int main(int argc, char **argv)
+{
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (argc == 3 && (r != cudaSuccess || n < 1)) {
+        fprintf(stderr, "gpu_bench: no usable GPU: %s\n",
+                r != cudaSuccess ? cudaGetErrorString(r) : "the runtime sees no device");
+        return 1;
+    }
+    if (argc == 3 && !strcmp(argv[1], "compare")) return compare(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "speed")) return speed(argv[2]);
+    fprintf(stderr, "usage: gpu_bench compare DIR | gpu_bench speed DIR\n");
+    return 2;
+}
