@@ -1,5 +1,6 @@
 /* batch.c: what every engine checks and takes before it runs a batch. */
 #include <stdio.h>
+#include <string.h>
 
 #include "common/util.h"
 #include "worker/engine.h"
@@ -57,3 +58,15 @@ int tsr_batch_prepare(const tsr_piece_spec_t *s, tsr_kvpool_t *kv, const tsr_bat
     return 0;
 }
 
+
+void tsr_logits_ungather(const float *gathered, int tp, int ns, int chunk, int vocab, int rows,
+                         float *out)
+{
+    for (int s = 0; s < rows; s++)
+        for (int r = 0; r < tp; r++) {
+            int w = vocab - r * chunk < chunk ? vocab - r * chunk : chunk;
+            if (w > 0)
+                memcpy(out + (size_t)s * vocab + (size_t)r * chunk,
+                       gathered + ((size_t)r * ns + s) * chunk, (size_t)w * sizeof(float));
+        }
+}

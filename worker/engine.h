@@ -119,6 +119,11 @@ int tsr_batch_prepare(const tsr_piece_spec_t *spec, tsr_kvpool_t *kv, const tsr_
                       int *first_row, int32_t *row_slot, int32_t *row_pos, char *err,
                       size_t errlen);
 
+/* The first `rows` of ns rows of logits all-gathered from tp ranks
+ * ([tp][ns][chunk], each rank's chunk padded) as [rows][vocab] in out. */
+void tsr_logits_ungather(const float *gathered, int tp, int ns, int chunk, int vocab, int rows,
+                         float *out);
+
 /* Picks the next token from logits [vocab]: argmax (first maximum) when
  * temperature <= 0, else a draw tsr_draw(seed, position) from
  * softmax(logits / temperature) kept to the smallest set of tokens whose

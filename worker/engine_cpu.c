@@ -573,13 +573,7 @@ static int cpu_last_logits(tsr_engine_t *e, float *out, int max_rows)
     const int C = e->v_chunk, tp = e->spec.tp_size, ns = e->last_sampled;
     int rows = ns < max_rows ? ns : max_rows;
     if (!e->gathered) return 0;
-    for (int s = 0; s < rows; s++)
-        for (int r = 0; r < tp; r++) {
-            int w = e->vocab - r * C < C ? e->vocab - r * C : C;
-            if (w > 0)
-                memcpy(out + (size_t)s * e->vocab + (size_t)r * C,
-                       e->gathered + ((size_t)r * ns + s) * C, (size_t)w * sizeof(float));
-        }
+    tsr_logits_ungather(e->gathered, tp, ns, C, e->vocab, rows, out);
     return rows;
 }
 

@@ -132,6 +132,7 @@ struct tsr_engine {
     int first_row[1024];
     int last_sampled;
     cudaGraphExec_t graph[NBUCKETS];
+    int graph_rows[NBUCKETS];       /* the rows each graph was captured for */
     int graphs_on;
     uint64_t wbytes, kvbytes;
 };
@@ -173,7 +174,7 @@ __global__ void k_embed(float *x, const bf16_t *embed, const int32_t *tokens, in
 /* x += add (when add is given), then out = RMSNorm(x) * w in BF16.  Row
  * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same). */
 template <int THREADS>
-__global__ void k_add_rmsnorm(bf16_t *out, float *x, const float *add, const bf16_t *w,
+__global__ void __launch_bounds__(THREADS) k_add_rmsnorm(bf16_t *out, float *x, const float *add, const bf16_t *w,
                               const int32_t *rows, int H, float eps)
 {
     typedef cub::BlockReduce<double, THREADS> reduce_t;
@@ -323,7 +324,7 @@ __device__ __forceinline__ float logit_at(const float *g, int S, int C, int s, i
  * the weights, their sum in id order, and the segment to sort when top_p
  * cuts (an empty one otherwise). */
 template <int THREADS>
-__global__ void k_sample_prep(const float *g, int S, int C, int V, meta_t md, int32_t *best,
+__global__ void __launch_bounds__(THREADS) k_sample_prep(const float *g, int S, int C, int V, meta_t md, int32_t *best,
                               float *w, int32_t *ids, double *wsum, int32_t *seg_begin,
                               int32_t *seg_end)
 {
@@ -350,7 +351,9 @@ __global__ void k_sample_prep(const float *g, int S, int C, int V, meta_t md, in
         }
     };
     cub::KeyValuePair<int, float> r = argmax_t(tmp.a).Reduce(m, first_max());
-    if (threadIdx.x == 0) best[s] = b = r.key;
+    /* worker/sample.c compares each logit with the best so far: a NaN
+     * first logit wins, any other NaN never does */
+    if (threadIdx.x == 0) best[s] = b = isnan(logit_at(g, S, C, s, 0)) ? 0 : r.key;
     __syncthreads();
     seg_begin[s] = seg_end[s] = s * V;
     if (tsr_k_greedy(md.samp_temp[s])) return;
@@ -373,7 +376,7 @@ __global__ void k_sample_prep(const float *g, int S, int C, int V, meta_t md, in
 /* Walks a row's candidates (sorted when top_p cuts, else in id order) in
  * tiles of THREADS with a block scan: first the cut, then the draw. */
 template <int THREADS>
-__global__ void k_sample_pick(const float *w, const int32_t *ids, const float *w_sorted,
+__global__ void __launch_bounds__(THREADS) k_sample_pick(const float *w, const int32_t *ids, const float *w_sorted,
                               const int32_t *ids_sorted, const double *wsum, const int32_t *best,
                               int V, meta_t md, int32_t *out)
 {
@@ -645,6 +648,7 @@ static void engine_free(tsr_engine_t *e)
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (e->meta_h) cudaFreeHost(e->meta_h);
+    if (e->sampled_h) cudaFreeHost(e->sampled_h);
     if (e->blas) cublasDestroy(e->blas);
     if (e->st) cudaStreamDestroy(e->st);
     tsr_kvpool_destroy(&e->kv);
@@ -886,6 +890,7 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
 {
     const int C = e->v_chunk, V = e->vocab;
     bool any_cut = false;
+    if (!rows) return 0;   /* a prompt chunk that samples nothing */
     for (int i = 0, s = 0; i < b->n_entries; i++)
         if (b->entries[i].sample) {
             any_cut |= !tsr_k_greedy(e->mh.samp_temp[s]) && tsr_k_top_p_cuts(e->mh.samp_top_p[s]);
@@ -1009,7 +1014,8 @@ static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, ch
     int all_sample = 1;
     for (int i = 0; i < b->n_entries; i++) all_sample &= b->entries[i].sample;
     int bucket = tsr_k_graph_bucket(b->n_entries, 8 * (NBUCKETS - 3));
-    bool graph = e->graphs_on && decode && (!last || all_sample) && bucket <= s->max_seqs &&
+    bool graph = e->graphs_on && decode && (!last || all_sample) &&
+                 b->n_entries <= 8 * (NBUCKETS - 3) && bucket <= s->max_seqs &&
                  bucket <= s->max_tokens && bucket_index(bucket) < NBUCKETS;
     int rows = graph ? bucket : b->n_tokens, tiles, ns;
     size_t bytes = meta_fill(e, b, row_pos, rows, &tiles, &ns);
@@ -1018,16 +1024,25 @@ static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, ch
     CK(cudaMemcpyAsync(e->meta_d, e->meta_h, bytes, cudaMemcpyHostToDevice, e->st));
     if (graph) {
         cudaGraphExec_t *g = &e->graph[bucket_index(bucket)];
+        if (*g && e->graph_rows[bucket_index(bucket)] != rows) {
+            tsr_set_err(err, errlen, "internal: graph bucket %d holds %d rows, not %d",
+                        bucket_index(bucket), e->graph_rows[bucket_index(bucket)], rows);
+            return -1;
+        }
         if (!*g) {
             cudaGraph_t cap;
             CK(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
             int rc = forward(e, rows, rows, last ? rows : 0, err, errlen);
             cudaError_t r = cudaStreamEndCapture(e->st, &cap);
-            if (rc < 0) return -1;
+            if (rc < 0) {
+                if (r == cudaSuccess) cudaGraphDestroy(cap);
+                return -1;
+            }
             CK(r);
             r = cudaGraphInstantiate(g, cap, 0);
             cudaGraphDestroy(cap);
             CK(r);
+            e->graph_rows[bucket_index(bucket)] = rows;
         }
         CK(cudaGraphLaunch(*g, e->st));
     } else if (forward(e, rows, tiles, last ? ns : 0, err, errlen) < 0) {
@@ -1071,11 +1086,7 @@ static int cuda_last_logits(tsr_engine_t *e, float *out, int max_rows)
         free(h);
         return 0;
     }
-    for (int s = 0; s < rows; s++)
-        for (int r = 0; r < tp; r++) {
-            int w = V - r * C < C ? V - r * C : C;
-            if (w > 0) memcpy(out + (size_t)s * V + (size_t)r * C, h + ((size_t)r * ns + s) * C, (size_t)w * 4);
-        }
+    tsr_logits_ungather(h, tp, ns, C, V, rows, out);
     free(h);
     return rows;
 }
