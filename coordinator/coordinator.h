@@ -113,7 +113,9 @@ typedef struct {
     int replays;                /* attempts after the first */
     int64_t waiting_since_ms;   /* replica -1: since when */
     int avoid;                  /* the replica whose error interrupted it (-1: none): the
-                                   next attempt goes elsewhere when it can */
+                                   next attempt goes elsewhere when it can, and back
+                                   there only after it is rewired */
+    uint64_t avoid_epoch;       /* that replica's leader epoch when it failed */
     char why[256];              /* what interrupted the last attempt */
     /* What a replay needs: the prompt followed by every delivered token. */
     int32_t *ids;

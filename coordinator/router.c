@@ -209,6 +209,7 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
     snprintf(q->why, sizeof q->why, "%s", why);
     q->avoid = q->replica;
+    q->avoid_epoch = q->epoch;
     q->replica = -1;
     q->leader[0] = '\0';
     q->waiting_since_ms = tsr_now_ms();
@@ -412,7 +413,14 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
         /* Not straight back to the replica that just failed it, while
          * another can take it. */
         int r = pick_replica_but(c, d, q->avoid);
-        if (r < 0) r = pick_replica(c, d);
+        if (r < 0) {
+            r = pick_replica(c, d);
+            /* Back to the replica that failed it only once that replica
+             * has been rewired: until its pieces report the failure, it
+             * still looks ready, and would fail the attempt at once. */
+            const tsr_worker_t *l = r >= 0 && r == q->avoid ? ready_leader(c, d, r) : NULL;
+            if (l && l->piece.epoch == q->avoid_epoch) r = -1;
+        }
         if (r >= 0) {
             q->avoid = -1;
             if (q->base < q->n_tokens || q->replays) {

@@ -5,7 +5,8 @@ write_yaml "$T/d.yaml" 1 2 1
 "$BIN/tessera" local "$T/d.yaml" --workers 3 --log-dir "$T" > "$T/local.out" 2>&1 &
 LPID=$!; PIDS+=("$LPID")
 wait_until 10 all_ready || fail "local cluster not ready: $(cat "$T/local.out")"
-[ "$(status_json | jget "len(d['workers'])")" = 3 ] || fail "expected 3 workers"
+three_workers() { [ "$(status_json | jget "len(d['workers'])")" = 3 ]; }
+wait_until 10 three_workers || fail "expected 3 workers"
 victim_pid=$(status_json | jget "[w['pid'] for w in d['workers'] if w['name']=='local-1'][0]")
 kill -9 "$victim_pid"
 reported() { grep -q "worker local-1 (pid $victim_pid) was killed by signal 9" "$T/local.out"; }
