@@ -16,7 +16,7 @@ static void usage(FILE *f)
             "commands:\n"
             "  status [--json] [--wait-ready S]   deployments, pieces and workers\n"
             "  workers [--json]                   registered workers\n"
-            "  plan FILE.yaml [--nodes N] [--per-node G]\n"
+            "  plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
             "                                     dry run of the placement (no coordinator)\n"
             "  generate DEPLOYMENT [--prompt-ids 1,2,3] [--max-tokens N] [--temperature T]\n"
             "           [--top-p P] [--seed S] [--ids] [--token-timeout MS]\n"

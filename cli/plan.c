@@ -8,20 +8,27 @@
 #include "cli.h"
 #include "common/deploy.h"
 #include "common/modelcfg.h"
+#include "common/slice.h"
 #include "coordinator/planner.h"
 
 static void plan_usage(FILE *f)
 {
     fprintf(f,
-            "usage: tessera plan FILE.yaml [--nodes N] [--per-node G]\n"
+            "usage: tessera plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
             "\n"
             "Validates the deployment file and each model's config.json, then prints where\n"
             "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
-            "of weights each device holds, on a cluster of N nodes with G workers of each\n"
-            "device kind per node.  Starts nothing.\n"
-            "  --nodes N      nodes in the cluster (default: just enough for the file)\n"
-            "  --per-node G   workers per node and device kind (default 8 for cuda; for\n"
-            "                 cpu, all workers on one node)\n");
+            "each device holds, on a cluster of N nodes with G workers of each device kind\n"
+            "per node.  For cuda pieces: weights in BF16, the KV pool (kv_cache_mib, or\n"
+            "max_batch sequences of max_seq_len) and a reserve for the CUDA context,\n"
+            "activations and sampling, which is what the coordinator compares with each\n"
+            "GPU's memory.  Starts nothing.\n"
+            "  --nodes N        nodes in the cluster (default: just enough for the file)\n"
+            "  --per-node G     workers per node and device kind (default 8 for cuda; for\n"
+            "                   cpu, all workers on one node)\n"
+            "  --gpu-memory GIB memory of each GPU of the described cluster; a piece that\n"
+            "                   needs more is not placed (default: not checked)\n"
+            "exit status: 0 placed, 1 a bad file, 2 bad arguments, 3 not everything placed\n");
 }
 
 static int parse_pos(const char *opt, const char *s, int *out)
@@ -44,9 +51,10 @@ static void human(uint64_t b, char *buf, size_t len)
 
 int tsr_cmd_plan(int argc, char **argv)
 {
-    int nodes = 0, per_node = 0, rc = 1;
+    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0;
     static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
                                          {"per-node", required_argument, 0, 'g'},
+                                         {"gpu-memory", required_argument, 0, 'm'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -55,6 +63,7 @@ int tsr_cmd_plan(int argc, char **argv)
         switch (o) {
         case 'n': if (parse_pos("--nodes", optarg, &nodes) < 0) return 2; break;
         case 'g': if (parse_pos("--per-node", optarg, &per_node) < 0) return 2; break;
+        case 'm': if (parse_pos("--gpu-memory", optarg, &gpu_gib) < 0) return 2; break;
         case 'h': plan_usage(stdout); return 0;
         default: plan_usage(stderr); return 2;
         }
@@ -71,6 +80,7 @@ int tsr_cmd_plan(int argc, char **argv)
     tsr_plan_worker_t *ws = NULL;
     char (*names)[64] = NULL, (*nodenames)[32] = NULL;
     tsr_plan_t *plan = NULL;
+    uint64_t **mem = NULL;
 
     if (tsr_config_load(path, &cfg, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
@@ -79,7 +89,8 @@ int tsr_cmd_plan(int argc, char **argv)
     size_t nd = cfg->n_deployments;
     models = calloc(nd ? nd : 1, sizeof *models);
     layers = calloc(nd ? nd : 1, sizeof *layers);
-    if (!models || !layers) goto out;
+    mem = calloc(nd ? nd : 1, sizeof *mem);
+    if (!models || !layers || !mem) goto out;
     int need[2] = {0, 0};
     for (size_t i = 0; i < nd; i++) {
         const tsr_deployment_t *d = &cfg->deployments[i];
@@ -89,6 +100,11 @@ int tsr_cmd_plan(int argc, char **argv)
         }
         layers[i] = models[i].num_hidden_layers;
         need[d->device] += d->replicas * d->pipeline * d->tensor;
+        if (d->device == TSR_DEVICE_CUDA) {
+            if (!(mem[i] = calloc((size_t)d->pipeline, sizeof *mem[i]))) goto out;
+            for (int s = 0; s < d->pipeline; s++)
+                mem[i][s] = tsr_piece_memory(&models[i], d, s, NULL, NULL, NULL);
+        }
     }
 
     /* The described cluster: `nodes` nodes, each with per-node workers of
@@ -119,15 +135,18 @@ int tsr_cmd_plan(int argc, char **argv)
                 snprintf(names[w], sizeof names[w], "node%d-%s%d", n, tsr_device_name((tsr_device_t)k), g);
                 ws[w] = (tsr_plan_worker_t){.name = names[w], .node = nodenames[n],
                                             .device = (tsr_device_t)k, .eligible = true};
+                if (k == TSR_DEVICE_CUDA) ws[w].memory = (uint64_t)gpu_gib << 30;
             }
 
-    if (tsr_plan_compute(cfg, layers, ws, nw, &plan, err, sizeof err) < 0) {
+    if (tsr_plan_compute_mem(cfg, layers, (const uint64_t *const *)mem, ws, nw, &plan, err,
+                             sizeof err) < 0) {
         fprintf(stderr, "%s: %s\n", path, err);
         goto out;
     }
     printf("plan for %s on %d node(s)", path, nodes);
     for (int k = 0; k < 2; k++)
         if (need[k]) printf(", %d %s worker(s) per node", per[k], tsr_device_name((tsr_device_t)k));
+    if (gpu_gib) printf(", %d GiB per GPU", gpu_gib);
     printf("\n");
     int short_total = 0;
     for (size_t i = 0; i < nd; i++) {
@@ -138,27 +157,43 @@ int tsr_cmd_plan(int argc, char **argv)
                d->name, tsr_device_name(d->device), d->tensor, d->pipeline, d->replicas,
                d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
                m->num_attention_heads, m->num_key_value_heads, d->model_path);
-        printf("  %-7s %-5s %-9s %-3s %-20s %-8s %12s\n", "REPLICA", "STAGE", "LAYERS", "TP",
+        bool gpu = d->device == TSR_DEVICE_CUDA;
+        printf("  %-7s %-5s %-9s %-3s %-20s %-8s %12s", "REPLICA", "STAGE", "LAYERS", "TP",
                "WORKER", "NODE", "WEIGHTS");
-        uint64_t maxb = 0;
+        if (gpu) printf(" %12s %12s %12s", "KV", "RESERVE", "TOTAL");
+        printf("\n");
+        uint64_t maxb = 0, maxt = 0;
         for (size_t p = 0; p < plan->n_pieces; p++) {
             const tsr_piece_t *pc = &plan->pieces[p];
             if (pc->deployment != (int)i) continue;
-            uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor);
+            uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
+            uint64_t total = gpu ? tsr_piece_memory(m, d, pc->stage, &b, &kv, &rs) : b;
             if (b > maxb) maxb = b;
-            char hb[32], layers_s[32];
+            if (total > maxt) maxt = total;
+            char hb[32], hk[32], hr[32], ht[32], layers_s[32];
             human(b, hb, sizeof hb);
             snprintf(layers_s, sizeof layers_s, "%d-%d", pc->layer_begin, pc->layer_end - 1);
-            printf("  %-7d %-5d %-9s %-3d %-20s %-8s %12s\n", pc->replica, pc->stage, layers_s,
+            printf("  %-7d %-5d %-9s %-3d %-20s %-8s %12s", pc->replica, pc->stage, layers_s,
                    pc->tp, pc->worker >= 0 ? ws[pc->worker].name : "(unplaced)",
                    pc->worker >= 0 ? ws[pc->worker].node : "-", hb);
+            if (gpu) {
+                human(kv, hk, sizeof hk), human(rs, hr, sizeof hr), human(total, ht, sizeof ht);
+                printf(" %12s %12s %12s", hk, hr, ht);
+            }
+            printf("\n");
         }
-        char hb[32], sb[128];
-        human(maxb, hb, sizeof hb);
-        printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
-               "and activations\n", hb, m->dtype_bytes);
+        char hb[32], sb[256];
+        if (gpu) {
+            human(maxt, hb, sizeof hb);
+            printf("  per-device memory: at most %s per GPU (weights in BF16, KV pool, reserve)\n",
+                   hb);
+        } else {
+            human(maxb, hb, sizeof hb);
+            printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
+                   "and activations\n", hb, m->dtype_bytes);
+        }
         if (plan->deps[i].short_by) {
-            printf("  NOT PLACED: %s\n", tsr_plan_shortage(plan, i, sb, sizeof sb));
+            printf("  NOT PLACED: %s\n", tsr_plan_shortage_of(plan, i, ws, sb, sizeof sb));
             short_total += plan->deps[i].short_by;
         }
     }
@@ -167,6 +202,8 @@ int tsr_cmd_plan(int argc, char **argv)
     printf("\n%zu worker(s) left idle as spares\n", idle);
     rc = short_total ? 3 : 0;
 out:
+    for (size_t i = 0; mem && cfg && i < cfg->n_deployments; i++) free(mem[i]);
+    free(mem);
     tsr_plan_destroy(&plan);
     free(nodenames);
     free(names);

@@ -104,3 +104,37 @@ int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
     if (blocks > (1u << 30)) blocks = 1u << 30;
     return (int)blocks;
 }
+
+uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
+                          uint64_t *weights, uint64_t *kv, uint64_t *reserve)
+{
+    uint64_t w = 0, k = 0, r = 0;
+    if (d->device == TSR_DEVICE_CUDA && m->dtype_bytes > 0) {
+        const uint64_t H = (uint64_t)m->hidden_size, tp = (uint64_t)d->tensor,
+                       I = (uint64_t)m->intermediate_size / tp,
+                       qw = (uint64_t)m->num_attention_heads / tp * (uint64_t)m->head_dim,
+                       kvw = (uint64_t)m->num_key_value_heads / tp * (uint64_t)m->head_dim,
+                       V = (uint64_t)m->vocab_size;
+        int batch = d->max_batch > 0 ? d->max_batch : 32;
+        int chunk = d->prefill_chunk > 0 ? d->prefill_chunk : 128;
+        if (chunk > d->max_seq_len) chunk = d->max_seq_len;
+        int b, e;
+        tsr_layer_split(m->num_hidden_layers, d->pipeline, stage, &b, &e);
+        /* weights: BF16 on the device */
+        w = tsr_model_piece_bytes(m, d->pipeline, stage, d->tensor) / (uint64_t)m->dtype_bytes * 2;
+        /* the KV pool, as the worker sizes it (BF16) */
+        int blocks = tsr_kv_pool_blocks(m, d->tensor, d->pipeline, (uint64_t)d->kv_cache_mib << 20,
+                                        batch, d->max_seq_len, 16, 2);
+        k = (uint64_t)blocks * tsr_kv_block_bytes(m, d->tensor, e - b, 16, 2);
+        /* the CUDA context and cuBLAS's workspace, the step's activations
+         * (f32 and BF16 rows) and, on the last stage, logits and sampling */
+        uint64_t T = (uint64_t)batch + (uint64_t)chunk;
+        r = TSR_CUDA_CONTEXT_BYTES +
+            T * (4 * H * 4 + (qw + 2 * kvw) * 4 + 2 * I * 4 + H * 2 + qw * 2 + I * 2);
+        if (stage == d->pipeline - 1) r += (uint64_t)batch * V * (16 + 4 + 4 * tp);
+    }
+    if (weights) *weights = w;
+    if (kv) *kv = k;
+    if (reserve) *reserve = r;
+    return w + k + r;
+}

@@ -61,4 +61,18 @@ int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
 uint64_t tsr_kv_block_bytes(const tsr_model_info_t *m, int tp_size, int n_layers,
                             int block_positions, int elem_bytes);
 
+/* What a CUDA worker holds besides weights and KV cache, at least: its
+ * context, cuBLAS's workspace and the engine's fixed buffers. */
+#define TSR_CUDA_CONTEXT_BYTES ((uint64_t)768 << 20)
+
+/* Device bytes one piece of stage `stage` of deployment d needs on its
+ * GPU, as the CUDA engine allocates them: its weights in BF16, its KV pool
+ * (kv_cache_mib, or max_batch sequences of max_seq_len, in BF16), and a
+ * reserve for the context, the step's activations and, on the last stage,
+ * logits and sampling.  The parts go to *weights, *kv and *reserve (each may
+ * be NULL).  0 for a cpu deployment: CPU workers share their machine's
+ * memory, which the planner does not divide. */
+uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
+                          uint64_t *weights, uint64_t *kv, uint64_t *reserve);
+
 #endif

@@ -69,8 +69,9 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
                      (long long)(c->plan_after_ms - now));
         else if (ds->short_by)
             snprintf(sum->message, sizeof sum->message, "%s (%d of %d pieces placed)",
-                     tsr_shortage_text(ds->short_by, d->device, buf, sizeof buf), sum->placed,
-                     sum->total);
+                     ds->shortage[0] ? ds->shortage
+                                     : tsr_shortage_text(ds->short_by, d->device, buf, sizeof buf),
+                     sum->placed, sum->total);
         else
             snprintf(sum->message, sizeof sum->message, "%d of %d pieces placed", sum->placed,
                      sum->total);
@@ -227,10 +228,14 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "prefill_chunk", json_integer(d->prefill_chunk));
     json_object_set_new(o, "kv_cache_mib", json_integer(d->kv_cache_mib));
     json_object_set_new(o, "max_queue", json_integer(d->max_queue));
-    if (c->deps[i].short_by)
-        json_object_set_new(o, "needs",
-                            json_pack("{s:i, s:s}", "workers", c->deps[i].short_by,
-                                      "device", tsr_device_name(d->device)));
+    if (c->deps[i].short_by) {
+        json_t *needs = json_pack("{s:i, s:s}", "workers", c->deps[i].short_by, "device",
+                                  tsr_device_name(d->device));
+        /* memory was the cause: what one piece needs per device */
+        if (c->deps[i].short_memory)
+            json_object_set_new(needs, "memory_bytes", json_integer((json_int_t)c->deps[i].short_memory));
+        json_object_set_new(o, "needs", needs);
+    }
     json_t *reps = json_array();
     for (int r = 0; r < d->replicas && sum.at; r++) {
         json_t *stages = json_array();

@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/slice.h"
 #include "common/util.h"
 #include "health.h"
 #include "reconciler.h"
@@ -524,6 +525,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     tsr_deployment_t *placeable = NULL;
     tsr_plan_t *plan = NULL;
     int *map = NULL;    /* planner's deployment index -> config index */
+    uint64_t **need = NULL;
     if (!pw || !ws || !acts || !layers) goto out;
 
     /* Deployments whose model could not be read are hidden from the planner
@@ -534,8 +536,19 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     view.n_deployments = 0;
     map = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *map);
     if (!map) goto out;
+    /* What one piece of each stage needs on its GPU (cuda deployments). */
+    need = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *need);
+    if (!need) goto out;
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
         if (!c->deps[i].model_ok) continue;
+        const tsr_deployment_t *d = &c->cfg->deployments[i];
+        if (d->device == TSR_DEVICE_CUDA) {
+            uint64_t *st = calloc((size_t)d->pipeline, sizeof *st);
+            if (!st) goto out;
+            for (int s = 0; s < d->pipeline; s++)
+                st[s] = tsr_piece_memory(&c->deps[i].model, d, s, NULL, NULL, NULL);
+            need[view.n_deployments] = st;
+        }
         map[view.n_deployments] = (int)i;
         layers[view.n_deployments] = c->deps[i].model.num_hidden_layers;
         placeable[view.n_deployments++] = c->cfg->deployments[i];
@@ -549,6 +562,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         pw[k].name = w->name;
         pw[k].node = w->node;
         pw[k].device = w->device;
+        pw[k].memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0;
         pw[k].eligible = !w->drained;
         if (w->has_piece) {
             pw[k].current.deployment = w->piece.deployment;
@@ -564,7 +578,8 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     }
 
     char err[256];
-    if (tsr_plan_compute(&view, layers, pw, k, &plan, err, sizeof err) < 0) {
+    if (tsr_plan_compute_mem(&view, layers, (const uint64_t *const *)need, pw, k, &plan, err,
+                             sizeof err) < 0) {
         tsr_error("planner: %s", err);
         goto out;
     }
@@ -630,15 +645,22 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     free(touched.replica);
 
     /* What each deployment lacks, for status. */
-    for (size_t i = 0; i < c->cfg->n_deployments; i++) c->deps[i].short_by = 0;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        c->deps[i].short_by = 0, c->deps[i].shortage[0] = '\0';
     for (size_t i = 0; i < view.n_deployments; i++) {
         c->deps[map[i]].short_by = plan->deps[i].short_by;
-        if (plan->deps[i].short_by)
+        c->deps[map[i]].short_memory = plan->deps[i].mem_stage >= 0 ? plan->deps[i].mem_need : 0;
+        if (plan->deps[i].short_by) {
+            tsr_plan_shortage_of(plan, i, pw, c->deps[map[i]].shortage,
+                                 sizeof c->deps[map[i]].shortage);
             tsr_warn("deployment %s: %s", c->cfg->deployments[map[i]].name,
-                     tsr_plan_shortage(plan, i, err, sizeof err));
+                     c->deps[map[i]].shortage);
+        }
     }
 out:
     tsr_plan_destroy(&plan);
+    for (size_t i = 0; need && i < c->cfg->n_deployments; i++) free(need[i]);
+    free(need);
     free(map);
     free(placeable);
     free(layers);

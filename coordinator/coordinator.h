@@ -84,6 +84,8 @@ typedef struct {
     char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
     int short_by;               /* workers of its device kind the last plan lacked */
+    uint64_t short_memory;      /* when memory was the cause: bytes one piece needs */
+    char shortage[256];         /* the planner's text for it ("" when nothing lacks) */
     /* Data-plane failures are retried by rewiring the replica, with backoff
      * (2 s, doubling to 60 s, reset once the deployment is ready again). */
     int64_t retry_at_ms;        /* 0: nothing scheduled */

@@ -20,6 +20,7 @@
 typedef struct {
     const tsr_config_t *cfg;
     const int *layers;
+    const uint64_t *const *need;   /* [deployment][stage] bytes, or NULL */
     const tsr_plan_worker_t *workers;
     int n_workers;
     int *order;        /* worker indices by node name, then worker name */
@@ -311,18 +312,37 @@ static void keep_current(planner_t *pl)
 
 /* ---- nodes and free workers -------------------------------------------- */
 
-static bool is_free(const planner_t *pl, int w, tsr_device_t dev)
+/* Bytes one piece of stage s of deployment d needs; 0 when not checked. */
+static uint64_t need_of(const planner_t *pl, int d, int s)
 {
-    return pl->workers[w].eligible && pl->workers[w].device == dev && pl->owner[w] < 0;
+    return pl->need && pl->need[d] ? pl->need[d][s] : 0;
 }
 
-static int count_free(planner_t *pl, tsr_device_t dev)
+/* Whether worker w has room for a piece of stage s of deployment d. */
+static bool fits(const planner_t *pl, int w, int d, int s)
+{
+    uint64_t mem = pl->workers[w].memory, need = need_of(pl, d, s);
+    return !mem || !need || mem >= need;
+}
+
+/* Free for a piece of stage s of deployment d; s -1: for any of its stages. */
+static bool is_free(const planner_t *pl, int w, int d, int s)
+{
+    if (!pl->workers[w].eligible || pl->workers[w].device != pl->cfg->deployments[d].device ||
+        pl->owner[w] >= 0)
+        return false;
+    return s < 0 || fits(pl, w, d, s);
+}
+
+/* Free workers per node (free_on) and in all for stage s of deployment d
+ * (s -1: any stage). */
+static int count_free(planner_t *pl, int d, int s)
 {
     int total = 0;
 
     memset(pl->free_on, 0, (size_t)(pl->n_nodes + 1) * sizeof *pl->free_on);
     for (int w = 0; w < pl->n_workers; w++) {
-        if (is_free(pl, w, dev)) {
+        if (is_free(pl, w, d, s)) {
             pl->free_on[pl->node_of[w]]++;
             total++;
         }
@@ -330,17 +350,17 @@ static int count_free(planner_t *pl, tsr_device_t dev)
     return total;
 }
 
-/* Gives `piece` the first free worker, by name, on `node` (which has one). */
+/* Gives `piece` the first free worker with room, by name, on `node` (which has one). */
 static void take_from_node(planner_t *pl, int node, int piece)
 {
-    tsr_device_t dev = pl->cfg->deployments[pl->plan->pieces[piece].deployment].device;
+    const tsr_piece_t *pc = &pl->plan->pieces[piece];
 
     for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
         int w = pl->order[i];
 
         if (pl->node_of[w] != node)
             break;
-        if (is_free(pl, w, dev)) {
+        if (is_free(pl, w, pc->deployment, pc->stage)) {
             assign(pl, piece, w, false);
             pl->free_on[node]--;
             return;
@@ -471,35 +491,90 @@ static int count_placed(const planner_t *pl, int first, int n)
     return placed;
 }
 
+/* Workers a deployment with nothing placed lacks, memory counted: taking
+ * its stages from the largest need down, each must find, among the free
+ * workers with room for it, one for every piece of it and of the larger
+ * stages before it.  Sets the memory fields when memory is the cause. */
+static int short_whole(planner_t *pl, int d)
+{
+    const tsr_deployment_t *dep = &pl->cfg->deployments[d];
+    tsr_plan_deployment_t *pd = &pl->plan->deps[d];
+    int n_free = count_free(pl, d, -1), short_by = dep->replicas * dep->pipeline * dep->tensor - n_free;
+    int cum = 0, n_stages = dep->pipeline;
+    bool *done = calloc((size_t)n_stages, sizeof *done);
+
+    for (int k = 0; done && k < n_stages; k++) {
+        int s = -1;
+        for (int t = 0; t < n_stages; t++)
+            if (!done[t] && (s < 0 || need_of(pl, d, t) > need_of(pl, d, s)))
+                s = t;
+        done[s] = true;
+        cum += dep->replicas * dep->tensor;
+        int fit = count_free(pl, d, s), lack = cum - fit;
+        if (lack > short_by) short_by = lack;
+        /* memory is a cause when some free workers have no room for it */
+        if (lack > 0 && fit < n_free && (pd->mem_stage < 0 || need_of(pl, d, s) > pd->mem_need)) {
+            pd->mem_stage = s;
+            pd->mem_need = need_of(pl, d, s);
+        }
+    }
+    free(done);
+    return short_by > 0 ? short_by : 0;
+}
+
+/* For the message: the roomiest eligible worker of the deployment's kind. */
+static void note_largest(planner_t *pl, int d)
+{
+    tsr_plan_deployment_t *pd = &pl->plan->deps[d];
+    for (int i = 0; i < pl->n_workers; i++) {
+        int w = pl->order[i];
+        if (!pl->workers[w].eligible || pl->workers[w].device != pl->cfg->deployments[d].device)
+            continue;
+        if (pd->mem_largest_worker < 0 || pl->workers[w].memory > pd->mem_largest) {
+            pd->mem_largest = pl->workers[w].memory;
+            pd->mem_largest_worker = w;
+        }
+    }
+}
+
 static void serve_deployment(planner_t *pl, int d)
 {
     const tsr_deployment_t *dep = &pl->cfg->deployments[d];
     tsr_plan_deployment_t *pd = &pl->plan->deps[d];
     int base = pl->dep_base[d];
     int kept = count_placed(pl, base, pd->n_pieces);
-    int missing = pd->n_pieces - kept;
-    int free_total = count_free(pl, dep->device);
 
+    pd->mem_stage = pd->mem_largest_worker = -1;
     /* A deployment with nothing placed cannot serve until it is whole, so it
      * must not hold workers that a later deployment could use. */
-    if (kept == 0 && free_total < missing) {
+    if (kept == 0 && (pd->short_by = short_whole(pl, d)) > 0) {
         pd->placed = 0;
-        pd->short_by = missing - free_total;
+        if (pd->mem_stage >= 0) note_largest(pl, d);
         return;
     }
+    pd->mem_stage = -1;
     for (int r = 0; r < dep->replicas; r++) {
         for (int s = 0; s < dep->pipeline; s++) {
             int first = piece_index(pl, d, r, s, 0);
             int placed = count_placed(pl, first, dep->tensor);
 
+            count_free(pl, d, s);
             if (placed == 0)
                 place_whole_group(pl, d, r, s);
             else if (placed < dep->tensor)
                 place_missing_ranks(pl, d, r, s);
+            /* what is still missing for lack of a worker with room */
+            if (count_placed(pl, first, dep->tensor) < dep->tensor && need_of(pl, d, s) &&
+                count_free(pl, d, -1) > 0 &&
+                (pd->mem_stage < 0 || need_of(pl, d, s) > pd->mem_need)) {
+                pd->mem_stage = s;
+                pd->mem_need = need_of(pl, d, s);
+            }
         }
     }
     pd->placed = count_placed(pl, base, pd->n_pieces);
     pd->short_by = pd->n_pieces - pd->placed;
+    if (pd->mem_stage >= 0) note_largest(pl, d);
 }
 
 /* ---- public ------------------------------------------------------------- */
@@ -508,9 +583,17 @@ int tsr_plan_compute(const tsr_config_t *cfg, const int *layers,
                      const tsr_plan_worker_t *workers, size_t n_workers,
                      tsr_plan_t **out, char *err, size_t errlen)
 {
+    return tsr_plan_compute_mem(cfg, layers, NULL, workers, n_workers, out, err, errlen);
+}
+
+int tsr_plan_compute_mem(const tsr_config_t *cfg, const int *layers,
+                         const uint64_t *const *need, const tsr_plan_worker_t *workers,
+                         size_t n_workers, tsr_plan_t **out, char *err, size_t errlen)
+{
     int rc = -1;
     planner_t pl = { 0 };
 
+    pl.need = need;
     if (!out) {
         tsr_set_err(err, errlen, "planner: no output pointer");
         goto out;
@@ -561,9 +644,28 @@ const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w)
 
 const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len)
 {
+    return tsr_plan_shortage_of(p, i, NULL, buf, len);
+}
+
+const char *tsr_plan_shortage_of(const tsr_plan_t *p, size_t i, const tsr_plan_worker_t *workers,
+                                 char *buf, size_t len)
+{
     if (!p || i >= p->n_deps)
         return tsr_shortage_text(0, TSR_DEVICE_CPU, buf, len);
-    return tsr_shortage_text(p->deps[i].short_by, p->deps[i].device, buf, len);
+    const tsr_plan_deployment_t *pd = &p->deps[i];
+    tsr_shortage_text(pd->short_by, pd->device, buf, len);
+    if (!pd->short_by || pd->mem_stage < 0 || !buf || !len) return buf;
+    const char *kind = tsr_device_name(pd->device);
+    size_t n = strlen(buf);
+    if (pd->mem_largest_worker >= 0 && pd->mem_largest < pd->mem_need)
+        snprintf(buf + n, len - n, ": stage %d needs %.1f GiB per %s worker; the largest, %s, has "
+                 "%.1f GiB", pd->mem_stage, pd->mem_need / 1073741824.0, kind,
+                 workers ? workers[pd->mem_largest_worker].name : "(a worker)",
+                 pd->mem_largest / 1073741824.0);
+    else
+        snprintf(buf + n, len - n, " with at least %.1f GiB (stage %d's need)",
+                 pd->mem_need / 1073741824.0, pd->mem_stage);
+    return buf;
 }
 
 const char *tsr_shortage_text(int short_by, tsr_device_t device, char *buf, size_t len)

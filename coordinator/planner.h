@@ -37,6 +37,7 @@ typedef struct {
     const char *name;
     const char *node;
     tsr_device_t device;
+    uint64_t memory;              /* device memory in bytes (0: unknown, fits anything) */
     bool eligible;                /* alive and not drained */
     tsr_plan_holding_t current;   /* current.deployment NULL when idle */
 } tsr_plan_worker_t;
@@ -54,6 +55,12 @@ typedef struct {
     int placed;
     int short_by;                 /* more workers of `device` needed; 0 if none */
     tsr_device_t device;
+    /* When memory is what is short: the stage whose pieces lack a worker
+     * with room (mem_stage, -1 when memory is not the cause), the bytes one
+     * of its pieces needs, and the roomiest eligible worker of the kind. */
+    int mem_stage;
+    uint64_t mem_need, mem_largest;
+    int mem_largest_worker;       /* index into the workers array, -1 none */
 } tsr_plan_deployment_t;
 
 typedef struct {
@@ -73,6 +80,17 @@ int tsr_plan_compute(const tsr_config_t *cfg, const int *layers,
                      const tsr_plan_worker_t *workers, size_t n_workers,
                      tsr_plan_t **out, char *err, size_t errlen);
 
+/* The same, knowing memory: need[i] (NULL: no check for deployment i; need
+ * itself may be NULL) holds the device bytes one piece of each of
+ * deployment i's stages needs (weights plus KV budget plus reserve:
+ * tsr_piece_memory), and a piece goes only to a worker whose memory is 0
+ * (unknown) or at least that.  A deployment that cannot be placed for lack
+ * of memory says so in tsr_plan_shortage ("stage 0 needs 21.3 GiB per
+ * device; the largest cuda worker, gpu03-cuda1, has 15.8 GiB"). */
+int tsr_plan_compute_mem(const tsr_config_t *cfg, const int *layers,
+                         const uint64_t *const *need, const tsr_plan_worker_t *workers,
+                         size_t n_workers, tsr_plan_t **out, char *err, size_t errlen);
+
 /* Frees a plan and sets *self_p to NULL.  Safe on NULL. */
 void tsr_plan_destroy(tsr_plan_t **self_p);
 
@@ -80,8 +98,12 @@ void tsr_plan_destroy(tsr_plan_t **self_p);
 const tsr_piece_t *tsr_plan_piece_of(const tsr_plan_t *p, int w);
 
 /* "needs 3 more cuda workers" style text for deployment i, or "" when
- * nothing is short.  Writes into buf and returns it. */
+ * nothing is short; when memory is the cause, that with the numbers.
+ * Writes into buf and returns it.  workers: the array the plan was made
+ * from (for the roomiest worker's name; may be NULL). */
 const char *tsr_plan_shortage(const tsr_plan_t *p, size_t i, char *buf, size_t len);
+const char *tsr_plan_shortage_of(const tsr_plan_t *p, size_t i, const tsr_plan_worker_t *workers,
+                                 char *buf, size_t len);
 
 /* The same text for a count and a device kind ("" when short_by <= 0). */
 const char *tsr_shortage_text(int short_by, tsr_device_t device, char *buf, size_t len);

@@ -21,9 +21,19 @@ s1=$(awk '$1=="0" && $2=="1" {print $6}' "$T/g.txt" | sort -u)
 "$BIN/tessera" plan "$T/g.yaml" --nodes 1 --per-node 4 > "$T/s.txt"; rc=$?
 [ "$rc" = 3 ] || fail "short plan exited $rc"
 grep -q "needs 4 more cuda workers" "$T/s.txt" || fail "no shortage message: $(cat "$T/s.txt")"
+# GPU memory: every cuda piece shows its weights, KV pool, reserve and total;
+# with GPUs too small for them, nothing is placed and the numbers are given.
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" > "$T/c.txt" || fail "cluster plan failed"
+grep -q "WEIGHTS  *KV  *RESERVE  *TOTAL" "$T/c.txt" || fail "no memory columns: $(head -5 "$T/c.txt")"
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 24 > "$T/m.txt"; rc=$?
+[ "$rc" = 3 ] || fail "a plan on 24 GiB GPUs exited $rc"
+grep -q "NOT PLACED: needs 16 more cuda workers: stage 1 needs 25.5 GiB per cuda worker; the largest, node0-cuda0, has 24.0 GiB" "$T/m.txt" ||
+    fail "no memory refusal: $(grep NOT "$T/m.txt")"
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 80 > /dev/null || fail "a plan on 80 GiB GPUs failed"
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory x 2> /dev/null; [ $? = 2 ] || fail "--gpu-memory x accepted"
 # A bad file names its line and column.
 printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tensor: two}\n' > "$T/bad.yaml"
 "$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
 [ "$rc" = 1 ] || fail "bad file exited $rc"
 grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
-ok "plans printed; TP groups on one node; shortage and errors reported"
+ok "plans printed; TP groups on one node; memory per GPU; shortage, memory refusal and errors reported"

@@ -850,6 +850,126 @@ static void test_random_clusters_keep_every_rule(void **state)
     }
 }
 
+
+/* ---- memory ---------------------------------------------------------------- */
+
+#define GIB ((uint64_t)1 << 30)
+
+static tsr_plan_t *plan_mem(cluster_t *c, const uint64_t *const *need)
+{
+    tsr_plan_t *p = NULL;
+    char err[256] = "";
+
+    assert_int_equal(tsr_plan_compute_mem(&c->cfg, c->layers, need, c->w, c->n, &p, err,
+                                          sizeof err), 0);
+    assert_non_null(p);
+    return p;
+}
+
+/* The larger stage goes to the workers with room for it, the smaller one
+ * to the rest. */
+static void test_stages_go_to_workers_with_room(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    for (int i = 0; i < 4; i++) c.w[add_worker(&c, "n0", TSR_DEVICE_CUDA)].memory = (i % 2 ? 24 : 16) * GIB;
+    add_dep(&c, "big", TSR_DEVICE_CUDA, 2, 2, 1, 8);
+    uint64_t st[2] = {20 * GIB, 14 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 4);
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(c.w[piece(p, 0, 0, 0, t)->worker].memory, 24 * GIB);
+        assert_int_equal(c.w[piece(p, 0, 0, 1, t)->worker].memory, 16 * GIB);
+    }
+    tsr_plan_destroy(&p);
+    /* without the needs, the same workers in name order */
+    p = plan(&c);
+    assert_int_equal(c.w[piece(p, 0, 0, 0, 0)->worker].memory, 16 * GIB);
+    tsr_plan_destroy(&p);
+}
+
+/* No worker has room for stage 0: nothing is placed, and the text gives
+ * the numbers and the roomiest worker's name. */
+static void test_layout_that_fits_no_gpu_is_refused_with_the_numbers(void **state)
+{
+    (void)state;
+    cluster_t c;
+    char buf[256];
+    cluster_init(&c);
+    for (int i = 0; i < 4; i++) c.w[add_worker(&c, "n0", TSR_DEVICE_CUDA)].memory = 16 * GIB;
+    c.w[2].memory = 16 * GIB + GIB / 2;
+    add_dep(&c, "big", TSR_DEVICE_CUDA, 2, 2, 1, 8);
+    uint64_t st[2] = {(uint64_t)(21.3 * GIB), 14 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 0);
+    assert_int_equal(p->deps[0].short_by, 2);
+    assert_int_equal(p->deps[0].mem_stage, 0);
+    tsr_plan_shortage_of(p, 0, c.w, buf, sizeof buf);
+    assert_string_equal(buf, "needs 2 more cuda workers: stage 0 needs 21.3 GiB per cuda worker; "
+                             "the largest, n0-w02, has 16.5 GiB");
+    /* every worker stays free for what comes next */
+    for (size_t w = 0; w < c.n; w++) assert_null(tsr_plan_piece_of(p, (int)w));
+    tsr_plan_destroy(&p);
+}
+
+/* One worker has room for stage 0's two ranks: one more is needed, with
+ * that much memory; unknown memory (0) fits anything. */
+static void test_short_of_roomy_workers_says_how_many_and_how_much(void **state)
+{
+    (void)state;
+    cluster_t c;
+    char buf[256];
+    cluster_init(&c);
+    c.w[add_worker(&c, "n0", TSR_DEVICE_CUDA)].memory = 24 * GIB;
+    for (int i = 0; i < 3; i++) c.w[add_worker(&c, "n0", TSR_DEVICE_CUDA)].memory = 16 * GIB;
+    add_dep(&c, "big", TSR_DEVICE_CUDA, 2, 2, 1, 8);
+    uint64_t st[2] = {20 * GIB, 14 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 0);
+    assert_int_equal(p->deps[0].short_by, 1);
+    tsr_plan_shortage_of(p, 0, c.w, buf, sizeof buf);
+    assert_string_equal(buf, "needs 1 more cuda worker with at least 20.0 GiB (stage 0's need)");
+    tsr_plan_destroy(&p);
+    c.w[1].memory = 0;   /* unknown: taken as roomy enough */
+    p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 4);
+    assert_int_equal(p->deps[0].short_by, 0);
+    tsr_plan_destroy(&p);
+}
+
+/* A placed deployment that loses a roomy worker: the spare without room
+ * is not used, and the shortage says why. */
+static void test_spare_without_room_does_not_replace_a_roomy_worker(void **state)
+{
+    (void)state;
+    cluster_t c;
+    char buf[256];
+    cluster_init(&c);
+    for (int i = 0; i < 2; i++) c.w[add_worker(&c, "n0", TSR_DEVICE_CUDA)].memory = 24 * GIB;
+    int spare = add_worker(&c, "n0", TSR_DEVICE_CUDA);
+    c.w[spare].memory = 8 * GIB;
+    add_dep(&c, "big", TSR_DEVICE_CUDA, 1, 2, 1, 8);
+    uint64_t st[2] = {20 * GIB, 20 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 2);
+    assert_null(tsr_plan_piece_of(p, spare));
+    apply(&c, p);
+    tsr_plan_destroy(&p);
+    c.w[0].eligible = false;   /* dies */
+    p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 1);
+    assert_null(tsr_plan_piece_of(p, spare));
+    tsr_plan_shortage_of(p, 0, c.w, buf, sizeof buf);
+    assert_non_null(strstr(buf, "needs 1 more cuda worker"));
+    assert_non_null(strstr(buf, "20.0 GiB"));
+    tsr_plan_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -876,6 +996,10 @@ int main(void)
         cmocka_unit_test(test_empty_inputs_give_an_empty_plan),
         cmocka_unit_test(test_result_does_not_depend_on_worker_array_order),
         cmocka_unit_test(test_random_clusters_keep_every_rule),
+        cmocka_unit_test(test_stages_go_to_workers_with_room),
+        cmocka_unit_test(test_layout_that_fits_no_gpu_is_refused_with_the_numbers),
+        cmocka_unit_test(test_short_of_roomy_workers_says_how_many_and_how_much),
+        cmocka_unit_test(test_spare_without_room_does_not_replace_a_roomy_worker),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
