@@ -5,7 +5,8 @@
 #
 #   scripts/gpu-check.sh            build here (make, with nvcc), then check
 #   TSR_BIN=DIR TSR_BUILD=DIR ...   use binaries built elsewhere (TSR_LIBS:
-#                                   a folder of the libraries they need)
+#                                   a folder of the libraries they need;
+#                                   scripts/gpu-pack.sh makes all three)
 #
 # Checks, in order:
 #   1. the kernels' math on the host (build/tests/test_kmath)
@@ -26,6 +27,9 @@
 set -u
 cd "$(dirname "$0")/.."
 [ -n "${TSR_LIBS:-}" ] && export LD_LIBRARY_PATH="$TSR_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS and the runtime where this machine's toolkit keeps them, when the
+# binaries were linked against another path
+[ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 B="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 T=$(mktemp -d)
 failed=0
