@@ -56,6 +56,11 @@ struct tsr_engine {
     int32_t *row_slot, *row_pos;
     float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk], [V] */
     int last_sampled;               /* rows of logits the last step gathered */
+    /* Tests: after this many steps, fail as a GPU does on a sticky error
+     * (TSR_TEST_DEVICE_FAULT_AFTER), so the worker's exit path can be
+     * exercised on machines without one; 0: never. */
+    long fault_after, steps;
+    int fatal;
     uint64_t wbytes, kvbytes;
 };
 
@@ -322,6 +327,8 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         goto out;
     }
     rope_tables(e);
+    const char *fault = getenv("TSR_TEST_DEVICE_FAULT_AFTER");
+    e->fault_after = fault ? strtol(fault, NULL, 10) : 0;
     *out = e;
     e = NULL;
     rc = 0;
@@ -539,6 +546,12 @@ static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
                     b->n_entries, s->max_seqs);
         return -1;
     }
+    if (e->fault_after > 0 && ++e->steps >= e->fault_after) {
+        e->fatal = 1;
+        tsr_set_err(err, errlen, "fatal device error: injected after %ld steps "
+                    "(TSR_TEST_DEVICE_FAULT_AFTER)", e->fault_after);
+        return -1;
+    }
     if (tsr_batch_prepare(s, e->kv, b, first_row, e->row_slot, e->row_pos, err, errlen) < 0)
         return -1;
     if (!b->n_tokens) return 0;
@@ -586,11 +599,7 @@ static void cpu_kv_usage(const tsr_engine_t *e, int *used, int *total)
 static const tsr_model_info_t *cpu_model(const tsr_engine_t *e) { return &e->m; }
 static uint64_t cpu_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cpu_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
-static int cpu_fatal(const tsr_engine_t *e)
-{
-    (void)e;
-    return 0;
-}
+static int cpu_fatal(const tsr_engine_t *e) { return e->fatal; }
 static void cpu_destroy(tsr_engine_t **e_p)
 {
     if (!e_p) return;
