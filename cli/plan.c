@@ -103,7 +103,7 @@ int tsr_cmd_plan(int argc, char **argv)
         if (d->device == TSR_DEVICE_CUDA) {
             if (!(mem[i] = calloc((size_t)d->pipeline, sizeof *mem[i]))) goto out;
             for (int s = 0; s < d->pipeline; s++)
-                mem[i][s] = tsr_piece_memory(&models[i], d, s, NULL, NULL, NULL);
+                mem[i][s] = tsr_piece_need(&models[i], d, s);
         }
     }
 
@@ -167,7 +167,9 @@ int tsr_cmd_plan(int argc, char **argv)
             const tsr_piece_t *pc = &plan->pieces[p];
             if (pc->deployment != (int)i) continue;
             uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
-            uint64_t total = gpu ? tsr_piece_memory(m, d, pc->stage, &b, &kv, &rs) : b;
+            uint64_t total = gpu ? tsr_piece_memory(m, d, pc->stage, (uint64_t)gpu_gib << 30,
+                                                    &b, &kv, &rs)
+                                 : b;
             if (b > maxb) maxb = b;
             if (total > maxt) maxt = total;
             char hb[32], hk[32], hr[32], ht[32], layers_s[32];

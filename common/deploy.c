@@ -628,6 +628,7 @@ static const struct {
     { "prefill_chunk", 1, 65536, offsetof(tsr_deployment_t, prefill_chunk) },
     { "kv_cache_mib", 1, 1 << 24, offsetof(tsr_deployment_t, kv_cache_mib) },
     { "max_queue", 0, 1000000, offsetof(tsr_deployment_t, max_queue) },
+    { "gpu_memory_percent", 10, 99, offsetof(tsr_deployment_t, gpu_memory_percent) },
 };
 #define N_BATCH_KEYS (sizeof batch_keys / sizeof batch_keys[0])
 
@@ -636,14 +637,15 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
 {
     static const char *const keys[] = { "name", "model", "device", "parallel",
                                         "max_seq_len", "max_batch", "prefill_chunk",
-                                        "kv_cache_mib", "max_queue", "chat_template" };
+                                        "kv_cache_mib", "max_queue", "gpu_memory_percent",
+                                        "chat_template" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[10];
+    yaml_node_t *v[11];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 10, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 11, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -674,14 +676,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                       (int *)((char *)d + batch_keys[k].offset)) < 0)
             return -1;
     }
-    if (v[9]) {
+    if (v[10]) {
         char *name = NULL;
         path_key(kpath, path, "chat_template");
-        if (get_string(c, v[9], kpath, &name) < 0)
+        if (get_string(c, v[10], kpath, &name) < 0)
             return -1;
         if (strcmp(name, "llama2") && strcmp(name, "llama3") && strcmp(name, "chatml") &&
             strcmp(name, "mistral")) {
-            fail(c, v[9], kpath, "expected llama2, llama3, chatml or mistral, got '%.40s'", name);
+            fail(c, v[10], kpath, "expected llama2, llama3, chatml or mistral, got '%.40s'", name);
             free(name);
             return -1;
         }
@@ -725,6 +727,7 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].prefill_chunk = 128;
         cfg->deployments[i].kv_cache_mib = 0;
         cfg->deployments[i].max_queue = 256;
+        cfg->deployments[i].gpu_memory_percent = 90;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

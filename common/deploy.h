@@ -41,6 +41,9 @@ typedef struct {
                              max_seq_len positions, sized by the worker */
     int max_queue;        /* requests waiting per replica, 0..1000000, default
                              256; 0: refuse when the batch is full */
+    int gpu_memory_percent; /* cuda: the share of each GPU's memory a piece may
+                               use, 10..99, default 90; without kv_cache_mib,
+                               the KV pool takes what weights and reserve leave */
     char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
                                 recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */

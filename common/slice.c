@@ -105,36 +105,75 @@ int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
     return (int)blocks;
 }
 
+/* The parts of a cuda piece that do not depend on its GPU: weights in BF16
+ * and the reserve. */
+static void cuda_fixed(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
+                       uint64_t *w, uint64_t *r)
+{
+    const uint64_t H = (uint64_t)m->hidden_size, tp = (uint64_t)d->tensor,
+                   I = (uint64_t)m->intermediate_size / tp,
+                   qw = (uint64_t)m->num_attention_heads / tp * (uint64_t)m->head_dim,
+                   kvw = (uint64_t)m->num_key_value_heads / tp * (uint64_t)m->head_dim,
+                   V = (uint64_t)m->vocab_size;
+    int batch = d->max_batch > 0 ? d->max_batch : 32;
+    int chunk = d->prefill_chunk > 0 ? d->prefill_chunk : 128;
+    if (chunk > d->max_seq_len) chunk = d->max_seq_len;
+    *w = m->dtype_bytes > 0
+             ? tsr_model_piece_bytes(m, d->pipeline, stage, d->tensor) / (uint64_t)m->dtype_bytes * 2
+             : 0;
+    /* the CUDA context and cuBLAS's workspace, the step's activations (f32
+     * and BF16 rows) and, on the last stage, logits and sampling */
+    uint64_t T = (uint64_t)batch + (uint64_t)chunk;
+    *r = TSR_CUDA_CONTEXT_BYTES +
+         T * (4 * H * 4 + (qw + 2 * kvw) * 4 + 2 * I * 4 + H * 2 + qw * 2 + I * 2);
+    if (stage == d->pipeline - 1) *r += (uint64_t)batch * V * (16 + 4 + 4 * tp);
+}
+
+/* Bytes of one KV block of this stage's layers, in BF16. */
+static uint64_t cuda_block_bytes(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage)
+{
+    int b, e;
+    tsr_layer_split(m->num_hidden_layers, d->pipeline, stage, &b, &e);
+    return tsr_kv_block_bytes(m, d->tensor, e - b, 16, 2);
+}
+
+int tsr_cuda_kv_blocks(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
+                       uint64_t gpu_bytes)
+{
+    int batch = d->max_batch > 0 ? d->max_batch : 32;
+    int full = tsr_kv_pool_blocks(m, d->tensor, d->pipeline, (uint64_t)d->kv_cache_mib << 20,
+                                  batch, d->max_seq_len, 16, 2);
+    if (d->kv_cache_mib || !gpu_bytes) return full;
+    uint64_t w, r, bb = cuda_block_bytes(m, d, stage);
+    cuda_fixed(m, d, stage, &w, &r);
+    uint64_t cap = gpu_bytes * (uint64_t)d->gpu_memory_percent / 100;
+    uint64_t blocks = cap > w + r && bb ? (cap - w - r) / bb : 0;
+    return blocks < (uint64_t)full ? (int)blocks : full;
+}
+
 uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
-                          uint64_t *weights, uint64_t *kv, uint64_t *reserve)
+                          uint64_t gpu_bytes, uint64_t *weights, uint64_t *kv, uint64_t *reserve)
 {
     uint64_t w = 0, k = 0, r = 0;
-    if (d->device == TSR_DEVICE_CUDA && m->dtype_bytes > 0) {
-        const uint64_t H = (uint64_t)m->hidden_size, tp = (uint64_t)d->tensor,
-                       I = (uint64_t)m->intermediate_size / tp,
-                       qw = (uint64_t)m->num_attention_heads / tp * (uint64_t)m->head_dim,
-                       kvw = (uint64_t)m->num_key_value_heads / tp * (uint64_t)m->head_dim,
-                       V = (uint64_t)m->vocab_size;
-        int batch = d->max_batch > 0 ? d->max_batch : 32;
-        int chunk = d->prefill_chunk > 0 ? d->prefill_chunk : 128;
-        if (chunk > d->max_seq_len) chunk = d->max_seq_len;
-        int b, e;
-        tsr_layer_split(m->num_hidden_layers, d->pipeline, stage, &b, &e);
-        /* weights: BF16 on the device */
-        w = tsr_model_piece_bytes(m, d->pipeline, stage, d->tensor) / (uint64_t)m->dtype_bytes * 2;
-        /* the KV pool, as the worker sizes it (BF16) */
-        int blocks = tsr_kv_pool_blocks(m, d->tensor, d->pipeline, (uint64_t)d->kv_cache_mib << 20,
-                                        batch, d->max_seq_len, 16, 2);
-        k = (uint64_t)blocks * tsr_kv_block_bytes(m, d->tensor, e - b, 16, 2);
-        /* the CUDA context and cuBLAS's workspace, the step's activations
-         * (f32 and BF16 rows) and, on the last stage, logits and sampling */
-        uint64_t T = (uint64_t)batch + (uint64_t)chunk;
-        r = TSR_CUDA_CONTEXT_BYTES +
-            T * (4 * H * 4 + (qw + 2 * kvw) * 4 + 2 * I * 4 + H * 2 + qw * 2 + I * 2);
-        if (stage == d->pipeline - 1) r += (uint64_t)batch * V * (16 + 4 + 4 * tp);
+    if (d->device == TSR_DEVICE_CUDA) {
+        cuda_fixed(m, d, stage, &w, &r);
+        k = (uint64_t)tsr_cuda_kv_blocks(m, d, stage, gpu_bytes) * cuda_block_bytes(m, d, stage);
     }
     if (weights) *weights = w;
     if (kv) *kv = k;
     if (reserve) *reserve = r;
     return w + k + r;
+}
+
+uint64_t tsr_piece_need(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage)
+{
+    if (d->device != TSR_DEVICE_CUDA) return 0;
+    uint64_t w, r, k;
+    cuda_fixed(m, d, stage, &w, &r);
+    if (d->kv_cache_mib)   /* the budget as given (the pool is at most that) */
+        k = (uint64_t)tsr_cuda_kv_blocks(m, d, stage, 0) * cuda_block_bytes(m, d, stage);
+    else                   /* at least one sequence of max_seq_len */
+        k = (uint64_t)((d->max_seq_len + 15) / 16) * cuda_block_bytes(m, d, stage);
+    uint64_t total = w + r + k, pct = (uint64_t)d->gpu_memory_percent;
+    return (total * 100 + pct - 1) / pct;
 }

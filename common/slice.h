@@ -65,14 +65,27 @@ uint64_t tsr_kv_block_bytes(const tsr_model_info_t *m, int tp_size, int n_layers
  * context, cuBLAS's workspace and the engine's fixed buffers. */
 #define TSR_CUDA_CONTEXT_BYTES ((uint64_t)768 << 20)
 
-/* Device bytes one piece of stage `stage` of deployment d needs on its
- * GPU, as the CUDA engine allocates them: its weights in BF16, its KV pool
- * (kv_cache_mib, or max_batch sequences of max_seq_len, in BF16), and a
- * reserve for the context, the step's activations and, on the last stage,
- * logits and sampling.  The parts go to *weights, *kv and *reserve (each may
- * be NULL).  0 for a cpu deployment: CPU workers share their machine's
- * memory, which the planner does not divide. */
+/* What one piece of stage `stage` of deployment d holds on its GPU, as the
+ * CUDA engine allocates it: its weights in BF16, its KV pool in BF16, and
+ * a reserve for the context, the step's activations and, on the last
+ * stage, logits and sampling.  The pool is kv_cache_mib's; without it, what
+ * gpu_memory_percent of a GPU of gpu_bytes leaves after weights and reserve,
+ * at most max_batch sequences of max_seq_len (gpu_bytes 0: that most).  The
+ * parts go to *weights, *kv and *reserve (each may be NULL).  0 for a cpu
+ * deployment: CPU workers share their machine's memory, which the planner
+ * does not divide. */
 uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
-                          uint64_t *weights, uint64_t *kv, uint64_t *reserve);
+                          uint64_t gpu_bytes, uint64_t *weights, uint64_t *kv, uint64_t *reserve);
+
+/* The least GPU memory a piece of that stage can run on: weights, reserve
+ * and its KV budget (kv_cache_mib's, or one sequence of max_seq_len),
+ * over gpu_memory_percent.  0 for a cpu deployment. */
+uint64_t tsr_piece_need(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage);
+
+/* KV blocks (16 positions) a cuda piece of that stage gets on a GPU of
+ * gpu_bytes (see tsr_piece_memory); every rank of a replica must get the
+ * same count, so the coordinator sends the least over the replica. */
+int tsr_cuda_kv_blocks(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
+                       uint64_t gpu_bytes);
 
 #endif

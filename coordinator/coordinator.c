@@ -369,6 +369,32 @@ static int data_secret(const tsr_holding_t *h, uint8_t out[32])
     return HMAC(EVP_sha256(), key, sizeof key, msg, ml, out, &outl) ? 0 : -1;
 }
 
+/* The KV budget sent with a piece: kv_cache_mib's; for a cuda deployment
+ * without it, the blocks gpu_memory_percent leaves on the replica's
+ * tightest GPU (every rank must hold the same count), priced as the worker
+ * prices them (at stage 0's layers); 0: the worker's default. */
+static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    const tsr_model_info_t *m = &c->deps[di].model;
+    if (d->kv_cache_mib || d->device != TSR_DEVICE_CUDA || !c->deps[di].model_ok)
+        return (uint64_t)d->kv_cache_mib << 20;
+    int blocks = -1;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, h->deployment) ||
+            w->piece.replica != h->replica || !w->memory)
+            continue;
+        int b = tsr_cuda_kv_blocks(m, d, w->piece.stage, w->memory);
+        if (blocks < 0 || b < blocks) blocks = b;
+    }
+    if (blocks < 1) return 0;
+    int b0, e0;
+    tsr_layer_split(m->num_hidden_layers, d->pipeline, 0, &b0, &e0);
+    return (uint64_t)blocks * tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16, 2);
+}
+
 static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
                             Tessera__Assignment *a, int di)
 {
@@ -388,7 +414,7 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->max_batch = (uint32_t)d->max_batch;
     a->prefill_chunk = (uint32_t)d->prefill_chunk;
     a->max_queue = (uint32_t)d->max_queue;
-    a->kv_cache_bytes = (uint64_t)d->kv_cache_mib << 20;  /* 0: the worker sizes it */
+    a->kv_cache_bytes = kv_budget(c, h, di);
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
     /* Without one the workers refuse to form (collective_tcp.c): fail closed. */
@@ -407,7 +433,8 @@ static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_
 {
     return strcmp(od->model_path, nd->model_path) || od->max_seq_len != nd->max_seq_len ||
            od->max_batch != nd->max_batch || od->prefill_chunk != nd->prefill_chunk ||
-           od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue;
+           od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue ||
+           od->gpu_memory_percent != nd->gpu_memory_percent;
 }
 
 /* The data endpoints of every piece of w's replica, indexed by stage *
@@ -546,7 +573,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
             uint64_t *st = calloc((size_t)d->pipeline, sizeof *st);
             if (!st) goto out;
             for (int s = 0; s < d->pipeline; s++)
-                st[s] = tsr_piece_memory(&c->deps[i].model, d, s, NULL, NULL, NULL);
+                st[s] = tsr_piece_need(&c->deps[i].model, d, s);
             need[view.n_deployments] = st;
         }
         map[view.n_deployments] = (int)i;
@@ -1143,9 +1170,11 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         break;
     case TESSERA__ENVELOPE__BODY_READY:
         if (!piece_msg_current(c, w, env)) break;
-        if (w->state != TSR_W_READY)
+        if (w->state != TSR_W_READY) {
             tsr_info("worker %s ready with %s r%d s%d t%d", w->name, w->piece.deployment,
                      w->piece.replica, w->piece.stage, w->piece.tp);
+            w->ready_seq = ++c->ready_seq;
+        }
         w->state = TSR_W_READY;
         w->detail[0] = '\0';
         note_if_ready(c, w->piece.deployment);

@@ -117,7 +117,10 @@ typedef struct {
     int avoid;                  /* the replica whose error interrupted it (-1: none): the
                                    next attempt goes elsewhere when it can, and back
                                    there only after it is rewired */
+    int avoid_replica;          /* the replica that failed its last attempt (kept) */
     uint64_t avoid_epoch;       /* that replica's leader epoch when it failed */
+    uint64_t avoid_seq;         /* the coordinator's ready_seq when it failed */
+    bool wait_recovery;         /* failed twice there in one epoch: wait for it to recover */
     char why[256];              /* what interrupted the last attempt */
     /* What a replay needs: the prompt followed by every delivered token. */
     int32_t *ids;
@@ -178,6 +181,7 @@ typedef struct {
     void *wsock;                /* ROUTER, workers endpoint */
     void *csock;                /* ROUTER, control endpoint */
     uint64_t epoch;             /* plan epoch; only grows */
+    uint64_t ready_seq;         /* counts workers becoming ready (tsr_worker_t.ready_seq) */
     bool dirty;
     int64_t started_ms;
     int64_t plan_after_ms;      /* no planning before this: workers re-attach first */

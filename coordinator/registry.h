@@ -59,6 +59,8 @@ typedef struct {
                                    rewiring may mend it; a load error needs the operator */
     char detail[128];           /* last progress report */
 
+    uint64_t ready_seq;         /* the coordinator's count of READY transitions when this
+                                   worker last became ready */
     int64_t registered_ms;      /* monotonic */
     int64_t last_seen_ms;       /* monotonic, last message of any kind */
     int64_t dead_since_ms;

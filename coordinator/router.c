@@ -208,8 +208,14 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
     tsr_info("request %llu on %s replica %d interrupted after %d token(s): %s; resuming it",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, why);
     snprintf(q->why, sizeof q->why, "%s", why);
-    q->avoid = q->replica;
+    /* Failed twice by the same replica in the same epoch: the replica is
+     * broken though it may still look ready (its pieces' reports are on
+     * their way), so the next attempt waits for it to recover instead of
+     * burning the request's replays there at once. */
+    q->wait_recovery = q->replica == q->avoid_replica && q->epoch == q->avoid_epoch;
+    q->avoid = q->avoid_replica = q->replica;
     q->avoid_epoch = q->epoch;
+    q->avoid_seq = c->ready_seq;
     q->replica = -1;
     q->leader[0] = '\0';
     q->waiting_since_ms = tsr_now_ms();
@@ -399,6 +405,24 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
               (unsigned long long)q->wid, d->name, r, leader->name, q->n_tokens);
 }
 
+/* Whether replica r, which interrupted q, has recovered since: its leader
+ * is of a newer epoch, or one of its pieces has become ready again. */
+static bool replica_recovered(tsr_coord_t *c, const tsr_deployment_t *d, int r,
+                              const tsr_request_rec_t *q)
+{
+    const tsr_worker_t *l = ready_leader(c, d, r);
+    if (!l) return false;
+    if (l->piece.epoch != q->avoid_epoch) return true;
+    size_t n = tsr_registry_size(c->reg);
+    for (size_t i = 0; i < n; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->has_piece && !strcmp(w->piece.deployment, d->name) && w->piece.replica == r &&
+            w->ready_seq > q->avoid_seq)
+            return true;
+    }
+    return false;
+}
+
 int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
 {
     int64_t next = 0;
@@ -415,14 +439,14 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
         int r = pick_replica_but(c, d, q->avoid);
         if (r < 0) {
             r = pick_replica(c, d);
-            /* Back to the replica that failed it only once that replica
-             * has been rewired: until its pieces report the failure, it
-             * still looks ready, and would fail the attempt at once. */
-            const tsr_worker_t *l = r >= 0 && r == q->avoid ? ready_leader(c, d, r) : NULL;
-            if (l && l->piece.epoch == q->avoid_epoch) r = -1;
+            /* Back to a replica that failed it twice only once it has
+             * recovered (rewired, or a piece ready again). */
+            if (r >= 0 && r == q->avoid && q->wait_recovery && !replica_recovered(c, d, r, q))
+                r = -1;
         }
         if (r >= 0) {
             q->avoid = -1;
+            q->wait_recovery = false;
             if (q->base < q->n_tokens || q->replays) {
                 json_t *doc = json_pack("{s:I, s:b, s:i, s:i}", "request_id", (json_int_t)q->id,
                                         "resumed", 1, "replica", r, "from_index", q->n_tokens);
@@ -588,7 +612,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->sock = c->reply_sock;
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = -1;
-    rec->avoid = -1;
+    rec->avoid = rec->avoid_replica = -1;
     rec->ids = ids;
     rec->n_prompt = (int)total;
     rec->detok = detok;

@@ -1734,6 +1734,55 @@ static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
     tsr_env_free(&env);
 }
 
+/* Next generate the leader is sent, skipping cancels; NULL when none comes
+ * within 100 ms. */
+static tsr_env_t *next_generate(fx_t *fx, int leader)
+{
+    tsr_env_t *e;
+    while ((e = recv_env(fx->dealer[leader], TSR_WIRE_MAX_WORKER, 100)) &&
+           e->body_case != TESSERA__ENVELOPE__BODY_GENERATE)
+        tsr_env_free(&e);
+    return e;
+}
+
+/* A replica that fails a request twice in one epoch is broken, though it
+ * may still look ready: the third attempt waits until it recovers instead
+ * of using up the request's replays there at once. */
+static void test_a_replica_that_fails_a_request_twice_is_waited_for(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    uint64_t wid = start_request(fx, fx->ctl, leader, 0);
+    const char *why = "connection to rank 1 closed during recv";
+    send_token_error_as(fx, leader, wid, why, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);   /* resumed */
+    tsr_env_free(&e);
+    e = next_generate(fx, leader);         /* the first failure: straight back */
+    assert_non_null(e);
+    wid = e->generate->request_id;
+    tsr_env_free(&e);
+    send_token_error_as(fx, leader, wid, why, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    assert_null(next_generate(fx, leader));   /* the second: it waits */
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(fx->c->reqs[0].replays, 2);
+    /* The replica recovers (a piece fails and is ready again): resumed. */
+    int member = a_member(fx, leader);
+    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
+    pump(fx);
+    send_ready(fx, member, fx->piece[member].epoch);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    e = next_generate(fx, leader);
+    assert_non_null(e);
+    tsr_env_free(&e);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
 /* The attempt after a replica's error goes to another replica while one is
  * ready, not straight back to the one that failed it (it would likely fail
  * again, using up the request's replays). */
@@ -2029,6 +2078,7 @@ int main(void)
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
+        T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_a_silent_replica_is_found_by_its_canary),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),

@@ -146,6 +146,7 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->prefill_chunk, 128);
     assert_int_equal(d->kv_cache_mib, 0);
     assert_int_equal(d->max_queue, 256);
+    assert_int_equal(d->gpu_memory_percent, 90);
     assert_int_equal(d->line, 16);
 
     assert_ptr_equal(tsr_config_find(cfg, "small.v2-x_1"), &cfg->deployments[1]);
@@ -384,8 +385,9 @@ static void test_batching_keys_take_their_values(void **state)
 
     (void)state;
     cfg = parse_batch("    max_batch: 64\n    prefill_chunk: 512\n"
-                      "    kv_cache_mib: 4096\n    max_queue: 1000\n");
+                      "    kv_cache_mib: 4096\n    max_queue: 1000\n    gpu_memory_percent: 75\n");
     d = &cfg->deployments[0];
+    assert_int_equal(d->gpu_memory_percent, 75);
     assert_int_equal(d->max_batch, 64);
     assert_int_equal(d->prefill_chunk, 512);
     assert_int_equal(d->kv_cache_mib, 4096);
@@ -453,6 +455,8 @@ static void test_batching_keys_out_of_range_are_rejected(void **state)
     expect_batch_error("prefill_chunk", "0", "out of range (1 to 65536)");
     expect_batch_error("prefill_chunk", "65537", "out of range (1 to 65536)");
     expect_batch_error("kv_cache_mib", "0", "out of range (1 to 16777216)");
+    expect_batch_error("gpu_memory_percent", "9", "value '9' is out of range (10 to 99)");
+    expect_batch_error("gpu_memory_percent", "100", "value '100' is out of range (10 to 99)");
     expect_batch_error("kv_cache_mib", "16777217", "out of range (1 to 16777216)");
     expect_batch_error("max_queue", "1000001", "out of range (0 to 1000000)");
     expect_batch_error("max_queue", "99999999999999999999999", "out of range (0 to 1000000)");

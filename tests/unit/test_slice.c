@@ -317,6 +317,67 @@ static void test_kv_pool_is_never_below_one_block(void **state)
     assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 0, 512, 16, 2), 1);
 }
 
+/* Llama 3 8B's shape, for the GPU memory model. */
+static tsr_model_info_t llama8b(void)
+{
+    tsr_model_info_t m;
+    memset(&m, 0, sizeof m);
+    m.hidden_size = 4096, m.intermediate_size = 14336, m.num_hidden_layers = 32;
+    m.num_attention_heads = 32, m.num_key_value_heads = 8, m.head_dim = 128;
+    m.vocab_size = 128256, m.dtype_bytes = 2;
+    return m;
+}
+
+static tsr_deployment_t cuda_dep(int tp, int pp)
+{
+    tsr_deployment_t d;
+    memset(&d, 0, sizeof d);
+    d.device = TSR_DEVICE_CUDA, d.tensor = tp, d.pipeline = pp, d.replicas = 1;
+    d.max_seq_len = 8192, d.max_batch = 32, d.prefill_chunk = 512, d.gpu_memory_percent = 90;
+    return d;
+}
+
+/* A GPU of exactly a piece's need holds its weights, reserve and at least
+ * one full sequence of KV within gpu_memory_percent; more memory gives more
+ * blocks, up to max_batch full sequences. */
+static void test_gpu_need_and_kv_blocks_agree(void **state)
+{
+    (void)state;
+    tsr_model_info_t m = llama8b();
+    for (int pp = 1; pp <= 4; pp *= 2)
+        for (int tp = 1; tp <= 8; tp *= 2)
+            for (int pi = 0; pi < 3; pi++) {
+                const int pct = (int[]){10, 50, 99}[pi];
+                tsr_deployment_t d = cuda_dep(tp, pp);
+                d.gpu_memory_percent = pct;
+                for (int s = 0; s < pp; s++) {
+                    uint64_t need = tsr_piece_need(&m, &d, s), w, k, r;
+                    int one = (d.max_seq_len + 15) / 16, full = d.max_batch * one;
+                    int at_need = tsr_cuda_kv_blocks(&m, &d, s, need);
+                    assert_true(at_need >= one);
+                    assert_true(tsr_cuda_kv_blocks(&m, &d, s, need - need / 50) < one);
+                    uint64_t total = tsr_piece_memory(&m, &d, s, need, &w, &k, &r);
+                    assert_true(total <= need * (uint64_t)pct / 100);
+                    assert_true(w > 0 && k > 0 && r >= TSR_CUDA_CONTEXT_BYTES);
+                    int prev = at_need;
+                    for (uint64_t g = need; g < need * 8; g += need / 2) {
+                        int b = tsr_cuda_kv_blocks(&m, &d, s, g);
+                        assert_true(b >= prev && b <= full);
+                        prev = b;
+                    }
+                    assert_int_equal(tsr_cuda_kv_blocks(&m, &d, s, (uint64_t)1 << 50), full);
+                    assert_int_equal(tsr_cuda_kv_blocks(&m, &d, s, 0), full);  /* unknown GPU */
+                }
+            }
+    /* kv_cache_mib fixes the pool whatever the GPU; cpu pieces need nothing */
+    tsr_deployment_t d = cuda_dep(1, 1);
+    d.kv_cache_mib = 1024;
+    assert_int_equal(tsr_cuda_kv_blocks(&m, &d, 0, (uint64_t)80 << 30),
+                     tsr_cuda_kv_blocks(&m, &d, 0, (uint64_t)24 << 30));
+    d.device = TSR_DEVICE_CPU;
+    assert_int_equal(tsr_piece_need(&m, &d, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +393,7 @@ int main(void)
         cmocka_unit_test(test_tied_lm_head_is_the_embedding),
         cmocka_unit_test(test_stages_hold_embed_first_head_and_final_norm_last),
         cmocka_unit_test(test_kv_pool_without_budget_holds_max_seqs_full_sequences),
+        cmocka_unit_test(test_gpu_need_and_kv_blocks_agree),
         cmocka_unit_test(test_kv_pool_with_budget_prices_the_largest_stage),
         cmocka_unit_test(test_kv_pool_is_never_below_one_block),
     };
