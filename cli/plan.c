@@ -163,13 +163,23 @@ int tsr_cmd_plan(int argc, char **argv)
         if (gpu) printf(" %12s %12s %12s", "KV", "RESERVE", "TOTAL");
         printf("\n");
         uint64_t maxb = 0, maxt = 0;
+        /* every rank of a replica holds the same KV blocks: the tightest stage's */
+        int kv_blocks = -1;
+        for (int st = 0; gpu && st < d->pipeline; st++) {
+            int kb = tsr_cuda_kv_blocks(m, d, st, (uint64_t)gpu_gib << 30);
+            if (kv_blocks < 0 || kb < kv_blocks) kv_blocks = kb;
+        }
         for (size_t p = 0; p < plan->n_pieces; p++) {
             const tsr_piece_t *pc = &plan->pieces[p];
             if (pc->deployment != (int)i) continue;
             uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
-            uint64_t total = gpu ? tsr_piece_memory(m, d, pc->stage, (uint64_t)gpu_gib << 30,
-                                                    &b, &kv, &rs)
-                                 : b;
+            uint64_t total = b;
+            if (gpu) {
+                tsr_piece_memory(m, d, pc->stage, 0, &b, NULL, &rs);
+                kv = (uint64_t)kv_blocks *
+                     tsr_kv_block_bytes(m, d->tensor, pc->layer_end - pc->layer_begin, 16, 2);
+                total = b + kv + rs;
+            }
             if (b > maxb) maxb = b;
             if (total > maxt) maxt = total;
             char hb[32], hk[32], hr[32], ht[32], layers_s[32];

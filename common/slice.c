@@ -91,7 +91,7 @@ int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
                        uint64_t budget_bytes, int max_seqs, int max_seq_len,
                        int block_positions, int elem_bytes)
 {
-    int per_seq = (max_seq_len + block_positions - 1) / block_positions;
+    int per_seq = (int)(((int64_t)max_seq_len + block_positions - 1) / block_positions);
     uint64_t blocks = (uint64_t)max_seqs * (uint64_t)per_seq;
     if (budget_bytes) {
         int b, e;
@@ -121,12 +121,15 @@ static void cuda_fixed(const tsr_model_info_t *m, const tsr_deployment_t *d, int
     *w = m->dtype_bytes > 0
              ? tsr_model_piece_bytes(m, d->pipeline, stage, d->tensor) / (uint64_t)m->dtype_bytes * 2
              : 0;
-    /* the CUDA context and cuBLAS's workspace, the step's activations (f32
-     * and BF16 rows) and, on the last stage, logits and sampling */
-    uint64_t T = (uint64_t)batch + (uint64_t)chunk;
-    *r = TSR_CUDA_CONTEXT_BYTES +
+    /* the CUDA context and cuBLAS's workspace, the RoPE tables, the step's
+     * activations (f32 and BF16 rows) and, on the last stage, logits (this
+     * rank's and the gathered), the sampling buffers and the sort's scratch
+     * (engine_cuda.c's alloc_all) */
+    uint64_t T = (uint64_t)batch + (uint64_t)chunk, S = (uint64_t)batch;
+    uint64_t C = (V + tp - 1) / tp;
+    *r = TSR_CUDA_CONTEXT_BYTES + 4 * (uint64_t)d->max_seq_len * (uint64_t)m->head_dim +
          T * (4 * H * 4 + (qw + 2 * kvw) * 4 + 2 * I * 4 + H * 2 + qw * 2 + I * 2);
-    if (stage == d->pipeline - 1) *r += (uint64_t)batch * V * (16 + 4 + 4 * tp);
+    if (stage == d->pipeline - 1) *r += S * C * 4 * (1 + tp) + S * V * (16 + 8);
 }
 
 /* Bytes of one KV block of this stage's layers, in BF16. */
@@ -173,7 +176,7 @@ uint64_t tsr_piece_need(const tsr_model_info_t *m, const tsr_deployment_t *d, in
     if (d->kv_cache_mib)   /* the budget as given (the pool is at most that) */
         k = (uint64_t)tsr_cuda_kv_blocks(m, d, stage, 0) * cuda_block_bytes(m, d, stage);
     else                   /* at least one sequence of max_seq_len */
-        k = (uint64_t)((d->max_seq_len + 15) / 16) * cuda_block_bytes(m, d, stage);
+        k = (((uint64_t)d->max_seq_len + 15) / 16) * cuda_block_bytes(m, d, stage);
     uint64_t total = w + r + k, pct = (uint64_t)d->gpu_memory_percent;
     return (total * 100 + pct - 1) / pct;
 }

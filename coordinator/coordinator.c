@@ -370,29 +370,40 @@ static int data_secret(const tsr_holding_t *h, uint8_t out[32])
 }
 
 /* The KV budget sent with a piece: kv_cache_mib's; for a cuda deployment
- * without it, the blocks gpu_memory_percent leaves on the replica's
- * tightest GPU (every rank must hold the same count), priced as the worker
- * prices them (at stage 0's layers); 0: the worker's default. */
+ * without it, the blocks gpu_memory_percent leaves for the tightest
+ * (stage, GPU) pair of the replica (every rank must hold the same count),
+ * priced as the worker prices them (at stage 0's layers); 0: the worker's
+ * default (no member's memory is known).  A new budget reloads every
+ * member's weights, so what the members hold is kept while the replica is
+ * not whole, and is only ever lowered. */
 static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     const tsr_model_info_t *m = &c->deps[di].model;
     if (d->kv_cache_mib || d->device != TSR_DEVICE_CUDA || !c->deps[di].model_ok)
         return (uint64_t)d->kv_cache_mib << 20;
-    int blocks = -1;
+    int blocks = -1, members = 0;
+    uint64_t held = 0;
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, h->deployment) ||
-            w->piece.replica != h->replica || !w->memory)
+            w->piece.replica != h->replica)
             continue;
+        members++;
+        if (w->piece.kv_budget && (!held || w->piece.kv_budget < held)) held = w->piece.kv_budget;
+        if (!w->memory) continue;
         int b = tsr_cuda_kv_blocks(m, d, w->piece.stage, w->memory);
         if (blocks < 0 || b < blocks) blocks = b;
     }
-    if (blocks < 1) return 0;
     int b0, e0;
     tsr_layer_split(m->num_hidden_layers, d->pipeline, 0, &b0, &e0);
-    return (uint64_t)blocks * tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16, 2);
+    /* a member without room still gets one block: the planner moves it */
+    uint64_t fresh = blocks < 0 ? 0
+                                : (uint64_t)(blocks > 0 ? blocks : 1) *
+                                      tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16, 2);
+    if (held && (members < d->tensor * d->pipeline || !fresh || fresh >= held)) return held;
+    return fresh;
 }
 
 static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
@@ -434,7 +445,9 @@ static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_
     return strcmp(od->model_path, nd->model_path) || od->max_seq_len != nd->max_seq_len ||
            od->max_batch != nd->max_batch || od->prefill_chunk != nd->prefill_chunk ||
            od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue ||
-           od->gpu_memory_percent != nd->gpu_memory_percent;
+           /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
+           (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
+            od->gpu_memory_percent != nd->gpu_memory_percent);
 }
 
 /* The data endpoints of every piece of w's replica, indexed by stage *
@@ -465,6 +478,7 @@ static void send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **pe
 {
     Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
     fill_assignment(c, &w->piece, &a, di);
+    w->piece.kv_budget = a.kv_cache_bytes;
     char **own = peers ? NULL : replica_peers(c, &w->piece, &n_peers);
     a.peers = peers ? peers : own;
     a.n_peers = a.peers ? n_peers : 0;
@@ -649,6 +663,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         w->piece.pp_size = d->pipeline;
         w->piece.layer_begin = p->layer_begin;
         w->piece.layer_end = p->layer_end;
+        w->piece.kv_budget = 0;
         w->state = TSR_W_LOADING;
         w->reason[0] = w->detail[0] = '\0';
         tsr_info("assign %s r%d s%d t%d layers [%d,%d) to %s on %s (epoch %llu)", d->name,
@@ -847,6 +862,7 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     w->piece.pp_size = (int)a->pp_size;
     w->piece.layer_begin = (int)a->layer_begin;
     w->piece.layer_end = (int)a->layer_end;
+    w->piece.kv_budget = a->kv_cache_bytes;   /* kept, so adopting reloads nothing */
     /* Epochs only grow, also across a coordinator restart. */
     if (a->epoch > c->epoch) c->epoch = a->epoch;
     return NULL;

@@ -225,6 +225,19 @@ static int planner_init(planner_t *pl, const tsr_config_t *cfg, const int *layer
     return index_workers(pl);
 }
 
+/* Bytes one piece of stage s of deployment d needs; 0 when not checked. */
+static uint64_t need_of(const planner_t *pl, int d, int s)
+{
+    return pl->need && pl->need[d] ? pl->need[d][s] : 0;
+}
+
+/* Whether worker w has room for a piece of stage s of deployment d. */
+static bool fits(const planner_t *pl, int w, int d, int s)
+{
+    uint64_t mem = pl->workers[w].memory, need = need_of(pl, d, s);
+    return !mem || !need || mem >= need;
+}
+
 /* ---- pieces ------------------------------------------------------------- */
 
 static int piece_index(const planner_t *pl, int d, int replica, int stage, int tp)
@@ -305,25 +318,14 @@ static void keep_current(planner_t *pl)
         if (!pl->workers[w].eligible)
             continue;
         p = piece_held(pl, &pl->workers[w]);
-        if (p >= 0 && pl->plan->pieces[p].worker < 0)
+        /* a holder whose GPU no longer has room (a reload raised the need) lets go */
+        if (p >= 0 && pl->plan->pieces[p].worker < 0 &&
+            fits(pl, w, pl->plan->pieces[p].deployment, pl->plan->pieces[p].stage))
             assign(pl, p, w, true);
     }
 }
 
 /* ---- nodes and free workers -------------------------------------------- */
-
-/* Bytes one piece of stage s of deployment d needs; 0 when not checked. */
-static uint64_t need_of(const planner_t *pl, int d, int s)
-{
-    return pl->need && pl->need[d] ? pl->need[d][s] : 0;
-}
-
-/* Whether worker w has room for a piece of stage s of deployment d. */
-static bool fits(const planner_t *pl, int w, int d, int s)
-{
-    uint64_t mem = pl->workers[w].memory, need = need_of(pl, d, s);
-    return !mem || !need || mem >= need;
-}
 
 /* Free for a piece of stage s of deployment d; s -1: for any of its stages. */
 static bool is_free(const planner_t *pl, int w, int d, int s)
@@ -350,21 +352,35 @@ static int count_free(planner_t *pl, int d, int s)
     return total;
 }
 
-/* Gives `piece` the first free worker with room, by name, on `node` (which has one). */
+/* Gives `piece` a free worker with room on `node` (which has one): the
+ * first by name, or, when memory is checked, the one with the least memory
+ * that has room (unknown memory last), so roomier GPUs stay for larger
+ * pieces. */
 static void take_from_node(planner_t *pl, int node, int piece)
 {
     const tsr_piece_t *pc = &pl->plan->pieces[piece];
+    bool best_fit = need_of(pl, pc->deployment, pc->stage) > 0;
+    int pick = -1;
 
     for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
         int w = pl->order[i];
 
         if (pl->node_of[w] != node)
             break;
-        if (is_free(pl, w, pc->deployment, pc->stage)) {
-            assign(pl, piece, w, false);
-            pl->free_on[node]--;
-            return;
+        if (!is_free(pl, w, pc->deployment, pc->stage))
+            continue;
+        if (!best_fit) {
+            pick = w;
+            break;
         }
+        uint64_t m = pl->workers[w].memory ? pl->workers[w].memory : UINT64_MAX;
+        uint64_t pm = pick < 0 ? 0 : pl->workers[pick].memory ? pl->workers[pick].memory : UINT64_MAX;
+        if (pick < 0 || m < pm)
+            pick = w;
+    }
+    if (pick >= 0) {
+        assign(pl, piece, pick, false);
+        pl->free_on[node]--;
     }
 }
 
@@ -553,8 +569,28 @@ static void serve_deployment(planner_t *pl, int d)
         return;
     }
     pd->mem_stage = -1;
-    for (int r = 0; r < dep->replicas; r++) {
-        for (int s = 0; s < dep->pipeline; s++) {
+    /* Groups in (replica, stage) order; when memory is checked, stage by
+     * stage from the largest need down, so a roomy GPU is not taken by a
+     * small stage that a smaller one could hold (the order short_whole
+     * proved sufficient). */
+    int *order = malloc((size_t)dep->pipeline * sizeof *order);
+    if (!order) {
+        pd->placed = count_placed(pl, base, pd->n_pieces);
+        pd->short_by = pd->n_pieces - pd->placed;
+        return;
+    }
+    for (int s = 0; s < dep->pipeline; s++) order[s] = s;
+    for (int i = 1; i < dep->pipeline; i++)   /* stable insertion sort by need, descending */
+        for (int j = i; j > 0 && need_of(pl, d, order[j]) > need_of(pl, d, order[j - 1]); j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    bool by_stage = pl->need && pl->need[d];
+    int outer = by_stage ? dep->pipeline : dep->replicas, inner = by_stage ? dep->replicas : dep->pipeline;
+    for (int a = 0; a < outer; a++) {
+        for (int b = 0; b < inner; b++) {
+            int r = by_stage ? b : a, s = by_stage ? order[a] : b;
             int first = piece_index(pl, d, r, s, 0);
             int placed = count_placed(pl, first, dep->tensor);
 
@@ -572,6 +608,7 @@ static void serve_deployment(planner_t *pl, int d)
             }
         }
     }
+    free(order);
     pd->placed = count_placed(pl, base, pd->n_pieces);
     pd->short_by = pd->n_pieces - pd->placed;
     if (pd->mem_stage >= 0) note_largest(pl, d);

@@ -30,6 +30,7 @@ typedef struct {
     int replica, stage, tp;
     int tp_size, pp_size;
     int layer_begin, layer_end;
+    uint64_t kv_budget;         /* the KV budget last sent with it (0: none yet) */
 } tsr_holding_t;
 
 typedef struct {

@@ -405,14 +405,21 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
               (unsigned long long)q->wid, d->name, r, leader->name, q->n_tokens);
 }
 
+/* How long a replica that failed a request twice, but whose pieces report
+ * nothing wrong, must stay ready before the request goes back to it: its
+ * pieces' failure reports, when it is broken, come within milliseconds. */
+#define RECOVERY_GRACE_MS 500
+
 /* Whether replica r, which interrupted q, has recovered since: its leader
- * is of a newer epoch, or one of its pieces has become ready again. */
+ * is of a newer epoch, one of its pieces has become ready again, or it has
+ * stayed ready for RECOVERY_GRACE_MS. */
 static bool replica_recovered(tsr_coord_t *c, const tsr_deployment_t *d, int r,
                               const tsr_request_rec_t *q)
 {
     const tsr_worker_t *l = ready_leader(c, d, r);
     if (!l) return false;
     if (l->piece.epoch != q->avoid_epoch) return true;
+    if (tsr_now_ms() - q->waiting_since_ms >= RECOVERY_GRACE_MS) return true;
     size_t n = tsr_registry_size(c->reg);
     for (size_t i = 0; i < n; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);

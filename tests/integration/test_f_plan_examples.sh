@@ -27,7 +27,7 @@ grep -q "needs 4 more cuda workers" "$T/s.txt" || fail "no shortage message: $(c
 grep -q "WEIGHTS  *KV  *RESERVE  *TOTAL" "$T/c.txt" || fail "no memory columns: $(head -5 "$T/c.txt")"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 24 > "$T/m.txt"; rc=$?
 [ "$rc" = 3 ] || fail "a plan on 24 GiB GPUs exited $rc"
-grep -q "NOT PLACED: needs 16 more cuda workers: stage 1 needs 28.3 GiB per cuda worker; the largest, node0-cuda0, has 24.0 GiB" "$T/m.txt" ||
+grep -q "NOT PLACED: needs 16 more cuda workers: stage 1 needs 28.1 GiB per cuda worker; the largest, node0-cuda0, has 24.0 GiB" "$T/m.txt" ||
     fail "no memory refusal: $(grep NOT "$T/m.txt")"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 80 > /dev/null || fail "a plan on 80 GiB GPUs failed"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory x 2> /dev/null; [ $? = 2 ] || fail "--gpu-memory x accepted"

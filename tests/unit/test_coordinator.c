@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/slice.h"
 #include "common/wire.h"
 #include "coordinator/coordinator.h"
 
@@ -53,6 +54,11 @@ static void find_model_dir(void) { tsr_test_tiny_model_dir(model_dir); }
 /* The deployment's parallel layout (a test may change it before it writes
  * the file). */
 static const char *layout;
+/* The deployment's device and the fake workers' (cuda with its memory per
+ * worker, 0: 1 GiB), for the GPU memory tests. */
+static const char *dep_device = "cpu";
+static bool reg_cuda;
+static uint64_t reg_memory[8];
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -75,7 +81,7 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             "deployments:\n"
             "  - name: tiny\n"
             "    model: %s\n"
-            "    device: cpu\n"
+            "    device: %s\n"
             "    parallel:\n"
             "%s"
             "    max_seq_len: 256\n"
@@ -84,7 +90,7 @@ static void write_yaml_dep(const char *path, const char *wep, const char *cep, c
             /* Canaries only where a test asks for them (they would add
              * Generate messages to every exchange). */
             extra && strstr(extra, "canary_interval_ms") ? "" : "  canary_interval_ms: 0\n",
-            model_dir, layout, dep_extra ? dep_extra : "");
+            model_dir, dep_device, layout, dep_extra ? dep_extra : "");
     fclose(f);
 }
 
@@ -97,6 +103,9 @@ static int setup(void **state)
 {
     if (!model_dir[0]) find_model_dir();
     layout = LAYOUT_TP2_PP2;
+    dep_device = "cpu";
+    reg_cuda = false;
+    memset(reg_memory, 0, sizeof reg_memory);
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
     snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
@@ -187,8 +196,8 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
 {
     Tessera__Register r = TESSERA__REGISTER__INIT;
     r.node = (char *)node;
-    r.device = TESSERA__DEVICE_KIND__DEVICE_CPU;
-    r.device_memory = 1ull << 30;
+    r.device = reg_cuda ? TESSERA__DEVICE_KIND__DEVICE_CUDA : TESSERA__DEVICE_KIND__DEVICE_CPU;
+    r.device_memory = reg_memory[i] ? reg_memory[i] : 1ull << 30;
     r.software_version = TSR_SOFTWARE_VERSION;
     r.pid = 1000u + (uint32_t)i;
     r.assignment = held;
@@ -1579,6 +1588,50 @@ static void expect_client_token(fx_t *fx, int index, int token)
     tsr_env_free(&env);
 }
 
+/* A cuda deployment without kv_cache_mib: every rank gets the KV budget of
+ * the replica's tightest (stage, GPU) pair, priced as the worker prices it;
+ * when that member dies and a roomier spare replaces it, the budget the
+ * members hold is kept (a new one would reload their weights). */
+static void test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept(void **state)
+{
+    fx_t *fx = *state;
+    dep_device = "cuda";
+    reg_cuda = true;
+    reconfigure(fx, NULL);
+    tsr_model_info_t m;
+    char err[512];
+    assert_int_equal(tsr_model_info_load(model_dir, &m, err, sizeof err), 0);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    uint64_t need = tsr_piece_need(&m, d, 0) > tsr_piece_need(&m, d, 1) ? tsr_piece_need(&m, d, 0)
+                                                                         : tsr_piece_need(&m, d, 1);
+    for (int i = 0; i < NW; i++) reg_memory[i] = need + (uint64_t)(i + 1) * (4u << 20);
+    cluster_up(fx);
+    assert_int_equal(fx->spare, NW - 1);   /* one worker a node: the last node is left over */
+    int blocks = -1, tight = -1;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        int b = tsr_cuda_kv_blocks(&m, d, (int)fx->piece[i].stage, reg_memory[i]);
+        if (blocks < 0 || b < blocks) blocks = b, tight = i;
+    }
+    assert_true(blocks >= 1 && blocks < tsr_cuda_kv_blocks(&m, d, 0, 0));   /* memory binds */
+    int b0, e0;
+    tsr_layer_split(m.num_hidden_layers, 2, 0, &b0, &e0);
+    uint64_t want = (uint64_t)blocks * tsr_kv_block_bytes(&m, 2, e0 - b0, 16, 2);
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) assert_int_equal(fx->piece[i].kv_cache_bytes, want);
+    /* the tightest member dies; the roomiest spare takes its piece */
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[tight]);
+    int64_t now = scan_time(fx);
+    w->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_coord_tick(fx->c, now);
+    for (int i = 0; i < NW; i++) {
+        if (i == tight || (!fx->holds[i] && i != fx->spare)) continue;
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_int_equal(env->assign->assignment->kv_cache_bytes, want);
+        tsr_env_free(&env);
+    }
+}
+
 /* A replica that breaks mid-request (a member reports a data-plane failure)
  * does not fail the request: once a replica is ready again, the request
  * goes on from the prompt plus the tokens delivered, under a new id at the
@@ -2079,6 +2132,7 @@ int main(void)
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
+        T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),

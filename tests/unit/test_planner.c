@@ -970,6 +970,51 @@ static void test_spare_without_room_does_not_replace_a_roomy_worker(void **state
     tsr_plan_destroy(&p);
 }
 
+/* The larger need is served first: a small first stage does not take the
+ * only GPU the larger last stage fits on. */
+static void test_the_largest_stage_is_served_first(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    int a = add_worker(&c, "n0", TSR_DEVICE_CUDA), b = add_worker(&c, "n0", TSR_DEVICE_CUDA);
+    c.w[a].memory = 30 * GIB;
+    c.w[b].memory = 15 * GIB;
+    add_dep(&c, "big", TSR_DEVICE_CUDA, 1, 2, 1, 8);
+    uint64_t st[2] = {10 * GIB, 20 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(p->deps[0].placed, 2);
+    assert_int_equal(piece(p, 0, 0, 1, 0)->worker, a);
+    assert_int_equal(piece(p, 0, 0, 0, 0)->worker, b);
+    tsr_plan_destroy(&p);
+}
+
+/* A piece kept on a GPU that no longer has room for it (a reload raised
+ * the need) moves to one that has. */
+static void test_a_held_piece_that_no_longer_fits_moves(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    int small = add_worker(&c, "n0", TSR_DEVICE_CUDA), big = add_worker(&c, "n0", TSR_DEVICE_CUDA);
+    c.w[small].memory = 16 * GIB;
+    c.w[big].memory = 80 * GIB;
+    add_dep(&c, "m", TSR_DEVICE_CUDA, 1, 1, 1, 8);
+    uint64_t st[1] = {10 * GIB};
+    const uint64_t *need[1] = {st};
+    tsr_plan_t *p = plan_mem(&c, need);
+    assert_int_equal(piece(p, 0, 0, 0, 0)->worker, small);   /* the least memory with room */
+    apply(&c, p);
+    tsr_plan_destroy(&p);
+    st[0] = 50 * GIB;
+    p = plan_mem(&c, need);
+    assert_int_equal(piece(p, 0, 0, 0, 0)->worker, big);
+    assert_false(piece(p, 0, 0, 0, 0)->kept);
+    assert_null(tsr_plan_piece_of(p, small));
+    tsr_plan_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1000,6 +1045,8 @@ int main(void)
         cmocka_unit_test(test_layout_that_fits_no_gpu_is_refused_with_the_numbers),
         cmocka_unit_test(test_short_of_roomy_workers_says_how_many_and_how_much),
         cmocka_unit_test(test_spare_without_room_does_not_replace_a_roomy_worker),
+        cmocka_unit_test(test_the_largest_stage_is_served_first),
+        cmocka_unit_test(test_a_held_piece_that_no_longer_fits_moves),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
