@@ -535,6 +535,8 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
     fail_queued(ex, 0, "worker shutting down");
     tsr_event_t ev;
     while (tsr_executor_pop_event(ex, &ev)) {}
+    /* cancels nobody will read any more (the piece stopped before them) */
+    for (qnode_t *n; (n = fifo_pop(&ex->cancels));) free(n);
     close(ex->pipe_r);
     close(ex->pipe_w);
     tsr_tcp_listener_destroy(&ex->listener);
