@@ -189,6 +189,7 @@ bench: deps
 	@./bench/serve.sh
 	@./bench/tokenize.sh
 	@./bench/http.sh
+	@./bench/client_kill.sh
 	@./bench/chaos.sh
 
 install: $(PROGRAMS)
