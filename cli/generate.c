@@ -192,6 +192,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     int64_t start = tsr_now_ms(), first = 0;
     int64_t resume_until = 0;   /* while the coordinator is away: when to give up */
     int got = 0, resumes = 0;
+    uint64_t request_id = 0;    /* the coordinator's id, kept across its restarts */
+    uint64_t serving_id = 0;    /* the id of the latest acceptance (the summary's) */
     for (;;) {  /* one attempt per connection to the coordinator */
         Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
         q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
@@ -204,6 +206,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         q.want_text = want_text;
         q.n_resume = (size_t)got;
         q.resume = prompt + n;
+        q.request_id = got ? request_id : 0;
         q.max_tokens = (uint32_t)(max_tokens - got);
         q.temperature = (float)temperature;
         q.top_p = (float)top_p;
@@ -278,7 +281,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             if (!reply->control_reply->ok) {
                 /* A restarted coordinator has no ready replica until its
                  * workers re-attach: keep asking while resuming. */
-                if (resume_until && strstr(reply->control_reply->error, "has no ready replica")) {
+                const char *code = reply->control_reply->code;
+                if (resume_until && code && !strcmp(code, "unavailable")) {
                     lost = 1;
                     continue;
                 }
@@ -292,6 +296,8 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             if (!doc) continue;
             if (!json_object_get(doc, "token")) {  /* the acceptance, or a resumption */
                 accepted = 1;
+                serving_id = (uint64_t)json_integer_value(json_object_get(doc, "request_id"));
+                if (!request_id) request_id = serving_id;
                 if (resume_until) {
                     resume_until = 0;
                     resumes++;
@@ -340,9 +346,10 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 fflush(stdout);  /* the ids before the summary on stderr */
                 if (!only_ids) {
                     int64_t end = tsr_now_ms();
-                    fprintf(stderr, "%d token(s), finished by %s%s; first token after %lld ms, "
-                                    "%.1f tokens/s after it\n",
-                            got, finish, resumes ? " (resumed after the coordinator restarted)" : "",
+                    fprintf(stderr, "request %llu: %d token(s), finished by %s%s; first token "
+                                    "after %lld ms, %.1f tokens/s after it\n",
+                            (unsigned long long)serving_id, got, finish,
+                            resumes ? " (resumed after the coordinator restarted)" : "",
                             (long long)(first - start),
                             got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
                 }
@@ -356,9 +363,10 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         if (!resume_until) {
             resume_until = now + token_timeout;
             fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
-                            "after %d token(s); resuming the request when it is back (up to %ld "
+                            "after %d token(s); resuming request %llu when it is back (up to %ld "
                             "ms, --token-timeout)\n",
-                    got ? "\n" : "", cli->endpoint, got, token_timeout);
+                    got ? "\n" : "", cli->endpoint, got, (unsigned long long)request_id,
+                    token_timeout);
         } else if (now >= resume_until) {
             fprintf(stderr, "%stessera generate: the coordinator at %s did not take the request "
                             "back within %ld ms (--token-timeout) after %d token(s); giving up\n",

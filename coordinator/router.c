@@ -588,7 +588,15 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         c->reqs = a;
         c->cap_reqs = cap;
     }
-    uint64_t id = new_request_id(c);
+    /* A client resuming after a coordinator restart keeps its request's id,
+     * unless another request in flight has it. */
+    uint64_t id = 0;
+    if (q->n_resume && q->request_id) {
+        id = q->request_id;
+        for (size_t i = 0; i < c->n_reqs && id; i++)
+            if (c->reqs[i].id == id) id = 0;
+    }
+    if (!id) id = new_request_id(c);
     /* Room for the prompt and the first tokens; it grows as tokens come. */
     int cap_ids = (int)total + 64;
     ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
