@@ -362,11 +362,13 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         int64_t now = tsr_now_ms();
         if (!resume_until) {
             resume_until = now + token_timeout;
+            char which[48] = "the request";
+            if (got && request_id)   /* resubmitted under its id (see q.request_id) */
+                snprintf(which, sizeof which, "request %llu", (unsigned long long)request_id);
             fprintf(stderr, "%stessera generate: lost the connection to the coordinator at %s "
-                            "after %d token(s); resuming request %llu when it is back (up to %ld "
-                            "ms, --token-timeout)\n",
-                    got ? "\n" : "", cli->endpoint, got, (unsigned long long)request_id,
-                    token_timeout);
+                            "after %d token(s); resuming %s when it is back (up to %ld ms, "
+                            "--token-timeout)\n",
+                    got ? "\n" : "", cli->endpoint, got, which, token_timeout);
         } else if (now >= resume_until) {
             fprintf(stderr, "%stessera generate: the coordinator at %s did not take the request "
                             "back within %ld ms (--token-timeout) after %d token(s); giving up\n",

@@ -18,9 +18,10 @@
 #      one exactly tsr_sample's draw on them; a prompt chunk in a mixed
 #      batch, and a step that samples nothing
 #   3. a cuda deployment served by a coordinator and a CUDA worker, and
-#      tp=2 pp=2 on the one GPU (four workers; ranks that share a GPU use
-#      the staged TCP collectives), each generating 32 tokens, compared
-#      with a cpu deployment's; a worker for a GPU that does not exist
+#      tp=2 pp=2 on the one GPU (four workers; every cuda rank uses the
+#      staged TCP collectives until NCCL), each generating 32 tokens,
+#      compared with a cpu deployment's; a worker for a GPU that does not
+#      exist must exit 1
 #   4. speed with weights filled on the device from a seed: a ~1B model and
 #      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
 #      tokens, each next to its measured bound (build/bench/gpu_bench speed)
@@ -92,7 +93,9 @@ YAML
     done
     "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 7 \
         --name gpu7 2> "$T/gpu7.log"
-    echo "a worker for cuda device 7: exit status $? ($(tail -1 "$T/gpu7.log"))"
+    local rc7=$?
+    echo "a worker for cuda device 7: exit status $rc7 ($(tail -1 "$T/gpu7.log"))"
+    [ "$rc7" = 1 ] || { echo "a worker for a missing GPU did not exit 1"; ok=1; }
     if ! "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/status.txt"; then
         cat "$T/status.txt"; cat "$T/c.log" | tail -20; ok=1
     fi

@@ -292,7 +292,7 @@ static void drain_executor(tsr_agent_t *a)
             snprintf(a->reason, sizeof a->reason, "%s", ev.text);
             tsr_error("%s r%u s%u t%u failed: %s", a->deployment, a->piece.replica,
                       a->piece.stage, a->piece.tp_rank, ev.text);
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, false, ev.retryable);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, ev.fatal, ev.retryable);
         }
     }
 }
@@ -360,6 +360,14 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
         /* Resets answer messages sent before the last registration; while a
          * registration is in flight they carry no news. */
         if (a->phase == TSR_A_REGISTERING) break;
+        /* After a fatal device error the coordinator's reset is its answer
+         * to our report: the report arrived, so the worker exits now (to
+         * be restarted) instead of registering a broken device again. */
+        if (a->ex && tsr_executor_device_lost(a->ex)) {
+            a->exit_code = 75;
+            a->stop = true;
+            break;
+        }
         tsr_warn("coordinator asks to register again: %s", env->reset->reason);
         if (!env->reset->keep_assignment) drop_piece(a, "declared dead by the coordinator");
         a->phase = TSR_A_REGISTERING;

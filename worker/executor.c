@@ -429,9 +429,12 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
         failed = err;
         if (be->engine->fatal(*eng)) {
-            /* The device is unusable: say why, and let the worker exit so
-             * that its supervisor restarts it with a fresh context. */
-            push_simple(ex, TSR_EV_FAILED, j->epoch, err);
+            /* The device is unusable: say why (fatal, so the coordinator
+             * moves the piece at once), and let the worker exit so that its
+             * supervisor restarts it with a fresh context. */
+            tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = j->epoch, .fatal = 1};
+            snprintf(ev.text, sizeof ev.text, "%s", err);
+            push_event(ex, &ev);
             pthread_mutex_lock(&ex->mu);
             ex->device_lost = true;
             pthread_mutex_unlock(&ex->mu);

@@ -23,6 +23,7 @@ typedef struct {
     int retryable;              /* FAILED, TOKEN with an error: the replica's fault, not the
                                    request's or the weights'; rewiring or resuming may help.
                                    TOKEN: a TSR_FAIL_* value (worker/replica.h) */
+    int fatal;                  /* FAILED: the device is lost and the worker exits */
     char finish[16];
     char text[512];             /* progress detail, failure reason, request error */
 } tsr_event_t;

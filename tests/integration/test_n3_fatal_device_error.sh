@@ -18,6 +18,11 @@ out=$(tsr generate tiny --prompt-ids 1,2,3 --max-tokens 20 --ids 2> "$T/gen.err"
 wait "${WPID[w0]}"; rc=$?
 [ "$rc" = 75 ] || fail "the worker exited with $rc, not 75"
 [ "$(piece_holder 0 0 0)" = w1 ] || fail "the piece did not move: $(piece_holder 0 0 0)"
+# Declared dead by its fatal failure report, not by its heartbeats stopping.
+case "$(worker_field w0 reason)" in
+    *"fatal device error"*) ;;
+    *) fail "w0's reason: $(worker_field w0 reason)" ;;
+esac
 # The same request again, undisturbed, on w1: the same tokens.
 ref=$(tsr generate tiny --prompt-ids 1,2,3 --max-tokens 20 --ids) || fail "reference run failed"
 [ "$out" = "$ref" ] || fail "resumed tokens differ: $out vs $ref"
