@@ -9,23 +9,12 @@
 # time, and the difference at p50 against the target: the next request's
 # first token is not delayed by more than one step (the cancel lands at the
 # next step boundary).
-#   bench/client_kill.sh     about 1 minute on 2 cores
+#   bench/client_kill.sh     a few seconds on 2 cores
 set -u
 cd "$(dirname "$0")/.."
-BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
-for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker"; do
-    [ -x "$f" ] || { echo "bench/client_kill.sh: $f is missing (run make)" >&2; exit 1; }
-done
-MODEL="$BUILD/models/http-bench"
-T=$(mktemp -d /tmp/tsr-killbench.XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-if [ ! -f "$MODEL/config.json" ]; then
-    "$BIN/tessera" model-init "$MODEL" --hidden 256 --intermediate 688 --layers 4 --heads 8 \
-        --kv-heads 4 --vocab 1024 --max-pos 512 --seed 3 --force > /dev/null || exit 1
-fi
+source bench/lib.sh
+bench_setup bench/client_kill.sh "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker"
+bench_small_model
 WP=$(free_port) CP=$(free_port)
 cat > "$T/d.yaml" <<YAML
 version: 1
@@ -37,10 +26,7 @@ deployments:
     max_seq_len: 512
     max_batch: 1
 YAML
-"$BIN/tessera-coordinator" "$T/d.yaml" > "$T/coord.log" 2>&1 & PIDS+=($!)
-"$BIN/tessera-worker" --coordinator "tcp://127.0.0.1:$WP" --name w0 > "$T/w0.log" 2>&1 & PIDS+=($!)
-"$BIN/tessera" --coordinator "tcp://127.0.0.1:$CP" status --wait-ready 30 > /dev/null ||
-    { echo "bench/client_kill.sh: not ready"; cat "$T"/*.log; exit 1; }
+bench_one_worker bench/client_kill.sh
 
 echo "== Client-kill benchmark"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"

@@ -11,20 +11,10 @@
 # Needs `make` plus build/bench/serve (make bench builds it).
 set -u
 cd "$(dirname "$0")/.."
-BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
-for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" "$BUILD/bench/serve"; do
-    [ -x "$f" ] || { echo "bench/http.sh: $f is missing (make bench builds it)" >&2; exit 1; }
-done
-MODEL="$BUILD/models/http-bench"
-T=$(mktemp -d /tmp/tsr-httpbench.XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-if [ ! -f "$MODEL/tokenizer.json" ]; then
-    "$BIN/tessera" model-init "$MODEL" --hidden 256 --intermediate 688 --layers 4 --heads 8 \
-        --kv-heads 4 --vocab 1024 --max-pos 512 --seed 3 --force > /dev/null || exit 1
-fi
+source bench/lib.sh
+bench_setup bench/http.sh "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" \
+    "$BUILD/bench/serve"
+bench_small_model
 WP=$(free_port) CP=$(free_port) HP=$(free_port)
 cat > "$T/d.yaml" <<YAML
 version: 1
@@ -35,10 +25,7 @@ deployments:
     model: $PWD/$MODEL
     max_seq_len: 512
 YAML
-"$BIN/tessera-coordinator" "$T/d.yaml" > "$T/coord.log" 2>&1 & PIDS+=($!)
-"$BIN/tessera-worker" --coordinator "tcp://127.0.0.1:$WP" --name w0 > "$T/w0.log" 2>&1 & PIDS+=($!)
-"$BIN/tessera" --coordinator "tcp://127.0.0.1:$CP" status --wait-ready 30 > /dev/null ||
-    { echo "bench/http.sh: not ready"; cat "$T"/*.log; exit 1; }
+bench_one_worker bench/http.sh
 
 echo "== HTTP overhead benchmark"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
