@@ -373,6 +373,33 @@ __global__ void __launch_bounds__(THREADS) k_sample_prep(const float *g, int S, 
     }
 }
 
+/* The first of candidates [0, n) of p whose inclusive prefix sum passes
+ * pass(prefix, weight), scanned THREADS at a time with a block scan; n
+ * when none does.  Every thread of the block calls it and gets the answer;
+ * tmp and found are the caller's shared memory. */
+template <int THREADS, typename Pass>
+__device__ int first_prefix(const float *p, int n, Pass pass,
+                            typename cub::BlockScan<double, THREADS>::TempStorage &tmp, int &found)
+{
+    __syncthreads();   /* found's last readers are done */
+    if (threadIdx.x == 0) found = n;
+    double run = 0;
+    for (int t0 = 0; t0 < n; t0 += THREADS) {
+        int i = t0 + threadIdx.x;
+        double v = i < n ? p[i] : 0.0, incl, total;
+        __syncthreads();
+        cub::BlockScan<double, THREADS>(tmp).InclusiveSum(v, incl, total);
+        if (i < n && pass(incl + run, p[i])) atomicMin(&found, i);
+        __syncthreads();
+        if (found < n) break;
+        run += total;
+    }
+    __syncthreads();
+    int f = found;
+    __syncthreads();   /* everyone has read it before it is written again */
+    return f;
+}
+
 /* Walks a row's candidates (sorted when top_p cuts, else in id order) in
  * tiles of THREADS with a block scan: first the cut, then the draw. */
 template <int THREADS>
@@ -397,22 +424,9 @@ __global__ void __launch_bounds__(THREADS) k_sample_pick(const float *w, const i
     /* 1. the cut: the smallest k >= 1 whose prefix reaches top_p * sum */
     if (cut) {
         const double goal = md.samp_top_p[s] * wsum[s];
-        if (threadIdx.x == 0) found = V, found_sum = wsum[s];
-        double run = 0;
-        for (int t0 = 0; t0 < V; t0 += THREADS) {
-            int i = t0 + threadIdx.x;
-            double v = i < V ? p[i] : 0.0, incl, total;
-            __syncthreads();
-            scan_t(tmp).InclusiveSum(v, incl, total);
-            incl += run;
-            /* incl: the prefix of i + 1 candidates */
-            if (i < V && incl >= goal) atomicMin(&found, i);
-            __syncthreads();
-            if (found < V) break;
-            run += total;
-        }
-        __syncthreads();
-        k = found + 1 < V ? found + 1 : V;
+        int f = first_prefix<THREADS>(p, V, [=](double prefix, float) { return prefix >= goal; },
+                                      tmp, found);
+        k = f + 1 < V ? f + 1 : V;
         /* keep = prefix(k), summed sequentially like the CPU */
         if (threadIdx.x == 0) {
             double acc = 0;
@@ -424,22 +438,9 @@ __global__ void __launch_bounds__(THREADS) k_sample_pick(const float *w, const i
     }
     /* 2. the draw: the first candidate whose prefix passes r */
     const double r = tsr_draw(md.samp_seed[s], md.samp_pos[s]) * keep;
-    __syncthreads();
-    if (threadIdx.x == 0) found = k;
-    double run = 0;
-    for (int t0 = 0; t0 < k; t0 += THREADS) {
-        int i = t0 + threadIdx.x;
-        double v = i < k ? p[i] : 0.0, incl, total;
-        __syncthreads();
-        scan_t(tmp).InclusiveSum(v, incl, total);
-        incl += run;
-        if (i < k && r < incl && p[i] > 0) atomicMin(&found, i);
-        __syncthreads();
-        if (found < k) break;
-        run += total;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) out[s] = found < k ? id[found] : best[s];
+    int f = first_prefix<THREADS>(p, k, [=](double prefix, float w) { return r < prefix && w > 0; },
+                                  tmp, found);
+    if (threadIdx.x == 0) out[s] = f < k ? id[f] : best[s];
 }
 
 /* ---- helpers ------------------------------------------------------------------- */
