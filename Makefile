@@ -191,6 +191,7 @@ bench: deps
 	@./bench/http.sh
 	@./bench/client_kill.sh
 	@./bench/chaos.sh
+	@./bench/chaos.sh --netns 300
 
 install: $(PROGRAMS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system \

@@ -42,16 +42,12 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
     }
     const char *failure = NULL;
     tsr_worker_t *failed_w = NULL;
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t k = 0; k < n && sum->at; k++) {
-        tsr_worker_t *w = tsr_registry_at(c->reg, k);
-        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, d->name))
-            continue;
-        if (w->piece.replica >= d->replicas || w->piece.stage >= d->pipeline ||
-            w->piece.tp >= d->tensor || w->piece.tp_size != d->tensor ||
-            w->piece.pp_size != d->pipeline)
-            continue;  /* an old layout's piece, about to be replaced */
-        sum->at[piece_slot(d, w->piece.replica, w->piece.stage, w->piece.tp)] = w;
+    int slots = d->pipeline * d->tensor;
+    for (int k = 0; k < sum->total && sum->at; k++) {
+        tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, k / slots, d->tensor,
+                                               d->pipeline, k % slots);
+        if (!w) continue;  /* unplaced, or held only in an old layout, about to be replaced */
+        sum->at[k] = w;
         sum->placed++;
         if (w->state == TSR_W_READY) sum->ready++;
         if (w->state == TSR_W_FAILED && !failure) {
@@ -78,7 +74,7 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
     } else if (failure) {
         sum->state = "failed";
         snprintf(sum->message, sizeof sum->message, "replica %d stage %d tp %d on %s: %s",
-                 failed_w->piece.replica, failed_w->piece.stage, failed_w->piece.tp,
+                 failed_w->piece.key.replica, failed_w->piece.key.stage, failed_w->piece.key.tp,
                  failed_w->name, failure);
     } else if (sum->ready == sum->total) {
         sum->state = "ready";  /* ever_ready was set when the last piece became ready */
@@ -139,10 +135,11 @@ const char *tsr_coord_dep_state(tsr_coord_t *c, size_t i, int64_t now_ms)
 
 static json_t *holding_json(const tsr_holding_t *h)
 {
-    return json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:[i,i]}", "deployment", h->deployment,
-                     "epoch", (json_int_t)h->epoch, "replica", h->replica, "stage", h->stage,
-                     "tp", h->tp, "tp_size", h->tp_size, "pp_size", h->pp_size, "layers",
-                     h->layer_begin, h->layer_end);
+    const tsr_piece_key_t *k = &h->key;
+    return json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:[i,i]}", "deployment", k->deployment,
+                     "epoch", (json_int_t)h->epoch, "replica", k->replica, "stage", k->stage,
+                     "tp", k->tp, "tp_size", k->tp_size, "pp_size", k->pp_size, "layers",
+                     k->layer_begin, k->layer_end);
 }
 
 /* The worker list is most of a large cluster's status document, so it is
@@ -194,13 +191,13 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
               tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);
     if (w->has_piece) {
-        const tsr_holding_t *h = &w->piece;
+        const tsr_piece_key_t *k = &w->piece.key;
         tsr_sb_puts(b, ",\"assignment\":{\"deployment\":");
-        sb_str(b, h->deployment);
+        sb_str(b, k->deployment);
         tsr_sb_printf(b, ",\"epoch\":%llu,\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
                      "\"pp_size\":%d,\"layers\":[%d,%d]}",
-                  (unsigned long long)h->epoch, h->replica, h->stage, h->tp, h->tp_size,
-                  h->pp_size, h->layer_begin, h->layer_end);
+                  (unsigned long long)w->piece.epoch, k->replica, k->stage, k->tp, k->tp_size,
+                  k->pp_size, k->layer_begin, k->layer_end);
     } else {
         tsr_sb_puts(b, ",\"assignment\":null");
     }
@@ -433,14 +430,8 @@ static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     json_t *o = json_pack("{s:s, s:b}", "worker", w->name, "drained", 1);
     if (had) {
         json_object_set_new(o, "piece", holding_json(&old));
-        size_t n = tsr_registry_size(c->reg);
-        for (size_t i = 0; i < n; i++) {
-            tsr_worker_t *x = tsr_registry_at(c->reg, i);
-            if (x != w && x->has_piece && x->state != TSR_W_DEAD &&
-                !strcmp(x->piece.deployment, old.deployment) && x->piece.replica == old.replica &&
-                x->piece.stage == old.stage && x->piece.tp == old.tp)
-                json_object_set_new(o, "moved_to", json_string(x->name));
-        }
+        const tsr_worker_t *x = tsr_registry_holder(c->reg, &old.key, w);
+        if (x) json_object_set_new(o, "moved_to", json_string(x->name));
     }
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

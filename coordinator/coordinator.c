@@ -357,14 +357,14 @@ static int data_secret(const tsr_holding_t *h, uint8_t out[32])
     static uint8_t key[32];
     static bool have_key;
     uint8_t msg[TSR_NAME_MAX + 1 + 16];
-    size_t dl = strnlen(h->deployment, TSR_NAME_MAX), ml = 0;
+    size_t dl = strnlen(h->key.deployment, TSR_NAME_MAX), ml = 0;
     unsigned int outl = 32;
     if (!have_key && RAND_bytes(key, sizeof key) != 1) return -1;
     have_key = true;
-    memcpy(msg, h->deployment, dl);
+    memcpy(msg, h->key.deployment, dl);
     ml = dl;
     msg[ml++] = 0;
-    for (int i = 7; i >= 0; i--) msg[ml++] = (uint8_t)((uint64_t)h->replica >> (8 * i));
+    for (int i = 7; i >= 0; i--) msg[ml++] = (uint8_t)((uint64_t)h->key.replica >> (8 * i));
     for (int i = 7; i >= 0; i--) msg[ml++] = (uint8_t)(h->epoch >> (8 * i));
     return HMAC(EVP_sha256(), key, sizeof key, msg, ml, out, &outl) ? 0 : -1;
 }
@@ -384,16 +384,14 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
         return (uint64_t)d->kv_cache_mib << 20;
     int blocks = -1, members = 0;
     uint64_t held = 0;
-    size_t n = tsr_registry_size(c->reg);
+    size_t n;
+    tsr_worker_t *const *ws = tsr_registry_replica(c->reg, h->key.deployment, h->key.replica, &n);
     for (size_t i = 0; i < n; i++) {
-        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, h->deployment) ||
-            w->piece.replica != h->replica)
-            continue;
+        const tsr_worker_t *w = ws[i];
         members++;
         if (w->piece.kv_budget && (!held || w->piece.kv_budget < held)) held = w->piece.kv_budget;
         if (!w->memory) continue;
-        int b = tsr_cuda_kv_blocks(m, d, w->piece.stage, w->memory);
+        int b = tsr_cuda_kv_blocks(m, d, w->piece.key.stage, w->memory);
         if (blocks < 0 || b < blocks) blocks = b;
     }
     int b0, e0;
@@ -411,15 +409,8 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     static uint8_t secret[32];
-    a->deployment = (char *)h->deployment;
+    tsr_piece_to_wire(&h->key, a);
     a->epoch = h->epoch;
-    a->replica = (uint32_t)h->replica;
-    a->stage = (uint32_t)h->stage;
-    a->tp_rank = (uint32_t)h->tp;
-    a->tp_size = (uint32_t)h->tp_size;
-    a->pp_size = (uint32_t)h->pp_size;
-    a->layer_begin = (uint32_t)h->layer_begin;
-    a->layer_end = (uint32_t)h->layer_end;
     a->model_path = d->model_path;
     a->max_seq_len = (uint32_t)d->max_seq_len;
     a->max_batch = (uint32_t)d->max_batch;
@@ -434,7 +425,7 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
         a->data_secret.len = sizeof secret;
     } else {
         tsr_error("no random key for data-port secrets: %s's replica %d cannot form",
-                  h->deployment, h->replica);
+                  h->key.deployment, h->key.replica);
     }
 }
 
@@ -450,23 +441,17 @@ static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_
             od->gpu_memory_percent != nd->gpu_memory_percent);
 }
 
-/* The data endpoints of every piece of w's replica, indexed by stage *
- * tp_size + tp ("" where a piece has no holder yet).  Caller frees. */
-static char **replica_peers(tsr_coord_t *c, const tsr_holding_t *h, size_t *n_out)
+/* The data endpoints of every piece of key's replica in key's layout,
+ * indexed by slot ("" where a piece has no holder yet).  Caller frees. */
+static char **replica_peers(tsr_coord_t *c, const tsr_piece_key_t *key, size_t *n_out)
 {
-    size_t n = (size_t)h->tp_size * (size_t)h->pp_size;
+    size_t n = (size_t)key->tp_size * (size_t)key->pp_size;
     char **peers = calloc(n ? n : 1, sizeof *peers);
     if (!peers) return NULL;
-    for (size_t i = 0; i < n; i++) peers[i] = "";
-    size_t nw = tsr_registry_size(c->reg);
-    for (size_t i = 0; i < nw; i++) {
-        tsr_worker_t *o = tsr_registry_at(c->reg, i);
-        if (o->state == TSR_W_DEAD || !o->has_piece || strcmp(o->piece.deployment, h->deployment) ||
-            o->piece.replica != h->replica || o->piece.tp_size != h->tp_size ||
-            o->piece.pp_size != h->pp_size)
-            continue;
-        size_t k = (size_t)o->piece.stage * (size_t)h->tp_size + (size_t)o->piece.tp;
-        if (k < n) peers[k] = o->data_endpoint;
+    for (size_t k = 0; k < n; k++) {
+        tsr_worker_t *o = tsr_registry_at_slot(c->reg, key->deployment, key->replica,
+                                               key->tp_size, key->pp_size, (int)k);
+        peers[k] = o ? o->data_endpoint : "";
     }
     *n_out = n;
     return peers;
@@ -479,7 +464,7 @@ static void send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **pe
     Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
     fill_assignment(c, &w->piece, &a, di);
     w->piece.kv_budget = a.kv_cache_bytes;
-    char **own = peers ? NULL : replica_peers(c, &w->piece, &n_peers);
+    char **own = peers ? NULL : replica_peers(c, &w->piece.key, &n_peers);
     a.peers = peers ? peers : own;
     a.n_peers = a.peers ? n_peers : 0;
     Tessera__Assign as = TESSERA__ASSIGN__INIT;
@@ -535,16 +520,14 @@ static void rewire(tsr_coord_t *c, int di, int replica)
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_requests_move_replica(c, d->name, replica, "the replica was rewired for a new plan");
     /* One peer list serves every member. */
-    tsr_holding_t h = {.replica = replica, .tp_size = d->tensor, .pp_size = d->pipeline};
-    snprintf(h.deployment, sizeof h.deployment, "%s", d->name);
+    tsr_piece_key_t key = {.replica = replica, .tp_size = d->tensor, .pp_size = d->pipeline};
+    snprintf(key.deployment, sizeof key.deployment, "%s", d->name);
     size_t n_peers = 0;
-    char **peers = replica_peers(c, &h, &n_peers);
-    size_t n = tsr_registry_size(c->reg);
+    char **peers = replica_peers(c, &key, &n_peers);
+    size_t n;
+    tsr_worker_t *const *m = tsr_registry_replica(c->reg, d->name, replica, &n);
     for (size_t i = 0; i < n; i++) {
-        tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, d->name) ||
-            w->piece.replica != replica)
-            continue;
+        tsr_worker_t *w = m[i];
         w->piece.epoch = c->epoch;
         w->state = TSR_W_LOADING;
         w->reason[0] = '\0';
@@ -605,16 +588,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         pw[k].device = w->device;
         pw[k].memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0;
         pw[k].eligible = !w->drained;
-        if (w->has_piece) {
-            pw[k].current.deployment = w->piece.deployment;
-            pw[k].current.replica = w->piece.replica;
-            pw[k].current.stage = w->piece.stage;
-            pw[k].current.tp = w->piece.tp;
-            pw[k].current.tp_size = w->piece.tp_size;
-            pw[k].current.pp_size = w->piece.pp_size;
-            pw[k].current.layer_begin = w->piece.layer_begin;
-            pw[k].current.layer_end = w->piece.layer_end;
-        }
+        if (w->has_piece) pw[k].current = w->piece.key;
         k++;
     }
 
@@ -640,11 +614,11 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         tsr_worker_t *w = ws[acts[i].worker];
         if (acts[i].kind == TSR_ACT_UNASSIGN) {
             tsr_info("unassign %s from %s r%d s%d t%d (epoch %llu)", w->name,
-                     w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                     w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp,
                      (unsigned long long)c->epoch);
-            touch(&touched, dep_index(c, w->piece.deployment), w->piece.replica);
+            touch(&touched, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
             send_unassign(c, w, w->drained ? "drained" : "piece no longer in the plan");
-            w->has_piece = false;
+            tsr_registry_clear_piece(c->reg, w);
             w->state = TSR_W_IDLE;
             w->reason[0] = w->detail[0] = '\0';
             continue;
@@ -652,18 +626,19 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         const tsr_piece_t *p = acts[i].piece;
         int di = map[p->deployment];
         const tsr_deployment_t *d = &c->cfg->deployments[di];
-        if (w->has_piece) touch(&touched, dep_index(c, w->piece.deployment), w->piece.replica);
-        w->has_piece = true;
-        snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", d->name);
-        w->piece.epoch = c->epoch;
-        w->piece.replica = p->replica;
-        w->piece.stage = p->stage;
-        w->piece.tp = p->tp;
-        w->piece.tp_size = d->tensor;
-        w->piece.pp_size = d->pipeline;
-        w->piece.layer_begin = p->layer_begin;
-        w->piece.layer_end = p->layer_end;
-        w->piece.kv_budget = 0;
+        if (w->has_piece) touch(&touched, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+        tsr_piece_key_t key = {.replica = p->replica, .stage = p->stage, .tp = p->tp,
+                               .tp_size = d->tensor, .pp_size = d->pipeline,
+                               .layer_begin = p->layer_begin, .layer_end = p->layer_end};
+        snprintf(key.deployment, sizeof key.deployment, "%s", d->name);
+        if (tsr_registry_set_piece(c->reg, w, &key, c->epoch, 0) < 0) {
+            /* the piece stays unplaced; the next plan tries again */
+            tsr_error("out of memory assigning %s r%d s%d t%d to %s", d->name, p->replica,
+                      p->stage, p->tp, w->name);
+            w->state = TSR_W_IDLE;
+            c->dirty = true;
+            continue;
+        }
         w->state = TSR_W_LOADING;
         w->reason[0] = w->detail[0] = '\0';
         tsr_info("assign %s r%d s%d t%d layers [%d,%d) to %s on %s (epoch %llu)", d->name,
@@ -711,19 +686,18 @@ out:
     free(pw);
 }
 
-/* True when a piece with this layout is one of deployment di's pieces under
- * the current configuration. */
-static bool piece_fits(const tsr_coord_t *c, int di, int replica, int stage, int tp, int tp_size,
-                       int pp_size, int layer_begin, int layer_end)
+/* True when k (with its layout) is one of deployment di's pieces under the
+ * current configuration. */
+static bool piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    if (!c->deps[di].model_ok || tp_size != d->tensor || pp_size != d->pipeline ||
-        replica < 0 || replica >= d->replicas || stage < 0 || stage >= d->pipeline || tp < 0 ||
-        tp >= d->tensor)
+    if (!c->deps[di].model_ok || k->tp_size != d->tensor || k->pp_size != d->pipeline ||
+        k->replica < 0 || k->replica >= d->replicas || k->stage < 0 || k->stage >= d->pipeline ||
+        k->tp < 0 || k->tp >= d->tensor)
         return false;
     int b, e;
-    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, stage, &b, &e);
-    return layer_begin == b && layer_end == e;
+    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, k->stage, &b, &e);
+    return k->layer_begin == b && k->layer_end == e;
 }
 
 /* ---- reload ---------------------------------------------------------------- */
@@ -803,11 +777,8 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state != TSR_W_FAILED || !w->has_piece) continue;
-        int di = dep_index(c, w->piece.deployment);
-        if (di < 0 || !piece_fits(c, di, w->piece.replica, w->piece.stage, w->piece.tp,
-                                  w->piece.tp_size, w->piece.pp_size, w->piece.layer_begin,
-                                  w->piece.layer_end))
-            continue;
+        int di = dep_index(c, w->piece.key.deployment);
+        if (di < 0 || !piece_fits(c, di, &w->piece.key)) continue;
         w->piece.epoch = ++c->epoch;
         w->state = TSR_W_LOADING;
         w->reason[0] = '\0';
@@ -831,8 +802,9 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     if (!c->deps[di].model_ok) return "its deployment's model cannot be read";
     if (d->device != w->device) return "device kind does not match the deployment";
-    if (!piece_fits(c, di, (int)a->replica, (int)a->stage, (int)a->tp_rank, (int)a->tp_size,
-                    (int)a->pp_size, (int)a->layer_begin, (int)a->layer_end))
+    tsr_piece_key_t key;
+    tsr_piece_from_wire(&key, a);
+    if (!piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */
@@ -842,27 +814,14 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
                  (unsigned long long)c->epoch);
         return why;
     }
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t i = 0; i < n; i++) {
-        tsr_worker_t *o = tsr_registry_at(c->reg, i);
-        if (o == w || !o->has_piece || o->state == TSR_W_DEAD) continue;
-        if (!strcmp(o->piece.deployment, a->deployment) && o->piece.replica == (int)a->replica &&
-            o->piece.stage == (int)a->stage && o->piece.tp == (int)a->tp_rank) {
-            snprintf(why, len, "the piece is now held by %s", o->name);
-            return why;
-        }
+    const tsr_worker_t *o = tsr_registry_holder(c->reg, &key, w);
+    if (o) {
+        snprintf(why, len, "the piece is now held by %s", o->name);
+        return why;
     }
-    w->has_piece = true;
-    snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", a->deployment);
-    w->piece.epoch = a->epoch;
-    w->piece.replica = (int)a->replica;
-    w->piece.stage = (int)a->stage;
-    w->piece.tp = (int)a->tp_rank;
-    w->piece.tp_size = (int)a->tp_size;
-    w->piece.pp_size = (int)a->pp_size;
-    w->piece.layer_begin = (int)a->layer_begin;
-    w->piece.layer_end = (int)a->layer_end;
-    w->piece.kv_budget = a->kv_cache_bytes;   /* kept, so adopting reloads nothing */
+    /* the KV budget is kept, so adopting reloads nothing */
+    if (tsr_registry_set_piece(c->reg, w, &key, a->epoch, a->kv_cache_bytes) < 0)
+        return "the coordinator is out of memory";
     /* Epochs only grow, also across a coordinator restart. */
     if (a->epoch > c->epoch) c->epoch = a->epoch;
     return NULL;
@@ -881,7 +840,7 @@ static bool registry_full(tsr_coord_t *c)
     return true;
 }
 
-static void note_if_ready(tsr_coord_t *c, const char *deployment);
+static void note_if_ready(tsr_coord_t *c, const tsr_worker_t *w);
 
 static bool name_fits_key(const char *name, const char *key_id)
 {
@@ -996,7 +955,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     w->rid_len = rid_len;
     snprintf(w->key_id, sizeof w->key_id, "%s", c->msg_key);
     w->state = TSR_W_IDLE;
-    w->has_piece = false;
+    tsr_registry_clear_piece(c->reg, w);
     w->reason[0] = w->detail[0] = '\0';
     /* A new process: the old one's figures are not its own. */
     w->load = 0;
@@ -1013,9 +972,21 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                        : r->state == TESSERA__WORKER_STATE__STATE_FAILED ? TSR_W_FAILED
                                                                          : TSR_W_LOADING;
             tsr_info("adopted worker %s with %s r%d s%d t%d (epoch %llu, %s)", w->name,
-                     w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                     w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp,
                      (unsigned long long)w->piece.epoch, tsr_wstate_name(w->state));
-            if (w->state == TSR_W_READY) note_if_ready(c, w->piece.deployment);
+            if (w->state == TSR_W_READY) note_if_ready(c, w);
+            /* Its replica was rewired in a newer epoch while it was cut off:
+             * the others formed (or wait to form) without it.  The replica
+             * is rewired again, with it. */
+            size_t n;
+            tsr_worker_t *const *m =
+                tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
+            for (size_t i = 0; i < n; i++) {
+                if (m[i]->piece.epoch == w->piece.epoch) continue;
+                touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+                c->dirty = true;
+                break;
+            }
         } else {
             tsr_info("worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",
                      w->name, r->assignment->deployment, r->assignment->replica,
@@ -1057,36 +1028,33 @@ static bool piece_msg_current(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *
 static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
 {
     if (!w->retryable) return;  /* load errors need the operator */
-    int di = dep_index(c, w->piece.deployment);
+    int di = dep_index(c, w->piece.key.deployment);
     if (di < 0) return;
     tsr_dep_state_t *ds = &c->deps[di];
-    touch(&ds->retry, di, w->piece.replica);
+    touch(&ds->retry, di, w->piece.key.replica);
     if (ds->retry_at_ms) return;
     if (!ds->retry_backoff_ms) ds->retry_backoff_ms = 2000;
     ds->retry_at_ms = now + ds->retry_backoff_ms;
     tsr_warn("deployment %s replica %d: data plane failed (%s); rewiring in %d ms", ds->name,
-             w->piece.replica, w->reason, ds->retry_backoff_ms);
+             w->piece.key.replica, w->reason, ds->retry_backoff_ms);
     ds->retry_backoff_ms = ds->retry_backoff_ms * 2 > 60000 ? 60000 : ds->retry_backoff_ms * 2;
 }
 
-/* Once every piece of a deployment is ready, it has been ready (a gap from
- * now on is "degraded", whoever looked), and its next data-plane failure is
- * retried quickly again.  Called on every piece that becomes ready. */
-static void note_if_ready(tsr_coord_t *c, const char *deployment)
+/* Called on every piece that becomes ready.  Once every replica of its
+ * deployment is ready, the deployment has been ready (a gap from now on is
+ * "degraded", whoever looked).  Once its own replica is whole again, the
+ * data plane formed: the rewiring backoff starts over, so that the next
+ * failure (a new fault) is retried quickly.  A replica that never forms
+ * keeps backing off. */
+static void note_if_ready(tsr_coord_t *c, const tsr_worker_t *w)
 {
-    int di = dep_index(c, deployment);
+    int di = dep_index(c, w->piece.key.deployment);
     if (di < 0 || (c->deps[di].ever_ready && !c->deps[di].retry_backoff_ms)) return;
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    int ready = 0;
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t i = 0; i < n; i++) {
-        tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        ready += w->state == TSR_W_READY && w->has_piece && !strcmp(w->piece.deployment, d->name);
-    }
-    if (ready == d->replicas * d->pipeline * d->tensor) {
-        c->deps[di].retry_backoff_ms = 0;
-        c->deps[di].ever_ready = true;
-    }
+    if (tsr_coord_ready_leader(c, d, w->piece.key.replica)) c->deps[di].retry_backoff_ms = 0;
+    int whole = 0;
+    for (int r = 0; r < d->replicas; r++) whole += tsr_coord_ready_leader(c, d, r) != NULL;
+    if (whole == d->replicas) c->deps[di].ever_ready = true;
 }
 
 static void run_retries(tsr_coord_t *c, int64_t now)
@@ -1106,10 +1074,10 @@ static void run_retries(tsr_coord_t *c, int64_t now)
 static void declare_dead(tsr_coord_t *c, tsr_worker_t *w, int64_t now, const char *why)
 {
     if (w->has_piece) {
-        tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
-        touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
+        tsr_requests_fail_replica(c, w->piece.key.deployment, w->piece.key.replica, why);
+        touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
     }
-    tsr_health_mark_dead(w, now, why);
+    tsr_health_mark_dead(c->reg, w, now, why);
     c->stats.deaths++;
     c->dirty = true;
 }
@@ -1187,13 +1155,13 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
     case TESSERA__ENVELOPE__BODY_READY:
         if (!piece_msg_current(c, w, env)) break;
         if (w->state != TSR_W_READY) {
-            tsr_info("worker %s ready with %s r%d s%d t%d", w->name, w->piece.deployment,
-                     w->piece.replica, w->piece.stage, w->piece.tp);
+            tsr_info("worker %s ready with %s r%d s%d t%d", w->name, w->piece.key.deployment,
+                     w->piece.key.replica, w->piece.key.stage, w->piece.key.tp);
             w->ready_seq = ++c->ready_seq;
         }
         w->state = TSR_W_READY;
         w->detail[0] = '\0';
-        note_if_ready(c, w->piece.deployment);
+        note_if_ready(c, w);
         break;
     case TESSERA__ENVELOPE__BODY_FAILED:
         if (!env->failed->fatal && !piece_msg_current(c, w, env)) break;
@@ -1204,7 +1172,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
             declare_dead(c, w, now, why);
         } else {
             tsr_error("worker %s reports %s r%d s%d t%d failed: %s", w->name,
-                      w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp,
+                      w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp,
                       env->failed->reason);
             w->state = TSR_W_FAILED;
             w->retryable = env->failed->retryable;
@@ -1213,8 +1181,8 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
              * resume on another one now rather than at their next error. */
             char why[600];
             snprintf(why, sizeof why, "worker %s (stage %d tp %d) failed: %s", w->name,
-                     w->piece.stage, w->piece.tp, env->failed->reason);
-            tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
+                     w->piece.key.stage, w->piece.key.tp, env->failed->reason);
+            tsr_requests_fail_replica(c, w->piece.key.deployment, w->piece.key.replica, why);
             schedule_retry(c, w, now);
         }
         break;
@@ -1305,9 +1273,9 @@ static void on_dead(tsr_worker_t *w, void *arg)
     if (w->has_piece) {
         char why[256];
         snprintf(why, sizeof why, "worker %s (stage %d tp %d) stopped answering", w->name,
-                 w->piece.stage, w->piece.tp);
-        tsr_requests_fail_replica(c, w->piece.deployment, w->piece.replica, why);
-        touch(&c->lost, dep_index(c, w->piece.deployment), w->piece.replica);
+                 w->piece.key.stage, w->piece.key.tp);
+        tsr_requests_fail_replica(c, w->piece.key.deployment, w->piece.key.replica, why);
+        touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
     }
     c->stats.deaths++;
     c->dirty = true;
@@ -1315,7 +1283,7 @@ static void on_dead(tsr_worker_t *w, void *arg)
         tsr_error("worker %s on %s is dead (no heartbeat for %lld ms); its piece %s r%d s%d t%d "
                   "will move",
                   w->name, w->node, (long long)(c->now_ms - w->last_seen_ms),
-                  w->piece.deployment, w->piece.replica, w->piece.stage, w->piece.tp);
+                  w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp);
     else
         tsr_warn("idle worker %s on %s is dead (no heartbeat)", w->name, w->node);
 }

@@ -213,6 +213,9 @@ typedef struct {
 tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen);
 void tsr_coord_destroy(tsr_coord_t **self_p);
 
+/* router.c: the leader (stage 0, tp rank 0) of deployment d's replica r when
+ * every piece of it is ready in d's layout, else NULL. */
+tsr_worker_t *tsr_coord_ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r);
 /* The state of the deployment with that name, or NULL. */
 tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
 /* Sends env to the worker at routing id rid on the workers socket; a send

@@ -7,12 +7,12 @@ bool tsr_health_overdue(int64_t last_seen_ms, int64_t now_ms, int timeout_ms)
     return now_ms - last_seen_ms > (int64_t)timeout_ms;
 }
 
-bool tsr_health_mark_dead(tsr_worker_t *w, int64_t now_ms, const char *reason)
+bool tsr_health_mark_dead(tsr_registry_t *reg, tsr_worker_t *w, int64_t now_ms, const char *reason)
 {
     if (w->state == TSR_W_DEAD) return false;
     w->state = TSR_W_DEAD;
     w->dead_since_ms = now_ms;
-    w->has_piece = false;
+    tsr_registry_clear_piece(reg, w);
     snprintf(w->reason, sizeof w->reason, "%s", reason);
     return true;
 }
@@ -30,7 +30,7 @@ int tsr_health_scan(tsr_registry_t *reg, int64_t now_ms, int timeout_ms,
         snprintf(why, sizeof why, "no heartbeat for %lld ms (timeout %d ms)",
                  (long long)(now_ms - w->last_seen_ms), timeout_ms);
         if (on_dead) on_dead(w, arg);
-        tsr_health_mark_dead(w, now_ms, why);
+        tsr_health_mark_dead(reg, w, now_ms, why);
         marked++;
     }
     return marked;

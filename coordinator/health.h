@@ -15,7 +15,7 @@ bool tsr_health_overdue(int64_t last_seen_ms, int64_t now_ms, int timeout_ms);
 
 /* Marks w dead at now_ms with reason (copied), dropping its piece.  Returns
  * true if it was alive before. */
-bool tsr_health_mark_dead(tsr_worker_t *w, int64_t now_ms, const char *reason);
+bool tsr_health_mark_dead(tsr_registry_t *reg, tsr_worker_t *w, int64_t now_ms, const char *reason);
 
 /* Scans every live worker and marks the overdue ones dead.  Calls
  * on_dead(w, arg) for each newly dead worker (before its piece is dropped,

@@ -136,17 +136,22 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
     for (size_t k = 0; k < n; k++) {
         tsr_worker_t *x = tsr_registry_at(c->reg, k);
         if (x->state <= TSR_W_DEAD) by_state[x->state]++;
-        if (x->state == TSR_W_DEAD || !x->has_piece || x->piece.stage || x->piece.tp) continue;
-        tsr_sb_printf(&o, "tessera_replica_queued_requests{deployment=\"%s\",replica=\"%d\"} %u\n",
-            esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->queued);
     }
-    family(&o, "tessera_replica_running_sequences", "gauge",
-           "Sequences in a replica's running batch.");
-    for (size_t k = 0; k < n; k++) {
-        tsr_worker_t *x = tsr_registry_at(c->reg, k);
-        if (x->state == TSR_W_DEAD || !x->has_piece || x->piece.stage || x->piece.tp) continue;
-        tsr_sb_printf(&o, "tessera_replica_running_sequences{deployment=\"%s\",replica=\"%d\"} %u\n",
-            esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->running);
+    for (int running = 0; running < 2; running++) {
+        if (running)
+            family(&o, "tessera_replica_running_sequences", "gauge",
+                   "Sequences in a replica's running batch.");
+        for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+            const tsr_deployment_t *d = &c->cfg->deployments[i];
+            for (int r = 0; r < d->replicas; r++) {
+                /* the replica's leader: stage 0, tp rank 0 */
+                tsr_worker_t *x = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
+                if (!x) continue;
+                tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\"} %u\n",
+                    running ? "tessera_replica_running_sequences" : "tessera_replica_queued_requests",
+                    esc(d->name, e, sizeof e), r, running ? x->running : x->queued);
+            }
+        }
     }
     for (int used = 1; used >= 0; used--) {
         const char *name = used ? "tessera_kv_blocks_used" : "tessera_kv_blocks_total";
@@ -156,8 +161,8 @@ char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
             tsr_worker_t *x = tsr_registry_at(c->reg, k);
             if (x->state == TSR_W_DEAD || !x->has_piece) continue;
             tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %u\n",
-                name, esc(x->piece.deployment, e, sizeof e), x->piece.replica, x->piece.stage,
-                x->piece.tp, esc(x->name, w, sizeof w),
+                name, esc(x->piece.key.deployment, e, sizeof e), x->piece.key.replica, x->piece.key.stage,
+                x->piece.key.tp, esc(x->name, w, sizeof w),
                 used ? x->kv_blocks_used : x->kv_blocks_total);
         }
     }

@@ -289,11 +289,11 @@ static int find_deployment(const tsr_config_t *cfg, const char *name)
  * else -1; anything else it holds is stale and the worker counts as idle. */
 static int piece_held(const planner_t *pl, const tsr_plan_worker_t *w)
 {
-    const tsr_plan_holding_t *h = &w->current;
+    const tsr_piece_key_t *h = &w->current;
     const tsr_deployment_t *dep;
     int d, begin, end;
 
-    if (!h->deployment || (d = find_deployment(pl->cfg, h->deployment)) < 0)
+    if (!h->deployment[0] || (d = find_deployment(pl->cfg, h->deployment)) < 0)
         return -1;
     dep = &pl->cfg->deployments[d];
     if (w->device != dep->device || h->tp_size != dep->tensor || h->pp_size != dep->pipeline)

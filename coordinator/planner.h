@@ -24,14 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "../common/deploy.h"
-
-/* What a worker currently holds (valid when deployment != NULL). */
-typedef struct {
-    const char *deployment;
-    int replica, stage, tp;
-    int tp_size, pp_size;
-    int layer_begin, layer_end;   /* [begin, end) */
-} tsr_plan_holding_t;
+#include "../common/piece.h"
 
 typedef struct {
     const char *name;
@@ -39,7 +32,7 @@ typedef struct {
     tsr_device_t device;
     uint64_t memory;              /* device memory in bytes (0: unknown, fits anything) */
     bool eligible;                /* alive and not drained */
-    tsr_plan_holding_t current;   /* current.deployment NULL when idle */
+    tsr_piece_key_t current;      /* what it holds; current.deployment "" when idle */
 } tsr_plan_worker_t;
 
 typedef struct {

@@ -8,7 +8,7 @@ size_t tsr_reconcile_actions(const tsr_plan_t *plan, const tsr_plan_worker_t *wo
         const tsr_piece_t *p = tsr_plan_piece_of(plan, (int)w);
         if (p && !p->kept)
             acts[n++] = (tsr_action_t){TSR_ACT_ASSIGN, (int)w, p};
-        else if (!p && workers[w].current.deployment)
+        else if (!p && workers[w].current.deployment[0])
             acts[n++] = (tsr_action_t){TSR_ACT_UNASSIGN, (int)w, NULL};
     }
     return n;

@@ -4,10 +4,20 @@
 #include <string.h>
 #include <czmq.h>
 
+/* The holders of one (deployment, replica)'s pieces. */
+typedef struct {
+    char deployment[TSR_NAME_MAX + 1];
+    int replica;
+    tsr_worker_t **m;
+    size_t n, cap;
+} replica_entry_t;
+
 struct tsr_registry {
     tsr_worker_t **items;
     size_t n, cap;
     zhashx_t *by_name;          /* name -> tsr_worker_t *, not owning */
+    replica_entry_t *reps;      /* the index: one entry per (deployment, replica) held */
+    size_t n_reps, cap_reps;
 };
 
 const char *tsr_wstate_name(tsr_wstate_t s)
@@ -40,6 +50,8 @@ void tsr_registry_destroy(tsr_registry_t **self_p)
     tsr_registry_t *self = *self_p;
     for (size_t i = 0; i < self->n; i++) free(self->items[i]);
     free(self->items);
+    for (size_t i = 0; i < self->n_reps; i++) free(self->reps[i].m);
+    free(self->reps);
     zhashx_destroy(&self->by_name);
     free(self);
     *self_p = NULL;
@@ -93,6 +105,7 @@ size_t tsr_registry_alive(const tsr_registry_t *self)
 static void remove_at(tsr_registry_t *self, size_t i)
 {
     tsr_worker_t *w = self->items[i];
+    tsr_registry_clear_piece(self, w);
     zhashx_delete(self->by_name, w->name);
     free(w);
     memmove(&self->items[i], &self->items[i + 1], (self->n - i - 1) * sizeof *self->items);
@@ -105,6 +118,7 @@ size_t tsr_registry_forget_dead(tsr_registry_t *self, int64_t before_ms)
     for (size_t i = 0; i < self->n; i++) {
         tsr_worker_t *w = self->items[i];
         if (w->state == TSR_W_DEAD && w->dead_since_ms <= before_ms) {
+            tsr_registry_clear_piece(self, w);
             zhashx_delete(self->by_name, w->name);
             free(w);
             gone++;
@@ -128,4 +142,100 @@ bool tsr_registry_forget_oldest_dead(tsr_registry_t *self)
     if (best == self->n) return false;
     remove_at(self, best);
     return true;
+}
+
+/* ---- the piece index ------------------------------------------------------ */
+
+static replica_entry_t *find_replica(tsr_registry_t *self, const char *deployment, int replica)
+{
+    for (size_t i = 0; i < self->n_reps; i++)
+        if (self->reps[i].replica == replica && !strcmp(self->reps[i].deployment, deployment))
+            return &self->reps[i];
+    return NULL;
+}
+
+void tsr_registry_clear_piece(tsr_registry_t *self, tsr_worker_t *w)
+{
+    if (!w->has_piece) return;
+    w->has_piece = false;
+    replica_entry_t *e = find_replica(self, w->piece.key.deployment, w->piece.key.replica);
+    if (!e) return;
+    for (size_t i = 0; i < e->n; i++) {
+        if (e->m[i] != w) continue;
+        memmove(&e->m[i], &e->m[i + 1], (e->n - i - 1) * sizeof *e->m);
+        e->n--;
+        break;
+    }
+    if (e->n) return;
+    /* the last holder left: the entry goes (the last one takes its place) */
+    free(e->m);
+    *e = self->reps[--self->n_reps];
+}
+
+int tsr_registry_set_piece(tsr_registry_t *self, tsr_worker_t *w, const tsr_piece_key_t *key,
+                           uint64_t epoch, uint64_t kv_budget)
+{
+    tsr_registry_clear_piece(self, w);
+    replica_entry_t *e = find_replica(self, key->deployment, key->replica);
+    if (!e) {
+        if (self->n_reps == self->cap_reps) {
+            size_t cap = self->cap_reps ? self->cap_reps * 2 : 16;
+            replica_entry_t *r = realloc(self->reps, cap * sizeof *r);
+            if (!r) return -1;
+            self->reps = r;
+            self->cap_reps = cap;
+        }
+        e = &self->reps[self->n_reps];
+        memset(e, 0, sizeof *e);
+        snprintf(e->deployment, sizeof e->deployment, "%s", key->deployment);
+        e->replica = key->replica;
+    }
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 8;
+        tsr_worker_t **m = realloc(e->m, cap * sizeof *m);
+        if (!m) {
+            if (!e->n) free(e->m);  /* a new entry that never counted */
+            return -1;
+        }
+        e->m = m;
+        e->cap = cap;
+    }
+    if (e == &self->reps[self->n_reps]) self->n_reps++;
+    e->m[e->n++] = w;
+    w->piece.key = *key;
+    w->piece.epoch = epoch;
+    w->piece.kv_budget = kv_budget;
+    w->has_piece = true;
+    return 0;
+}
+
+tsr_worker_t *const *tsr_registry_replica(tsr_registry_t *self, const char *deployment,
+                                          int replica, size_t *n)
+{
+    replica_entry_t *e = find_replica(self, deployment, replica);
+    *n = e ? e->n : 0;
+    return e ? e->m : NULL;
+}
+
+tsr_worker_t *tsr_registry_holder(tsr_registry_t *self, const tsr_piece_key_t *key,
+                                  const tsr_worker_t *except)
+{
+    size_t n;
+    tsr_worker_t *const *m = tsr_registry_replica(self, key->deployment, key->replica, &n);
+    for (size_t i = 0; i < n; i++)
+        if (m[i] != except && tsr_piece_same(&m[i]->piece.key, key)) return m[i];
+    return NULL;
+}
+
+tsr_worker_t *tsr_registry_at_slot(tsr_registry_t *self, const char *deployment, int replica,
+                                   int tp_size, int pp_size, int slot)
+{
+    size_t n;
+    tsr_worker_t *const *m = tsr_registry_replica(self, deployment, replica, &n);
+    for (size_t i = 0; i < n; i++) {
+        const tsr_piece_key_t *k = &m[i]->piece.key;
+        if (k->tp_size == tp_size && k->pp_size == pp_size && tsr_piece_slot(k) == slot)
+            return m[i];
+    }
+    return NULL;
 }

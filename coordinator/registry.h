@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/deploy.h"
+#include "common/piece.h"
 #include "common/wire.h"
 #include "zap.h"
 
@@ -24,12 +25,11 @@ typedef enum {
 
 const char *tsr_wstate_name(tsr_wstate_t s);
 
+/* What a worker holds.  key and has_piece change only through
+ * tsr_registry_set_piece and tsr_registry_clear_piece, which keep the index. */
 typedef struct {
-    char deployment[TSR_NAME_MAX + 1];
+    tsr_piece_key_t key;
     uint64_t epoch;
-    int replica, stage, tp;
-    int tp_size, pp_size;
-    int layer_begin, layer_end;
     uint64_t kv_budget;         /* the KV budget last sent with it (0: none yet) */
 } tsr_holding_t;
 
@@ -91,5 +91,28 @@ size_t tsr_registry_forget_dead(tsr_registry_t *self, int64_t before_ms);
 bool tsr_registry_forget_oldest_dead(tsr_registry_t *self);
 /* Number of workers not dead. */
 size_t tsr_registry_alive(const tsr_registry_t *self);
+
+/* The index from deployment to replica to slot to worker.  Every worker
+ * holding a piece is in it, under its piece's (deployment, replica); a dead
+ * worker holds none.  Gives w the piece (epoch and kv_budget as given);
+ * returns -1 when memory runs out, w then holding nothing. */
+int tsr_registry_set_piece(tsr_registry_t *self, tsr_worker_t *w, const tsr_piece_key_t *key,
+                           uint64_t epoch, uint64_t kv_budget);
+/* w holds nothing. */
+void tsr_registry_clear_piece(tsr_registry_t *self, tsr_worker_t *w);
+/* The workers holding a piece of (deployment, replica), *n of them, in the
+ * order they took it (pieces of an older layout among them until they are
+ * replaced: compare key.tp_size and key.pp_size).  Valid until the next
+ * set, clear or forget; NULL with *n 0 when there are none. */
+tsr_worker_t *const *tsr_registry_replica(tsr_registry_t *self, const char *deployment,
+                                          int replica, size_t *n);
+/* The worker other than `except` that holds the same piece as key (any
+ * layout), or NULL. */
+tsr_worker_t *tsr_registry_holder(tsr_registry_t *self, const tsr_piece_key_t *key,
+                                  const tsr_worker_t *except);
+/* The worker holding slot (stage * tp_size + tp) of (deployment, replica) in
+ * that layout, or NULL. */
+tsr_worker_t *tsr_registry_at_slot(tsr_registry_t *self, const char *deployment, int replica,
+                                   int tp_size, int pp_size, int slot);
 
 #endif

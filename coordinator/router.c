@@ -284,22 +284,14 @@ int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int rep
     return n;
 }
 
-/* The leader of replica r when every piece of it is ready, else NULL. */
-static tsr_worker_t *ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r)
+tsr_worker_t *tsr_coord_ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r)
 {
-    int ready = 0;
-    tsr_worker_t *leader = NULL;
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t i = 0; i < n; i++) {
-        tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state != TSR_W_READY || !w->has_piece || strcmp(w->piece.deployment, d->name) ||
-            w->piece.replica != r || w->piece.tp_size != d->tensor ||
-            w->piece.pp_size != d->pipeline)
-            continue;
-        ready++;
-        if (w->piece.stage == 0 && w->piece.tp == 0) leader = w;
+    int slots = d->tensor * d->pipeline;
+    for (int k = 0; k < slots; k++) {
+        tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, k);
+        if (!w || w->state != TSR_W_READY) return NULL;
     }
-    return ready == d->tensor * d->pipeline ? leader : NULL;
+    return tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
 }
 
 /* A request id nobody can guess from the ones they saw (63 random bits, so
@@ -332,7 +324,7 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
     int replica = -1, best = 0;
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = canary_of(c, d->name, r);
-        if (r == avoid || (k && k->unhealthy) || !ready_leader(c, d, r)) continue;
+        if (r == avoid || (k && k->unhealthy) || !tsr_coord_ready_leader(c, d, r)) continue;
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
@@ -350,7 +342,7 @@ static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
 static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    tsr_worker_t *leader = ready_leader(c, d, r);
+    tsr_worker_t *leader = tsr_coord_ready_leader(c, d, r);
     uint64_t wid;
     do wid = new_request_id(c);
     while (wid && wid == q->id);
@@ -416,17 +408,14 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
 static bool replica_recovered(tsr_coord_t *c, const tsr_deployment_t *d, int r,
                               const tsr_request_rec_t *q)
 {
-    const tsr_worker_t *l = ready_leader(c, d, r);
+    const tsr_worker_t *l = tsr_coord_ready_leader(c, d, r);
     if (!l) return false;
     if (l->piece.epoch != q->avoid_epoch) return true;
     if (tsr_now_ms() - q->waiting_since_ms >= RECOVERY_GRACE_MS) return true;
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t i = 0; i < n; i++) {
-        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->has_piece && !strcmp(w->piece.deployment, d->name) && w->piece.replica == r &&
-            w->ready_seq > q->avoid_seq)
-            return true;
-    }
+    size_t n;
+    tsr_worker_t *const *m = tsr_registry_replica(c->reg, d->name, r, &n);
+    for (size_t i = 0; i < n; i++)
+        if (m[i]->ready_seq > q->avoid_seq) return true;
     return false;
 }
 
@@ -647,7 +636,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     /* Tell the client at once that the request is on its way, so it can
      * tell a missing coordinator from a slow prefill.  A client that has
      * already left costs the replica nothing. */
-    tsr_worker_t *leader = replica >= 0 ? ready_leader(c, d, replica) : NULL;
+    tsr_worker_t *leader = replica >= 0 ? tsr_coord_ready_leader(c, d, replica) : NULL;
     json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b, s:I}", "request_id", (json_int_t)rec->id,
                             "replica", replica, "leader", leader ? leader->name : "",
                             "accepted", 1, "queued", replica < 0, "prompt_tokens",
@@ -677,24 +666,18 @@ refused:
  * The leader sends refusals and cancellations, the last stage tokens. */
 static bool token_sender_ok(const tsr_worker_t *w, const tsr_request_rec_t *q, bool is_error)
 {
-    if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.deployment, q->deployment) ||
-        w->piece.replica != q->replica)
+    if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.key.deployment, q->deployment) ||
+        w->piece.key.replica != q->replica)
         return false;
-    return is_error || (w->piece.stage == w->piece.pp_size - 1 && w->piece.tp == 0);
+    return is_error || (w->piece.key.stage == w->piece.key.pp_size - 1 && w->piece.key.tp == 0);
 }
 
 static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)
 {
-    size_t n = tsr_registry_size(c->reg);
-    for (size_t k = 0; k < n; k++) {
-        tsr_worker_t *l = tsr_registry_at(c->reg, k);
-        if (l->state == TSR_W_DEAD || !l->has_piece || l->piece.stage || l->piece.tp ||
-            l->piece.replica != last->piece.replica ||
-            strcmp(l->piece.deployment, last->piece.deployment))
-            continue;
-        if (cancel_at(c, l, id, "nobody waits for it") == 0) c->stats.orphans_cancelled++;
-        return;
-    }
+    const tsr_piece_key_t *k = &last->piece.key;
+    tsr_worker_t *l = tsr_registry_at_slot(c->reg, k->deployment, k->replica, k->tp_size,
+                                           k->pp_size, 0);
+    if (l && cancel_at(c, l, id, "nobody waits for it") == 0) c->stats.orphans_cancelled++;
 }
 
 /* ---- canaries ---------------------------------------------------------------
@@ -757,7 +740,7 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
         tsr_dep_state_t *ds = &c->deps[i];
         for (int r = 0; ds->canary && r < ds->n_completed && r < d->replicas; r++) {
             tsr_canary_t *k = &ds->canary[r];
-            tsr_worker_t *leader = ready_leader(c, d, r);
+            tsr_worker_t *leader = tsr_coord_ready_leader(c, d, r);
             if (!leader) {  /* being placed, loaded or rewired */
                 k->wid = 0;
                 k->unhealthy = false;
@@ -806,18 +789,18 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
 static bool canary_token(tsr_coord_t *c, const tsr_worker_t *w, const Tessera__TokenEvent *t)
 {
     if (!w->has_piece) return false;
-    tsr_canary_t *k = canary_of(c, w->piece.deployment, w->piece.replica);
+    tsr_canary_t *k = canary_of(c, w->piece.key.deployment, w->piece.key.replica);
     if (!k || !k->wid || k->wid != t->request_id) return false;
     if (t->error[0]) {
         char why[300];
         snprintf(why, sizeof why, "its canary failed: %s", t->error);
-        canary_fail(c, w->piece.deployment, w->piece.replica, k, why);
+        canary_fail(c, w->piece.key.deployment, w->piece.key.replica, k, why);
         return true;
     }
-    if (w->piece.stage != w->piece.pp_size - 1 || w->piece.tp != 0) return true;
+    if (w->piece.key.stage != w->piece.key.pp_size - 1 || w->piece.key.tp != 0) return true;
     if (k->unhealthy)
         tsr_info("deployment %s replica %d is healthy again (its canary answered)",
-                 w->piece.deployment, w->piece.replica);
+                 w->piece.key.deployment, w->piece.key.replica);
     k->unhealthy = false;
     k->why[0] = '\0';
     k->wid = 0;
@@ -836,8 +819,8 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         /* A sequence nobody waits for (a previous coordinator's request, an
          * attempt that was given up) would run to its end: tell its
          * replica's leader to drop it, so its slot serves someone. */
-        if (!t->done && !t->error[0] && w->has_piece && w->piece.tp == 0 &&
-            w->piece.stage == w->piece.pp_size - 1)
+        if (!t->done && !t->error[0] && w->has_piece && w->piece.key.tp == 0 &&
+            w->piece.key.stage == w->piece.key.pp_size - 1)
             cancel_orphan(c, w, t->request_id);
         return;
     }

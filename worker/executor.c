@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/piece.h"
 #include "common/slice.h"
 #include "worker/kvpool.h"
 
@@ -19,9 +20,10 @@
 
 typedef struct {
     bool active;
-    char deployment[TSR_NAME_MAX + 1], model_path[TSR_PATH_MAX + 1];
+    tsr_piece_key_t key;        /* which piece, in which layout */
+    char model_path[TSR_PATH_MAX + 1];
     uint64_t epoch;
-    int replica, stage, tp, tp_size, pp_size, layer_begin, layer_end, max_seq_len;
+    int max_seq_len;
     int max_batch, prefill_chunk, max_queue;
     uint64_t kv_cache_bytes;
     tsr_device_t device;
@@ -257,7 +259,7 @@ static void fail_queued(tsr_executor_t *ex, uint64_t epoch, const char *why)
 static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
 {
     char key[TSR_NAME_MAX + 64];
-    snprintf(key, sizeof key, "%s/%d/%s/%d/%d", j->deployment, j->replica, kind, a, b);
+    snprintf(key, sizeof key, "%s/%d/%s/%d/%d", j->key.deployment, j->key.replica, kind, a, b);
     uint64_t h = 1469598103934665603ull;  /* FNV-1a */
     for (const char *p = key; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
     return h;
@@ -293,10 +295,10 @@ static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job
 static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, run_ctx_t *ctx,
                    tsr_replica_rank_t *r, char *err, size_t errlen)
 {
-    int tp = j->tp_size, s = j->stage, t = j->tp, m[MAX_PEERS];
-    if (j->n_peers != j->tp_size * j->pp_size) {
+    int tp = j->key.tp_size, s = j->key.stage, t = j->key.tp, m[MAX_PEERS];
+    if (j->n_peers != j->key.tp_size * j->key.pp_size) {
         snprintf(err, errlen, "the replica's peer list has %d entries, expected %d", j->n_peers,
-                 j->tp_size * j->pp_size);
+                 j->key.tp_size * j->key.pp_size);
         return -1;
     }
     r->ops = be->coll;
@@ -315,7 +317,7 @@ static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, 
         m[0] = (s - 1) * tp + t, m[1] = s * tp + t;
         if (!(r->prev = form(ex, be->coll, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
     }
-    if (s < j->pp_size - 1) {
+    if (s < j->key.pp_size - 1) {
         m[0] = s * tp + t, m[1] = (s + 1) * tp + t;
         if (!(r->next = form(ex, be->coll, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
     }
@@ -340,11 +342,11 @@ static void unwire(tsr_replica_rank_t *r, const char *failure)
 
 static bool same_piece(const job_t *a, const job_t *b)
 {
-    return a->active && b->active && !strcmp(a->deployment, b->deployment) &&
-           !strcmp(a->model_path, b->model_path) && a->stage == b->stage && a->tp == b->tp &&
-           a->tp_size == b->tp_size && a->pp_size == b->pp_size &&
-           a->layer_begin == b->layer_begin && a->layer_end == b->layer_end &&
-           a->max_seq_len == b->max_seq_len && a->max_batch == b->max_batch &&
+    /* the weights are the same whichever replica the piece serves */
+    tsr_piece_key_t ak = a->key, bk = b->key;
+    ak.replica = bk.replica = 0;
+    return a->active && b->active && tsr_piece_equal(&ak, &bk) &&
+           !strcmp(a->model_path, b->model_path) && a->max_seq_len == b->max_seq_len && a->max_batch == b->max_batch &&
            a->prefill_chunk == b->prefill_chunk && a->kv_cache_bytes == b->kv_cache_bytes &&
            a->device == b->device;
 }
@@ -353,7 +355,7 @@ static bool same_piece(const job_t *a, const job_t *b)
  * *eng holds, kept across jobs that only rewire. */
 static bool peers_complete(const job_t *j)
 {
-    if (j->n_peers != j->tp_size * j->pp_size) return false;
+    if (j->n_peers != j->key.tp_size * j->key.pp_size) return false;
     for (int i = 0; i < j->n_peers; i++)
         if (!j->peers[i][0]) return false;
     return true;
@@ -367,10 +369,10 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
     int batch = j->max_batch > 0 ? j->max_batch : 32;
     int chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     if (chunk > j->max_seq_len) chunk = j->max_seq_len;
-    *spec = (tsr_piece_spec_t){j->tp, j->tp_size, j->stage, j->pp_size, j->layer_begin,
-                               j->layer_end, j->max_seq_len, batch, batch + chunk, 0, 0,
-                               ex->device_index};
-    spec->kv_blocks = tsr_kv_pool_blocks(m, j->tp_size, j->pp_size, j->kv_cache_bytes, batch,
+    *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
+                               j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
+                               batch + chunk, 0, 0, ex->device_index};
+    spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
                                          j->max_seq_len, TSR_KV_BLOCK, eng->kv_elem_bytes);
 }
 
@@ -567,16 +569,9 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     job_t *j = ex->job;
     memset(j, 0, sizeof *j);
     j->active = true;
-    snprintf(j->deployment, sizeof j->deployment, "%s", as->deployment);
+    tsr_piece_from_wire(&j->key, as);
     snprintf(j->model_path, sizeof j->model_path, "%s", as->model_path);
     j->epoch = as->epoch;
-    j->replica = (int)as->replica;
-    j->stage = (int)as->stage;
-    j->tp = (int)as->tp_rank;
-    j->tp_size = (int)as->tp_size;
-    j->pp_size = (int)as->pp_size;
-    j->layer_begin = (int)as->layer_begin;
-    j->layer_end = (int)as->layer_end;
     j->max_seq_len = (int)as->max_seq_len;
     j->max_batch = (int)as->max_batch;
     j->prefill_chunk = (int)as->prefill_chunk;
@@ -625,7 +620,7 @@ void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r)
     n->r = *r;
     r->prompt = NULL;
     pthread_mutex_lock(&ex->mu);
-    bool leader = ex->job->active && ex->job->stage == 0 && ex->job->tp == 0;
+    bool leader = ex->job->active && ex->job->key.stage == 0 && ex->job->key.tp == 0;
     uint64_t epoch = ex->job->epoch;
     if (leader) {
         fifo_push(&ex->requests, &n->link);

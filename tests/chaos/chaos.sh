@@ -9,8 +9,16 @@
 # fault (p50, p99); exits non-zero when a request is lost, duplicated,
 # skipped, wrong, or (with a spare and a second replica, as here) failed.
 #
-#   tests/chaos/chaos.sh [SECONDS]     (default $CHAOS_SECONDS, else 60)
+# With --netns (root) each worker runs in its own network namespace behind a
+# bridge (tests/chaos/netns.sh), and the faults are network ones instead:
+# one worker's link cut for up to 3 s, two workers' links cut at once, the
+# coordinator's link cut for up to 2 s, and a link flapping; no process is
+# killed or stopped, and the YAML is not edited.
+#
+#   tests/chaos/chaos.sh [--netns] [SECONDS]   (default $CHAOS_SECONDS, else 60)
 #   CHAOS_CLIENTS (3), CHAOS_SEED (random; printed, to rerun a sequence)
+NETNS=0
+[ "${1:-}" = --netns ] && { NETNS=1; shift; }
 source "$(dirname "$0")/../integration/lib.sh"
 SECS=${1:-${CHAOS_SECONDS:-60}}
 CLIENTS=${CHAOS_CLIENTS:-3}
@@ -24,10 +32,19 @@ write_layout() {  # 0: tp 2 x pp 2 x 2 replicas; 1: tp 1 x pp 2 x 2 replicas
     if [ "$1" = 0 ]; then write_yaml "$T/next.yaml" 2 2 2; else write_yaml "$T/next.yaml" 1 2 2; fi
     mv "$T/next.yaml" "$T/d.yaml"
 }
+if [ $NETNS = 1 ]; then
+    source "$(dirname "$0")/netns.sh"
+    # The namespaces go before lib.sh's cleanup, which keeps the exit status.
+    trap 'rc=$?; net_down; (exit $rc); cleanup' EXIT
+    net_up $NWORK
+    WEP="tcp://$NET_COORD:$WPORT"
+fi
 write_layout 0
 start_coord "$T/d.yaml"
-for i in $(seq 0 $((NWORK - 1))); do start_worker "w$i"; done
-wait_until 30 all_ready || fail "not ready"
+for i in $(seq 0 $((NWORK - 1))); do
+    if [ $NETNS = 1 ]; then start_worker_ns "$i" "w$i"; else start_worker "w$i"; fi
+done
+wait_until 30 all_ready || fail "not ready (netns $NETNS)"
 
 PROMPTS=("1,2,3" "7,40,9,11" "100,5" "3,14,15,92,65")
 REFS=()
@@ -60,14 +77,42 @@ client() {
 CPIDS=()
 for c in $(seq 1 "$CLIENTS"); do client "$c" & CPIDS+=("$!"); done
 
-kills=0 stops=0 restarts=0 reshards=0 unrecovered=0
+kills=0 stops=0 restarts=0 reshards=0 unrecovered=0 cuts=0 cuts2=0 ccuts=0 flaps=0
+# net_fault: one network fault (the --netns variant); sets `what`.
+# Recovery is timed from the moment the network is whole again.
+net_fault() {
+    local a=$(( RANDOM % 10 )) x y
+    if [ $a -le 4 ]; then
+        x="w$(( RANDOM % NWORK ))"
+        net_cut "$x"; sleep "$(( RANDOM % 3 )).$(( RANDOM % 10 ))"; net_restore "$x"
+        t0=$(now_ms)
+        cuts=$((cuts + 1)); what="link of $x cut"
+    elif [ $a -le 6 ]; then
+        x=$(( RANDOM % NWORK )); y=$(( (x + 1 + RANDOM % (NWORK - 1)) % NWORK ))
+        net_cut "w$x"; net_cut "w$y"; sleep "$(( RANDOM % 2 )).$(( RANDOM % 10 ))"
+        net_restore "w$x"; net_restore "w$y"
+        t0=$(now_ms)
+        cuts2=$((cuts2 + 1)); what="links of w$x and w$y cut"
+    elif [ $a -le 8 ]; then
+        net_cut c; sleep "$(( RANDOM % 2 )).$(( RANDOM % 10 ))"; net_restore c
+        t0=$(now_ms)
+        ccuts=$((ccuts + 1)); what="coordinator's link cut"
+    else
+        x="w$(( RANDOM % NWORK ))"
+        for y in 1 2 3 4; do net_cut "$x"; sleep 0.1; net_restore "$x"; sleep 0.2; done
+        t0=$(now_ms)
+        flaps=$((flaps + 1)); what="link of $x flapping"
+    fi
+}
 RECOVERY=()
 end=$(( $(date +%s) + SECS ))
 while [ "$(date +%s)" -lt "$end" ]; do
     sleep "0.$(( RANDOM % 5 + 3 ))"
     a=$(( RANDOM % 10 ))
     t0=$(now_ms)
-    if [ $a -le 3 ]; then
+    if [ $NETNS = 1 ]; then
+        net_fault
+    elif [ $a -le 3 ]; then
         v="w$(( RANDOM % NWORK ))"
         kill -9 "${WPID[$v]}" 2>/dev/null; wait "${WPID[$v]}" 2>/dev/null
         sleep 0.5
@@ -107,10 +152,18 @@ pct() {  # pct P: the P-th percentile of RECOVERY (ms)
         if (!NR) { print "-"; exit } i = int((NR * p + 99) / 100); if (i < 1) i = 1; print a[i] }'
 }
 replayed=$(status_json | jget "d['coordinator']['stats']['requests_replayed']" 2>/dev/null)
-echo "chaos: $SECS s, seed $SEED, $NWORK workers (2 replicas of tp=2 pp=2, or tp=1 pp=2 after a" \
-     "reshard, plus spares), $CLIENTS clients, $MAXT greedy tokens per request, $(nproc) CPU(s)"
-echo "faults: $kills kill -9, $stops SIGSTOP, $restarts coordinator restarts, $reshards reshards;" \
-     "$unrecovered not ready within 30 s"
+if [ $NETNS = 1 ]; then
+    echo "chaos (network namespaces): $SECS s, seed $SEED, $NWORK workers each in its own" \
+         "namespace (2 replicas of tp=2 pp=2 plus a spare), $CLIENTS clients, $MAXT greedy" \
+         "tokens per request, $(nproc) CPU(s)"
+    echo "faults: $cuts one link cut, $cuts2 two links cut, $ccuts coordinator link cut," \
+         "$flaps link flapping; $unrecovered not ready within 30 s"
+else
+    echo "chaos: $SECS s, seed $SEED, $NWORK workers (2 replicas of tp=2 pp=2, or tp=1 pp=2 after a" \
+         "reshard, plus spares), $CLIENTS clients, $MAXT greedy tokens per request, $(nproc) CPU(s)"
+    echo "faults: $kills kill -9, $stops SIGSTOP, $restarts coordinator restarts, $reshards reshards;" \
+         "$unrecovered not ready within 30 s"
+fi
 echo "requests: sent $sent, completed $completed, failed with a clear error $failed, lost $lost," \
      "duplicated $dup, skipped $skipped, wrong tokens $wrong (replayed by the last coordinator: ${replayed:-?})"
 echo "recovery to all-ready after a fault: p50 $(pct 50) ms, p99 $(pct 99) ms (${#RECOVERY[@]} faults)"

@@ -813,9 +813,9 @@ static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **sta
     tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
     assert_true(w->has_piece);
     assert_int_equal(w->state, TSR_W_READY);
-    assert_string_equal(w->piece.deployment, "tiny");
-    assert_int_equal(w->piece.stage, 1);
-    assert_int_equal(w->piece.tp, 1);
+    assert_string_equal(w->piece.key.deployment, "tiny");
+    assert_int_equal(w->piece.key.stage, 1);
+    assert_int_equal(w->piece.key.tp, 1);
     assert_int_equal(w->piece.epoch, 7);
     assert_true(fx->c->epoch >= 7);  /* epochs only grow across a restart */
 
@@ -882,8 +882,8 @@ static void test_status_json_has_the_documented_fields(void **state)
             assert_non_null(wn);
             tsr_worker_t *w = tsr_registry_find(fx->c->reg, wn);
             assert_non_null(w);
-            assert_int_equal(w->piece.stage, (int)s);
-            assert_int_equal(w->piece.tp, (int)t);
+            assert_int_equal(w->piece.key.stage, (int)s);
+            assert_int_equal(w->piece.key.tp, (int)t);
             assert_string_equal(json_string_value(json_object_get(rk, "node")), w->node);
             assert_int_equal(json_integer_value(json_object_get(rk, "pid")), w->pid);
             assert_string_equal(json_string_value(json_object_get(rk, "state")),
@@ -1865,6 +1865,90 @@ static void test_the_next_attempt_avoids_the_replica_that_failed_it(void **state
     assert_int_equal(fx->c->reqs[0].replica, 1);
 }
 
+/* A member cut off long enough to be declared dead comes back with its old
+ * piece while its replica, rewired without it (no spare), waits in a newer
+ * epoch: it is adopted, and the whole replica is rewired again with it.
+ * Otherwise its peers would wait for it until their formation deadline. */
+static void test_a_member_adopted_back_into_a_rewired_replica_rewires_it(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    int h = a_member(fx, leader);
+    int64_t now = scan_time(fx);
+    tsr_registry_find(fx->c->reg, fx->name[h])->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_registry_find(fx->c->reg, fx->name[fx->spare])->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_coord_tick(fx->c, now);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    uint64_t moved_on = 0;
+    for (int i = 0; i < NW; i++) {
+        if (i == h || !fx->holds[i]) continue;
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_true(env->epoch > fx->piece[i].epoch);
+        moved_on = env->epoch;
+        tsr_env_free(&env);
+    }
+
+    char node[16];
+    snprintf(node, sizeof node, "node%d", h);
+    Tessera__Assignment held = fx->piece[h];
+    held.deployment = "tiny";
+    held.model_path = model_dir;
+    send_register(fx, h, fx->name[h], node, TSR_PROTOCOL_VERSION, &held,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_true(env->epoch > moved_on);
+        assert_int_equal(env->assign->assignment->n_peers, 4);
+        tsr_env_free(&env);
+    }
+}
+
+/* The rewiring backoff starts over once the replica it mended is whole
+ * again, even while another replica is down: a later fault there is a new
+ * one, retried after 2 s, not after a backoff grown by unrelated faults. */
+static void test_a_mended_replica_resets_the_rewiring_backoff(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 2\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    cluster_up(fx);
+    pieces_ready(fx);
+    int m[2][2] = {{-1, -1}, {-1, -1}};   /* [replica][stage] */
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) m[fx->piece[i].replica][fx->piece[i].stage] = i;
+    tsr_dep_state_t *ds = &fx->c->deps[0];
+    assert_int_equal(ds->retry_backoff_ms, 0);
+
+    /* replica 0 breaks in its data plane: rewired in 2 s, the next wait 4 s */
+    int64_t t0 = tsr_now_ms();
+    send_failed_as(fx, m[0][1], fx->piece[m[0][1]].epoch, "data plane: peer stalled", false, true);
+    pump(fx);
+    assert_true(ds->retry_at_ms >= t0 + 2000 && ds->retry_at_ms <= tsr_now_ms() + 2000);
+    assert_int_equal(ds->retry_backoff_ms, 4000);
+    /* replica 1 fails to load (not retried): the deployment stays short */
+    send_failed(fx, m[1][0], fx->piece[m[1][0]].epoch, "weights missing", false);
+    pump(fx);
+    /* the 2 s pass (ticking 2 s ahead would let every heartbeat lapse) */
+    ds->retry_at_ms = tsr_now_ms();
+    tsr_coord_tick(fx->c, plan_time(fx));
+    for (int s = 0; s < 2; s++) {
+        tsr_env_t *env = expect_kind(fx->dealer[m[0][s]], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_true(env->epoch > fx->piece[m[0][s]].epoch);
+        send_ready(fx, m[0][s], env->epoch);
+        tsr_env_free(&env);
+    }
+    pump(fx);
+    /* replica 0 is whole again: the backoff starts over */
+    assert_int_equal(ds->retry_backoff_ms, 0);
+    assert_string_equal(tsr_coord_dep_state(fx->c, 0, tsr_now_ms()), "failed");
+}
+
 /* A request that arrives while the deployment's only replica is being
  * mended waits for it instead of being refused; one for a deployment that
  * never became ready is refused at once. */
@@ -2130,6 +2214,8 @@ int main(void)
         T(test_replays_are_bounded_and_refusals_are_not_replayed),
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
+        T(test_a_mended_replica_resets_the_rewiring_backoff),
+        T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),

@@ -26,11 +26,9 @@ static tsr_worker_t *add(tsr_registry_t *reg, const char *name, int64_t last_see
     w->state = TSR_W_READY;
     w->last_seen_ms = last_seen;
     if (deployment) {
-        w->has_piece = true;
-        snprintf(w->piece.deployment, sizeof w->piece.deployment, "%s", deployment);
-        w->piece.stage = stage;
-        w->piece.tp_size = 1;
-        w->piece.pp_size = 2;
+        tsr_piece_key_t k = {.stage = stage, .tp_size = 1, .pp_size = 2};
+        snprintf(k.deployment, sizeof k.deployment, "%s", deployment);
+        assert_int_equal(tsr_registry_set_piece(reg, w, &k, 1, 0), 0);
     }
     return w;
 }
@@ -52,8 +50,8 @@ static void record_dead(tsr_worker_t *w, void *arg)
     assert_true(c->n < MAX_CALLS);
     snprintf(c->name[c->n], sizeof c->name[c->n], "%s", w->name);
     c->had_piece[c->n] = w->has_piece;
-    snprintf(c->deployment[c->n], sizeof c->deployment[c->n], "%s", w->piece.deployment);
-    c->stage[c->n] = w->piece.stage;
+    snprintf(c->deployment[c->n], sizeof c->deployment[c->n], "%s", w->piece.key.deployment);
+    c->stage[c->n] = w->piece.key.stage;
     c->state[c->n] = w->state;
     c->n++;
 }
@@ -149,7 +147,7 @@ static void test_scan_marks_exactly_the_overdue_workers_dead(void **state)
     /* The others are untouched. */
     assert_int_equal(cw->state, TSR_W_READY);
     assert_true(cw->has_piece);
-    assert_string_equal(cw->piece.deployment, "dep-c");
+    assert_string_equal(cw->piece.key.deployment, "dep-c");
     assert_int_equal(d->state, TSR_W_IDLE);
     assert_int_equal(cw->reason[0], '\0');
     assert_int_equal(tsr_registry_alive(reg), 2);
@@ -177,7 +175,7 @@ static void test_already_dead_workers_are_not_reported_again(void **state)
     tsr_worker_t *a = add(reg, "a", 0, "d", 0);
     tsr_worker_t *b = add(reg, "b", 2000, "d", 1);
     tsr_worker_t *m = add(reg, "m", 0, "d", 0);
-    assert_true(tsr_health_mark_dead(m, 10, "fatal: device lost"));
+    assert_true(tsr_health_mark_dead(reg, m, 10, "fatal: device lost"));
 
     assert_int_equal(tsr_health_scan(reg, 1500, TIMEOUT, record_dead, &c), 1);
     assert_int_equal(calls_for(&c, "a"), 1);
@@ -282,7 +280,7 @@ static void test_mark_dead_copies_reason_and_is_idempotent(void **state)
     char reason[64];
 
     snprintf(reason, sizeof reason, "fatal: Xid 79");
-    assert_true(tsr_health_mark_dead(w, 4242, reason));
+    assert_true(tsr_health_mark_dead(reg, w, 4242, reason));
     memset(reason, 'Z', sizeof reason - 1);     /* the worker must keep its copy */
     reason[sizeof reason - 1] = '\0';
     assert_string_equal(w->reason, "fatal: Xid 79");
@@ -292,7 +290,7 @@ static void test_mark_dead_copies_reason_and_is_idempotent(void **state)
     assert_int_equal(tsr_registry_alive(reg), 0);
 
     /* A second death changes nothing. */
-    assert_false(tsr_health_mark_dead(w, 9999, "something else"));
+    assert_false(tsr_health_mark_dead(reg, w, 9999, "something else"));
     assert_string_equal(w->reason, "fatal: Xid 79");
     assert_int_equal(w->dead_since_ms, 4242);
     tsr_registry_destroy(&reg);
@@ -309,7 +307,7 @@ static void test_mark_dead_truncates_an_overlong_reason_safely(void **state)
     assert_non_null(long_reason);
     memset(long_reason, 'r', n);
     long_reason[n] = '\0';
-    assert_true(tsr_health_mark_dead(w, 1, long_reason));
+    assert_true(tsr_health_mark_dead(reg, w, 1, long_reason));
     assert_int_equal(strlen(w->reason), sizeof w->reason - 1);
     assert_memory_equal(w->reason, long_reason, sizeof w->reason - 1);
     free(long_reason);
@@ -372,9 +370,9 @@ static void test_registry_alive_counts_workers_not_dead(void **state)
     w[1]->state = TSR_W_FAILED;     /* failed is not dead */
     w[2]->state = TSR_W_LOADING;
     assert_int_equal(tsr_registry_alive(reg), 4);
-    tsr_health_mark_dead(w[3], 1, "gone");
+    tsr_health_mark_dead(reg, w[3], 1, "gone");
     assert_int_equal(tsr_registry_alive(reg), 3);
-    tsr_health_mark_dead(w[1], 1, "gone");
+    tsr_health_mark_dead(reg, w[1], 1, "gone");
     assert_int_equal(tsr_registry_alive(reg), 2);
     /* Dead workers stay listed. */
     assert_int_equal(tsr_registry_size(reg), 4);
@@ -435,6 +433,96 @@ static void test_registry_destroy_is_safe_on_null(void **state)
     assert_null(reg);
 }
 
+/* ---- the piece index ------------------------------------------------------ */
+
+static tsr_piece_key_t key_of(const char *dep, int replica, int stage, int tp, int tp_size,
+                              int pp_size)
+{
+    tsr_piece_key_t k = {.replica = replica, .stage = stage, .tp = tp, .tp_size = tp_size,
+                         .pp_size = pp_size, .layer_begin = stage * 4, .layer_end = stage * 4 + 4};
+    snprintf(k.deployment, sizeof k.deployment, "%s", dep);
+    return k;
+}
+
+/* Every worker holding a piece is found under its (deployment, replica) and
+ * slot, and only there; giving a worker another piece moves it. */
+static void test_index_finds_each_piece_by_replica_and_slot(void **state)
+{
+    (void)state;
+    tsr_registry_t *reg = tsr_registry_new();
+    char name[16];
+    tsr_worker_t *w[8];
+    /* d: 2 replicas of tp 2 x pp 2, registered in a scrambled order */
+    static const int order[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+    for (int i = 0; i < 8; i++) {
+        snprintf(name, sizeof name, "w%d", i);
+        w[i] = tsr_registry_upsert(reg, name);
+    }
+    for (int i = 0; i < 8; i++) {
+        int p = order[i];
+        tsr_piece_key_t k = key_of("d", p / 4, p % 4 / 2, p % 2, 2, 2);
+        assert_int_equal(tsr_registry_set_piece(reg, w[i], &k, 7, 0), 0);
+        assert_true(w[i]->has_piece);
+        assert_int_equal(w[i]->piece.epoch, 7);
+    }
+    for (int i = 0; i < 8; i++) {
+        int p = order[i];
+        assert_ptr_equal(tsr_registry_at_slot(reg, "d", p / 4, 2, 2, p % 4), w[i]);
+        assert_null(tsr_registry_at_slot(reg, "d", p / 4, 1, 2, p % 4));  /* another layout */
+        tsr_piece_key_t k = key_of("d", p / 4, p % 4 / 2, p % 2, 2, 2);
+        assert_ptr_equal(tsr_registry_holder(reg, &k, NULL), w[i]);
+        assert_null(tsr_registry_holder(reg, &k, w[i]));
+    }
+    size_t n;
+    assert_non_null(tsr_registry_replica(reg, "d", 0, &n));
+    assert_int_equal(n, 4);
+    assert_null(tsr_registry_replica(reg, "d", 2, &n));
+    assert_int_equal(n, 0);
+    assert_null(tsr_registry_replica(reg, "e", 0, &n));
+
+    /* w0 moves from replica 1 slot 1 to replica 0 of deployment e */
+    tsr_piece_key_t e0 = key_of("e", 0, 0, 0, 1, 1);
+    assert_int_equal(tsr_registry_set_piece(reg, w[0], &e0, 8, 42), 0);
+    assert_null(tsr_registry_at_slot(reg, "d", 1, 2, 2, 1));
+    tsr_registry_replica(reg, "d", 1, &n);
+    assert_int_equal(n, 3);
+    tsr_worker_t *const *m = tsr_registry_replica(reg, "e", 0, &n);
+    assert_int_equal(n, 1);
+    assert_ptr_equal(m[0], w[0]);
+    assert_int_equal(w[0]->piece.kv_budget, 42);
+
+    /* clearing empties a replica's entry; clearing twice is harmless */
+    tsr_registry_clear_piece(reg, w[0]);
+    tsr_registry_clear_piece(reg, w[0]);
+    assert_false(w[0]->has_piece);
+    assert_null(tsr_registry_replica(reg, "e", 0, &n));
+    tsr_registry_destroy(&reg);
+}
+
+/* A worker that dies or is forgotten leaves the index. */
+static void test_index_drops_dead_and_forgotten_workers(void **state)
+{
+    (void)state;
+    tsr_registry_t *reg = tsr_registry_new();
+    tsr_worker_t *a = add(reg, "a", 0, "d", 0);
+    tsr_worker_t *b = add(reg, "b", 0, "d", 1);
+    size_t n;
+    tsr_registry_replica(reg, "d", 0, &n);
+    assert_int_equal(n, 2);
+    assert_true(tsr_health_mark_dead(reg, a, 5, "gone"));
+    assert_ptr_equal(tsr_registry_replica(reg, "d", 0, &n)[0], b);
+    assert_int_equal(n, 1);
+    /* b keeps its piece until it is forgotten; forgetting a live one's is not possible,
+     * so kill it and forget both */
+    assert_true(tsr_health_mark_dead(reg, b, 6, "gone"));
+    assert_int_equal(tsr_registry_forget_dead(reg, 10), 2);
+    assert_null(tsr_registry_replica(reg, "d", 0, &n));
+    /* a new worker of the same name starts with no piece */
+    tsr_worker_t *a2 = tsr_registry_upsert(reg, "a");
+    assert_false(a2->has_piece);
+    tsr_registry_destroy(&reg);
+}
+
 static void test_worker_state_names_are_stable(void **state)
 {
     (void)state;
@@ -464,6 +552,8 @@ int main(void)
         cmocka_unit_test(test_registry_holds_and_finds_ten_thousand_workers),
         cmocka_unit_test(test_registry_destroy_is_safe_on_null),
         cmocka_unit_test(test_worker_state_names_are_stable),
+        cmocka_unit_test(test_index_finds_each_piece_by_replica_and_slot),
+        cmocka_unit_test(test_index_drops_dead_and_forgotten_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

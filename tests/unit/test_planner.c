@@ -96,12 +96,12 @@ static void apply(cluster_t *c, const tsr_plan_t *p)
 {
     for (size_t w = 0; w < c->n; w++) {
         const tsr_piece_t *pc = tsr_plan_piece_of(p, (int)w);
-        tsr_plan_holding_t *h = &c->w[w].current;
+        tsr_piece_key_t *h = &c->w[w].current;
 
         memset(h, 0, sizeof *h);
         if (!pc)
             continue;
-        h->deployment = c->deps[pc->deployment].name;
+        snprintf(h->deployment, sizeof h->deployment, "%s", c->deps[pc->deployment].name);
         h->replica = pc->replica;
         h->stage = pc->stage;
         h->tp = pc->tp;
@@ -489,7 +489,7 @@ static void test_holding_on_wrong_device_kind_is_not_kept(void **state)
     cpu = add_worker(&c, "a", TSR_DEVICE_CPU);
     gpu = add_worker(&c, "b", TSR_DEVICE_CUDA);
     add_dep(&c, "m", TSR_DEVICE_CUDA, 1, 1, 1, 4);
-    c.w[cpu].current = (tsr_plan_holding_t){ "m", 0, 0, 0, 1, 1, 0, 4 };
+    c.w[cpu].current = (tsr_piece_key_t){ "m", 0, 0, 0, 1, 1, 0, 4 };
     p = plan(&c);
     check_invariants(&c, p);
     assert_null(tsr_plan_piece_of(p, cpu));
@@ -535,7 +535,7 @@ static void test_holders_of_a_removed_deployment_are_freed(void **state)
     cluster_init(&c);
     w0 = add_worker(&c, "n0", TSR_DEVICE_CPU);
     add_dep(&c, "new", TSR_DEVICE_CPU, 1, 1, 1, 2);
-    c.w[w0].current = (tsr_plan_holding_t){ "gone", 0, 0, 0, 1, 1, 0, 2 };
+    c.w[w0].current = (tsr_piece_key_t){ "gone", 0, 0, 0, 1, 1, 0, 2 };
     p = plan(&c);
     check_invariants(&c, p);
     assert_int_equal(piece(p, 0, 0, 0, 0)->worker, w0);
@@ -554,7 +554,7 @@ static void test_piece_claimed_by_two_workers_is_kept_by_one(void **state)
     b = add_worker(&c, "n1", TSR_DEVICE_CPU);
     a = add_worker(&c, "n0", TSR_DEVICE_CPU);
     add_dep(&c, "m", TSR_DEVICE_CPU, 1, 1, 1, 3);
-    c.w[a].current = (tsr_plan_holding_t){ "m", 0, 0, 0, 1, 1, 0, 3 };
+    c.w[a].current = (tsr_piece_key_t){ "m", 0, 0, 0, 1, 1, 0, 3 };
     c.w[b].current = c.w[a].current;
     p = plan(&c);
     check_invariants(&c, p);

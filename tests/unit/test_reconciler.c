@@ -94,14 +94,13 @@ static void apply_plan_as_holdings(fixture_t *f)
 {
     for (int w = 0; w < N_WORKERS; w++) {
         const tsr_piece_t *p = tsr_plan_piece_of(f->plan, w);
-        tsr_plan_holding_t h = { 0 };
+        tsr_piece_key_t h = { 0 };
         if (p) {
             const tsr_deployment_t *d = &f->cfg.deployments[p->deployment];
-            h = (tsr_plan_holding_t){ .deployment = d->name, .replica = p->replica,
-                                      .stage = p->stage, .tp = p->tp,
-                                      .tp_size = d->tensor, .pp_size = d->pipeline,
-                                      .layer_begin = p->layer_begin,
-                                      .layer_end = p->layer_end };
+            h = (tsr_piece_key_t){ .replica = p->replica, .stage = p->stage, .tp = p->tp,
+                                   .tp_size = d->tensor, .pp_size = d->pipeline,
+                                   .layer_begin = p->layer_begin, .layer_end = p->layer_end };
+            snprintf(h.deployment, sizeof h.deployment, "%s", d->name);
         }
         f->w[w].current = h;
     }
@@ -243,7 +242,7 @@ static void test_changed_layout_reassigns_instead_of_unassigning(void **state)
         const tsr_piece_t *p = f->acts[i].piece;
         assert_non_null(p);
         assert_int_equal(p->layer_end - p->layer_begin, (LAYERS + 4) / 2);
-        assert_non_null(f->w[f->acts[i].worker].current.deployment);
+        assert_true(f->w[f->acts[i].worker].current.deployment[0]);
     }
 }
 
