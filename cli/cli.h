@@ -15,10 +15,14 @@ typedef struct {
 /* A socket to the control endpoint with the CLI's keys, and a monitor of its
  * connection (*mon).  NULL with the reason printed. */
 void *tsr_cli_connect(const tsr_cli_t *cli, void **mon);
-/* When mon reports a failed handshake, prints why (naming the endpoint and
+/* When mon reports a failed handshake (or the third handshake in a row the
+ * coordinator closed without a reason), prints why (naming the endpoint and
  * the CLI's identity) and returns 1; for other events (or none) returns 0
  * and the event id in *event (-1: none). */
 int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event);
+/* A message arrived from the coordinator: handshakes it closed before no
+ * longer count towards calling it a refusal. */
+void tsr_cli_heard(void);
 
 /* Sends one control request; on success returns 0 and *out (caller owns,
  * json_decref) with the reply's JSON document (NULL when it has none).  On

@@ -104,6 +104,15 @@ void *tsr_cli_connect(const tsr_cli_t *cli, void **mon)
     return s;
 }
 
+/* Handshakes the coordinator closed since the CLI last heard from it.  One
+ * is a transient (it stopped or restarted mid-handshake); a CURVE endpoint
+ * closes every handshake of a plain client, often before the client has
+ * read enough to name the mismatch, so several in a row are a refusal. */
+static int closed_in_handshake;
+#define CLOSED_IN_HANDSHAKE_MAX 3
+
+void tsr_cli_heard(void) { closed_in_handshake = 0; }
+
 int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event)
 {
     uint32_t value = 0;
@@ -111,6 +120,12 @@ int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event)
     int ev;
     while ((ev = tsr_sock_monitor_event_v(mon, &value)) >= 0) {
         const char *why = tsr_handshake_failure(ev, value);
+        if (!why && ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL &&
+            ++closed_in_handshake >= CLOSED_IN_HANDSHAKE_MAX)
+            why = "it closed the connection during the handshake 3 times in a row, as a "
+                  "CURVE endpoint does with a plain client or a key it does not allow "
+                  "(compare coordinator.security with this program's keys: --keys, "
+                  "TESSERA_KEYS)";
         if (why) {
             fprintf(stderr, "tessera: the coordinator at %s refused the connection: %s "
                             "(identity '%s', %s)\n",

@@ -277,6 +277,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 if (r < 0) goto out;
                 continue;
             }
+            tsr_cli_heard();
             if (reply->body_case != TESSERA__ENVELOPE__BODY_CONTROL_REPLY) continue;
             if (!reply->control_reply->ok) {
                 /* A restarted coordinator has no ready replica until its
