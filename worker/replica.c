@@ -504,6 +504,10 @@ static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t 
                   size_t errlen)
 {
     for (;;) {
+        /* A new plan or a shutdown of this worker ends it here too, without
+         * waiting for the leader's stop (the leader sends a no-op at least
+         * every idle_ms, so this is looked at that often). */
+        if (io->should_stop(io->arg)) return 0;
         if (tsr_coll_recv(r->ctl_ops, r->ctl, 0, hdr_buf(&b->hdr), r->peer_timeout_ms, err,
                           errlen) < 0 ||
             hdr_ok(r, &b->hdr, err, errlen) < 0)
