@@ -187,6 +187,8 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
               w->kv_blocks_used, w->kv_blocks_total, w->queued, w->running);
     sb_kv_str(b, "version", w->version);
     sb_kv_str(b, "data_endpoint", w->data_endpoint);
+    sb_kv_str(b, "pci_bus_id", w->pci_bus_id);
+    tsr_sb_printf(b, ",\"nccl\":%s", w->nccl ? "true" : "false");
     tsr_sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
               tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);
@@ -322,6 +324,8 @@ char *tsr_coord_status_json(tsr_coord_t *c, int64_t now, bool workers_only)
     json_object_set_new(stats, "sends_failed", json_integer((json_int_t)st->sends_failed));
     json_object_set_new(stats, "canaries", json_integer((json_int_t)st->canaries));
     json_object_set_new(stats, "canaries_failed", json_integer((json_int_t)st->canaries_failed));
+    json_object_set_new(stats, "rendezvous_relayed",
+                        json_integer((json_int_t)st->rendezvous_relayed));
     json_t *coord = json_object_get(root, "coordinator");
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {

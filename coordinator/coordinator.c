@@ -442,22 +442,25 @@ static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_
 }
 
 /* The data endpoints of every piece of key's replica in key's layout,
- * indexed by slot ("" where a piece has no holder yet).  Caller frees. */
+ * indexed by slot ("" where a piece has no holder yet), followed by their
+ * GPUs' PCI bus ids in the same order: 2 * *n_out entries.  Caller frees. */
 static char **replica_peers(tsr_coord_t *c, const tsr_piece_key_t *key, size_t *n_out)
 {
     size_t n = (size_t)key->tp_size * (size_t)key->pp_size;
-    char **peers = calloc(n ? n : 1, sizeof *peers);
+    char **peers = calloc(n ? 2 * n : 1, sizeof *peers);
     if (!peers) return NULL;
     for (size_t k = 0; k < n; k++) {
         tsr_worker_t *o = tsr_registry_at_slot(c->reg, key->deployment, key->replica,
                                                key->tp_size, key->pp_size, (int)k);
         peers[k] = o ? o->data_endpoint : "";
+        peers[n + k] = o ? o->nccl_device : "";
     }
     *n_out = n;
     return peers;
 }
 
-/* Sends w its piece with the replica's peer list; peers NULL: look them up. */
+/* Sends w its piece with the replica's peer list (replica_peers': endpoints,
+ * then devices); peers NULL: look them up. */
 static void send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers,
                               size_t n_peers)
 {
@@ -467,6 +470,8 @@ static void send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **pe
     char **own = peers ? NULL : replica_peers(c, &w->piece.key, &n_peers);
     a.peers = peers ? peers : own;
     a.n_peers = a.peers ? n_peers : 0;
+    a.peer_devices = a.peers ? a.peers + n_peers : NULL;
+    a.n_peer_devices = a.n_peers;
     Tessera__Assign as = TESSERA__ASSIGN__INIT;
     as.assignment = &a;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -791,6 +796,16 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 
 /* ---- worker messages ------------------------------------------------------- */
 
+/* "" or up to 31 of 0-9 a-f A-F : . (what NVML writes). */
+static bool pci_bus_id_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 31) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("0123456789abcdefABCDEF:.", s[i])) return false;
+    return true;
+}
+
 /* Takes a piece a (re-)registering worker reports, if it still fits the
  * current deployments and nobody else holds it.  Returns NULL on success or
  * the reason it was not adopted. */
@@ -880,6 +895,14 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_error("refused a worker: %s", reason);
         goto refuse;
     }
+    if (!pci_bus_id_ok(r->pci_bus_id)) {
+        snprintf(reason, sizeof reason,
+                 "pci_bus_id '%.40s' is not a PCI bus id (like 0000:3b:00.0, at most 31 of "
+                 "0-9 a-f A-F : .)",
+                 r->pci_bus_id);
+        tsr_error("refused worker %s: %s", env->worker, reason);
+        goto refuse;
+    }
     tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);
     bool same_conn = w && w->rid_len == rid_len && !memcmp(w->rid, rid, rid_len);
     if (w && w->state != TSR_W_DEAD && strcmp(w->node, r->node)) {
@@ -947,6 +970,12 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     snprintf(w->node, sizeof w->node, "%s", r->node);
     snprintf(w->version, sizeof w->version, "%s", r->software_version);
     snprintf(w->data_endpoint, sizeof w->data_endpoint, "%s", r->data_endpoint);
+    snprintf(w->pci_bus_id, sizeof w->pci_bus_id, "%s", r->pci_bus_id);
+    w->nccl = r->nccl;
+    if (w->nccl && w->pci_bus_id[0])
+        snprintf(w->nccl_device, sizeof w->nccl_device, "%s/%s", w->node, w->pci_bus_id);
+    else
+        w->nccl_device[0] = '\0';
     w->device = r->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     w->device_index = r->device_index;
     w->memory = r->device_memory;
@@ -1009,6 +1038,37 @@ refuse:
     rep.accepted = false;
     rep.reason = reason;
     tsr_coord_send(c, rid, rid_len, &out);
+}
+
+/* An NCCL group's rendezvous blob, made by the group's rank 0 for its
+ * piece's current epoch (checked by the caller), goes to the other members
+ * of its replica that hold their piece in that same epoch, and to no one
+ * else: a member of another epoch or replica never sees it. */
+static void relay_rendezvous(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env)
+{
+    const Tessera__RendezvousOffer *o = env->rendezvous_offer;
+    if (!o->blob.len || o->blob.len > 256) {
+        c->stats.bad_messages++;
+        tsr_warn("worker %s sent a rendezvous blob of %zu bytes (1 to 256 allowed): dropped",
+                 w->name, o->blob.len);
+        return;
+    }
+    Tessera__Rendezvous r = TESSERA__RENDEZVOUS__INIT;
+    r.group = o->group;
+    r.blob = o->blob;
+    r.from = w->name;
+    size_t n;
+    tsr_worker_t *const *m =
+        tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (m[i] == w || m[i]->piece.epoch != env->epoch) continue;
+        tsr_env_t out = TESSERA__ENVELOPE__INIT;
+        out.epoch = env->epoch;
+        out.body_case = TESSERA__ENVELOPE__BODY_RENDEZVOUS;
+        out.rendezvous = &r;
+        send_to(c, m[i], &out);
+    }
+    c->stats.rendezvous_relayed++;
 }
 
 /* A message about a piece is only meaningful for the epoch it was assigned
@@ -1148,6 +1208,10 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         tsr_coord_send(c, rid, rid_len, &out);
         break;
     }
+    case TESSERA__ENVELOPE__BODY_RENDEZVOUS_OFFER:
+        if (!piece_msg_current(c, w, env)) break;
+        relay_rendezvous(c, w, env);
+        break;
     case TESSERA__ENVELOPE__BODY_PROGRESS:
         if (!piece_msg_current(c, w, env)) break;
         snprintf(w->detail, sizeof w->detail, "%s", env->progress->detail);

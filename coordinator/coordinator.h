@@ -151,6 +151,7 @@ typedef struct {
     uint64_t orphans_cancelled; /* Cancels sent for tokens of requests nobody waits for */
     uint64_t sends_failed;      /* messages to workers that could not be queued */
     uint64_t canaries, canaries_failed;
+    uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
 } tsr_coord_stats_t;
 
 /* A Prometheus histogram in seconds over fixed bucket bounds (metrics.c). */

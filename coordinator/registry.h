@@ -46,6 +46,9 @@ typedef struct {
     uint32_t queued, running;   /* a replica leader's requests waiting and in the batch */
     uint32_t pid;
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */
+    char pci_bus_id[32];        /* its GPU ("" for a CPU worker or when unknown) */
+    bool nccl;                  /* it can use NCCL (it could load the library) */
+    char nccl_device[TSR_NAME_MAX + 40];  /* "node/bus id" when nccl and a bus id, else "" */
     uint8_t rid[256];           /* ZeroMQ routing id of its connection */
     size_t rid_len;
     char key_id[TSR_KEY_ID_MAX];  /* the CURVE key id (name/public key, zap.h) it

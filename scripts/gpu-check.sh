@@ -18,11 +18,15 @@
 #      one exactly tsr_sample's draw on them; a prompt chunk in a mixed
 #      batch, and a step that samples nothing
 #   3. a cuda deployment served by a coordinator and a CUDA worker, and
-#      tp=2 pp=2 on the one GPU (four workers; every cuda rank uses the
-#      staged TCP collectives until NCCL), each generating 32 tokens,
-#      compared with a cpu deployment's; a worker for a GPU that does not
-#      exist must exit 1
-#   4. speed with weights filled on the device from a seed: a ~1B model and
+#      tp=2 pp=2 on the one GPU (four workers; they share the GPU, which
+#      NCCL refuses, so every group must say it uses the staged TCP
+#      collectives), each generating 32 tokens, compared with a cpu
+#      deployment's; a worker for a GPU that does not exist must exit 1
+#   4. NCCL with the real library on this GPU (build/bench/gpu_bench nccl):
+#      a 1-rank communicator formed from its epoch's blob (another epoch's
+#      refused), an all-reduce of device memory, an abort and a fresh
+#      communicator; one GPU allows no group of more ranks
+#   5. speed with weights filled on the device from a seed: a ~1B model and
 #      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
 #      tokens, each next to its measured bound (build/bench/gpu_bench speed)
 set -u
@@ -116,12 +120,19 @@ YAML
     done
     [ "$cpu" = "$gpu" ] && echo "cuda tp=1 equals the cpu deployment" || echo "cuda tp=1 differs from the cpu deployment"
     [ "$gpu4" = "$gpu" ] && echo "cuda tp=2 pp=2 equals tp=1" || echo "cuda tp=2 pp=2 differs from tp=1"
+    if grep -h "share the GPU" "$T"/gpu0-w*.log | head -2 | grep -q .; then
+        echo "the tp=2 pp=2 groups use the staged collectives: $(grep -h "share the GPU" "$T"/gpu0-w*.log | head -1)"
+    else
+        echo "no worker said its group shares the GPU (expected: NCCL refuses one device twice)"; ok=1
+    fi
     "$B/tessera" "${C[@]}" workers --json | grep -o '"name": *"[^"]*"\|"weight_bytes": *[0-9]*\|"kv_bytes": *[0-9]*' | paste - - - 2>/dev/null
     kill %1 %2 %3 %4 %5 %6 %7 2>/dev/null; wait 2>/dev/null
     [ $ok -eq 0 ] || { for f in "$T"/*.log; do echo "--- $f"; tail -15 "$f"; done; }
     return $ok
 }
 check "cuda deployments served through the coordinator" cluster_check
+
+check "NCCL, one rank on this GPU" "$BUILD/bench/gpu_bench" nccl
 
 # ---- speed ------------------------------------------------------------------------
 shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED

@@ -87,6 +87,8 @@ static void send_register(tsr_agent_t *a)
     r.software_version = TSR_SOFTWARE_VERSION;
     r.pid = (uint32_t)getpid();
     r.data_endpoint = a->ex ? (char *)tsr_executor_endpoint(a->ex) : "";
+    r.pci_bus_id = a->device.pci_bus_id;
+    r.nccl = a->device.nccl;
     if (a->has_piece) {
         r.assignment = &a->piece;
         r.state = a->state;
@@ -192,6 +194,8 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     a->piece.model_path = a->model_path;
     a->piece.n_peers = 0;  /* the executor keeps its own copy */
     a->piece.peers = NULL;
+    a->piece.n_peer_devices = 0;
+    a->piece.peer_devices = NULL;
     /* The replica's secret too: it points into the message being freed, and
      * a re-registration must not send it back over the wire. */
     a->piece.data_secret = (ProtobufCBinaryData){0, NULL};
@@ -265,6 +269,18 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
     tsr_executor_submit(a->ex, &r);
 }
 
+static void send_offer(tsr_agent_t *a, int i)
+{
+    Tessera__RendezvousOffer o = TESSERA__RENDEZVOUS_OFFER__INIT;
+    o.group = a->offers[i].group;
+    o.blob = (ProtobufCBinaryData){a->offers[i].len, a->offers[i].blob};
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = a->offers[i].epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_RENDEZVOUS_OFFER;
+    env.rendezvous_offer = &o;
+    send_env(a, &env);
+}
+
 /* Passes on what the data plane has to say.  Reports about an older
  * assignment than the one held are dropped here already. */
 static void drain_executor(tsr_agent_t *a)
@@ -280,7 +296,22 @@ static void drain_executor(tsr_agent_t *a)
             a->stale_dropped++;
             continue;
         }
-        if (ev.kind == TSR_EV_PROGRESS) {
+        if (ev.kind == TSR_EV_RENDEZVOUS) {
+            /* rank 0 of an NCCL group: the coordinator relays the blob;
+             * it is kept to be offered again while the piece loads */
+            int k = 0;
+            for (int i = 0; i < a->n_offers; i++)
+                if (a->offers[i].epoch == ev.epoch) a->offers[k++] = a->offers[i];
+            a->n_offers = k;
+            while (k > 0 && a->offers[k - 1].group != ev.group) k--;
+            if (k == 0) k = a->n_offers < 3 ? ++a->n_offers : 3;
+            a->offers[k - 1].epoch = ev.epoch;
+            a->offers[k - 1].group = ev.group;
+            memcpy(a->offers[k - 1].blob, ev.blob, ev.blob_len);
+            a->offers[k - 1].len = ev.blob_len;
+            send_offer(a, k - 1);
+            a->next_offer_ms = tsr_now_ms() + 1000;
+        } else if (ev.kind == TSR_EV_PROGRESS) {
             send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false, false);
         } else if (ev.kind == TSR_EV_READY) {
             a->state = TESSERA__WORKER_STATE__STATE_READY;
@@ -355,6 +386,16 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
         break;
     case TESSERA__ENVELOPE__BODY_CANCEL:
         if (a->ex) tsr_executor_cancel(a->ex, env->cancel->request_id, env->cancel->reason);
+        break;
+    case TESSERA__ENVELOPE__BODY_RENDEZVOUS:
+        /* only for the piece held now; the executor checks the epoch again */
+        if (!a->has_piece || env->epoch != a->piece.epoch) {
+            a->stale_dropped++;
+            break;
+        }
+        if (a->ex)
+            tsr_executor_rendezvous(a->ex, env->epoch, env->rendezvous->group,
+                                    env->rendezvous->blob.data, env->rendezvous->blob.len);
         break;
     case TESSERA__ENVELOPE__BODY_RESET:
         /* Resets answer messages sent before the last registration; while a
@@ -437,6 +478,12 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
     if (a->stop) return 0;
     drain_executor(a);
 
+    if (a->phase == TSR_A_REGISTERED && a->n_offers && now >= a->next_offer_ms) {
+        a->next_offer_ms = now + 1000;
+        if (a->has_piece && a->state == TESSERA__WORKER_STATE__STATE_LOADING)
+            for (int i = 0; i < a->n_offers; i++)
+                if (a->offers[i].epoch == a->piece.epoch) send_offer(a, i);
+    }
     if (a->phase == TSR_A_REGISTERING && now >= a->next_register_ms) {
         send_register(a);
         a->next_register_ms = now + a->register_backoff_ms;

@@ -44,6 +44,18 @@ typedef struct {
 
     tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 
+    /* NCCL rendezvous blobs this worker made (rank 0 of a group), sent to
+     * the coordinator again every second while the piece is loading, so a
+     * member that registered late, or an offer lost to a coordinator
+     * restart, still gets one. */
+    struct {
+        uint64_t epoch, group;
+        uint8_t blob[256];
+        size_t len;
+    } offers[3];
+    int n_offers;
+    int64_t next_offer_ms;
+
     uint64_t stale_dropped;
     uint64_t sends_failed;        /* messages the coordinator could not be sent */
     void *mon;                    /* the connection's events (handshake failures) */

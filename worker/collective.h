@@ -56,7 +56,34 @@ typedef struct {
      * refuses to form a group of more than one rank without it. */
     const void *secret;
     size_t secret_len;
+    /* Optional (GPU groups): each member's GPU, its PCI bus id ("" unknown),
+     * in rank order; ranks that share one cannot share an NCCL group. */
+    const char *const *devices;
+    /* Optional: passes a backend's own rendezvous blob through the
+     * coordinator.  Rank 0 publishes (mine set: returns at once), the others
+     * receive rank 0's blob for this epoch and group into out (up to cap
+     * bytes, *out_len set), waiting up to timeout_ms and giving up when
+     * cancelled.  0, or -1 with the reason. */
+    int (*exchange)(void *arg, uint64_t group, const void *mine, size_t len, void *out,
+                    size_t cap, size_t *out_len, int timeout_ms, char *err, size_t errlen);
+    void *exchange_arg;
 } tsr_rendezvous_t;
+
+typedef struct tsr_nccl_api tsr_nccl_api_t;
+typedef struct tsr_tcp_listener tsr_tcp_listener_t;
+
+/* What every backend's create gets as ctx: the worker's TCP listener (TCP
+ * and the host-staged backend) and, for GPU groups, NCCL's functions, the
+ * GPU and the engine's stream. */
+typedef struct tsr_coll_ctx {
+    tsr_tcp_listener_t *listener;
+    const tsr_nccl_api_t *nccl;     /* NULL: no NCCL here (nccl_why says why) */
+    const char *nccl_why;
+    const struct tsr_coll_ops *fallback;  /* the GPU chooser's host-staged backend */
+    int device;                     /* the GPU */
+    void *stream;                   /* the engine's stream (NULL: the default) */
+    int poll_us;                    /* NCCL's poll interval (0: 1000) */
+} tsr_coll_ctx_t;
 
 /* One leg of a grouped send/recv. */
 typedef struct {
@@ -65,11 +92,11 @@ typedef struct {
     tsr_buf_t buf;              /* recv: count must equal what the peer sent */
 } tsr_p2p_t;
 
-typedef struct {
+typedef struct tsr_coll_ops {
     const char *name;   /* "tcp", "nccl" */
     tsr_mem_t mem;      /* where its buffers must live */
-    /* Forms this rank's communicator; ctx is the backend's per-worker state
-     * (TCP: the listener).  Caller owns *out (destroy). */
+    /* Forms this rank's communicator; ctx is a tsr_coll_ctx_t, the
+     * worker's state.  Caller owns *out (destroy). */
     int (*create)(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, char *err,
                   size_t errlen);
     /* In-place sum over all ranks; every rank gets the same bits. */
@@ -108,8 +135,7 @@ extern const tsr_coll_ops_t tsr_coll_tcp;
 
 /* A listening socket a worker opens once; its endpoint ("127.0.0.1:40123")
  * is what the coordinator relays to peers.  bind_host "0.0.0.0" or an
- * address; port 0 picks a free one.  It is the TCP backend's ctx. */
-typedef struct tsr_tcp_listener tsr_tcp_listener_t;
+ * address; port 0 picks a free one.  The TCP backend's ctx->listener. */
 tsr_tcp_listener_t *tsr_tcp_listen(const char *bind_host, int port, char *err, size_t errlen);
 /* "host:port" to give to peers (advertise_host replaces a wildcard bind). */
 const char *tsr_tcp_listener_endpoint(const tsr_tcp_listener_t *l);

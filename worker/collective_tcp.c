@@ -1959,7 +1959,8 @@ static int tcp_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
                       size_t errlen)
 {
     enum { MAX_MEMBERS = 1024 };
-    if (!ctx || !rv || rv->n < 1 || rv->n > MAX_MEMBERS || !rv->blob) {
+    const tsr_coll_ctx_t *x = ctx;
+    if (!x || !x->listener || !rv || rv->n < 1 || rv->n > MAX_MEMBERS || !rv->blob) {
         snprintf(err, errlen, "tcp: a rendezvous needs the listener and 1 to %d endpoints",
                  MAX_MEMBERS);
         return -1;
@@ -1983,7 +1984,7 @@ static int tcp_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
                  rv->n);
         goto out;
     }
-    *out = tsr_tcp_comm_new_cancellable(ctx, rv->epoch, rv->group, rv->rank, rv->n, eps,
+    *out = tsr_tcp_comm_new_cancellable(x->listener, rv->epoch, rv->group, rv->rank, rv->n, eps,
                                         rv->secret, rv->secret_len, rv->timeout_ms, rv->cancelled,
                                         rv->cancel_arg, err, errlen);
     rc = *out ? 0 : -1;

@@ -17,6 +17,13 @@ typedef int (*nvml_handle_fn)(unsigned, void **);
 typedef int (*nvml_mem_fn)(void *, nvml_memory_t *);
 typedef int (*nvml_name_fn)(void *, char *, unsigned);
 typedef const char *(*nvml_err_fn)(int);
+/* nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it. */
+typedef struct {
+    char bus_id_legacy[16];
+    unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
+} nvml_pci_t;
+typedef int (*nvml_pci_fn)(void *, nvml_pci_t *);
 
 static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t errlen)
 {
@@ -34,6 +41,10 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
         info->index = index;
         info->memory = (uint64_t)mib << 20;
         snprintf(info->description, sizeof info->description, "test stand-in (no GPU)");
+        /* TSR_TEST_FAKE_CUDA_BUS: its PCI bus id (two stand-ins may share one) */
+        const char *bus = getenv("TSR_TEST_FAKE_CUDA_BUS");
+        if (bus && *bus) snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%s", bus);
+        else snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "00000000:%02X:00.0", index & 0xff);
         return 0;
     }
     int rc = -1;
@@ -49,6 +60,7 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
     nvml_mem_fn mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
     nvml_name_fn name = (nvml_name_fn)dlsym(lib, "nvmlDeviceGetName");
     nvml_err_fn estr = (nvml_err_fn)dlsym(lib, "nvmlErrorString");
+    nvml_pci_fn pci = (nvml_pci_fn)dlsym(lib, "nvmlDeviceGetPciInfo_v3");
     if (!init || !count || !handle || !mem || !name || !estr) {
         snprintf(err, errlen, "cuda device %u: NVML lacks an expected function", index);
         goto out;
@@ -71,6 +83,12 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
         goto out;
     }
     info->memory = m.total;
+    nvml_pci_t p;
+    memset(&p, 0, sizeof p);
+    if (pci && pci(dev, &p) == 0) {
+        p.bus_id[sizeof p.bus_id - 1] = '\0';
+        snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%s", p.bus_id);
+    }
     if (name(dev, info->description, sizeof info->description) != 0)
         snprintf(info->description, sizeof info->description, "cuda device %u", index);
     rc = 0;

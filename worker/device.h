@@ -4,6 +4,7 @@
 #ifndef TSR_DEVICE_H
 #define TSR_DEVICE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "common/deploy.h"
@@ -13,6 +14,8 @@ typedef struct {
     unsigned index;
     uint64_t memory;        /* bytes: device memory, or RAM for cpu */
     char description[128];  /* "NVIDIA H200", "cpu (16 cores)" */
+    char pci_bus_id[32];    /* cuda: "00000000:3B:00.0" (NVML's; "" when unknown) */
+    bool nccl;              /* cuda: libnccl.so.2 loads, so its groups may use NCCL */
 } tsr_device_info_t;
 
 /* Fills info for device `index` of `kind`.  Returns 0, or -1 with a reason

@@ -90,6 +90,8 @@ typedef struct {
      * address, ECC): the worker reports it and exits to be restarted. */
     int (*fatal)(const tsr_engine_t *e);
     void (*destroy)(tsr_engine_t **e_p);
+    /* The stream its work runs on, for NCCL (NULL, or no function: none). */
+    void *(*stream)(const tsr_engine_t *e);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;
@@ -100,8 +102,14 @@ extern const tsr_engine_ops_t tsr_engine_cpu;
 typedef struct {
     const tsr_engine_ops_t *engine;
     const tsr_coll_ops_t *coll;     /* tensors between ranks */
+    const tsr_coll_ops_t *fallback; /* coll's host-staged choice (tsr_coll_ctx_t.fallback) */
+    /* NCCL's functions for coll (NULL, or no function: none), or NULL with
+     * the reason. */
+    const tsr_nccl_api_t *(*nccl)(char *why, size_t len);
 } tsr_backend_t;
 int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen);
+/* Tests: pieces of device kind d get b instead (NULL: back to the table). */
+void tsr_backend_test_override(tsr_device_t d, const tsr_backend_t *b);
 
 /* The rotary embedding's parameters of model m. */
 static inline tsr_rope_cfg_t tsr_rope_cfg(const tsr_model_info_t *m)

@@ -17,6 +17,7 @@
 
 #define MAX_PEERS 1024
 #define FORM_TIMEOUT_MS 120000  /* peers may still be loading their weights */
+#define MAIL_MAX 3              /* rendezvous blobs waiting: a piece is in at most 3 groups */
 
 typedef struct {
     bool active;
@@ -29,6 +30,9 @@ typedef struct {
     tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
+    char devices[MAX_PEERS][TSR_NAME_MAX + 40];  /* each peer's "node/bus id" ("" no NCCL) */
+    uint64_t groups[MAIL_MAX];      /* the tensor groups this piece forms (tp, prev, next) */
+    int n_groups;
     uint8_t secret[64];         /* the replica's data-port secret for this epoch */
     size_t secret_len;
 } job_t;
@@ -94,6 +98,14 @@ struct tsr_executor {
     /* Events that could not be queued (out of memory): the agent is told by
      * one synthesized failure of that epoch, so nothing waits for them. */
     uint64_t events_lost, lost_epoch;
+    /* Rendezvous blobs relayed by the coordinator for the job's epoch, by
+     * group, until the group forms (or the next assignment). */
+    struct {
+        uint64_t epoch, group;
+        uint8_t blob[256];
+        size_t len;
+    } mail[MAIL_MAX];
+    int n_mail;
 };
 
 /* Where event nodes come from (tests make it fail). */
@@ -168,6 +180,17 @@ int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev)
 
 /* ---- replica io (on the executor thread) ---------------------------------------- */
 
+/* The absolute time ms from now, for pthread_cond_timedwait. */
+static struct timespec deadline_in(int ms)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += ms / 1000;
+    dl.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
+    return dl;
+}
+
 typedef struct {
     tsr_executor_t *ex;
     uint64_t gen, epoch;
@@ -177,11 +200,7 @@ static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
 {
     run_ctx_t *c = arg;
     tsr_executor_t *ex = c->ex;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += wait_ms / 1000;
-    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000;
-    if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
+    struct timespec dl = deadline_in(wait_ms);
     pthread_mutex_lock(&ex->mu);
     while (!ex->requests.head && !ex->shutdown && ex->job_gen == c->gen)
         if (pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) == ETIMEDOUT) break;
@@ -267,9 +286,92 @@ static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
 
 static int form_cancelled(void *arg) { return io_should_stop(arg); }
 
+/* rv->exchange: rank 0 of a group publishes its blob (the agent sends it to
+ * the coordinator, which relays it to the replica's members in this epoch);
+ * the others wait for the relayed blob of this epoch and group. */
+static int io_exchange(void *arg, uint64_t group, const void *mine, size_t len, void *out,
+                       size_t cap, size_t *out_len, int timeout_ms, char *err, size_t errlen)
+{
+    run_ctx_t *c = arg;
+    tsr_executor_t *ex = c->ex;
+    if (mine) {
+        tsr_event_t ev = {.kind = TSR_EV_RENDEZVOUS, .epoch = c->epoch, .group = group};
+        if (len > sizeof ev.blob) {
+            snprintf(err, errlen, "a rendezvous blob of %zu bytes (at most %zu)", len,
+                     sizeof ev.blob);
+            return -1;
+        }
+        memcpy(ev.blob, mine, len);
+        ev.blob_len = len;
+        push_event(ex, &ev);
+        return 0;
+    }
+    struct timespec dl = deadline_in(timeout_ms);
+    int rc = -1;
+    pthread_mutex_lock(&ex->mu);
+    for (;;) {
+        int k = 0;
+        while (k < ex->n_mail && !(ex->mail[k].epoch == c->epoch && ex->mail[k].group == group))
+            k++;
+        if (k < ex->n_mail) {
+            if (ex->mail[k].len > cap) {
+                snprintf(err, errlen, "the relayed rendezvous blob has %zu bytes (at most %zu)",
+                         ex->mail[k].len, cap);
+            } else {
+                memcpy(out, ex->mail[k].blob, ex->mail[k].len);
+                *out_len = ex->mail[k].len;
+                rc = 0;
+            }
+            ex->mail[k] = ex->mail[--ex->n_mail];
+            break;
+        }
+        if (ex->shutdown || ex->job_gen != c->gen) {
+            snprintf(err, errlen, "waiting for group %llx's rendezvous was cancelled: a newer "
+                     "epoch or a stop", (unsigned long long)group);
+            break;
+        }
+        if (pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) == ETIMEDOUT) {
+            snprintf(err, errlen,
+                     "group %llx's rendezvous blob (from its rank 0, relayed by the "
+                     "coordinator) did not arrive within %d ms",
+                     (unsigned long long)group, timeout_ms);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ex->mu);
+    return rc;
+}
+
+void tsr_executor_rendezvous(tsr_executor_t *ex, uint64_t epoch, uint64_t group,
+                             const void *blob, size_t len)
+{
+    pthread_mutex_lock(&ex->mu);
+    bool mine = false;
+    for (int i = 0; i < ex->job->n_groups; i++) mine |= ex->job->groups[i] == group;
+    if (!mine || epoch != ex->job->epoch || !ex->job->active || len > sizeof ex->mail[0].blob) {
+        /* another member's group, another epoch, or too large */
+        tsr_debug("dropped a rendezvous blob for group %llx, epoch %llu (%zu bytes)",
+                  (unsigned long long)group, (unsigned long long)epoch, len);
+    } else {
+        int k = 0;
+        while (k < ex->n_mail && !(ex->mail[k].epoch == epoch && ex->mail[k].group == group))
+            k++;
+        if (k == ex->n_mail && ex->n_mail < MAIL_MAX) ex->n_mail++;
+        if (k < ex->n_mail) {
+            ex->mail[k].epoch = epoch;
+            ex->mail[k].group = group;
+            memcpy(ex->mail[k].blob, blob, len);
+            ex->mail[k].len = len;
+        }
+        pthread_cond_broadcast(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+}
+
 /* Forms one of the replica's groups through the backend's rendezvous: for
- * TCP, the members' data endpoints, one per line. */
-static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job_t *j,
+ * TCP, the members' data endpoints, one per line; for NCCL, the blob its
+ * rank 0 makes, relayed through the coordinator (io_exchange). */
+static tsr_comm_t *form(const tsr_coll_ctx_t *cctx, const tsr_coll_ops_t *ops, const job_t *j,
                         run_ctx_t *ctx, const char *kind, int a, int b, int rank, int n,
                         const int *members, char *err, size_t errlen)
 {
@@ -280,10 +382,15 @@ static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job
         snprintf(err, errlen, "out of memory for a rendezvous");
         return NULL;
     }
-    for (int i = 0; i < n; i++) len += (size_t)sprintf(blob + len, "%s\n", j->peers[members[i]]);
+    const char *devices[MAX_PEERS];
+    for (int i = 0; i < n; i++) {
+        len += (size_t)sprintf(blob + len, "%s\n", j->peers[members[i]]);
+        devices[i] = j->devices[members[i]];
+    }
     tsr_rendezvous_t rv = {j->epoch, group_id(j, kind, a, b), rank, n, blob, len,
-                           FORM_TIMEOUT_MS, form_cancelled, ctx, j->secret, j->secret_len};
-    if (ops->create(ex->listener, &rv, &c, err, errlen) < 0) c = NULL;
+                           FORM_TIMEOUT_MS, form_cancelled, ctx, j->secret, j->secret_len,
+                           devices, io_exchange, ctx};
+    if (ops->create((void *)cctx, &rv, &c, err, errlen) < 0) c = NULL;
     free(blob);
     return c;
 }
@@ -292,8 +399,8 @@ static tsr_comm_t *form(tsr_executor_t *ex, const tsr_coll_ops_t *ops, const job
  * the control channel over every rank (host memory, TCP whatever the
  * device), then the tensor channels of the piece's backend: the stage's
  * TP group, the link from the previous stage and the link to the next. */
-static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, run_ctx_t *ctx,
-                   tsr_replica_rank_t *r, char *err, size_t errlen)
+static int wire_up(const tsr_coll_ctx_t *cctx, const tsr_backend_t *be, const job_t *j,
+                   run_ctx_t *ctx, tsr_replica_rank_t *r, char *err, size_t errlen)
 {
     int tp = j->key.tp_size, s = j->key.stage, t = j->key.tp, m[MAX_PEERS];
     if (j->n_peers != j->key.tp_size * j->key.pp_size) {
@@ -305,21 +412,21 @@ static int wire_up(tsr_executor_t *ex, const tsr_backend_t *be, const job_t *j, 
     r->ctl_ops = &tsr_coll_tcp;
     if (j->n_peers > 1) {
         for (int i = 0; i < j->n_peers; i++) m[i] = i;
-        if (!(r->ctl = form(ex, &tsr_coll_tcp, j, ctx, "ctl", 0, 0, s * tp + t, j->n_peers, m,
+        if (!(r->ctl = form(cctx, &tsr_coll_tcp, j, ctx, "ctl", 0, 0, s * tp + t, j->n_peers, m,
                             err, errlen)))
             return -1;
     }
     if (tp > 1) {
         for (int i = 0; i < tp; i++) m[i] = s * tp + i;
-        if (!(r->tp = form(ex, be->coll, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
+        if (!(r->tp = form(cctx, be->coll, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
     }
     if (s > 0) {
         m[0] = (s - 1) * tp + t, m[1] = s * tp + t;
-        if (!(r->prev = form(ex, be->coll, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
+        if (!(r->prev = form(cctx, be->coll, j, ctx, "pp", s, t, 1, 2, m, err, errlen))) return -1;
     }
     if (s < j->key.pp_size - 1) {
         m[0] = s * tp + t, m[1] = (s + 1) * tp + t;
-        if (!(r->next = form(ex, be->coll, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
+        if (!(r->next = form(cctx, be->coll, j, ctx, "pp", s + 1, t, 0, 2, m, err, errlen))) return -1;
     }
     return 0;
 }
@@ -415,7 +522,14 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         goto out;
     }
     push_simple(ex, TSR_EV_PROGRESS, j->epoch, "connecting to the replica's peers");
-    if (wire_up(ex, be, j, &ctx, &r, err, sizeof err) < 0) {
+    /* What the backends form from: the listener, and for a GPU piece NCCL
+     * (when this machine has it), the GPU and the engine's stream. */
+    char nccl_why[256] = "";
+    tsr_coll_ctx_t cctx = {.listener = ex->listener, .fallback = be->fallback,
+                           .device = ex->device_index, .nccl_why = nccl_why};
+    if (be->nccl) cctx.nccl = be->nccl(nccl_why, sizeof nccl_why);
+    if (be->engine->stream) cctx.stream = be->engine->stream(*eng);
+    if (wire_up(&cctx, be, j, &ctx, &r, err, sizeof err) < 0) {
         snprintf(why, sizeof why, "data plane: %s", err);
         if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why);
         goto out;
@@ -579,8 +693,20 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
-    for (int i = 0; i < j->n_peers; i++)
+    for (int i = 0; i < j->n_peers; i++) {
         snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);
+        snprintf(j->devices[i], sizeof j->devices[i], "%s",
+                 i < (int)as->n_peer_devices ? as->peer_devices[i] : "");
+    }
+    /* the groups whose relayed blobs it takes; those of an older epoch go */
+    int tp = j->key.tp_size, st = j->key.stage, t = j->key.tp;
+    j->n_groups = 0;
+    if (tp > 1) j->groups[j->n_groups++] = group_id(j, "tp", st, 0);
+    if (st > 0) j->groups[j->n_groups++] = group_id(j, "pp", st, t);
+    if (st < j->key.pp_size - 1) j->groups[j->n_groups++] = group_id(j, "pp", st + 1, t);
+    for (int k = 0; k < ex->n_mail;)
+        if (ex->mail[k].epoch != j->epoch) ex->mail[k] = ex->mail[--ex->n_mail];
+        else k++;
     /* A missing or oversized secret stays empty: forming then fails, naming it. */
     if (as->data_secret.data && as->data_secret.len <= sizeof j->secret) {
         memcpy(j->secret, as->data_secret.data, as->data_secret.len);

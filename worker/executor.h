@@ -12,7 +12,13 @@
 #include "common/wire.h"
 #include "worker/replica.h"
 
-typedef enum { TSR_EV_PROGRESS = 0, TSR_EV_READY, TSR_EV_FAILED, TSR_EV_TOKEN } tsr_event_kind_t;
+typedef enum {
+    TSR_EV_PROGRESS = 0,
+    TSR_EV_READY,
+    TSR_EV_FAILED,
+    TSR_EV_TOKEN,
+    TSR_EV_RENDEZVOUS,          /* rank 0 of an NCCL group made its blob: relay it */
+} tsr_event_kind_t;
 
 typedef struct {
     tsr_event_kind_t kind;
@@ -26,6 +32,9 @@ typedef struct {
     int fatal;                  /* FAILED: the device is lost and the worker exits */
     char finish[16];
     char text[512];             /* progress detail, failure reason, request error */
+    uint64_t group;             /* RENDEZVOUS: the group and its blob */
+    uint8_t blob[256];
+    size_t blob_len;
 } tsr_event_t;
 
 typedef struct tsr_executor tsr_executor_t;
@@ -56,6 +65,11 @@ void tsr_executor_unassign(tsr_executor_t *ex);
 /* Queue a request (takes ownership of r->prompt).  Only a leader serves
  * requests; anywhere else it fails at once with an error event. */
 void tsr_executor_submit(tsr_executor_t *ex, tsr_request_t *r);
+/* A rendezvous blob the coordinator relayed for epoch and group (copied).
+ * One for another epoch than the piece's is dropped; one that arrives before
+ * its group starts forming waits for it. */
+void tsr_executor_rendezvous(tsr_executor_t *ex, uint64_t epoch, uint64_t group,
+                             const void *blob, size_t len);
 /* Stop request_id at the next step (client gone, deadline passed); a
  * request this worker does not hold is ignored. */
 void tsr_executor_cancel(tsr_executor_t *ex, uint64_t request_id, const char *reason);

@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "worker/engine.h"
 #include "worker/agent.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -168,6 +169,16 @@ int main(int argc, char **argv)
         return 1;
     }
     if (mem_mib) dev.memory = (uint64_t)mem_mib << 20;
+    /* Whether this worker's GPU groups can use NCCL: the coordinator tells
+     * every rank of a group, so they all choose alike. */
+    tsr_backend_t be;
+    char nccl_why[256] = "";
+    if (kind == TSR_DEVICE_CUDA && tsr_backend_for(kind, &be, err, sizeof err) == 0 && be.nccl) {
+        dev.nccl = be.nccl(nccl_why, sizeof nccl_why) != NULL;
+        if (!dev.nccl)
+            tsr_warn("NCCL is not available (%s): this worker's groups will use the host-staged "
+                     "collectives", nccl_why);
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -1,4 +1,4 @@
-/* gpu_bench.cu: the device check's two programs (scripts/gpu-check.sh).
+/* gpu_bench.cu: the device check's programs (scripts/gpu-check.sh).
  *
  *   gpu_bench compare DIR      the CUDA engine against the CPU engine on the
  *                              checkpoint in DIR: logits of a mixed batch
@@ -9,6 +9,12 @@
  *                              each next to its bound: bytes per step over
  *                              the copy bandwidth measured here, FLOPs over
  *                              the bf16 GEMM rate measured here
+ *   gpu_bench nccl             the NCCL backend with the real library on this
+ *                              GPU: a 1-rank communicator formed from its
+ *                              epoch's blob, an all-reduce of device memory,
+ *                              a blob of another epoch refused, an abort and
+ *                              a fresh communicator (one GPU allows no more
+ *                              ranks), with the formation and operation times
  *
  * Both engines come from the backend table (tsr_backend_for), as in the
  * worker.  `speed` is meant for TSR_CUDA_DUMMY_WEIGHTS=SEED, which fills
@@ -25,6 +31,7 @@
 
 extern "C" {
 #include "common/modelcfg.h"
+#include "worker/coll_nccl.h"
 #include "worker/engine.h"
 }
 
@@ -323,6 +330,80 @@ static int speed(const char *dir)
     return fails;
 }
 
+/* ---- nccl -------------------------------------------------------------------- */
+
+static int nccl_check(void)
+{
+    char err[512];
+    if (tsr_nccl_real_load(err, sizeof err) < 0) {
+        fprintf(stderr, "nccl: %s\n", err);
+        return 1;
+    }
+    cudaStream_t st;
+    if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&st) != cudaSuccess) {
+        fprintf(stderr, "nccl: no CUDA device\n");
+        return 1;
+    }
+    tsr_coll_ctx_t ctx = {};
+    ctx.nccl = &tsr_nccl_real;
+    ctx.stream = st;
+    const int N = 1 << 20;
+    float *d = NULL, *h = (float *)malloc(sizeof(float) * N);
+    if (cudaMalloc(&d, sizeof(float) * N) != cudaSuccess || !h) return 1;
+    for (int i = 0; i < N; i++) h[i] = (float)(i % 1000);
+    int fails = 0;
+    for (uint64_t epoch = 1; epoch <= 2; epoch++) {
+        uint8_t blob[TSR_NCCL_BLOB_BYTES];
+        if (tsr_nccl_blob_make(&tsr_nccl_real, epoch, 7, 1, blob, err, sizeof err) < 0) {
+            fprintf(stderr, "nccl: %s\n", err);
+            return 1;
+        }
+        tsr_rendezvous_t rv = {};
+        rv.epoch = epoch + 100;  /* another epoch's blob: refused */
+        rv.group = 7;
+        rv.n = 1;
+        rv.blob = blob;
+        rv.blob_len = sizeof blob;
+        rv.timeout_ms = 30000;
+        tsr_comm_t *c = NULL;
+        if (tsr_coll_nccl.create(&ctx, &rv, &c, err, sizeof err) == 0 || !strstr(err, "refused")) {
+            fprintf(stderr, "nccl: a blob of another epoch was not refused\n");
+            fails++;
+        }
+        rv.epoch = epoch;
+        double t0 = now_s();
+        if (tsr_coll_nccl.create(&ctx, &rv, &c, err, sizeof err) < 0) {
+            fprintf(stderr, "nccl: %s\n", err);
+            return 1;
+        }
+        double formed = now_s() - t0;
+        cudaMemcpy(d, h, sizeof(float) * N, cudaMemcpyHostToDevice);
+        tsr_buf_t b = {d, (size_t)N, TSR_DT_F32, TSR_MEM_DEVICE};
+        t0 = now_s();
+        int rc = tsr_coll_nccl.allreduce_sum(c, b, 10000, err, sizeof err);
+        double took = now_s() - t0;
+        float back[4];
+        cudaMemcpy(back, d + 1000 * 7 + 3, sizeof back, cudaMemcpyDeviceToHost);
+        bool same = rc == 0 && back[0] == 3.0f && back[3] == 6.0f;
+        printf("nccl: epoch %llu: 1-rank communicator formed in %.1f ms; all-reduce of %d floats "
+               "in %.3f ms: %s\n",
+               (unsigned long long)epoch, formed * 1e3, N, took * 1e3,
+               same ? "ok" : rc ? err : "WRONG");
+        fails += !same;
+        tsr_coll_nccl.abort(c, "gpu_bench: an abort, as after a peer's failure");
+        if (tsr_coll_nccl.allreduce_sum(c, b, 1000, err, sizeof err) == 0) {
+            fprintf(stderr, "nccl: an aborted communicator still ran an operation\n");
+            fails++;
+        }
+        tsr_coll_nccl.destroy(&c);
+    }
+    cudaFree(d);
+    free(h);
+    cudaStreamDestroy(st);
+    printf("nccl: %s\n", fails ? "FAILED" : "abort and re-formation ok");
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     int n = 0;
@@ -334,6 +415,7 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && !strcmp(argv[1], "compare")) return compare(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "speed")) return speed(argv[2]);
-    fprintf(stderr, "usage: gpu_bench compare DIR | gpu_bench speed DIR\n");
+    if (argc == 2 && !strcmp(argv[1], "nccl")) return nccl_check();
+    fprintf(stderr, "usage: gpu_bench compare DIR | gpu_bench speed DIR | gpu_bench nccl\n");
     return 2;
 }

@@ -19,8 +19,12 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "cli/cli.h"
+#include "fake_nccl.h"
 #include "worker/agent.h"
 #include "worker/device.h"
+#include "worker/engine.h"
+#include "worker/executor.h"
 
 /* ---- fixture ----------------------------------------------------------------- */
 
@@ -578,6 +582,107 @@ static void test_check_piece_rejects_tp_size_3_for_8_heads(void **state)
     assert_non_null(strstr(err, "split 3 ways"));
 }
 
+/* ---- NCCL rendezvous offers --------------------------------------------------------- */
+
+static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
+{
+    (void)why;
+    (void)len;
+    return &fake_nccl;
+}
+
+/* Rank 0 of a tp=2 group over the (fake) NCCL offers its blob to the
+ * coordinator, and again every second while its piece loads (a member that
+ * registered late, or a coordinator restart, still gets one); once the group
+ * forms and the piece is ready, it stops. */
+static void test_a_rank0_offers_its_blob_again_until_its_piece_is_ready(void **state)
+{
+    fx_t *fx = *state;
+    char dir[64], err[256];
+    snprintf(dir, sizeof dir, "/tmp/tsr-agent-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char *argv[] = {"model-init", dir, "--hidden", "64", "--intermediate", "128", "--layers", "2",
+                    "--heads", "8", "--kv-heads", "4", "--vocab", "256", "--seed", "3", NULL};
+    assert_int_equal(tsr_cmd_model_init(16, argv), 0);
+    tsr_backend_t b = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp, fake_nccl_of};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    fx->a->ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    tsr_executor_t *peer = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    assert_non_null(fx->a->ex);
+    assert_non_null(peer);
+
+    step(fx, 0);
+    tsr_env_free(&(tsr_env_t *){expect_kind(fx, TESSERA__ENVELOPE__BODY_REGISTER, false)});
+    send_register_reply(fx, true, 100, 5000, NULL);
+    char *peers[2] = {(char *)tsr_executor_endpoint(fx->a->ex), (char *)tsr_executor_endpoint(peer)};
+    char *devices[2] = {"n/00000000:01:00.0", "n/00000000:02:00.0"};
+    static uint8_t secret[32] = "agent test data secret.........";
+    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+    a.deployment = "tiny";
+    a.epoch = 4;
+    a.tp_size = 2;
+    a.pp_size = 1;
+    a.layer_end = 2;
+    a.model_path = dir;
+    a.max_seq_len = 64;
+    a.n_peers = a.n_peer_devices = 2;
+    a.peers = peers;
+    a.peer_devices = devices;
+    a.data_secret = (ProtobufCBinaryData){sizeof secret, secret};
+    send_assign(fx, &a);
+    a.tp_rank = 1;
+    tsr_executor_assign(peer, &a);
+
+    /* about 2.5 s without relaying: the offer comes at least twice, the same */
+    int offers = 0;
+    uint8_t blob[256];
+    size_t blob_len = 0;
+    uint64_t group = 0;
+    int64_t start = tsr_now_ms();
+    while (tsr_now_ms() - start < 2500) {
+        tsr_agent_step(fx->a, tsr_now_ms());
+        tsr_env_t *env;
+        while ((env = from_agent(fx, 10)) != NULL) {
+            if (env->body_case == TESSERA__ENVELOPE__BODY_RENDEZVOUS_OFFER) {
+                assert_int_equal(env->epoch, 4);
+                if (offers++ == 0) {
+                    group = env->rendezvous_offer->group;
+                    blob_len = env->rendezvous_offer->blob.len;
+                    memcpy(blob, env->rendezvous_offer->blob.data, blob_len);
+                } else {
+                    assert_int_equal(env->rendezvous_offer->group, group);
+                    assert_memory_equal(env->rendezvous_offer->blob.data, blob, blob_len);
+                }
+            }
+            tsr_env_free(&env);
+        }
+    }
+    assert_true(offers >= 2);
+
+    /* relayed: the group forms, the piece is ready, and the offers stop */
+    tsr_executor_rendezvous(peer, 4, group, blob, blob_len);
+    bool ready = false;
+    start = tsr_now_ms();
+    int after = 0;
+    while (tsr_now_ms() - start < 15000 && (!ready || tsr_now_ms() - start < 1500 + 0)) {
+        tsr_agent_step(fx->a, tsr_now_ms());
+        tsr_env_t *env;
+        while ((env = from_agent(fx, 10)) != NULL) {
+            if (env->body_case == TESSERA__ENVELOPE__BODY_READY) ready = true, start = tsr_now_ms();
+            else if (ready && env->body_case == TESSERA__ENVELOPE__BODY_RENDEZVOUS_OFFER) after++;
+            tsr_env_free(&env);
+        }
+    }
+    assert_true(ready);
+    assert_int_equal(after, 0);
+    tsr_executor_destroy(&peer);
+    tsr_executor_destroy(&fx->a->ex);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     tsr_log_init("test", TSR_LOG_ERROR + 1);
@@ -597,6 +702,7 @@ int main(void)
         T(test_reset_while_registering_is_ignored),
         T(test_silence_past_the_lease_detaches_and_reregisters_keeping_the_piece),
         T(test_any_message_clears_detached),
+        T(test_a_rank0_offers_its_blob_again_until_its_piece_is_ready),
         cmocka_unit_test(test_check_piece_accepts_a_valid_tiny_piece),
         cmocka_unit_test(test_check_piece_rejects_layers_beyond_the_models_8),
         cmocka_unit_test(test_check_piece_rejects_tp_size_3_for_8_heads),

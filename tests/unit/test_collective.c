@@ -151,7 +151,7 @@ static void *rank_main(void *arg)
                                .blob = blob, .timeout_ms = FORM_MS, .secret = SECRET,
                                .secret_len = sizeof SECRET};
         rv.blob_len = make_blob(blob, sizeof blob, k->eps, k->n);
-        if (ops->create(k->l, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
+        if (ops->create(&(tsr_coll_ctx_t){.listener = k->l}, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
     } else {
         k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS,
                                    k->err, sizeof k->err);
@@ -1082,17 +1082,17 @@ static void test_create_refuses_a_blob_naming_fewer_endpoints_than_ranks(void **
     tsr_comm_t *c = NULL;
     int64_t t0 = now_ms();
     err[0] = '\0';
-    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    assert_int_equal(ops->create(&(tsr_coll_ctx_t){.listener = g.l[0]}, &rv, &c, err, sizeof err), -1);
     assert_null(c);
     if (!strstr(err, "2 endpoint(s) for a group of 3")) fail_msg("%s", err);
     /* Empty lines name nobody. */
     len = (size_t)snprintf(blob, sizeof blob, "%s\n\n%s\n", g.eps[0], g.eps[1]);
     rv.blob_len = len;
     err[0] = '\0';
-    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    assert_int_equal(ops->create(&(tsr_coll_ctx_t){.listener = g.l[0]}, &rv, &c, err, sizeof err), -1);
     if (!strstr(err, "2 endpoint(s) for a group of 3")) fail_msg("%s", err);
     rv.blob_len = 0;
-    assert_int_equal(ops->create(g.l[0], &rv, &c, err, sizeof err), -1);
+    assert_int_equal(ops->create(&(tsr_coll_ctx_t){.listener = g.l[0]}, &rv, &c, err, sizeof err), -1);
     if (!strstr(err, "0 endpoint(s) for a group of 3")) fail_msg("%s", err);
     assert_null(c);
     /* Refused on sight, not after waiting for the peers. */
@@ -1124,7 +1124,7 @@ static void test_create_from_a_blob_forms_a_working_group(void **state)
     tsr_rendezvous_t rv = {.epoch = 1, .group = 1, .rank = 0, .n = 1, .blob = blob,
                            .blob_len = len, .timeout_ms = FORM_MS};
     tsr_comm_t *c = NULL;
-    if (ops->create(g.l[0], &rv, &c, err, sizeof err)) fail_msg("%s", err);
+    if (ops->create(&(tsr_coll_ctx_t){.listener = g.l[0]}, &rv, &c, err, sizeof err)) fail_msg("%s", err);
     assert_non_null(c);
     ops->destroy(&c);
     assert_int_equal(ops->create(NULL, &rv, &c, err, sizeof err), -1);
@@ -1955,7 +1955,7 @@ static tsr_comm_t *form_cancellable(bool via_create, tsr_tcp_listener_t *me, int
                            .secret = SECRET, .secret_len = sizeof SECRET};
     rv.blob_len = make_blob(blob, sizeof blob, eps, 2);
     tsr_comm_t *comm = NULL;
-    return ops->create(me, &rv, &comm, err, errlen) ? NULL : comm;
+    return ops->create(&(tsr_coll_ctx_t){.listener = me}, &rv, &comm, err, errlen) ? NULL : comm;
 }
 
 /* A rank waiting for a peer that never forms (connecting side and

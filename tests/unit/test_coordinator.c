@@ -59,6 +59,8 @@ static const char *layout;
 static const char *dep_device = "cpu";
 static bool reg_cuda;
 static uint64_t reg_memory[8];
+static const char *reg_bus[8];  /* each fake worker's PCI bus id (NULL: none) */
+static bool reg_nccl;           /* the fake workers say they can use NCCL */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -106,6 +108,8 @@ static int setup(void **state)
     dep_device = "cpu";
     reg_cuda = false;
     memset(reg_memory, 0, sizeof reg_memory);
+    memset(reg_bus, 0, sizeof reg_bus);
+    reg_nccl = false;
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
     snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
@@ -202,6 +206,8 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     r.pid = 1000u + (uint32_t)i;
     r.assignment = held;
     r.state = held_state;
+    if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
+    r.nccl = reg_nccl;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.protocol_version = proto;
     env.worker = (char *)name;
@@ -335,6 +341,8 @@ static void cluster_up(fx_t *fx)
         fx->piece[i].deployment = fx->piece[i].model_path = NULL;
         fx->piece[i].peers = NULL;
         fx->piece[i].n_peers = 0;
+        fx->piece[i].peer_devices = NULL;
+        fx->piece[i].n_peer_devices = 0;
         assert_int_equal(env->epoch, env->assign->assignment->epoch);
         tsr_env_free(&env);
     }
@@ -1909,6 +1917,112 @@ static void test_a_member_adopted_back_into_a_rewired_replica_rewires_it(void **
     }
 }
 
+/* ---- NCCL rendezvous relay -------------------------------------------------------- */
+
+static void send_offer(fx_t *fx, int i, uint64_t epoch, uint64_t group, const char *blob,
+                       size_t len)
+{
+    Tessera__RendezvousOffer o = TESSERA__RENDEZVOUS_OFFER__INIT;
+    o.group = group;
+    o.blob = (ProtobufCBinaryData){len, (uint8_t *)blob};
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = fx->name[i];
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_RENDEZVOUS_OFFER;
+    env.rendezvous_offer = &o;
+    send_env(fx->dealer[i], &env);
+}
+
+/* A member's blob for its current epoch reaches every other member of its
+ * replica in that epoch, naming its maker, and no one else; one for an old
+ * epoch, or an empty or oversized one, reaches no one. */
+static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, "nccl-id-bytes", 13);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i] || i == leader) continue;
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_RENDEZVOUS);
+        assert_int_equal(env->epoch, fx->piece[i].epoch);
+        assert_int_equal(env->rendezvous->group, 0xabc);
+        assert_int_equal(env->rendezvous->blob.len, 13);
+        assert_memory_equal(env->rendezvous->blob.data, "nccl-id-bytes", 13);
+        assert_string_equal(env->rendezvous->from, fx->name[leader]);
+        tsr_env_free(&env);
+    }
+    expect_nothing(fx->dealer[fx->spare], 20);
+    expect_nothing(fx->dealer[leader], 5);
+    assert_int_equal(fx->c->stats.rendezvous_relayed, 1);
+
+    uint64_t stale = fx->c->stats.stale_dropped, bad = fx->c->stats.bad_messages;
+    send_offer(fx, leader, fx->piece[leader].epoch - 1, 0xabc, "old", 3);
+    static char big[1025];
+    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, big, sizeof big);
+    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, "", 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 5);
+    assert_int_equal(fx->c->stats.stale_dropped, stale + 1);
+    assert_int_equal(fx->c->stats.bad_messages, bad + 2);
+    /* the spare holds no piece: its offer goes nowhere */
+    send_offer(fx, fx->spare, fx->piece[leader].epoch, 0xabc, "x", 1);
+    pump(fx);
+    for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 5);
+    assert_int_equal(fx->c->stats.rendezvous_relayed, 1);
+}
+
+/* Each assignment lists the replica's GPUs beside its peers, as node/bus id
+ * for members that can use NCCL; a registration with something else as its
+ * bus id is refused. */
+static void test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused(void **state)
+{
+    fx_t *fx = *state;
+    static const char *const bus[NW] = {"00000000:1A:00.0", "00000000:1B:00.0",
+                                        "00000000:1C:00.0", "00000000:1D:00.0",
+                                        "00000000:1E:00.0"};
+    for (int i = 0; i < NW; i++) reg_bus[i] = bus[i];
+    reg_nccl = true;
+    cluster_up(fx);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[0]);
+    assert_string_equal(w->pci_bus_id, bus[0]);
+    /* a rewire sends every member its assignment again, with the lists */
+    int h = first_holder(fx);
+    send_failed_as(fx, h, fx->piece[h].epoch, "data plane: peer gone", false, true);
+    pump(fx);
+    fx->c->deps[0].retry_at_ms = tsr_now_ms();
+    tsr_coord_tick(fx->c, plan_time(fx));
+    tsr_env_t *env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_ASSIGN);
+    const Tessera__Assignment *a = env->assign->assignment;
+    assert_int_equal(a->n_peer_devices, 4);
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        int slot = (int)(fx->piece[i].stage * 2 + fx->piece[i].tp_rank);
+        char want[64];
+        snprintf(want, sizeof want, "node%d/%s", i, bus[i]);
+        assert_string_equal(a->peer_devices[slot], want);
+    }
+    tsr_env_free(&env);
+
+    /* a worker without NCCL is listed as "" (its groups are staged) */
+    reg_nccl = false;
+    char spare_node[16];
+    snprintf(spare_node, sizeof spare_node, "node%d", fx->spare);
+    send_register(fx, fx->spare, fx->name[fx->spare], spare_node, TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[fx->spare], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    tsr_env_free(&env);
+    assert_string_equal(tsr_registry_find(fx->c->reg, fx->name[fx->spare])->nccl_device, "");
+    reg_bus[0] = "0000:3b:00.0; rm -rf /";
+    send_register(fx, 0, "newcomer", "node9", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "is not a PCI bus id"));
+    tsr_env_free(&env);
+    assert_null(tsr_registry_find(fx->c->reg, "newcomer"));
+}
+
 /* The rewiring backoff starts over once the replica it mended is whole
  * again, even while another replica is down: a later fault there is a new
  * one, retried after 2 s, not after a backoff grown by unrelated faults. */
@@ -2215,6 +2329,8 @@ int main(void)
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_a_mended_replica_resets_the_rewiring_backoff),
+        T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
+        T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
         T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),

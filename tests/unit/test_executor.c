@@ -1,5 +1,7 @@
-/* test_executor.c: the data-plane thread's event queue (worker/executor.c):
- * an event that cannot be queued is never lost silently. */
+/* test_executor.c: the data-plane thread (worker/executor.c): an event that
+ * cannot be queued is never lost silently; a tp=2 replica whose tensor
+ * group is NCCL's (a fake NCCL) forms through the rendezvous relay and
+ * generates the same tokens as over TCP. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -8,8 +10,15 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "cli/cli.h"
+#include "fake_nccl.h"
+#include "worker/engine.h"
 #include "worker/executor.h"
+
+static char model_dir[64];
 
 static void *fail_alloc(size_t n, size_t size)
 {
@@ -56,10 +65,141 @@ static void test_an_event_lost_to_memory_becomes_a_retryable_failure(void **stat
     tsr_executor_destroy(&ex);
 }
 
+/* ---- a replica over the fake NCCL -------------------------------------------------- */
+
+static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
+{
+    (void)why;
+    (void)len;
+    return &fake_nccl;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs a tp=2 replica of two executors in epoch, plays the coordinator's
+ * relay, generates 8 greedy tokens into toks; returns the number of
+ * rendezvous blobs each executor published (offers[2]). */
+static void run_pair(uint64_t epoch, int32_t toks[8], int offers[2])
+{
+    char err[256];
+    tsr_executor_t *ex[2];
+    for (int i = 0; i < 2; i++) {
+        ex[i] = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+        if (!ex[i]) fail_msg("%s", err);
+    }
+    char *peers[2] = {(char *)tsr_executor_endpoint(ex[0]), (char *)tsr_executor_endpoint(ex[1])};
+    char *devices[2] = {"00000000:01:00.0", "00000000:02:00.0"};
+    static uint8_t secret[32] = "executor test data secret......";
+    for (int i = 0; i < 2; i++) {
+        Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+        a.deployment = "tiny";
+        a.epoch = epoch;
+        a.tp_rank = (uint32_t)i;
+        a.tp_size = 2;
+        a.pp_size = 1;
+        a.layer_end = 4;
+        a.model_path = model_dir;
+        a.max_seq_len = 256;
+        a.n_peers = 2;
+        a.peers = peers;
+        a.n_peer_devices = 2;
+        a.peer_devices = devices;
+        a.data_secret = (ProtobufCBinaryData){sizeof secret, secret};
+        tsr_executor_assign(ex[i], &a);
+    }
+    int ready = 0, got = 0;
+    offers[0] = offers[1] = 0;
+    bool submitted = false;
+    int64_t end = now_ms() + 30000;
+    while (got < 8 && now_ms() < end) {
+        tsr_event_t ev;
+        bool any = false;
+        for (int i = 0; i < 2; i++) {
+            while (tsr_executor_pop_event(ex[i], &ev)) {
+                any = true;
+                switch (ev.kind) {
+                case TSR_EV_RENDEZVOUS:
+                    offers[i]++;
+                    assert_int_equal(ev.epoch, epoch);
+                    /* an older epoch's copy is ignored; the right one is taken */
+                    tsr_executor_rendezvous(ex[1 - i], epoch - 1, ev.group, ev.blob, ev.blob_len);
+                    tsr_executor_rendezvous(ex[1 - i], epoch, ev.group, ev.blob, ev.blob_len);
+                    break;
+                case TSR_EV_READY:
+                    ready++;
+                    break;
+                case TSR_EV_FAILED:
+                    fail_msg("executor %d failed: %s", i, ev.text);
+                    break;
+                case TSR_EV_TOKEN:
+                    if (ev.token < 0) fail_msg("request failed: %s", ev.text);
+                    assert_int_equal(ev.index, got);
+                    toks[got++] = ev.token;
+                    break;
+                default:
+                    break;
+                }
+            }
+        }
+        if (ready == 2 && !submitted) {
+            tsr_request_t r = {.request_id = 1, .n_prompt = 3, .max_tokens = 8};
+            r.prompt = malloc(3 * sizeof *r.prompt);
+            r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
+            tsr_executor_submit(ex[0], &r);
+            submitted = true;
+        }
+        if (!any) usleep(2000);
+    }
+    assert_int_equal(got, 8);
+    for (int i = 0; i < 2; i++) tsr_executor_destroy(&ex[i]);
+}
+
+static void test_a_tp2_replica_forms_its_nccl_group_through_the_relay(void **state)
+{
+    (void)state;
+    int32_t over_tcp[8], over_nccl[8];
+    int offers[2];
+    run_pair(5, over_tcp, offers);  /* the table's cpu row: TCP */
+    assert_int_equal(offers[0] + offers[1], 0);
+    tsr_backend_t b = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp, fake_nccl_of};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    run_pair(9, over_nccl, offers);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+    /* the tp group's rank 0 made the one blob; rank 1 received it */
+    assert_int_equal(offers[0], 1);
+    assert_int_equal(offers[1], 0);
+    assert_memory_equal(over_nccl, over_tcp, sizeof over_tcp);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(model_dir, sizeof model_dir, "/tmp/tsr-exec-XXXXXX");
+    if (!mkdtemp(model_dir)) return -1;
+    char *argv[] = {"model-init", model_dir, "--hidden", "64", "--intermediate", "128",
+                    "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "256",
+                    "--max-pos", "512", "--seed", "23", "--force", NULL};
+    return tsr_cmd_model_init(19, argv) ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", model_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_an_event_lost_to_memory_becomes_a_retryable_failure),
+        cmocka_unit_test(test_a_tp2_replica_forms_its_nccl_group_through_the_relay),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }

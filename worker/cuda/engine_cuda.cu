@@ -1102,6 +1102,7 @@ static const tsr_model_info_t *cuda_model(const tsr_engine_t *e) { return &e->m;
 static uint64_t cuda_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cuda_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
 static int cuda_fatal(const tsr_engine_t *e) { return e->fatal; }
+static void *cuda_stream(const tsr_engine_t *e) { return (void *)e->st; }
 static void cuda_destroy(tsr_engine_t **e_p)
 {
     if (!e_p) return;
@@ -1133,4 +1134,5 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .kv_bytes = */ cuda_kv_bytes,
     /* .fatal = */ cuda_fatal,
     /* .destroy = */ cuda_destroy,
+    /* .stream = */ cuda_stream,
 };
