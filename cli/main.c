@@ -17,7 +17,7 @@ static void usage(FILE *f)
             "commands:\n"
             "  status [--json] [--wait-ready S]   deployments, pieces and workers\n"
             "  workers [--json]                   registered workers\n"
-            "  plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
+            "  plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB] [--nvlink K]\n"
             "                                     dry run of the placement (no coordinator)\n"
             "  generate DEPLOYMENT [--prompt TEXT | --prompt-ids 1,2,3] [--max-tokens N]\n"
             "           [--temperature T] [--top-p P] [--seed S] [--ids | --text] [--timeout MS]\n"

@@ -15,6 +15,7 @@ static void plan_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
+            "                    [--nvlink K]\n"
             "\n"
             "Validates the deployment file and each model's config.json, then prints where\n"
             "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
@@ -30,6 +31,10 @@ static void plan_usage(FILE *f)
             "                   cpu, all workers on one node)\n"
             "  --gpu-memory GIB memory of each GPU of the described cluster; a piece that\n"
             "                   needs more is not placed (default: not checked)\n"
+            "  --nvlink K       GPUs per NVLink domain on a node (default: all of a node's,\n"
+            "                   as with NVSwitch; 1: no NVLink); a tensor-parallel group\n"
+            "                   goes inside one domain when one has room.  The LINK column\n"
+            "                   names each cuda piece's domain\n"
             "exit status: 0 placed, 1 a bad file, 2 bad arguments, 3 not everything placed\n");
 }
 
@@ -53,10 +58,11 @@ static void human(uint64_t b, char *buf, size_t len)
 
 int tsr_cmd_plan(int argc, char **argv)
 {
-    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0;
+    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0, nvlink = 0;
     static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
                                          {"per-node", required_argument, 0, 'g'},
                                          {"gpu-memory", required_argument, 0, 'm'},
+                                         {"nvlink", required_argument, 0, 'l'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -66,6 +72,7 @@ int tsr_cmd_plan(int argc, char **argv)
         case 'n': if (parse_pos("--nodes", optarg, &nodes) < 0) return 2; break;
         case 'g': if (parse_pos("--per-node", optarg, &per_node) < 0) return 2; break;
         case 'm': if (parse_pos("--gpu-memory", optarg, &gpu_gib) < 0) return 2; break;
+        case 'l': if (parse_pos("--nvlink", optarg, &nvlink) < 0) return 2; break;
         case 'h': plan_usage(stdout); return 0;
         default: plan_usage(stderr); return 2;
         }
@@ -80,7 +87,7 @@ int tsr_cmd_plan(int argc, char **argv)
     tsr_model_info_t *models = NULL;
     int *layers = NULL;
     tsr_plan_worker_t *ws = NULL;
-    char (*names)[64] = NULL, (*nodenames)[32] = NULL;
+    char (*names)[64] = NULL, (*nodenames)[32] = NULL, (*domains)[48] = NULL;
     tsr_plan_t *plan = NULL;
     uint64_t **mem = NULL;
 
@@ -125,7 +132,8 @@ int tsr_cmd_plan(int argc, char **argv)
     ws = calloc(nw ? nw : 1, sizeof *ws);
     names = calloc(nw ? nw : 1, sizeof *names);
     nodenames = calloc((size_t)nodes, sizeof *nodenames);
-    if (!ws || !names || !nodenames) {
+    domains = calloc(nw ? nw : 1, sizeof *domains);
+    if (!ws || !names || !nodenames || !domains) {
         fprintf(stderr, "tessera plan: out of memory for a cluster of %zu workers\n", nw);
         goto out;
     }
@@ -137,7 +145,15 @@ int tsr_cmd_plan(int argc, char **argv)
                 snprintf(names[w], sizeof names[w], "node%d-%s%d", n, tsr_device_name((tsr_device_t)k), g);
                 ws[w] = (tsr_plan_worker_t){.name = names[w], .node = nodenames[n],
                                             .device = (tsr_device_t)k, .eligible = true};
-                if (k == TSR_DEVICE_CUDA) ws[w].memory = (uint64_t)gpu_gib << 30;
+                if (k == TSR_DEVICE_CUDA) {
+                    ws[w].memory = (uint64_t)gpu_gib << 30;
+                    /* domains of K GPUs (one when K is unset); none for K = 1 */
+                    int size = nvlink ? nvlink : per[k];
+                    if (size > 1) {
+                        snprintf(domains[w], sizeof domains[w], "nvl%d", g / size);
+                        ws[w].domain = domains[w];
+                    }
+                }
             }
 
     if (tsr_plan_compute_mem(cfg, layers, (const uint64_t *const *)mem, ws, nw, &plan, err,
@@ -160,8 +176,10 @@ int tsr_cmd_plan(int argc, char **argv)
                d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
                m->num_attention_heads, m->num_key_value_heads, d->model_path);
         bool gpu = d->device == TSR_DEVICE_CUDA;
-        printf("  %-7s %-5s %-9s %-3s %-20s %-8s %12s", "REPLICA", "STAGE", "LAYERS", "TP",
-               "WORKER", "NODE", "WEIGHTS");
+        printf("  %-7s %-5s %-9s %-3s %-20s %-8s", "REPLICA", "STAGE", "LAYERS", "TP", "WORKER",
+               "NODE");
+        if (gpu) printf(" %-6s", "LINK");
+        printf(" %12s", "WEIGHTS");
         if (gpu) printf(" %12s %12s %12s", "KV", "RESERVE", "TOTAL");
         printf("\n");
         uint64_t maxb = 0, maxt = 0;
@@ -187,9 +205,13 @@ int tsr_cmd_plan(int argc, char **argv)
             char hb[32], hk[32], hr[32], ht[32], layers_s[32];
             human(b, hb, sizeof hb);
             snprintf(layers_s, sizeof layers_s, "%d-%d", pc->layer_begin, pc->layer_end - 1);
-            printf("  %-7d %-5d %-9s %-3d %-20s %-8s %12s", pc->replica, pc->stage, layers_s,
-                   pc->tp, pc->worker >= 0 ? ws[pc->worker].name : "(unplaced)",
-                   pc->worker >= 0 ? ws[pc->worker].node : "-", hb);
+            printf("  %-7d %-5d %-9s %-3d %-20s %-8s", pc->replica, pc->stage, layers_s, pc->tp,
+                   pc->worker >= 0 ? ws[pc->worker].name : "(unplaced)",
+                   pc->worker >= 0 ? ws[pc->worker].node : "-");
+            if (gpu)
+                printf(" %-6s", pc->worker >= 0 && ws[pc->worker].domain ? ws[pc->worker].domain
+                                                                        : "-");
+            printf(" %12s", hb);
             if (gpu) {
                 human(kv, hk, sizeof hk), human(rs, hr, sizeof hr), human(total, ht, sizeof ht);
                 printf(" %12s %12s %12s", hk, hr, ht);
@@ -220,6 +242,7 @@ out:
     free(mem);
     tsr_plan_destroy(&plan);
     free(nodenames);
+    free(domains);
     free(names);
     free(ws);
     free(layers);

@@ -542,6 +542,68 @@ static void rewire(tsr_coord_t *c, int di, int replica)
     free(peers);
 }
 
+static int by_node(const void *a, const void *b)
+{
+    return strcmp((*(tsr_worker_t *const *)a)->node, (*(tsr_worker_t *const *)b)->node);
+}
+
+static bool linked(const tsr_worker_t *a, const tsr_worker_t *b)
+{
+    for (int i = 0; i < a->n_nvlink; i++) {
+        if (!strcmp(a->nvlink[i], b->pci_bus_id)) return true;
+        for (int j = 0; j < b->n_nvlink; j++)
+            if (!strcmp(a->nvlink[i], b->nvlink[j])) return true;  /* one NVSwitch */
+    }
+    for (int j = 0; j < b->n_nvlink; j++)
+        if (!strcmp(b->nvlink[j], a->pci_bus_id)) return true;
+    return false;
+}
+
+/* The NVLink domains of the n live workers ws: on each node, the GPUs that
+ * NVLinks join (directly, or through a switch both reach) are one domain,
+ * named after the node and its lowest bus id; a GPU without NVLink has none. */
+static void nvlink_domains(tsr_worker_t **ws, size_t n)
+{
+    tsr_worker_t **s = malloc((n ? n : 1) * sizeof *s);
+    int *up = malloc((n ? n : 1) * sizeof *up);
+    if (!s || !up) {
+        free(s);
+        free(up);
+        return;
+    }
+    memcpy(s, ws, n * sizeof *s);
+    qsort(s, n, sizeof *s, by_node);
+    for (size_t a = 0, b; a < n; a = b) {
+        for (b = a; b < n && !strcmp(s[b]->node, s[a]->node); b++) up[b] = (int)b;
+        for (size_t i = a; i < b; i++)
+            for (size_t j = a; j < i; j++) {
+                if (!s[i]->n_nvlink || !s[j]->n_nvlink || !linked(s[i], s[j])) continue;
+                int x = (int)i, y = (int)j;
+                while (up[x] != x) x = up[x];
+                while (up[y] != y) y = up[y];
+                if (x != y) up[x] = y;
+            }
+        for (size_t i = a; i < b; i++) {
+            s[i]->nvlink_domain[0] = '\0';
+            if (!s[i]->n_nvlink || !s[i]->pci_bus_id[0]) continue;
+            int root = (int)i;
+            while (up[root] != root) root = up[root];
+            const char *low = NULL;  /* the component's lowest bus id */
+            for (size_t k = a; k < b; k++) {
+                int r = (int)k;
+                while (up[r] != r) r = up[r];
+                if (r == root && s[k]->pci_bus_id[0] &&
+                    (!low || strcmp(s[k]->pci_bus_id, low) < 0))
+                    low = s[k]->pci_bus_id;
+            }
+            snprintf(s[i]->nvlink_domain, sizeof s[i]->nvlink_domain, "%s/nvl:%s", s[i]->node,
+                     low);
+        }
+    }
+    free(s);
+    free(up);
+}
+
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
 {
     (void)now_ms;
@@ -596,6 +658,8 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         if (w->has_piece) pw[k].current = w->piece.key;
         k++;
     }
+    nvlink_domains(ws, k);
+    for (size_t i = 0; i < k; i++) pw[i].domain = ws[i]->nvlink_domain;
 
     char err[256];
     if (tsr_plan_compute_mem(&view, layers, (const uint64_t *const *)need, pw, k, &plan, err,
@@ -895,6 +959,16 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_error("refused a worker: %s", reason);
         goto refuse;
     }
+    bool links_ok = r->n_nvlink_peers <= 18;
+    for (size_t i = 0; links_ok && i < r->n_nvlink_peers; i++)
+        links_ok = r->nvlink_peers[i][0] && pci_bus_id_ok(r->nvlink_peers[i]);
+    if (!links_ok) {
+        snprintf(reason, sizeof reason,
+                 "nvlink_peers: at most 18 PCI bus ids (like 0000:3b:00.0) expected, got %zu",
+                 r->n_nvlink_peers);
+        tsr_error("refused worker %s: %s", env->worker, reason);
+        goto refuse;
+    }
     if (!pci_bus_id_ok(r->pci_bus_id)) {
         snprintf(reason, sizeof reason,
                  "pci_bus_id '%.40s' is not a PCI bus id (like 0000:3b:00.0, at most 31 of "
@@ -972,6 +1046,9 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     snprintf(w->data_endpoint, sizeof w->data_endpoint, "%s", r->data_endpoint);
     snprintf(w->pci_bus_id, sizeof w->pci_bus_id, "%s", r->pci_bus_id);
     w->nccl = r->nccl;
+    w->n_nvlink = (int)r->n_nvlink_peers;
+    for (int i = 0; i < w->n_nvlink; i++)
+        snprintf(w->nvlink[i], sizeof w->nvlink[i], "%s", r->nvlink_peers[i]);
     if (w->nccl && w->pci_bus_id[0])
         snprintf(w->nccl_device, sizeof w->nccl_device, "%s/%s", w->node, w->pci_bus_id);
     else

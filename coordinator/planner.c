@@ -352,22 +352,31 @@ static int count_free(planner_t *pl, int d, int s)
     return total;
 }
 
-/* Gives `piece` a free worker with room on `node` (which has one): the
- * first by name, or, when memory is checked, the one with the least memory
- * that has room (unknown memory last), so roomier GPUs stay for larger
- * pieces. */
-static void take_from_node(planner_t *pl, int node, int piece)
+static const char *domain_of(const planner_t *pl, int w)
+{
+    const char *d = pl->workers[w].domain;
+    return d ? d : "";
+}
+
+/* Gives `piece` a free worker with room on `node` (which has one), in the
+ * NVLink domain `domain` when that is not NULL and has one: the first by
+ * name, or, when memory is checked, the one with the least memory that has
+ * room (unknown memory last), so roomier GPUs stay for larger pieces. */
+static void take_from_node_in(planner_t *pl, int node, int piece, const char *domain)
 {
     const tsr_piece_t *pc = &pl->plan->pieces[piece];
     bool best_fit = need_of(pl, pc->deployment, pc->stage) > 0;
     int pick = -1;
 
+    for (int pass = domain ? 0 : 1; pass < 2 && pick < 0; pass++)
     for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
         int w = pl->order[i];
 
         if (pl->node_of[w] != node)
             break;
         if (!is_free(pl, w, pc->deployment, pc->stage))
+            continue;
+        if (pass == 0 && strcmp(domain_of(pl, w), domain))
             continue;
         if (!best_fit) {
             pick = w;
@@ -382,6 +391,39 @@ static void take_from_node(planner_t *pl, int node, int piece)
         assign(pl, piece, pick, false);
         pl->free_on[node]--;
     }
+}
+
+static void take_from_node(planner_t *pl, int node, int piece)
+{
+    take_from_node_in(pl, node, piece, NULL);
+}
+
+/* The NVLink domain on `node` with room for `need` ranks of stage s of
+ * deployment d, the tightest such (larger domains stay whole for larger
+ * groups; ties by the first worker's name), or NULL when none has room or
+ * the node's workers report no domain. */
+static const char *fitting_domain(const planner_t *pl, int node, int d, int s, int need)
+{
+    const char *best = NULL;
+    int best_free = 0;
+    for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
+        int w = pl->order[i];
+        if (pl->node_of[w] != node) break;
+        const char *dom = domain_of(pl, w);
+        if (!dom[0] || !is_free(pl, w, d, s)) continue;
+        bool seen = false;  /* counted with an earlier worker of the domain */
+        for (int k = pl->node_start[node]; k < i && !seen; k++)
+            seen = is_free(pl, pl->order[k], d, s) && !strcmp(domain_of(pl, pl->order[k]), dom);
+        if (seen) continue;
+        int n = 0;
+        for (int k = i; k < pl->n_workers && pl->node_of[pl->order[k]] == node; k++)
+            n += is_free(pl, pl->order[k], d, s) && !strcmp(domain_of(pl, pl->order[k]), dom);
+        if (n >= need && (!best || n < best_free)) {
+            best = dom;
+            best_free = n;
+        }
+    }
+    return best;
 }
 
 /* Pieces of group (d, r, s) already on node; with other_stages, counts the
@@ -472,8 +514,10 @@ static void place_whole_group(planner_t *pl, int d, int r, int s)
     int t = 0;
 
     if (node >= 0) {
+        /* inside one NVLink domain of the node when one has room */
+        const char *dom = fitting_domain(pl, node, d, s, tensor);
         for (t = 0; t < tensor; t++)
-            take_from_node(pl, node, first + t);
+            take_from_node_in(pl, node, first + t, dom);
         return;
     }
     while (t < tensor && (node = roomiest_node(pl)) >= 0)
@@ -493,7 +537,13 @@ static void place_missing_ranks(planner_t *pl, int d, int r, int s)
         node = pick_node_for_rank(pl, d, r, s);
         if (node < 0)
             return;
-        take_from_node(pl, node, first + t);
+        /* beside a placed mate on that node: in its NVLink domain if it can */
+        const char *dom = NULL;
+        for (int k = 0; k < pl->cfg->deployments[d].tensor && !dom; k++) {
+            int m = pl->plan->pieces[first + k].worker;
+            if (m >= 0 && pl->node_of[m] == node && domain_of(pl, m)[0]) dom = domain_of(pl, m);
+        }
+        take_from_node_in(pl, node, first + t, dom);
     }
 }
 

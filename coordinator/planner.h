@@ -9,7 +9,8 @@
  *     and whose layout (tp size, pp size, layer range) is unchanged stays put:
  *     the fewest possible moves;
  *  3. new pieces go to eligible idle workers of the deployment's device kind;
- *     a TP group shares one node when some node has room for it, the stages
+ *     a TP group shares one node when some node has room for it, and one
+ *     NVLink domain of that node when one has room (the tightest); the stages
  *     of a replica go to different nodes when there is a choice;
  *  4. a deployment that has no piece placed yet and cannot be placed whole
  *     gets nothing (it waits, holding no workers); one that is partly placed
@@ -31,6 +32,7 @@ typedef struct {
     const char *node;
     tsr_device_t device;
     uint64_t memory;              /* device memory in bytes (0: unknown, fits anything) */
+    const char *domain;           /* its NVLink domain on the node (NULL or "": none) */
     bool eligible;                /* alive and not drained */
     tsr_piece_key_t current;      /* what it holds; current.deployment "" when idle */
 } tsr_plan_worker_t;

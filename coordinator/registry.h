@@ -49,6 +49,10 @@ typedef struct {
     char pci_bus_id[32];        /* its GPU ("" for a CPU worker or when unknown) */
     bool nccl;                  /* it can use NCCL (it could load the library) */
     char nccl_device[TSR_NAME_MAX + 40];  /* "node/bus id" when nccl and a bus id, else "" */
+    char nvlink[18][32];        /* bus ids at the far end of its GPU's NVLinks */
+    int n_nvlink;
+    char nvlink_domain[TSR_NAME_MAX + 48];  /* "node/nvl:<lowest bus id>" ("" none); set
+                                               by each plan from the node's workers */
     uint8_t rid[256];           /* ZeroMQ routing id of its connection */
     size_t rid_len;
     char key_id[TSR_KEY_ID_MAX];  /* the CURVE key id (name/public key, zap.h) it

@@ -89,6 +89,10 @@ static void send_register(tsr_agent_t *a)
     r.data_endpoint = a->ex ? (char *)tsr_executor_endpoint(a->ex) : "";
     r.pci_bus_id = a->device.pci_bus_id;
     r.nccl = a->device.nccl;
+    char *links[TSR_NVLINK_MAX];
+    for (int i = 0; i < a->device.n_nvlink; i++) links[i] = a->device.nvlink[i];
+    r.n_nvlink_peers = (size_t)a->device.n_nvlink;
+    r.nvlink_peers = links;
     if (a->has_piece) {
         r.assignment = &a->piece;
         r.state = a->state;

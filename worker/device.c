@@ -24,6 +24,17 @@ typedef struct {
     char bus_id[32];
 } nvml_pci_t;
 typedef int (*nvml_pci_fn)(void *, nvml_pci_t *);
+typedef int (*nvml_link_state_fn)(void *, unsigned, int *);
+typedef int (*nvml_link_pci_fn)(void *, unsigned, nvml_pci_t *);
+
+/* Adds bus to info's NVLink peers unless it is there already. */
+static void add_nvlink(tsr_device_info_t *info, const char *bus)
+{
+    for (int i = 0; i < info->n_nvlink; i++)
+        if (!strcmp(info->nvlink[i], bus)) return;
+    if (info->n_nvlink < TSR_NVLINK_MAX && *bus)
+        snprintf(info->nvlink[info->n_nvlink++], sizeof info->nvlink[0], "%s", bus);
+}
 
 static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t errlen)
 {
@@ -45,6 +56,15 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
         const char *bus = getenv("TSR_TEST_FAKE_CUDA_BUS");
         if (bus && *bus) snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%s", bus);
         else snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "00000000:%02X:00.0", index & 0xff);
+        /* TSR_TEST_FAKE_CUDA_NVLINK: its NVLink peers, comma-separated */
+        const char *links = getenv("TSR_TEST_FAKE_CUDA_NVLINK");
+        char one[32];
+        for (const char *p = links; p && *p;) {
+            size_t n = strcspn(p, ",");
+            snprintf(one, sizeof one, "%.*s", (int)(n < sizeof one ? n : sizeof one - 1), p);
+            add_nvlink(info, one);
+            p += n + (p[n] == ',');
+        }
         return 0;
     }
     int rc = -1;
@@ -61,6 +81,8 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
     nvml_name_fn name = (nvml_name_fn)dlsym(lib, "nvmlDeviceGetName");
     nvml_err_fn estr = (nvml_err_fn)dlsym(lib, "nvmlErrorString");
     nvml_pci_fn pci = (nvml_pci_fn)dlsym(lib, "nvmlDeviceGetPciInfo_v3");
+    nvml_link_state_fn link_state = (nvml_link_state_fn)dlsym(lib, "nvmlDeviceGetNvLinkState");
+    nvml_link_pci_fn link_pci = (nvml_link_pci_fn)dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
     if (!init || !count || !handle || !mem || !name || !estr) {
         snprintf(err, errlen, "cuda device %u: NVML lacks an expected function", index);
         goto out;
@@ -88,6 +110,14 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
     if (pci && pci(dev, &p) == 0) {
         p.bus_id[sizeof p.bus_id - 1] = '\0';
         snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%s", p.bus_id);
+    }
+    /* NVLinks: an error (no NVLink on this GPU) just means none */
+    for (unsigned l = 0; link_state && link_pci && l < TSR_NVLINK_MAX; l++) {
+        int active = 0;
+        memset(&p, 0, sizeof p);
+        if (link_state(dev, l, &active) != 0 || !active || link_pci(dev, l, &p) != 0) continue;
+        p.bus_id[sizeof p.bus_id - 1] = '\0';
+        add_nvlink(info, p.bus_id);
     }
     if (name(dev, info->description, sizeof info->description) != 0)
         snprintf(info->description, sizeof info->description, "cuda device %u", index);

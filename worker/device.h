@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include "common/deploy.h"
 
+#define TSR_NVLINK_MAX 18   /* NVML_NVLINK_MAX_LINKS */
+
 typedef struct {
     tsr_device_t kind;
     unsigned index;
@@ -16,6 +18,10 @@ typedef struct {
     char description[128];  /* "NVIDIA H200", "cpu (16 cores)" */
     char pci_bus_id[32];    /* cuda: "00000000:3B:00.0" (NVML's; "" when unknown) */
     bool nccl;              /* cuda: libnccl.so.2 loads, so its groups may use NCCL */
+    /* cuda: the PCI bus ids at the far end of its active NVLinks (GPUs or
+     * NVSwitches), n_nvlink of them */
+    char nvlink[TSR_NVLINK_MAX][32];
+    int n_nvlink;
 } tsr_device_info_t;
 
 /* Fills info for device `index` of `kind`.  Returns 0, or -1 with a reason

@@ -17,6 +17,14 @@ s0=$(awk '$1=="0" && $2=="0" {print $6}' "$T/g.txt" | sort -u)
 s1=$(awk '$1=="0" && $2=="1" {print $6}' "$T/g.txt" | sort -u)
 [ "$(echo "$s0" | wc -l)" = 1 ] && [ "$(echo "$s1" | wc -l)" = 1 ] || fail "a TP group spans nodes: $(cat "$T/g.txt")"
 [ "$s0" != "$s1" ] || fail "both stages on $s0"
+# NVLink domains of 2 GPUs: each tp=2 group's two ranks share a LINK.
+write_yaml "$T/l.yaml" 2 2 2 nvl "$MODEL" cuda
+"$BIN/tessera" plan "$T/l.yaml" --nodes 2 --per-node 4 --nvlink 2 > "$T/l.txt" || fail "plan l failed"
+grep -q " LINK " "$T/l.txt" || fail "no LINK column: $(head -6 "$T/l.txt")"
+links=$(awk '$1 ~ /^[0-9]+$/ && NF >= 8 {print $1"/"$2, $6"/"$7}' "$T/l.txt" | sort -u | awk '{print $1}' | uniq -d)
+[ -z "$links" ] || fail "a TP group spans NVLink domains ($links): $(cat "$T/l.txt")"
+[ "$(awk '$1 ~ /^[0-9]+$/ && NF >= 8' "$T/l.txt" | wc -l)" = 8 ] || fail "plan l rows: $(cat "$T/l.txt")"
+"$BIN/tessera" plan "$T/l.yaml" --nvlink 0 2> /dev/null; [ $? = 2 ] || fail "--nvlink 0 accepted"
 # Too small a cluster: a clear shortage and exit 3.
 "$BIN/tessera" plan "$T/g.yaml" --nodes 1 --per-node 4 > "$T/s.txt"; rc=$?
 [ "$rc" = 3 ] || fail "short plan exited $rc"
@@ -36,4 +44,4 @@ printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tens
 "$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
 [ "$rc" = 1 ] || fail "bad file exited $rc"
 grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
-ok "plans printed; TP groups on one node; memory per GPU; shortage, memory refusal and errors reported"
+ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported"

@@ -61,6 +61,7 @@ static bool reg_cuda;
 static uint64_t reg_memory[8];
 static const char *reg_bus[8];  /* each fake worker's PCI bus id (NULL: none) */
 static bool reg_nccl;           /* the fake workers say they can use NCCL */
+static char *reg_links[8][2];   /* each fake worker's NVLink peers (NULL: none) */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -109,6 +110,7 @@ static int setup(void **state)
     reg_cuda = false;
     memset(reg_memory, 0, sizeof reg_memory);
     memset(reg_bus, 0, sizeof reg_bus);
+    memset(reg_links, 0, sizeof reg_links);
     reg_nccl = false;
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
@@ -208,6 +210,8 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     r.state = held_state;
     if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
     r.nccl = reg_nccl;
+    r.nvlink_peers = reg_links[i];
+    r.n_nvlink_peers = (size_t)(reg_links[i][0] != NULL) + (reg_links[i][1] != NULL);
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.protocol_version = proto;
     env.worker = (char *)name;
@@ -2023,6 +2027,59 @@ static void test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused(vo
     assert_null(tsr_registry_find(fx->c->reg, "newcomer"));
 }
 
+/* Five GPUs of one node: w0 and w2 joined by an NVLink, w1 and w3 through
+ * one NVSwitch, w4 without NVLink.  They form two NVLink domains (status
+ * shows them) and each tp=2 group is placed inside one of them. */
+static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    static const char *bus[NW] = {"0000:10:00.0", "0000:11:00.0", "0000:12:00.0",
+                                  "0000:13:00.0", "0000:14:00.0"};
+    static char b0[] = "0000:10:00.0", b2[] = "0000:12:00.0", sw[] = "0000:f0:00.0";
+    reg_links[0][0] = b2;
+    reg_links[2][0] = b0;
+    reg_links[1][0] = reg_links[3][0] = sw;
+    for (int i = 0; i < NW; i++) {
+        reg_bus[i] = bus[i];
+        send_register(fx, i, fx->name[i], "n", TSR_PROTOCOL_VERSION, NULL, 0);
+    }
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+    tsr_worker_t *w[NW];
+    for (int i = 0; i < NW; i++) w[i] = tsr_registry_find(fx->c->reg, fx->name[i]);
+    assert_string_equal(w[0]->nvlink_domain, "n/nvl:0000:10:00.0");
+    assert_string_equal(w[2]->nvlink_domain, "n/nvl:0000:10:00.0");
+    assert_string_equal(w[1]->nvlink_domain, "n/nvl:0000:11:00.0");
+    assert_string_equal(w[3]->nvlink_domain, "n/nvl:0000:11:00.0");
+    assert_string_equal(w[4]->nvlink_domain, "");
+    for (int r = 0; r < 2; r++) {
+        tsr_worker_t *a = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 0);
+        tsr_worker_t *b = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 1);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_string_equal(a->nvlink_domain, b->nvlink_domain);
+        assert_string_not_equal(a->nvlink_domain, "");
+    }
+    json_t *root = status(fx);
+    json_t *ws = json_object_get(root, "workers");
+    bool seen = false;
+    for (size_t i = 0; i < json_array_size(ws); i++) {
+        json_t *x = json_array_get(ws, i);
+        if (!strcmp(json_string_value(json_object_get(x, "name")), fx->name[2]))
+            seen = !strcmp(json_string_value(json_object_get(x, "nvlink_domain")),
+                           "n/nvl:0000:10:00.0");
+    }
+    assert_true(seen);
+    json_decref(root);
+}
+
 /* The rewiring backoff starts over once the replica it mended is whole
  * again, even while another replica is down: a later fault there is a new
  * one, retried after 2 s, not after a backoff grown by unrelated faults. */
@@ -2329,6 +2386,7 @@ int main(void)
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_a_mended_replica_resets_the_rewiring_backoff),
+        T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
         T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),

@@ -1015,6 +1015,58 @@ static void test_a_held_piece_that_no_longer_fits_moves(void **state)
     tsr_plan_destroy(&p);
 }
 
+/* A node whose GPUs form two NVLink domains, listed alternately by name: each
+ * TP group takes both its ranks from one domain (by name alone it would
+ * straddle them); a missing rank joins its mate's domain; a node without
+ * domains is placed as before. */
+static void test_a_tp_group_stays_inside_one_nvlink_domain(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    add_node(&c, "n0", 4, TSR_DEVICE_CUDA);
+    static const char *dom[4] = {"n0/X", "n0/Y", "n0/X", "n0/Y"};
+    for (int i = 0; i < 4; i++) c.w[i].domain = dom[i];
+    add_dep(&c, "m", TSR_DEVICE_CUDA, 2, 1, 2, 4);
+    tsr_plan_t *p = plan(&c);
+    for (int r = 0; r < 2; r++) {
+        int a = p->pieces[r * 2].worker, b = p->pieces[r * 2 + 1].worker;
+        assert_true(a >= 0 && b >= 0);
+        assert_string_equal(c.w[a].domain, c.w[b].domain);
+    }
+    assert_int_equal(p->deps[0].short_by, 0);
+
+    /* rank 1 of replica 0 lost: its replacement comes from its mate's domain */
+    int mate = p->pieces[0].worker, gone = p->pieces[1].worker;
+    for (size_t w = 0; w < c.n; w++) {
+        const tsr_piece_t *pc = tsr_plan_piece_of(p, (int)w);
+        memset(&c.w[w].current, 0, sizeof c.w[w].current);
+        if (!pc) continue;
+        c.w[w].current = (tsr_piece_key_t){"m", pc->replica, pc->stage, pc->tp, 2, 1, 0, 4};
+    }
+    tsr_plan_destroy(&p);
+    add_worker(&c, "n0", TSR_DEVICE_CUDA);   /* n0-w04: domain Y */
+    add_worker(&c, "n0", TSR_DEVICE_CUDA);   /* n0-w05: the mate's domain */
+    c.w[4].domain = "n0/Y";
+    c.w[5].domain = c.w[mate].domain;
+    c.w[gone].eligible = false;
+    p = plan(&c);
+    assert_int_equal(p->pieces[0].worker, mate);
+    assert_int_equal(p->pieces[1].worker, 5);
+    tsr_plan_destroy(&p);
+
+    /* without domains: by name, as before */
+    for (size_t i = 0; i < c.n; i++) {
+        c.w[i].domain = NULL;
+        c.w[i].eligible = true;
+        memset(&c.w[i].current, 0, sizeof c.w[i].current);
+    }
+    p = plan(&c);
+    assert_int_equal(p->pieces[0].worker, 0);
+    assert_int_equal(p->pieces[1].worker, 1);
+    tsr_plan_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1047,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_spare_without_room_does_not_replace_a_roomy_worker),
         cmocka_unit_test(test_the_largest_stage_is_served_first),
         cmocka_unit_test(test_a_held_piece_that_no_longer_fits_moves),
+        cmocka_unit_test(test_a_tp_group_stays_inside_one_nvlink_domain),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
