@@ -41,7 +41,7 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
         return;
     }
     const char *failure = NULL;
-    tsr_worker_t *failed_w = NULL;
+    tsr_worker_t *failed_w = NULL, *mending = NULL;
     int slots = d->pipeline * d->tensor;
     for (int k = 0; k < sum->total && sum->at; k++) {
         tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, k / slots, d->tensor,
@@ -50,10 +50,13 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
         sum->at[k] = w;
         sum->placed++;
         if (w->state == TSR_W_READY) sum->ready++;
-        if (w->state == TSR_W_FAILED && !failure) {
+        /* A data-plane failure (retryable) is being mended by a rewire: the
+         * deployment is degraded meanwhile, not failed. */
+        if (w->state == TSR_W_FAILED && !w->retryable && !failure) {
             failure = w->reason;
             failed_w = w;
         }
+        if (w->state == TSR_W_FAILED && w->retryable && !mending) mending = w;
     }
     /* A missing piece is the cause; failures of its peers follow from it. */
     if (sum->placed < sum->total) {
@@ -86,6 +89,11 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
                          ds->canary[r].why);
                 break;
             }
+    } else if (mending) {
+        sum->state = ds->ever_ready ? "degraded" : "loading";
+        snprintf(sum->message, sizeof sum->message,
+                 "%d of %d pieces ready; replica %d is being rewired after: %s", sum->ready,
+                 sum->total, mending->piece.key.replica, mending->reason);
     } else {
         sum->state = ds->ever_ready ? "degraded" : "loading";
         snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,

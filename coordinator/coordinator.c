@@ -1072,6 +1072,12 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     if (r->assignment) {
         char why[256];
         const char *no = try_adopt(c, w, r->assignment, why, sizeof why);
+        /* Epochs only grow across restarts even when the layout changed and
+         * nothing is adopted: a piece's epoch raises the coordinator's
+         * (within the step a forged one is allowed). */
+        uint64_t e = r->assignment->epoch;
+        if (no && e > c->epoch && e <= TSR_EPOCH_MAX && e <= c->epoch + TSR_EPOCH_ADOPT_STEP)
+            c->epoch = e;
         if (!no) {
             rep.adopted = true;
             w->state = r->state == TESSERA__WORKER_STATE__STATE_READY     ? TSR_W_READY

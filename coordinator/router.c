@@ -165,10 +165,12 @@ void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint6
 static void request_expire(tsr_coord_t *c, size_t i)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    char msg[512], reason[64];
+    char msg[512], reason[64], where[TSR_NAME_MAX + 64];
+    if (q->replica >= 0) snprintf(where, sizeof where, "%s replica %d", q->deployment, q->replica);
+    else snprintf(where, sizeof where, "%s, waiting for a ready replica", q->deployment);
     snprintf(msg, sizeof msg,
-             "request %llu passed its deadline of %u ms after %d token(s) (%s replica %d)",
-             (unsigned long long)q->id, q->timeout_ms, q->n_tokens, q->deployment, q->replica);
+             "request %llu passed its deadline of %u ms after %d token(s) (%s)",
+             (unsigned long long)q->id, q->timeout_ms, q->n_tokens, where);
     snprintf(reason, sizeof reason, "deadline of %u ms passed", q->timeout_ms);
     q->fail_code = "failed";
     reply_json(c, q, false, msg, NULL);

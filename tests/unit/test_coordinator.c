@@ -347,6 +347,7 @@ static void cluster_up(fx_t *fx)
         fx->piece[i].n_peers = 0;
         fx->piece[i].peer_devices = NULL;
         fx->piece[i].n_peer_devices = 0;
+        fx->piece[i].data_secret = (ProtobufCBinaryData){0, NULL};
         assert_int_equal(env->epoch, env->assign->assignment->epoch);
         tsr_env_free(&env);
     }
@@ -855,6 +856,8 @@ static void test_fresh_coordinator_does_not_adopt_a_wrong_layer_range(void **sta
     tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
     assert_false(w->has_piece);
     assert_int_equal(w->state, TSR_W_IDLE);
+    /* its epoch still raises the coordinator's: epochs only grow across restarts */
+    assert_true(fx->c->epoch >= 7);
 }
 
 /* ---- status document ------------------------------------------------------------------ */
@@ -2080,6 +2083,26 @@ static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(v
     json_decref(root);
 }
 
+/* A piece of a ready deployment whose data plane broke (a retryable
+ * failure, being rewired) leaves the deployment degraded, naming the
+ * replica and the reason, not failed: failed is for load errors. */
+static void test_a_data_plane_failure_after_ready_is_degraded_not_failed(void **state)
+{
+    fx_t *fx = *state;
+    int leader = cluster_ready(fx);
+    int member = a_member(fx, leader);
+    send_failed_as(fx, member, fx->piece[member].epoch,
+                   "data plane: rank 0 (127.0.0.1:1) did not answer within 3000 ms", false, true);
+    pump(fx);
+    assert_string_equal(tsr_coord_dep_state(fx->c, 0, tsr_now_ms()), "degraded");
+    json_t *root = status(fx);
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    const char *msg = json_string_value(json_object_get(d, "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "replica 0 is being rewired after: data plane: rank 0"));
+    json_decref(root);
+}
+
 /* The rewiring backoff starts over once the replica it mended is whole
  * again, even while another replica is down: a later fault there is a new
  * one, retried after 2 s, not after a backoff grown by unrelated faults. */
@@ -2386,6 +2409,7 @@ int main(void)
         T(test_a_request_arriving_during_an_outage_waits_for_a_replica),
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_a_mended_replica_resets_the_rewiring_backoff),
+        T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
