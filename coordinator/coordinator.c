@@ -566,9 +566,11 @@ static void nvlink_domains(tsr_worker_t **ws, size_t n)
 {
     tsr_worker_t **s = malloc((n ? n : 1) * sizeof *s);
     int *up = malloc((n ? n : 1) * sizeof *up);
-    if (!s || !up) {
+    const char **low = calloc(n ? n : 1, sizeof *low);
+    if (!s || !up || !low) {
         free(s);
         free(up);
+        free(low);
         return;
     }
     memcpy(s, ws, n * sizeof *s);
@@ -583,25 +585,26 @@ static void nvlink_domains(tsr_worker_t **ws, size_t n)
                 while (up[y] != y) y = up[y];
                 if (x != y) up[x] = y;
             }
+        /* each root keeps its component's lowest bus id (up[] then points
+         * only at roots, so low[] can live beside it in the root's slot) */
+        for (size_t i = a; i < b; i++) {
+            int x = (int)i;
+            while (up[x] != x) x = up[x];
+            up[i] = x;
+            if (s[i]->pci_bus_id[0] &&
+                (!low[x] || strcmp(s[i]->pci_bus_id, low[x]) < 0))
+                low[x] = s[i]->pci_bus_id;
+        }
         for (size_t i = a; i < b; i++) {
             s[i]->nvlink_domain[0] = '\0';
-            if (!s[i]->n_nvlink || !s[i]->pci_bus_id[0]) continue;
-            int root = (int)i;
-            while (up[root] != root) root = up[root];
-            const char *low = NULL;  /* the component's lowest bus id */
-            for (size_t k = a; k < b; k++) {
-                int r = (int)k;
-                while (up[r] != r) r = up[r];
-                if (r == root && s[k]->pci_bus_id[0] &&
-                    (!low || strcmp(s[k]->pci_bus_id, low) < 0))
-                    low = s[k]->pci_bus_id;
-            }
-            snprintf(s[i]->nvlink_domain, sizeof s[i]->nvlink_domain, "%s/nvl:%s", s[i]->node,
-                     low);
+            if (s[i]->n_nvlink && s[i]->pci_bus_id[0])
+                snprintf(s[i]->nvlink_domain, sizeof s[i]->nvlink_domain, "%s/nvl:%s",
+                         s[i]->node, low[up[i]]);
         }
     }
     free(s);
     free(up);
+    free(low);
 }
 
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
@@ -959,13 +962,18 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
         tsr_error("refused a worker: %s", reason);
         goto refuse;
     }
-    bool links_ok = r->n_nvlink_peers <= 18;
-    for (size_t i = 0; links_ok && i < r->n_nvlink_peers; i++)
-        links_ok = r->nvlink_peers[i][0] && pci_bus_id_ok(r->nvlink_peers[i]);
-    if (!links_ok) {
-        snprintf(reason, sizeof reason,
-                 "nvlink_peers: at most 18 PCI bus ids (like 0000:3b:00.0) expected, got %zu",
-                 r->n_nvlink_peers);
+    size_t bad_link = 0;
+    while (bad_link < r->n_nvlink_peers && bad_link < 18 && r->nvlink_peers[bad_link][0] &&
+           pci_bus_id_ok(r->nvlink_peers[bad_link]))
+        bad_link++;
+    if (bad_link < r->n_nvlink_peers) {
+        if (bad_link == 18)
+            snprintf(reason, sizeof reason, "nvlink_peers: %zu entries, at most 18 allowed",
+                     r->n_nvlink_peers);
+        else
+            snprintf(reason, sizeof reason,
+                     "nvlink_peers[%zu] '%.40s' is not a PCI bus id (like 0000:3b:00.0)",
+                     bad_link, r->nvlink_peers[bad_link]);
         tsr_error("refused worker %s: %s", env->worker, reason);
         goto refuse;
     }

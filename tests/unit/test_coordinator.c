@@ -2028,6 +2028,16 @@ static void test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused(vo
     assert_non_null(strstr(env->register_reply->reason, "is not a PCI bus id"));
     tsr_env_free(&env);
     assert_null(tsr_registry_find(fx->c->reg, "newcomer"));
+    /* so is one whose NVLink peer list holds something else, named */
+    static char not_a_bus[] = "../../etc";
+    reg_bus[0] = "0000:3b:00.0";
+    reg_links[0][0] = not_a_bus;
+    send_register(fx, 0, "newcomer", "node9", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "nvlink_peers[0] '../../etc' is not"));
+    tsr_env_free(&env);
 }
 
 /* Five GPUs of one node: w0 and w2 joined by an NVLink, w1 and w3 through
