@@ -28,7 +28,7 @@ enum { HIDDEN = 768, KV_DIM = 256, INTER = 2048, LAYERS = 12, MATS = 4, MAX_T = 
 
 typedef struct {
     int in, out;
-    float *w;
+    float *w, *wp;  /* row-major (OpenBLAS), packed (the pool) */
 } mat_t;
 
 typedef struct {
@@ -70,6 +70,10 @@ static int step_build(step_t *st)
             m->out = shape[k][1];
             m->w = random_floats((size_t)m->in * m->out, &seed);
             if (!m->w) return -1;
+            m->wp = aligned_alloc(64, tsr_packed_floats(m->out, m->in) * sizeof(float));
+            if (!m->wp) return -1;
+            tsr_pack_rows(m->wp, m->out, m->in, 0, m->w, m->out);
+            tsr_pack_clear_tail(m->wp, m->out, m->in);
             st->n++;
             st->bytes += (size_t)m->in * m->out * sizeof(float);
         }
@@ -81,7 +85,7 @@ static int step_build(step_t *st)
 
 static void step_free(step_t *st)
 {
-    for (int i = 0; i < st->n; i++) free(st->m[i].w);
+    for (int i = 0; i < st->n; i++) free(st->m[i].w), free(st->m[i].wp);
     free(st->x);
     free(st->y);
 }
@@ -123,7 +127,7 @@ static void step_pool(const step_t *st, tsr_pool_t *p, int T)
 {
     for (int i = 0; i < st->n; i++) {
         const mat_t *m = &st->m[i];
-        tsr_pool_matmul(p, st->y, m->out, st->x, m->w, T, m->in, m->out);
+        tsr_pool_matmul(p, st->y, m->out, st->x, m->wp, T, m->in, m->out);
     }
 }
 

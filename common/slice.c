@@ -1,5 +1,7 @@
 #include "common/slice.h"
 
+#include "common/util.h"
+
 #include <stdio.h>
 
 void tsr_vocab_range(const tsr_model_info_t *m, int tp_rank, int tp_size, int *begin, int *end,
@@ -179,4 +181,16 @@ uint64_t tsr_piece_need(const tsr_model_info_t *m, const tsr_deployment_t *d, in
         k = (((uint64_t)d->max_seq_len + 15) / 16) * cuda_block_bytes(m, d, stage);
     uint64_t total = w + r + k, pct = (uint64_t)d->gpu_memory_percent;
     return (total * 100 + pct - 1) / pct;
+}
+
+int tsr_slice_named(const tsr_model_info_t *m, tsr_tensor_kind_t t, int layer, int tp_rank,
+                    int tp_size, char *name, size_t len, tsr_slice_t *out, char *err,
+                    size_t errlen)
+{
+    tsr_tensor_name(m, t, layer, name, len);
+    if (tsr_slice_of(m, t, tp_rank, tp_size, out) < 0) {
+        tsr_set_err(err, errlen, "%s: tensor-parallel size %d does not divide it", name, tp_size);
+        return -1;
+    }
+    return 0;
 }

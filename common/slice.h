@@ -37,6 +37,13 @@ const char *tsr_tensor_name(const tsr_model_info_t *m, tsr_tensor_kind_t t, int 
 int tsr_slice_of(const tsr_model_info_t *m, tsr_tensor_kind_t t, int tp_rank, int tp_size,
                  tsr_slice_t *out);
 
+/* tsr_tensor_name and tsr_slice_of together, for an engine about to read
+ * its slice: the name into name[len], the slice into *out.  Returns 0, or
+ * -1 with err naming the tensor when tp_size does not divide it. */
+int tsr_slice_named(const tsr_model_info_t *m, tsr_tensor_kind_t t, int layer, int tp_rank,
+                    int tp_size, char *name, size_t len, tsr_slice_t *out, char *err,
+                    size_t errlen);
+
 /* Whether stage `stage` of pp_size holds t at all (per-layer tensors: only
  * for its layers, which the caller iterates). */
 bool tsr_stage_holds(tsr_tensor_kind_t t, int stage, int pp_size);

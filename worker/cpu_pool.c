@@ -44,10 +44,6 @@
 #include "common/log.h"
 #include "worker/simd.h"
 
-/* 16 rows of W are 64 bytes of each row of y, one cache line, so two
- * threads never write the same line of y (when y and ldy are 64-byte
- * aligned). */
-#define ROW_ALIGN 16
 /* Below about this many multiply-adds per chunk a product runs on the
  * caller alone: 16K MACs read 64 KiB of weights, 1-4 us, and under that
  * the handoff (~0.3 us with helpers spinning, bench_pool) plus the helpers'
@@ -320,141 +316,172 @@ void tsr_pool_for(tsr_pool_t *p, int n, void (*fn)(void *arg, int i), void *arg)
 
 /* ---- matrix products -------------------------------------------------------- */
 
-/* y[t, o] = x[t] . w[o] for o in [r0, r1), t in [0, T), in tiles of four
- * rows of w by two rows of x (one row of x for an odd last one).  Every
- * output has one accumulator summed in the same order whichever tile it
- * falls in (a short tile repeats a row of w and drops the copy), which is
- * what makes results batch-invariant.  The accumulators are named, not an
- * array, so they stay in registers. */
-static inline void put_row(float *y, int no, v8f a0, v8f a1, v8f a2, v8f a3,
-                           const float *const *wr, const float *xr, int in8, int in)
+/* W is packed in panels of TSR_PANEL rows (see cpu_pool.h): panel p holds
+ * rows [16p, 16p + 16) column by column, so the 16 weights that meet one
+ * input x[k] are one 64-byte line, and a panel is one sequential stream.
+ * The kernel is an outer product: a tile of up to 6 rows of x by one panel,
+ * 12 accumulators of 8 lanes; at each k it broadcasts x[t][k] for the tile's
+ * rows and multiplies-adds the panel's line into them.  Every output is
+ * then one multiply-add chain over k = 0, 1, ..., in-1, whichever tile, token
+ * block or thread it falls in, so a row of y does not depend on T or on the
+ * other rows of x (batch invariance), without a horizontal sum. */
+
+static inline void store_tile_row(float *y, v8f a, v8f b, int no)
 {
-    float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-    for (int a = 0; a < no; a++) {
-        for (int k = in8; k < in; k++) s[a] += wr[a][k] * xr[k];
-        y[a] = s[a];
+    if (no == TSR_PANEL) {
+        memcpy(y, &a, sizeof a);
+        memcpy(y + 8, &b, sizeof b);
+        return;
     }
+    float s[TSR_PANEL];
+    memcpy(s, &a, sizeof a);
+    memcpy(s + 8, &b, sizeof b);
+    memcpy(y, s, (size_t)no * sizeof(float));
 }
 
-#define MATMUL_KERNEL(NAME, ATTR, MADD)                                                        \
-    ATTR static void NAME(float *y, int ldy, const float *x, const float *w, int T, int in,    \
-                          int r0, int r1)                                                      \
+/* R rows of x (R a constant after inlining: 1..6) by one panel. */
+#define TILE_FN(NAME, ATTR, MADD, BCAST)                                                              \
+    ATTR static inline __attribute__((always_inline)) void NAME(                               \
+        float *y, int ldy, const float *x, int in, const float *wp, size_t pf, int no,       \
+        const int R)                                                                           \
     {                                                                                          \
-        const int in8 = in & ~7;                                                               \
-        for (int o = r0; o < r1; o += 4) {                                                     \
-            const int no = r1 - o < 4 ? r1 - o : 4;                                            \
-            const float *wr[4];                                                                \
-            for (int a = 0; a < 4; a++) wr[a] = w + (size_t)(o + (a < no ? a : 0)) * in;       \
-            const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];                    \
-            int t = 0;                                                                         \
-            for (; t + 3 <= T; t += 3) {                                                       \
-                const float *xa = x + (size_t)t * in, *xb = xa + in, *xc = xb + in;            \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
-                v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k), v = load8(xb + k), z = load8(xc + k), q;            \
-                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0), c0 = MADD(q, z, c0); \
-                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1), c1 = MADD(q, z, c1); \
-                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2), c2 = MADD(q, z, c2); \
-                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3), c3 = MADD(q, z, c3); \
+        v8f a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0};                        \
+        v8f a3 = {0}, b3 = {0}, a4 = {0}, b4 = {0}, a5 = {0}, b5 = {0};                        \
+        /* rows past R point at row 0 and are never read */                                 \
+        const float *x0 = x, *x1 = x + (R > 1 ? in : 0), *x2 = x + (R > 2 ? 2 * in : 0);      \
+        const float *x3 = x + (R > 3 ? 3 * in : 0), *x4 = x + (R > 4 ? 4 * in : 0);           \
+        const float *x5 = x + (R > 5 ? 5 * in : 0);                                            \
+        for (int k = 0; k < in; k++, wp += TSR_PANEL) {                                        \
+            __builtin_prefetch(wp + pf);                                                       \
+            const v8f lo = load8(wp), hi = load8(wp + 8);                                      \
+            v8f s;                                                                             \
+            s = BCAST(x0 + k), a0 = MADD(lo, s, a0), b0 = MADD(hi, s, b0);                     \
+            if (R > 1) s = BCAST(x1 + k), a1 = MADD(lo, s, a1), b1 = MADD(hi, s, b1);          \
+            if (R > 2) s = BCAST(x2 + k), a2 = MADD(lo, s, a2), b2 = MADD(hi, s, b2);          \
+            if (R > 3) s = BCAST(x3 + k), a3 = MADD(lo, s, a3), b3 = MADD(hi, s, b3);          \
+            if (R > 4) s = BCAST(x4 + k), a4 = MADD(lo, s, a4), b4 = MADD(hi, s, b4);          \
+            if (R > 5) s = BCAST(x5 + k), a5 = MADD(lo, s, a5), b5 = MADD(hi, s, b5);          \
+        }                                                                                      \
+        store_tile_row(y, a0, b0, no);                                                         \
+        if (R > 1) store_tile_row(y + (size_t)ldy, a1, b1, no);                                \
+        if (R > 2) store_tile_row(y + 2 * (size_t)ldy, a2, b2, no);                            \
+        if (R > 3) store_tile_row(y + 3 * (size_t)ldy, a3, b3, no);                            \
+        if (R > 4) store_tile_row(y + 4 * (size_t)ldy, a4, b4, no);                            \
+        if (R > 5) store_tile_row(y + 5 * (size_t)ldy, a5, b5, no);                            \
+    }
+
+/* Panels [p0, p1) for T rows of x, in tiles of 6 rows.  The first tile
+ * of a panel also prefetches the next panel, line by line, so the weights
+ * come from memory while the tile computes. */
+#define PANELS_FN(NAME, TILE, ATTR)                                                            \
+    ATTR static void NAME(float *y, int ldy, const float *x, const float *wp, int T, int in,   \
+                          int out, int p0, int p1)                                             \
+    {                                                                                          \
+        for (int p = p0; p < p1; p++) {                                                        \
+            const float *w = wp + (size_t)p * TSR_PANEL * in;                                  \
+            const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;       \
+            size_t pf = (size_t)TSR_PANEL * in;                                                \
+            for (int t = 0; t < T; t += 6, pf = 0) {                                           \
+                float *yt = y + (size_t)t * ldy + o;                                           \
+                const float *xt = x + (size_t)t * in;                                          \
+                switch (T - t) {                                                               \
+                case 1: TILE(yt, ldy, xt, in, w, pf, no, 1); break;                            \
+                case 2: TILE(yt, ldy, xt, in, w, pf, no, 2); break;                            \
+                case 3: TILE(yt, ldy, xt, in, w, pf, no, 3); break;                            \
+                case 4: TILE(yt, ldy, xt, in, w, pf, no, 4); break;                            \
+                case 5: TILE(yt, ldy, xt, in, w, pf, no, 5); break;                            \
+                default: TILE(yt, ldy, xt, in, w, pf, no, 6); break;                           \
                 }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
-                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
-                put_row(y + (size_t)(t + 2) * ldy + o, no, c0, c1, c2, c3, wr, xc, in8, in);   \
-            }                                                                                  \
-            for (; t + 2 <= T; t += 2) {                                                       \
-                const float *xa = x + (size_t)t * in, *xb = xa + in;                           \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k), v = load8(xb + k), q;                               \
-                    q = load8(w0 + k), a0 = MADD(q, u, a0), b0 = MADD(q, v, b0);               \
-                    q = load8(w1 + k), a1 = MADD(q, u, a1), b1 = MADD(q, v, b1);               \
-                    q = load8(w2 + k), a2 = MADD(q, u, a2), b2 = MADD(q, v, b2);               \
-                    q = load8(w3 + k), a3 = MADD(q, u, a3), b3 = MADD(q, v, b3);               \
-                }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
-                put_row(y + (size_t)(t + 1) * ldy + o, no, b0, b1, b2, b3, wr, xb, in8, in);   \
-            }                                                                                  \
-            if (t < T) {                                                                       \
-                const float *xa = x + (size_t)t * in;                                          \
-                v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                    \
-                for (int k = 0; k < in8; k += 8) {                                             \
-                    v8f u = load8(xa + k);                                                     \
-                    if (!(k & 15)) { /* the next four rows, a cache line each */            \
-                        __builtin_prefetch(w0 + k + 4 * in);                                   \
-                        __builtin_prefetch(w1 + k + 4 * in);                                   \
-                        __builtin_prefetch(w2 + k + 4 * in);                                   \
-                        __builtin_prefetch(w3 + k + 4 * in);                                   \
-                    }                                                                          \
-                    a0 = MADD(load8(w0 + k), u, a0);                                           \
-                    a1 = MADD(load8(w1 + k), u, a1);                                           \
-                    a2 = MADD(load8(w2 + k), u, a2);                                           \
-                    a3 = MADD(load8(w3 + k), u, a3);                                           \
-                }                                                                              \
-                put_row(y + (size_t)t * ldy + o, no, a0, a1, a2, a3, wr, xa, in8, in);         \
             }                                                                                  \
         }                                                                                      \
     }
 
 #define MADD_PLAIN(a, b, c) ((a) * (b) + (c))
-MATMUL_KERNEL(matmul_rows_generic, , MADD_PLAIN)
+#define BCAST_PLAIN(p) bcast8(*(p))
+TILE_FN(tile_generic, , MADD_PLAIN, BCAST_PLAIN)
+PANELS_FN(panels_generic, tile_generic, )
 #if defined(__x86_64__)
 #define MADD_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
-MATMUL_KERNEL(matmul_rows_fma, __attribute__((target("avx2,fma"))), MADD_FMA)
+#define BCAST_AVX(p) __builtin_ia32_vbroadcastss256(p)
+TILE_FN(tile_fma, __attribute__((target("avx2,fma"))), MADD_FMA, BCAST_AVX)
+PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))))
 #endif
 
-typedef void (*matmul_rows_fn)(float *, int, const float *, const float *, int, int, int, int);
-static matmul_rows_fn matmul_rows = matmul_rows_generic;
+typedef void (*panels_fn)(float *, int, const float *, const float *, int, int, int, int, int);
+static panels_fn matmul_panels = panels_generic;
 
 static void pick_kernel(void)
 {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        matmul_rows = matmul_rows_fma;
+        matmul_panels = panels_fma;
 #endif
 }
-
-
-/* Tokens per pass over a chunk of W: 16 rows of x stay in L1 while the
- * chunk's rows stream by, and the chunk stays in L2 for the next 16. */
-#define TOKEN_BLOCK 16
 
 typedef struct {
     float *y;
     int ldy;
-    const float *x, *w;
-    int T, in, out, chunk;
+    const float *x, *wp;
+    int T, in, out, chunk, panels, tblock;
 } matmul_job_t;
 
 static void matmul_chunk(void *arg, int i)
 {
     const matmul_job_t *j = arg;
-    int r0 = i * j->chunk, r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
-    for (int t = 0; t < j->T; t += TOKEN_BLOCK)
-        matmul_rows(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->w,
-                    j->T - t < TOKEN_BLOCK ? j->T - t : TOKEN_BLOCK, j->in, r0, r1);
+    int p0 = i * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
+    for (int t = 0; t < j->T; t += j->tblock)
+        matmul_panels(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->wp,
+                      j->T - t < j->tblock ? j->T - t : j->tblock, j->in, j->out, p0, p1);
 }
 
-void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *w, int T,
+void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *wp, int T,
                      int in, int out)
 {
     if (T <= 0 || out <= 0) return;
     if (in < 0) in = 0;
-    /* Chunks of ROW_ALIGN rows, at least 4 per thread so late wakers even
-     * out; with many tokens, small enough (128 KiB) to stay in L2 between
-     * token blocks. */
-    int chunk = (out + 4 * p->n_threads - 1) / (4 * p->n_threads);
-    if (T > TOKEN_BLOCK && in > 0) {
-        int fit = (int)((128 << 10) / ((size_t)in * sizeof(float)));
-        if (chunk > fit) chunk = fit;
-    }
-    chunk = (chunk + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
-    if (chunk < ROW_ALIGN) chunk = ROW_ALIGN;
+    const int panels = (out + TSR_PANEL - 1) / TSR_PANEL;
+    /* At least 4 chunks per thread, so late wakers even out. */
+    int chunk = (panels + 4 * p->n_threads - 1) / (4 * p->n_threads);
+    /* Token blocks whose rows of x stay in L2 (256 KiB of them) while the
+     * chunk's panels stream by, a multiple of the tile's 6 rows. */
+    int tblock = in > 0 ? (int)((256 << 10) / ((size_t)in * sizeof(float))) / 6 * 6 : T;
+    if (tblock < 6) tblock = 6;
     /* Too small to pay for a wake-up: on the calling thread alone. */
-    if ((long long)T * in * out < 2LL * MIN_MACS_PER_CHUNK) chunk = out;
-    matmul_job_t j = {y, ldy, x, w, T, in, out, chunk};
-    tsr_pool_for(p, (out + chunk - 1) / chunk, matmul_chunk, &j);
+    if ((long long)T * in * out < 2LL * MIN_MACS_PER_CHUNK) chunk = panels;
+    if (chunk < 1) chunk = 1;
+    matmul_job_t j = {y, ldy, x, wp, T, in, out, chunk, panels, tblock};
+    tsr_pool_for(p, (panels + chunk - 1) / chunk, matmul_chunk, &j);
+}
+
+size_t tsr_packed_floats(int out, int in)
+{
+    if (out <= 0 || in <= 0) return 0;
+    return (size_t)(out + TSR_PANEL - 1) / TSR_PANEL * TSR_PANEL * (size_t)in;
+}
+
+void tsr_pack_rows(float *wp, int out, int in, int row0, const float *rows, int n)
+{
+    for (int r = 0; r < n; r++) {
+        int o = row0 + r;
+        if (o < 0 || o >= out) continue;
+        float *dst = wp + (size_t)(o / TSR_PANEL) * TSR_PANEL * in + o % TSR_PANEL;
+        const float *src = rows + (size_t)r * in;
+        for (int k = 0; k < in; k++) dst[(size_t)k * TSR_PANEL] = src[k];
+    }
+}
+
+void tsr_pack_clear_tail(float *wp, int out, int in)
+{
+    int last = out % TSR_PANEL;
+    if (!last || in <= 0) return;
+    float *panel = wp + (size_t)(out / TSR_PANEL) * TSR_PANEL * in;
+    for (int k = 0; k < in; k++)
+        memset(panel + (size_t)k * TSR_PANEL + last, 0, (size_t)(TSR_PANEL - last) * sizeof(float));
+}
+
+void tsr_packed_row(const float *wp, int in, int row, float *dst)
+{
+    const float *src = wp + (size_t)(row / TSR_PANEL) * TSR_PANEL * in + row % TSR_PANEL;
+    for (int k = 0; k < in; k++) dst[k] = src[(size_t)k * TSR_PANEL];
 }

@@ -15,6 +15,8 @@
 #ifndef TSR_CPU_POOL_H
 #define TSR_CPU_POOL_H
 
+#include <stddef.h>
+
 typedef struct tsr_pool tsr_pool_t;
 
 /* A pool of n_threads threads, the caller's included (n_threads-1 helpers
@@ -40,17 +42,42 @@ int tsr_pool_threads(const tsr_pool_t *p);
  * Not reentrant: one caller at a time, and fn must not call into the pool. */
 void tsr_pool_for(tsr_pool_t *p, int n, void (*fn)(void *arg, int i), void *arg);
 
-/* y[T, out] = x[T, in] . W[out, in]^T (row-major f32), split across the
- * threads by chunks of 16 rows of W.  Every output is one dot product
- * summed in a fixed order (8 lanes, then the lanes in a fixed tree),
- * whichever tile of the kernel it falls in, so a row of y does not depend
- * on T or on the other rows of x: a sequence gets the same numbers whatever
- * it is batched with.  AVX2+FMA where the CPU has them.  ldy is y's row
- * stride (>= out), so the caller can write into a column range of a wider
- * matrix; columns of y outside [0, out) are not touched.  x and y must not
+/* Weights for tsr_pool_matmul are packed in panels of TSR_PANEL rows:
+ * panel p holds rows [16p, 16p + 16) of W[out, in] column by column
+ * (wp[(p * in + k) * 16 + r] = W[16p + r][k]), the last panel padded with
+ * zeros.  The 16 weights that meet one input are one cache line, and each
+ * panel is read as one sequential stream. */
+#define TSR_PANEL 16
+
+/* Floats a packed W[out, in] takes (out rounded up to a whole panel);
+ * 0 when out or in is not positive. */
+size_t tsr_packed_floats(int out, int in);
+
+/* Packs n rows of W (row-major, in floats each) as rows row0 .. row0+n-1
+ * of the packed wp; rows outside [0, out) are skipped.  A matrix can be
+ * packed in pieces (q, k and v into one fused matrix, a large one a block
+ * of rows at a time). */
+void tsr_pack_rows(float *wp, int out, int in, int row0, const float *rows, int n);
+
+/* Zeroes the padding of the last panel (rows out .. the next multiple of
+ * 16).  Call once per packed matrix. */
+void tsr_pack_clear_tail(float *wp, int out, int in);
+
+/* Row `row` of a packed W into dst[in] (an embedding lookup from a packed
+ * table). */
+void tsr_packed_row(const float *wp, int in, int row, float *dst);
+
+/* y[T, out] = x[T, in] . W[out, in]^T (f32), W packed (above), split
+ * across the threads by chunks of panels.  Every output is one
+ * multiply-add chain over k = 0 .. in-1 in order, whichever tile, token
+ * block or thread it falls in, so a row of y does not depend on T or on
+ * the other rows of x: a sequence gets the same numbers whatever it is
+ * batched with.  AVX2+FMA where the CPU has them.  ldy is y's row stride
+ * (>= out), so the caller can write into a column range of a wider matrix;
+ * columns of y outside [0, out) are not touched.  x and y must not
  * overlap.  Products too small to pay for a wake-up run on the calling
  * thread alone. */
-void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *w, int T,
+void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *wp, int T,
                      int in, int out);
 
 /* How long a helper spins for new work before it sleeps (default

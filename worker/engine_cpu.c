@@ -10,7 +10,7 @@
  * read once per step whatever the number of sequences in it.  q, k and v
  * are one fused matrix, gate and up another.  The products run on one pool
  * of threads for the whole step (worker/cpu_pool.h) with a kernel whose
- * every output is one dot product summed in a fixed order, so a sequence's
+ * every output is one multiply-add chain in a fixed order, so a sequence's
  * numbers do not depend on what it was batched with. */
 #include <math.h>
 #include <stdbool.h>
@@ -28,6 +28,8 @@
 #include "worker/kvpool.h"
 #include "worker/kmath.h"
 
+/* Matrices are packed in panels of 16 rows (worker/cpu_pool.h); the shapes
+ * below are the logical [rows, cols]. */
 typedef struct {
     float *attn_norm, *mlp_norm;    /* [H] */
     float *wqkv;                    /* [(q_heads + 2 kv_heads) * head_dim, H]: q, k, v rows */
@@ -44,7 +46,7 @@ struct tsr_engine {
     tsr_pool_t *pool;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;    /* this rank's vocabulary rows; every rank's width */
-    float *embed;                   /* [v_end - v_begin, H], stage 0 */
+    float *embed;                   /* [v_end - v_begin, H], stage 0, packed too */
     float *lm_head;                 /* [v_end - v_begin, H], last stage */
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
@@ -97,26 +99,55 @@ static void rope_row(const tsr_engine_t *e, float *v, int heads, int pos)
 
 /* ---- loading --------------------------------------------------------------- */
 
-/* Reads this rank's slice of tensor t (layer li) into dst, contiguous. */
-static int read_slice(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *dst,
-                      char *err, size_t errlen)
+/* Reads norm weights t (layer li), a vector every rank holds whole. */
+static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *dst,
+                       char *err, size_t errlen)
 {
     char name[160];
     tsr_slice_t s;
-    tsr_tensor_name(&e->m, t, li, name, sizeof name);
-    if (tsr_slice_of(&e->m, t, e->spec.tp_rank, e->spec.tp_size, &s) < 0) {
-        tsr_set_err(err, errlen, "%s: tensor-parallel size %d does not divide it", name,
-                    e->spec.tp_size);
+    if (tsr_slice_named(&e->m, t, li, e->spec.tp_rank, e->spec.tp_size, name, sizeof name, &s,
+                        err, errlen) < 0)
+        return -1;
+    int64_t shape[1] = {s.rows};
+    if (tsr_st_expect(st, name, 1, shape, err, errlen) < 0) return -1;
+    if (s.r1 > s.r0 &&
+        tsr_st_read_f32(st, tsr_st_find(st, name), 0, 1, s.r0, s.r1, dst, err, errlen) < 0)
+        return -1;
+    e->wbytes += (uint64_t)(s.r1 - s.r0) * sizeof(float);
+    return 0;
+}
+
+/* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
+ * packed matrix wp[out, cols] (worker/cpu_pool.h), a block of rows at a
+ * time, so no second copy of a large matrix is ever held. */
+static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *wp,
+                       int out, int row0, char *err, size_t errlen)
+{
+    enum { BLOCK_FLOATS = 1 << 18 };   /* 1 MiB of rows per read */
+    char name[160];
+    tsr_slice_t s;
+    if (tsr_slice_named(&e->m, t, li, e->spec.tp_rank, e->spec.tp_size, name, sizeof name, &s,
+                        err, errlen) < 0)
+        return -1;
+    int64_t shape[2] = {s.rows, s.cols};
+    if (tsr_st_expect(st, name, 2, shape, err, errlen) < 0) return -1;
+    const int64_t cols = s.c1 - s.c0;
+    if (cols <= 0 || s.r1 <= s.r0) return 0;
+    int64_t step = BLOCK_FLOATS / cols > 0 ? BLOCK_FLOATS / cols : 1;
+    float *buf = malloc((size_t)(step * cols) * sizeof(float));
+    if (!buf) {
+        tsr_set_err(err, errlen, "%s: out of memory for a staging block", name);
         return -1;
     }
-    int64_t shape[2] = {s.rows, s.cols};
-    if (tsr_st_expect(st, name, s.cols ? 2 : 1, shape, err, errlen) < 0) return -1;
-    int64_t r0 = s.r0, r1 = s.r1, c0 = s.c0, c1 = s.c1;
-    if (!s.cols) c0 = r0, c1 = r1, r0 = 0, r1 = 1;   /* a vector is one row */
-    int64_t n = (r1 - r0) * (c1 - c0);
-    if (n && tsr_st_read_f32(st, tsr_st_find(st, name), r0, r1, c0, c1, dst, err, errlen) < 0)
-        return -1;
-    e->wbytes += (uint64_t)n * sizeof(float);
+    int rc = 0;
+    for (int64_t r = s.r0; r < s.r1 && rc == 0; r += step) {
+        int64_t n = s.r1 - r < step ? s.r1 - r : step;
+        rc = tsr_st_read_f32(st, tsr_st_find(st, name), r, r + n, s.c0, s.c1, buf, err, errlen);
+        if (rc == 0) tsr_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
+    }
+    free(buf);
+    if (rc < 0) return -1;
+    e->wbytes += (uint64_t)(s.r1 - s.r0) * cols * sizeof(float);
     return 0;
 }
 
@@ -165,6 +196,15 @@ static float *alloc_w(size_t n, int *bad)
     return p;
 }
 
+/* A packed matrix of out rows of `in` floats (worker/cpu_pool.h), the
+ * last panel's padding zeroed. */
+static float *alloc_packed(int out, int in, int *bad)
+{
+    float *w = alloc_w(tsr_packed_floats(out, in), bad);
+    if (w) tsr_pack_clear_tail(w, out, in);
+    return w;
+}
+
 static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, char *err,
                       size_t errlen)
 {
@@ -173,23 +213,24 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
     int bad = 0;
     L->attn_norm = alloc_f(H, &bad);
     L->mlp_norm = alloc_f(H, &bad);
-    L->wqkv = alloc_w((qw + 2 * kvw) * H, &bad);
-    L->wo = alloc_w(H * qw, &bad);
-    L->wgu = alloc_w(2 * I * H, &bad);
-    L->wd = alloc_w(H * I, &bad);
+    const int nqkv = (int)(qw + 2 * kvw), h = (int)H;
+    L->wqkv = alloc_packed(nqkv, h, &bad);
+    L->wo = alloc_packed(h, (int)qw, &bad);
+    L->wgu = alloc_packed(2 * (int)I, h, &bad);
+    L->wd = alloc_packed(h, (int)I, &bad);
     if (bad) {
         tsr_set_err(err, errlen, "out of memory for the weights of layer %d", li);
         return -1;
     }
-    if (read_slice(st, e, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
-        read_slice(st, e, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
-        read_slice(st, e, TSR_T_Q, li, L->wqkv, err, errlen) ||
-        read_slice(st, e, TSR_T_K, li, L->wqkv + qw * H, err, errlen) ||
-        read_slice(st, e, TSR_T_V, li, L->wqkv + (qw + kvw) * H, err, errlen) ||
-        read_slice(st, e, TSR_T_O, li, L->wo, err, errlen) ||
-        read_slice(st, e, TSR_T_GATE, li, L->wgu, err, errlen) ||
-        read_slice(st, e, TSR_T_UP, li, L->wgu + I * H, err, errlen) ||
-        read_slice(st, e, TSR_T_DOWN, li, L->wd, err, errlen))
+    if (read_vector(st, e, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
+        read_vector(st, e, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
+        read_packed(st, e, TSR_T_Q, li, L->wqkv, nqkv, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_K, li, L->wqkv, nqkv, (int)qw, err, errlen) ||
+        read_packed(st, e, TSR_T_V, li, L->wqkv, nqkv, (int)(qw + kvw), err, errlen) ||
+        read_packed(st, e, TSR_T_O, li, L->wo, h, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_GATE, li, L->wgu, 2 * (int)I, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_UP, li, L->wgu, 2 * (int)I, (int)I, err, errlen) ||
+        read_packed(st, e, TSR_T_DOWN, li, L->wd, h, 0, err, errlen))
         return -1;
     return 0;
 }
@@ -274,17 +315,18 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
-    if (first && (!(e->embed = alloc_w(vrows * H, &bad)) ||
-                  read_slice(st, e, TSR_T_EMBED, 0, e->embed, err, errlen) < 0))
+    const int vr = (int)vrows, h = (int)H;
+    if (first && (!(e->embed = alloc_packed(vr, h, &bad)) ||
+                  read_packed(st, e, TSR_T_EMBED, 0, e->embed, vr, 0, err, errlen) < 0))
         goto oom_or_fail;
     if (last) {
         if (!(e->final_norm = alloc_f(H, &bad)) ||
-            read_slice(st, e, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
+            read_vector(st, e, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
             goto oom_or_fail;
         if (m->tie_word_embeddings && first) {
             e->lm_head = e->embed;  /* one copy serves both */
-        } else if (!(e->lm_head = alloc_w(vrows * H, &bad)) ||
-                   read_slice(st, e, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
+        } else if (!(e->lm_head = alloc_packed(vr, h, &bad)) ||
+                   read_packed(st, e, TSR_T_LM_HEAD, 0, e->lm_head, vr, 0, err, errlen) < 0) {
             goto oom_or_fail;
         }
     }
@@ -491,8 +533,7 @@ static int embed(tsr_engine_t *e, const tsr_batch_t *b, char *err, size_t errlen
             return -1;
         }
         if (t >= e->v_begin && t < e->v_end)
-            memcpy(e->x + (size_t)i * H, e->embed + (size_t)(t - e->v_begin) * H,
-                   (size_t)H * sizeof(float));
+            tsr_packed_row(e->embed, H, t - e->v_begin, e->x + (size_t)i * H);
     }
     return allreduce(e, e->x, (size_t)b->n_tokens * H, err, errlen);
 }

@@ -18,6 +18,13 @@ static inline v8f load8(const float *p)
     return v;
 }
 
+/* x in all 8 lanes. */
+static inline v8f bcast8(float x)
+{
+    v8f v = {x, x, x, x, x, x, x, x};
+    return v;
+}
+
 /* The lanes summed in one fixed order. */
 static inline float hsum8(v8f a)
 {

@@ -97,6 +97,18 @@ static float rnd(uint64_t *s)
     return (float)((*s >> 40) & 0xffff) / 32768.0f - 1.0f;
 }
 
+/* W[out, in] packed for tsr_pool_matmul; the caller frees it. */
+static float *packed(const float *w, int out, int in)
+{
+    size_t n = tsr_packed_floats(out, in);
+    float *wp = malloc((n ? n : 1) * sizeof *wp);
+    assert_non_null(wp);
+    memset(wp, 0xff, (n ? n : 1) * sizeof *wp);   /* NaN everywhere: padding must be cleared */
+    tsr_pack_rows(wp, out, in, 0, w, out);
+    tsr_pack_clear_tail(wp, out, in);
+    return wp;
+}
+
 /* Runs y = x . W^T through the pool into columns [0, out) of a matrix with
  * ldy = out + 5 columns, and checks it against a double-precision loop
  * (relative 1e-4 of the sum of |terms|) and that the other columns kept
@@ -115,7 +127,9 @@ static void check_matmul(tsr_pool_t *p, int T, int in, int out)
     for (int i = 0; i < out * in; i++) w[i] = rnd(&s);
     for (int i = 0; i < T * ldy; i++) y[i] = SENTINEL;
 
-    tsr_pool_matmul(p, y, ldy, x, w, T, in, out);
+    float *wp = packed(w, out, in);
+    tsr_pool_matmul(p, y, ldy, x, wp, T, in, out);
+    free(wp);
 
     for (int t = 0; t < T; t++) {
         for (int o = 0; o < out; o++) {
@@ -145,7 +159,7 @@ static void test_matmul_equals_a_naive_loop_into_a_column_range(void **state)
 {
     (void)state;
     static const int threads[] = {1, 3, 4};
-    static const int Ts[] = {1, 3, 64};
+    static const int Ts[] = {1, 3, 5, 6, 7, 64};
     static const int outs[] = {1, 15, 16, 17, 100, 513};
     static const int ins[] = {1, 7, 64};
     for (size_t h = 0; h < sizeof threads / sizeof *threads; h++) {
@@ -171,7 +185,8 @@ static void test_matmul_splits_a_512_token_prefill(void **state)
 }
 
 /* A row of y has the same bits whatever other rows of x share the product
- * (1, 2, 3 or 40 of them, so every tile shape and token block is crossed):
+ * (1 to 7 or 40 of them, at every offset, so every tile height and every
+ * position in a tile is crossed):
  * what lets a batched sequence get exactly its tokens alone. */
 static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **state)
 {
@@ -179,23 +194,59 @@ static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **stat
     enum { T = 40, IN = 70, OUT = 203 };   /* IN not a multiple of 8, OUT not of 16 */
     uint64_t s = 77;
     float *x = malloc(sizeof(float) * T * IN), *w = malloc(sizeof(float) * OUT * IN);
-    float *all = malloc(sizeof(float) * T * OUT), *part = malloc(sizeof(float) * 3 * OUT);
+    float *all = malloc(sizeof(float) * T * OUT), *part = malloc(sizeof(float) * 7 * OUT);
     assert_true(x && w && all && part);
     for (int i = 0; i < T * IN; i++) x[i] = rnd(&s);
     for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&s);
     tsr_pool_t *p = tsr_pool_new(2);
     assert_non_null(p);
-    tsr_pool_matmul(p, all, OUT, x, w, T, IN, OUT);
-    for (int n = 1; n <= 3; n++)
+    float *wp = packed(w, OUT, IN);
+    tsr_pool_matmul(p, all, OUT, x, wp, T, IN, OUT);
+    for (int n = 1; n <= 7; n++)
         for (int t = 0; t + n <= T; t++) {
-            tsr_pool_matmul(p, part, OUT, x + (size_t)t * IN, w, n, IN, OUT);
+            tsr_pool_matmul(p, part, OUT, x + (size_t)t * IN, wp, n, IN, OUT);
             for (int r = 0; r < n; r++)
                 if (memcmp(part + (size_t)r * OUT, all + (size_t)(t + r) * OUT, sizeof(float) * OUT))
                     fail_msg("row %d computed with %d row(s) differs from the same row among %d",
                              t + r, n, T);
         }
     tsr_pool_destroy(&p);
-    free(x), free(w), free(all), free(part);
+    free(x), free(w), free(wp), free(all), free(part);
+}
+
+/* Packing in pieces (q, k, v into one fused matrix; blocks of rows) gives
+ * the same panels as packing at once; every row reads back; the padding of
+ * the last panel is zero. */
+static void test_packing_in_pieces_round_trips_every_row(void **state)
+{
+    (void)state;
+    enum { OUT = 37, IN = 9 };   /* two whole panels and 5 rows of a third */
+    float w[OUT * IN], row[IN];
+    for (int i = 0; i < OUT * IN; i++) w[i] = (float)i;
+    float *whole = packed(w, OUT, IN);
+    size_t n = tsr_packed_floats(OUT, IN);
+    assert_int_equal(n, 48 * IN);
+    float *parts = malloc(n * sizeof *parts);
+    assert_non_null(parts);
+    memset(parts, 0xff, n * sizeof *parts);
+    tsr_pack_rows(parts, OUT, IN, 20, w + 20 * IN, 17);   /* the tail first */
+    tsr_pack_rows(parts, OUT, IN, 0, w, 3);
+    tsr_pack_rows(parts, OUT, IN, 3, w + 3 * IN, 17);
+    tsr_pack_rows(parts, OUT, IN, 36, w, 5);              /* rows 37.. are skipped */
+    tsr_pack_rows(parts, OUT, IN, 36, w + 36 * IN, 1);
+    tsr_pack_clear_tail(parts, OUT, IN);
+    assert_memory_equal(whole, parts, n * sizeof *parts);
+    for (int r = 0; r < OUT; r++) {
+        tsr_packed_row(whole, IN, r, row);
+        assert_memory_equal(row, w + r * IN, sizeof row);
+    }
+    for (int k = 0; k < IN; k++)
+        for (int lane = OUT % 16; lane < 16; lane++)
+            assert_true(whole[(size_t)(2 * IN + k) * 16 + lane] == 0.0f);
+    assert_int_equal(tsr_packed_floats(0, IN), 0);
+    assert_int_equal(tsr_packed_floats(16, IN), 16 * IN);
+    free(whole);
+    free(parts);
 }
 
 static void test_matmul_with_no_inputs_writes_zeros(void **state)
@@ -206,7 +257,7 @@ static void test_matmul_with_no_inputs_writes_zeros(void **state)
     float y[2][4] = {{SENTINEL, SENTINEL, SENTINEL, SENTINEL},
                      {SENTINEL, SENTINEL, SENTINEL, SENTINEL}};
     float x = 0, w = 0;
-    tsr_pool_matmul(p, &y[0][0], 4, &x, &w, 2, 0, 3);
+    tsr_pool_matmul(p, &y[0][0], 4, &x, &w, 2, 0, 3);   /* in 0: nothing is read from w */
     for (int t = 0; t < 2; t++) {
         for (int o = 0; o < 3; o++) assert_true(y[t][o] == 0.0f);
         assert_true(y[t][3] == SENTINEL);
@@ -252,10 +303,12 @@ static void test_pool_is_reused_for_10000_back_to_back_products(void **state)
     for (int o = 0; o < OUT; o++)
         for (int i = 0; i < IN; i++) w[o * IN + i] = (float)((o + i) % 5);
     for (int i = 0; i < IN; i++) x[i] = 1.0f;
+    float *wp = packed(w, OUT, IN);
     for (int call = 0; call < 10000; call++) {
         y[call % OUT] = -1;
-        tsr_pool_matmul(p, y, OUT, x, w, 1, IN, OUT);
+        tsr_pool_matmul(p, y, OUT, x, wp, 1, IN, OUT);
     }
+    free(wp);
     for (int o = 0; o < OUT; o++) {
         float ref = 0;
         for (int i = 0; i < IN; i++) ref += w[o * IN + i];
@@ -344,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_matmul_equals_a_naive_loop_into_a_column_range),
         cmocka_unit_test(test_a_row_has_the_same_bits_whatever_it_is_batched_with),
         cmocka_unit_test(test_matmul_splits_a_512_token_prefill),
+        cmocka_unit_test(test_packing_in_pieces_round_trips_every_row),
         cmocka_unit_test(test_matmul_with_no_inputs_writes_zeros),
         cmocka_unit_test(test_pool_is_reused_for_10000_back_to_back_calls),
         cmocka_unit_test(test_pool_is_reused_for_10000_back_to_back_products),

@@ -504,12 +504,9 @@ static int load_tensor(loader_t *ld, tsr_tensor_kind_t t, int li, bf16_t *dst, c
     tsr_engine_t *e = ld->e;
     char name[160];
     tsr_slice_t s;
-    tsr_tensor_name(&e->m, t, li, name, sizeof name);
-    if (tsr_slice_of(&e->m, t, e->spec.tp_rank, e->spec.tp_size, &s) < 0) {
-        tsr_set_err(err, errlen, "%s: tensor-parallel size %d does not divide it", name,
-                    e->spec.tp_size);
+    if (tsr_slice_named(&e->m, t, li, e->spec.tp_rank, e->spec.tp_size, name, sizeof name, &s,
+                        err, errlen) < 0)
         return -1;
-    }
     int64_t r0 = s.r0, r1 = s.r1, c0 = s.c0, c1 = s.c1;
     if (!s.cols) c0 = r0, c1 = r1, r0 = 0, r1 = 1;   /* a vector is one row */
     const size_t n = (size_t)((r1 - r0) * (c1 - c0));
