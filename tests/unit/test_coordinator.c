@@ -1778,6 +1778,35 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     json_decref(root);
 }
 
+/* A busy replica skips its canary (its tokens show it works) without
+ * making the coordinator spin: the tick asks to be called again later,
+ * not at once, for as long as the replica is busy.  (It once returned 0
+ * on every tick while a replica served: the coordinator's loop then took
+ * a third of a core from the workers beside it.)  Once idle, the replica
+ * gets its canary again. */
+static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void **state)
+{
+    fx_t *fx = *state;
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);          /* first canary due at t + 100 */
+    uint64_t wid = start_request(fx, fx->ctl, leader, 0);
+    for (int64_t at = t + 100; at < t + 400; at += 7) {
+        int wait = tsr_coord_tick(fx->c, at);
+        if (wait <= 0) fail_msg("tick at +%lld ms with the replica busy asks for %d ms", (long long)(at - t), wait);
+    }
+    expect_nothing(fx->dealer[leader], 10);   /* no canary while busy */
+    assert_int_equal(fx->c->stats.canaries, 0);
+    send_token(fx, sampler(fx), wid, 0, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, t + 600);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 1);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.canaries, 1);
+}
+
 /* A token lost between the replica and the coordinator leaves no gap: the
  * request goes on from the tokens the client has. */
 static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
@@ -2428,6 +2457,7 @@ int main(void)
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),
+        T(test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
