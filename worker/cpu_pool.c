@@ -339,44 +339,73 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
     memcpy(y, s, (size_t)no * sizeof(float));
 }
 
-/* R rows of x (R a constant after inlining: 1..6) by one panel. */
-#define TILE_FN(NAME, ATTR, MADD, BCAST)                                                              \
+/* R rows of x by NP adjacent panels (R and NP constants after inlining,
+ * R * NP <= 6): 2 * R * NP accumulators of 8 lanes, at most 12, which with
+ * the loaded weights and the broadcast fill the 16 vector registers.  For
+ * a few rows (decode) several panels are read side by side: a core keeps
+ * more reads in flight over several sequential streams than over one
+ * (bench/stream --read on a 2-core EPYC VM: 17 GB/s with one stream per
+ * thread, 27 GB/s with four).  Only the group's last panel may be partial
+ * (no columns).  Every output is one multiply-add chain over k in order,
+ * whatever R and NP are. */
+#define TILE_FN(NAME, ATTR, MADD, BCAST)                                                       \
     ATTR static inline __attribute__((always_inline)) void NAME(                               \
         float *y, int ldy, const float *x, int in, const float *wp, size_t pf, int no,       \
-        const int R)                                                                           \
+        const int R, const int NP)                                                             \
     {                                                                                          \
-        v8f a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0};                        \
-        v8f a3 = {0}, b3 = {0}, a4 = {0}, b4 = {0}, a5 = {0}, b5 = {0};                        \
-        /* rows past R point at row 0 and are never read */                                 \
-        const float *x0 = x, *x1 = x + (R > 1 ? in : 0), *x2 = x + (R > 2 ? 2 * in : 0);      \
-        const float *x3 = x + (R > 3 ? 3 * in : 0), *x4 = x + (R > 4 ? 4 * in : 0);           \
-        const float *x5 = x + (R > 5 ? 5 * in : 0);                                            \
-        for (int k = 0; k < in; k++, wp += TSR_PANEL) {                                        \
-            __builtin_prefetch(wp + pf);                                                       \
-            const v8f lo = load8(wp), hi = load8(wp + 8);                                      \
-            v8f s;                                                                             \
-            s = BCAST(x0 + k), a0 = MADD(lo, s, a0), b0 = MADD(hi, s, b0);                     \
-            if (R > 1) s = BCAST(x1 + k), a1 = MADD(lo, s, a1), b1 = MADD(hi, s, b1);          \
-            if (R > 2) s = BCAST(x2 + k), a2 = MADD(lo, s, a2), b2 = MADD(hi, s, b2);          \
-            if (R > 3) s = BCAST(x3 + k), a3 = MADD(lo, s, a3), b3 = MADD(hi, s, b3);          \
-            if (R > 4) s = BCAST(x4 + k), a4 = MADD(lo, s, a4), b4 = MADD(hi, s, b4);          \
-            if (R > 5) s = BCAST(x5 + k), a5 = MADD(lo, s, a5), b5 = MADD(hi, s, b5);          \
+        const size_t ps = (size_t)TSR_PANEL * in;                                              \
+        v8f acc[6][4][2];                                                                      \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)                                    \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                                   \
+            acc[r][j][0] = acc[r][j][1] = bcast8(0.0f);                                        \
+        for (size_t k = 0; k < (size_t)in; k++) {                                              \
+            const float *wk = wp + k * TSR_PANEL;                                              \
+            __builtin_prefetch(wk + pf);                                                       \
+            v8f lo[4], hi[4];                                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                               \
+                lo[j] = load8(wk + j * ps), hi[j] = load8(wk + j * ps + 8);                    \
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                              \
+                const v8f s = BCAST(x + (size_t)r * in + k);                                   \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                           \
+                    acc[r][j][0] = MADD(lo[j], s, acc[r][j][0]),                               \
+                    acc[r][j][1] = MADD(hi[j], s, acc[r][j][1]);                               \
+            }                                                                                  \
         }                                                                                      \
-        store_tile_row(y, a0, b0, no);                                                         \
-        if (R > 1) store_tile_row(y + (size_t)ldy, a1, b1, no);                                \
-        if (R > 2) store_tile_row(y + 2 * (size_t)ldy, a2, b2, no);                            \
-        if (R > 3) store_tile_row(y + 3 * (size_t)ldy, a3, b3, no);                            \
-        if (R > 4) store_tile_row(y + 4 * (size_t)ldy, a4, b4, no);                            \
-        if (R > 5) store_tile_row(y + 5 * (size_t)ldy, a5, b5, no);                            \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)                                    \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                                   \
+            store_tile_row(y + (size_t)r * ldy + j * TSR_PANEL, acc[r][j][0], acc[r][j][1],    \
+                           j == NP - 1 ? no : TSR_PANEL);                                      \
     }
 
-/* Panels [p0, p1) for T rows of x, in tiles of 6 rows.  The first tile
- * of a panel also prefetches the next panel, line by line, so the weights
- * come from memory while the tile computes. */
+/* Panels [p0, p1) for T rows of x.  One to three rows (decode) go in one
+ * pass over groups of 4, 3 or 2 panels; more go in tiles of 6 rows by one
+ * panel, the first tile of a panel prefetching the next panel line by
+ * line, so the weights come from memory while the tile computes. */
 #define PANELS_FN(NAME, TILE, ATTR)                                                            \
     ATTR static void NAME(float *y, int ldy, const float *x, const float *wp, int T, int in,   \
                           int out, int p0, int p1)                                             \
     {                                                                                          \
+        if (T <= 3) {                                                                          \
+            const int G = T == 1 ? 4 : T == 2 ? 3 : 2;                                         \
+            for (int p = p0; p < p1; p += G) {                                                 \
+                const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;       \
+                const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;                \
+                const float *w = wp + (size_t)p * TSR_PANEL * in;                              \
+                float *yp = y + (size_t)p * TSR_PANEL;                                         \
+                switch (T * 8 + np) {                                                          \
+                case 8 + 1: TILE(yp, ldy, x, in, w, 0, no, 1, 1); break;                       \
+                case 8 + 2: TILE(yp, ldy, x, in, w, 0, no, 1, 2); break;                       \
+                case 8 + 3: TILE(yp, ldy, x, in, w, 0, no, 1, 3); break;                       \
+                case 8 + 4: TILE(yp, ldy, x, in, w, 0, no, 1, 4); break;                       \
+                case 16 + 1: TILE(yp, ldy, x, in, w, 0, no, 2, 1); break;                      \
+                case 16 + 2: TILE(yp, ldy, x, in, w, 0, no, 2, 2); break;                      \
+                case 16 + 3: TILE(yp, ldy, x, in, w, 0, no, 2, 3); break;                      \
+                case 24 + 1: TILE(yp, ldy, x, in, w, 0, no, 3, 1); break;                      \
+                default: TILE(yp, ldy, x, in, w, 0, no, 3, 2); break;                          \
+                }                                                                              \
+            }                                                                                  \
+            return;                                                                            \
+        }                                                                                      \
         for (int p = p0; p < p1; p++) {                                                        \
             const float *w = wp + (size_t)p * TSR_PANEL * in;                                  \
             const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;       \
@@ -385,12 +414,12 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
                 float *yt = y + (size_t)t * ldy + o;                                           \
                 const float *xt = x + (size_t)t * in;                                          \
                 switch (T - t) {                                                               \
-                case 1: TILE(yt, ldy, xt, in, w, pf, no, 1); break;                            \
-                case 2: TILE(yt, ldy, xt, in, w, pf, no, 2); break;                            \
-                case 3: TILE(yt, ldy, xt, in, w, pf, no, 3); break;                            \
-                case 4: TILE(yt, ldy, xt, in, w, pf, no, 4); break;                            \
-                case 5: TILE(yt, ldy, xt, in, w, pf, no, 5); break;                            \
-                default: TILE(yt, ldy, xt, in, w, pf, no, 6); break;                           \
+                case 1: TILE(yt, ldy, xt, in, w, pf, no, 1, 1); break;                         \
+                case 2: TILE(yt, ldy, xt, in, w, pf, no, 2, 1); break;                         \
+                case 3: TILE(yt, ldy, xt, in, w, pf, no, 3, 1); break;                         \
+                case 4: TILE(yt, ldy, xt, in, w, pf, no, 4, 1); break;                         \
+                case 5: TILE(yt, ldy, xt, in, w, pf, no, 5, 1); break;                         \
+                default: TILE(yt, ldy, xt, in, w, pf, no, 6, 1); break;                        \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
