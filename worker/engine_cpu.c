@@ -56,7 +56,8 @@ struct tsr_engine {
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
     int32_t *row_slot, *row_pos;
-    float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk], [V] */
+    float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk],
+                                       [max_seqs][tp * v_chunk] */
     int last_sampled;               /* rows of logits the last step gathered */
     /* Tests: after this many steps, fail as a GPU does on a sticky error
      * (TSR_TEST_DEVICE_FAULT_AFTER), so the worker's exit path can be
@@ -359,7 +360,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         size_t B = (size_t)spec->max_seqs;
         e->logits = alloc_f(B * e->v_chunk, &bad);
         e->gathered = alloc_f((size_t)spec->tp_size * B * e->v_chunk, &bad);
-        e->row = alloc_f((size_t)spec->tp_size * e->v_chunk, &bad);
+        e->row = alloc_f(B * spec->tp_size * e->v_chunk, &bad);
     }
     if (bad || !e->kv || !e->row_slot || !e->row_pos) {
         tsr_set_err(err, errlen,
@@ -424,53 +425,149 @@ static inline float dot(const float *a, const float *b, int n)
     return s;
 }
 
+/* Four dot products of q with k0..k3 (n floats each), side by side so
+ * their multiply-add chains overlap; each is summed in dot()'s order. */
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2,
+                        const float *k3, int n, float *out)
+{
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int n8 = n & ~7;
+    for (int d = 0; d < n8; d += 8) {
+        v8f x = load8(q + d);
+        a0 += x * load8(k0 + d), a1 += x * load8(k1 + d);
+        a2 += x * load8(k2 + d), a3 += x * load8(k3 + d);
+    }
+    out[0] = hsum8(a0), out[1] = hsum8(a1), out[2] = hsum8(a2), out[3] = hsum8(a3);
+    for (int d = n8; d < n; d++) {
+        out[0] += q[d] * k0[d], out[1] += q[d] * k1[d];
+        out[2] += q[d] * k2[d], out[3] += q[d] * k3[d];
+    }
+}
+
+/* One row's running attention for one head: the softmax state and the
+ * accumulator (hd floats, in v8f; the last hd % 8 in tail). */
+typedef struct {
+    tsr_osm_t st;
+    float tail[8];
+} att_row_t;
+
+/* Takes np cached positions (keys kb, values vb: np rows of hd) into a
+ * row's state: the block's scores (four dot products at once), their
+ * maximum and weights exp(score - max), merged into the running softmax
+ * (worker/kmath.h's tsr_k_osm_merge), then acc = ca * acc + cb * (sum of
+ * weight * value), 32 columns at a time in registers.  The exponentials
+ * of a block are independent, so they overlap instead of each waiting on
+ * the last. */
+static inline __attribute__((always_inline)) void att_block(const float *q, const float *kb,
+                                                            const float *vb, int np, int hd,
+                                                            float scale, att_row_t *r, v8f *acc)
+{
+    const int hd8 = hd & ~7;
+    float sc[TSR_KV_BLOCK];
+    int p = 0;
+    for (; p + 4 <= np; p += 4)
+        dot4(q, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
+             kb + (size_t)(p + 3) * hd, hd, sc + p);
+    for (; p < np; p++) sc[p] = dot(q, kb + (size_t)p * hd, hd);
+    float m = -INFINITY;
+    for (p = 0; p < np; p++) {
+        sc[p] *= scale;
+        if (sc[p] > m) m = sc[p];
+    }
+    tsr_osm_t bs = {m, 0.0f};
+    for (p = 0; p < np; p++) bs.l += sc[p] = expf(sc[p] - m);
+    float ca, cb;
+    tsr_k_osm_merge(&r->st, bs, &ca, &cb);
+    const v8f cav = bcast8(ca), cbv = bcast8(cb);
+    int d = 0;
+    for (; d + 32 <= hd8; d += 32) {
+        v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (p = 0; p < np; p++) {
+            const float *v = vb + (size_t)p * hd + d;
+            const v8f wv = bcast8(sc[p]);
+            s0 += wv * load8(v), s1 += wv * load8(v + 8);
+            s2 += wv * load8(v + 16), s3 += wv * load8(v + 24);
+        }
+        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
+        acc[d / 8 + 1] = acc[d / 8 + 1] * cav + s1 * cbv;
+        acc[d / 8 + 2] = acc[d / 8 + 2] * cav + s2 * cbv;
+        acc[d / 8 + 3] = acc[d / 8 + 3] * cav + s3 * cbv;
+    }
+    for (; d < hd8; d += 8) {
+        v8f s0 = {0};
+        for (p = 0; p < np; p++) s0 += bcast8(sc[p]) * load8(vb + (size_t)p * hd + d);
+        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
+    }
+    for (; d < hd; d++) {
+        float s0 = 0;
+        for (p = 0; p < np; p++) s0 += sc[p] * vb[(size_t)p * hd + d];
+        r->tail[d - hd8] = r->tail[d - hd8] * ca + s0 * cb;
+    }
+}
+
+static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
+{
+    r->st = tsr_k_osm_init();
+    memset(r->tail, 0, sizeof r->tail);
+    memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
+}
+
+static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float *out)
+{
+    const int hd8 = hd & ~7;
+    for (int d = 0; d < hd8; d += 8)
+        for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / r->st.l;
+    for (int d = hd8; d < hd; d++) out[d] = r->tail[d - hd8] / r->st.l;
+}
+
 /* Causal grouped-query attention of some rows of one entry for one query
- * head, over its sequence's cached positions block by block, with a
- * running softmax (one pass over keys and values, no score buffer).  A
- * row's result depends on that row alone. */
+ * head, over its sequence's cached positions block by block (att_block).
+ * A row's result depends on that row alone. */
 __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg, int t)
 {
     const att_job_t *j = arg;
     tsr_engine_t *e = j->e;
     int ei = 0;
     while (j->first_task[ei + 1] <= t) ei++;
-    const int qh = e->q_heads, hd = e->head_dim, hd8 = hd & ~7;
-    const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
-    const int kh = h / (qh / e->kv_heads);
+    const int qh = e->q_heads, kvh = e->kv_heads, hd = e->head_dim, group = qh / kvh;
     const tsr_entry_t *en = &j->b->entries[ei];
-    const size_t qkvw = (size_t)(qh + 2 * e->kv_heads) * hd;
-    const size_t head_off = (size_t)kh * TSR_KV_BLOCK * hd;   /* see kv_at */
+    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, head_run = (size_t)TSR_KV_BLOCK * hd;
     const float scale = 1.0f / sqrtf((float)hd);
+    const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
+    const size_t run = (size_t)(h / group) * head_run;   /* see kv_at */
     v8f acc[64];
-    float tail[8];
+    att_row_t rs;
     for (int r = r0; r < en->n && r < r0 + ATT_ROWS; r++) {
         size_t row = (size_t)j->first_row[ei] + r;
         const float *q = e->qkv + row * qkvw + (size_t)h * hd;
         int visible = en->pos + r + 1;
-        tsr_osm_t st = tsr_k_osm_init();
-        memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
-        memset(tail, 0, sizeof tail);
+        att_row_init(&rs, acc, hd);
         for (int b0 = 0; b0 < visible; b0 += TSR_KV_BLOCK) {
-            const float *kb = kv_at(e, e->kpool, j->l, en->slot, b0) + head_off;
-            const float *vb = kv_at(e, e->vpool, j->l, en->slot, b0) + head_off;
+            const float *kb = kv_at(e, e->kpool, j->l, en->slot, b0) + run;
+            const float *vb = kv_at(e, e->vpool, j->l, en->slot, b0) + run;
             int np = visible - b0 < TSR_KV_BLOCK ? visible - b0 : TSR_KV_BLOCK;
-            for (int p = 0; p < np; p++, kb += hd, vb += hd) {
-                float sc = dot(q, kb, hd) * scale;
-                float w, c = tsr_k_osm_push(&st, sc, &w);
-                if (c != 1.0f) {
-                    v8f cv = {c, c, c, c, c, c, c, c};
-                    for (int d = 0; d < hd8; d += 8) acc[d / 8] *= cv;
-                    for (int d = hd8; d < hd; d++) tail[d - hd8] *= c;
-                }
-                v8f wv = {w, w, w, w, w, w, w, w};
-                for (int d = 0; d < hd8; d += 8) acc[d / 8] += wv * load8(vb + d);
-                for (int d = hd8; d < hd; d++) tail[d - hd8] += w * vb[d];
-            }
+            att_block(q, kb, vb, np, hd, scale, &rs, acc);
         }
-        float *out = e->att + row * (size_t)qh * hd + (size_t)h * hd;
-        for (int d = 0; d < hd8; d += 8)
-            for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / st.l;
-        for (int d = hd8; d < hd; d++) out[d] = tail[d - hd8] / st.l;
+        att_row_out(&rs, acc, hd, e->att + row * (size_t)qh * hd + (size_t)h * hd);
+    }
+}
+
+/* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a
+ * long step's worth is spread over the pool like the products. */
+#define SWIGLU_ROWS 4
+typedef struct {
+    tsr_engine_t *e;
+    int T;
+} swiglu_job_t;
+
+static void swiglu_task(void *arg, int i)
+{
+    const swiglu_job_t *j = arg;
+    const int I = j->e->inter;
+    for (int t = i * SWIGLU_ROWS; t < j->T && t < (i + 1) * SWIGLU_ROWS; t++) {
+        const float *g = j->e->gu + (size_t)t * 2 * I, *u = g + I;
+        float *a = j->e->act + (size_t)t * I;
+        for (int k = 0; k < I; k++) a[k] = tsr_k_swiglu(g[k], u[k]);
     }
 }
 
@@ -509,11 +606,8 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     /* SwiGLU MLP */
     rmsnorm(e->h, e->x, L->mlp_norm, T, H, e->m.rms_norm_eps);
     matmul(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I);
-    for (int t = 0; t < T; t++) {
-        const float *g = e->gu + (size_t)t * 2 * I, *u = g + I;
-        float *a = e->act + (size_t)t * I;
-        for (int i = 0; i < I; i++) a[i] = tsr_k_swiglu(g[i], u[i]);
-    }
+    tsr_pool_for(e->pool, (T + SWIGLU_ROWS - 1) / SWIGLU_ROWS, swiglu_task,
+                 &(swiglu_job_t){e, T});
     matmul(e, e->proj, H, e->act, L->wd, T, I, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
@@ -536,6 +630,27 @@ static int embed(tsr_engine_t *e, const tsr_batch_t *b, char *err, size_t errlen
             tsr_packed_row(e->embed, H, t - e->v_begin, e->x + (size_t)i * H);
     }
     return allreduce(e, e->x, (size_t)b->n_tokens * H, err, errlen);
+}
+
+typedef struct {
+    tsr_engine_t *e;
+    const tsr_entry_t *const *which;   /* the sampling entries, in order */
+    int ns;
+    int32_t *sampled;
+} sample_job_t;
+
+/* Sampled row s: its logits from every rank's gathered slice, then the draw. */
+static void sample_task(void *arg, int s)
+{
+    const sample_job_t *j = arg;
+    tsr_engine_t *e = j->e;
+    const int C = e->v_chunk, tp = e->spec.tp_size;
+    const tsr_entry_t *en = j->which[s];
+    float *row = e->row + (size_t)s * tp * C;
+    for (int r = 0; r < tp; r++)
+        memcpy(row + (size_t)r * C, e->gathered + ((size_t)r * j->ns + s) * C, (size_t)C * sizeof(float));
+    j->sampled[s] = tsr_sample(row, e->vocab, en->temperature, en->top_p, en->seed,
+                               (uint64_t)(en->pos + en->n));
 }
 
 /* Logits of each sampling entry's last row over this rank's vocabulary
@@ -566,14 +681,13 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
         return -1;
     e->last_sampled = ns;
     if (e->spec.tp_rank != 0) return 0;
-    for (int i = 0, s = 0; i < b->n_entries; i++) {
-        const tsr_entry_t *en = &b->entries[i];
-        if (!en->sample) continue;
-        for (int r = 0; r < tp; r++)
-            memcpy(e->row + (size_t)r * C, e->gathered + ((size_t)r * ns + s) * C, (size_t)C * sizeof(float));
-        sampled[s++] = tsr_sample(e->row, e->vocab, en->temperature, en->top_p, en->seed,
-                                  (uint64_t)(en->pos + en->n));
-    }
+    /* Each sampled row on the pool's threads: a greedy pick scans the whole
+     * vocabulary, and 32 of them one after another held up the step. */
+    const tsr_entry_t *which[ns];
+    for (int i = 0, k = 0; i < b->n_entries; i++)
+        if (b->entries[i].sample) which[k++] = &b->entries[i];
+    sample_job_t sj = {e, which, ns, sampled};
+    tsr_pool_for(e->pool, ns, sample_task, &sj);
     return 0;
 }
 
