@@ -102,8 +102,10 @@ $(PROTO_C:.c=.h): $(PROTO_C)
 $(BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-# Only the worker's backend table and the CUDA sources see the CUDA headers.
+# Only the worker's backend table, the CUDA sources and the host-staged
+# collectives' test see the CUDA headers.
 $(BUILD)/obj/worker/backend.o $(BUILD)/obj/worker/main.o $(call obj,$(CUDA_C)): CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/tests/test_coll_staged: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/%.cu.o: %.cu $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

@@ -12,6 +12,13 @@
 #include "worker/collective.h"
 #include "worker/cuda/cuda.h"
 
+/* The copies between device and host; tests put a plain memcpy here
+ * (tsr_coll_staged_test_copy), since no GPU is needed to check the
+ * staging itself. */
+static tsr_cuda_copy_fn copy_fn = tsr_cuda_copy;
+
+void tsr_coll_staged_test_copy(tsr_cuda_copy_fn fn) { copy_fn = fn ? fn : tsr_cuda_copy; }
+
 struct tsr_comm {
     tsr_comm_t *tcp;
     void *host[2];
@@ -59,13 +66,13 @@ static int to_host(tsr_comm_t *c, int i, tsr_buf_t b, bool fill, tsr_buf_t *h, c
     size_t bytes = b.count * tsr_dtype_size(b.dtype);
     if (!(h->ptr = stage(c, i, bytes, err, errlen))) return -1;
     h->mem = TSR_MEM_HOST;
-    return fill && bytes ? tsr_cuda_copy(h->ptr, b.ptr, bytes, 0, err, errlen) : 0;
+    return fill && bytes ? copy_fn(h->ptr, b.ptr, bytes, 0, err, errlen) : 0;
 }
 
 static int back(tsr_buf_t b, tsr_buf_t h, char *err, size_t errlen)
 {
     if (b.mem == TSR_MEM_HOST || !b.count) return 0;
-    return tsr_cuda_copy(b.ptr, h.ptr, b.count * tsr_dtype_size(b.dtype), 1, err, errlen);
+    return copy_fn(b.ptr, h.ptr, b.count * tsr_dtype_size(b.dtype), 1, err, errlen);
 }
 
 static int staged_allreduce(tsr_comm_t *c, tsr_buf_t buf, int timeout_ms, char *err, size_t errlen)
@@ -120,7 +127,7 @@ static int staged_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_
         legs[k].buf.ptr = own[k];
         legs[k].buf.mem = TSR_MEM_HOST;
         if (ops[k].is_send && bytes &&
-            tsr_cuda_copy(own[k], ops[k].buf.ptr, bytes, 0, err, errlen) < 0)
+            copy_fn(own[k], ops[k].buf.ptr, bytes, 0, err, errlen) < 0)
             goto out;
     }
     if (tsr_coll_tcp.group(c->tcp, legs, n, timeout_ms, err, errlen) < 0) goto out;

@@ -23,6 +23,12 @@ extern const tsr_coll_ops_t tsr_coll_staged;
  * waiting for the copy; 0 or -1 with the CUDA error in err. */
 int tsr_cuda_copy(void *dst, const void *src, size_t bytes, int to_device, char *err,
                   size_t errlen);
+typedef int (*tsr_cuda_copy_fn)(void *dst, const void *src, size_t bytes, int to_device,
+                                char *err, size_t errlen);
+
+/* Tests: the host-staged collectives copy with fn instead of the CUDA
+ * runtime (NULL: back to it).  Call before any communicator is used. */
+void tsr_coll_staged_test_copy(tsr_cuda_copy_fn fn);
 
 #ifdef __cplusplus
 }
