@@ -40,3 +40,22 @@ bool tsr_piece_equal(const tsr_piece_key_t *a, const tsr_piece_key_t *b)
 }
 
 int tsr_piece_slot(const tsr_piece_key_t *k) { return k->stage * k->tp_size + k->tp; }
+
+uint64_t tsr_group_id(const char *deployment, int replica, const char *kind, int a, int b)
+{
+    char key[TSR_NAME_MAX + 64];
+    snprintf(key, sizeof key, "%s/%d/%s/%d/%d", deployment, replica, kind, a, b);
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (const char *p = key; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return h;
+}
+
+int tsr_piece_led_groups(const tsr_piece_key_t *k, uint64_t out[2])
+{
+    int n = 0;
+    if (k->tp_size > 1 && k->tp == 0)
+        out[n++] = tsr_group_id(k->deployment, k->replica, "tp", k->stage, 0);
+    if (k->stage < k->pp_size - 1)
+        out[n++] = tsr_group_id(k->deployment, k->replica, "pp", k->stage + 1, k->tp);
+    return n;
+}

@@ -30,4 +30,14 @@ bool tsr_piece_equal(const tsr_piece_key_t *a, const tsr_piece_key_t *b);
 /* Its rank in the replica: stage * tp_size + tp. */
 int tsr_piece_slot(const tsr_piece_key_t *k);
 
+/* The id of one of a replica's communicator groups, the same on every
+ * member (a hash of its place): kind "tp" (stage a's tensor-parallel
+ * group, b 0), "pp" (the link into stage a of tp rank b), "ctl". */
+uint64_t tsr_group_id(const char *deployment, int replica, const char *kind, int a, int b);
+
+/* The groups whose rank 0 this piece is, the only ones it may publish a
+ * rendezvous blob for: its stage's TP group when it is tp rank 0 of more
+ * than one, and its link to the next stage.  Returns how many (0..2). */
+int tsr_piece_led_groups(const tsr_piece_key_t *k, uint64_t out[2]);
+
 #endif

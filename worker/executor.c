@@ -277,11 +277,7 @@ static void fail_queued(tsr_executor_t *ex, uint64_t epoch, const char *why)
 
 static uint64_t group_id(const job_t *j, const char *kind, int a, int b)
 {
-    char key[TSR_NAME_MAX + 64];
-    snprintf(key, sizeof key, "%s/%d/%s/%d/%d", j->key.deployment, j->key.replica, kind, a, b);
-    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
-    for (const char *p = key; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    return h;
+    return tsr_group_id(j->key.deployment, j->key.replica, kind, a, b);
 }
 
 static int form_cancelled(void *arg) { return io_should_stop(arg); }

@@ -1969,20 +1969,23 @@ static void send_offer(fx_t *fx, int i, uint64_t epoch, uint64_t group, const ch
     send_env(fx->dealer[i], &env);
 }
 
-/* A member's blob for its current epoch reaches every other member of its
- * replica in that epoch, naming its maker, and no one else; one for an old
- * epoch, or an empty or oversized one, reaches no one. */
+/* A member's blob for its current epoch and a group it leads reaches every
+ * other member of its replica in that epoch, naming its maker, and no one
+ * else; one for an old epoch, an empty or oversized one, or one for a
+ * group its sender is not rank 0 of reaches no one. */
 static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch(void **state)
 {
     fx_t *fx = *state;
     int leader = cluster_ready(fx);
-    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, "nccl-id-bytes", 13);
+    /* tp=2 pp=2: the leader (stage 0, tp rank 0) leads its stage's TP group */
+    const uint64_t tp0 = tsr_group_id("tiny", 0, "tp", 0, 0);
+    send_offer(fx, leader, fx->piece[leader].epoch, tp0, "nccl-id-bytes", 13);
     pump(fx);
     for (int i = 0; i < NW; i++) {
         if (!fx->holds[i] || i == leader) continue;
         tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_RENDEZVOUS);
         assert_int_equal(env->epoch, fx->piece[i].epoch);
-        assert_int_equal(env->rendezvous->group, 0xabc);
+        assert_int_equal(env->rendezvous->group, tp0);
         assert_int_equal(env->rendezvous->blob.len, 13);
         assert_memory_equal(env->rendezvous->blob.data, "nccl-id-bytes", 13);
         assert_string_equal(env->rendezvous->from, fx->name[leader]);
@@ -1993,19 +1996,35 @@ static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epo
     assert_int_equal(fx->c->stats.rendezvous_relayed, 1);
 
     uint64_t stale = fx->c->stats.stale_dropped, bad = fx->c->stats.bad_messages;
-    send_offer(fx, leader, fx->piece[leader].epoch - 1, 0xabc, "old", 3);
+    send_offer(fx, leader, fx->piece[leader].epoch - 1, tp0, "old", 3);
     static char big[1025];
-    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, big, sizeof big);
-    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, "", 0);
+    send_offer(fx, leader, fx->piece[leader].epoch, tp0, big, sizeof big);
+    send_offer(fx, leader, fx->piece[leader].epoch, tp0, "", 0);
+    send_offer(fx, leader, fx->piece[leader].epoch, 0xabc, "any", 3);   /* no such group */
+    /* stage 0's tp rank 1 leads only its link to stage 1, not the TP group */
+    int other = -1;
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i] && fx->piece[i].stage == 0 && fx->piece[i].tp_rank == 1) other = i;
+    assert_true(other >= 0);
+    send_offer(fx, other, fx->piece[other].epoch, tp0, "forged", 6);
     pump(fx);
     for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 5);
     assert_int_equal(fx->c->stats.stale_dropped, stale + 1);
-    assert_int_equal(fx->c->stats.bad_messages, bad + 2);
+    assert_int_equal(fx->c->stats.bad_messages, bad + 4);
+    send_offer(fx, other, fx->piece[other].epoch, tsr_group_id("tiny", 0, "pp", 1, 1), "link", 4);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i] || i == other) continue;
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_RENDEZVOUS);
+        assert_string_equal(env->rendezvous->from, fx->name[other]);
+        tsr_env_free(&env);
+    }
+    assert_int_equal(fx->c->stats.rendezvous_relayed, 2);
     /* the spare holds no piece: its offer goes nowhere */
-    send_offer(fx, fx->spare, fx->piece[leader].epoch, 0xabc, "x", 1);
+    send_offer(fx, fx->spare, fx->piece[leader].epoch, tp0, "x", 1);
     pump(fx);
     for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 5);
-    assert_int_equal(fx->c->stats.rendezvous_relayed, 1);
+    assert_int_equal(fx->c->stats.rendezvous_relayed, 2);
 }
 
 /* Each assignment lists the replica's GPUs beside its peers, as node/bus id
