@@ -6,7 +6,9 @@
  * q,k,v fused [768+2*256, 768], o [768, 768], gate+up fused [4096, 768] and
  * down [768, 2048], ~75M weights, 302 MB, far more than any cache, so every
  * step streams all weights from memory and GB/s (weight bytes / step time)
- * is comparable with bench/stream's copy bandwidth.  For T = 1, 8, 32 rows:
+ * is comparable with bench/stream --read's bandwidth.  The pool multiplies
+ * the weights packed in panels (tsr_pack_rows), OpenBLAS the row-major
+ * copy.  For T = 1, 8, 32 rows:
  *   (a) OpenBLAS with N threads, one sgemv (T = 1) or sgemm per matrix
  *   (b) tsr_pool_matmul with an N-thread pool (OpenBLAS single-threaded)
  *   (c) tsr_pool_matmul with a 1-thread pool

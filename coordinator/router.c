@@ -772,20 +772,21 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
                 }
                 continue;
             }
-            /* Only an idle replica: a busy one shows it works by its tokens,
-             * and is looked at again an interval later (not on every tick:
-             * a due time left in the past would make the loop spin). */
-            if (now >= k->next_ms) {
-                if (tsr_requests_in_flight(c, d->name, r) == 0) {
-                    canary_send(c, d, r, k, leader, now);
-                    if (k->wid) {
-                        int64_t due = now + c->cfg->canary_timeout_ms;
-                        if (!next || due < next) next = due;
-                    }
-                }
+            /* Only an idle replica: a busy one shows it works by its tokens.
+             * A busy one past its time stays due, but its time does not set
+             * the wait (a time in the past would make the loop spin): the
+             * tick that follows the message ending its last request sends
+             * the canary. */
+            bool busy = tsr_requests_in_flight(c, d->name, r) > 0;
+            if (now >= k->next_ms && !busy) {
+                canary_send(c, d, r, k, leader, now);
                 k->next_ms = now + interval;
+                if (k->wid) {
+                    int64_t due = now + c->cfg->canary_timeout_ms;
+                    if (!next || due < next) next = due;
+                }
             }
-            if (!next || k->next_ms < next) next = k->next_ms;
+            if (!(busy && now >= k->next_ms) && (!next || k->next_ms < next)) next = k->next_ms;
         }
     }
     return next;

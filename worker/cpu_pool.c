@@ -340,8 +340,8 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
 }
 
 /* R rows of x by NP adjacent panels (R and NP constants after inlining,
- * R * NP <= 6): 2 * R * NP accumulators of 8 lanes, at most 12, which with
- * the loaded weights and the broadcast fill the 16 vector registers.  For
+ * R * NP <= 6): 2 * R * NP accumulators of 8 lanes, at most 12, with room
+ * left in the 16 vector registers for a weight line and the broadcast.  For
  * a few rows (decode) several panels are read side by side: a core keeps
  * more reads in flight over several sequential streams than over one
  * (bench/stream --read on a 2-core EPYC VM: 17 GB/s with one stream per
@@ -409,7 +409,8 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
         for (int p = p0; p < p1; p++) {                                                        \
             const float *w = wp + (size_t)p * TSR_PANEL * in;                                  \
             const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;       \
-            size_t pf = (size_t)TSR_PANEL * in;                                                \
+            /* the next panel, while there is one in this chunk */                          \
+            size_t pf = p + 1 < p1 ? (size_t)TSR_PANEL * in : 0;                               \
             for (int t = 0; t < T; t += 6, pf = 0) {                                           \
                 float *yt = y + (size_t)t * ldy + o;                                           \
                 const float *xt = x + (size_t)t * in;                                          \

@@ -47,17 +47,17 @@ struct tsr_engine {
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;    /* this rank's vocabulary rows; every rank's width */
     float *embed;                   /* [v_end - v_begin, H], stage 0, packed too */
-    float *lm_head;                 /* [v_end - v_begin, H], last stage */
+    float *lm_head;                 /* [v_end - v_begin, H], last stage, packed */
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
     tsr_kvpool_t *kv;
-    float *kpool, *vpool;           /* [n_layers][kv_blocks][TSR_KV_BLOCK][kv_heads * head_dim] */
+    float *kpool, *vpool;           /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
     int32_t *row_slot, *row_pos;
     float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk],
-                                       [max_seqs][tp * v_chunk] */
+                                       [max_seqs][tp * v_chunk] (tp > 1) */
     int last_sampled;               /* rows of logits the last step gathered */
     /* Tests: after this many steps, fail as a GPU does on a sticky error
      * (TSR_TEST_DEVICE_FAULT_AFTER), so the worker's exit path can be
@@ -119,10 +119,11 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
 }
 
 /* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
- * packed matrix wp[out, cols] (worker/cpu_pool.h), a block of rows at a
- * time, so no second copy of a large matrix is ever held. */
+ * packed matrix wp[out, in] (worker/cpu_pool.h), a block of rows at a
+ * time, so no second copy of a large matrix is ever held.  The slice must
+ * have in columns and fit in rows [row0, out). */
 static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *wp,
-                       int out, int row0, char *err, size_t errlen)
+                       int out, int in, int row0, char *err, size_t errlen)
 {
     enum { BLOCK_FLOATS = 1 << 18 };   /* 1 MiB of rows per read */
     char name[160];
@@ -134,6 +135,12 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
     if (tsr_st_expect(st, name, 2, shape, err, errlen) < 0) return -1;
     const int64_t cols = s.c1 - s.c0;
     if (cols <= 0 || s.r1 <= s.r0) return 0;
+    if (cols != in || row0 < 0 || row0 + (s.r1 - s.r0) > out) {
+        tsr_set_err(err, errlen, "%s: a slice of %lld x %lld does not fit rows %d.. of a %d x %d "
+                    "matrix (engine bug)", name, (long long)(s.r1 - s.r0), (long long)cols, row0,
+                    out, in);
+        return -1;
+    }
     int64_t step = BLOCK_FLOATS / cols > 0 ? BLOCK_FLOATS / cols : 1;
     float *buf = malloc((size_t)(step * cols) * sizeof(float));
     if (!buf) {
@@ -225,13 +232,13 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
     }
     if (read_vector(st, e, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
         read_vector(st, e, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
-        read_packed(st, e, TSR_T_Q, li, L->wqkv, nqkv, 0, err, errlen) ||
-        read_packed(st, e, TSR_T_K, li, L->wqkv, nqkv, (int)qw, err, errlen) ||
-        read_packed(st, e, TSR_T_V, li, L->wqkv, nqkv, (int)(qw + kvw), err, errlen) ||
-        read_packed(st, e, TSR_T_O, li, L->wo, h, 0, err, errlen) ||
-        read_packed(st, e, TSR_T_GATE, li, L->wgu, 2 * (int)I, 0, err, errlen) ||
-        read_packed(st, e, TSR_T_UP, li, L->wgu, 2 * (int)I, (int)I, err, errlen) ||
-        read_packed(st, e, TSR_T_DOWN, li, L->wd, h, 0, err, errlen))
+        read_packed(st, e, TSR_T_Q, li, L->wqkv, nqkv, h, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_K, li, L->wqkv, nqkv, h, (int)qw, err, errlen) ||
+        read_packed(st, e, TSR_T_V, li, L->wqkv, nqkv, h, (int)(qw + kvw), err, errlen) ||
+        read_packed(st, e, TSR_T_O, li, L->wo, h, (int)qw, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_GATE, li, L->wgu, 2 * (int)I, h, 0, err, errlen) ||
+        read_packed(st, e, TSR_T_UP, li, L->wgu, 2 * (int)I, h, (int)I, err, errlen) ||
+        read_packed(st, e, TSR_T_DOWN, li, L->wd, h, (int)I, 0, err, errlen))
         return -1;
     return 0;
 }
@@ -318,7 +325,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
     const int vr = (int)vrows, h = (int)H;
     if (first && (!(e->embed = alloc_packed(vr, h, &bad)) ||
-                  read_packed(st, e, TSR_T_EMBED, 0, e->embed, vr, 0, err, errlen) < 0))
+                  read_packed(st, e, TSR_T_EMBED, 0, e->embed, vr, h, 0, err, errlen) < 0))
         goto oom_or_fail;
     if (last) {
         if (!(e->final_norm = alloc_f(H, &bad)) ||
@@ -327,7 +334,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         if (m->tie_word_embeddings && first) {
             e->lm_head = e->embed;  /* one copy serves both */
         } else if (!(e->lm_head = alloc_packed(vr, h, &bad)) ||
-                   read_packed(st, e, TSR_T_LM_HEAD, 0, e->lm_head, vr, 0, err, errlen) < 0) {
+                   read_packed(st, e, TSR_T_LM_HEAD, 0, e->lm_head, vr, h, 0, err, errlen) < 0) {
             goto oom_or_fail;
         }
     }
@@ -360,7 +367,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         size_t B = (size_t)spec->max_seqs;
         e->logits = alloc_f(B * e->v_chunk, &bad);
         e->gathered = alloc_f((size_t)spec->tp_size * B * e->v_chunk, &bad);
-        e->row = alloc_f(B * spec->tp_size * e->v_chunk, &bad);
+        if (spec->tp_size > 1) e->row = alloc_f(B * spec->tp_size * e->v_chunk, &bad);
     }
     if (bad || !e->kv || !e->row_slot || !e->row_pos) {
         tsr_set_err(err, errlen,
@@ -646,9 +653,13 @@ static void sample_task(void *arg, int s)
     tsr_engine_t *e = j->e;
     const int C = e->v_chunk, tp = e->spec.tp_size;
     const tsr_entry_t *en = j->which[s];
-    float *row = e->row + (size_t)s * tp * C;
-    for (int r = 0; r < tp; r++)
-        memcpy(row + (size_t)r * C, e->gathered + ((size_t)r * j->ns + s) * C, (size_t)C * sizeof(float));
+    float *row = e->gathered + (size_t)s * C;   /* one rank: already one row */
+    if (tp > 1) {
+        row = e->row + (size_t)s * tp * C;
+        for (int r = 0; r < tp; r++)
+            memcpy(row + (size_t)r * C, e->gathered + ((size_t)r * j->ns + s) * C,
+                   (size_t)C * sizeof(float));
+    }
     j->sampled[s] = tsr_sample(row, e->vocab, en->temperature, en->top_p, en->seed,
                                (uint64_t)(en->pos + en->n));
 }

@@ -97,7 +97,11 @@ static int blas_load(char *err, size_t errlen)
     if (!blas_state) {
         void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
         if (!h) {
-            snprintf(blas_why, sizeof blas_why, "cannot load %s: %s", CUBLAS_SONAME, dlerror());
+            /* dlerror names the file and why; say what to do */
+            snprintf(blas_why, sizeof blas_why,
+                     "cuBLAS: %s (install the CUDA toolkit's cuBLAS %d, or put its directory "
+                     "on LD_LIBRARY_PATH, then restart the worker)",
+                     dlerror(), CUBLAS_VER_MAJOR);
             blas_state = -1;
         } else {
             blas_state = 1;
@@ -111,10 +115,12 @@ static int blas_load(char *err, size_t errlen)
                         {(void **)&B.gemm_ex, "cublasGemmEx"}};
             for (size_t i = 0; i < sizeof want / sizeof *want && blas_state == 1; i++)
                 if (!(*want[i].fn = dlsym(h, want[i].name))) {
-                    snprintf(blas_why, sizeof blas_why, "%s has no %s", CUBLAS_SONAME,
-                             want[i].name);
+                    snprintf(blas_why, sizeof blas_why,
+                             "cuBLAS: %s has no %s (older than this build's cuBLAS %d?)",
+                             CUBLAS_SONAME, want[i].name, CUBLAS_VER_MAJOR);
                     blas_state = -1;
                 }
+            if (blas_state < 0) dlclose(h);
         }
     }
     int st = blas_state;
