@@ -138,6 +138,10 @@ typedef struct {
     const char *fail_code;      /* ControlReply.code of its failure ("failed", "unavailable") */
     void *sock;                 /* the socket its client is on (control or HTTP bridge) */
     int64_t last_token_ms;      /* when its last token was delivered (inter-token latency) */
+    /* On the coordinator's tick clock (c->now_ms), for the canary's "busy
+     * but silent" test: when its current attempt was sent to a replica, and
+     * when a token of it last arrived. */
+    int64_t attempt_ms, progress_ms;
 } tsr_request_rec_t;
 
 typedef struct {

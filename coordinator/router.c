@@ -277,6 +277,20 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
     }
 }
 
+/* The last sign of life of replica r's requests: the latest token, or the
+ * latest attempt sent to it; 0 when none is on it. */
+static int64_t replica_progress_ms(const tsr_coord_t *c, const char *deployment, int replica)
+{
+    int64_t last = 0;
+    for (size_t i = 0; i < c->n_reqs; i++) {
+        const tsr_request_rec_t *q = &c->reqs[i];
+        if (q->replica != replica || strcmp(q->deployment, deployment)) continue;
+        int64_t t = q->progress_ms > q->attempt_ms ? q->progress_ms : q->attempt_ms;
+        if (t > last) last = t;
+    }
+    return last;
+}
+
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;
@@ -354,6 +368,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
     }
     q->wid = wid;
     q->replica = r;
+    q->attempt_ms = c->now_ms ? c->now_ms : tsr_now_ms();
     q->base = q->n_tokens;
     snprintf(q->leader, sizeof q->leader, "%s", leader->name);
     q->epoch = leader->piece.epoch;
@@ -772,12 +787,17 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
                 }
                 continue;
             }
-            /* Only an idle replica: a busy one shows it works by its tokens.
-             * A busy one past its time stays due, but its time does not set
-             * the wait (a time in the past would make the loop spin): the
-             * tick that follows the message ending its last request sends
-             * the canary. */
-            bool busy = tsr_requests_in_flight(c, d->name, r) > 0;
+            /* An idle replica, or a busy one silent for an interval (no
+             * token and no new request on it: a hung step): a busy one that
+             * streams tokens shows it works by them.  A busy one past its
+             * time stays due, but its time does not set the wait (a time in
+             * the past would make the loop spin): the tick that follows the
+             * message ending its last request sends the canary, or its
+             * silence ending the interval does. */
+            int64_t progress = replica_progress_ms(c, d->name, r);
+            bool busy = progress && now - progress < interval;
+            if (busy && now >= k->next_ms && (!next || progress + interval < next))
+                next = progress + interval;
             if (now >= k->next_ms && !busy) {
                 canary_send(c, d, r, k, leader, now);
                 k->next_ms = now + interval;
@@ -906,6 +926,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         else tsr_hist_observe(&mt->itl, (double)(now - q->last_token_ms) / 1000.0);
     }
     q->last_token_ms = now;
+    q->progress_ms = c->now_ms ? c->now_ms : now;
     if (t->done) {
         tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
         if (ds && ds->completed && q->replica < ds->n_completed) ds->completed[q->replica]++;

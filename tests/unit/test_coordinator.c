@@ -1778,12 +1778,12 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     json_decref(root);
 }
 
-/* A busy replica skips its canary (its tokens show it works) without
- * making the coordinator spin: the tick asks to be called again later,
- * not at once, for as long as the replica is busy.  (It once returned 0
- * on every tick while a replica served: the coordinator's loop then took
- * a third of a core from the workers beside it.)  Once idle, the replica
- * gets its canary at the next tick. */
+/* A busy replica that streams tokens skips its canary (its tokens show it
+ * works) without making the coordinator spin: the tick asks to be called
+ * again later, not at once, for as long as the replica is busy.  (It once
+ * returned 0 on every tick while a replica served: the coordinator's loop
+ * then took a third of a core from the workers beside it.)  Once idle, the
+ * replica gets its canary at the next tick. */
 static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void **state)
 {
     fx_t *fx = *state;
@@ -1792,19 +1792,62 @@ static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void
     int64_t t = tsr_now_ms();
     tsr_coord_tick(fx->c, t);          /* first canary due at t + 100 */
     uint64_t wid = start_request(fx, fx->ctl, leader, 0);
-    for (int64_t at = t + 100; at < t + 400; at += 7) {
+    uint32_t index = 0;
+    for (int64_t at = t + 2; at < t + 400; at += 7) {   /* due from t + 100 on */
         int wait = tsr_coord_tick(fx->c, at);
         if (wait <= 0) fail_msg("tick at +%lld ms with the replica busy asks for %d ms", (long long)(at - t), wait);
+        if ((at - t) % 35 == 2) {   /* a token every 35 ms */
+            send_token(fx, sampler(fx), wid, index++, false);
+            pump(fx);
+            expect_client_token(fx, index - 1, 40 + (int)index - 1);
+        }
     }
-    expect_nothing(fx->dealer[leader], 10);   /* no canary while busy */
+    expect_nothing(fx->dealer[leader], 10);   /* no canary while it streams */
     assert_int_equal(fx->c->stats.canaries, 0);
-    send_token(fx, sampler(fx), wid, 0, true);
+    send_token(fx, sampler(fx), wid, index, true);
     pump(fx);
     tsr_coord_tick(fx->c, t + 401);    /* the first tick once idle: no interval to wait */
     tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
     assert_int_equal(env->generate->max_tokens, 1);
     tsr_env_free(&env);
     assert_int_equal(fx->c->stats.canaries, 1);
+}
+
+/* A replica whose requests get no token for a canary interval (a step that
+ * hangs while serving) gets its canary although it is busy; when that goes
+ * unanswered the replica is unhealthy and its request leaves it to wait for
+ * a healthy one, instead of hanging there with the replica shown ready. */
+static void test_a_busy_replica_that_stops_streaming_is_found_by_its_canary(void **state)
+{
+    fx_t *fx = *state;
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);
+    (void)start_request(fx, fx->ctl, leader, 0);   /* sent at t, then silence */
+    tsr_coord_tick(fx->c, t + 60);
+    expect_nothing(fx->dealer[leader], 10);        /* silent for less than an interval */
+    int wait = tsr_coord_tick(fx->c, t + 99);
+    assert_true(wait > 0 && wait <= 1);            /* woken when the interval ends */
+    expect_nothing(fx->dealer[leader], 10);
+    tsr_coord_tick(fx->c, t + 100);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 1);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.canaries, 1);
+    tsr_coord_tick(fx->c, t + 160);                /* no token within 50 ms */
+    for (int k = 0; k < 2; k++) {                  /* the canary and the request, cancelled */
+        env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+        tsr_env_free(&env);
+    }
+    assert_int_equal(fx->c->stats.canaries_failed, 1);
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replica, -1);  /* waiting for a healthy replica */
+    json_t *root = status(fx);
+    json_t *rep = json_array_get(
+        json_object_get(json_array_get(json_object_get(root, "deployments"), 0), "replica_list"), 0);
+    assert_string_equal(json_string_value(json_object_get(rep, "state")), "unhealthy");
+    json_decref(root);
 }
 
 /* A token lost between the replica and the coordinator leaves no gap: the
@@ -2477,6 +2520,7 @@ int main(void)
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),
         T(test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin),
+        T(test_a_busy_replica_that_stops_streaming_is_found_by_its_canary),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
