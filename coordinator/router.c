@@ -788,16 +788,10 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
                 continue;
             }
             /* An idle replica, or a busy one silent for an interval (no
-             * token and no new request on it: a hung step): a busy one that
-             * streams tokens shows it works by them.  A busy one past its
-             * time stays due, but its time does not set the wait (a time in
-             * the past would make the loop spin): the tick that follows the
-             * message ending its last request sends the canary, or its
-             * silence ending the interval does. */
+             * token and no new request on it: a hung step); a busy one that
+             * streams tokens shows it works by them. */
             int64_t progress = replica_progress_ms(c, d->name, r);
             bool busy = progress && now - progress < interval;
-            if (busy && now >= k->next_ms && (!next || progress + interval < next))
-                next = progress + interval;
             if (now >= k->next_ms && !busy) {
                 canary_send(c, d, r, k, leader, now);
                 k->next_ms = now + interval;
@@ -806,7 +800,11 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
                     if (!next || due < next) next = due;
                 }
             }
-            if (!(busy && now >= k->next_ms) && (!next || k->next_ms < next)) next = k->next_ms;
+            /* A busy one is looked at again when its silence would reach an
+             * interval (never a time in the past, which would make the loop
+             * spin), or at the tick after the message that ends its work. */
+            int64_t at = busy && progress + interval > k->next_ms ? progress + interval : k->next_ms;
+            if (!next || at < next) next = at;
         }
     }
     return next;

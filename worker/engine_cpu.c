@@ -147,10 +147,11 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
         tsr_set_err(err, errlen, "%s: out of memory for a staging block", name);
         return -1;
     }
+    const tsr_tensor_t *tensor = tsr_st_find(st, name);
     int rc = 0;
     for (int64_t r = s.r0; r < s.r1 && rc == 0; r += step) {
         int64_t n = s.r1 - r < step ? s.r1 - r : step;
-        rc = tsr_st_read_f32(st, tsr_st_find(st, name), r, r + n, s.c0, s.c1, buf, err, errlen);
+        rc = tsr_st_read_f32(st, tensor, r, r + n, s.c0, s.c1, buf, err, errlen);
         if (rc == 0) tsr_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
     }
     free(buf);

@@ -96,6 +96,24 @@ static void run(rank_t *k, body_fn body)
     for (int r = 0; r < N; r++) tsr_tcp_listener_destroy(&l[r]);
 }
 
+/* run, and every rank formed its group and its body succeeded. */
+static void run_ok(rank_t *k, body_fn body)
+{
+    run(k, body);
+    for (int r = 0; r < N; r++)
+        if (k[r].rc) fail_msg("rank %d: %s", r, k[r].err);
+}
+
+/* Rank r copied to the host `th` times (hb bytes) and to the device `td`
+ * times (db bytes). */
+static void expect_copies(const rank_t *k, int th, size_t hb, int td, size_t db)
+{
+    assert_int_equal(k->to_host, th);
+    assert_int_equal(k->host_bytes, hb);
+    assert_int_equal(k->to_dev, td);
+    assert_int_equal(k->dev_bytes, db);
+}
+
 static float val(int rank, int i) { return (float)(rank * 1000 + i) * 0.5f; }
 
 static int allreduce_body(rank_t *k, tsr_comm_t *c)
@@ -108,15 +126,10 @@ static void test_a_device_allreduce_is_copied_out_and_back_once(void **state)
 {
     (void)state;
     static rank_t k[N];
-    tsr_coll_staged_test_copy(fake_copy);
-    run(k, allreduce_body);
+    run_ok(k, allreduce_body);
     for (int r = 0; r < N; r++) {
-        if (k[r].rc) fail_msg("rank %d: %s", r, k[r].err);
         for (int i = 0; i < COUNT; i++) assert_true(k[r].out[i] == val(0, i) + val(1, i));
-        assert_int_equal(k[r].to_host, 1);
-        assert_int_equal(k[r].to_dev, 1);
-        assert_int_equal(k[r].host_bytes, COUNT * sizeof(float));
-        assert_int_equal(k[r].dev_bytes, COUNT * sizeof(float));
+        expect_copies(&k[r], 1, COUNT * sizeof(float), 1, COUNT * sizeof(float));
     }
 }
 
@@ -131,12 +144,10 @@ static void test_a_host_buffer_is_not_copied(void **state)
 {
     (void)state;
     static rank_t k[N];
-    tsr_coll_staged_test_copy(fake_copy);
-    run(k, host_body);
+    run_ok(k, host_body);
     for (int r = 0; r < N; r++) {
-        if (k[r].rc) fail_msg("rank %d: %s", r, k[r].err);
         assert_true(k[r].out[7] == val(0, 7) + val(1, 7));
-        assert_int_equal(k[r].to_host + k[r].to_dev, 0);
+        expect_copies(&k[r], 0, 0, 0, 0);
     }
 }
 
@@ -154,16 +165,11 @@ static void test_a_device_allgather_reads_only_the_send_side(void **state)
 {
     (void)state;
     static rank_t k[N];
-    tsr_coll_staged_test_copy(fake_copy);
-    run(k, allgather_body);
+    run_ok(k, allgather_body);
     for (int r = 0; r < N; r++) {
-        if (k[r].rc) fail_msg("rank %d: %s", r, k[r].err);
         for (int s = 0; s < N; s++)
             for (int i = 0; i < COUNT; i++) assert_true(k[r].out[s * COUNT + i] == val(s, i));
-        assert_int_equal(k[r].to_host, 1);
-        assert_int_equal(k[r].host_bytes, COUNT * sizeof(float));
-        assert_int_equal(k[r].to_dev, 1);
-        assert_int_equal(k[r].dev_bytes, N * COUNT * sizeof(float));
+        expect_copies(&k[r], 1, COUNT * sizeof(float), 1, N * COUNT * sizeof(float));
     }
 }
 
@@ -184,16 +190,11 @@ static void test_grouped_send_and_recv_stage_only_the_device_legs(void **state)
 {
     (void)state;
     static rank_t k[N];
-    tsr_coll_staged_test_copy(fake_copy);
-    run(k, group_body);
-    for (int r = 0; r < N; r++) {
-        if (k[r].rc) fail_msg("rank %d: %s", r, k[r].err);
+    run_ok(k, group_body);
+    for (int r = 0; r < N; r++)
         for (int i = 0; i < COUNT; i++) assert_true(k[r].out[i] == val(1 - r, i));
-    }
-    assert_int_equal(k[0].to_host, 1);   /* its device send, before */
-    assert_int_equal(k[0].to_dev, 0);
-    assert_int_equal(k[1].to_host, 0);
-    assert_int_equal(k[1].to_dev, 1);    /* its device receive, after */
+    expect_copies(&k[0], 1, COUNT * sizeof(float), 0, 0);   /* its device send, before */
+    expect_copies(&k[1], 0, 0, 1, COUNT * sizeof(float));   /* its device receive, after */
 }
 
 /* A failed copy fails the operation with the copy's reason. */
@@ -201,7 +202,6 @@ static void test_a_failed_copy_fails_the_operation_with_its_reason(void **state)
 {
     (void)state;
     static rank_t k[N];
-    tsr_coll_staged_test_copy(fake_copy);
     fail_copies = true;
     run(k, allreduce_body);
     fail_copies = false;
@@ -213,6 +213,7 @@ static void test_a_failed_copy_fails_the_operation_with_its_reason(void **state)
 
 int main(void)
 {
+    tsr_coll_staged_test_copy(fake_copy);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_device_allreduce_is_copied_out_and_back_once),
         cmocka_unit_test(test_a_host_buffer_is_not_copied),

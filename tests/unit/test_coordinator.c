@@ -1712,6 +1712,16 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
+/* A canary (a one-token request) at the leader: its worker-side id. */
+static uint64_t expect_canary(fx_t *fx, int leader)
+{
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->max_tokens, 1);
+    uint64_t wid = env->generate->request_id;
+    tsr_env_free(&env);
+    return wid;
+}
+
 /* A replica whose pieces are all ready but which does not generate is found
  * by its canary, marked unhealthy in status and sent no requests, until a
  * canary answers again. */
@@ -1724,14 +1734,12 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     tsr_coord_tick(fx->c, t);          /* the pieces are seen ready: first canary in 100 ms */
     expect_nothing(fx->dealer[leader], 10);
     tsr_coord_tick(fx->c, t + 100);
-    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
-    assert_int_equal(env->generate->max_tokens, 1);
-    tsr_env_free(&env);
+    expect_canary(fx, leader);
     assert_int_equal(fx->c->stats.canaries, 1);
 
     /* A request arrives while the canary is out, and goes to the replica. */
     send_generate(fx, fx->ctl, 4, 0);
-    env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
     assert_true(env->control_reply->ok);
     tsr_env_free(&env);
     env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
@@ -1758,10 +1766,7 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
 
     /* The next canary answers: healthy again, and the request goes out. */
     tsr_coord_tick(fx->c, t + 260);
-    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
-    uint64_t wid = env->generate->request_id;
-    assert_int_equal(env->generate->max_tokens, 1);
-    tsr_env_free(&env);
+    uint64_t wid = expect_canary(fx, leader);
     send_token(fx, sampler(fx), wid, 0, true);
     pump(fx);
     tsr_coord_tick(fx->c, t + 270);
@@ -1807,9 +1812,7 @@ static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void
     send_token(fx, sampler(fx), wid, index, true);
     pump(fx);
     tsr_coord_tick(fx->c, t + 401);    /* the first tick once idle: no interval to wait */
-    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
-    assert_int_equal(env->generate->max_tokens, 1);
-    tsr_env_free(&env);
+    expect_canary(fx, leader);
     assert_int_equal(fx->c->stats.canaries, 1);
 }
 
@@ -1831,13 +1834,11 @@ static void test_a_busy_replica_that_stops_streaming_is_found_by_its_canary(void
     assert_true(wait > 0 && wait <= 1);            /* woken when the interval ends */
     expect_nothing(fx->dealer[leader], 10);
     tsr_coord_tick(fx->c, t + 100);
-    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
-    assert_int_equal(env->generate->max_tokens, 1);
-    tsr_env_free(&env);
+    expect_canary(fx, leader);
     assert_int_equal(fx->c->stats.canaries, 1);
     tsr_coord_tick(fx->c, t + 160);                /* no token within 50 ms */
     for (int k = 0; k < 2; k++) {                  /* the canary and the request, cancelled */
-        env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
+        tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
         tsr_env_free(&env);
     }
     assert_int_equal(fx->c->stats.canaries_failed, 1);
