@@ -49,6 +49,9 @@
  * the handoff (~0.3 us with helpers spinning, bench_pool) plus the helpers'
  * misses on x and y stop being small next to the work. */
 #define MIN_MACS_PER_CHUNK 16384
+#ifndef CHUNK_BYTES
+#define CHUNK_BYTES (256 << 10)
+#endif
 
 static void pick_kernel(void);
 #define MAX_THREADS 1024
@@ -471,8 +474,14 @@ void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const flo
     if (T <= 0 || out <= 0) return;
     if (in < 0) in = 0;
     const int panels = (out + TSR_PANEL - 1) / TSR_PANEL;
-    /* At least 4 chunks per thread, so late wakers even out. */
+    /* At least 4 chunks per thread, so late wakers even out, and none over
+     * CHUNK_BYTES of weights: the pool hands out chunks in shrinking claims
+     * (run_job), so the last claim, which a thread that finishes first
+     * waits for, is one small chunk even on the LM head. */
     int chunk = (panels + 4 * p->n_threads - 1) / (4 * p->n_threads);
+    int cap = (int)(CHUNK_BYTES / ((size_t)TSR_PANEL * (in > 0 ? in : 1) * sizeof(float)));
+    cap = cap < 4 ? 4 : cap / 4 * 4;   /* whole groups of the decode path's 4 panels */
+    if (chunk > cap) chunk = cap;
     /* Token blocks whose rows of x stay in L2 (256 KiB of them) while the
      * chunk's panels stream by, a multiple of the tile's 6 rows. */
     int tblock = in > 0 ? (int)((256 << 10) / ((size_t)in * sizeof(float))) / 6 * 6 : T;

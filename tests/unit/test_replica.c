@@ -59,6 +59,46 @@ static void test_greedy_picks_the_first_maximum(void **state)
     assert_int_equal(tsr_sample(logits, 5, -1.0f, 0.5f, 99, 7), 1);
 }
 
+/* Greedy is the scan "keep the first id whose logit beats the best so far"
+ * whatever the length, ties, NaNs, signed zeros and infinities; the sampler
+ * finds it 8 lanes at a time, so lengths around and past the lanes, and
+ * every special value at the start, in the middle and in the tail. */
+static int32_t first_max_scan(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void test_greedy_is_the_first_maximum_scan(void **state)
+{
+    (void)state;
+    enum { N = 32000 };
+    static float x[N];
+    const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, 1.0f};
+    uint64_t r = 12345;
+    for (int trial = 0; trial < 3000; trial++) {
+        int n = trial < 2000 ? 1 + trial % 40 : trial < 2990 ? 1 + (int)(r % 300) : N;
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            /* few distinct values, so ties are common */
+            x[i] = (float)((int)(r >> 33) % 7) - 3.0f;
+            if ((r >> 20) % 11 == 0) x[i] = special[(r >> 40) % 8];
+        }
+        assert_int_equal(tsr_sample(x, n, 0.0f, 1.0f, 1, 0), first_max_scan(x, n));
+    }
+    float nan_first[] = {NAN, 5.0f, 7.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 9.0f};
+    assert_int_equal(tsr_sample(nan_first, 10, 0.0f, 1.0f, 1, 0), 0);
+    float zeros[] = {-0.0f, 0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -5.0f, -6.0f, 0.0f};
+    assert_int_equal(tsr_sample(zeros, 9, 0.0f, 1.0f, 1, 0), 0);
+    static float last[N];
+    for (int i = 0; i < N; i++) last[i] = -1.0f;
+    last[N - 1] = 2.0f;   /* the last lane of the last group of 8 */
+    assert_int_equal(tsr_sample(last, N, 0.0f, 1.0f, 1, 0), N - 1);
+    assert_int_equal(tsr_sample(last, N - 3, 0.0f, 1.0f, 1, 0), 0);
+}
+
 static void test_top_p_keeps_only_the_nucleus(void **state)
 {
     (void)state;
@@ -171,6 +211,7 @@ int main(void)
         cmocka_unit_test(test_max_tokens_counts_the_generated_tokens),
         cmocka_unit_test(test_max_seq_len_stops_when_no_position_is_left),
         cmocka_unit_test(test_greedy_picks_the_first_maximum),
+        cmocka_unit_test(test_greedy_is_the_first_maximum_scan),
         cmocka_unit_test(test_top_p_keeps_only_the_nucleus),
         cmocka_unit_test(test_nan_parameters_fall_back_safely),
         cmocka_unit_test(test_the_draw_depends_on_seed_and_position_only),
