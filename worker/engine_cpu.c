@@ -554,6 +554,16 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
             const float *kb = kv_at(e, e->kpool, j->l, en->slot, b0) + run;
             const float *vb = kv_at(e, e->vpool, j->l, en->slot, b0) + run;
             int np = visible - b0 < TSR_KV_BLOCK ? visible - b0 : TSR_KV_BLOCK;
+            /* The next block's keys and values for this head are two 4 KiB
+             * runs elsewhere in the pool, where the hardware's stream
+             * prefetch does not follow (a block table, page-sized runs):
+             * asked for now, they arrive while this block computes. */
+            if (b0 + TSR_KV_BLOCK < visible) {
+                const float *kn = kv_at(e, e->kpool, j->l, en->slot, b0 + TSR_KV_BLOCK) + run;
+                const float *vn = kv_at(e, e->vpool, j->l, en->slot, b0 + TSR_KV_BLOCK) + run;
+                for (size_t i = 0; i < head_run; i += 16)
+                    __builtin_prefetch(kn + i), __builtin_prefetch(vn + i);
+            }
             att_block(q, kb, vb, np, hd, scale, &rs, acc);
         }
         att_row_out(&rs, acc, hd, e->att + row * (size_t)qh * hd + (size_t)h * hd);
