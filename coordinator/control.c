@@ -193,6 +193,7 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
               (double)w->load);
     tsr_sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"queued\":%u,\"running\":%u",
               w->kv_blocks_used, w->kv_blocks_total, w->queued, w->running);
+    tsr_sb_printf(b, ",\"steps\":%llu", (unsigned long long)w->steps);
     sb_kv_str(b, "version", w->version);
     sb_kv_str(b, "data_endpoint", w->data_endpoint);
     sb_kv_str(b, "pci_bus_id", w->pci_bus_id);

@@ -1074,6 +1074,8 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     /* A new process: the old one's figures are not its own. */
     w->load = 0;
     w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
+    w->steps = 0;
+    w->steps_ms = 0;
     w->registered_ms = w->last_seen_ms = now;
     c->stats.registrations++;
 
@@ -1298,6 +1300,10 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         w->kv_blocks_total = hb->kv_blocks_total;
         w->queued = hb->queued;
         w->running = hb->running;
+        if (hb->steps != w->steps) {
+            w->steps = hb->steps;
+            w->steps_ms = c->now_ms ? c->now_ms : now;
+        }
         /* The ack only renews the worker's lease, so a few per lease are
          * enough; acking every heartbeat doubled the coordinator's sends. */
         if (now - w->last_ack_ms < c->cfg->worker_timeout_ms / 4) break;

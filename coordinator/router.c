@@ -277,8 +277,11 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
     }
 }
 
-/* The last sign of life of replica r's requests: the latest token, or the
- * latest attempt sent to it; 0 when none is on it. */
+/* The last sign of life of replica r while requests are on it: the latest
+ * token, the latest attempt sent to it, or the latest time every member's
+ * count of finished forward steps had moved (heartbeats): steps show it
+ * computes when no token comes (prompt chunks sample none; a long step).
+ * 0 when no request is on it. */
 static int64_t replica_progress_ms(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int64_t last = 0;
@@ -288,7 +291,13 @@ static int64_t replica_progress_ms(const tsr_coord_t *c, const char *deployment,
         int64_t t = q->progress_ms > q->attempt_ms ? q->progress_ms : q->attempt_ms;
         if (t > last) last = t;
     }
-    return last;
+    if (!last) return 0;
+    size_t n;
+    tsr_worker_t *const *m = tsr_registry_replica(c->reg, deployment, replica, &n);
+    int64_t all = n ? INT64_MAX : 0;   /* a member that stopped holds the whole replica */
+    for (size_t i = 0; i < n; i++)
+        if (m[i]->steps_ms < all) all = m[i]->steps_ms;
+    return all > last ? all : last;
 }
 
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)

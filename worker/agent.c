@@ -168,6 +168,7 @@ static void send_heartbeat(tsr_agent_t *a, int64_t now)
         hb.kv_blocks_total = (uint32_t)st.kv_total;
         hb.queued = (uint32_t)st.queued;
         hb.running = (uint32_t)st.running;
+        hb.steps = st.steps;
     }
     hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
     hb.seq = ++a->seq;

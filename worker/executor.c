@@ -95,6 +95,7 @@ struct tsr_executor {
     bool device_lost;               /* a fatal device error: the worker must restart */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
+    _Atomic uint64_t steps;         /* forward steps finished, every piece this process held */
     /* Events that could not be queued (out of memory): the agent is told by
      * one synthesized failure of that epoch, so nothing waits for them. */
     uint64_t events_lost, lost_epoch;
@@ -241,7 +242,7 @@ static void io_report(void *arg, int queued, int running, int kv_used, int kv_to
 {
     run_ctx_t *c = arg;
     pthread_mutex_lock(&c->ex->mu);
-    c->ex->stats = (tsr_executor_stats_t){queued, running, kv_used, kv_total};
+    c->ex->stats = (tsr_executor_stats_t){queued, running, kv_used, kv_total, 0};
     pthread_mutex_unlock(&c->ex->mu);
 }
 
@@ -487,6 +488,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     char err[512], why[600];
     const char *failed = NULL;
     tsr_replica_rank_t r = {0};
+    r.steps = &ex->steps;
     run_ctx_t ctx = {ex, gen, j->epoch};
     if (!same_piece(j, loaded) || !*eng) {
         if (*eng) be->engine->destroy(eng);
@@ -776,6 +778,7 @@ void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out)
     pthread_mutex_lock(&ex->mu);
     *out = ex->stats;
     pthread_mutex_unlock(&ex->mu);
+    out->steps = atomic_load_explicit(&ex->steps, memory_order_relaxed);
 }
 
 void tsr_executor_set_device(tsr_executor_t *ex, int index)

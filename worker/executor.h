@@ -77,6 +77,7 @@ void tsr_executor_cancel(tsr_executor_t *ex, uint64_t request_id, const char *re
 typedef struct {
     int queued, running;        /* the leader's requests waiting, sequences running */
     int kv_used, kv_total;      /* KV pool blocks */
+    uint64_t steps;             /* forward steps finished since the executor started */
 } tsr_executor_stats_t;
 void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out);
 /* Tests: event nodes come from alloc (NULL: calloc again), so an allocation

@@ -32,6 +32,12 @@ wait_until 20 streaming || fail "the clients to kill got no token"
 busy() { [ "$(used)" -gt 0 ]; }
 wait_until 10 busy || fail "status never showed KV blocks in use"
 echo "in use while running: $(used) of $(total) blocks per piece"
+# Every member's heartbeat counts the forward steps its data plane finished
+# (how the coordinator tells a busy replica computing from a hung one).
+steps() { status_json | jget "min(w.get('steps', 0) for w in d['workers'])"; }
+s0=$(steps)
+moved() { [ "$(steps)" -gt "$s0" ]; }
+wait_until 5 moved || fail "a worker's step count did not move while it ran: $(status_json | jget "[(w['name'], w.get('steps')) for w in d['workers']]")"
 kill -9 "${gone[@]}" || fail "a client to kill had already finished"
 for c in $(seq 0 15); do   # requests that pass their deadline
     "$BIN/tessera" --coordinator "$CEP" generate tiny --prompt-ids "3,4,$c" --max-tokens 2000 --ids \

@@ -221,17 +221,23 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     send_env(fx->dealer[i], &env);
 }
 
+/* hb from fake worker i, claiming to be name. */
+static void send_hb(fx_t *fx, int i, const char *name, Tessera__Heartbeat *hb)
+{
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = (char *)name;
+    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = hb;
+    send_env(fx->dealer[i], &env);
+}
+
 static void send_heartbeat(fx_t *fx, int i, const char *name, uint64_t seq)
 {
     Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
     hb.seq = seq;
     hb.load = 0.25f;
     hb.memory_used = 123456789;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.worker = (char *)name;
-    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    send_env(fx->dealer[i], &env);
+    send_hb(fx, i, name, &hb);
 }
 
 /* A heartbeat with the batching figures of the new data plane. */
@@ -245,11 +251,7 @@ static void send_heartbeat_pool(fx_t *fx, int i, float load, uint32_t used, uint
     hb.kv_blocks_total = total;
     hb.queued = queued;
     hb.running = running;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.worker = fx->name[i];
-    env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    send_env(fx->dealer[i], &env);
+    send_hb(fx, i, fx->name[i], &hb);
 }
 
 static void send_ready(fx_t *fx, int i, uint64_t epoch)
@@ -1851,6 +1853,64 @@ static void test_a_busy_replica_that_stops_streaming_is_found_by_its_canary(void
     json_decref(root);
 }
 
+/* Heartbeats from every member of the replica but `except` (-1: none)
+ * saying their data planes have finished `steps` forward steps, handled at
+ * the last tick's time; the acks they may get are read away. */
+static void send_steps(fx_t *fx, uint64_t steps, int except)
+{
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i] || i == except) continue;
+        Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+        hb.seq = steps;
+        hb.steps = steps;
+        send_hb(fx, i, fx->name[i], &hb);
+    }
+    uint64_t before = fx->c->stats.heartbeats;
+    int want = 0;
+    for (int i = 0; i < NW; i++) want += fx->holds[i] && i != except;
+    while (fx->c->stats.heartbeats < before + (uint64_t)want) pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env;
+        while (fx->holds[i] && (env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 5))) {
+            assert_int_equal(env->body_case, TESSERA__ENVELOPE__BODY_HEARTBEAT_ACK);
+            tsr_env_free(&env);
+        }
+    }
+}
+
+/* A busy replica that sends no token but whose every member keeps finishing
+ * steps (a long prompt in chunks, a long step) is computing: it is not
+ * canaried, so a step longer than canary_timeout_ms does not make it
+ * unhealthy.  Once one member's count stops, the replica is silent from
+ * that member's last step, and an interval later it gets its canary. */
+static void test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canaried(void **state)
+{
+    fx_t *fx = *state;
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);
+    (void)start_request(fx, fx->ctl, leader, 0);   /* sent at t; no token ever comes */
+    tsr_coord_tick(fx->c, t + 60);
+    send_steps(fx, 1, -1);                         /* every member moved at t + 60 */
+    tsr_coord_tick(fx->c, t + 100);                /* the request alone: silent an interval */
+    tsr_coord_tick(fx->c, t + 150);
+    send_steps(fx, 2, -1);
+    tsr_coord_tick(fx->c, t + 200);
+    assert_int_equal(fx->c->stats.canaries, 0);
+    int other = -1;                                /* a member that is not the leader */
+    for (int i = 0; i < NW && other < 0; i++)
+        if (fx->holds[i] && i != leader) other = i;
+    assert_true(other >= 0);
+    tsr_coord_tick(fx->c, t + 240);
+    send_steps(fx, 3, other);                      /* `other` is stuck since t + 150 */
+    tsr_coord_tick(fx->c, t + 249);
+    assert_int_equal(fx->c->stats.canaries, 0);
+    tsr_coord_tick(fx->c, t + 250);
+    assert_int_equal(fx->c->stats.canaries, 1);
+    expect_canary(fx, leader);
+}
+
 /* A token lost between the replica and the coordinator leaves no gap: the
  * request goes on from the tokens the client has. */
 static void test_a_lost_token_makes_the_request_resume_not_skip(void **state)
@@ -2522,6 +2582,7 @@ int main(void)
         T(test_a_silent_replica_is_found_by_its_canary),
         T(test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin),
         T(test_a_busy_replica_that_stops_streaming_is_found_by_its_canary),
+        T(test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canaried),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
