@@ -1075,6 +1075,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
     w->load = 0;
     w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
     w->steps = 0;
+    w->steps_seen = false;
     w->steps_ms = 0;
     w->registered_ms = w->last_seen_ms = now;
     c->stats.registrations++;
@@ -1300,10 +1301,11 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
         w->kv_blocks_total = hb->kv_blocks_total;
         w->queued = hb->queued;
         w->running = hb->running;
-        if (hb->steps != w->steps) {
-            w->steps = hb->steps;
-            w->steps_ms = c->now_ms ? c->now_ms : now;
-        }
+        /* The first count after a registration is a baseline, not a move:
+         * the same process may register again (a coordinator restart). */
+        if (w->steps_seen && hb->steps != w->steps) w->steps_ms = c->now_ms ? c->now_ms : now;
+        w->steps = hb->steps;
+        w->steps_seen = true;
         /* The ack only renews the worker's lease, so a few per lease are
          * enough; acking every heartbeat doubled the coordinator's sends. */
         if (now - w->last_ack_ms < c->cfg->worker_timeout_ms / 4) break;

@@ -45,6 +45,7 @@ typedef struct {
     uint32_t kv_blocks_used, kv_blocks_total;  /* its KV pool (0 of 0: none reported) */
     uint32_t queued, running;   /* a replica leader's requests waiting and in the batch */
     uint64_t steps;             /* forward steps its data plane finished (its heartbeat) */
+    bool steps_seen;            /* steps holds a figure from this registration's heartbeats */
     int64_t steps_ms;           /* when that count last moved (tick clock; 0: not since it registered) */
     uint32_t pid;
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */

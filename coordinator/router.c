@@ -277,26 +277,29 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
     }
 }
 
-/* The last sign of life of replica r while requests are on it: the latest
- * token, the latest attempt sent to it, or the latest time every member's
- * count of finished forward steps had moved (heartbeats): steps show it
- * computes when no token comes (prompt chunks sample none; a long step).
- * 0 when no request is on it. */
-static int64_t replica_progress_ms(const tsr_coord_t *c, const char *deployment, int replica)
+/* The last sign of life of replica r of d while requests are on it: the
+ * latest token, the latest attempt sent to it, or the latest time every
+ * member of its current layout had been seen to finish a forward step (their
+ * heartbeats' counts): steps show it computes when no token comes (prompt
+ * chunks sample none).  0 when no request is on it. */
+static int64_t replica_progress_ms(const tsr_coord_t *c, const tsr_deployment_t *d, int replica)
 {
     int64_t last = 0;
     for (size_t i = 0; i < c->n_reqs; i++) {
         const tsr_request_rec_t *q = &c->reqs[i];
-        if (q->replica != replica || strcmp(q->deployment, deployment)) continue;
+        if (q->replica != replica || strcmp(q->deployment, d->name)) continue;
         int64_t t = q->progress_ms > q->attempt_ms ? q->progress_ms : q->attempt_ms;
         if (t > last) last = t;
     }
     if (!last) return 0;
-    size_t n;
-    tsr_worker_t *const *m = tsr_registry_replica(c->reg, deployment, replica, &n);
-    int64_t all = n ? INT64_MAX : 0;   /* a member that stopped holds the whole replica */
-    for (size_t i = 0; i < n; i++)
-        if (m[i]->steps_ms < all) all = m[i]->steps_ms;
+    /* One member that stopped holds the whole replica; an empty slot too. */
+    int64_t all = INT64_MAX;
+    for (int k = 0; k < d->tensor * d->pipeline; k++) {
+        const tsr_worker_t *w =
+            tsr_registry_at_slot(c->reg, d->name, replica, d->tensor, d->pipeline, k);
+        int64_t s = w ? w->steps_ms : 0;
+        if (s < all) all = s;
+    }
     return all > last ? all : last;
 }
 
@@ -799,7 +802,7 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
             /* An idle replica, or a busy one silent for an interval (no
              * token and no new request on it: a hung step); a busy one that
              * streams tokens shows it works by them. */
-            int64_t progress = replica_progress_ms(c, d->name, r);
+            int64_t progress = replica_progress_ms(c, d, r);
             bool busy = progress && now - progress < interval;
             if (now >= k->next_ms && !busy) {
                 canary_send(c, d, r, k, leader, now);

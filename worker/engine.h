@@ -92,6 +92,11 @@ typedef struct {
     void (*destroy)(tsr_engine_t **e_p);
     /* The stream its work runs on, for NCCL (NULL, or no function: none). */
     void *(*stream)(const tsr_engine_t *e);
+    /* Optional, for engines whose step returns before the device has run
+     * it: from now on the engine adds 1 to *steps (__atomic builtins) as
+     * each step finishes on the device.  Without it the replica counts a
+     * step when step() returns.  The count goes out in heartbeats. */
+    void (*set_progress)(tsr_engine_t *e, uint64_t *steps);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;

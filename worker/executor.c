@@ -95,7 +95,8 @@ struct tsr_executor {
     bool device_lost;               /* a fatal device error: the worker must restart */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
-    _Atomic uint64_t steps;         /* forward steps finished, every piece this process held */
+    uint64_t steps;                 /* forward steps finished, every piece this process held
+                                       (__atomic builtins: the engine's device may add to it) */
     /* Events that could not be queued (out of memory): the agent is told by
      * one synthesized failure of that epoch, so nothing waits for them. */
     uint64_t events_lost, lost_epoch;
@@ -536,6 +537,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     push_simple(ex, TSR_EV_READY, j->epoch, NULL);
     r.eng_ops = be->engine;
     r.eng = *eng;
+    if (be->engine->set_progress) be->engine->set_progress(*eng, &ex->steps);
     r.prefill_chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     r.max_queue = j->max_queue;
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
@@ -778,7 +780,7 @@ void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out)
     pthread_mutex_lock(&ex->mu);
     *out = ex->stats;
     pthread_mutex_unlock(&ex->mu);
-    out->steps = atomic_load_explicit(&ex->steps, memory_order_relaxed);
+    out->steps = __atomic_load_n(&ex->steps, __ATOMIC_RELAXED);
 }
 
 void tsr_executor_set_device(tsr_executor_t *ex, int index)

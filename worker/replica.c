@@ -153,7 +153,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
                       r->token_timeout_ms, err, errlen) < 0)
         return -1;
     if (r->eng_ops->step(r->eng, &batch, b->sampled, err, errlen) < 0) return -1;
-    if (r->steps) atomic_fetch_add_explicit(r->steps, 1, memory_order_relaxed);
+    if (r->steps && !r->eng_ops->set_progress) __atomic_fetch_add(r->steps, 1, __ATOMIC_RELAXED);
     if (!is_last(r))
         return tsr_coll_send(r->ops, r->next, 1, tsr_buf_head(r->eng_ops->hidden(r->eng, 1), rows),
                              r->token_timeout_ms, err, errlen);

@@ -14,7 +14,6 @@
 #ifndef TSR_REPLICA_H
 #define TSR_REPLICA_H
 
-#include <stdatomic.h>
 #include <stdint.h>
 #include "worker/collective.h"
 #include "worker/engine.h"
@@ -69,7 +68,8 @@ typedef struct {
     int idle_ms;                /* leader's no-op interval (default 250) */
     int peer_timeout_ms;        /* wait for a step this long at most (default 3000) */
     int token_timeout_ms;       /* wait for a step's data or tokens (default 60000) */
-    _Atomic uint64_t *steps;    /* advanced after each forward step this rank finishes (or NULL) */
+    uint64_t *steps;            /* forward steps this rank finished, advanced with __atomic
+                                   builtins (or NULL); by the engine when it has set_progress */
 } tsr_replica_rank_t;
 
 /* Runs until io->should_stop, a stop step, or a data-plane failure.

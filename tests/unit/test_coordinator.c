@@ -1890,6 +1890,7 @@ static void test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canari
     int leader = cluster_ready(fx);
     int64_t t = tsr_now_ms();
     tsr_coord_tick(fx->c, t);
+    send_steps(fx, 0, -1);                         /* the counts' baseline */
     (void)start_request(fx, fx->ctl, leader, 0);   /* sent at t; no token ever comes */
     tsr_coord_tick(fx->c, t + 60);
     send_steps(fx, 1, -1);                         /* every member moved at t + 60 */
@@ -1907,6 +1908,42 @@ static void test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canari
     tsr_coord_tick(fx->c, t + 249);
     assert_int_equal(fx->c->stats.canaries, 0);
     tsr_coord_tick(fx->c, t + 250);
+    assert_int_equal(fx->c->stats.canaries, 1);
+    expect_canary(fx, leader);
+}
+
+/* The counts speak only for a replica with requests on it: an idle one
+ * whose workers just finished steps gets its canary on time. */
+static void test_an_idle_replica_whose_workers_finished_steps_gets_its_canary(void **state)
+{
+    fx_t *fx = *state;
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);                      /* idle: its first canary at t + 100 */
+    send_steps(fx, 3, -1);
+    tsr_coord_tick(fx->c, t + 50);
+    send_steps(fx, 4, -1);                         /* moved at t + 50 */
+    tsr_coord_tick(fx->c, t + 100);
+    assert_int_equal(fx->c->stats.canaries, 1);
+    expect_canary(fx, leader);
+}
+
+/* The first count a worker reports after registering is where it stands,
+ * not a step it finished (the same process registers again after a
+ * coordinator restart): a busy replica whose only counts are first ones has
+ * shown nothing, and is canaried an interval after its request went out. */
+static void test_a_workers_first_step_count_is_not_a_step(void **state)
+{
+    fx_t *fx = *state;
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    int64_t t = tsr_now_ms();
+    tsr_coord_tick(fx->c, t);
+    (void)start_request(fx, fx->ctl, leader, 0);
+    tsr_coord_tick(fx->c, t + 60);
+    send_steps(fx, 9, -1);
+    tsr_coord_tick(fx->c, t + 100);
     assert_int_equal(fx->c->stats.canaries, 1);
     expect_canary(fx, leader);
 }
@@ -2583,6 +2620,8 @@ int main(void)
         T(test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin),
         T(test_a_busy_replica_that_stops_streaming_is_found_by_its_canary),
         T(test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canaried),
+        T(test_an_idle_replica_whose_workers_finished_steps_gets_its_canary),
+        T(test_a_workers_first_step_count_is_not_a_step),
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),

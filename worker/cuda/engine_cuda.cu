@@ -167,6 +167,7 @@ struct tsr_engine {
     const tsr_coll_ops_t *ops;
     tsr_comm_t *tp;
     int device, fatal;
+    uint64_t *progress;         /* the executor's step count (set_progress), or NULL */
     cudaStream_t st;
     cublasHandle_t blas;
     void *blas_ws;
@@ -1045,8 +1046,8 @@ static int bucket_index(int bucket)
     return 3 + bucket / 8 - 1;   /* 16 -> 4, 24 -> 5, ... */
 }
 
-static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
-                     size_t errlen)
+static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                    size_t errlen)
 {
     const tsr_piece_spec_t *s = &e->spec;
     if (e->fatal) {
@@ -1164,6 +1165,28 @@ static uint64_t cuda_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cuda_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
 static int cuda_fatal(const tsr_engine_t *e) { return e->fatal; }
 static void *cuda_stream(const tsr_engine_t *e) { return (void *)e->st; }
+
+/* Runs on a CUDA host thread when the stream reaches it: the step before
+ * it has finished on the GPU. */
+static void CUDART_CB step_finished(void *count)
+{
+    __atomic_fetch_add((uint64_t *)count, 1, __ATOMIC_RELAXED);
+}
+
+/* A step that samples nothing (a prompt chunk, a stage before the last)
+ * returns once it is queued; its count comes when the GPU has run it, so a
+ * replica whose GPU hangs shows no progress however many steps it queued. */
+static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                     size_t errlen)
+{
+    if (step_run(e, b, sampled, err, errlen) < 0) return -1;
+    if (e->progress && b->n_entries > 0)
+        return cuda_fail(&e->fatal, cudaLaunchHostFunc(e->st, step_finished, e->progress),
+                         "step", err, errlen);
+    return 0;
+}
+
+static void cuda_set_progress(tsr_engine_t *e, uint64_t *steps) { e->progress = steps; }
 static void cuda_destroy(tsr_engine_t **e_p)
 {
     if (!e_p) return;
@@ -1196,4 +1219,5 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .fatal = */ cuda_fatal,
     /* .destroy = */ cuda_destroy,
     /* .stream = */ cuda_stream,
+    /* .set_progress = */ cuda_set_progress,
 };
