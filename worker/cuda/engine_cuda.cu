@@ -190,6 +190,7 @@ struct tsr_engine {
     size_t sort_tmp_bytes;
     /* metadata: pinned host and device copies of one buffer */
     void *meta_h, *meta_d;
+    cudaEvent_t meta_copied;    /* the stream has copied meta_h out: it may be refilled */
     size_t meta_fixed, meta_bytes;
     meta_t mh, md;
     int32_t *sampled_h;
@@ -710,6 +711,7 @@ static void engine_free(tsr_engine_t *e)
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (e->meta_h) cudaFreeHost(e->meta_h);
+    if (e->meta_copied) cudaEventDestroy(e->meta_copied);
     if (e->sampled_h) cudaFreeHost(e->sampled_h);
     if (e->blas) B.destroy(e->blas);
     if (e->st) cudaStreamDestroy(e->st);
@@ -785,6 +787,7 @@ static int alloc_all(tsr_engine_t *e, char *err, size_t errlen)
     }
     meta_layout(e, NULL, &e->mh);
     CK(cudaHostAlloc(&e->meta_h, e->meta_bytes, cudaHostAllocDefault));
+    CK(cudaEventCreateWithFlags(&e->meta_copied, cudaEventDisableTiming));
     DALLOC(e->meta_d, e->meta_bytes, "step metadata");
     meta_layout(e, (char *)e->meta_h, &e->mh);
     meta_layout(e, (char *)e->meta_d, &e->md);
@@ -1081,10 +1084,15 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
                  b->n_entries <= 8 * (NBUCKETS - 3) && bucket <= s->max_seqs &&
                  bucket <= s->max_tokens && bucket_index(bucket) < NBUCKETS;
     int rows = graph ? bucket : b->n_tokens, tiles, ns;
+    /* A step that samples nothing returns once queued, so the last step's
+     * copy of meta_h may not have run yet: wait for that copy (early in the
+     * last step), not for the step, before writing meta_h again. */
+    CK(cudaEventSynchronize(e->meta_copied));
     size_t bytes = meta_fill(e, b, row_pos, rows, &tiles, &ns);
     if (graph)
         for (int i = ns; i < rows; i++) e->mh.samp_row[i] = 0, e->mh.samp_temp[i] = 0;
     CK(cudaMemcpyAsync(e->meta_d, e->meta_h, bytes, cudaMemcpyHostToDevice, e->st));
+    CK(cudaEventRecord(e->meta_copied, e->st));
     if (graph) {
         cudaGraphExec_t *g = &e->graph[bucket_index(bucket)];
         if (*g && e->graph_rows[bucket_index(bucket)] != rows) {
