@@ -549,6 +549,11 @@ int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err
         snprintf(err, errlen, "a replica of %d ranks needs a control channel", n_ranks(r));
         return -1;
     }
+    /* The engine outlives a run when the piece stays (a rewired replica, a
+     * new epoch): sequences of the last run may still hold KV blocks that
+     * no leader will free, and this run's leader counts on a whole pool. */
+    if (r->eng_ops->release)
+        for (int s = 0; s < r->spec.max_seqs; s++) r->eng_ops->release(r->eng, s);
     step_buf_t b;
     leader_t L;
     memset(&L, 0, sizeof L);

@@ -187,13 +187,19 @@ static int never_stop(void *arg)
     (void)arg;
     return 0;
 }
+static int released[8];
+static void fake_release(tsr_engine_t *e, int slot)
+{
+    (void)e;
+    if (slot >= 0 && slot < 8) released[slot]++;
+}
 
-static void test_garbage_step_is_refused_naming_what_is_wrong(void **state)
+static void test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_is_wrong(void **state)
 {
     (void)state;
     static const tsr_coll_ops_t ops = {.name = "fake", .group = garbage_group};
     static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of,
-                                         .kv_usage = fake_kv_usage};
+                                         .kv_usage = fake_kv_usage, .release = fake_release};
     tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &ops, .ctl_ops = &ops,
                             .ctl = (tsr_comm_t *)&r, .prev = (tsr_comm_t *)&r,
                             .spec = {0, 1, 1, 2, 4, 8, 64, 4, 36, 16, 1}};
@@ -202,6 +208,9 @@ static void test_garbage_step_is_refused_naming_what_is_wrong(void **state)
     assert_int_equal(tsr_replica_run(&r, &io, err, sizeof err), -1);
     assert_non_null(strstr(err, "malformed step from the leader: magic 0xabababab"));
     assert_non_null(strstr(err, "limits 4, 4, 36"));
+    /* Before anything, every slot of the engine was freed: a kept engine may
+     * hold blocks of the replica's last run. */
+    for (int s = 0; s < 8; s++) assert_int_equal(released[s], s < 4 ? 1 : 0);
 }
 
 int main(void)
@@ -216,7 +225,7 @@ int main(void)
         cmocka_unit_test(test_nan_parameters_fall_back_safely),
         cmocka_unit_test(test_the_draw_depends_on_seed_and_position_only),
         cmocka_unit_test(test_low_temperature_sharpens),
-        cmocka_unit_test(test_garbage_step_is_refused_naming_what_is_wrong),
+        cmocka_unit_test(test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_is_wrong),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
