@@ -481,6 +481,19 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
                                          j->max_seq_len, TSR_KV_BLOCK, eng->kv_elem_bytes);
 }
 
+/* The device is unusable: say why (fatal, so the coordinator moves the
+ * piece at once), and let the worker exit so that its supervisor restarts
+ * it with a fresh context. */
+static void device_lost(tsr_executor_t *ex, uint64_t epoch, const char *why)
+{
+    tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = epoch, .fatal = 1};
+    snprintf(ev.text, sizeof ev.text, "%s", why);
+    push_event(ex, &ev);
+    pthread_mutex_lock(&ex->mu);
+    ex->device_lost = true;
+    pthread_mutex_unlock(&ex->mu);
+}
+
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
  * *eng holds, kept across jobs that only rewire the replica. */
 static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loaded,
@@ -529,6 +542,10 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     if (be->nccl) cctx.nccl = be->nccl(nccl_why, sizeof nccl_why);
     if (be->engine->stream) cctx.stream = be->engine->stream(*eng);
     if (wire_up(&cctx, be, j, &ctx, &r, err, sizeof err) < 0) {
+        if (be->engine->fatal && be->engine->fatal(*eng)) {
+            device_lost(ex, j->epoch, err);
+            goto out;
+        }
         snprintf(why, sizeof why, "data plane: %s", err);
         if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why);
         goto out;
@@ -544,16 +561,8 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
                            &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
         failed = err;
-        if (be->engine->fatal(*eng)) {
-            /* The device is unusable: say why (fatal, so the coordinator
-             * moves the piece at once), and let the worker exit so that its
-             * supervisor restarts it with a fresh context. */
-            tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = j->epoch, .fatal = 1};
-            snprintf(ev.text, sizeof ev.text, "%s", err);
-            push_event(ex, &ev);
-            pthread_mutex_lock(&ex->mu);
-            ex->device_lost = true;
-            pthread_mutex_unlock(&ex->mu);
+        if (be->engine->fatal && be->engine->fatal(*eng)) {
+            device_lost(ex, j->epoch, err);
             goto out;
         }
         if (!io_should_stop(&ctx)) {

@@ -28,6 +28,7 @@
 #include <string.h>
 
 extern "C" {
+#include "common/log.h"
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
@@ -1109,9 +1110,14 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
                 if (r == cudaSuccess) cudaGraphDestroy(cap);
                 return -1;
             }
-            CK(r);
-            r = cudaGraphInstantiate(g, cap, 0);
-            cudaGraphDestroy(cap);
+            if (r == cudaSuccess) {
+                r = cudaGraphInstantiate(g, cap, 0);
+                cudaGraphDestroy(cap);
+            }
+            /* A graph that cannot be made (not a device fault) would fail
+             * every step of its size: this step fails, later ones run
+             * without graphs. */
+            if (r != cudaSuccess && !sticky(r)) e->graphs_on = 0;
             CK(r);
             e->graph_rows[bucket_index(bucket)] = rows;
         }
@@ -1171,7 +1177,13 @@ static void cuda_kv_usage(const tsr_engine_t *e, int *used, int *total)
 static const tsr_model_info_t *cuda_model(const tsr_engine_t *e) { return &e->m; }
 static uint64_t cuda_weight_bytes(const tsr_engine_t *e) { return e->wbytes; }
 static uint64_t cuda_kv_bytes(const tsr_engine_t *e) { return e->kvbytes; }
-static int cuda_fatal(const tsr_engine_t *e) { return e->fatal; }
+/* Also asks the stream: a step that samples nothing returns before its
+ * kernels run, so an illegal address or ECC error may first show in a
+ * collective's copy, which does not mark the engine. */
+static int cuda_fatal(const tsr_engine_t *e)
+{
+    return e->fatal || (e->st && sticky(cudaStreamQuery(e->st)));
+}
 static void *cuda_stream(const tsr_engine_t *e) { return (void *)e->st; }
 
 /* Runs on a CUDA host thread when the stream reaches it: the step before
@@ -1188,9 +1200,14 @@ static int cuda_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, ch
                      size_t errlen)
 {
     if (step_run(e, b, sampled, err, errlen) < 0) return -1;
-    if (e->progress && b->n_entries > 0)
-        return cuda_fail(&e->fatal, cudaLaunchHostFunc(e->st, step_finished, e->progress),
-                         "step", err, errlen);
+    if (!e->progress || b->n_entries == 0) return 0;
+    cudaError_t r = cudaLaunchHostFunc(e->st, step_finished, e->progress);
+    if (sticky(r)) return cuda_fail(&e->fatal, r, "step", err, errlen);
+    /* Otherwise the step itself is done and its tokens are good: only its
+     * count for the heartbeat is lost. */
+    if (r != cudaSuccess)
+        tsr_warn("CUDA: the callback that counts a finished step was refused (%s)",
+                 cudaGetErrorName(r));
     return 0;
 }
 
