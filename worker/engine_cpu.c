@@ -452,6 +452,29 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     }
 }
 
+/* dot4 for two query rows at once, each key line loaded once for both:
+ * every product is summed exactly as dot4 sums it. */
+static inline void dot4x2(const float *q0, const float *q1, const float *k0, const float *k1,
+                          const float *k2, const float *k3, int n, float *out0, float *out1)
+{
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+    int n8 = n & ~7;
+    for (int d = 0; d < n8; d += 8) {
+        const v8f x = load8(q0 + d), y = load8(q1 + d);
+        const v8f l0 = load8(k0 + d), l1 = load8(k1 + d), l2 = load8(k2 + d), l3 = load8(k3 + d);
+        a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
+        b0 += y * l0, b1 += y * l1, b2 += y * l2, b3 += y * l3;
+    }
+    out0[0] = hsum8(a0), out0[1] = hsum8(a1), out0[2] = hsum8(a2), out0[3] = hsum8(a3);
+    out1[0] = hsum8(b0), out1[1] = hsum8(b1), out1[2] = hsum8(b2), out1[3] = hsum8(b3);
+    for (int d = n8; d < n; d++) {
+        out0[0] += q0[d] * k0[d], out0[1] += q0[d] * k1[d];
+        out0[2] += q0[d] * k2[d], out0[3] += q0[d] * k3[d];
+        out1[0] += q1[d] * k0[d], out1[1] += q1[d] * k1[d];
+        out1[2] += q1[d] * k2[d], out1[3] += q1[d] * k3[d];
+    }
+}
+
 /* One row's running attention for one head: the softmax state and the
  * accumulator (hd floats, in v8f; the last hd % 8 in tail). */
 typedef struct {
@@ -459,38 +482,35 @@ typedef struct {
     float tail[8];
 } att_row_t;
 
-/* Takes np cached positions (keys kb, values vb: np rows of hd) into a
- * row's state: the block's scores (four dot products at once), their
- * maximum and weights exp(score - max), merged into the running softmax
- * (worker/kmath.h's tsr_k_osm_merge), then acc = ca * acc + cb * (sum of
- * weight * value), 32 columns at a time in registers.  The exponentials
- * of a block are independent, so they overlap instead of each waiting on
- * the last. */
-static inline __attribute__((always_inline)) void att_block(const float *q, const float *kb,
-                                                            const float *vb, int np, int hd,
-                                                            float scale, att_row_t *r, v8f *acc)
+/* A block's scores sc[0..np) turned into weights exp(score - max), merged
+ * into the row's running softmax (worker/kmath.h's tsr_k_osm_merge); the
+ * accumulator then becomes ca * acc + cb * (sum of weight * value).  The
+ * exponentials of a block are independent, so they overlap instead of
+ * each waiting on the last. */
+static inline __attribute__((always_inline)) void att_weights(float *sc, int np, float scale,
+                                                              att_row_t *r, float *ca, float *cb)
 {
-    const int hd8 = hd & ~7;
-    float sc[TSR_KV_BLOCK];
-    int p = 0;
-    for (; p + 4 <= np; p += 4)
-        dot4(q, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
-             kb + (size_t)(p + 3) * hd, hd, sc + p);
-    for (; p < np; p++) sc[p] = dot(q, kb + (size_t)p * hd, hd);
     float m = -INFINITY;
-    for (p = 0; p < np; p++) {
+    for (int p = 0; p < np; p++) {
         sc[p] *= scale;
         if (sc[p] > m) m = sc[p];
     }
     tsr_osm_t bs = {m, 0.0f};
-    for (p = 0; p < np; p++) bs.l += sc[p] = expf(sc[p] - m);
-    float ca, cb;
-    tsr_k_osm_merge(&r->st, bs, &ca, &cb);
+    for (int p = 0; p < np; p++) bs.l += sc[p] = expf(sc[p] - m);
+    tsr_k_osm_merge(&r->st, bs, ca, cb);
+}
+
+/* The values of a block weighted by sc into a row, columns [d, hd): 32 at
+ * a time in registers, then 8, then one. */
+static inline __attribute__((always_inline)) void att_values(const float *sc, const float *vb,
+                                                             int np, int hd, int d, float ca,
+                                                             float cb, att_row_t *r, v8f *acc)
+{
+    const int hd8 = hd & ~7;
     const v8f cav = bcast8(ca), cbv = bcast8(cb);
-    int d = 0;
     for (; d + 32 <= hd8; d += 32) {
         v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (p = 0; p < np; p++) {
+        for (int p = 0; p < np; p++) {
             const float *v = vb + (size_t)p * hd + d;
             const v8f wv = bcast8(sc[p]);
             s0 += wv * load8(v), s1 += wv * load8(v + 8);
@@ -503,14 +523,66 @@ static inline __attribute__((always_inline)) void att_block(const float *q, cons
     }
     for (; d < hd8; d += 8) {
         v8f s0 = {0};
-        for (p = 0; p < np; p++) s0 += bcast8(sc[p]) * load8(vb + (size_t)p * hd + d);
+        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * load8(vb + (size_t)p * hd + d);
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
     }
     for (; d < hd; d++) {
         float s0 = 0;
-        for (p = 0; p < np; p++) s0 += sc[p] * vb[(size_t)p * hd + d];
+        for (int p = 0; p < np; p++) s0 += sc[p] * vb[(size_t)p * hd + d];
         r->tail[d - hd8] = r->tail[d - hd8] * ca + s0 * cb;
     }
+}
+
+/* Takes np cached positions (keys kb, values vb: np rows of hd) into a
+ * row's state: the block's scores, four dot products at once, then
+ * att_weights and att_values. */
+static inline __attribute__((always_inline)) void att_block(const float *q, const float *kb,
+                                                            const float *vb, int np, int hd,
+                                                            float scale, att_row_t *r, v8f *acc)
+{
+    float sc[TSR_KV_BLOCK], ca, cb;
+    int p = 0;
+    for (; p + 4 <= np; p += 4)
+        dot4(q, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
+             kb + (size_t)(p + 3) * hd, hd, sc + p);
+    for (; p < np; p++) sc[p] = dot(q, kb + (size_t)p * hd, hd);
+    att_weights(sc, np, scale, r, &ca, &cb);
+    att_values(sc, vb, np, hd, 0, ca, cb, r, acc);
+}
+
+/* att_block of a whole block for two rows of a prompt, with bits equal to
+ * two att_block calls: each key and value line is loaded once for both
+ * rows, which halves what a long prompt's attention reads from the cache
+ * hierarchy (it reads every earlier position once per row). */
+static inline __attribute__((always_inline)) void att_block2(const float *q0, const float *q1,
+                                                             const float *kb, const float *vb,
+                                                             int hd, float scale, att_row_t *r0,
+                                                             v8f *acc0, att_row_t *r1, v8f *acc1)
+{
+    enum { NP = TSR_KV_BLOCK };
+    float sc0[NP], sc1[NP], ca0, cb0, ca1, cb1;
+    for (int p = 0; p < NP; p += 4)
+        dot4x2(q0, q1, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
+               kb + (size_t)(p + 3) * hd, hd, sc0 + p, sc1 + p);
+    att_weights(sc0, NP, scale, r0, &ca0, &cb0);
+    att_weights(sc1, NP, scale, r1, &ca1, &cb1);
+    const int hd8 = hd & ~7;
+    const v8f ca0v = bcast8(ca0), cb0v = bcast8(cb0), ca1v = bcast8(ca1), cb1v = bcast8(cb1);
+    int d = 0;
+    for (; d + 16 <= hd8; d += 16) {
+        v8f s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
+        for (int p = 0; p < NP; p++) {
+            const float *v = vb + (size_t)p * hd + d;
+            const v8f v0 = load8(v), v1 = load8(v + 8), w0 = bcast8(sc0[p]), w1 = bcast8(sc1[p]);
+            s0 += w0 * v0, s1 += w0 * v1, t0 += w1 * v0, t1 += w1 * v1;
+        }
+        acc0[d / 8] = acc0[d / 8] * ca0v + s0 * cb0v;
+        acc0[d / 8 + 1] = acc0[d / 8 + 1] * ca0v + s1 * cb0v;
+        acc1[d / 8] = acc1[d / 8] * ca1v + t0 * cb1v;
+        acc1[d / 8 + 1] = acc1[d / 8 + 1] * ca1v + t1 * cb1v;
+    }
+    att_values(sc0, vb, NP, hd, d, ca0, cb0, r0, acc0);
+    att_values(sc1, vb, NP, hd, d, ca1, cb1, r1, acc1);
 }
 
 static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
@@ -528,45 +600,65 @@ static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float
     for (int d = hd8; d < hd; d++) out[d] = r->tail[d - hd8] / r->st.l;
 }
 
+/* Asks for a block's keys and values of one head: two 4 KiB runs
+ * elsewhere in the pool, where the hardware's stream prefetch does not
+ * follow (a block table, page-sized runs), so asked for while the block
+ * before computes they are there when it is done. */
+static inline void kv_prefetch(const tsr_engine_t *e, int l, int slot, int pos, size_t run)
+{
+    const float *kn = kv_at(e, e->kpool, l, slot, pos) + run;
+    const float *vn = kv_at(e, e->vpool, l, slot, pos) + run;
+    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim; i += 16)
+        __builtin_prefetch(kn + i), __builtin_prefetch(vn + i);
+}
+
 /* Causal grouped-query attention of some rows of one entry for one query
- * head, over its sequence's cached positions block by block (att_block).
- * A row's result depends on that row alone. */
+ * head, over its sequence's cached positions block by block.  Rows go in
+ * pairs through the blocks both see whole (att_block2), then one by one
+ * through the rest (att_block), in block order either way, so a row's
+ * result depends on that row alone, bit for bit, whatever its neighbours
+ * (test_engine_cpu). */
 __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg, int t)
 {
     const att_job_t *j = arg;
     tsr_engine_t *e = j->e;
     int ei = 0;
     while (j->first_task[ei + 1] <= t) ei++;
-    const int qh = e->q_heads, kvh = e->kv_heads, hd = e->head_dim, group = qh / kvh;
+    const int qh = e->q_heads, kvh = e->kv_heads, hd = e->head_dim, group = qh / kvh, B = TSR_KV_BLOCK;
     const tsr_entry_t *en = &j->b->entries[ei];
-    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, head_run = (size_t)TSR_KV_BLOCK * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
-    const size_t run = (size_t)(h / group) * head_run;   /* see kv_at */
-    v8f acc[64];
-    att_row_t rs;
-    for (int r = r0; r < en->n && r < r0 + ATT_ROWS; r++) {
-        size_t row = (size_t)j->first_row[ei] + r;
-        const float *q = e->qkv + row * qkvw + (size_t)h * hd;
-        int visible = en->pos + r + 1;
-        att_row_init(&rs, acc, hd);
-        for (int b0 = 0; b0 < visible; b0 += TSR_KV_BLOCK) {
-            const float *kb = kv_at(e, e->kpool, j->l, en->slot, b0) + run;
-            const float *vb = kv_at(e, e->vpool, j->l, en->slot, b0) + run;
-            int np = visible - b0 < TSR_KV_BLOCK ? visible - b0 : TSR_KV_BLOCK;
-            /* The next block's keys and values for this head are two 4 KiB
-             * runs elsewhere in the pool, where the hardware's stream
-             * prefetch does not follow (a block table, page-sized runs):
-             * asked for now, they arrive while this block computes. */
-            if (b0 + TSR_KV_BLOCK < visible) {
-                const float *kn = kv_at(e, e->kpool, j->l, en->slot, b0 + TSR_KV_BLOCK) + run;
-                const float *vn = kv_at(e, e->vpool, j->l, en->slot, b0 + TSR_KV_BLOCK) + run;
-                for (size_t i = 0; i < head_run; i += 16)
-                    __builtin_prefetch(kn + i), __builtin_prefetch(vn + i);
-            }
-            att_block(q, kb, vb, np, hd, scale, &rs, acc);
+    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, run = (size_t)(h / group) * B * hd;  /* kv_at */
+    const int r1 = en->n < r0 + ATT_ROWS ? en->n : r0 + ATT_ROWS;
+    v8f acc[2][64];
+    att_row_t rs[2];
+    for (int r = r0; r < r1;) {
+        const int pair = r + 1 < r1, visible = en->pos + r + 1;   /* row r + 1 sees one more */
+        const float *q[2];
+        for (int k = 0; k <= pair; k++) {
+            q[k] = e->qkv + ((size_t)j->first_row[ei] + r + k) * qkvw + (size_t)h * hd;
+            att_row_init(&rs[k], acc[k], hd);
         }
-        att_row_out(&rs, acc, hd, e->att + row * (size_t)qh * hd + (size_t)h * hd);
+        int b0 = 0;
+        if (pair)
+            for (; b0 + B <= visible; b0 += B) {
+                if (b0 + B < visible + 1) kv_prefetch(e, j->l, en->slot, b0 + B, run);
+                att_block2(q[0], q[1], kv_at(e, e->kpool, j->l, en->slot, b0) + run,
+                           kv_at(e, e->vpool, j->l, en->slot, b0) + run, hd, scale, &rs[0],
+                           acc[0], &rs[1], acc[1]);
+            }
+        for (int k = 0; k <= pair; k++) {
+            const int vis = visible + k;
+            for (int c0 = b0; c0 < vis; c0 += B) {
+                if (c0 + B < vis) kv_prefetch(e, j->l, en->slot, c0 + B, run);
+                att_block(q[k], kv_at(e, e->kpool, j->l, en->slot, c0) + run,
+                          kv_at(e, e->vpool, j->l, en->slot, c0) + run,
+                          vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k], acc[k]);
+            }
+            att_row_out(&rs[k], acc[k], hd,
+                        e->att + ((size_t)j->first_row[ei] + r + k) * qh * hd + (size_t)h * hd);
+        }
+        r += 1 + pair;
     }
 }
 
