@@ -7,7 +7,8 @@
  * prefilled in one step, in chunks, or a token at a time, alone or beside
  * other sequences, gives bit-identical logits.  Prompts cross KV blocks of
  * 16 positions at odd offsets, in a GQA model with head_dim 64 (the
- * attention kernel's widest path) and one with head_dim 24 (its tails). */
+ * attention kernel's widest path) and ones with head_dim 24 and 20 (its
+ * narrower and scalar tails). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -21,7 +22,7 @@
 #include "cli/cli.h"
 #include "worker/engine.h"
 
-#define N_MODELS 2
+#define N_MODELS 3
 static char dirs[N_MODELS][64];
 static int vocab;
 
@@ -145,9 +146,10 @@ static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **stat
 static int setup(void **state)
 {
     (void)state;
-    /* head_dim 64 with 2 query heads over 1 KV head; head_dim 24 (8 + 16:
-     * the narrow and scalar tails) with 4 over 2. */
-    static const char *shape[N_MODELS][4] = {{"128", "2", "1", "300"}, {"96", "4", "2", "280"}};
+    /* head_dim 64 with 2 query heads over 1 KV head; head_dim 24 (16 + 8)
+     * with 4 over 2; head_dim 20 (16 + 4 one at a time) with 4 over 4. */
+    static const char *shape[N_MODELS][4] = {
+        {"128", "2", "1", "300"}, {"96", "4", "2", "280"}, {"80", "4", "4", "260"}};
     for (int m = 0; m < N_MODELS; m++) {
         snprintf(dirs[m], sizeof dirs[m], "/tmp/tsr-engine-XXXXXX");
         if (!mkdtemp(dirs[m])) return -1;
