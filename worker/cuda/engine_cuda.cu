@@ -856,6 +856,12 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     if (tsr_model_check_piece(m, dir, spec->tp_rank, spec->tp_size, spec->stage, spec->pp_size,
                               spec->layer_begin, spec->layer_end, err, errlen) < 0)
         goto fail;
+    /* A blocking stream (cudaStreamCreate's default), and keep it one: the
+     * host-staged collectives copy with cudaMemcpy on the legacy default
+     * stream (tsr_cuda_copy), which then waits for this stream's queued
+     * work, so a step that returned before its kernels ran is not read or
+     * overwritten early.  A non-blocking stream, or nvcc's per-thread default
+     * stream, would need an explicit synchronisation there. */
     if (cuda_fail(&e->fatal, cudaSetDevice(e->device), "cudaSetDevice", err, errlen) < 0 ||
         cuda_fail(&e->fatal, cudaStreamCreate(&e->st), "cudaStreamCreate", err, errlen) < 0)
         goto fail;
