@@ -246,11 +246,11 @@ fuzz: deps
 
 fuzz-build: $(FUZZ_BIN)
 # The worker agent and data-port targets link the worker.  The CPU vector
-# kernels (the engine and the pool's product, worker/simd.h) are gcc's
-# (clang 14 refuses them), so those objects are gcc's and uninstrumented:
-# neither target runs them.
+# kernels (the engine, the pool's product and greedy sampling: worker/simd.h)
+# are gcc's (clang 14 refuses them), so those objects are gcc's and
+# uninstrumented: neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
-$(call fuzzobj,worker/engine_cpu.c) $(call fuzzobj,worker/cpu_pool.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+$(call fuzzobj,worker/engine_cpu.c) $(call fuzzobj,worker/cpu_pool.c) $(call fuzzobj,worker/sample.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@
