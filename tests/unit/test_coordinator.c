@@ -1714,6 +1714,18 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
+/* A ready cluster whose replica is canaried every 100 ms (a canary must
+ * answer within 50), ticked once at *t, the time it is seen ready; returns
+ * the leader. */
+static int canary_cluster(fx_t *fx, int64_t *t)
+{
+    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
+    int leader = cluster_ready(fx);
+    *t = tsr_now_ms();
+    tsr_coord_tick(fx->c, *t);
+    return leader;
+}
+
 /* A canary (a one-token request) at the leader: its worker-side id. */
 static uint64_t expect_canary(fx_t *fx, int leader)
 {
@@ -1730,10 +1742,8 @@ static uint64_t expect_canary(fx_t *fx, int leader)
 static void test_a_silent_replica_is_found_by_its_canary(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);          /* the pieces are seen ready: first canary in 100 ms */
+    int64_t t;
+    int leader = canary_cluster(fx, &t); /* the pieces are seen ready: first canary in 100 ms */
     expect_nothing(fx->dealer[leader], 10);
     tsr_coord_tick(fx->c, t + 100);
     expect_canary(fx, leader);
@@ -1794,10 +1804,8 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
 static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);          /* first canary due at t + 100 */
+    int64_t t;
+    int leader = canary_cluster(fx, &t); /* first canary due at t + 100 */
     uint64_t wid = start_request(fx, fx->ctl, leader, 0);
     uint32_t index = 0;
     for (int64_t at = t + 2; at < t + 400; at += 7) {   /* due from t + 100 on */
@@ -1825,10 +1833,8 @@ static void test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin(void
 static void test_a_busy_replica_that_stops_streaming_is_found_by_its_canary(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);
+    int64_t t;
+    int leader = canary_cluster(fx, &t);
     (void)start_request(fx, fx->ctl, leader, 0);   /* sent at t, then silence */
     tsr_coord_tick(fx->c, t + 60);
     expect_nothing(fx->dealer[leader], 10);        /* silent for less than an interval */
@@ -1886,10 +1892,8 @@ static void send_steps(fx_t *fx, uint64_t steps, int except)
 static void test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canaried(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);
+    int64_t t;
+    int leader = canary_cluster(fx, &t);
     send_steps(fx, 0, -1);                         /* the counts' baseline */
     (void)start_request(fx, fx->ctl, leader, 0);   /* sent at t; no token ever comes */
     tsr_coord_tick(fx->c, t + 60);
@@ -1917,10 +1921,8 @@ static void test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canari
 static void test_an_idle_replica_whose_workers_finished_steps_gets_its_canary(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);                      /* idle: its first canary at t + 100 */
+    int64_t t;
+    int leader = canary_cluster(fx, &t); /* idle: its first canary at t + 100 */
     send_steps(fx, 3, -1);
     tsr_coord_tick(fx->c, t + 50);
     send_steps(fx, 4, -1);                         /* moved at t + 50 */
@@ -1936,10 +1938,8 @@ static void test_an_idle_replica_whose_workers_finished_steps_gets_its_canary(vo
 static void test_a_workers_first_step_count_is_not_a_step(void **state)
 {
     fx_t *fx = *state;
-    reconfigure(fx, "  canary_interval_ms: 100\n  canary_timeout_ms: 50\n");
-    int leader = cluster_ready(fx);
-    int64_t t = tsr_now_ms();
-    tsr_coord_tick(fx->c, t);
+    int64_t t;
+    int leader = canary_cluster(fx, &t);
     (void)start_request(fx, fx->ctl, leader, 0);
     tsr_coord_tick(fx->c, t + 60);
     send_steps(fx, 9, -1);
