@@ -1874,7 +1874,11 @@ static void send_steps(fx_t *fx, uint64_t steps, int except)
     uint64_t before = fx->c->stats.heartbeats;
     int want = 0;
     for (int i = 0; i < NW; i++) want += fx->holds[i] && i != except;
-    while (fx->c->stats.heartbeats < before + (uint64_t)want) pump(fx);
+    for (int k = 0; fx->c->stats.heartbeats < before + (uint64_t)want; k++) {
+        if (k == 20) fail_msg("%d heartbeats sent, %llu handled", want,
+                              (unsigned long long)(fx->c->stats.heartbeats - before));
+        pump(fx);
+    }
     for (int i = 0; i < NW; i++) {
         tsr_env_t *env;
         while (fx->holds[i] && (env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 5))) {
