@@ -49,9 +49,7 @@
  * the handoff (~0.3 us with helpers spinning, bench_pool) plus the helpers'
  * misses on x and y stop being small next to the work. */
 #define MIN_MACS_PER_CHUNK 16384
-#ifndef CHUNK_BYTES
 #define CHUNK_BYTES (256 << 10)
-#endif
 
 static void pick_kernel(void);
 #define MAX_THREADS 1024

@@ -642,7 +642,7 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
         int b0 = 0;
         if (pair)
             for (; b0 + B <= visible; b0 += B) {
-                if (b0 + B < visible + 1) kv_prefetch(e, j->l, en->slot, b0 + B, run);
+                kv_prefetch(e, j->l, en->slot, b0 + B, run);   /* row r + 1 sees position b0 + B */
                 att_block2(q[0], q[1], kv_at(e, e->kpool, j->l, en->slot, b0) + run,
                            kv_at(e, e->vpool, j->l, en->slot, b0) + run, hd, scale, &rs[0],
                            acc[0], &rs[1], acc[1]);
