@@ -125,8 +125,6 @@ else
     KEYS=0 KEYS_TEXT="none: this build's parser refuses them ($(head -1 "$T/probe.err"))"
 fi
 
-BW=$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')
-
 echo "== serving benchmark$([ "$QUICK" = 1 ] && echo ' (--quick)')"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $NPROC cores," \
