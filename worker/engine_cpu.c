@@ -423,56 +423,52 @@ typedef struct {
     int l;
 } att_job_t;
 
-static inline float dot(const float *a, const float *b, int n)
-{
-    v8f acc = {0};
-    int n8 = n & ~7;
-    for (int k = 0; k < n8; k += 8) acc += load8(a + k) * load8(b + k);
-    float s = hsum8(acc);
-    for (int k = n8; k < n; k++) s += a[k] * b[k];
-    return s;
-}
-
-/* Four dot products of q with k0..k3 (n floats each), side by side so
- * their multiply-add chains overlap; each is summed in dot()'s order. */
-static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2,
-                        const float *k3, int n, float *out)
+/* Scores of q against the 4 keys at k (rows of hd floats), over the
+ * first hd & ~7 dimensions, half-reduced: lanes 0-3 hold each key's sum of
+ * its vector lanes 0-3, lanes 4-7 that of lanes 4-7 (att_scores finishes
+ * them).  The four multiply-add chains run side by side. */
+static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const float *k,
+                                                           size_t hd)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    int n8 = n & ~7;
-    for (int d = 0; d < n8; d += 8) {
-        v8f x = load8(q + d);
-        a0 += x * load8(k0 + d), a1 += x * load8(k1 + d);
-        a2 += x * load8(k2 + d), a3 += x * load8(k3 + d);
+    for (size_t d = 0; d + 8 <= hd; d += 8) {
+        const v8f x = load8(q + d);
+        a0 += x * load8(k + d), a1 += x * load8(k + hd + d);
+        a2 += x * load8(k + 2 * hd + d), a3 += x * load8(k + 3 * hd + d);
     }
-    out[0] = hsum8(a0), out[1] = hsum8(a1), out[2] = hsum8(a2), out[3] = hsum8(a3);
-    for (int d = n8; d < n; d++) {
-        out[0] += q[d] * k0[d], out[1] += q[d] * k1[d];
-        out[2] += q[d] * k2[d], out[3] += q[d] * k3[d];
-    }
+    return hadd8(hadd8(a0, a1), hadd8(a2, a3));
 }
 
-/* dot4 for two query rows at once, each key line loaded once for both:
- * every product is summed exactly as dot4 sums it. */
-static inline void dot4x2(const float *q0, const float *q1, const float *k0, const float *k1,
-                          const float *k2, const float *k3, int n, float *out0, float *out1)
+/* dot4_part for two query rows at once, each key line loaded once for
+ * both; every sum is formed exactly as dot4_part forms it. */
+static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, const float *q1,
+                                                              const float *k, size_t hd,
+                                                              v8f *out0, v8f *out1)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    int n8 = n & ~7;
-    for (int d = 0; d < n8; d += 8) {
+    for (size_t d = 0; d + 8 <= hd; d += 8) {
         const v8f x = load8(q0 + d), y = load8(q1 + d);
-        const v8f l0 = load8(k0 + d), l1 = load8(k1 + d), l2 = load8(k2 + d), l3 = load8(k3 + d);
+        const v8f l0 = load8(k + d), l1 = load8(k + hd + d), l2 = load8(k + 2 * hd + d),
+                  l3 = load8(k + 3 * hd + d);
         a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
         b0 += y * l0, b1 += y * l1, b2 += y * l2, b3 += y * l3;
     }
-    out0[0] = hsum8(a0), out0[1] = hsum8(a1), out0[2] = hsum8(a2), out0[3] = hsum8(a3);
-    out1[0] = hsum8(b0), out1[1] = hsum8(b1), out1[2] = hsum8(b2), out1[3] = hsum8(b3);
-    for (int d = n8; d < n; d++) {
-        out0[0] += q0[d] * k0[d], out0[1] += q0[d] * k1[d];
-        out0[2] += q0[d] * k2[d], out0[3] += q0[d] * k3[d];
-        out1[0] += q1[d] * k0[d], out1[1] += q1[d] * k1[d];
-        out1[2] += q1[d] * k2[d], out1[3] += q1[d] * k3[d];
-    }
+    *out0 = hadd8(hadd8(a0, a1), hadd8(a2, a3));
+    *out1 = hadd8(hadd8(b0, b1), hadd8(b2, b3));
+}
+
+/* The 8 scores of two dot4_part results (keys 0-3, keys 4-7), each
+ * ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) over its vector lanes,
+ * then the dimensions past hd & ~7 added one by one.  The same for every
+ * row whatever its neighbours, so rows taken in pairs and alone agree. */
+static inline __attribute__((always_inline)) v8f att_scores(v8f lo, v8f hi, const float *q,
+                                                            const float *k, int hd)
+{
+    const v8i first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8f s = __builtin_shuffle(lo, hi, first) + __builtin_shuffle(lo, hi, second);
+    for (int d = hd & ~7; d < hd; d++)
+        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], k[(size_t)p * hd + d], s[p]);
+    return s;
 }
 
 /* One row's running attention for one head: the softmax state and the
@@ -482,21 +478,31 @@ typedef struct {
     float tail[8];
 } att_row_t;
 
-/* A block's scores sc[0..np) turned into weights exp(score - max), merged
- * into the row's running softmax (worker/kmath.h's tsr_k_osm_merge); the
- * accumulator then becomes ca * acc + cb * (sum of weight * value).  The
- * exponentials of a block are independent, so they overlap instead of
- * each waiting on the last. */
-static inline __attribute__((always_inline)) void att_weights(float *sc, int np, float scale,
-                                                              att_row_t *r, float *ca, float *cb)
+/* A block's scores s[0..1] (positions 0-7, 8-15; those from np on are
+ * not the sequence's and count for nothing) turned into weights
+ * exp(score - max) in sc, merged into the row's running softmax
+ * (worker/kmath.h's tsr_k_osm_merge); the accumulator then becomes
+ * ca * acc + cb * (sum of weight * value).  All in vectors: the scalar
+ * exponentials were most of attention's time at decode. */
+static inline __attribute__((always_inline)) void att_weights(const v8f *s, int np, float scale,
+                                                              float *sc, att_row_t *r, float *ca,
+                                                              float *cb)
 {
-    float m = -INFINITY;
-    for (int p = 0; p < np; p++) {
-        sc[p] *= scale;
-        if (sc[p] > m) m = sc[p];
-    }
-    tsr_osm_t bs = {m, 0.0f};
-    for (int p = 0; p < np; p++) bs.l += sc[p] = expf(sc[p] - m);
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const v8i in0 = lane < np, in1 = lane + 8 < np;
+    const v8f ninf = bcast8(-INFINITY);
+    v8f s0 = s[0] * bcast8(scale), s1 = s[1] * bcast8(scale);
+    s0 = (v8f)((in0 & (v8i)s0) | (~in0 & (v8i)ninf));
+    s1 = (v8f)((in1 & (v8i)s1) | (~in1 & (v8i)ninf));
+    v8i gt = s1 > s0;
+    v8f mx = (v8f)((gt & (v8i)s1) | (~gt & (v8i)s0));
+    float m = mx[0];
+    for (int k = 1; k < 8; k++) m = mx[k] > m ? mx[k] : m;
+    const v8f w0 = (v8f)(in0 & (v8i)exp8(s0 - bcast8(m))),
+              w1 = (v8f)(in1 & (v8i)exp8(s1 - bcast8(m)));
+    memcpy(sc, &w0, sizeof w0);
+    memcpy(sc + 8, &w1, sizeof w1);
+    tsr_osm_t bs = {m, hsum8(w0 + w1)};
     tsr_k_osm_merge(&r->st, bs, ca, cb);
 }
 
@@ -528,25 +534,26 @@ static inline __attribute__((always_inline)) void att_values(const float *sc, co
     }
     for (; d < hd; d++) {
         float s0 = 0;
-        for (int p = 0; p < np; p++) s0 += sc[p] * vb[(size_t)p * hd + d];
-        r->tail[d - hd8] = r->tail[d - hd8] * ca + s0 * cb;
+        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], vb[(size_t)p * hd + d], s0);
+        r->tail[d - hd8] = fmaf(s0, cb, r->tail[d - hd8] * ca);
     }
 }
 
-/* Takes np cached positions (keys kb, values vb: np rows of hd) into a
- * row's state: the block's scores, four dot products at once, then
- * att_weights and att_values. */
+/* Takes np cached positions (keys kb, values vb: np rows of hd, in a block
+ * of TSR_KV_BLOCK) into a row's state: the block's scores (all 16 keys
+ * are read, those from np on are masked), att_weights, att_values. */
 static inline __attribute__((always_inline)) void att_block(const float *q, const float *kb,
                                                             const float *vb, int np, int hd,
                                                             float scale, att_row_t *r, v8f *acc)
 {
+    _Static_assert(TSR_KV_BLOCK == 16, "att_block scores blocks of 16 positions");
     float sc[TSR_KV_BLOCK], ca, cb;
-    int p = 0;
-    for (; p + 4 <= np; p += 4)
-        dot4(q, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
-             kb + (size_t)(p + 3) * hd, hd, sc + p);
-    for (; p < np; p++) sc[p] = dot(q, kb + (size_t)p * hd, hd);
-    att_weights(sc, np, scale, r, &ca, &cb);
+    const size_t h = (size_t)hd;
+    v8f s[2];
+    for (int g = 0; g < 2; g++)
+        s[g] = att_scores(dot4_part(q, kb + 8 * g * h, h), dot4_part(q, kb + (8 * g + 4) * h, h),
+                          q, kb + 8 * g * h, hd);
+    att_weights(s, np, scale, sc, r, &ca, &cb);
     att_values(sc, vb, np, hd, 0, ca, cb, r, acc);
 }
 
@@ -561,11 +568,17 @@ static inline __attribute__((always_inline)) void att_block2(const float *q0, co
 {
     enum { NP = TSR_KV_BLOCK };
     float sc0[NP], sc1[NP], ca0, cb0, ca1, cb1;
-    for (int p = 0; p < NP; p += 4)
-        dot4x2(q0, q1, kb + (size_t)p * hd, kb + (size_t)(p + 1) * hd, kb + (size_t)(p + 2) * hd,
-               kb + (size_t)(p + 3) * hd, hd, sc0 + p, sc1 + p);
-    att_weights(sc0, NP, scale, r0, &ca0, &cb0);
-    att_weights(sc1, NP, scale, r1, &ca1, &cb1);
+    const size_t h = (size_t)hd;
+    v8f s0[2], s1[2];
+    for (int g = 0; g < 2; g++) {
+        v8f lo0, lo1, hi0, hi1;
+        dot4x2_part(q0, q1, kb + 8 * g * h, h, &lo0, &lo1);
+        dot4x2_part(q0, q1, kb + (8 * g + 4) * h, h, &hi0, &hi1);
+        s0[g] = att_scores(lo0, hi0, q0, kb + 8 * g * h, hd);
+        s1[g] = att_scores(lo1, hi1, q1, kb + 8 * g * h, hd);
+    }
+    att_weights(s0, NP, scale, sc0, r0, &ca0, &cb0);
+    att_weights(s1, NP, scale, sc1, r1, &ca1, &cb1);
     const int hd8 = hd & ~7;
     const v8f ca0v = bcast8(ca0), cb0v = bcast8(cb0), ca1v = bcast8(ca1), cb1v = bcast8(cb1);
     int d = 0;
@@ -617,8 +630,9 @@ static inline void kv_prefetch(const tsr_engine_t *e, int l, int slot, int pos, 
  * pairs through the blocks both see whole (att_block2), then one by one
  * through the rest (att_block), in block order either way, so a row's
  * result depends on that row alone, bit for bit, whatever its neighbours
- * (test_engine_cpu). */
-__attribute__((target_clones("avx2", "default"))) static void att_task(void *arg, int t)
+ * (test_engine_cpu).  Compiled twice, for AVX2 with FMA and for any x86-64
+ * (att_task_for picks), as the products are. */
+static inline __attribute__((always_inline)) void att_task_body(void *arg, int t)
 {
     const att_job_t *j = arg;
     tsr_engine_t *e = j->e;
@@ -660,6 +674,24 @@ __attribute__((target_clones("avx2", "default"))) static void att_task(void *arg
         }
         r += 1 + pair;
     }
+}
+
+__attribute__((target("avx2,fma"))) static void att_task_fma(void *arg, int t)
+{
+    att_task_body(arg, t);
+}
+
+static void att_task_plain(void *arg, int t) { att_task_body(arg, t); }
+
+/* The attention kernel this CPU runs: one choice for the process, so every
+ * step of every sequence computes the same way. */
+static void (*att_task_for(void))(void *, int)
+{
+    static void (*fn)(void *, int);
+    if (!fn)
+        fn = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? att_task_fma
+                                                                             : att_task_plain;
+    return fn;
 }
 
 /* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a
@@ -708,7 +740,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     for (int i = 0; i < b->n_entries; i++)
         first_task[i + 1] = first_task[i] + qh * ((b->entries[i].n + ATT_ROWS - 1) / ATT_ROWS);
     att_job_t aj = {e, b, first_row, first_task, l};
-    tsr_pool_for(e->pool, first_task[b->n_entries], att_task, &aj);
+    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(), &aj);
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
