@@ -19,7 +19,7 @@ PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas li
             libmicrohttpd
 CC       ?= cc
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -D_GNU_SOURCE \
+CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -Wno-psabi -MMD -MP -D_GNU_SOURCE \
             -I. -I$(BUILD)/gen $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 ifneq ($(SANITIZE),)

@@ -618,6 +618,39 @@ out:
     return rc;
 }
 
+const char *tsr_kv_dtype_name(int kv_dtype)
+{
+    return kv_dtype == TSR_KV_AUTO ? "auto"
+           : kv_dtype == TSR_KV_F32 ? "f32"
+           : kv_dtype == TSR_KV_BF16 ? "bf16"
+                                     : NULL;
+}
+
+/* kv_dtype, after device (a cuda pool is bf16 only). */
+static int parse_kv_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
+{
+    char kpath[PATH_MAX_LEN], *s = NULL;
+    int rc = -1;
+    path_key(kpath, path, "kv_dtype");
+    if (get_string(c, n, kpath, &s) < 0)
+        goto out;
+    for (d->kv_dtype = TSR_KV_AUTO; tsr_kv_dtype_name(d->kv_dtype); d->kv_dtype++)
+        if (!strcmp(s, tsr_kv_dtype_name(d->kv_dtype)))
+            break;
+    if (!tsr_kv_dtype_name(d->kv_dtype)) {
+        fail(c, n, kpath, "expected auto, f32 or bf16, got '%.40s'", s);
+        goto out;
+    }
+    if (d->device == TSR_DEVICE_CUDA && d->kv_dtype == TSR_KV_F32) {
+        fail(c, n, kpath, "a cuda deployment keeps its KV cache in bf16; f32 is for cpu ones");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(s);
+    return rc;
+}
+
 /* The batching and memory keys: optional integers with a range each. */
 static const struct {
     const char *key;
@@ -638,14 +671,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     static const char *const keys[] = { "name", "model", "device", "parallel",
                                         "max_seq_len", "max_batch", "prefill_chunk",
                                         "kv_cache_mib", "max_queue", "gpu_memory_percent",
-                                        "chat_template" };
+                                        "chat_template", "kv_dtype" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[11];
+    yaml_node_t *v[12];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 11, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 12, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -690,6 +723,8 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         snprintf(d->chat_template, sizeof d->chat_template, "%s", name);
         free(name);
     }
+    if (v[11] && parse_kv_dtype(c, v[11], path, d) < 0)
+        return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;

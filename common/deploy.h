@@ -22,6 +22,14 @@ const char *tsr_device_name(tsr_device_t d);
 /* 0 and *out set on success, -1 on an unknown name. */
 int tsr_device_parse(const char *s, tsr_device_t *out);
 
+/* The KV cache's element type (kv_dtype).  auto is the engine's own: f32
+ * on the CPU, bf16 on CUDA (whose pool is bf16 only).  bf16 halves what
+ * attention reads and doubles the sequences a budget holds; keys and values
+ * are rounded to it as they are cached. */
+typedef enum { TSR_KV_AUTO = 0, TSR_KV_F32 = 1, TSR_KV_BF16 = 2 } tsr_kv_dtype_t;
+/* "auto", "f32", "bf16"; NULL for any other value. */
+const char *tsr_kv_dtype_name(int kv_dtype);
+
 typedef struct {
     char *name;
     char *model;          /* as written in the file */
@@ -44,6 +52,8 @@ typedef struct {
     int gpu_memory_percent; /* cuda: the share of each GPU's memory a piece may
                                use, 10..99, default 90; without kv_cache_mib,
                                the KV pool takes what weights and reserve leave */
+    int kv_dtype;         /* tsr_kv_dtype_t: the KV cache's element type,
+                             default auto (the engine's own) */
     char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
                                 recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */

@@ -417,6 +417,7 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->prefill_chunk = (uint32_t)d->prefill_chunk;
     a->max_queue = (uint32_t)d->max_queue;
     a->kv_cache_bytes = kv_budget(c, h, di);
+    a->kv_dtype = (uint32_t)d->kv_dtype;
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
     /* Without one the workers refuse to form (collective_tcp.c): fail closed. */
@@ -436,6 +437,7 @@ static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_
     return strcmp(od->model_path, nd->model_path) || od->max_seq_len != nd->max_seq_len ||
            od->max_batch != nd->max_batch || od->prefill_chunk != nd->prefill_chunk ||
            od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue ||
+           od->kv_dtype != nd->kv_dtype ||
            /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
            (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
             od->gpu_memory_percent != nd->gpu_memory_percent);

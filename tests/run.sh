@@ -23,6 +23,20 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
             failures+=("$(basename "$t")")
         fi
     done
+    # The NumPy reference the engines are checked against checks itself.
+    case selftest in *"$filter"*)
+        py=python3
+        python3 -c 'import numpy' 2> /dev/null || py=/usr/bin/python3
+        out=$("$py" tests/reference/selftest.py 2>&1); rc=$?
+        echo "$out"
+        p=$(echo "$out" | sed -n 's/^\([0-9]*\) passed, [0-9]* failed$/\1/p' | tail -1)
+        f=$(echo "$out" | sed -n 's/^[0-9]* passed, \([0-9]*\) failed$/\1/p' | tail -1)
+        passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+        if [ $rc -ne 0 ]; then
+            [ -z "$f" ] || [ "$f" -eq 0 ] && failed=$((failed + 1))
+            failures+=(reference-selftest)
+        fi ;;
+    esac
 fi
 
 if [ "$what" = all ] || [ "$what" = integration ]; then

@@ -34,6 +34,7 @@ typedef struct {
     int kv_blocks;                  /* KV pool size, in blocks of TSR_KV_BLOCK positions */
     int threads;                    /* CPU threads (0: every CPU the worker may use) */
     int device_index;               /* the GPU a CUDA engine runs on */
+    int kv_dtype;                   /* tsr_kv_dtype_t (0, auto: the engine's own) */
 } tsr_piece_spec_t;
 
 /* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
@@ -56,7 +57,8 @@ typedef struct tsr_engine tsr_engine_t;
 typedef struct {
     const char *name;
     tsr_device_t device;
-    int kv_elem_bytes;              /* bytes of one cached key or value element */
+    int kv_elem_bytes;              /* bytes of one cached element of its own type
+                                       (kv_dtype auto) */
     /* Loads the piece from a Hugging Face directory: only its layers and its
      * tensor-parallel slice are read.  Caller owns *out (destroy). */
     int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
@@ -115,6 +117,16 @@ typedef struct {
 int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen);
 /* Tests: pieces of device kind d get b instead (NULL: back to the table). */
 void tsr_backend_test_override(tsr_device_t d, const tsr_backend_t *b);
+
+/* Bytes of one cached key or value element of spec's kv_dtype on engine
+ * eng; 0 for a kv_dtype no engine knows. */
+static inline int tsr_kv_elem_bytes(const tsr_engine_ops_t *eng, int kv_dtype)
+{
+    return kv_dtype == TSR_KV_AUTO ? eng->kv_elem_bytes
+           : kv_dtype == TSR_KV_F32 ? 4
+           : kv_dtype == TSR_KV_BF16 ? 2
+                                     : 0;
+}
 
 /* The rotary embedding's parameters of model m. */
 static inline tsr_rope_cfg_t tsr_rope_cfg(const tsr_model_info_t *m)

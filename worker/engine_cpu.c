@@ -51,7 +51,8 @@ struct tsr_engine {
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
     tsr_kvpool_t *kv;
-    float *kpool, *vpool;           /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
+    void *kpool, *vpool;            /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
+    int kv_bf16;                    /* the pools hold bf16 (kv_dtype bf16), else f32 */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
@@ -177,10 +178,10 @@ static float *alloc_f(size_t n, int *bad)
 
 /* Page-aligned and not touched here: the KV pool's pages become resident
  * only as blocks are used (every position is written before it is read). */
-static float *alloc_lazy(size_t n, int *bad)
+static void *alloc_lazy(size_t bytes, int *bad)
 {
     void *p = NULL;
-    if (posix_memalign(&p, 4096, (n ? n : 1) * sizeof(float)) != 0) {
+    if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0) {
         *bad = 1;
         return NULL;
     }
@@ -307,6 +308,13 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->spec = *spec;
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
+    if (spec->kv_dtype != TSR_KV_AUTO && spec->kv_dtype != TSR_KV_F32 &&
+        spec->kv_dtype != TSR_KV_BF16) {
+        tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, 2 bf16)",
+                    spec->kv_dtype);
+        goto out;
+    }
+    e->kv_bf16 = spec->kv_dtype == TSR_KV_BF16;
     const tsr_model_info_t *m = &e->m;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -348,9 +356,10 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
     size_t pool = (size_t)e->n_layers * spec->kv_blocks * TSR_KV_BLOCK * kvw;
     e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
-    e->kpool = alloc_lazy(pool, &bad);
-    e->vpool = alloc_lazy(pool, &bad);
-    e->kvbytes = 2 * pool * sizeof(float);
+    const size_t esize = e->kv_bf16 ? 2 : sizeof(float);
+    e->kpool = alloc_lazy(pool * esize, &bad);
+    e->vpool = alloc_lazy(pool * esize, &bad);
+    e->kvbytes = 2 * pool * esize;
     e->rope_cos = alloc_f(S * e->head_dim / 2, &bad);
     e->rope_sin = alloc_f(S * e->head_dim / 2, &bad);
     e->x = alloc_f(T * H, &bad);
@@ -401,14 +410,80 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
 }
 
 /* A block holds, per KV head, its 16 positions one after another, so the
- * attention of one head reads contiguous memory.  Position pos of slot,
- * KV head 0 (the next head is TSR_KV_BLOCK * head_dim further on). */
-static inline float *kv_at(const tsr_engine_t *e, float *pool, int l, int slot, int pos)
+ * attention of one head reads contiguous memory.  The element offset of
+ * position pos of slot, KV head 0 (the next head is TSR_KV_BLOCK * head_dim
+ * further on), in either pool. */
+static inline size_t kv_off(const tsr_engine_t *e, int l, int slot, int pos)
 {
     const size_t kvw = (size_t)e->kv_heads * e->head_dim;
     int32_t block = tsr_kvpool_table(e->kv, slot)[pos / TSR_KV_BLOCK];
-    return pool + ((size_t)l * e->spec.kv_blocks + block) * TSR_KV_BLOCK * kvw +
+    return ((size_t)l * e->spec.kv_blocks + block) * TSR_KV_BLOCK * kvw +
            (size_t)(pos % TSR_KV_BLOCK) * e->head_dim;
+}
+
+/* The pools' elements, f32 or bf16 (bf16 is the top half of an f32's bits,
+ * so widening puts zeros below it).  bf16 is a constant at every call
+ * site: the kernels are compiled once per element type (att_task_for).
+ *
+ * A bf16 row keeps each full 16 of its head_dim in the order 0-3, 8-11,
+ * 4-7, 12-15 (kv_store), because interleaving 16 stored elements with
+ * zeros, 128 bits at a time (one vpunpcklwd and one vpunpckhwd), then gives
+ * dimensions 0-7 and 8-15 in order: two instructions for 16 elements.  The
+ * rest of a row (8, then one at a time) is in order. */
+typedef unsigned short v8u16 __attribute__((vector_size(16)));
+typedef unsigned short v16u16 __attribute__((vector_size(32)));
+
+/* Elements [i, i + 16) of a row's full 16 (i a multiple of 16). */
+static inline __attribute__((always_inline)) void kv_load16(const void *p, size_t i, int bf16,
+                                                            v8f *lo, v8f *hi)
+{
+    if (!bf16) {
+        *lo = load8((const float *)p + i), *hi = load8((const float *)p + i + 8);
+        return;
+    }
+    const v16u16 zero = {0}, first = {0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27},
+                 second = {4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31};
+    v16u16 x;
+    memcpy(&x, (const uint16_t *)p + i, sizeof x);
+    *lo = (v8f)__builtin_shuffle(zero, x, first);
+    *hi = (v8f)__builtin_shuffle(zero, x, second);
+}
+
+/* Elements [i, i + 8) past a row's full 16s. */
+static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int bf16)
+{
+    if (!bf16) return load8((const float *)p + i);
+    v8u16 h;
+    memcpy(&h, (const uint16_t *)p + i, sizeof h);
+    return (v8f)(__builtin_convertvector(h, v8i) << 16);
+}
+
+static inline __attribute__((always_inline)) float kv_load1(const void *p, size_t i, int bf16)
+{
+    return bf16 ? tsr_k_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* A row of n elements into the pool at element offset off; in bf16 when
+ * the pool is (the CUDA engine's rounding), its full 16s in kv_load16's
+ * order. */
+static inline void kv_store(const tsr_engine_t *e, void *pool, size_t off, const float *x, int n)
+{
+    if (!e->kv_bf16) {
+        memcpy((float *)pool + off, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)pool + off;
+    static const int from[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) d[i + k] = tsr_k_f32_to_bf16(x[i + from[k]]);
+    for (; i < n; i++) d[i] = tsr_k_f32_to_bf16(x[i]);
+}
+
+/* Bytes from an element offset. */
+static inline const void *kv_ptr(const void *pool, size_t off, int bf16)
+{
+    return (const char *)pool + off * (bf16 ? 2 : sizeof(float));
 }
 
 /* Attention work is cut into (entry, query head, 16 rows) tasks, so a long
@@ -427,14 +502,23 @@ typedef struct {
  * first hd & ~7 dimensions, half-reduced: lanes 0-3 hold each key's sum of
  * its vector lanes 0-3, lanes 4-7 that of lanes 4-7 (att_scores finishes
  * them).  The four multiply-add chains run side by side. */
-static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const float *k,
-                                                           size_t hd)
+static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const void *k,
+                                                           size_t hd, int bf16)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (size_t d = 0; d + 8 <= hd; d += 8) {
+    size_t d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        const v8f x = load8(q + d), y = load8(q + d + 8);
+        v8f l0, h0, l1, h1, l2, h2, l3, h3;
+        kv_load16(k, d, bf16, &l0, &h0), kv_load16(k, hd + d, bf16, &l1, &h1);
+        kv_load16(k, 2 * hd + d, bf16, &l2, &h2), kv_load16(k, 3 * hd + d, bf16, &l3, &h3);
+        a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
+        a0 += y * h0, a1 += y * h1, a2 += y * h2, a3 += y * h3;
+    }
+    if (d + 8 <= hd) {
         const v8f x = load8(q + d);
-        a0 += x * load8(k + d), a1 += x * load8(k + hd + d);
-        a2 += x * load8(k + 2 * hd + d), a3 += x * load8(k + 3 * hd + d);
+        a0 += x * kv_load8(k, d, bf16), a1 += x * kv_load8(k, hd + d, bf16);
+        a2 += x * kv_load8(k, 2 * hd + d, bf16), a3 += x * kv_load8(k, 3 * hd + d, bf16);
     }
     return hadd8(hadd8(a0, a1), hadd8(a2, a3));
 }
@@ -442,14 +526,33 @@ static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const
 /* dot4_part for two query rows at once, each key line loaded once for
  * both; every sum is formed exactly as dot4_part forms it. */
 static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, const float *q1,
-                                                              const float *k, size_t hd,
+                                                              const void *k, size_t hd, int bf16,
                                                               v8f *out0, v8f *out1)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    for (size_t d = 0; d + 8 <= hd; d += 8) {
+    size_t d = 0;
+    /* a key at a time (14 vector registers), each accumulator in the same
+     * order as dot4_part's: the 8 dimensions of d, then those of d + 8 */
+#define KEY16(j, aj, bj)                                                                          \
+    do {                                                                                          \
+        v8f l, h;                                                                                 \
+        kv_load16(k, (j) * hd + d, bf16, &l, &h);                                                 \
+        aj += x * l, bj += y * l;                                                                 \
+        aj += x2 * h, bj += y2 * h;                                                               \
+    } while (0)
+    for (; d + 16 <= hd; d += 16) {
+        const v8f x = load8(q0 + d), x2 = load8(q0 + d + 8), y = load8(q1 + d),
+                  y2 = load8(q1 + d + 8);
+        KEY16(0, a0, b0);
+        KEY16(1, a1, b1);
+        KEY16(2, a2, b2);
+        KEY16(3, a3, b3);
+    }
+#undef KEY16
+    if (d + 8 <= hd) {
         const v8f x = load8(q0 + d), y = load8(q1 + d);
-        const v8f l0 = load8(k + d), l1 = load8(k + hd + d), l2 = load8(k + 2 * hd + d),
-                  l3 = load8(k + 3 * hd + d);
+        const v8f l0 = kv_load8(k, d, bf16), l1 = kv_load8(k, hd + d, bf16),
+                  l2 = kv_load8(k, 2 * hd + d, bf16), l3 = kv_load8(k, 3 * hd + d, bf16);
         a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
         b0 += y * l0, b1 += y * l1, b2 += y * l2, b3 += y * l3;
     }
@@ -462,12 +565,12 @@ static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, c
  * then the dimensions past hd & ~7 added one by one.  The same for every
  * row whatever its neighbours, so rows taken in pairs and alone agree. */
 static inline __attribute__((always_inline)) v8f att_scores(v8f lo, v8f hi, const float *q,
-                                                            const float *k, int hd)
+                                                            const void *k, int hd, int bf16)
 {
     const v8i first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
     v8f s = __builtin_shuffle(lo, hi, first) + __builtin_shuffle(lo, hi, second);
     for (int d = hd & ~7; d < hd; d++)
-        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], k[(size_t)p * hd + d], s[p]);
+        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], kv_load1(k, (size_t)p * hd + d, bf16), s[p]);
     return s;
 }
 
@@ -508,33 +611,47 @@ static inline __attribute__((always_inline)) void att_weights(const v8f *s, int 
 
 /* The values of a block weighted by sc into a row, columns [d, hd): 32 at
  * a time in registers, then 8, then one. */
-static inline __attribute__((always_inline)) void att_values(const float *sc, const float *vb,
-                                                             int np, int hd, int d, float ca,
-                                                             float cb, att_row_t *r, v8f *acc)
+static inline __attribute__((always_inline)) void att_values(const float *sc, const void *vb,
+                                                             int bf16, int np, int hd, int d,
+                                                             float ca, float cb, att_row_t *r,
+                                                             v8f *acc)
 {
-    const int hd8 = hd & ~7;
+    const int hd8 = hd & ~7, hd16 = hd & ~15;
     const v8f cav = bcast8(ca), cbv = bcast8(cb);
-    for (; d + 32 <= hd8; d += 32) {
+    for (; d + 32 <= hd16; d += 32) {
         v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (int p = 0; p < np; p++) {
-            const float *v = vb + (size_t)p * hd + d;
+            const size_t v = (size_t)p * hd + d;
             const v8f wv = bcast8(sc[p]);
-            s0 += wv * load8(v), s1 += wv * load8(v + 8);
-            s2 += wv * load8(v + 16), s3 += wv * load8(v + 24);
+            v8f l0, h0, l1, h1;
+            kv_load16(vb, v, bf16, &l0, &h0), kv_load16(vb, v + 16, bf16, &l1, &h1);
+            s0 += wv * l0, s1 += wv * h0, s2 += wv * l1, s3 += wv * h1;
         }
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
         acc[d / 8 + 1] = acc[d / 8 + 1] * cav + s1 * cbv;
         acc[d / 8 + 2] = acc[d / 8 + 2] * cav + s2 * cbv;
         acc[d / 8 + 3] = acc[d / 8 + 3] * cav + s3 * cbv;
     }
-    for (; d < hd8; d += 8) {
-        v8f s0 = {0};
-        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * load8(vb + (size_t)p * hd + d);
+    for (; d + 16 <= hd16; d += 16) {
+        v8f s0 = {0}, s1 = {0};
+        for (int p = 0; p < np; p++) {
+            const v8f wv = bcast8(sc[p]);
+            v8f l, h;
+            kv_load16(vb, (size_t)p * hd + d, bf16, &l, &h);
+            s0 += wv * l, s1 += wv * h;
+        }
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
+        acc[d / 8 + 1] = acc[d / 8 + 1] * cav + s1 * cbv;
+    }
+    if (d + 8 <= hd8) {
+        v8f s0 = {0};
+        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * kv_load8(vb, (size_t)p * hd + d, bf16);
+        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
+        d += 8;
     }
     for (; d < hd; d++) {
         float s0 = 0;
-        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], vb[(size_t)p * hd + d], s0);
+        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], kv_load1(vb, (size_t)p * hd + d, bf16), s0);
         r->tail[d - hd8] = fmaf(s0, cb, r->tail[d - hd8] * ca);
     }
 }
@@ -542,19 +659,21 @@ static inline __attribute__((always_inline)) void att_values(const float *sc, co
 /* Takes np cached positions (keys kb, values vb: np rows of hd, in a block
  * of TSR_KV_BLOCK) into a row's state: the block's scores (all 16 keys
  * are read, those from np on are masked), att_weights, att_values. */
-static inline __attribute__((always_inline)) void att_block(const float *q, const float *kb,
-                                                            const float *vb, int np, int hd,
-                                                            float scale, att_row_t *r, v8f *acc)
+static inline __attribute__((always_inline)) void att_block(const float *q, const void *kb,
+                                                            const void *vb, int bf16, int np,
+                                                            int hd, float scale, att_row_t *r,
+                                                            v8f *acc)
 {
     _Static_assert(TSR_KV_BLOCK == 16, "att_block scores blocks of 16 positions");
     float sc[TSR_KV_BLOCK], ca, cb;
     const size_t h = (size_t)hd;
     v8f s[2];
-    for (int g = 0; g < 2; g++)
-        s[g] = att_scores(dot4_part(q, kb + 8 * g * h, h), dot4_part(q, kb + (8 * g + 4) * h, h),
-                          q, kb + 8 * g * h, hd);
+    for (int g = 0; g < 2; g++) {
+        const void *k0 = kv_ptr(kb, 8 * g * h, bf16), *k4 = kv_ptr(kb, (8 * g + 4) * h, bf16);
+        s[g] = att_scores(dot4_part(q, k0, h, bf16), dot4_part(q, k4, h, bf16), q, k0, hd, bf16);
+    }
     att_weights(s, np, scale, sc, r, &ca, &cb);
-    att_values(sc, vb, np, hd, 0, ca, cb, r, acc);
+    att_values(sc, vb, bf16, np, hd, 0, ca, cb, r, acc);
 }
 
 /* att_block of a whole block for two rows of a prompt, with bits equal to
@@ -562,9 +681,10 @@ static inline __attribute__((always_inline)) void att_block(const float *q, cons
  * rows, which halves what a long prompt's attention reads from the cache
  * hierarchy (it reads every earlier position once per row). */
 static inline __attribute__((always_inline)) void att_block2(const float *q0, const float *q1,
-                                                             const float *kb, const float *vb,
-                                                             int hd, float scale, att_row_t *r0,
-                                                             v8f *acc0, att_row_t *r1, v8f *acc1)
+                                                             const void *kb, const void *vb,
+                                                             int bf16, int hd, float scale,
+                                                             att_row_t *r0, v8f *acc0,
+                                                             att_row_t *r1, v8f *acc1)
 {
     enum { NP = TSR_KV_BLOCK };
     float sc0[NP], sc1[NP], ca0, cb0, ca1, cb1;
@@ -572,10 +692,11 @@ static inline __attribute__((always_inline)) void att_block2(const float *q0, co
     v8f s0[2], s1[2];
     for (int g = 0; g < 2; g++) {
         v8f lo0, lo1, hi0, hi1;
-        dot4x2_part(q0, q1, kb + 8 * g * h, h, &lo0, &lo1);
-        dot4x2_part(q0, q1, kb + (8 * g + 4) * h, h, &hi0, &hi1);
-        s0[g] = att_scores(lo0, hi0, q0, kb + 8 * g * h, hd);
-        s1[g] = att_scores(lo1, hi1, q1, kb + 8 * g * h, hd);
+        const void *k0 = kv_ptr(kb, 8 * g * h, bf16), *k4 = kv_ptr(kb, (8 * g + 4) * h, bf16);
+        dot4x2_part(q0, q1, k0, h, bf16, &lo0, &lo1);
+        dot4x2_part(q0, q1, k4, h, bf16, &hi0, &hi1);
+        s0[g] = att_scores(lo0, hi0, q0, k0, hd, bf16);
+        s1[g] = att_scores(lo1, hi1, q1, k0, hd, bf16);
     }
     att_weights(s0, NP, scale, sc0, r0, &ca0, &cb0);
     att_weights(s1, NP, scale, sc1, r1, &ca1, &cb1);
@@ -585,8 +706,9 @@ static inline __attribute__((always_inline)) void att_block2(const float *q0, co
     for (; d + 16 <= hd8; d += 16) {
         v8f s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
         for (int p = 0; p < NP; p++) {
-            const float *v = vb + (size_t)p * hd + d;
-            const v8f v0 = load8(v), v1 = load8(v + 8), w0 = bcast8(sc0[p]), w1 = bcast8(sc1[p]);
+            const v8f w0 = bcast8(sc0[p]), w1 = bcast8(sc1[p]);
+            v8f v0, v1;
+            kv_load16(vb, (size_t)p * hd + d, bf16, &v0, &v1);
             s0 += w0 * v0, s1 += w0 * v1, t0 += w1 * v0, t1 += w1 * v1;
         }
         acc0[d / 8] = acc0[d / 8] * ca0v + s0 * cb0v;
@@ -594,8 +716,8 @@ static inline __attribute__((always_inline)) void att_block2(const float *q0, co
         acc1[d / 8] = acc1[d / 8] * ca1v + t0 * cb1v;
         acc1[d / 8 + 1] = acc1[d / 8 + 1] * ca1v + t1 * cb1v;
     }
-    att_values(sc0, vb, NP, hd, d, ca0, cb0, r0, acc0);
-    att_values(sc1, vb, NP, hd, d, ca1, cb1, r1, acc1);
+    att_values(sc0, vb, bf16, NP, hd, d, ca0, cb0, r0, acc0);
+    att_values(sc1, vb, bf16, NP, hd, d, ca1, cb1, r1, acc1);
 }
 
 static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
@@ -617,11 +739,13 @@ static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float
  * elsewhere in the pool, where the hardware's stream prefetch does not
  * follow (a block table, page-sized runs), so asked for while the block
  * before computes they are there when it is done. */
-static inline void kv_prefetch(const tsr_engine_t *e, int l, int slot, int pos, size_t run)
+static inline __attribute__((always_inline)) void kv_prefetch(const tsr_engine_t *e, int l,
+                                                               int slot, int pos, size_t run,
+                                                               int bf16)
 {
-    const float *kn = kv_at(e, e->kpool, l, slot, pos) + run;
-    const float *vn = kv_at(e, e->vpool, l, slot, pos) + run;
-    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim; i += 16)
+    const size_t off = kv_off(e, l, slot, pos) + run;
+    const char *kn = kv_ptr(e->kpool, off, bf16), *vn = kv_ptr(e->vpool, off, bf16);
+    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim * (bf16 ? 2 : 4); i += 64)
         __builtin_prefetch(kn + i), __builtin_prefetch(vn + i);
 }
 
@@ -632,7 +756,7 @@ static inline void kv_prefetch(const tsr_engine_t *e, int l, int slot, int pos, 
  * result depends on that row alone, bit for bit, whatever its neighbours
  * (test_engine_cpu).  Compiled twice, for AVX2 with FMA and for any x86-64
  * (att_task_for picks), as the products are. */
-static inline __attribute__((always_inline)) void att_task_body(void *arg, int t)
+static inline __attribute__((always_inline)) void att_task_body(void *arg, int t, int bf16)
 {
     const att_job_t *j = arg;
     tsr_engine_t *e = j->e;
@@ -642,7 +766,7 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
     const tsr_entry_t *en = &j->b->entries[ei];
     const float scale = 1.0f / sqrtf((float)hd);
     const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
-    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, run = (size_t)(h / group) * B * hd;  /* kv_at */
+    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, run = (size_t)(h / group) * B * hd;  /* kv_off */
     const int r1 = en->n < r0 + ATT_ROWS ? en->n : r0 + ATT_ROWS;
     v8f acc[2][64];
     att_row_t rs[2];
@@ -656,17 +780,17 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
         int b0 = 0;
         if (pair)
             for (; b0 + B <= visible; b0 += B) {
-                kv_prefetch(e, j->l, en->slot, b0 + B, run);   /* row r + 1 sees position b0 + B */
-                att_block2(q[0], q[1], kv_at(e, e->kpool, j->l, en->slot, b0) + run,
-                           kv_at(e, e->vpool, j->l, en->slot, b0) + run, hd, scale, &rs[0],
-                           acc[0], &rs[1], acc[1]);
+                kv_prefetch(e, j->l, en->slot, b0 + B, run, bf16);   /* row r + 1 sees b0 + B */
+                const size_t off = kv_off(e, j->l, en->slot, b0) + run;
+                att_block2(q[0], q[1], kv_ptr(e->kpool, off, bf16), kv_ptr(e->vpool, off, bf16),
+                           bf16, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
             }
         for (int k = 0; k <= pair; k++) {
             const int vis = visible + k;
             for (int c0 = b0; c0 < vis; c0 += B) {
-                if (c0 + B < vis) kv_prefetch(e, j->l, en->slot, c0 + B, run);
-                att_block(q[k], kv_at(e, e->kpool, j->l, en->slot, c0) + run,
-                          kv_at(e, e->vpool, j->l, en->slot, c0) + run,
+                if (c0 + B < vis) kv_prefetch(e, j->l, en->slot, c0 + B, run, bf16);
+                const size_t off = kv_off(e, j->l, en->slot, c0) + run;
+                att_block(q[k], kv_ptr(e->kpool, off, bf16), kv_ptr(e->vpool, off, bf16), bf16,
                           vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k], acc[k]);
             }
             att_row_out(&rs[k], acc[k], hd,
@@ -678,20 +802,25 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
 
 __attribute__((target("avx2,fma"))) static void att_task_fma(void *arg, int t)
 {
-    att_task_body(arg, t);
+    att_task_body(arg, t, 0);
 }
 
-static void att_task_plain(void *arg, int t) { att_task_body(arg, t); }
-
-/* The attention kernel this CPU runs: one choice for the process, so every
- * step of every sequence computes the same way. */
-static void (*att_task_for(void))(void *, int)
+__attribute__((target("avx2,fma"))) static void att_task_fma_bf16(void *arg, int t)
 {
-    static void (*fn)(void *, int);
-    if (!fn)
-        fn = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? att_task_fma
-                                                                             : att_task_plain;
-    return fn;
+    att_task_body(arg, t, 1);
+}
+
+static void att_task_plain(void *arg, int t) { att_task_body(arg, t, 0); }
+static void att_task_plain_bf16(void *arg, int t) { att_task_body(arg, t, 1); }
+
+/* The attention kernel this CPU runs for a pool of f32 or bf16: one choice
+ * for the process, so every step of every sequence computes the same way. */
+static void (*att_task_for(int bf16))(void *, int)
+{
+    static int fma = -1;
+    if (fma < 0) fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return fma ? (bf16 ? att_task_fma_bf16 : att_task_fma)
+               : (bf16 ? att_task_plain_bf16 : att_task_plain);
 }
 
 /* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a
@@ -728,11 +857,10 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
         float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
         rope_row(e, q, qh, e->row_pos[t]);
         rope_row(e, k, kvh, e->row_pos[t]);
-        float *kd = kv_at(e, e->kpool, l, e->row_slot[t], e->row_pos[t]);
-        float *vd = kv_at(e, e->vpool, l, e->row_slot[t], e->row_pos[t]);
+        const size_t off = kv_off(e, l, e->row_slot[t], e->row_pos[t]);
         for (int h = 0; h < kvh; h++) {
-            memcpy(kd + (size_t)h * TSR_KV_BLOCK * hd, k + (size_t)h * hd, (size_t)hd * sizeof(float));
-            memcpy(vd + (size_t)h * TSR_KV_BLOCK * hd, v + (size_t)h * hd, (size_t)hd * sizeof(float));
+            kv_store(e, e->kpool, off + (size_t)h * TSR_KV_BLOCK * hd, k + (size_t)h * hd, hd);
+            kv_store(e, e->vpool, off + (size_t)h * TSR_KV_BLOCK * hd, v + (size_t)h * hd, hd);
         }
     }
     int first_task[b->n_entries + 1];
@@ -740,7 +868,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     for (int i = 0; i < b->n_entries; i++)
         first_task[i + 1] = first_task[i] + qh * ((b->entries[i].n + ATT_ROWS - 1) / ATT_ROWS);
     att_job_t aj = {e, b, first_row, first_task, l};
-    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(), &aj);
+    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(e->kv_bf16), &aj);
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];

@@ -27,6 +27,7 @@ typedef struct {
     int max_seq_len;
     int max_batch, prefill_chunk, max_queue;
     uint64_t kv_cache_bytes;
+    int kv_dtype;               /* tsr_kv_dtype_t, as the coordinator sent it */
     tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
@@ -453,7 +454,7 @@ static bool same_piece(const job_t *a, const job_t *b)
     return a->active && b->active && tsr_piece_equal(&ak, &bk) &&
            !strcmp(a->model_path, b->model_path) && a->max_seq_len == b->max_seq_len && a->max_batch == b->max_batch &&
            a->prefill_chunk == b->prefill_chunk && a->kv_cache_bytes == b->kv_cache_bytes &&
-           a->device == b->device;
+           a->kv_dtype == b->kv_dtype && a->device == b->device;
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -476,9 +477,10 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
     if (chunk > j->max_seq_len) chunk = j->max_seq_len;
     *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
-                               batch + chunk, 0, 0, ex->device_index};
+                               batch + chunk, 0, 0, ex->device_index, j->kv_dtype};
+    int elem = tsr_kv_elem_bytes(eng, j->kv_dtype);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
-                                         j->max_seq_len, TSR_KV_BLOCK, eng->kv_elem_bytes);
+                                         j->max_seq_len, TSR_KV_BLOCK, elem > 0 ? elem : 4);
 }
 
 /* The device is unusable: say why (fatal, so the coordinator moves the
@@ -700,6 +702,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->prefill_chunk = (int)as->prefill_chunk;
     j->max_queue = (int)as->max_queue;
     j->kv_cache_bytes = as->kv_cache_bytes;
+    j->kv_dtype = as->kv_dtype > 1000 ? 1000 : (int)as->kv_dtype;   /* unknown: refused at load */
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++) {

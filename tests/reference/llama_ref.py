@@ -7,7 +7,7 @@ over being fast: float64 by default, no KV cache (every generation step
 recomputes the whole sequence), one function per piece of the model.
 
     python3 tests/reference/llama_ref.py MODEL_DIR --prompt-ids 1,2,3 \
-        --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos]
+        --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos] [--kv-dtype bf16]
 
 As a module: load_model(dir) -> dict, forward(model, ids) -> logits [T, V],
 generate(model, ids, n) -> list of generated ids.
@@ -240,14 +240,26 @@ def linear(x, weight, bias=None):
     return y if bias is None else y + bias
 
 
-def attention(layer, cfg, x, cos, sin):
-    """Causal grouped-query self-attention over x [T, D] -> [T, D]."""
+def round_bf16(a):
+    """a rounded to bfloat16 (to nearest, ties to even) and widened back: what
+    a KV cache of bf16 holds (kv_dtype: bf16)."""
+    u = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).astype(a.dtype)
+
+
+def attention(layer, cfg, x, cos, sin, kv_round=None):
+    """Causal grouped-query self-attention over x [T, D] -> [T, D].  kv_round,
+    when given, is applied to the keys (after RoPE) and values, as a KV cache
+    of a narrower type stores them."""
     T = x.shape[0]
     H, KV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     q = linear(x, layer["q_proj"], layer["q_proj.bias"]).reshape(T, H, hd)
     k = linear(x, layer["k_proj"], layer["k_proj.bias"]).reshape(T, KV, hd)
     v = linear(x, layer["v_proj"], layer["v_proj.bias"]).reshape(T, KV, hd)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv_round is not None:
+        k, v = kv_round(k), kv_round(v)
     # GQA: query head h reads KV head h // (H / KV) (HF's repeat_kv repeats
     # each KV head consecutively).
     kv_of_head = np.arange(H) // (H // KV)
@@ -285,7 +297,8 @@ def forward(model, ids):
     x = model["embed_tokens"][ids]
     with np.errstate(over="ignore"):  # exp overflow in silu gives the right limit
         for layer in model["layers"]:
-            x = x + attention(layer, cfg, rms_norm(x, layer["input_layernorm"], eps), cos, sin)
+            x = x + attention(layer, cfg, rms_norm(x, layer["input_layernorm"], eps), cos, sin,
+                              model.get("kv_round"))
             x = x + mlp(layer, rms_norm(x, layer["post_attention_layernorm"], eps))
     return rms_norm(x, model["norm"], eps) @ model["lm_head"].T
 
@@ -320,6 +333,8 @@ def main(argv=None):
     ap.add_argument("--logits-out", help="FILE: first step's logits, one per line; "
                     "FILE.all: every step's logits, one line per step")
     ap.add_argument("--f32", action="store_true", help="compute in float32 (default float64)")
+    ap.add_argument("--kv-dtype", choices=("f32", "bf16"), default="f32",
+                    help="bf16: keys and values rounded as a bf16 KV cache holds them")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop after generating config.json's eos_token_id")
     args = ap.parse_args(argv)
@@ -331,6 +346,8 @@ def main(argv=None):
         ap.error("need at least one prompt id and --max-tokens >= 0")
 
     model = load_model(args.model_dir, np.float32 if args.f32 else np.float64)
+    if args.kv_dtype == "bf16":
+        model["kv_round"] = round_bf16
     eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()
     steps = []
     out = generate(model, prompt, args.max_tokens, eos, steps)

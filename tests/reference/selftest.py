@@ -267,6 +267,23 @@ def test_f32_close_to_f64():
 
 
 # ----------------------------------------------------------------- (5) llama3 RoPE
+def test_bf16_rounding_is_to_nearest_ties_to_even():
+    # spacing 2^-7 at 1: 1 + 2^-8 is halfway (to the even 1.0), 1 + 3 * 2^-9
+    # is above halfway, 1 + 3 * 2^-8 halfway again (to the even 1 + 2^-6)
+    a = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-9, 1 + 3 * 2**-8, -3.14159, 0.0])
+    want = np.array([1.0, 1.0, 1 + 2**-7, 1 + 2**-6, -3.140625, 0.0])
+    assert np.array_equal(ref.round_bf16(a), want)
+
+
+def test_a_bf16_kv_cache_moves_logits_a_little():
+    m = ref.load_model(model_dir("gqa", kv_heads=2))
+    full = ref.forward(m, PROMPT)
+    m["kv_round"] = ref.round_bf16
+    rounded = ref.forward(m, PROMPT)
+    diff = np.abs(full - rounded).max()
+    assert 0 < diff < 0.01 * np.abs(full).max(), diff
+
+
 def test_llama3_scaling_bands():
     cfg = ref.parse_config(tiny.make_config(hidden=64, heads=4, llama3_rope=True))
     rs = cfg["rope_scaling"]

@@ -8,8 +8,10 @@
  * it gets when it runs alone (a cancelled one: a prefix of them), none may
  * fail for want of blocks, several must have run together, and every
  * rank's pool must be empty at the end.  Requests run alone are checked
- * against the NumPy reference.  Also: a queue that is full refuses at once,
- * and a request that could never fit the pool is refused with the numbers. */
+ * against the NumPy reference.  The same holds with a bf16 KV cache, whose
+ * requests alone match the reference with its keys and values rounded to
+ * bf16.  Also: a queue that is full refuses at once, and a request that
+ * could never fit the pool is refused with the numbers. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -26,8 +28,10 @@
 #define N_REQS 20
 static char model_dir[64];
 static h_req_t script[N_REQS];
-static int32_t alone[N_REQS][H_MAX_TOKENS];
-static int n_alone[N_REQS];
+/* Each request's tokens alone, with the KV cache in f32 ([0]) and bf16 ([1]). */
+static const int kv_dtype_of[2] = {TSR_KV_F32, TSR_KV_BF16};
+static int32_t alone[2][N_REQS][H_MAX_TOKENS];
+static int n_alone[2][N_REQS];
 
 static uint64_t rng_state = 12345;
 static uint32_t rnd(uint32_t n)
@@ -66,19 +70,19 @@ static void reset_outcome(h_req_t *q)
     q->error[0] = q->finish[0] = 0;
 }
 
-static void test_each_request_alone_matches_the_numpy_reference(void **state)
+static void run_alone_against_the_reference(int kv)
 {
-    (void)state;
     for (int i = 0; i < N_REQS; i++) {
         h_req_t q = script[i];
         reset_outcome(&q);
         q.arrive_ms = 0;
         q.cancel_after = 0;
-        h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1};
+        h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1,
+                       .kv_dtype = kv_dtype_of[kv]};
         h_run(&run);
         if (q.failed) fail_msg("request %d alone: %s", i, q.error);
-        memcpy(alone[i], q.tokens, sizeof q.tokens);
-        n_alone[i] = q.n_tokens;
+        memcpy(alone[kv][i], q.tokens, sizeof q.tokens);
+        n_alone[kv][i] = q.n_tokens;
     }
     /* Greedy ones against the reference (it recomputes every position, so
      * only the short ones). */
@@ -90,22 +94,38 @@ static void test_each_request_alone_matches_the_numpy_reference(void **state)
         for (int k = 0; k < q->n_prompt; k++)
             snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", k ? "," : "", q->prompt[k]);
         snprintf(cmd, sizeof cmd,
-                 "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d --stop-at-eos",
-                 model_dir, ids, q->max_tokens);
+                 "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d --stop-at-eos "
+                 "--kv-dtype %s",
+                 model_dir, ids, q->max_tokens, tsr_kv_dtype_name(kv_dtype_of[kv]));
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         if (!fgets(line, sizeof line, p)) line[0] = 0;
         assert_int_equal(pclose(p), 0);
         line[strcspn(line, "\n")] = 0;
-        for (int k = 0; k < n_alone[i]; k++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", k ? "," : "", alone[i][k]);
-        if (strcmp(got, line)) fail_msg("request %d: tessera %s, reference %s", i, got, line);
+        for (int k = 0; k < n_alone[kv][i]; k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", k ? "," : "", alone[kv][i][k]);
+        if (strcmp(got, line))
+            fail_msg("request %d, %s KV: tessera %s, reference %s", i,
+                     tsr_kv_dtype_name(kv_dtype_of[kv]), got, line);
         checked++;
     }
     assert_true(checked >= 2);
 }
 
-static void run_batched(int tp, int pp)
+static void test_each_request_alone_matches_the_numpy_reference(void **state)
+{
+    (void)state;
+    run_alone_against_the_reference(0);
+}
+
+static void test_with_a_bf16_kv_cache_each_request_alone_matches_the_reference_rounding_k_and_v(
+    void **state)
+{
+    (void)state;
+    run_alone_against_the_reference(1);
+}
+
+static void run_batched(int tp, int pp, int kv)
 {
     h_req_t reqs[N_REQS];
     memcpy(reqs, script, sizeof reqs);
@@ -113,7 +133,8 @@ static void run_batched(int tp, int pp)
     /* 32 blocks: one 300-token prompt (about 20 blocks with its tokens) and
      * a few short ones at a time; the rest must wait. */
     h_run_t run = {.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_REQS,
-                   .max_batch = 6, .prefill_chunk = 48, .kv_blocks = 32};
+                   .max_batch = 6, .prefill_chunk = 48, .kv_blocks = 32,
+                   .kv_dtype = kv_dtype_of[kv]};
     h_run(&run);
     for (int i = 0; i < N_REQS; i++) {
         const h_req_t *q = &reqs[i];
@@ -121,14 +142,15 @@ static void run_batched(int tp, int pp)
             if (!q->failed || !strstr(q->error, "cancelled"))
                 fail_msg("tp %d pp %d request %d was to be cancelled: %s", tp, pp, i,
                          q->failed ? q->error : "finished");
-            if (q->n_tokens > n_alone[i] || memcmp(q->tokens, alone[i], (size_t)q->n_tokens * 4))
+            if (q->n_tokens > n_alone[kv][i] || memcmp(q->tokens, alone[kv][i], (size_t)q->n_tokens * 4))
                 fail_msg("tp %d pp %d cancelled request %d: its tokens are not a prefix of its own", tp, pp, i);
             continue;
         }
         if (q->failed) fail_msg("tp %d pp %d request %d failed: %s", tp, pp, i, q->error);
-        if (q->n_tokens != n_alone[i] || memcmp(q->tokens, alone[i], (size_t)q->n_tokens * 4))
-            fail_msg("tp %d pp %d request %d (prompt %d, %s): batched tokens differ from its tokens alone",
-                     tp, pp, i, q->n_prompt, q->temperature > 0 ? "sampled" : "greedy");
+        if (q->n_tokens != n_alone[kv][i] || memcmp(q->tokens, alone[kv][i], (size_t)q->n_tokens * 4))
+            fail_msg("tp %d pp %d %s KV request %d (prompt %d, %s): batched tokens differ from its tokens alone",
+                     tp, pp, tsr_kv_dtype_name(kv_dtype_of[kv]), i, q->n_prompt,
+                     q->temperature > 0 ? "sampled" : "greedy");
     }
     if (run.max_running < 3) fail_msg("tp %d pp %d: at most %d sequences ran together", tp, pp, run.max_running);
     for (int r = 0; r < tp * pp; r++) {
@@ -140,22 +162,32 @@ static void run_batched(int tp, int pp)
 static void test_batched_tp1_pp1_gives_every_request_its_own_tokens(void **state)
 {
     (void)state;
-    run_batched(1, 1);
+    run_batched(1, 1, 0);
 }
 static void test_batched_tp2_pp1_gives_every_request_its_own_tokens(void **state)
 {
     (void)state;
-    run_batched(2, 1);
+    run_batched(2, 1, 0);
 }
 static void test_batched_tp1_pp2_gives_every_request_its_own_tokens(void **state)
 {
     (void)state;
-    run_batched(1, 2);
+    run_batched(1, 2, 0);
 }
 static void test_batched_tp2_pp2_gives_every_request_its_own_tokens(void **state)
 {
     (void)state;
-    run_batched(2, 2);
+    run_batched(2, 2, 0);
+}
+static void test_batched_tp1_pp1_with_a_bf16_kv_cache_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 1, 1);
+}
+static void test_batched_tp2_pp2_with_a_bf16_kv_cache_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 2, 1);
 }
 
 static void test_a_full_queue_refuses_at_once(void **state)
@@ -228,10 +260,13 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_request_alone_matches_the_numpy_reference),
+        cmocka_unit_test(test_with_a_bf16_kv_cache_each_request_alone_matches_the_reference_rounding_k_and_v),
         cmocka_unit_test(test_batched_tp1_pp1_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp2_pp1_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp1_pp2_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp2_pp2_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp1_pp1_with_a_bf16_kv_cache_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp2_with_a_bf16_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
     };

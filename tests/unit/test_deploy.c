@@ -147,6 +147,7 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->kv_cache_mib, 0);
     assert_int_equal(d->max_queue, 256);
     assert_int_equal(d->gpu_memory_percent, 90);
+    assert_int_equal(d->kv_dtype, TSR_KV_AUTO);
     assert_int_equal(d->line, 16);
 
     assert_ptr_equal(tsr_config_find(cfg, "small.v2-x_1"), &cfg->deployments[1]);
@@ -460,6 +461,31 @@ static void test_batching_keys_out_of_range_are_rejected(void **state)
     expect_batch_error("kv_cache_mib", "16777217", "out of range (1 to 16777216)");
     expect_batch_error("max_queue", "1000001", "out of range (0 to 1000000)");
     expect_batch_error("max_queue", "99999999999999999999999", "out of range (0 to 1000000)");
+}
+
+static void test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"auto", "f32", "bf16"};
+    for (int k = 0; k < 3; k++) {
+        char line[64];
+        snprintf(line, sizeof line, "    kv_dtype: %s\n", names[k]);
+        tsr_config_t *cfg = parse_batch(line);
+        assert_int_equal(cfg->deployments[0].kv_dtype, k);
+        assert_string_equal(tsr_kv_dtype_name(k), names[k]);
+        tsr_config_destroy(&cfg);
+    }
+    assert_null(tsr_kv_dtype_name(3));
+    expect_batch_error("kv_dtype", "fp8", "expected auto, f32 or bf16, got 'fp8'");
+    expect_batch_error("kv_dtype", "F32", "expected auto, f32 or bf16, got 'F32'");
+    /* whichever key comes first, a cuda pool is bf16 only */
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    kv_dtype: f32\n"
+                 "    device: cuda\n",
+                 "demo.yaml:5:15: deployments[0].kv_dtype: ", "a cuda deployment keeps its KV cache in bf16");
+    tsr_config_t *cfg = parse_ok("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                                 "    device: cuda\n    kv_dtype: bf16\n", "demo.yaml");
+    assert_int_equal(cfg->deployments[0].kv_dtype, TSR_KV_BF16);
+    tsr_config_destroy(&cfg);
 }
 
 static void test_batching_keys_of_the_wrong_type_are_rejected(void **state)
@@ -1055,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_prefill_chunk_is_at_most_max_seq_len),
         cmocka_unit_test(test_batching_keys_out_of_range_are_rejected),
         cmocka_unit_test(test_batching_keys_of_the_wrong_type_are_rejected),
+        cmocka_unit_test(test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
         cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
         cmocka_unit_test(test_bad_name_chars_are_rejected),
         cmocka_unit_test(test_missing_model_is_rejected),

@@ -8,13 +8,15 @@
  * other sequences, gives bit-identical logits.  Prompts cross KV blocks of
  * 16 positions at odd offsets, in a GQA model with head_dim 64 (the
  * attention kernel's widest path) and ones with head_dim 24 and 20 (its
- * narrower and scalar tails). */
+ * narrower and scalar tails), with the KV cache in f32 and in bf16.  A bf16
+ * cache gives logits near the f32 one's, and half its bytes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +28,16 @@
 static char dirs[N_MODELS][64];
 static int vocab;
 
-static tsr_engine_t *load(const char *dir)
+static const int kv_dtypes[] = {TSR_KV_AUTO, TSR_KV_BF16};
+#define N_KV (int)(sizeof kv_dtypes / sizeof kv_dtypes[0])
+
+static tsr_engine_t *load(const char *dir, int kv_dtype)
 {
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     vocab = m.vocab_size;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) fail_msg("load: %s", err);
     return e;
@@ -83,8 +88,9 @@ static void expect_same_bits(const float *a, const float *b, const char *what)
 static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_same_bits(void **state)
 {
     (void)state;
-    for (int m = 0; m < N_MODELS; m++) {
-        tsr_engine_t *e = load(dirs[m]);
+    for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
+        const int m = mk / N_KV, kv = kv_dtypes[mk % N_KV];
+        tsr_engine_t *e = load(dirs[m], kv);
         float *whole = malloc((size_t)vocab * sizeof *whole), *other = malloc((size_t)vocab * sizeof *other);
         static const int lens[] = {1, 2, 17, 70, 150};
         static const int chunks[] = {1, 3, 16, 23};
@@ -94,8 +100,8 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
                 if (chunks[c] >= lens[l]) continue;
                 alone(e, 1, lens[l], chunks[c], other);
                 char what[96];
-                snprintf(what, sizeof what, "model %d, %d positions in chunks of %d", m, lens[l],
-                         chunks[c]);
+                snprintf(what, sizeof what, "model %d, %s KV, %d positions in chunks of %d", m,
+                         tsr_kv_dtype_name(kv), lens[l], chunks[c]);
                 expect_same_bits(whole, other, what);
             }
         }
@@ -107,8 +113,9 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
 static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **state)
 {
     (void)state;
-    for (int m = 0; m < N_MODELS; m++) {
-        tsr_engine_t *e = load(dirs[m]);
+    for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
+        const int m = mk / N_KV, kv = kv_dtypes[mk % N_KV];
+        tsr_engine_t *e = load(dirs[m], kv);
         float *ref = malloc((size_t)3 * vocab * sizeof *ref), *got = malloc((size_t)3 * vocab * sizeof *got);
         static const int len[3] = {41, 9, 66};
         for (int s = 0; s < 3; s++) alone(e, s, len[s], len[s], ref + (size_t)s * vocab);
@@ -135,12 +142,55 @@ static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **stat
         }
         for (int s = 0; s < 3; s++) {
             char what[64];
-            snprintf(what, sizeof what, "model %d, sequence %d batched", m, s);
+            snprintf(what, sizeof what, "model %d, %s KV, sequence %d batched", m,
+                     tsr_kv_dtype_name(kv), s);
             expect_same_bits(ref + (size_t)s * vocab, got + (size_t)s * vocab, what);
         }
         free(ref), free(got);
         tsr_engine_cpu.destroy(&e);
     }
+}
+
+static void test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes(void **state)
+{
+    (void)state;
+    for (int m = 0; m < N_MODELS; m++) {
+        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *h = load(dirs[m], TSR_KV_BF16);
+        assert_int_equal(tsr_engine_cpu.kv_bytes(f), 2 * tsr_engine_cpu.kv_bytes(h));
+        float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+        alone(f, 1, 150, 23, a);
+        alone(h, 1, 150, 23, b);
+        double span = 0, worst = 0;
+        int differ = 0;
+        for (int i = 0; i < vocab; i++) {
+            double d = a[i] - b[i];
+            if (fabs(a[i]) > span) span = fabs(a[i]);
+            if (fabs(d) > worst) worst = fabs(d);
+            differ += d != 0;
+        }
+        /* bf16 keeps 8 significant bits (0.4 %): the logits move by a
+         * small fraction of their range (0.06 % here), and they do move (the cache was
+         * rounded, not kept in f32). */
+        if (worst > 0.005 * span || !differ)
+            fail_msg("model %d: bf16 KV moved the logits by up to %.3g of %.3g (%d differ)", m,
+                     worst, span, differ);
+        free(a), free(b);
+        tsr_engine_cpu.destroy(&f);
+        tsr_engine_cpu.destroy(&h);
+    }
+}
+
+static void test_an_unknown_kv_dtype_is_refused_naming_it(void **state)
+{
+    (void)state;
+    tsr_model_info_t m;
+    char err[512];
+    assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7};
+    tsr_engine_t *e = NULL;
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "kv_dtype 7"));
 }
 
 static int setup(void **state)
@@ -179,6 +229,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_same_bits),
         cmocka_unit_test(test_sequences_sharing_steps_get_the_bits_they_get_alone),
+        cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
+        cmocka_unit_test(test_an_unknown_kv_dtype_is_refused_naming_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -827,6 +827,12 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     if (!e) return -1;
     e->spec = *spec;
     e->device = spec->device_index;
+    if (spec->kv_dtype != TSR_KV_AUTO && spec->kv_dtype != TSR_KV_BF16) {
+        tsr_set_err(err, errlen, "kv_dtype %s: the CUDA engine keeps its KV cache in bf16",
+                    tsr_kv_dtype_name(spec->kv_dtype) ? tsr_kv_dtype_name(spec->kv_dtype) : "unknown");
+        free(e);
+        return -1;
+    }
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess || e->device >= n) {

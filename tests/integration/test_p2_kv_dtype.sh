@@ -1,0 +1,41 @@
+# kv_dtype: a deployment's KV cache in bf16 holds twice the blocks of the
+# same kv_cache_mib in f32, a reload that changes it reaches the worker (its
+# pool is rebuilt), and generation then matches the NumPy reference with
+# keys and values rounded to bf16.
+source "$(dirname "$0")/lib.sh"
+write_yaml "$T/d.yaml" 1 1 1
+sed -i 's/    max_seq_len: 256/    max_seq_len: 256\n    kv_cache_mib: 1/' "$T/d.yaml"
+start_coord "$T/d.yaml"
+start_worker w0
+wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
+total() { status_json | jget "min(w.get('kv_blocks_total', 0) for w in d['workers'])"; }
+kv_dtype() { status_json | jget "d['deployments'][0]['kv_dtype']"; }
+reported() { [ "$(total)" -gt 0 ]; }   # with the first heartbeat after loading
+wait_until 5 reported || fail "no KV blocks: $(status_json)"
+f32=$(total)
+[ "$(kv_dtype)" = auto ] || fail "kv_dtype shown as $(kv_dtype), not auto"
+
+sed -i 's/    kv_cache_mib: 1/    kv_cache_mib: 1\n    kv_dtype: bf16/' "$T/d.yaml"
+tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
+doubled() { [ "$(total)" = $((2 * f32)) ] && all_ready; }
+wait_until 15 doubled || fail "bf16 pool: $(total) blocks, f32 had $f32"
+[ "$(kv_dtype)" = bf16 ] || fail "kv_dtype shown as $(kv_dtype)"
+ok "1 MiB holds $f32 blocks in f32, $(total) in bf16"
+
+for k in 0 1 2; do
+    ids="$((k + 5)),7,$((k * 11 + 1))"
+    want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "$ids" --max-tokens 16 \
+           --stop-at-eos --kv-dtype bf16) || fail "reference $k failed"
+    got=$(tsr generate tiny --prompt-ids "$ids" --max-tokens 16 --ids | tr ' ' ',') ||
+        fail "generate $k failed"
+    [ "$got" = "$want" ] || fail "prompt $ids: tessera $got, reference $want"
+done
+ok "bf16 KV tokens equal the reference's"
+
+# A value the worker does not know never gets that far: the YAML names it.
+sed -i 's/    kv_dtype: bf16/    kv_dtype: fp8/' "$T/d.yaml"
+tsr reload 2> "$T/err.txt" && fail "a reload with kv_dtype fp8 was accepted"
+grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].kv_dtype: expected auto, f32 or bf16, got 'fp8'" "$T/err.txt" ||
+    fail "bad reload message: $(cat "$T/err.txt")"
+[ "$(total)" = $((2 * f32)) ] || fail "the refused reload changed the pool: $(total)"
+ok "kv_dtype fp8 refused, the running deployment kept"
