@@ -16,11 +16,15 @@
 #     measured decode (8-token prompt, 256 tokens) as a percentage of it;
 #   - each worker's peak RSS (VmHWM) against its weights plus KV budget as
 #     the coordinator reports them.
-# The batching keys (max_batch, prefill_chunk, kv_cache_mib, max_queue) go
-# into the deployment only when `tessera plan` accepts them.
+# The batching keys (max_batch, prefill_chunk, kv_cache_mib, max_queue, and
+# kv_dtype when it is bf16) go into the deployment only when `tessera plan`
+# accepts them.
 #
 #   bench/serve.sh            about 5-6 minutes on 2 cores with one request at a time per replica
 #   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about 2-3 minutes
+#   --kv-dtype bf16           the KV cache in bf16 (kv_dtype; default f32): the same
+#                             kv_cache_mib holds twice the positions, so the budget is halved
+#                             to keep 32 sequences of 384, and the bound counts 2-byte elements
 # Needs `make` plus build/bench/serve and build/bench/stream (make bench builds them).
 # Exit status: 0 every request finished, 1 a request failed or a layout did not
 # come up (the reason is printed), 2 bad usage.
@@ -28,13 +32,18 @@ set -u
 cd "$(dirname "$0")/.."
 BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 
-QUICK=0
-for a in "$@"; do
-    case "$a" in
+QUICK=0 KV_DTYPE=f32
+while [ $# -gt 0 ]; do
+    case "$1" in
     --quick) QUICK=1 ;;
+    --kv-dtype)
+        case "${2:-}" in f32 | bf16) KV_DTYPE=$2; shift ;;
+        *) echo "bench/serve.sh: --kv-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
+        esac ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/serve.sh [--quick]" >&2; exit 2 ;;
+    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16]" >&2; exit 2 ;;
     esac
+    shift
 done
 for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" "$BUILD/bench/serve" \
          "$BUILD/bench/stream"; do
@@ -66,16 +75,18 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 
 # The model's shape and what one decode step reads, from config.json.  The
-# engine keeps weights and KV cache in f32 whatever the checkpoint's dtype.
-eval "$(python3 - "$MODEL/config.json" <<'PY'
+# engine keeps weights in f32 whatever the checkpoint's dtype, the KV cache
+# in KV_DTYPE.
+eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
+kv_elem = 2 if sys.argv[2] == "bf16" else 4
 H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
 NH, KVH, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
 HD = c.get("head_dim") or H // NH
 layer = H * NH * HD + 2 * H * KVH * HD + NH * HD * H + 3 * H * I + 2 * H   # q k v o, mlp, 2 norms
 params = L * layer + H + V * H + (0 if c.get("tie_word_embeddings") else V * H)
-kv_layer = 2 * KVH * HD * 4                    # bytes of K and V per position and layer
+kv_layer = 2 * KVH * HD * kv_elem              # bytes of K and V per position and layer
 print(f"H={H} I={I} L={L} NH={NH} KVH={KVH} HD={HD} V={V} PARAMS={params}")
 print(f"LAYER_BYTES={L * layer * 4} LMHEAD_BYTES={V * H * 4} NORM_ROW_BYTES={2 * H * 4}")
 print(f"KV_LAYER_BYTES={kv_layer} KV_POS_BYTES={L * kv_layer}")
@@ -109,6 +120,7 @@ YAML
     kv_cache_mib: $(kv_mib "$3")
     max_queue: 256
 YAML
+        if [ "$KV_DTYPE" = bf16 ]; then echo "    kv_dtype: bf16" >> "$1"; fi
     fi
 }
 
@@ -120,7 +132,7 @@ fi
 write_yaml "$T/probe.yaml" 1 1 1 2 1
 if "$BIN/tessera" plan "$T/probe.yaml" > /dev/null 2> "$T/probe.err"; then
     KEYS=1 KEYS_TEXT="max_batch 32, prefill_chunk 128, max_queue 256, kv_cache_mib $(kv_mib 1) at pp=1
-  and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, f32)"
+  and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)"
 else
     KEYS=0 KEYS_TEXT="none: this build's parser refuses them ($(head -1 "$T/probe.err"))"
 fi
