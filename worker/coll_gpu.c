@@ -113,6 +113,10 @@ static int gpu_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int t, char *er
 {
     return c->ops->group(c->inner, ops, n, t, err, len);
 }
+static int gpu_settle(tsr_comm_t *c, int t, char *err, size_t len)
+{
+    return tsr_coll_settle(c->ops, c->inner, t, err, len);
+}
 static int gpu_poll(tsr_comm_t *c, int peer, int t, char *err, size_t len)
 {
     return c->ops->poll(c->inner, peer, t, err, len);
@@ -140,6 +144,7 @@ const tsr_coll_ops_t tsr_coll_gpu = {
     .broadcast = gpu_broadcast,
     .group = gpu_group,
     .poll = gpu_poll,
+    .settle = gpu_settle,
     .abort = gpu_abort,
     .rank = gpu_rank,
     .size = gpu_size,

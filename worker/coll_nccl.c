@@ -26,6 +26,7 @@ struct tsr_comm {
     void *cancel_arg;
     bool failed;
     char why[512];              /* the first failure: every later operation reports it */
+    const char *pending;        /* the last operation issued and not yet settled, or NULL */
 };
 
 static int64_t now_ms(void)
@@ -183,12 +184,38 @@ failed:
     return -1;
 }
 
-/* Waits for what was just enqueued (st: the enqueue's status). */
-static int finish(tsr_comm_t *c, const char *what, int st, int timeout_ms, char *err,
+/* The failure for a wait on what was issued that passed its deadline or
+ * was cancelled; 0 while it may go on. */
+static int wait_turn(tsr_comm_t *c, const char *what, int64_t deadline, int timeout_ms,
+                     char *err, size_t errlen)
+{
+    char why[512], who[64];
+    if (c->cancelled && c->cancelled(c->cancel_arg)) {
+        snprintf(why, sizeof why,
+                 "NCCL %s (rank %d of %d, epoch %llu) was abandoned: a newer epoch or a stop",
+                 what, c->rank, c->n, (unsigned long long)c->epoch);
+        return fail(c, err, errlen, why);
+    }
+    if (now_ms() >= deadline) {
+        peers_text(c, who, sizeof who);
+        snprintf(why, sizeof why,
+                 "NCCL %s (rank %d of %d, epoch %llu) did not complete within %d ms: %s "
+                 "is dead or stalled",
+                 what, c->rank, c->n, (unsigned long long)c->epoch, timeout_ms, who);
+        return fail(c, err, errlen, why);
+    }
+    return 0;
+}
+
+/* Waits until the operation just enqueued (st: the enqueue's status) is
+ * issued: a non-blocking communicator may answer ncclInProgress and go on
+ * issuing it in the background.  Not for its completion: that is settle's,
+ * so the host does not wait on the stream once per operation. */
+static int issued(tsr_comm_t *c, const char *what, int st, int timeout_ms, char *err,
                   size_t errlen)
 {
     const tsr_nccl_api_t *api = c->api;
-    char why[512], who[64];
+    char why[512];
     if (st == TSR_NCCL_ERROR) {
         snprintf(why, sizeof why, "NCCL %s (rank %d of %d) could not be issued: %s", what,
                  c->rank, c->n, api->last_error(c->comm));
@@ -196,8 +223,34 @@ static int finish(tsr_comm_t *c, const char *what, int st, int timeout_ms, char 
     }
     int64_t deadline = now_ms() + timeout_ms;
     for (int turn = 0;; turn++) {
-        /* A non-blocking communicator may still be issuing the work
-         * (ncclInProgress): the stream is only asked once it has. */
+        int a = api->comm_status(c->comm);
+        if (a == TSR_NCCL_ERROR) {
+            snprintf(why, sizeof why, "NCCL reported an error during %s (rank %d of %d): %s",
+                     what, c->rank, c->n, api->last_error(c->comm));
+            return fail(c, err, errlen, why);
+        }
+        if (a == TSR_NCCL_OK) break;
+        if (wait_turn(c, what, deadline, timeout_ms, err, errlen) < 0) return -1;
+        pause_turn(c, turn);
+    }
+    c->pending = what;
+    return 0;
+}
+
+static bool usable(tsr_comm_t *c, char *err, size_t errlen);
+
+/* The watchdog of what was issued: polls NCCL's asynchronous error
+ * (ncclCommGetAsyncError) and the stream, against the deadline and the
+ * epoch, until the stream has run it all. */
+static int nccl_settle(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen)
+{
+    if (!usable(c, err, errlen)) return -1;
+    if (!c->pending) return 0;
+    const tsr_nccl_api_t *api = c->api;
+    const char *what = c->pending;
+    char why[512];
+    int64_t deadline = now_ms() + timeout_ms;
+    for (int turn = 0;; turn++) {
         int a = api->comm_status(c->comm);
         int s = a == TSR_NCCL_IN_PROGRESS ? TSR_NCCL_IN_PROGRESS : api->stream_query(c->stream);
         if (a == TSR_NCCL_ERROR) {
@@ -210,21 +263,11 @@ static int finish(tsr_comm_t *c, const char *what, int st, int timeout_ms, char 
                      c->rank, c->n, api->last_error(NULL));
             return fail(c, err, errlen, why);
         }
-        if (a == TSR_NCCL_OK && s == TSR_NCCL_OK) return 0;
-        if (c->cancelled && c->cancelled(c->cancel_arg)) {
-            snprintf(why, sizeof why,
-                     "NCCL %s (rank %d of %d, epoch %llu) was abandoned: a newer epoch or a stop",
-                     what, c->rank, c->n, (unsigned long long)c->epoch);
-            return fail(c, err, errlen, why);
+        if (a == TSR_NCCL_OK && s == TSR_NCCL_OK) {
+            c->pending = NULL;
+            return 0;
         }
-        if (now_ms() >= deadline) {
-            peers_text(c, who, sizeof who);
-            snprintf(why, sizeof why,
-                     "NCCL %s (rank %d of %d, epoch %llu) did not complete within %d ms: %s "
-                     "is dead or stalled",
-                     what, c->rank, c->n, (unsigned long long)c->epoch, timeout_ms, who);
-            return fail(c, err, errlen, why);
-        }
+        if (wait_turn(c, what, deadline, timeout_ms, err, errlen) < 0) return -1;
         pause_turn(c, turn);
     }
 }
@@ -241,7 +284,7 @@ static int nccl_allreduce(tsr_comm_t *c, tsr_buf_t buf, int timeout_ms, char *er
 {
     if (!usable(c, err, errlen)) return -1;
     int st = c->api->allreduce_sum(c->comm, buf.ptr, buf.count, buf.dtype, c->stream);
-    return finish(c, "all-reduce", st, timeout_ms, err, errlen);
+    return issued(c, "all-reduce", st, timeout_ms, err, errlen);
 }
 
 static int nccl_allgather(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int timeout_ms,
@@ -255,7 +298,7 @@ static int nccl_allgather(tsr_comm_t *c, tsr_buf_t send, tsr_buf_t recv, int tim
     }
     int st = c->api->allgather(c->comm, send.ptr, recv.ptr, send.count, send.dtype,
                                  c->stream);
-    return finish(c, "all-gather", st, timeout_ms, err, errlen);
+    return issued(c, "all-gather", st, timeout_ms, err, errlen);
 }
 
 static int nccl_broadcast(tsr_comm_t *c, tsr_buf_t buf, int root, int timeout_ms, char *err,
@@ -267,7 +310,7 @@ static int nccl_broadcast(tsr_comm_t *c, tsr_buf_t buf, int root, int timeout_ms
         return -1;
     }
     int st = c->api->broadcast(c->comm, buf.ptr, buf.count, buf.dtype, root, c->stream);
-    return finish(c, "broadcast", st, timeout_ms, err, errlen);
+    return issued(c, "broadcast", st, timeout_ms, err, errlen);
 }
 
 static int nccl_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
@@ -290,7 +333,11 @@ static int nccl_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms
     }
     /* the group is always closed, or NCCL's next group would nest in it */
     if (api->group_end() != TSR_NCCL_OK) st = TSR_NCCL_ERROR;
-    return finish(c, "send/recv", st, timeout_ms, err, errlen);
+    /* Settled here: the replica runner hands a stage's activations on and
+     * takes the next ones without tracking the stream, so a pipeline link
+     * keeps its wait (it is one per step, not one per layer). */
+    if (issued(c, "send/recv", st, timeout_ms, err, errlen) < 0) return -1;
+    return nccl_settle(c, timeout_ms, err, errlen);
 }
 
 /* NCCL has no way to wait for a peer's message without receiving it; the
@@ -331,6 +378,7 @@ const tsr_coll_ops_t tsr_coll_nccl = {
     .broadcast = nccl_broadcast,
     .group = nccl_group,
     .poll = nccl_poll,
+    .settle = nccl_settle,
     .abort = nccl_abort,
     .rank = nccl_rank,
     .size = nccl_size,

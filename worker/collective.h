@@ -8,7 +8,13 @@
  * space of the backend (host for TCP, the GPU for NCCL).  Every operation
  * has a deadline; a dead or silent peer makes it fail with a message within
  * that time, never hang.  After a failure the communicator is aborted: the
- * caller reports the reason, destroys it and waits for the next epoch's. */
+ * caller reports the reason, destroys it and waits for the next epoch's.
+ *
+ * Host backends finish an operation before it returns.  A device backend
+ * (NCCL) may return once the operation is queued on the engine's stream,
+ * so a step's all-reduces run without the host waiting on each; the
+ * engine settles the communicator where the host needs the results, and
+ * that wait carries the deadline and the failure reporting. */
 #ifndef TSR_COLLECTIVE_H
 #define TSR_COLLECTIVE_H
 
@@ -116,12 +122,24 @@ typedef struct tsr_coll_ops {
      * after timeout_ms without either; -1 when the communicator is already
      * broken or poll itself failed. */
     int (*poll)(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_t errlen);
+    /* Waits until every operation issued on c has finished (optional: NULL,
+     * or returning 0 at once, for backends whose operations finish before
+     * they return).  Fails as an operation does: a dead or stalled peer by
+     * timeout_ms, an error, a newer epoch; c is then aborted. */
+    int (*settle)(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen);
     /* Marks it failed: every later operation fails at once with why. */
     void (*abort)(tsr_comm_t *c, const char *why);
     int (*rank)(const tsr_comm_t *c);
     int (*size)(const tsr_comm_t *c);
     void (*destroy)(tsr_comm_t **c_p);
 } tsr_coll_ops_t;
+
+/* ops->settle where the backend has one; 0 otherwise. */
+static inline int tsr_coll_settle(const tsr_coll_ops_t *ops, tsr_comm_t *c, int timeout_ms,
+                                  char *err, size_t errlen)
+{
+    return ops->settle ? ops->settle(c, timeout_ms, err, errlen) : 0;
+}
 
 /* One send or one receive through ops->group. */
 int tsr_coll_send(const tsr_coll_ops_t *ops, tsr_comm_t *c, int peer, tsr_buf_t buf,

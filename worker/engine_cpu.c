@@ -403,10 +403,14 @@ out:
 
 /* ---- the forward pass ------------------------------------------------------ */
 
+/* The TP sum of buf, there when this returns: the host reads it next, so
+ * a backend that returns once an operation is queued is settled at once. */
 static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
 {
     if (e->spec.tp_size == 1) return 0;
-    return e->ops->allreduce_sum(e->tp, tsr_host_buf(buf, n, TSR_DT_F32), 30000, err, errlen);
+    if (e->ops->allreduce_sum(e->tp, tsr_host_buf(buf, n, TSR_DT_F32), 30000, err, errlen) < 0)
+        return -1;
+    return tsr_coll_settle(e->ops, e->tp, 30000, err, errlen);
 }
 
 /* A block holds, per KV head, its 16 positions one after another, so the
@@ -949,9 +953,10 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
     for (int s = 0; s < ns; s++)
         for (int v = vs; v < C; v++) lg[(size_t)s * C + v] = -INFINITY;
     if (tp > 1 &&
-        e->ops->allgather(e->tp, tsr_host_buf(e->logits, (size_t)ns * C, TSR_DT_F32),
-                          tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), 30000, err,
-                          errlen) < 0)
+        (e->ops->allgather(e->tp, tsr_host_buf(e->logits, (size_t)ns * C, TSR_DT_F32),
+                           tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), 30000,
+                           err, errlen) < 0 ||
+         tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0))
         return -1;
     e->last_sampled = ns;
     if (e->spec.tp_rank != 0) return 0;

@@ -381,6 +381,7 @@ static int nccl_check(void)
         tsr_buf_t b = {d, (size_t)N, TSR_DT_F32, TSR_MEM_DEVICE};
         t0 = now_s();
         int rc = tsr_coll_nccl.allreduce_sum(c, b, 10000, err, sizeof err);
+        if (rc == 0) rc = tsr_coll_nccl.settle(c, 10000, err, sizeof err);   /* queued, then run */
         double took = now_s() - t0;
         float back[4];
         cudaMemcpy(back, d + 1000 * 7 + 3, sizeof back, cudaMemcpyDeviceToHost);

@@ -107,6 +107,7 @@ static void *ops_thread(void *arg)
     for (int i = 0; i < 8; i++) a->data[i] = (float)(me * 10 + i);
     tsr_buf_t d = {a->data, 8, TSR_DT_F32, TSR_MEM_DEVICE};
     a->rc = tsr_coll_nccl.allreduce_sum(c, d, 2000, a->err, sizeof a->err);
+    if (!a->rc) a->rc = tsr_coll_nccl.settle(c, 2000, a->err, sizeof a->err);
     if (a->rc) return NULL;
     float mine[8];
     for (int i = 0; i < 8; i++) mine[i] = (float)(100 * me + i);
@@ -118,6 +119,8 @@ static void *ops_thread(void *arg)
     for (int i = 0; i < 4; i++) a->bcast[i] = me == 1 ? (float)(7 + i) : -1.0f;
     a->rc = tsr_coll_nccl.broadcast(c, (tsr_buf_t){a->bcast, 4, TSR_DT_F32, TSR_MEM_DEVICE}, 1,
                                     2000, a->err, sizeof a->err);
+    /* one settle for the all-gather and the broadcast, as a step has one */
+    if (!a->rc) a->rc = tsr_coll_nccl.settle(c, 2000, a->err, sizeof a->err);
     if (a->rc || a->n != 2) return NULL;
     /* an exchange: each rank sends its id and receives the other's */
     float out[4] = {(float)me, (float)me, (float)me, (float)me};
@@ -185,6 +188,62 @@ static void test_an_operation_still_being_issued_is_waited_for(void **state)
         for (int i = 0; i < 4; i++) assert_true(args[k].p2p_in[i] == (float)(1 - k));
     }
     for (int k = 0; k < 2; k++) tsr_coll_nccl.destroy(&ranks[k].comm);
+}
+
+typedef struct {
+    rank_t *r;
+    int after_ms;
+    float *x;
+    int rc;
+    char err[512];
+} late_arg_t;
+
+static void *late_allreduce(void *arg)
+{
+    late_arg_t *a = arg;
+    usleep((useconds_t)a->after_ms * 1000);
+    a->rc = tsr_coll_nccl.allreduce_sum(a->r->comm, (tsr_buf_t){a->x, 4, TSR_DT_F32, TSR_MEM_DEVICE},
+                                        2000, a->err, sizeof a->err);
+    if (!a->rc) a->rc = tsr_coll_nccl.settle(a->r->comm, 2000, a->err, sizeof a->err);
+    return NULL;
+}
+
+/* An all-reduce returns once it is queued on the stream, before the peer
+ * has even issued its own (the host does not wait once per operation), and
+ * settle is the wait: it returns when the peer's half has come and the sum
+ * is there.  On a host backend settle is nothing to wait for. */
+static void test_an_operation_returns_once_queued_and_settle_waits_for_it(void **state)
+{
+    (void)state;
+    rank_t ranks[2];
+    uint8_t blob[TSR_NCCL_BLOB_BYTES];
+    form_group(ranks, 2, 70, blob);
+    float x0[4] = {1, 2, 3, 4}, x1[4] = {10, 20, 30, 40};
+    late_arg_t late = {&ranks[1], 200, x1, -1, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, late_allreduce, &late), 0);
+    char err[512];
+    int64_t t0 = mono_ms();
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(ranks[0].comm,
+                                                 (tsr_buf_t){x0, 4, TSR_DT_F32, TSR_MEM_DEVICE},
+                                                 2000, err, sizeof err),
+                     0);
+    int64_t queued = mono_ms() - t0;
+    if (queued >= 150) fail_msg("the all-reduce returned after %lld ms: it waited for the peer",
+                                (long long)queued);
+    assert_true(x0[0] == 1.0f);   /* not run yet: the peer has not issued */
+    if (tsr_coll_nccl.settle(ranks[0].comm, 2000, err, sizeof err)) fail_msg("settle: %s", err);
+    int64_t settled = mono_ms() - t0;
+    pthread_join(th, NULL);
+    if (late.rc) fail_msg("rank 1: %s", late.err);
+    assert_true(settled >= 190);
+    for (int i = 0; i < 4; i++) assert_true(x0[i] == (float)(11 * (i + 1)) && x1[i] == x0[i]);
+    /* nothing issued since: settle returns at once */
+    t0 = mono_ms();
+    assert_int_equal(tsr_coll_nccl.settle(ranks[0].comm, 2000, err, sizeof err), 0);
+    assert_true(mono_ms() - t0 < 50);
+    for (int k = 0; k < 2; k++) tsr_coll_nccl.destroy(&ranks[k].comm);
+    assert_int_equal(tsr_coll_settle(&tsr_coll_tcp, NULL, 10, err, sizeof err), 0);
 }
 
 /* A blob made for another epoch, group or size is refused, naming both. */
@@ -262,9 +321,13 @@ static void test_a_dead_peer_aborts_at_the_deadline_and_the_next_epoch_forms(voi
 
     float x[4] = {1, 2, 3, 4};
     char err[512];
+    /* issued at once; the wait for it (settle) is what ends at the deadline */
     int64_t t0 = mono_ms();
-    int rc = tsr_coll_nccl.allreduce_sum(ranks[0].comm, (tsr_buf_t){x, 4, TSR_DT_F32, TSR_MEM_DEVICE},
-                                         150, err, sizeof err);
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(ranks[0].comm,
+                                                 (tsr_buf_t){x, 4, TSR_DT_F32, TSR_MEM_DEVICE},
+                                                 150, err, sizeof err),
+                     0);
+    int rc = tsr_coll_nccl.settle(ranks[0].comm, 150, err, sizeof err);
     int64_t took = mono_ms() - t0;
     assert_int_equal(rc, -1);
     assert_true(took >= 150 && took < 1000);
@@ -277,6 +340,8 @@ static void test_a_dead_peer_aborts_at_the_deadline_and_the_next_epoch_forms(voi
                                              5000, err2, sizeof err2),
                      -1);
     assert_true(mono_ms() - t0 < 50);
+    assert_string_equal(err2, err);
+    assert_int_equal(tsr_coll_nccl.settle(ranks[0].comm, 5000, err2, sizeof err2), -1);
     assert_string_equal(err2, err);
     tsr_coll_nccl.destroy(&ranks[0].comm);
 
@@ -317,9 +382,11 @@ static void test_a_newer_epoch_abandons_a_waiting_operation(void **state)
     assert_int_equal(pthread_create(&th, NULL, flip_thread, &f), 0);
     float x[4] = {0};
     char err[512];
-    int rc = tsr_coll_nccl.allreduce_sum(ranks[0].comm,
-                                         (tsr_buf_t){x, 4, TSR_DT_F32, TSR_MEM_DEVICE}, 60000,
-                                         err, sizeof err);
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(ranks[0].comm,
+                                                 (tsr_buf_t){x, 4, TSR_DT_F32, TSR_MEM_DEVICE},
+                                                 60000, err, sizeof err),
+                     0);
+    int rc = tsr_coll_nccl.settle(ranks[0].comm, 60000, err, sizeof err);
     int64_t done = mono_ms();
     pthread_join(th, NULL);
     assert_int_equal(rc, -1);
@@ -414,6 +481,7 @@ static void *gpu_thread(void *arg)
     for (int i = 0; i < 4; i++) g->x[i] = (float)(tsr_coll_gpu.rank(g->comm) + i);
     tsr_buf_t b = {g->x, 4, TSR_DT_F32, TSR_MEM_HOST};
     g->rc = tsr_coll_gpu.allreduce_sum(g->comm, b, 5000, g->err, sizeof g->err);
+    if (!g->rc) g->rc = tsr_coll_settle(&tsr_coll_gpu, g->comm, 5000, g->err, sizeof g->err);
     return NULL;
 }
 
@@ -503,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_a_formed_group_sums_gathers_broadcasts_and_exchanges),
         cmocka_unit_test(test_a_group_forms_only_from_its_own_epochs_blob),
         cmocka_unit_test(test_an_operation_still_being_issued_is_waited_for),
+        cmocka_unit_test(test_an_operation_returns_once_queued_and_settle_waits_for_it),
         cmocka_unit_test(test_a_newer_epoch_cancels_a_formation_within_100_ms),
         cmocka_unit_test(test_a_dead_peer_aborts_at_the_deadline_and_the_next_epoch_forms),
         cmocka_unit_test(test_an_async_error_or_an_abort_fails_every_later_operation),

@@ -908,6 +908,17 @@ fail:
 
 /* ---- the forward pass ------------------------------------------------------------ */
 
+/* Waits for the stream to run the step.  With a TP group its settle waits
+ * (collective.h): NCCL's operations return once queued, so a dead peer
+ * would otherwise leave the stream, and this wait, stuck for ever; settle
+ * ends at the deadline naming the rank and aborts the group. */
+static int stream_wait(tsr_engine_t *e, const char *what, char *err, size_t errlen)
+{
+    if (e->spec.tp_size > 1 && e->tp && tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0)
+        return -1;
+    return cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), what, err, errlen);
+}
+
 static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
 {
     if (e->spec.tp_size == 1) return 0;
@@ -988,7 +999,7 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
                                                 e->best, V, e->md, e->sampled_d);
     LAUNCHED("sampling");
     CK(cudaMemcpyAsync(e->sampled_h, e->sampled_d, (size_t)ns * 4, cudaMemcpyDeviceToHost, e->st));
-    CK(cudaStreamSynchronize(e->st));
+    if (stream_wait(e, "sampling", err, errlen) < 0) return -1;
     memcpy(sampled, e->sampled_h, (size_t)ns * 4);
     return 0;
 }
@@ -1137,7 +1148,10 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     } else if (forward(e, rows, tiles, last ? ns : 0, err, errlen) < 0) {
         return -1;
     }
-    if (!last) return 0;
+    /* A stage that hands its rows on returns once queued (the pipeline
+     * send waits for the stream); in a TP group it settles the group here,
+     * once per step rather than once per all-reduce. */
+    if (!last) return s->tp_size > 1 ? stream_wait(e, "step", err, errlen) : 0;
     if (s->tp_size > 1) {
         tsr_buf_t send = {e->logits, (size_t)ns * e->v_chunk, TSR_DT_F32, TSR_MEM_DEVICE};
         tsr_buf_t recv = {e->gathered, (size_t)s->tp_size * ns * e->v_chunk, TSR_DT_F32,
@@ -1145,7 +1159,7 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
         if (e->ops->allgather(e->tp, send, recv, 30000, err, errlen) < 0) return -1;
     }
     e->last_sampled = ns;
-    if (s->tp_rank != 0) return cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), "step", err, errlen);
+    if (s->tp_rank != 0) return stream_wait(e, "step", err, errlen);
     /* With padding rows the gathered layout has `rows` rows per rank; only
      * a single rank pads (graphs need tp 1), so rows index directly. */
     return sample_forward(e, b, graph ? rows : ns, ns, sampled, err, errlen);
