@@ -134,6 +134,11 @@ if "$BIN/tessera" plan "$T/probe.yaml" > /dev/null 2> "$T/probe.err"; then
     KEYS=1 KEYS_TEXT="max_batch 32, prefill_chunk 128, max_queue 256, kv_cache_mib $(kv_mib 1) at pp=1
   and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)"
 else
+    if [ "$KV_DTYPE" = bf16 ]; then
+        echo "bench/serve.sh: --kv-dtype bf16 needs the batching keys, and this build's parser" \
+             "refuses them: $(head -1 "$T/probe.err")" >&2
+        exit 1
+    fi
     KEYS=0 KEYS_TEXT="none: this build's parser refuses them ($(head -1 "$T/probe.err"))"
 fi
 

@@ -177,7 +177,9 @@ static float *alloc_f(size_t n, int *bad)
 }
 
 /* Page-aligned and not touched here: the KV pool's pages become resident
- * only as blocks are used (every position is written before it is read). */
+ * only as blocks are used (every position is written before attention uses
+ * it; the rest of a partial block is read and masked, and reading a page
+ * never written maps the zero page). */
 static void *alloc_lazy(size_t bytes, int *bad)
 {
     void *p = NULL;
@@ -436,6 +438,7 @@ static inline size_t kv_off(const tsr_engine_t *e, int l, int slot, int pos)
  * rest of a row (8, then one at a time) is in order. */
 typedef unsigned short v8u16 __attribute__((vector_size(16)));
 typedef unsigned short v16u16 __attribute__((vector_size(32)));
+typedef unsigned int v8u __attribute__((vector_size(32)));
 
 /* Elements [i, i + 16) of a row's full 16 (i a multiple of 16). */
 static inline __attribute__((always_inline)) void kv_load16(const void *p, size_t i, int bf16,
@@ -459,7 +462,7 @@ static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t 
     if (!bf16) return load8((const float *)p + i);
     v8u16 h;
     memcpy(&h, (const uint16_t *)p + i, sizeof h);
-    return (v8f)(__builtin_convertvector(h, v8i) << 16);
+    return (v8f)(__builtin_convertvector(h, v8u) << 16);
 }
 
 static inline __attribute__((always_inline)) float kv_load1(const void *p, size_t i, int bf16)
@@ -821,10 +824,14 @@ static void att_task_plain_bf16(void *arg, int t) { att_task_body(arg, t, 1); }
  * for the process, so every step of every sequence computes the same way. */
 static void (*att_task_for(int bf16))(void *, int)
 {
-    static int fma = -1;
-    if (fma < 0) fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return fma ? (bf16 ? att_task_fma_bf16 : att_task_fma)
-               : (bf16 ? att_task_plain_bf16 : att_task_plain);
+    static int has_fma = -1;   /* engines of several ranks may ask at once: the same answer */
+    int f = __atomic_load_n(&has_fma, __ATOMIC_RELAXED);
+    if (f < 0) {
+        f = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        __atomic_store_n(&has_fma, f, __ATOMIC_RELAXED);
+    }
+    return f ? (bf16 ? att_task_fma_bf16 : att_task_fma)
+             : (bf16 ? att_task_plain_bf16 : att_task_plain);
 }
 
 /* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a

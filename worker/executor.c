@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -702,7 +703,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->prefill_chunk = (int)as->prefill_chunk;
     j->max_queue = (int)as->max_queue;
     j->kv_cache_bytes = as->kv_cache_bytes;
-    j->kv_dtype = as->kv_dtype > 1000 ? 1000 : (int)as->kv_dtype;   /* unknown: refused at load */
+    j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++) {

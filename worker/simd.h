@@ -7,12 +7,13 @@
 
 #include <string.h>
 
-/* The vectors never cross a call boundary that is not inlined (all static
- * inline), so the note GCC gives on the AVX argument ABI for them is moot:
+/* The vectors never cross a call boundary that is not inlined (all
+ * always_inline, so an -O0 build inlines them into the AVX2 kernels too),
+ * so the note GCC gives on the AVX argument ABI for them is moot:
  * the Makefile turns it off (-Wno-psabi; no pragma reaches that note). */
 typedef float v8f __attribute__((vector_size(32)));
 
-static inline v8f load8(const float *p)
+static inline __attribute__((always_inline)) v8f load8(const float *p)
 {
     v8f v;
     memcpy(&v, p, sizeof v);
@@ -23,13 +24,13 @@ typedef int v8i __attribute__((vector_size(32)));
 
 /* x in all 8 lanes.  As a shuffle: GCC makes that one vbroadcastss in
  * AVX2 clones, where the 8-element initialiser became 9 inserts. */
-static inline v8f bcast8(float x)
+static inline __attribute__((always_inline)) v8f bcast8(float x)
 {
     return __builtin_shuffle((v8f){x}, (v8i){0, 0, 0, 0, 0, 0, 0, 0});
 }
 
 /* The lanes summed in one fixed order. */
-static inline float hsum8(v8f a)
+static inline __attribute__((always_inline)) float hsum8(v8f a)
 {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }

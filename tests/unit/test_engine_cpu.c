@@ -7,8 +7,8 @@
  * prefilled in one step, in chunks, or a token at a time, alone or beside
  * other sequences, gives bit-identical logits.  Prompts cross KV blocks of
  * 16 positions at odd offsets, in a GQA model with head_dim 64 (the
- * attention kernel's widest path) and ones with head_dim 24 and 20 (its
- * narrower and scalar tails), with the KV cache in f32 and in bf16.  A bf16
+ * attention kernel's widest path) and ones with head_dim 24, 20, 40 and 80
+ * (its narrower and scalar tails), with the KV cache in f32 and in bf16.  A bf16
  * cache gives logits near the f32 one's, and half its bytes. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,7 +24,7 @@
 #include "cli/cli.h"
 #include "worker/engine.h"
 
-#define N_MODELS 3
+#define N_MODELS 5
 static char dirs[N_MODELS][64];
 static int vocab;
 
@@ -197,9 +197,12 @@ static int setup(void **state)
 {
     (void)state;
     /* head_dim 64 with 2 query heads over 1 KV head; head_dim 24 (16 + 8)
-     * with 4 over 2; head_dim 20 (16 + 4 one at a time) with 4 over 4. */
-    static const char *shape[N_MODELS][4] = {
-        {"128", "2", "1", "300"}, {"96", "4", "2", "280"}, {"80", "4", "4", "260"}};
+     * with 4 over 2; head_dim 20 (16 + 4 one at a time) with 4 over 4;
+     * head_dim 40 (32 + 8) with 4 over 2; head_dim 80 (two 32s + 16) with 4
+     * over 4: every path of the value sums. */
+    static const char *shape[N_MODELS][4] = {{"128", "2", "1", "300"}, {"96", "4", "2", "280"},
+                                             {"80", "4", "4", "260"},  {"160", "4", "2", "256"},
+                                             {"320", "4", "4", "270"}};
     for (int m = 0; m < N_MODELS; m++) {
         snprintf(dirs[m], sizeof dirs[m], "/tmp/tsr-engine-XXXXXX");
         if (!mkdtemp(dirs[m])) return -1;

@@ -828,8 +828,12 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->spec = *spec;
     e->device = spec->device_index;
     if (spec->kv_dtype != TSR_KV_AUTO && spec->kv_dtype != TSR_KV_BF16) {
-        tsr_set_err(err, errlen, "kv_dtype %s: the CUDA engine keeps its KV cache in bf16",
-                    tsr_kv_dtype_name(spec->kv_dtype) ? tsr_kv_dtype_name(spec->kv_dtype) : "unknown");
+        if (tsr_kv_dtype_name(spec->kv_dtype))
+            tsr_set_err(err, errlen, "kv_dtype %s: the CUDA engine keeps its KV cache in bf16",
+                        tsr_kv_dtype_name(spec->kv_dtype));
+        else
+            tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, "
+                        "2 bf16)", spec->kv_dtype);
         free(e);
         return -1;
     }
@@ -980,7 +984,10 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
 {
     const int C = e->v_chunk, V = e->vocab;
     bool any_cut = false;
-    if (!rows) return 0;   /* a prompt chunk that samples nothing */
+    /* A prompt chunk that samples nothing: with a TP group its operations
+     * are still settled, or the next step's waits (the metadata event, a
+     * staged pipeline copy) would sit behind them with no deadline. */
+    if (!rows) return e->spec.tp_size > 1 ? stream_wait(e, "step", err, errlen) : 0;
     for (int i = 0, s = 0; i < b->n_entries; i++)
         if (b->entries[i].sample) {
             any_cut |= !tsr_k_greedy(e->mh.samp_temp[s]) && tsr_k_top_p_cuts(e->mh.samp_top_p[s]);
