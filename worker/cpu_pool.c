@@ -441,12 +441,28 @@ PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))))
 typedef void (*panels_fn)(float *, int, const float *, const float *, int, int, int, int, int);
 static panels_fn matmul_panels = panels_generic;
 
+int tsr_cpu_fma_kernels(void)
+{
+    static int answer = -1;
+    int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
+    if (a < 0) {
+        const char *k = getenv("TSR_CPU_KERNELS");
+        a = 0;
+#if defined(__x86_64__)
+        __builtin_cpu_init();
+        a = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            !(k && !strcmp(k, "plain"));
+#endif
+        (void)k;
+        __atomic_store_n(&answer, a, __ATOMIC_RELAXED);
+    }
+    return a;
+}
+
 static void pick_kernel(void)
 {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        matmul_panels = panels_fma;
+    if (tsr_cpu_fma_kernels()) matmul_panels = panels_fma;
 #endif
 }
 

@@ -27,6 +27,11 @@ typedef struct tsr_pool tsr_pool_t;
  * Returns NULL on failure (no thread could be started, no memory); caller
  * owns the pool and frees it with tsr_pool_destroy. */
 tsr_pool_t *tsr_pool_new(int n_threads);
+/* Whether the CPU kernels (the products here, the engine's attention) run
+ * their AVX2+FMA build: the CPU has both and TSR_CPU_KERNELS is not
+ * "plain" (which picks the portable build, for tests and for comparing).
+ * Asked once per process; the same answer for every caller. */
+int tsr_cpu_fma_kernels(void);
 
 /* Stops and joins the helpers, frees the pool, sets *p_p NULL.  NULL-safe
  * (p_p NULL or *p_p NULL).  Must not run while a call is in progress. */

@@ -824,14 +824,8 @@ static void att_task_plain_bf16(void *arg, int t) { att_task_body(arg, t, 1); }
  * for the process, so every step of every sequence computes the same way. */
 static void (*att_task_for(int bf16))(void *, int)
 {
-    static int has_fma = -1;   /* engines of several ranks may ask at once: the same answer */
-    int f = __atomic_load_n(&has_fma, __ATOMIC_RELAXED);
-    if (f < 0) {
-        f = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        __atomic_store_n(&has_fma, f, __ATOMIC_RELAXED);
-    }
-    return f ? (bf16 ? att_task_fma_bf16 : att_task_fma)
-             : (bf16 ? att_task_plain_bf16 : att_task_plain);
+    return tsr_cpu_fma_kernels() ? (bf16 ? att_task_fma_bf16 : att_task_fma)
+                                 : (bf16 ? att_task_plain_bf16 : att_task_plain);
 }
 
 /* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a
