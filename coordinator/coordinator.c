@@ -878,6 +878,37 @@ static bool pci_bus_id_ok(const char *s)
 /* Takes a piece a (re-)registering worker reports, if it still fits the
  * current deployments and nobody else holds it.  Returns NULL on success or
  * the reason it was not adopted. */
+/* Which of the keys a worker was sent with its piece the configuration no
+ * longer has (a file edited while the coordinator was down): written into
+ * why, or NULL when they all match.  The KV budget is not among them (it is
+ * kept on purpose, see try_adopt). */
+static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__Assignment *a,
+                                      char *why, size_t len)
+{
+    const struct {
+        const char *key;
+        uint64_t held, now;
+    } k[] = {
+        {"max_seq_len", a->max_seq_len, (uint64_t)d->max_seq_len},
+        {"max_batch", a->max_batch, (uint64_t)d->max_batch},
+        {"prefill_chunk", a->prefill_chunk, (uint64_t)d->prefill_chunk},
+        {"max_queue", a->max_queue, (uint64_t)d->max_queue},
+        {"kv_dtype", a->kv_dtype, (uint64_t)d->kv_dtype},
+    };
+    if (strcmp(a->model_path ? a->model_path : "", d->model_path)) {
+        snprintf(why, len, "it holds model %.200s; the configuration now has %.200s",
+                 a->model_path ? a->model_path : "", d->model_path);
+        return why;
+    }
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].held != k[i].now) {
+            snprintf(why, len, "it was given %s %llu; the configuration now has %llu", k[i].key,
+                     (unsigned long long)k[i].held, (unsigned long long)k[i].now);
+            return why;
+        }
+    return NULL;
+}
+
 static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
                              char *why, size_t len)
 {
@@ -890,6 +921,8 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     tsr_piece_from_wire(&key, a);
     if (!piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
+    /* Not adopted: it is assigned again with the configuration's keys. */
+    if (assignment_differs(d, a, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */
     if (a->epoch > TSR_EPOCH_MAX || a->epoch > c->epoch + TSR_EPOCH_ADOPT_STEP) {

@@ -810,6 +810,9 @@ static void held_piece(Tessera__Assignment *a, uint32_t begin, uint32_t end)
     a->layer_end = end;
     a->model_path = model_dir;
     a->max_seq_len = 256;
+    a->max_batch = 32;        /* the deployment's keys, as a worker echoes them */
+    a->prefill_chunk = 128;
+    a->max_queue = 256;
 }
 
 static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **state)
@@ -860,6 +863,34 @@ static void test_fresh_coordinator_does_not_adopt_a_wrong_layer_range(void **sta
     assert_int_equal(w->state, TSR_W_IDLE);
     /* its epoch still raises the coordinator's: epochs only grow across restarts */
     assert_true(fx->c->epoch >= 7);
+}
+
+/* A piece given keys the file no longer has (edited while the coordinator
+ * was down) is not adopted, naming the key: it is assigned again with the
+ * configuration's, instead of serving with the old ones. */
+static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void **state)
+{
+    fx_t *fx = *state;
+    static const char *const keys[] = {"kv_dtype 2", "max_batch 64", "model /elsewhere"};
+    for (int k = 0; k < 3; k++) {
+        Tessera__Assignment a;
+        held_piece(&a, 4, 8);
+        if (k == 0) a.kv_dtype = TSR_KV_BF16;
+        if (k == 1) a.max_batch = 64;
+        if (k == 2) a.model_path = "/elsewhere";
+        char name[8];
+        snprintf(name, sizeof name, "w%d", k);
+        send_register(fx, k, name, "node0", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        assert_false(env->register_reply->adopted);
+        if (!strstr(env->register_reply->reason, keys[k]))
+            fail_msg("reason: %s", env->register_reply->reason);
+        tsr_env_free(&env);
+        assert_false(tsr_registry_find(fx->c->reg, name)->has_piece);
+    }
 }
 
 /* ---- status document ------------------------------------------------------------------ */
@@ -2603,6 +2634,7 @@ int main(void)
         T(test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status),
         T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
+        T(test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys),
         T(test_status_json_has_the_documented_fields),
         T(test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat),
         T(test_a_heartbeat_with_a_nan_or_infinite_load_keeps_the_status_valid_json),
