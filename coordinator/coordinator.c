@@ -404,6 +404,12 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
     return fresh;
 }
 
+/* The deployment keys a piece is sent with besides its model and KV budget,
+ * named alike in tsr_deployment_t and the Assignment: filled in by
+ * fill_assignment, compared by assignment_changed (a reload) and
+ * assignment_differs (adoption), so a new key cannot be missed by one. */
+#define SENT_KEYS(X) X(max_seq_len) X(max_batch) X(prefill_chunk) X(max_queue) X(kv_dtype)
+
 static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
                             Tessera__Assignment *a, int di)
 {
@@ -412,12 +418,10 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     tsr_piece_to_wire(&h->key, a);
     a->epoch = h->epoch;
     a->model_path = d->model_path;
-    a->max_seq_len = (uint32_t)d->max_seq_len;
-    a->max_batch = (uint32_t)d->max_batch;
-    a->prefill_chunk = (uint32_t)d->prefill_chunk;
-    a->max_queue = (uint32_t)d->max_queue;
+#define FILL_KEY(f) a->f = (uint32_t)d->f;
+    SENT_KEYS(FILL_KEY)
+#undef FILL_KEY
     a->kv_cache_bytes = kv_budget(c, h, di);
-    a->kv_dtype = (uint32_t)d->kv_dtype;
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
     /* Without one the workers refuse to form (collective_tcp.c): fail closed. */
@@ -434,14 +438,14 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
  * changing its layout: they must be sent their pieces again. */
 static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *nd)
 {
-    return strcmp(od->model_path, nd->model_path) || od->max_seq_len != nd->max_seq_len ||
-           od->max_batch != nd->max_batch || od->prefill_chunk != nd->prefill_chunk ||
-           od->kv_cache_mib != nd->kv_cache_mib || od->max_queue != nd->max_queue ||
-           od->kv_dtype != nd->kv_dtype ||
+#define KEY_CHANGED(f) od->f != nd->f ||
+    return strcmp(od->model_path, nd->model_path) || SENT_KEYS(KEY_CHANGED)
+           od->kv_cache_mib != nd->kv_cache_mib ||
            /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
            (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
             od->gpu_memory_percent != nd->gpu_memory_percent);
 }
+#undef KEY_CHANGED
 
 /* The data endpoints of every piece of key's replica in key's layout,
  * indexed by slot ("" where a piece has no holder yet), followed by their
@@ -889,11 +893,9 @@ static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__
         const char *key;
         uint64_t held, now;
     } k[] = {
-        {"max_seq_len", a->max_seq_len, (uint64_t)d->max_seq_len},
-        {"max_batch", a->max_batch, (uint64_t)d->max_batch},
-        {"prefill_chunk", a->prefill_chunk, (uint64_t)d->prefill_chunk},
-        {"max_queue", a->max_queue, (uint64_t)d->max_queue},
-        {"kv_dtype", a->kv_dtype, (uint64_t)d->kv_dtype},
+#define KEY_ENTRY(f) {#f, a->f, (uint64_t)d->f},
+        SENT_KEYS(KEY_ENTRY)
+#undef KEY_ENTRY
     };
     if (strcmp(a->model_path ? a->model_path : "", d->model_path)) {
         snprintf(why, len, "it holds model %.200s; the configuration now has %.200s",

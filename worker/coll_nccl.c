@@ -207,6 +207,43 @@ static int wait_turn(tsr_comm_t *c, const char *what, int64_t deadline, int time
     return 0;
 }
 
+static bool usable(tsr_comm_t *c, char *err, size_t errlen)
+{
+    if (!c->failed) return true;
+    tsr_set_err(err, errlen, "%s", c->why);
+    return false;
+}
+
+/* Polls NCCL's asynchronous error (ncclCommGetAsyncError), and with
+ * with_stream the stream too, against the deadline and the epoch, until
+ * the communicator is done issuing `what` (and the stream has run all that
+ * was issued).  0 then; else the communicator fails and -1. */
+static int poll_done(tsr_comm_t *c, const char *what, bool with_stream, int timeout_ms,
+                     char *err, size_t errlen)
+{
+    const tsr_nccl_api_t *api = c->api;
+    char why[512];
+    int64_t deadline = now_ms() + timeout_ms;
+    for (int turn = 0;; turn++) {
+        int a = api->comm_status(c->comm);
+        if (a == TSR_NCCL_ERROR) {
+            snprintf(why, sizeof why, "NCCL reported an error during %s (rank %d of %d): %s",
+                     what, c->rank, c->n, api->last_error(c->comm));
+            return fail(c, err, errlen, why);
+        }
+        int s = TSR_NCCL_OK;
+        if (with_stream && a == TSR_NCCL_OK) s = api->stream_query(c->stream);
+        if (s == TSR_NCCL_ERROR) {
+            snprintf(why, sizeof why, "a CUDA error during NCCL %s (rank %d of %d): %s", what,
+                     c->rank, c->n, api->last_error(NULL));
+            return fail(c, err, errlen, why);
+        }
+        if (a == TSR_NCCL_OK && s == TSR_NCCL_OK) return 0;
+        if (wait_turn(c, what, deadline, timeout_ms, err, errlen) < 0) return -1;
+        pause_turn(c, turn);
+    }
+}
+
 /* Waits until the operation just enqueued (st: the enqueue's status) is
  * issued: a non-blocking communicator may answer ncclInProgress and go on
  * issuing it in the background.  Not for its completion: that is settle's,
@@ -214,69 +251,26 @@ static int wait_turn(tsr_comm_t *c, const char *what, int64_t deadline, int time
 static int issued(tsr_comm_t *c, const char *what, int st, int timeout_ms, char *err,
                   size_t errlen)
 {
-    const tsr_nccl_api_t *api = c->api;
-    char why[512];
     if (st == TSR_NCCL_ERROR) {
+        char why[512];
         snprintf(why, sizeof why, "NCCL %s (rank %d of %d) could not be issued: %s", what,
-                 c->rank, c->n, api->last_error(c->comm));
+                 c->rank, c->n, c->api->last_error(c->comm));
         return fail(c, err, errlen, why);
     }
-    int64_t deadline = now_ms() + timeout_ms;
-    for (int turn = 0;; turn++) {
-        int a = api->comm_status(c->comm);
-        if (a == TSR_NCCL_ERROR) {
-            snprintf(why, sizeof why, "NCCL reported an error during %s (rank %d of %d): %s",
-                     what, c->rank, c->n, api->last_error(c->comm));
-            return fail(c, err, errlen, why);
-        }
-        if (a == TSR_NCCL_OK) break;
-        if (wait_turn(c, what, deadline, timeout_ms, err, errlen) < 0) return -1;
-        pause_turn(c, turn);
-    }
+    if (poll_done(c, what, false, timeout_ms, err, errlen) < 0) return -1;
     c->pending = what;
     return 0;
 }
 
-static bool usable(tsr_comm_t *c, char *err, size_t errlen);
-
-/* The watchdog of what was issued: polls NCCL's asynchronous error
- * (ncclCommGetAsyncError) and the stream, against the deadline and the
+/* The watchdog of what was issued: waits, against the deadline and the
  * epoch, until the stream has run it all. */
 static int nccl_settle(tsr_comm_t *c, int timeout_ms, char *err, size_t errlen)
 {
     if (!usable(c, err, errlen)) return -1;
     if (!c->pending) return 0;
-    const tsr_nccl_api_t *api = c->api;
-    const char *what = c->pending;
-    char why[512];
-    int64_t deadline = now_ms() + timeout_ms;
-    for (int turn = 0;; turn++) {
-        int a = api->comm_status(c->comm);
-        int s = a == TSR_NCCL_IN_PROGRESS ? TSR_NCCL_IN_PROGRESS : api->stream_query(c->stream);
-        if (a == TSR_NCCL_ERROR) {
-            snprintf(why, sizeof why, "NCCL reported an error during %s (rank %d of %d): %s",
-                     what, c->rank, c->n, api->last_error(c->comm));
-            return fail(c, err, errlen, why);
-        }
-        if (s == TSR_NCCL_ERROR) {
-            snprintf(why, sizeof why, "a CUDA error during NCCL %s (rank %d of %d): %s", what,
-                     c->rank, c->n, api->last_error(NULL));
-            return fail(c, err, errlen, why);
-        }
-        if (a == TSR_NCCL_OK && s == TSR_NCCL_OK) {
-            c->pending = NULL;
-            return 0;
-        }
-        if (wait_turn(c, what, deadline, timeout_ms, err, errlen) < 0) return -1;
-        pause_turn(c, turn);
-    }
-}
-
-static bool usable(tsr_comm_t *c, char *err, size_t errlen)
-{
-    if (!c->failed) return true;
-    tsr_set_err(err, errlen, "%s", c->why);
-    return false;
+    if (poll_done(c, c->pending, true, timeout_ms, err, errlen) < 0) return -1;
+    c->pending = NULL;
+    return 0;
 }
 
 static int nccl_allreduce(tsr_comm_t *c, tsr_buf_t buf, int timeout_ms, char *err,

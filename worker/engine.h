@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include "common/deploy.h"
 #include "common/modelcfg.h"
+#include "common/util.h"
 #include "worker/collective.h"
 #include "worker/kvpool.h"
 #include "worker/kmath.h"
@@ -126,6 +127,25 @@ static inline int tsr_kv_elem_bytes(const tsr_engine_ops_t *eng, int kv_dtype)
            : kv_dtype == TSR_KV_F32 ? 4
            : kv_dtype == TSR_KV_BF16 ? 2
                                      : 0;
+}
+
+/* 0 when an engine that keeps its KV cache in the types of `takes` (a bit
+ * per tsr_kv_dtype_t, 1 << TSR_KV_F32 ...) can serve kv_dtype (auto always
+ * can); else -1 with the reason: a number no worker knows (from the wire),
+ * or a type this engine (`engine`, for the message) does not keep. */
+static inline int tsr_kv_dtype_check(int kv_dtype, unsigned takes, const char *engine, char *err,
+                                     size_t errlen)
+{
+    const char *name = tsr_kv_dtype_name(kv_dtype);
+    if (!name) {
+        tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, 2 bf16)",
+                    kv_dtype);
+        return -1;
+    }
+    if (kv_dtype == TSR_KV_AUTO || (takes >> kv_dtype & 1u)) return 0;
+    tsr_set_err(err, errlen, "kv_dtype %s: the %s engine does not keep its KV cache in %s", name,
+                engine, name);
+    return -1;
 }
 
 /* The rotary embedding's parameters of model m. */

@@ -310,12 +310,9 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->spec = *spec;
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
-    if (spec->kv_dtype != TSR_KV_AUTO && spec->kv_dtype != TSR_KV_F32 &&
-        spec->kv_dtype != TSR_KV_BF16) {
-        tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, 2 bf16)",
-                    spec->kv_dtype);
+    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16, "CPU", err,
+                           errlen) < 0)
         goto out;
-    }
     e->kv_bf16 = spec->kv_dtype == TSR_KV_BF16;
     const tsr_model_info_t *m = &e->m;
     e->hidden = m->hidden_size;

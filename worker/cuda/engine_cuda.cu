@@ -827,13 +827,7 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     if (!e) return -1;
     e->spec = *spec;
     e->device = spec->device_index;
-    if (spec->kv_dtype != TSR_KV_AUTO && spec->kv_dtype != TSR_KV_BF16) {
-        if (tsr_kv_dtype_name(spec->kv_dtype))
-            tsr_set_err(err, errlen, "kv_dtype %s: the CUDA engine keeps its KV cache in bf16",
-                        tsr_kv_dtype_name(spec->kv_dtype));
-        else
-            tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, "
-                        "2 bf16)", spec->kv_dtype);
+    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_BF16, "CUDA", err, errlen) < 0) {
         free(e);
         return -1;
     }
