@@ -626,6 +626,12 @@ const char *tsr_kv_dtype_name(int kv_dtype)
                                      : NULL;
 }
 
+int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
+{
+    if (kv_dtype != TSR_KV_AUTO) return kv_dtype;
+    return d == TSR_DEVICE_CUDA ? TSR_KV_BF16 : TSR_KV_F32;
+}
+
 /* kv_dtype, after device (a cuda pool is bf16 only). */
 static int parse_kv_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
 {

@@ -29,6 +29,10 @@ int tsr_device_parse(const char *s, tsr_device_t *out);
 typedef enum { TSR_KV_AUTO = 0, TSR_KV_F32 = 1, TSR_KV_BF16 = 2 } tsr_kv_dtype_t;
 /* "auto", "f32", "bf16"; NULL for any other value. */
 const char *tsr_kv_dtype_name(int kv_dtype);
+/* The type a piece on device d keeps: kv_dtype, or for auto the device's
+ * own (above).  What the coordinator sends and compares, so a reload from
+ * auto to the type it stands for changes nothing. */
+int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype);
 
 typedef struct {
     char *name;

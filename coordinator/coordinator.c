@@ -405,10 +405,50 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
 }
 
 /* The deployment keys a piece is sent with besides its model and KV budget,
- * named alike in tsr_deployment_t and the Assignment: filled in by
+ * X(Assignment field, its value for deployment d): filled in by
  * fill_assignment, compared by assignment_changed (a reload) and
- * assignment_differs (adoption), so a new key cannot be missed by one. */
-#define SENT_KEYS(X) X(max_seq_len) X(max_batch) X(prefill_chunk) X(max_queue) X(kv_dtype)
+ * assignment_differs (adoption), so a new key cannot be missed by one.
+ * kv_dtype goes resolved: auto and the type it stands for are the same. */
+#define SENT_KEYS(X, d)                                                                       \
+    X(max_seq_len, (d)->max_seq_len) X(max_batch, (d)->max_batch)                             \
+    X(prefill_chunk, (d)->prefill_chunk) X(max_queue, (d)->max_queue)                         \
+    X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))
+
+static void fill_keys(Tessera__Assignment *a, const tsr_deployment_t *d)
+{
+#define FILL_KEY(f, v) a->f = (uint32_t)(v);
+    SENT_KEYS(FILL_KEY, d)
+#undef FILL_KEY
+}
+
+/* Which of the keys a worker was sent with its piece the configuration no
+ * longer has (a file edited while the coordinator was down): written into
+ * why, or NULL when they all match.  The KV budget is not among them (it is
+ * kept on purpose, see try_adopt). */
+static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__Assignment *a,
+                                      char *why, size_t len)
+{
+    const struct {
+        const char *key;
+        uint64_t held, now;
+    } k[] = {
+#define KEY_ENTRY(f, v) {#f, a->f, (uint64_t)(v)},
+        SENT_KEYS(KEY_ENTRY, d)
+#undef KEY_ENTRY
+    };
+    if (strcmp(a->model_path ? a->model_path : "", d->model_path)) {
+        snprintf(why, len, "it holds model %.200s; the configuration now has %.200s",
+                 a->model_path ? a->model_path : "", d->model_path);
+        return why;
+    }
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].held != k[i].now) {
+            snprintf(why, len, "it was given %s %llu; the configuration now has %llu", k[i].key,
+                     (unsigned long long)k[i].held, (unsigned long long)k[i].now);
+            return why;
+        }
+    return NULL;
+}
 
 static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
                             Tessera__Assignment *a, int di)
@@ -418,9 +458,7 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     tsr_piece_to_wire(&h->key, a);
     a->epoch = h->epoch;
     a->model_path = d->model_path;
-#define FILL_KEY(f) a->f = (uint32_t)d->f;
-    SENT_KEYS(FILL_KEY)
-#undef FILL_KEY
+    fill_keys(a, d);
     a->kv_cache_bytes = kv_budget(c, h, di);
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
@@ -438,14 +476,15 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
  * changing its layout: they must be sent their pieces again. */
 static bool assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *nd)
 {
-#define KEY_CHANGED(f) od->f != nd->f ||
-    return strcmp(od->model_path, nd->model_path) || SENT_KEYS(KEY_CHANGED)
-           od->kv_cache_mib != nd->kv_cache_mib ||
+    Tessera__Assignment was = TESSERA__ASSIGNMENT__INIT;
+    char why[512];
+    was.model_path = od->model_path;
+    fill_keys(&was, od);
+    return assignment_differs(nd, &was, why, sizeof why) || od->kv_cache_mib != nd->kv_cache_mib ||
            /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
            (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
             od->gpu_memory_percent != nd->gpu_memory_percent);
 }
-#undef KEY_CHANGED
 
 /* The data endpoints of every piece of key's replica in key's layout,
  * indexed by slot ("" where a piece has no holder yet), followed by their
@@ -882,35 +921,6 @@ static bool pci_bus_id_ok(const char *s)
 /* Takes a piece a (re-)registering worker reports, if it still fits the
  * current deployments and nobody else holds it.  Returns NULL on success or
  * the reason it was not adopted. */
-/* Which of the keys a worker was sent with its piece the configuration no
- * longer has (a file edited while the coordinator was down): written into
- * why, or NULL when they all match.  The KV budget is not among them (it is
- * kept on purpose, see try_adopt). */
-static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__Assignment *a,
-                                      char *why, size_t len)
-{
-    const struct {
-        const char *key;
-        uint64_t held, now;
-    } k[] = {
-#define KEY_ENTRY(f) {#f, a->f, (uint64_t)d->f},
-        SENT_KEYS(KEY_ENTRY)
-#undef KEY_ENTRY
-    };
-    if (strcmp(a->model_path ? a->model_path : "", d->model_path)) {
-        snprintf(why, len, "it holds model %.200s; the configuration now has %.200s",
-                 a->model_path ? a->model_path : "", d->model_path);
-        return why;
-    }
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        if (k[i].held != k[i].now) {
-            snprintf(why, len, "it was given %s %llu; the configuration now has %llu", k[i].key,
-                     (unsigned long long)k[i].held, (unsigned long long)k[i].now);
-            return why;
-        }
-    return NULL;
-}
-
 static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
                              char *why, size_t len)
 {
@@ -923,8 +933,12 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     tsr_piece_from_wire(&key, a);
     if (!piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
-    /* Not adopted: it is assigned again with the configuration's keys. */
-    if (assignment_differs(d, a, why, len)) return why;
+    /* Not adopted: it is assigned again with the configuration's keys.  An
+     * older coordinator sent kv_dtype auto itself: it is the type it stands
+     * for on this device. */
+    Tessera__Assignment held = *a;
+    held.kv_dtype = (uint32_t)tsr_kv_dtype_on(d->device, (int)a->kv_dtype);
+    if (assignment_differs(d, &held, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */
     if (a->epoch > TSR_EPOCH_MAX || a->epoch > c->epoch + TSR_EPOCH_ADOPT_STEP) {

@@ -1148,10 +1148,18 @@ static void test_reload_that_changes_a_batching_key_resends_every_assignment(voi
         {"    kv_cache_mib: 100\n", offsetof(Tessera__Assignment, kv_cache_bytes), true,
          100ull << 20},
         {"    max_queue: 7\n", offsetof(Tessera__Assignment, max_queue), false, 7},
+        {"    kv_dtype: bf16\n", offsetof(Tessera__Assignment, kv_dtype), false, TSR_KV_BF16},
     };
     fx_t *fx = *state;
     char keys[256] = "";
     cluster_up(fx);
+    /* auto to the type it stands for on a cpu deployment (f32) changes
+     * nothing the workers hold: nothing is sent. */
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    kv_dtype: f32\n");
+    char err0[1024] = "";
+    if (tsr_coord_reload(fx->c, err0, sizeof err0) != 0) fail_msg("reload: %s", err0);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 10);
     for (size_t k = 0; k < sizeof changes / sizeof changes[0]; k++) {
         /* The keys changed so far stay: each reload changes one key. */
         strcat(keys, changes[k].yaml);
