@@ -239,8 +239,10 @@ static int setup(void **state)
     (void)state;
     snprintf(model_dir, sizeof model_dir, "/tmp/tsr-batch-XXXXXX");
     if (!mkdtemp(model_dir)) return -1;
-    char *argv[] = {"model-init", model_dir, "--hidden", "64", "--intermediate", "128",
-                    "--layers", "4", "--heads", "8", "--kv-heads", "4", "--vocab", "256",
+    /* 3 query heads per KV head, on each of 2 tensor ranks too: an odd
+     * grouped-query layout against the reference. */
+    char *argv[] = {"model-init", model_dir, "--hidden", "48", "--intermediate", "128",
+                    "--layers", "4", "--heads", "6", "--kv-heads", "2", "--vocab", "256",
                     "--max-pos", "512", "--seed", "21", "--force", NULL};
     if (tsr_cmd_model_init(19, argv)) return -1;
     make_script();
