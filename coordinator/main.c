@@ -95,6 +95,15 @@ int main(int argc, char **argv)
                 bad = 1;
             }
         }
+        /* What a start would refuse (a missing file, one others can read). */
+        char **keys = NULL;
+        int nk = cfg->api_keys_file ? tsr_http_read_keys(cfg->api_keys_file, &keys, err, sizeof err) : 0;
+        if (nk < 0) {
+            fprintf(stderr, "%s\n", err);
+            bad = 1;
+        }
+        for (int i = 0; i < nk; i++) free(keys[i]);
+        free(keys);
         if (!bad) printf("%s: valid, %zu deployment(s)\n", path, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return bad;

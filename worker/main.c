@@ -197,7 +197,7 @@ int main(int argc, char **argv)
     }
     a->protocol_version = (uint32_t)proto;
     if (!data_addr)
-        data_addr = strstr(ep, "127.0.0.1") || strstr(ep, "localhost") ? "127.0.0.1" : host;
+        data_addr = tsr_endpoint_is_local(ep) ? "127.0.0.1" : host;
     /* Only the address peers use: a data port on every interface is more
      * to defend, and asking for that is the operator's choice. */
     if (!data_bind) data_bind = data_addr;

@@ -32,6 +32,13 @@ write_yaml "$T/d.yaml" 2 2 1
 write_yaml "$T/d3.yaml" 3 1 1
 "$BIN/tessera-coordinator" --check "$T/d3.yaml" 2> "$T/e.txt"; [ $? = 1 ] || fail "tp=3 accepted for 8 heads"
 grep -q "num_attention_heads 8 is not divisible by parallel.tensor 3" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+# --check refuses what a start would: an API keys file others can read.
+printf 'sk-check-0123456789abcdef\n' > "$T/api.keys"; chmod 644 "$T/api.keys"
+sed "s|^coordinator:|coordinator:\n  http_endpoint: 127.0.0.1:8000\n  api_keys_file: $T/api.keys|" "$T/d.yaml" > "$T/k.yaml"
+"$BIN/tessera-coordinator" --check "$T/k.yaml" > /dev/null 2> "$T/e.txt"; [ $? = 1 ] || fail "--check passed a keys file of mode 644"
+grep -q "api.keys: mode 644" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+chmod 600 "$T/api.keys"
+"$BIN/tessera-coordinator" --check "$T/k.yaml" > /dev/null 2> "$T/e.txt" || fail "check with a private keys file: $(cat "$T/e.txt")"
 # A coordinator whose model directory lacks config.json still starts, and
 # status says why that deployment is not placed.
 write_yaml "$T/m.yaml" 1 1 1 tiny "$T/nomodel"
