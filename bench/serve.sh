@@ -11,9 +11,12 @@
 #   - single-stream decode against the memory-bandwidth bound: bytes one
 #     decode step reads (every layer's weights, the final norm, the LM head,
 #     one embedding row, the KV cache up to the average position) over the
-#     read bandwidth of nproc threads (bench/stream.c --read, measured right
-#     before and right after the decode, the larger of the two), and a
-#     measured decode (8-token prompt, 256 tokens) as a percentage of it;
+#     read bandwidth of nproc threads (bench/stream.c --read, measured before
+#     each decode request and after the last, the largest of the four), and
+#     a measured decode (8-token prompt, 256 tokens, 3 requests one after the
+#     other; the best request's rate, the least disturbed on a shared host,
+#     as the bandwidth is the best of four) as a percentage of it, with the
+#     mean of the three beside it;
 #   - each worker's peak RSS (VmHWM) against its weights plus KV budget as
 #     the coordinator reports them.
 # The batching keys (max_batch, prefill_chunk, kv_cache_mib, max_queue, and
@@ -214,16 +217,30 @@ run_layout() {
         fi
     done
     if [ "$decode" = 1 ]; then
-        BW_BEFORE=$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')
-        $S --requests-per-stream "$DEC_REQUESTS" --min-prompt "$DEC_PROMPT" --max-prompt "$DEC_PROMPT" \
-            --max-tokens "$DEC_TOKENS" > "$T/decode.json" 2> "$T/decode.err" || { RC=1; cat "$T/decode.err"; }
-        echo "tp=$tp pp=$pp, $nw worker(s) with $threads thread(s) each" > "$T/decode.label"
-        # The bandwidth right before and right after the decode it bounds: it
+        # The bandwidth before each decode request and after the last: it
         # drifts on a shared host (19-28 GB/s between runs on the 2-core VM),
-        # so the bound takes the larger, which can only lower the share.
-        BW_AFTER=$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')
-        BW=$(awk -v a="$BW_BEFORE" -v b="$BW_AFTER" 'BEGIN {print (a > b ? a : b)}')
-        echo "before the decode $BW_BEFORE GB/s, after it $BW_AFTER GB/s: the larger" > "$T/bw.text"
+        # so the bound takes the largest, which can only lower the share.
+        local bws=()
+        for i in $(seq 1 "$DEC_REQUESTS"); do
+            bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')")
+            $S --requests-per-stream 1 --min-prompt "$DEC_PROMPT" --max-prompt "$DEC_PROMPT" \
+                --max-tokens "$DEC_TOKENS" > "$T/decode.$i.json" 2> "$T/decode.err" ||
+                { RC=1; cat "$T/decode.err"; }
+        done
+        bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')")
+        echo "tp=$tp pp=$pp, $nw worker(s) with $threads thread(s) each" > "$T/decode.label"
+        BW=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
+        echo "measured before each request and after the last: ${bws[*]} GB/s; the largest" > "$T/bw.text"
+        # One document for the rounds: the mean and the best request's rate,
+        # the tokens and the requests done.
+        python3 - "$T"/decode.*.json > "$T/decode.json" <<'PY'
+import json, sys
+docs = [json.load(open(f)) for f in sys.argv[1:]]
+rates = [d["decode_tok_per_s"] for d in docs if d.get("decode_tok_per_s") is not None]
+print(json.dumps({"decode_tok_per_s": sum(rates) / len(rates) if rates else None,
+                  "decode_best_tok_per_s": max(rates) if rates else None,
+                  "tokens": sum(d["tokens"] for d in docs), "done": sum(d["done"] for d in docs)}))
+PY
     fi
     # Peak resident memory of each worker holding a piece, against its weights
     # plus KV budget as the worker reports them.
@@ -258,9 +275,9 @@ cat "$T/memory" 2> /dev/null
 echo
 echo "single-stream decode against the memory-bandwidth bound:"
 if [ -s "$T/decode.json" ]; then
-    read -r dec tokens ndone <<< "$(json_get "$T/decode.json" decode_tok_per_s tokens done)"
+    read -r dec best tokens ndone <<< "$(json_get "$T/decode.json" decode_tok_per_s decode_best_tok_per_s tokens done)"
     awk -v lb="$LAYER_BYTES" -v hb="$LMHEAD_BYTES" -v nb="$NORM_ROW_BYTES" -v kvp="$KV_POS_BYTES" \
-        -v bw="$BW" -v n="$NPROC" -v dec="$dec" -v tok="$tokens" -v d="$ndone" -v p="$DEC_PROMPT" \
+        -v bw="$BW" -v n="$NPROC" -v dec="$dec" -v best="$best" -v nr="$DEC_REQUESTS" -v tok="$tokens" -v d="$ndone" -v p="$DEC_PROMPT" \
         -v label="$(cat "$T/decode.label")" -v want="$DEC_TOKENS" -v bwt="$(cat "$T/bw.text")" 'BEGIN {
         g = d > 0 ? tok / d : want            # tokens per request (fewer when eos came first)
         pos = p + g / 2                        # average position a decode step attends to
@@ -270,9 +287,11 @@ if [ -s "$T/decode.json" ]; then
         printf "                  + KV cache at average position %.0f %.1f MB = %.1f MB\n", pos, kv / 1e6, total / 1e6
         printf "  read bandwidth: %.2f GB/s (%d threads, 1024 MiB buffer, bench/stream --read;\n", bw, n
         printf "                  %s)\n", bwt
-        printf "  bound: %.1f tok/s; measured %s, %d-token prompt, %.0f tokens: %.1f tok/s = %.0f%% of the bound\n",
-               bound, label, p, g, dec, 100 * dec / bound
-        printf "%.1f\n", 100 * dec / bound > "/dev/stderr" }' 2> "$T/decode.pct"
+        printf "  bound: %.1f tok/s; measured %s, %d-token prompt, %.0f tokens, %d requests one after\n",
+               bound, label, p, g, nr
+        printf "  the other: best request %.1f tok/s = %.0f%% of the bound (mean of the requests %.1f = %.0f%%)\n",
+               best, 100 * best / bound, dec, 100 * dec / bound
+        printf "%.1f\n", 100 * best / bound > "/dev/stderr" }' 2> "$T/decode.pct"
 else
     echo "  no decode measurement (the tp=1 pp=1 layout did not run)"
 fi
