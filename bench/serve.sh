@@ -23,8 +23,8 @@
 # kv_dtype when it is bf16) go into the deployment only when `tessera plan`
 # accepts them.
 #
-#   bench/serve.sh            about 5-6 minutes on 2 cores with one request at a time per replica
-#   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about 2-3 minutes
+#   bench/serve.sh            about 3 minutes on 2 cores (172-191 s in runs of 2026-12-02)
+#   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about 1.5 minutes (87 s)
 #   --kv-dtype bf16           the KV cache in bf16 (kv_dtype; default f32): the same
 #                             kv_cache_mib holds twice the positions, so the budget is halved
 #                             to keep 32 sequences of 384, and the bound counts 2-byte elements
