@@ -455,7 +455,9 @@ static bool same_piece(const job_t *a, const job_t *b)
     return a->active && b->active && tsr_piece_equal(&ak, &bk) &&
            !strcmp(a->model_path, b->model_path) && a->max_seq_len == b->max_seq_len && a->max_batch == b->max_batch &&
            a->prefill_chunk == b->prefill_chunk && a->kv_cache_bytes == b->kv_cache_bytes &&
-           a->kv_dtype == b->kv_dtype && a->device == b->device;
+           a->device == b->device &&
+           /* auto and the type it stands for (an older coordinator sent auto) */
+           tsr_kv_dtype_on(a->device, a->kv_dtype) == tsr_kv_dtype_on(b->device, b->kv_dtype);
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights

@@ -1,7 +1,8 @@
 /* test_executor.c: the data-plane thread (worker/executor.c): an event that
  * cannot be queued is never lost silently; a tp=2 replica whose tensor
  * group is NCCL's (a fake NCCL) forms through the rendezvous relay and
- * generates the same tokens as over TCP. */
+ * generates the same tokens as over TCP; a new epoch whose kv_dtype is
+ * auto's own type keeps the loaded weights. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -176,6 +177,71 @@ static void test_a_tp2_replica_forms_its_nccl_group_through_the_relay(void **sta
     assert_memory_equal(over_nccl, over_tcp, sizeof over_tcp);
 }
 
+/* ---- which assignments reload the weights ------------------------------------------ */
+
+static int loads;
+
+static int counting_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
+                         char *err, size_t errlen)
+{
+    loads++;
+    return tsr_engine_cpu.load(dir, spec, out, err, errlen);
+}
+
+/* Assigns the whole tiny model to ex in epoch with kv_dtype, and waits for
+ * the piece to be ready. */
+static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
+{
+    static uint8_t secret[32] = "executor test data secret......";
+    char *peers[1] = {(char *)tsr_executor_endpoint(ex)};
+    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+    a.deployment = "tiny";
+    a.epoch = epoch;
+    a.tp_size = 1;
+    a.pp_size = 1;
+    a.layer_end = 4;
+    a.model_path = model_dir;
+    a.max_seq_len = 256;
+    a.kv_dtype = kv_dtype;
+    a.n_peers = 1;
+    a.peers = peers;
+    a.data_secret = (ProtobufCBinaryData){sizeof secret, secret};
+    tsr_executor_assign(ex, &a);
+    for (int64_t end = now_ms() + 30000; now_ms() < end;) {
+        tsr_event_t ev;
+        while (tsr_executor_pop_event(ex, &ev)) {
+            if (ev.kind == TSR_EV_FAILED) fail_msg("epoch %llu failed: %s", (unsigned long long)epoch, ev.text);
+            if (ev.kind == TSR_EV_READY && ev.epoch == epoch) return;
+        }
+        usleep(2000);
+    }
+    fail_msg("epoch %llu: not ready within 30 s", (unsigned long long)epoch);
+}
+
+/* A new epoch whose kv_dtype is auto's own type (as a coordinator sends it
+ * since it resolves auto) keeps the loaded weights; another type reloads. */
+static void test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads(void **state)
+{
+    (void)state;
+    static tsr_engine_ops_t counting;
+    counting = tsr_engine_cpu;
+    counting.load = counting_load;
+    tsr_backend_t b = {&counting, &tsr_coll_tcp, NULL, NULL};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    char err[256];
+    tsr_executor_t *ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    if (!ex) fail_msg("%s", err);
+    loads = 0;
+    assign_whole(ex, 3, TSR_KV_AUTO);
+    assert_int_equal(loads, 1);
+    assign_whole(ex, 4, TSR_KV_F32);   /* auto on the CPU */
+    assert_int_equal(loads, 1);
+    assign_whole(ex, 5, TSR_KV_BF16);
+    assert_int_equal(loads, 2);
+    tsr_executor_destroy(&ex);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -200,6 +266,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_an_event_lost_to_memory_becomes_a_retryable_failure),
         cmocka_unit_test(test_a_tp2_replica_forms_its_nccl_group_through_the_relay),
+        cmocka_unit_test(test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
