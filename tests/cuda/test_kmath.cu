@@ -401,6 +401,28 @@ static void test_launch_arithmetic(void **state)
     }
 }
 
+/* ---- the engine's load refuses a KV type it does not keep, before any device call ---- */
+
+static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype(void **state)
+{
+    (void)state;
+    tsr_backend_t b;
+    char err[256] = "";
+    assert_int_equal(tsr_backend_for(TSR_DEVICE_CUDA, &b, err, sizeof err), 0);
+    tsr_piece_spec_t spec;
+    memset(&spec, 0, sizeof spec);
+    tsr_engine_t *e = NULL;
+    spec.kv_dtype = TSR_KV_F32;
+    assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "kv_dtype f32"));
+    spec.kv_dtype = 7;
+    err[0] = '\0';
+    assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kv_dtype 7"));
+    assert_int_equal(b.engine->kv_elem_bytes, 2);   /* auto: bf16 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_online_softmax_merge),
         cmocka_unit_test(test_sampling_matches_cpu_engine),
         cmocka_unit_test(test_launch_arithmetic),
+        cmocka_unit_test(test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype),
     };
     return cmocka_run_group_tests_name("kmath (the CUDA kernels' math, on the CPU)", tests, NULL, NULL);
 }
