@@ -5,6 +5,7 @@
 #include <math.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,8 +444,15 @@ static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__
     }
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (k[i].held != k[i].now) {
-            snprintf(why, len, "it was given %s %llu; the configuration now has %llu", k[i].key,
-                     (unsigned long long)k[i].held, (unsigned long long)k[i].now);
+            const char *held = NULL, *now = NULL;   /* kv_dtype by name where it has one */
+            if (!strcmp(k[i].key, "kv_dtype") && k[i].held <= INT_MAX)
+                held = tsr_kv_dtype_name((int)k[i].held), now = tsr_kv_dtype_name((int)k[i].now);
+            if (held && now)
+                snprintf(why, len, "it was given %s %s; the configuration now has %s", k[i].key,
+                         held, now);
+            else
+                snprintf(why, len, "it was given %s %llu; the configuration now has %llu",
+                         k[i].key, (unsigned long long)k[i].held, (unsigned long long)k[i].now);
             return why;
         }
     return NULL;

@@ -871,7 +871,8 @@ static void test_fresh_coordinator_does_not_adopt_a_wrong_layer_range(void **sta
 static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void **state)
 {
     fx_t *fx = *state;
-    static const char *const keys[] = {"kv_dtype 2", "max_batch 64", "model /elsewhere"};
+    static const char *const keys[] = {"kv_dtype bf16; the configuration now has f32", "max_batch 64",
+                                       "model /elsewhere"};
     for (int k = 0; k < 3; k++) {
         Tessera__Assignment a;
         held_piece(&a, 4, 8);
