@@ -30,13 +30,19 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
         case "$t" in *"$filter"*) ;; *) continue ;; esac
         run_cmocka "$(basename "$t")" "$t"
     done
-    # The CPU kernels' portable build (for CPUs without AVX2 and FMA) is not
-    # the one a machine with them picks: the engine's tests once more on it.
-    for t in test_engine_cpu test_batching; do
-        case "$t (plain kernels)" in *"$filter"*) ;; *) continue ;; esac
-        [ -x "$TSR_BUILD/tests/$t" ] || continue
-        echo "== $t with TSR_CPU_KERNELS=plain"
-        run_cmocka "$t (plain kernels)" env TSR_CPU_KERNELS=plain "$TSR_BUILD/tests/$t"
+    # A machine runs the best build of the CPU kernels it has (AVX-512,
+    # AVX2+FMA, portable): the products' and the engine's tests once more on
+    # each lesser build, so the ones a CPU without AVX-512, or without AVX2
+    # and FMA, would pick are checked here too.
+    kernels=plain
+    grep -qw avx512f /proc/cpuinfo 2> /dev/null && kernels="avx2 plain"
+    for k in $kernels; do
+        for t in test_cpu_pool test_engine_cpu test_batching; do
+            case "$t ($k kernels)" in *"$filter"*) ;; *) continue ;; esac
+            [ -x "$TSR_BUILD/tests/$t" ] || continue
+            echo "== $t with TSR_CPU_KERNELS=$k"
+            run_cmocka "$t ($k kernels)" env TSR_CPU_KERNELS=$k "$TSR_BUILD/tests/$t"
+        done
     done
     # The NumPy reference the engines are checked against checks itself.
     case selftest in *"$filter"*)

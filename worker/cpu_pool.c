@@ -26,6 +26,9 @@
 #include "worker/cpu_pool.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -361,7 +364,7 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
             acc[r][j][0] = acc[r][j][1] = bcast8(0.0f);                                        \
         for (size_t k = 0; k < (size_t)in; k++) {                                              \
             const float *wk = wp + k * TSR_PANEL;                                              \
-            __builtin_prefetch(wk + pf);                                                       \
+            __builtin_prefetch(wk + pf, 0, 1); /* into L2 */                                  \
             v8f lo[4], hi[4];                                                                  \
             _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                               \
                 lo[j] = load8(wk + j * ps), hi[j] = load8(wk + j * ps + 8);                    \
@@ -381,7 +384,9 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
 /* Panels [p0, p1) for T rows of x.  One to three rows (decode) go in one
  * pass over groups of 4, 3 or 2 panels; more go in tiles of 6 rows by one
  * panel, the first tile of a panel prefetching the next panel line by
- * line, so the weights come from memory while the tile computes. */
+ * line into L2 (into L1 a panel ahead is too far: on a 2-core EPYC VM
+ * with AVX-512, 8 rows took 20 % longer that way, bench_pool), so the
+ * weights come from memory while the tile computes. */
 #define PANELS_FN(NAME, TILE, ATTR)                                                            \
     ATTR static void NAME(float *y, int ldy, const float *x, const float *wp, int T, int in,   \
                           int out, int p0, int p1)                                             \
@@ -438,31 +443,119 @@ TILE_FN(tile_fma, __attribute__((target("avx2,fma"))), MADD_FMA, BCAST_AVX)
 PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))))
 #endif
 
+#if defined(__x86_64__)
+/* The AVX-512 build, for 4 rows of x or more: a panel's 16 columns are one
+ * 16-lane register, so a tile of up to 12 rows by 2 adjacent panels keeps
+ * its 24 accumulators in the 32 registers.  Up to 12 rows then read each
+ * weight line from memory once (the AVX2 tile is 6 rows high), from two
+ * sequential streams, each asked for 8 lines ahead into L2.  Every output
+ * is the same multiply-add chain over k as in the AVX2 build, so the two
+ * give the same bits (test_cpu_pool); decodes of 1 to 3 rows, bound by
+ * memory, keep the AVX2 path. */
+#define TILE512_ROWS 12
+#define TILE512_PREFETCH (8 * TSR_PANEL)
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tile512(
+    float *y, int ldy, const float *x, int in, const float *wp, int no, const int R, const int NP)
+{
+    const size_t ps = (size_t)TSR_PANEL * in;
+    __m512 acc[TILE512_ROWS][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++)
+        acc[r][j] = _mm512_setzero_ps();
+    for (size_t k = 0; k < (size_t)in; k++) {
+        const float *wk = wp + k * TSR_PANEL;
+        __m512 w[2];
+        _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++) {
+            _mm_prefetch((const char *)(wk + j * ps + TILE512_PREFETCH), _MM_HINT_T1);
+            w[j] = _mm512_loadu_ps(wk + j * ps);
+        }
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
+            const __m512 s = _mm512_set1_ps(x[(size_t)r * in + k]);
+            _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++)
+                acc[r][j] = _mm512_fmadd_ps(w[j], s, acc[r][j]);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++) {
+        float *yr = y + (size_t)r * ldy + j * TSR_PANEL;
+        if (j < NP - 1 || no == TSR_PANEL) _mm512_storeu_ps(yr, acc[r][j]);
+        else _mm512_mask_storeu_ps(yr, (__mmask16)((1u << no) - 1), acc[r][j]);
+    }
+}
+
+#define TILE512_CASE(R)                                                                        \
+    case R:                                                                                    \
+        if (np == 2) tile512(yt, ldy, xt, in, w, no, R, 2);                                    \
+        else tile512(yt, ldy, xt, in, w, no, R, 1);                                            \
+        break;
+
+/* Panels [p0, p1) two at a time; the T rows in as few tiles of at most 12
+ * as there can be, of heights that differ by one at most (8 rows are one
+ * tile, 14 are 7 and 7). */
+__attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, const float *x,
+                                                             const float *wp, int T, int in,
+                                                             int out, int p0, int p1)
+{
+    if (T <= 3) {
+        panels_fma(y, ldy, x, wp, T, in, out, p0, p1);
+        return;
+    }
+    for (int p = p0; p < p1; p += 2) {
+        const int np = p1 - p < 2 ? p1 - p : 2, last = (p + np - 1) * TSR_PANEL;
+        const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
+        const float *w = wp + (size_t)p * TSR_PANEL * in;
+        for (int t = 0, left = (T + TILE512_ROWS - 1) / TILE512_ROWS, r; t < T; t += r, left--) {
+            r = (T - t + left - 1) / left;
+            float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
+            const float *xt = x + (size_t)t * in;
+            switch (r) {
+                TILE512_CASE(1) TILE512_CASE(2) TILE512_CASE(3) TILE512_CASE(4)
+                TILE512_CASE(5) TILE512_CASE(6) TILE512_CASE(7) TILE512_CASE(8)
+                TILE512_CASE(9) TILE512_CASE(10) TILE512_CASE(11)
+                default: TILE512_CASE(12)
+            }
+        }
+    }
+}
+#endif
+
 typedef void (*panels_fn)(float *, int, const float *, const float *, int, int, int, int, int);
 static panels_fn matmul_panels = panels_generic;
 
-int tsr_cpu_fma_kernels(void)
+tsr_cpu_kernels_t tsr_cpu_kernels(void)
 {
     static int answer = -1;
     int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
     if (a < 0) {
         const char *k = getenv("TSR_CPU_KERNELS");
-        a = 0;
+        a = TSR_KERNELS_PLAIN;
 #if defined(__x86_64__)
         __builtin_cpu_init();
-        a = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            !(k && !strcmp(k, "plain"));
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            !(k && !strcmp(k, "plain")))
+            a = __builtin_cpu_supports("avx512f") && !(k && !strcmp(k, "avx2"))
+                    ? TSR_KERNELS_AVX512
+                    : TSR_KERNELS_AVX2;
 #endif
         (void)k;
         __atomic_store_n(&answer, a, __ATOMIC_RELAXED);
     }
-    return a;
+    return (tsr_cpu_kernels_t)a;
+}
+
+const char *tsr_cpu_kernels_name(tsr_cpu_kernels_t k)
+{
+    return k == TSR_KERNELS_AVX512 ? "avx512" : k == TSR_KERNELS_AVX2 ? "avx2" : "plain";
 }
 
 static void pick_kernel(void)
 {
 #if defined(__x86_64__)
-    if (tsr_cpu_fma_kernels()) matmul_panels = panels_fma;
+    switch (tsr_cpu_kernels()) {
+    case TSR_KERNELS_AVX512: matmul_panels = panels_avx512; break;
+    case TSR_KERNELS_AVX2: matmul_panels = panels_fma; break;
+    case TSR_KERNELS_PLAIN: break;
+    }
 #endif
 }
 

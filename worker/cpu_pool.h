@@ -27,11 +27,17 @@ typedef struct tsr_pool tsr_pool_t;
  * Returns NULL on failure (no thread could be started, no memory); caller
  * owns the pool and frees it with tsr_pool_destroy. */
 tsr_pool_t *tsr_pool_new(int n_threads);
-/* Whether the CPU kernels (the products here, the engine's attention) run
- * their AVX2+FMA build: the CPU has both and TSR_CPU_KERNELS is not
- * "plain" (which picks the portable build, for tests and for comparing).
- * Asked once per process; the same answer for every caller. */
-int tsr_cpu_fma_kernels(void);
+/* The build of the CPU kernels this process runs: the products here and the
+ * engine's attention.  The best the CPU has (AVX-512 for the products of 4
+ * rows or more, with AVX2+FMA for the rest and for attention; AVX2+FMA; the
+ * portable build), unless TSR_CPU_KERNELS is "avx2" (no AVX-512) or "plain"
+ * (the portable build), for tests and for comparing.  The AVX-512 and AVX2
+ * builds give the same bits; the portable one does not use fused
+ * multiply-adds.  Asked once per process; the same answer for every caller. */
+typedef enum { TSR_KERNELS_PLAIN, TSR_KERNELS_AVX2, TSR_KERNELS_AVX512 } tsr_cpu_kernels_t;
+tsr_cpu_kernels_t tsr_cpu_kernels(void);
+/* "plain", "avx2" or "avx512". */
+const char *tsr_cpu_kernels_name(tsr_cpu_kernels_t k);
 
 /* Stops and joins the helpers, frees the pool, sets *p_p NULL.  NULL-safe
  * (p_p NULL or *p_p NULL).  Must not run while a call is in progress. */

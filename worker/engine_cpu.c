@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/log.h"
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
@@ -327,6 +328,8 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         tsr_set_err(err, errlen, "cannot start the engine's threads");
         goto out;
     }
+    tsr_info("cpu engine: %d threads, %s kernels", tsr_pool_threads(e->pool),
+             tsr_cpu_kernels_name(tsr_cpu_kernels()));
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
@@ -821,7 +824,7 @@ static void att_task_plain_bf16(void *arg, int t) { att_task_body(arg, t, 1); }
  * for the process, so every step of every sequence computes the same way. */
 static void (*att_task_for(int bf16))(void *, int)
 {
-    return tsr_cpu_fma_kernels() ? (bf16 ? att_task_fma_bf16 : att_task_fma)
+    return tsr_cpu_kernels() != TSR_KERNELS_PLAIN ? (bf16 ? att_task_fma_bf16 : att_task_fma)
                                  : (bf16 ? att_task_plain_bf16 : att_task_plain);
 }
 

@@ -159,7 +159,7 @@ static void test_matmul_equals_a_naive_loop_into_a_column_range(void **state)
 {
     (void)state;
     static const int threads[] = {1, 3, 4};
-    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 64};
+    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 25, 64};
     static const int outs[] = {1, 15, 16, 17, 100, 513};
     static const int ins[] = {1, 7, 64};
     for (size_t h = 0; h < sizeof threads / sizeof *threads; h++) {
@@ -185,8 +185,8 @@ static void test_matmul_splits_a_512_token_prefill(void **state)
 }
 
 /* A row of y has the same bits whatever other rows of x share the product
- * (1 to 7 or 40 of them, at every offset, so every tile height and every
- * position in a tile is crossed):
+ * (1 to 13 or 40 of them, at every offset, so every tile height of the
+ * AVX2 and AVX-512 builds and every position in a tile is crossed):
  * what lets a batched sequence get exactly its tokens alone. */
 static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **state)
 {
@@ -194,7 +194,7 @@ static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **stat
     enum { T = 40, IN = 70, OUT = 203 };   /* IN not a multiple of 8, OUT not of 16 */
     uint64_t s = 77;
     float *x = malloc(sizeof(float) * T * IN), *w = malloc(sizeof(float) * OUT * IN);
-    float *all = malloc(sizeof(float) * T * OUT), *part = malloc(sizeof(float) * 7 * OUT);
+    float *all = malloc(sizeof(float) * T * OUT), *part = malloc(sizeof(float) * 13 * OUT);
     assert_true(x && w && all && part);
     for (int i = 0; i < T * IN; i++) x[i] = rnd(&s);
     for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&s);
@@ -202,7 +202,7 @@ static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **stat
     assert_non_null(p);
     float *wp = packed(w, OUT, IN);
     tsr_pool_matmul(p, all, OUT, x, wp, T, IN, OUT);
-    for (int n = 1; n <= 7; n++)
+    for (int n = 1; n <= 13; n++)
         for (int t = 0; t + n <= T; t++) {
             tsr_pool_matmul(p, part, OUT, x + (size_t)t * IN, wp, n, IN, OUT);
             for (int r = 0; r < n; r++)
@@ -212,6 +212,44 @@ static void test_a_row_has_the_same_bits_whatever_it_is_batched_with(void **stat
         }
     tsr_pool_destroy(&p);
     free(x), free(w), free(wp), free(all), free(part);
+}
+
+/* The fused builds (AVX2, AVX-512) compute every output as one fused
+ * multiply-add chain over k in order from 0: the same bits as fmaf in a
+ * loop, so the two builds agree with each other whichever a machine picks
+ * (tests/run.sh runs this under TSR_CPU_KERNELS=avx2 too).  The portable
+ * build rounds each product, and is checked against the loop above. */
+static void test_fused_builds_give_the_bits_of_an_fmaf_chain(void **state)
+{
+    (void)state;
+    if (tsr_cpu_kernels() == TSR_KERNELS_PLAIN) {
+        print_message("the portable kernels run here (TSR_CPU_KERNELS=plain or no AVX2+FMA)\n");
+        skip();
+    }
+    enum { IN = 37, OUT = 83, MAXT = 27 };   /* 6 panels, the last of 3 columns */
+    uint64_t s = 91;
+    float *x = malloc(sizeof(float) * MAXT * IN), *w = malloc(sizeof(float) * OUT * IN);
+    float *y = malloc(sizeof(float) * MAXT * OUT);
+    assert_true(x && w && y);
+    for (int i = 0; i < MAXT * IN; i++) x[i] = rnd(&s);
+    for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&s);
+    float *wp = packed(w, OUT, IN);
+    tsr_pool_t *p = tsr_pool_new(2);
+    assert_non_null(p);
+    for (int T = 1; T <= MAXT; T++) {
+        tsr_pool_matmul(p, y, OUT, x, wp, T, IN, OUT);
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < OUT; o++) {
+                float want = 0.0f;
+                for (int k = 0; k < IN; k++) want = fmaf(w[o * IN + k], x[t * IN + k], want);
+                if (memcmp(&want, &y[t * OUT + o], sizeof want))
+                    fail_msg("%s kernels, T %d: y[%d][%d] = %.9g, the fmaf chain gives %.9g",
+                             tsr_cpu_kernels_name(tsr_cpu_kernels()), T, t, o, y[t * OUT + o],
+                             want);
+            }
+    }
+    tsr_pool_destroy(&p);
+    free(x), free(w), free(wp), free(y);
 }
 
 /* Packing in pieces (q, k, v into one fused matrix; blocks of rows) gives
@@ -396,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_helpers_run_indices_alongside_the_caller),
         cmocka_unit_test(test_matmul_equals_a_naive_loop_into_a_column_range),
         cmocka_unit_test(test_a_row_has_the_same_bits_whatever_it_is_batched_with),
+        cmocka_unit_test(test_fused_builds_give_the_bits_of_an_fmaf_chain),
         cmocka_unit_test(test_matmul_splits_a_512_token_prefill),
         cmocka_unit_test(test_packing_in_pieces_round_trips_every_row),
         cmocka_unit_test(test_matmul_with_no_inputs_writes_zeros),
