@@ -10,16 +10,19 @@ start_worker w0
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 total() { status_json | jget "min(w.get('kv_blocks_total', 0) for w in d['workers'])"; }
 kv_dtype() { status_json | jget "d['deployments'][0]['kv_dtype']"; }
+kv_dtype_used() { status_json | jget "d['deployments'][0]['kv_dtype_used']"; }
 reported() { [ "$(total)" -gt 0 ]; }   # with the first heartbeat after loading
 wait_until 5 reported || fail "no KV blocks: $(status_json)"
 f32=$(total)
 [ "$(kv_dtype)" = auto ] || fail "kv_dtype shown as $(kv_dtype), not auto"
+[ "$(kv_dtype_used)" = f32 ] || fail "kv_dtype_used shown as $(kv_dtype_used), not f32 (auto on a cpu)"
 
 sed -i 's/    kv_cache_mib: 1/    kv_cache_mib: 1\n    kv_dtype: bf16/' "$T/d.yaml"
 tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
 doubled() { [ "$(total)" = $((2 * f32)) ] && all_ready; }
 wait_until 15 doubled || fail "bf16 pool: $(total) blocks, f32 had $f32"
-[ "$(kv_dtype)" = bf16 ] || fail "kv_dtype shown as $(kv_dtype)"
+[ "$(kv_dtype)" = bf16 ] && [ "$(kv_dtype_used)" = bf16 ] ||
+    fail "kv_dtype shown as $(kv_dtype), in use $(kv_dtype_used)"
 ok "1 MiB holds $f32 blocks in f32, $(total) in bf16"
 
 for k in 0 1 2; do
