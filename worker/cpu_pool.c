@@ -364,7 +364,7 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
             acc[r][j][0] = acc[r][j][1] = bcast8(0.0f);                                        \
         for (size_t k = 0; k < (size_t)in; k++) {                                              \
             const float *wk = wp + k * TSR_PANEL;                                              \
-            __builtin_prefetch(wk + pf, 0, 1); /* into L2 */                                  \
+            __builtin_prefetch(wk + pf, 0, 1); /* prefetcht2: L2 on AMD */                    \
             v8f lo[4], hi[4];                                                                  \
             _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                               \
                 lo[j] = load8(wk + j * ps), hi[j] = load8(wk + j * ps + 8);                    \
@@ -466,7 +466,8 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
         const float *wk = wp + k * TSR_PANEL;
         __m512 w[2];
         _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++) {
-            _mm_prefetch((const char *)(wk + j * ps + TILE512_PREFETCH), _MM_HINT_T1);
+            if (k + TILE512_PREFETCH / TSR_PANEL < (size_t)in)   /* within the panel */
+                _mm_prefetch((const char *)(wk + j * ps + TILE512_PREFETCH), _MM_HINT_T1);
             w[j] = _mm512_loadu_ps(wk + j * ps);
         }
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
@@ -528,6 +529,9 @@ tsr_cpu_kernels_t tsr_cpu_kernels(void)
     int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
     if (a < 0) {
         const char *k = getenv("TSR_CPU_KERNELS");
+        if (k && *k && strcmp(k, "plain") && strcmp(k, "avx2"))
+            tsr_warn("TSR_CPU_KERNELS \"%s\" is neither plain nor avx2; using the best build "
+                     "this CPU has", k);
         a = TSR_KERNELS_PLAIN;
 #if defined(__x86_64__)
         __builtin_cpu_init();
@@ -590,9 +594,11 @@ void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const flo
     cap = cap < 4 ? 4 : cap / 4 * 4;   /* whole groups of the decode path's 4 panels */
     if (chunk > cap) chunk = cap;
     /* Token blocks whose rows of x stay in L2 (256 KiB of them) while the
-     * chunk's panels stream by, a multiple of the tile's 6 rows. */
-    int tblock = in > 0 ? (int)((256 << 10) / ((size_t)in * sizeof(float))) / 6 * 6 : T;
-    if (tblock < 6) tblock = 6;
+     * chunk's panels stream by, a multiple of both builds' tile heights (6
+     * and 12 rows), and one whole AVX-512 tile at least, so that up to 12
+     * rows read each weight once however long the rows are. */
+    int tblock = in > 0 ? (int)((256 << 10) / ((size_t)in * sizeof(float))) / 12 * 12 : T;
+    if (tblock < 12) tblock = 12;
     /* Too small to pay for a wake-up: on the calling thread alone. */
     if ((long long)T * in * out < 2LL * MIN_MACS_PER_CHUNK) chunk = panels;
     if (chunk < 1) chunk = 1;

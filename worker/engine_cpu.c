@@ -745,7 +745,8 @@ static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float
 /* Asks for a block's keys and values of one head: two 4 KiB runs
  * elsewhere in the pool, where the hardware's stream prefetch does not
  * follow (a block table, page-sized runs), so asked for while the block
- * before computes they are there when it is done.  Into L2: 32 sequences
+ * before computes they are there when it is done.  Into L2 (locality 1,
+ * prefetcht2, which AMD's cores fill into L2): 32 sequences
  * at context 400 took 38-42 ms a step against 40-62 ms with the lines
  * asked into L1 (bench/engine_step, alternating runs, 2-core EPYC VM). */
 static inline __attribute__((always_inline)) void kv_prefetch(const tsr_engine_t *e, int l,
