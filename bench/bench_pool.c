@@ -180,8 +180,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_pool: cannot start a pool of %d threads\n", threads);
         goto out;
     }
-    printf("bench_pool: %d cpus available, %d threads (OpenBLAS and pool), %s\n", cpus, threads,
-           openblas_get_config());
+    printf("bench_pool: %d cpus available, %d threads (OpenBLAS and pool), pool kernels %s, %s\n",
+           cpus, threads, tsr_cpu_kernels_name(tsr_cpu_kernels()), openblas_get_config());
     printf("  step: %d layers x qkv [%d,%d] o [%d,%d] gate+up [%d,%d] down [%d,%d] = %d "
            "products, %.1fM weights, %.1f MB f32; helper spin %d us\n",
            LAYERS, HIDDEN + 2 * KV_DIM, HIDDEN, HIDDEN, HIDDEN, 2 * INTER, HIDDEN, HIDDEN, INTER,

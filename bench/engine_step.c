@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/util.h"
+#include "worker/cpu_pool.h"
 #include "worker/engine.h"
 
 static double now_s(void)
@@ -110,8 +111,9 @@ int main(int argc, char **argv)
     char th[16];
     snprintf(th, sizeof th, "%d", threads);
     printf("engine_step: %s (hidden %d, %d layers, %d KV heads of %d), %d sequences, %d decode "
-           "steps at each context, %s threads\n", dir, m.hidden_size, m.num_hidden_layers,
-           m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all");
+           "steps at each context, %s threads, %s kernels\n", dir, m.hidden_size,
+           m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
+           tsr_cpu_kernels_name(tsr_cpu_kernels()));
     static const int kinds[2] = {TSR_KV_F32, TSR_KV_BF16};
     for (int k = 0; k < 2; k++) {
         double base = 0;
