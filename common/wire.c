@@ -145,6 +145,24 @@ static void sock_common(void *s, size_t max)
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
 }
 
+/* libzmq's bind and connect wait on the socket's command pipe, which a
+ * signal can interrupt (EINTR): that is not a failure, so they are tried
+ * again.  Signals come to daemons (SIGHUP reloads, SIGCHLD) and to test
+ * and fuzz harnesses (timers). */
+int tsr_zmq_bind(void *sock, const char *endpoint)
+{
+    int rc;
+    while ((rc = zmq_bind(sock, endpoint)) != 0 && errno == EINTR) {}
+    return rc;
+}
+
+int tsr_zmq_connect(void *sock, const char *endpoint)
+{
+    int rc;
+    while ((rc = zmq_connect(sock, endpoint)) != 0 && errno == EINTR) {}
+    return rc;
+}
+
 void *tsr_sock_router(const char *endpoint, char *err, size_t errlen)
 {
     return tsr_sock_router_sec(endpoint, TSR_WIRE_MAX_WORKER, NULL, err, errlen);
@@ -192,7 +210,7 @@ void *tsr_sock_router_sec(const char *endpoint, size_t max, const tsr_security_t
             return NULL;
         }
     }
-    if (zmq_bind(s, endpoint) != 0) {
+    if (tsr_zmq_bind(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
         zmq_close(s);
         return NULL;
@@ -246,7 +264,7 @@ void *tsr_sock_dealer_sec(const char *endpoint, int immediate, const tsr_securit
         zmq_close(s);
         return NULL;
     }
-    if (zmq_connect(s, endpoint) != 0) {
+    if (tsr_zmq_connect(s, endpoint) != 0) {
         snprintf(err, errlen, "cannot connect to %s: %s", endpoint, zmq_strerror(errno));
         if (mon) tsr_sock_monitor_close(s, mon);
         zmq_close(s);
@@ -292,9 +310,11 @@ void *tsr_sock_monitor(void *sock, int events)
     static int seq;
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://tsr-monitor-%d", ++seq);
-    if (zmq_socket_monitor(sock, ep, events) != 0) return NULL;
+    int rc;
+    while ((rc = zmq_socket_monitor(sock, ep, events)) != 0 && errno == EINTR) {}
+    if (rc != 0) return NULL;
     void *mon = zmq_socket(tsr_zmq_ctx(), ZMQ_PAIR);
-    if (mon && zmq_connect(mon, ep) != 0) {
+    if (mon && tsr_zmq_connect(mon, ep) != 0) {
         zmq_close(mon);
         mon = NULL;
     }

@@ -46,6 +46,11 @@ int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len);
 
 /* ---- sockets (raw libzmq handles; void * as libzmq uses) ---------------- */
 
+/* zmq_bind / zmq_connect, tried again while a signal interrupts them
+ * (EINTR); 0 or -1 with errno as libzmq sets it. */
+int tsr_zmq_bind(void *sock, const char *endpoint);
+int tsr_zmq_connect(void *sock, const char *endpoint);
+
 /* Creates the process-wide ZeroMQ context on first use. */
 void *tsr_zmq_ctx(void);
 void tsr_zmq_term(void);

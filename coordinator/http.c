@@ -142,7 +142,7 @@ static void *bridge_open(const tsr_http_t *h)
     /* A cancel sent just before the socket closes must still reach the loop. */
     int linger = 1000;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_connect(s, h->bridge) != 0) {
+    if (tsr_zmq_connect(s, h->bridge) != 0) {
         zmq_close(s);
         return NULL;
     }

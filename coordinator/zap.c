@@ -9,6 +9,7 @@
 
 #include "common/keys.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "zap.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
@@ -207,7 +208,7 @@ tsr_zap_t *tsr_zap_start(const char *keys_dir, char *err, size_t errlen)
     z->rep = zmq_socket(tsr_zmq_ctx(), ZMQ_REP);
     int linger = 0;
     if (!z->rep || zmq_setsockopt(z->rep, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(z->rep, ZAP_ENDPOINT) != 0) {
+        tsr_zmq_bind(z->rep, ZAP_ENDPOINT) != 0) {
         snprintf(err, errlen, "cannot bind the ZAP handler: %s", zmq_strerror(errno));
         goto fail;
     }

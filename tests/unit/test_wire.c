@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1123,6 +1126,61 @@ static int group_teardown(void **state)
     return 0;
 }
 
+/* Signals arriving while sockets are made (a reload's SIGHUP, a child's
+ * SIGCHLD, a fuzzer's timer) interrupt libzmq's internal waits: a bind or
+ * connect that fails with EINTR is tried again, never reported as a
+ * failure (fuzz_agent once stopped on "cannot bind inproc://...:
+ * Interrupted system call").  A helper thread sends SIGUSR1, whose handler
+ * does not restart calls, to this thread while it binds and connects
+ * inproc sockets back to back. */
+static volatile sig_atomic_t signals_seen;
+static void on_usr1(int sig) { (void)sig; signals_seen++; }
+
+typedef struct {
+    pthread_t target;
+    atomic_bool stop;
+} storm_t;
+
+static void *storm(void *arg)
+{
+    storm_t *s = arg;
+    while (!atomic_load(&s->stop)) {
+        pthread_kill(s->target, SIGUSR1);
+        for (volatile int i = 0; i < 200; i++) {}
+    }
+    return NULL;
+}
+
+static void test_bind_and_connect_survive_a_signal_storm(void **state)
+{
+    (void)state;
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_usr1;   /* no SA_RESTART */
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    storm_t s = {pthread_self(), false};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, storm, &s), 0);
+    char ep[64], err[256];
+    int failures = 0;
+    for (int i = 0; i < 3000 && !failures; i++) {
+        snprintf(ep, sizeof ep, "inproc://eintr-%d", i);
+        void *r = tsr_sock_router(ep, err, sizeof err);
+        void *d = r ? tsr_sock_dealer(ep, 0, err, sizeof err) : NULL;
+        if (!r || !d) {
+            print_error("socket %d: %s\n", i, err);
+            failures++;
+        }
+        if (d) zmq_close(d);
+        if (r) zmq_close(r);
+    }
+    atomic_store(&s.stop, true);
+    pthread_join(th, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    assert_true(signals_seen > 0);
+    assert_int_equal(failures, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1144,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_encode_keeps_an_explicit_protocol_version),
         cmocka_unit_test(test_every_truncation_of_register_is_rejected_or_differs),
         cmocka_unit_test(test_oversized_message_is_rejected_before_decoding),
+        cmocka_unit_test(test_bind_and_connect_survive_a_signal_storm),
         cmocka_unit_test(test_message_over_worker_limit_is_rejected),
         cmocka_unit_test(test_empty_message_is_rejected),
         cmocka_unit_test(test_garbage_bytes_are_rejected),
