@@ -188,7 +188,7 @@ run_layout() {
     if ! $C status --wait-ready 120 > /dev/null; then
         echo "$label: not ready after 120 s"; $C status; tail -5 "$T"/w*.log; RC=1; stop_layout; return
     fi
-    # The CPU engine's build of its kernels, as the first worker logged it.
+    # The CPU engine's build of its kernels, as the first layout's worker logged it.
     [ -n "$KERNELS" ] || KERNELS=$(grep -m1 -o 'cpu engine: .*' "$T/w0.log" | sed 's/^cpu engine: //')
     # One short request first: page faults and first-call costs stay out of the figures.
     $S --requests-per-stream 1 --max-tokens 8 > /dev/null 2>&1
@@ -298,7 +298,7 @@ else
     echo "  no decode measurement (the tp=1 pp=1 layout did not run)"
 fi
 echo
-echo "worker CPU engine (its log): ${KERNELS:-not logged by this build}"
+echo "tp=1 pp=1 worker's CPU engine (its log): ${KERNELS:-not logged by this build}"
 # The issue's targets, from the figures above.
 echo
 echo "targets:"

@@ -145,10 +145,11 @@ static void sock_common(void *s, size_t max)
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
 }
 
-/* libzmq's bind and connect wait on the socket's command pipe, which a
- * signal can interrupt (EINTR): that is not a failure, so they are tried
- * again.  Signals come to daemons (SIGHUP reloads, SIGCHLD) and to test
- * and fuzz harnesses (timers). */
+/* libzmq's bind, connect, disconnect and send first read the socket's
+ * command pipe, which a signal with a handler can interrupt (EINTR) before
+ * anything is done: that is not a failure, so they are tried again.
+ * Signals come to daemons (SIGHUP reloads the coordinator) and to test and
+ * fuzz harnesses (timers). */
 int tsr_zmq_bind(void *sock, const char *endpoint)
 {
     int rc;
@@ -160,6 +161,22 @@ int tsr_zmq_connect(void *sock, const char *endpoint)
 {
     int rc;
     while ((rc = zmq_connect(sock, endpoint)) != 0 && errno == EINTR) {}
+    return rc;
+}
+
+int tsr_zmq_disconnect(void *sock, const char *endpoint)
+{
+    int rc;
+    while ((rc = zmq_disconnect(sock, endpoint)) != 0 && errno == EINTR) {}
+    return rc != 0 && errno == ENOENT ? 0 : rc;
+}
+
+/* One frame; a frame interrupted before it went is sent again, so a
+ * routing-id frame is never left without its body. */
+static int send_frame(void *sock, const void *buf, size_t len, int flags)
+{
+    int rc;
+    while ((rc = zmq_send(sock, buf, len, flags)) < 0 && errno == EINTR) {}
     return rc;
 }
 
@@ -356,8 +373,8 @@ int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env
     size_t len = 0;
     int rc = -1;
     if (tsr_wire_encode(env, &buf, &len) < 0) goto out;
-    if (rid && zmq_send(sock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) goto out;
-    if (zmq_send(sock, buf, len, ZMQ_DONTWAIT) < 0) goto out;
+    if (rid && send_frame(sock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) goto out;
+    if (send_frame(sock, buf, len, ZMQ_DONTWAIT) < 0) goto out;
     rc = 0;
 out:
     free(buf);

@@ -46,10 +46,12 @@ int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len);
 
 /* ---- sockets (raw libzmq handles; void * as libzmq uses) ---------------- */
 
-/* zmq_bind / zmq_connect, tried again while a signal interrupts them
- * (EINTR); 0 or -1 with errno as libzmq sets it. */
+/* zmq_bind / zmq_connect / zmq_disconnect, tried again while a signal
+ * interrupts them (EINTR); 0 or -1 with errno as libzmq sets it.  A
+ * disconnect from an endpoint not connected (ENOENT) is 0. */
 int tsr_zmq_bind(void *sock, const char *endpoint);
 int tsr_zmq_connect(void *sock, const char *endpoint);
+int tsr_zmq_disconnect(void *sock, const char *endpoint);
 
 /* Creates the process-wide ZeroMQ context on first use. */
 void *tsr_zmq_ctx(void);

@@ -238,7 +238,8 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "kv_cache_mib", json_integer(d->kv_cache_mib));
     json_object_set_new(o, "max_queue", json_integer(d->max_queue));
     json_object_set_new(o, "kv_dtype", json_string(tsr_kv_dtype_name(d->kv_dtype)));
-    /* what the workers hold: auto resolved for the deployment's device */
+    /* the configured type resolved for the deployment's device: what its
+     * workers are given (auto is f32 on cpu, bf16 on cuda) */
     json_object_set_new(o, "kv_dtype_used",
                         json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->kv_dtype))));
     json_object_set_new(o, "gpu_memory_percent", json_integer(d->gpu_memory_percent));

@@ -460,7 +460,7 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
     watch_handshakes(a, now);
     if (a->reconnect_at_ms && now >= a->reconnect_at_ms) {
         a->reconnect_at_ms = 0;
-        zmq_disconnect(a->sock, a->endpoint);
+        tsr_zmq_disconnect(a->sock, a->endpoint);
         if (tsr_zmq_connect(a->sock, a->endpoint) != 0)
             tsr_warn("cannot connect to %s again: %s", a->endpoint, zmq_strerror(errno));
     }

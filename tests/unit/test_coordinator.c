@@ -1015,6 +1015,8 @@ static void test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat(v
     assert_int_equal(json_integer_value(json_object_get(d, "prefill_chunk")), 128);
     assert_int_equal(json_integer_value(json_object_get(d, "kv_cache_mib")), 0);
     assert_int_equal(json_integer_value(json_object_get(d, "max_queue")), 256);
+    assert_string_equal(json_string_value(json_object_get(d, "kv_dtype")), "auto");
+    assert_string_equal(json_string_value(json_object_get(d, "kv_dtype_used")), "f32");
     json_decref(root);
 }
 

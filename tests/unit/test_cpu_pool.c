@@ -181,7 +181,7 @@ static void test_matmul_splits_a_512_token_prefill(void **state)
     check_matmul(p, 512, 96, 333);   /* 21 blocks over 4 threads, the last one partial */
     check_matmul(p, 512, 200, 1000);
     check_matmul(p, 1, 2048, 4100);  /* decode-sized, out not a multiple of 16 */
-    check_matmul(p, 13, 6000, 40);   /* rows so long that a token block is one 12-row tile */
+    check_matmul(p, 13, 6000, 40);   /* rows so long that a token block is its minimum, 12 */
     tsr_pool_destroy(&p);
 }
 

@@ -476,6 +476,11 @@ static void test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **sta
         tsr_config_destroy(&cfg);
     }
     assert_null(tsr_kv_dtype_name(3));
+    /* auto stands for f32 on a cpu and bf16 on cuda; the others for themselves */
+    assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CPU, TSR_KV_AUTO), TSR_KV_F32);
+    assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CUDA, TSR_KV_AUTO), TSR_KV_BF16);
+    assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CPU, TSR_KV_BF16), TSR_KV_BF16);
+    assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CUDA, TSR_KV_F32), TSR_KV_F32);
     expect_batch_error("kv_dtype", "fp8", "expected auto, f32 or bf16, got 'fp8'");
     expect_batch_error("kv_dtype", "F32", "expected auto, f32 or bf16, got 'F32'");
     /* whichever key comes first, a cuda pool is bf16 only */

@@ -1131,7 +1131,8 @@ static int group_teardown(void **state)
  * connect that fails with EINTR is tried again, never reported as a
  * failure (fuzz_agent once stopped on "cannot bind inproc://...:
  * Interrupted system call").  A helper thread sends SIGUSR1, whose handler
- * does not restart calls, to this thread while it binds and connects
+ * does not restart calls, to this thread while it binds, connects (with a
+ * connection monitor) and disconnects (twice: the second is not an error)
  * inproc sockets back to back. */
 static volatile sig_atomic_t signals_seen;
 static void on_usr1(int sig) { (void)sig; signals_seen++; }
@@ -1165,13 +1166,16 @@ static void test_bind_and_connect_survive_a_signal_storm(void **state)
     int failures = 0;
     for (int i = 0; i < 3000 && !failures; i++) {
         snprintf(ep, sizeof ep, "inproc://eintr-%d", i);
-        void *r = tsr_sock_router(ep, err, sizeof err);
-        void *d = r ? tsr_sock_dealer(ep, 0, err, sizeof err) : NULL;
+        void *r = tsr_sock_router(ep, err, sizeof err), *mon = NULL;
+        void *d = r ? tsr_sock_dealer_sec(ep, 0, NULL, &mon, err, sizeof err) : NULL;
         if (!r || !d) {
             print_error("socket %d: %s\n", i, err);
             failures++;
+        } else if (tsr_zmq_disconnect(d, ep) != 0 || tsr_zmq_disconnect(d, ep) != 0) {
+            print_error("socket %d: disconnect: %s\n", i, zmq_strerror(errno));
+            failures++;
         }
-        if (d) zmq_close(d);
+        if (d) tsr_sock_monitor_close(d, &mon), zmq_close(d);
         if (r) zmq_close(r);
     }
     atomic_store(&s.stop, true);
