@@ -32,10 +32,11 @@ tsr_pool_t *tsr_pool_new(int n_threads);
  * rows or more, with AVX2+FMA for the rest and for attention; AVX2+FMA; the
  * portable build), unless TSR_CPU_KERNELS is "avx2" (no AVX-512) or "plain"
  * (the portable build), for tests and for comparing ("avx512", the best
- * there is, is the default; other values are warned about and ignored).  The AVX-512 and AVX2 builds give the same
- * bits (one fused multiply-add chain per output); the portable one rounds
- * each product where the compiler does not fuse them.  Asked once per
- * process; the same answer for every caller. */
+ * there is, is the default; other values are warned about and ignored).
+ * The AVX-512 and AVX2 builds give the same bits (one fused multiply-add
+ * chain per output); the portable one rounds each product where the
+ * compiler does not fuse them.  Asked once per process; the same answer
+ * for every caller. */
 typedef enum { TSR_KERNELS_PLAIN, TSR_KERNELS_AVX2, TSR_KERNELS_AVX512 } tsr_cpu_kernels_t;
 tsr_cpu_kernels_t tsr_cpu_kernels(void);
 /* "plain", "avx2" or "avx512". */
