@@ -154,7 +154,7 @@ $(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
-                                      worker/batch.c worker/sample.c)
+                                      worker/batch.c worker/sample.c worker/matmul_bf16.c)
 
 # ---- tests ----------------------------------------------------------------
 test: deps
@@ -249,11 +249,11 @@ fuzz: deps
 
 fuzz-build: $(FUZZ_BIN)
 # The worker agent and data-port targets link the worker.  The CPU vector
-# kernels (the engine, the pool's product and greedy sampling: worker/simd.h)
-# are gcc's (clang 14 refuses them), so those objects are gcc's and
-# uninstrumented: neither target runs them.
+# kernels (the engine, the pool's products, AMX's and greedy sampling:
+# worker/simd.h) are gcc's (clang 14 refuses them), so those objects are
+# gcc's and uninstrumented: neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
-$(call fuzzobj,worker/engine_cpu.c) $(call fuzzobj,worker/cpu_pool.c) $(call fuzzobj,worker/sample.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+$(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@

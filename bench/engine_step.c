@@ -1,6 +1,7 @@
 /* engine_step.c: the CPU engine's decode step alone, no daemons: how its
  * time grows with the context, with the KV cache in f32 and in bf16.
  *   engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] [--steps N] [--threads T]
+ *               [--matmul-dtype f32|bf16]
  *
  * For each context C, a fresh engine (max_batch S, the pool exactly S
  * sequences of C + N positions) prefills S sequences of C tokens, then runs
@@ -8,7 +9,8 @@
  * and, against the step at the smallest context, what the growth costs per
  * KV byte read (the decode's attention and cache reads: weights and
  * products are the same at every context).  Defaults: 32 sequences,
- * contexts 16,200,400, 20 steps, every CPU. */
+ * contexts 16,200,400, 20 steps, every CPU, f32 weights (--matmul-dtype bf16:
+ * the weights in bf16, on AMX where the CPU has it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "common/util.h"
 #include "worker/cpu_pool.h"
 #include "worker/engine.h"
+#include "worker/matmul_bf16.h"
 
 static double now_s(void)
 {
@@ -33,12 +36,12 @@ static int cmp_double(const void *a, const void *b)
 
 /* Best and median decode step of S sequences at context ctx; -1 on error. */
 static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, int steps,
-                   int threads, int kv_dtype, double *best, double *median)
+                   int threads, int kv_dtype, int mm_dtype, double *best, double *median)
 {
     char err[512];
     const int chunk = 128, len = ctx + steps;
     tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m->num_hidden_layers, len, S, S + chunk,
-                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype};
+                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype, mm_dtype};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) {
         fprintf(stderr, "engine_step: %s\n", err);
@@ -75,17 +78,20 @@ out:
 
 int main(int argc, char **argv)
 {
-    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16];
+    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16], mm = TSR_KV_F32;
     const char *dir = NULL, *list = "16,200,400";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seqs") && i + 1 < argc) S = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--contexts") && i + 1 < argc) list = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--matmul-dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
+            mm = !strcmp(argv[++i], "bf16") ? TSR_KV_BF16 : TSR_KV_F32;
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else {
             fprintf(stderr, "usage: engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] "
-                            "[--steps N] [--threads T]\n");
+                            "[--steps N] [--threads T] [--matmul-dtype f32|bf16]\n");
             return 2;
         }
     }
@@ -111,15 +117,16 @@ int main(int argc, char **argv)
     char th[16];
     snprintf(th, sizeof th, "%d", threads);
     printf("engine_step: %s (hidden %d, %d layers, %d KV heads of %d), %d sequences, %d decode "
-           "steps at each context, %s threads, %s kernels\n", dir, m.hidden_size,
+           "steps at each context, %s threads, %s kernels, %s weights%s\n", dir, m.hidden_size,
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
-           tsr_cpu_kernels_name(tsr_cpu_kernels()));
+           tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(mm),
+           mm == TSR_KV_BF16 ? (tsr_cpu_amx() ? " on AMX" : " (portable build)") : "");
     static const int kinds[2] = {TSR_KV_F32, TSR_KV_BF16};
     for (int k = 0; k < 2; k++) {
         double base = 0;
         for (int i = 0; i < n_ctx; i++) {
             double best, med;
-            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], &best, &med) < 0) return 1;
+            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], mm, &best, &med) < 0) return 1;
             /* K and V of every layer at the steps' middle position */
             double pos = ctxs[i] + steps / 2.0,
                    kv = (double)S * pos * m.num_hidden_layers * 2 * m.num_key_value_heads *

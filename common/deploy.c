@@ -632,25 +632,28 @@ int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
     return d == TSR_DEVICE_CUDA ? TSR_KV_BF16 : TSR_KV_F32;
 }
 
-/* kv_dtype, after device (a cuda pool is bf16 only). */
-static int parse_kv_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
+/* kv_dtype or matmul_dtype (key) into *out, after device: a cuda piece
+ * holds bf16 only, and cuda_says is what it keeps in it. */
+static int parse_elem_dtype(pctx_t *c, yaml_node_t *n, const char *path, const char *key,
+                            const char *cuda_says, const tsr_deployment_t *d, int *out)
 {
     char kpath[PATH_MAX_LEN], *s = NULL;
-    int rc = -1;
-    path_key(kpath, path, "kv_dtype");
+    int rc = -1, v;
+    path_key(kpath, path, key);
     if (get_string(c, n, kpath, &s) < 0)
         goto out;
-    for (d->kv_dtype = TSR_KV_AUTO; tsr_kv_dtype_name(d->kv_dtype); d->kv_dtype++)
-        if (!strcmp(s, tsr_kv_dtype_name(d->kv_dtype)))
+    for (v = TSR_KV_AUTO; tsr_kv_dtype_name(v); v++)
+        if (!strcmp(s, tsr_kv_dtype_name(v)))
             break;
-    if (!tsr_kv_dtype_name(d->kv_dtype)) {
+    if (!tsr_kv_dtype_name(v)) {
         fail(c, n, kpath, "expected auto, f32 or bf16, got '%.40s'", s);
         goto out;
     }
-    if (d->device == TSR_DEVICE_CUDA && d->kv_dtype == TSR_KV_F32) {
-        fail(c, n, kpath, "a cuda deployment keeps its KV cache in bf16; f32 is for cpu ones");
+    if (d->device == TSR_DEVICE_CUDA && v == TSR_KV_F32) {
+        fail(c, n, kpath, "a cuda deployment keeps %s in bf16; f32 is for cpu ones", cuda_says);
         goto out;
     }
+    *out = v;
     rc = 0;
 out:
     free(s);
@@ -677,14 +680,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     static const char *const keys[] = { "name", "model", "device", "parallel",
                                         "max_seq_len", "max_batch", "prefill_chunk",
                                         "kv_cache_mib", "max_queue", "gpu_memory_percent",
-                                        "chat_template", "kv_dtype" };
+                                        "chat_template", "kv_dtype", "matmul_dtype" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[12];
+    yaml_node_t *v[13];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 12, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 13, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -729,7 +732,10 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         snprintf(d->chat_template, sizeof d->chat_template, "%s", name);
         free(name);
     }
-    if (v[11] && parse_kv_dtype(c, v[11], path, d) < 0)
+    if (v[11] && parse_elem_dtype(c, v[11], path, "kv_dtype", "its KV cache", d, &d->kv_dtype) < 0)
+        return -1;
+    if (v[12] && parse_elem_dtype(c, v[12], path, "matmul_dtype", "its weights", d,
+                                  &d->matmul_dtype) < 0)
         return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)

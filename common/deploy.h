@@ -58,6 +58,10 @@ typedef struct {
                                the KV pool takes what weights and reserve leave */
     int kv_dtype;         /* tsr_kv_dtype_t: the KV cache's element type,
                              default auto (the engine's own) */
+    int matmul_dtype;     /* tsr_kv_dtype_t's values: the weights' type and the
+                             type each product's inputs are rounded to (f32
+                             accumulation); default auto (the engine's own:
+                             f32 on cpu, bf16 on cuda) */
     char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
                                 recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */

@@ -242,6 +242,9 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
      * workers are given (auto is f32 on cpu, bf16 on cuda) */
     json_object_set_new(o, "kv_dtype_used",
                         json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->kv_dtype))));
+    json_object_set_new(o, "matmul_dtype", json_string(tsr_kv_dtype_name(d->matmul_dtype)));
+    json_object_set_new(o, "matmul_dtype_used",
+                        json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->matmul_dtype))));
     json_object_set_new(o, "gpu_memory_percent", json_integer(d->gpu_memory_percent));
     if (c->deps[i].short_by) {
         json_t *needs = json_pack("{s:i, s:s}", "workers", c->deps[i].short_by, "device",

@@ -409,11 +409,13 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
  * X(Assignment field, its value for deployment d): filled in by
  * fill_assignment, compared by assignment_changed (a reload) and
  * assignment_differs (adoption), so a new key cannot be missed by one.
- * kv_dtype goes resolved: auto and the type it stands for are the same. */
+ * kv_dtype and matmul_dtype go resolved: auto and the type it stands for
+ * are the same. */
 #define SENT_KEYS(X, d)                                                                       \
     X(max_seq_len, (d)->max_seq_len) X(max_batch, (d)->max_batch)                             \
     X(prefill_chunk, (d)->prefill_chunk) X(max_queue, (d)->max_queue)                         \
-    X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))
+    X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))                                  \
+    X(matmul_dtype, tsr_kv_dtype_on((d)->device, (d)->matmul_dtype))
 
 static void fill_keys(Tessera__Assignment *a, const tsr_deployment_t *d)
 {
@@ -444,8 +446,8 @@ static const char *assignment_differs(const tsr_deployment_t *d, const Tessera__
     }
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (k[i].held != k[i].now) {
-            const char *held = NULL, *now = NULL;   /* kv_dtype by name where it has one */
-            if (!strcmp(k[i].key, "kv_dtype") && k[i].held <= INT_MAX)
+            const char *held = NULL, *now = NULL;   /* types by name where they have one */
+            if (strstr(k[i].key, "_dtype") && k[i].held <= INT_MAX)
                 held = tsr_kv_dtype_name((int)k[i].held), now = tsr_kv_dtype_name((int)k[i].now);
             if (held && now)
                 snprintf(why, len, "it was given %s %s; the configuration now has %s", k[i].key,
@@ -942,10 +944,11 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     if (!piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
     /* Not adopted: it is assigned again with the configuration's keys.  An
-     * older coordinator sent kv_dtype auto itself: it is the type it stands
-     * for on this device. */
+     * older coordinator sent kv_dtype auto itself, and none sent a
+     * matmul_dtype (0, auto): each is the type it stands for on this device. */
     Tessera__Assignment held = *a;
     held.kv_dtype = (uint32_t)tsr_kv_dtype_on(d->device, (int)a->kv_dtype);
+    held.matmul_dtype = (uint32_t)tsr_kv_dtype_on(d->device, (int)a->matmul_dtype);
     if (assignment_differs(d, &held, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */

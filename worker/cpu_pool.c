@@ -529,8 +529,9 @@ tsr_cpu_kernels_t tsr_cpu_kernels(void)
     int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
     if (a < 0) {
         const char *k = getenv("TSR_CPU_KERNELS");
-        if (k && *k && strcmp(k, "plain") && strcmp(k, "avx2") && strcmp(k, "avx512"))
-            tsr_warn("TSR_CPU_KERNELS \"%s\" is not plain, avx2 or avx512; using the best "
+        if (k && *k && strcmp(k, "plain") && strcmp(k, "avx2") && strcmp(k, "avx512") &&
+            strcmp(k, "amx"))
+            tsr_warn("TSR_CPU_KERNELS \"%s\" is not plain, avx2, avx512 or amx; using the best "
                      "build this CPU has", k);
         a = TSR_KERNELS_PLAIN;
 #if defined(__x86_64__)

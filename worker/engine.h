@@ -36,6 +36,8 @@ typedef struct {
     int threads;                    /* CPU threads (0: every CPU the worker may use) */
     int device_index;               /* the GPU a CUDA engine runs on */
     int kv_dtype;                   /* tsr_kv_dtype_t (0, auto: the engine's own) */
+    int matmul_dtype;               /* tsr_kv_dtype_t's values: the weights' and the
+                                       products' input type (0, auto: the engine's own) */
 } tsr_piece_spec_t;
 
 /* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
@@ -129,23 +131,30 @@ static inline int tsr_kv_elem_bytes(const tsr_engine_ops_t *eng, int kv_dtype)
                                      : 0;
 }
 
-/* 0 when an engine that keeps its KV cache in the types of `takes` (a bit
- * per tsr_kv_dtype_t, 1 << TSR_KV_F32 ...) can serve kv_dtype (auto always
- * can); else -1 with the reason: a number no worker knows (from the wire),
- * or a type this engine (`engine`, for the message) does not keep. */
+/* 0 when an engine that holds the types of `takes` (a bit per
+ * tsr_kv_dtype_t, 1 << TSR_KV_F32 ...) for deployment key `key` (kv_dtype,
+ * matmul_dtype) can serve value v (auto always can); else -1 with the
+ * reason: a number no worker knows (from the wire), or a type this engine
+ * (`engine`, for the message) does not `what` ("keep its KV cache in"). */
+static inline int tsr_elem_dtype_check(const char *key, int v, unsigned takes, const char *engine,
+                                       const char *what, char *err, size_t errlen)
+{
+    const char *name = tsr_kv_dtype_name(v);
+    if (!name) {
+        tsr_set_err(err, errlen, "%s %d is not one this worker knows (0 auto, 1 f32, 2 bf16)", key,
+                    v);
+        return -1;
+    }
+    if (v == TSR_KV_AUTO || (takes >> v & 1u)) return 0;
+    tsr_set_err(err, errlen, "%s %s: the %s engine does not %s %s", key, name, engine, what, name);
+    return -1;
+}
+
 static inline int tsr_kv_dtype_check(int kv_dtype, unsigned takes, const char *engine, char *err,
                                      size_t errlen)
 {
-    const char *name = tsr_kv_dtype_name(kv_dtype);
-    if (!name) {
-        tsr_set_err(err, errlen, "kv_dtype %d is not one this worker knows (0 auto, 1 f32, 2 bf16)",
-                    kv_dtype);
-        return -1;
-    }
-    if (kv_dtype == TSR_KV_AUTO || (takes >> kv_dtype & 1u)) return 0;
-    tsr_set_err(err, errlen, "kv_dtype %s: the %s engine does not keep its KV cache in %s", name,
-                engine, name);
-    return -1;
+    return tsr_elem_dtype_check("kv_dtype", kv_dtype, takes, engine, "keep its KV cache in", err,
+                                errlen);
 }
 
 /* The rotary embedding's parameters of model m. */

@@ -28,15 +28,17 @@
 #include "worker/engine.h"
 #include "worker/kvpool.h"
 #include "worker/kmath.h"
+#include "worker/matmul_bf16.h"
 
-/* Matrices are packed in panels of 16 rows (worker/cpu_pool.h); the shapes
- * below are the logical [rows, cols]. */
+/* Matrices are packed in panels of 16 rows: f32 (worker/cpu_pool.h), or
+ * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h); the shapes below are
+ * the logical [rows, cols]. */
 typedef struct {
     float *attn_norm, *mlp_norm;    /* [H] */
-    float *wqkv;                    /* [(q_heads + 2 kv_heads) * head_dim, H]: q, k, v rows */
-    float *wo;                      /* [H, q_heads * head_dim]: this rank's columns */
-    float *wgu;                     /* [2 * inter, H]: gate rows, then up rows */
-    float *wd;                      /* [H, inter]: this rank's columns */
+    void *wqkv;                     /* [(q_heads + 2 kv_heads) * head_dim, H]: q, k, v rows */
+    void *wo;                       /* [H, q_heads * head_dim]: this rank's columns */
+    void *wgu;                      /* [2 * inter, H]: gate rows, then up rows */
+    void *wd;                       /* [H, inter]: this rank's columns */
 } layer_t;
 
 struct tsr_engine {
@@ -47,13 +49,15 @@ struct tsr_engine {
     tsr_pool_t *pool;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;    /* this rank's vocabulary rows; every rank's width */
-    float *embed;                   /* [v_end - v_begin, H], stage 0, packed too */
-    float *lm_head;                 /* [v_end - v_begin, H], last stage, packed */
+    void *embed;                    /* [v_end - v_begin, H], stage 0, packed too */
+    void *lm_head;                  /* [v_end - v_begin, H], last stage, packed */
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
     tsr_kvpool_t *kv;
     void *kpool, *vpool;            /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
     int kv_bf16;                    /* the pools hold bf16 (kv_dtype bf16), else f32 */
+    int mm_bf16;                    /* weights in bf16 panels (matmul_dtype bf16), else f32 */
+    uint16_t *xb;                   /* bf16 products: a step's rows of x rounded */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
@@ -71,12 +75,21 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* Products go through tsr_pool_matmul (worker/cpu_pool.c): batch-invariant,
+/* Products go through tsr_pool_matmul (worker/cpu_pool.c) or, with bf16
+ * weights, tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant,
  * on the pool's threads. */
-static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const float *w, int T,
+static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const void *w, int T,
                    int in, int out)
 {
-    tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out);
+    if (e->mm_bf16) tsr_pool_matmul_bf16(e->pool, y, ldy, x, e->xb, w, T, in, out);
+    else tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out);
+}
+
+/* Row `row` of a packed table (the embedding), widened to f32. */
+static void packed_row(const tsr_engine_t *e, const void *w, int in, int row, float *dst)
+{
+    if (e->mm_bf16) tsr_bf16_packed_row(w, in, row, dst);
+    else tsr_packed_row(w, in, row, dst);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, int H, float eps)
@@ -124,7 +137,7 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
  * packed matrix wp[out, in] (worker/cpu_pool.h), a block of rows at a
  * time, so no second copy of a large matrix is ever held.  The slice must
  * have in columns and fit in rows [row0, out). */
-static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, float *wp,
+static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, void *wp,
                        int out, int in, int row0, char *err, size_t errlen)
 {
     enum { BLOCK_FLOATS = 1 << 18 };   /* 1 MiB of rows per read */
@@ -154,11 +167,14 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
     for (int64_t r = s.r0; r < s.r1 && rc == 0; r += step) {
         int64_t n = s.r1 - r < step ? s.r1 - r : step;
         rc = tsr_st_read_f32(st, tensor, r, r + n, s.c0, s.c1, buf, err, errlen);
-        if (rc == 0) tsr_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
+        if (rc == 0 && e->mm_bf16)
+            tsr_bf16_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
+        else if (rc == 0)
+            tsr_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
     }
     free(buf);
     if (rc < 0) return -1;
-    e->wbytes += (uint64_t)(s.r1 - s.r0) * cols * sizeof(float);
+    e->wbytes += (uint64_t)(s.r1 - s.r0) * cols * (e->mm_bf16 ? 2 : sizeof(float));
     return 0;
 }
 
@@ -195,10 +211,10 @@ static void *alloc_lazy(size_t bytes, int *bad)
  * decode step streams every matrix and 4 KiB pages cost a TLB miss every
  * 1024 floats.  Only large buffers, so the rounding wastes little; free()
  * releases them. */
-static float *alloc_w(size_t n, int *bad)
+static void *alloc_w(size_t bytes, int *bad)
 {
-    const size_t huge = (size_t)2 << 20, bytes = n * sizeof(float);
-    if (bytes < huge) return alloc_f(n, bad);
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return alloc_f((bytes + sizeof(float) - 1) / sizeof(float), bad);
     size_t len = (bytes + huge - 1) & ~(huge - 1);
     void *p = NULL;
     if (posix_memalign(&p, huge, len) != 0) {
@@ -209,11 +225,17 @@ static float *alloc_w(size_t n, int *bad)
     return p;
 }
 
-/* A packed matrix of out rows of `in` floats (worker/cpu_pool.h), the
- * last panel's padding zeroed. */
-static float *alloc_packed(int out, int in, int *bad)
+/* A packed matrix of out rows of `in` columns, f32 (worker/cpu_pool.h)
+ * or bf16 (worker/matmul_bf16.h), its padding zeroed. */
+static void *alloc_packed(const tsr_engine_t *e, int out, int in, int *bad)
 {
-    float *w = alloc_w(tsr_packed_floats(out, in), bad);
+    if (e->mm_bf16) {
+        size_t bytes = tsr_bf16_packed_elems(out, in) * sizeof(uint16_t);
+        void *w = alloc_w(bytes, bad);
+        if (w) memset(w, 0, bytes);
+        return w;
+    }
+    float *w = alloc_w(tsr_packed_floats(out, in) * sizeof(float), bad);
     if (w) tsr_pack_clear_tail(w, out, in);
     return w;
 }
@@ -227,10 +249,10 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
     L->attn_norm = alloc_f(H, &bad);
     L->mlp_norm = alloc_f(H, &bad);
     const int nqkv = (int)(qw + 2 * kvw), h = (int)H;
-    L->wqkv = alloc_packed(nqkv, h, &bad);
-    L->wo = alloc_packed(h, (int)qw, &bad);
-    L->wgu = alloc_packed(2 * (int)I, h, &bad);
-    L->wd = alloc_packed(h, (int)I, &bad);
+    L->wqkv = alloc_packed(e, nqkv, h, &bad);
+    L->wo = alloc_packed(e, h, (int)qw, &bad);
+    L->wgu = alloc_packed(e, 2 * (int)I, h, &bad);
+    L->wd = alloc_packed(e, h, (int)I, &bad);
     if (bad) {
         tsr_set_err(err, errlen, "out of memory for the weights of layer %d", li);
         return -1;
@@ -275,7 +297,7 @@ static void engine_free(tsr_engine_t *e)
     if (e->lm_head != e->embed) free(e->lm_head);
     free(e->embed), free(e->final_norm), free(e->kpool), free(e->vpool);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
-    free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout);
+    free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
     tsr_pool_destroy(&e->pool);
@@ -315,6 +337,10 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
                            errlen) < 0)
         goto out;
     e->kv_bf16 = spec->kv_dtype == TSR_KV_BF16;
+    if (tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16,
+                             "CPU", "multiply in", err, errlen) < 0)
+        goto out;
+    e->mm_bf16 = spec->matmul_dtype == TSR_KV_BF16;
     const tsr_model_info_t *m = &e->m;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -328,14 +354,15 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         tsr_set_err(err, errlen, "cannot start the engine's threads");
         goto out;
     }
-    tsr_info("cpu engine: %d threads, %s kernels", tsr_pool_threads(e->pool),
-             tsr_cpu_kernels_name(tsr_cpu_kernels()));
+    tsr_info("cpu engine: %d threads, %s kernels%s", tsr_pool_threads(e->pool),
+             tsr_cpu_kernels_name(tsr_cpu_kernels()),
+             !e->mm_bf16 ? "" : tsr_cpu_amx() ? ", bf16 products on AMX" : ", bf16 products (portable build)");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
     const int vr = (int)vrows, h = (int)H;
-    if (first && (!(e->embed = alloc_packed(vr, h, &bad)) ||
+    if (first && (!(e->embed = alloc_packed(e, vr, h, &bad)) ||
                   read_packed(st, e, TSR_T_EMBED, 0, e->embed, vr, h, 0, err, errlen) < 0))
         goto oom_or_fail;
     if (last) {
@@ -344,7 +371,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
             goto oom_or_fail;
         if (m->tie_word_embeddings && first) {
             e->lm_head = e->embed;  /* one copy serves both */
-        } else if (!(e->lm_head = alloc_packed(vr, h, &bad)) ||
+        } else if (!(e->lm_head = alloc_packed(e, vr, h, &bad)) ||
                    read_packed(st, e, TSR_T_LM_HEAD, 0, e->lm_head, vr, h, 0, err, errlen) < 0) {
             goto oom_or_fail;
         }
@@ -373,6 +400,11 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->att = alloc_f(T * qw, &bad);
     e->gu = alloc_f(T * 2 * e->inter, &bad);
     e->act = alloc_f(T * e->inter, &bad);
+    if (e->mm_bf16) {   /* the widest input of a product: H, q_heads * head_dim or inter */
+        size_t w = H > qw ? H : qw;
+        w = w > (size_t)e->inter ? w : (size_t)e->inter;
+        e->xb = (uint16_t *)alloc_f((T * (size_t)tsr_bf16_in_padded((int)w) + 1) / 2, &bad);
+    }
     e->row_slot = calloc(T, sizeof *e->row_slot);
     e->row_pos = calloc(T, sizeof *e->row_pos);
     if (last) {
@@ -905,7 +937,7 @@ static int embed(tsr_engine_t *e, const tsr_batch_t *b, char *err, size_t errlen
             return -1;
         }
         if (t >= e->v_begin && t < e->v_end)
-            tsr_packed_row(e->embed, H, t - e->v_begin, e->x + (size_t)i * H);
+            packed_row(e, e->embed, H, t - e->v_begin, e->x + (size_t)i * H);
     }
     return allreduce(e, e->x, (size_t)b->n_tokens * H, err, errlen);
 }

@@ -29,6 +29,7 @@ typedef struct {
     int max_batch, prefill_chunk, max_queue;
     uint64_t kv_cache_bytes;
     int kv_dtype;               /* tsr_kv_dtype_t, as the coordinator sent it */
+    int matmul_dtype;           /* the same values: the weights' type (matmul_dtype) */
     tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
@@ -457,7 +458,8 @@ static bool same_piece(const job_t *a, const job_t *b)
            a->prefill_chunk == b->prefill_chunk && a->kv_cache_bytes == b->kv_cache_bytes &&
            a->device == b->device &&
            /* auto and the type it stands for (an older coordinator sent auto) */
-           tsr_kv_dtype_on(a->device, a->kv_dtype) == tsr_kv_dtype_on(b->device, b->kv_dtype);
+           tsr_kv_dtype_on(a->device, a->kv_dtype) == tsr_kv_dtype_on(b->device, b->kv_dtype) &&
+           tsr_kv_dtype_on(a->device, a->matmul_dtype) == tsr_kv_dtype_on(b->device, b->matmul_dtype);
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -480,7 +482,8 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
     if (chunk > j->max_seq_len) chunk = j->max_seq_len;
     *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
-                               batch + chunk, 0, 0, ex->device_index, j->kv_dtype};
+                               batch + chunk, 0, 0, ex->device_index, j->kv_dtype,
+                               j->matmul_dtype};
     int elem = tsr_kv_elem_bytes(eng, j->kv_dtype);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
                                          j->max_seq_len, TSR_KV_BLOCK, elem > 0 ? elem : 4);
@@ -706,6 +709,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->max_queue = (int)as->max_queue;
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
+    j->matmul_dtype = as->matmul_dtype > INT_MAX ? INT_MAX : (int)as->matmul_dtype;
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++) {

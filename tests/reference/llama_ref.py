@@ -8,6 +8,7 @@ recomputes the whole sequence), one function per piece of the model.
 
     python3 tests/reference/llama_ref.py MODEL_DIR --prompt-ids 1,2,3 \
         --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos] [--kv-dtype bf16]
+        [--matmul-dtype bf16]
 
 As a module: load_model(dir) -> dict, forward(model, ids) -> logits [T, V],
 generate(model, ids, n) -> list of generated ids.
@@ -234,8 +235,12 @@ def apply_rope(x, cos, sin):
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def linear(x, weight, bias=None):
-    # nn.Linear stores weight as [out, in].
+def linear(x, weight, bias=None, x_round=None):
+    # nn.Linear stores weight as [out, in].  x_round, when given, is applied
+    # to the input first, as an engine that multiplies in a narrower type
+    # rounds it (matmul_dtype: bf16).
+    if x_round is not None:
+        x = x_round(x)
     y = x @ weight.T
     return y if bias is None else y + bias
 
@@ -248,15 +253,15 @@ def round_bf16(a):
     return u.astype(np.uint32).view(np.float32).astype(a.dtype)
 
 
-def attention(layer, cfg, x, cos, sin, kv_round=None):
+def attention(layer, cfg, x, cos, sin, kv_round=None, x_round=None):
     """Causal grouped-query self-attention over x [T, D] -> [T, D].  kv_round,
     when given, is applied to the keys (after RoPE) and values, as a KV cache
-    of a narrower type stores them."""
+    of a narrower type stores them; x_round to the inputs of the products."""
     T = x.shape[0]
     H, KV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    q = linear(x, layer["q_proj"], layer["q_proj.bias"]).reshape(T, H, hd)
-    k = linear(x, layer["k_proj"], layer["k_proj.bias"]).reshape(T, KV, hd)
-    v = linear(x, layer["v_proj"], layer["v_proj.bias"]).reshape(T, KV, hd)
+    q = linear(x, layer["q_proj"], layer["q_proj.bias"], x_round).reshape(T, H, hd)
+    k = linear(x, layer["k_proj"], layer["k_proj.bias"], x_round).reshape(T, KV, hd)
+    v = linear(x, layer["v_proj"], layer["v_proj.bias"], x_round).reshape(T, KV, hd)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv_round is not None:
         k, v = kv_round(k), kv_round(v)
@@ -271,17 +276,32 @@ def attention(layer, cfg, x, cos, sin, kv_round=None):
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("hts,shd->thd", probs, v).reshape(T, H * hd)
-    return linear(out, layer["o_proj"], layer["o_proj.bias"])
+    return linear(out, layer["o_proj"], layer["o_proj.bias"], x_round)
 
 
 def silu(x):
     return x / (1 + np.exp(-x))
 
 
-def mlp(layer, x):
-    gate = linear(x, layer["gate_proj"], layer["gate_proj.bias"])
-    up = linear(x, layer["up_proj"], layer["up_proj.bias"])
-    return linear(silu(gate) * up, layer["down_proj"], layer["down_proj.bias"])
+def mlp(layer, x, x_round=None):
+    gate = linear(x, layer["gate_proj"], layer["gate_proj.bias"], x_round)
+    up = linear(x, layer["up_proj"], layer["up_proj.bias"], x_round)
+    return linear(silu(gate) * up, layer["down_proj"], layer["down_proj.bias"], x_round)
+
+
+def round_matmuls(model, rnd):
+    """Makes model multiply as an engine with matmul_dtype bf16 does: every
+    weight matrix (the embedding and the LM head too) rounded by rnd, and
+    each product's input rounded by it as the product runs.  Norm weights
+    and the residual stream stay as they are."""
+    for layer in model["layers"]:
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+            layer[proj] = rnd(layer[proj])
+    tied = model["lm_head"] is model["embed_tokens"]
+    model["embed_tokens"] = rnd(model["embed_tokens"])
+    model["lm_head"] = model["embed_tokens"] if tied else rnd(model["lm_head"])
+    model["x_round"] = rnd
+    return model
 
 
 def forward(model, ids):
@@ -295,12 +315,13 @@ def forward(model, ids):
     eps = cfg["rms_norm_eps"]
     cos, sin = rope_cos_sin(model["inv_freq"], np.arange(len(ids)))
     x = model["embed_tokens"][ids]
+    xr = model.get("x_round")
     with np.errstate(over="ignore"):  # exp overflow in silu gives the right limit
         for layer in model["layers"]:
             x = x + attention(layer, cfg, rms_norm(x, layer["input_layernorm"], eps), cos, sin,
-                              model.get("kv_round"))
-            x = x + mlp(layer, rms_norm(x, layer["post_attention_layernorm"], eps))
-    return rms_norm(x, model["norm"], eps) @ model["lm_head"].T
+                              model.get("kv_round"), xr)
+            x = x + mlp(layer, rms_norm(x, layer["post_attention_layernorm"], eps), xr)
+    return linear(rms_norm(x, model["norm"], eps), model["lm_head"], None, xr)
 
 
 def generate(model, ids, n, eos_ids=(), step_logits=None):
@@ -335,6 +356,9 @@ def main(argv=None):
     ap.add_argument("--f32", action="store_true", help="compute in float32 (default float64)")
     ap.add_argument("--kv-dtype", choices=("f32", "bf16"), default="f32",
                     help="bf16: keys and values rounded as a bf16 KV cache holds them")
+    ap.add_argument("--matmul-dtype", choices=("f32", "bf16"), default="f32",
+                    help="bf16: weights and each product's input rounded as an engine "
+                    "with matmul_dtype bf16 multiplies")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop after generating config.json's eos_token_id")
     args = ap.parse_args(argv)
@@ -348,6 +372,8 @@ def main(argv=None):
     model = load_model(args.model_dir, np.float32 if args.f32 else np.float64)
     if args.kv_dtype == "bf16":
         model["kv_round"] = round_bf16
+    if args.matmul_dtype == "bf16":
+        round_matmuls(model, round_bf16)
     eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()
     steps = []
     out = generate(model, prompt, args.max_tokens, eos, steps)

@@ -284,6 +284,21 @@ def test_a_bf16_kv_cache_moves_logits_a_little():
     assert 0 < diff < 0.01 * np.abs(full).max(), diff
 
 
+def test_bf16_matmuls_round_weights_and_inputs_and_move_logits_a_little():
+    m = ref.load_model(model_dir("gqa", kv_heads=2))
+    full = ref.forward(m, PROMPT)
+    ref.round_matmuls(m, ref.round_bf16)
+    for layer in m["layers"]:   # every matrix now holds bf16 values
+        assert np.array_equal(layer["down_proj"], ref.round_bf16(layer["down_proj"]))
+    assert np.array_equal(m["lm_head"], ref.round_bf16(m["lm_head"]))
+    rounded = ref.forward(m, PROMPT)
+    diff = np.abs(full - rounded).max()
+    assert 0 < diff < 0.05 * np.abs(full).max(), diff
+    # the inputs are rounded too: without x_round the logits differ again
+    m.pop("x_round")
+    assert not np.array_equal(ref.forward(m, PROMPT), rounded)
+
+
 def test_llama3_scaling_bands():
     cfg = ref.parse_config(tiny.make_config(hidden=64, heads=4, llama3_rope=True))
     rs = cfg["rope_scaling"]

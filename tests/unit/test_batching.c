@@ -10,7 +10,9 @@
  * rank's pool must be empty at the end.  Requests run alone are checked
  * against the NumPy reference.  The same holds with a bf16 KV cache, whose
  * requests alone match the reference with its keys and values rounded to
- * bf16.  Also: a queue that is full refuses at once, and a request that
+ * bf16, and with bf16 products (matmul_dtype bf16: AMX where the CPU has
+ * it), whose requests alone match the reference with its weights and the
+ * products' inputs rounded to bf16.  Also: a queue that is full refuses at once, and a request that
  * could never fit the pool is refused with the numbers. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,10 +30,15 @@
 #define N_REQS 20
 static char model_dir[64];
 static h_req_t script[N_REQS];
-/* Each request's tokens alone, with the KV cache in f32 ([0]) and bf16 ([1]). */
-static const int kv_dtype_of[2] = {TSR_KV_F32, TSR_KV_BF16};
-static int32_t alone[2][N_REQS][H_MAX_TOKENS];
-static int n_alone[2][N_REQS];
+/* The numeric modes: f32 throughout, the KV cache in bf16, the products in
+ * bf16; each request's tokens alone in each. */
+static const struct {
+    int kv, mm;
+    const char *name;
+} mode[3] = {{TSR_KV_F32, TSR_KV_F32, "f32"}, {TSR_KV_BF16, TSR_KV_F32, "bf16 KV"},
+             {TSR_KV_F32, TSR_KV_BF16, "bf16 matmul"}};
+static int32_t alone[3][N_REQS][H_MAX_TOKENS];
+static int n_alone[3][N_REQS];
 
 static uint64_t rng_state = 12345;
 static uint32_t rnd(uint32_t n)
@@ -78,7 +85,7 @@ static void run_alone_against_the_reference(int kv)
         q.arrive_ms = 0;
         q.cancel_after = 0;
         h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1,
-                       .kv_dtype = kv_dtype_of[kv]};
+                       .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm};
         h_run(&run);
         if (q.failed) fail_msg("request %d alone: %s", i, q.error);
         memcpy(alone[kv][i], q.tokens, sizeof q.tokens);
@@ -95,8 +102,9 @@ static void run_alone_against_the_reference(int kv)
             snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", k ? "," : "", q->prompt[k]);
         snprintf(cmd, sizeof cmd,
                  "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d --stop-at-eos "
-                 "--kv-dtype %s",
-                 model_dir, ids, q->max_tokens, tsr_kv_dtype_name(kv_dtype_of[kv]));
+                 "--kv-dtype %s --matmul-dtype %s",
+                 model_dir, ids, q->max_tokens, tsr_kv_dtype_name(mode[kv].kv),
+                 tsr_kv_dtype_name(mode[kv].mm));
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         if (!fgets(line, sizeof line, p)) line[0] = 0;
@@ -105,8 +113,7 @@ static void run_alone_against_the_reference(int kv)
         for (int k = 0; k < n_alone[kv][i]; k++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", k ? "," : "", alone[kv][i][k]);
         if (strcmp(got, line))
-            fail_msg("request %d, %s KV: tessera %s, reference %s", i,
-                     tsr_kv_dtype_name(kv_dtype_of[kv]), got, line);
+            fail_msg("request %d, %s: tessera %s, reference %s", i, mode[kv].name, got, line);
         checked++;
     }
     assert_true(checked >= 2);
@@ -134,7 +141,7 @@ static void run_batched(int tp, int pp, int kv)
      * a few short ones at a time; the rest must wait. */
     h_run_t run = {.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_REQS,
                    .max_batch = 6, .prefill_chunk = 48, .kv_blocks = 32,
-                   .kv_dtype = kv_dtype_of[kv]};
+                   .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm};
     h_run(&run);
     for (int i = 0; i < N_REQS; i++) {
         const h_req_t *q = &reqs[i];
@@ -148,8 +155,8 @@ static void run_batched(int tp, int pp, int kv)
         }
         if (q->failed) fail_msg("tp %d pp %d request %d failed: %s", tp, pp, i, q->error);
         if (q->n_tokens != n_alone[kv][i] || memcmp(q->tokens, alone[kv][i], (size_t)q->n_tokens * 4))
-            fail_msg("tp %d pp %d %s KV request %d (prompt %d, %s): batched tokens differ from its tokens alone",
-                     tp, pp, tsr_kv_dtype_name(kv_dtype_of[kv]), i, q->n_prompt,
+            fail_msg("tp %d pp %d %s request %d (prompt %d, %s): batched tokens differ from its tokens alone",
+                     tp, pp, mode[kv].name, i, q->n_prompt,
                      q->temperature > 0 ? "sampled" : "greedy");
     }
     if (run.max_running < 3) fail_msg("tp %d pp %d: at most %d sequences ran together", tp, pp, run.max_running);
@@ -157,6 +164,13 @@ static void run_batched(int tp, int pp, int kv)
         assert_int_equal(run.kv_total[r], 32);
         if (run.kv_used[r] != 0) fail_msg("tp %d pp %d rank %d: %d KV blocks still held", tp, pp, r, run.kv_used[r]);
     }
+}
+
+static void test_with_bf16_products_each_request_alone_matches_the_reference_rounding_them(
+    void **state)
+{
+    (void)state;
+    run_alone_against_the_reference(2);
 }
 
 static void test_batched_tp1_pp1_gives_every_request_its_own_tokens(void **state)
@@ -188,6 +202,27 @@ static void test_batched_tp2_pp2_with_a_bf16_kv_cache_gives_every_request_its_ow
 {
     (void)state;
     run_batched(2, 2, 1);
+}
+
+static void test_batched_tp1_pp1_with_bf16_products_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 1, 2);
+}
+static void test_batched_tp2_pp1_with_bf16_products_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 1, 2);
+}
+static void test_batched_tp1_pp2_with_bf16_products_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 2, 2);
+}
+static void test_batched_tp2_pp2_with_bf16_products_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 2, 2);
 }
 
 static void test_a_full_queue_refuses_at_once(void **state)
@@ -269,6 +304,11 @@ int main(void)
         cmocka_unit_test(test_batched_tp2_pp2_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp1_pp1_with_a_bf16_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp2_pp2_with_a_bf16_kv_cache_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_with_bf16_products_each_request_alone_matches_the_reference_rounding_them),
+        cmocka_unit_test(test_batched_tp1_pp1_with_bf16_products_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp1_with_bf16_products_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp1_pp2_with_bf16_products_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp2_with_bf16_products_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
     };

@@ -37,7 +37,7 @@ static tsr_engine_t *load(const char *dir, int kv_dtype)
     char err[512];
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     vocab = m.vocab_size;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype, 0};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) fail_msg("load: %s", err);
     return e;
@@ -180,17 +180,21 @@ static void test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes(vo
     }
 }
 
-static void test_an_unknown_kv_dtype_is_refused_naming_it(void **state)
+static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void **state)
 {
     (void)state;
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7, 0};
     tsr_engine_t *e = NULL;
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
     assert_null(e);
     assert_non_null(strstr(err, "kv_dtype 7"));
+    spec.kv_dtype = 0, spec.matmul_dtype = 9;
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "matmul_dtype 9"));
 }
 
 static int setup(void **state)
@@ -233,7 +237,7 @@ int main(void)
         cmocka_unit_test(test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_same_bits),
         cmocka_unit_test(test_sequences_sharing_steps_get_the_bits_they_get_alone),
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
-        cmocka_unit_test(test_an_unknown_kv_dtype_is_refused_naming_it),
+        cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

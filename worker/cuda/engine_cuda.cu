@@ -827,7 +827,9 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     if (!e) return -1;
     e->spec = *spec;
     e->device = spec->device_index;
-    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_BF16, "CUDA", err, errlen) < 0) {
+    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_BF16, "CUDA", err, errlen) < 0 ||
+        tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_BF16, "CUDA",
+                             "multiply in", err, errlen) < 0) {
         free(e);
         return -1;
     }

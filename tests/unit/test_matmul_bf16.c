@@ -1,0 +1,185 @@
+/* test_matmul_bf16.c: the bf16 products (worker/matmul_bf16.c) equal a
+ * double-precision product of the bf16-rounded operands within f32
+ * accumulation error, give a row the same bits whatever it is batched with
+ * and however many threads run it, never write outside their columns, and
+ * pack and unpack rows exactly.  On a CPU with AMX they run on AMX (and the
+ * run under TSR_CPU_KERNELS=avx512 in tests/run.sh takes the portable build);
+ * elsewhere the portable build is what is tested. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/kmath.h"
+#include "worker/matmul_bf16.h"
+
+#define SENTINEL 12345.0f
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 - 0.5);
+}
+
+static float rb(float f) { return tsr_k_bf16_to_f32(tsr_k_f32_to_bf16(f)); }
+
+typedef struct {
+    int out, in;
+    float *w;          /* [out][in] */
+    uint16_t *wb;      /* packed */
+} mat_t;
+
+static mat_t make_mat(int out, int in)
+{
+    mat_t m = {out, in, malloc((size_t)out * in * sizeof(float)), NULL};
+    assert_non_null(m.w);
+    for (size_t i = 0; i < (size_t)out * in; i++) m.w[i] = frand();
+    size_t n = tsr_bf16_packed_elems(out, in);
+    assert_true(posix_memalign((void **)&m.wb, 64, n * 2) == 0);
+    memset(m.wb, 0, n * 2);
+    /* in two pieces, as the engine packs q, k and v into one matrix */
+    int half = out / 2;
+    tsr_bf16_pack_rows(m.wb, out, in, 0, m.w, half);
+    tsr_bf16_pack_rows(m.wb, out, in, half, m.w + (size_t)half * in, out - half);
+    return m;
+}
+
+static void free_mat(mat_t *m)
+{
+    free(m->w), free(m->wb);
+}
+
+static uint16_t *scratch(int T, int in)
+{
+    uint16_t *xb = NULL;
+    assert_true(posix_memalign((void **)&xb, 64, (size_t)T * tsr_bf16_in_padded(in) * 2 + 64) == 0);
+    return xb;
+}
+
+static void test_packing_rounds_to_bf16_and_unpacks_exactly(void **state)
+{
+    (void)state;
+    static const int shapes[][2] = {{1, 1}, {16, 32}, {17, 33}, {40, 100}, {3, 70}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        mat_t m = make_mat(shapes[s][0], shapes[s][1]);
+        float row[128];
+        for (int o = 0; o < m.out; o++) {
+            tsr_bf16_packed_row(m.wb, m.in, o, row);
+            for (int k = 0; k < m.in; k++)
+                if (row[k] != rb(m.w[(size_t)o * m.in + k]))
+                    fail_msg("%dx%d: row %d col %d: %g, not bf16(%g)", m.out, m.in, o, k, row[k],
+                             m.w[(size_t)o * m.in + k]);
+        }
+        free_mat(&m);
+    }
+    assert_int_equal(tsr_bf16_in_padded(33), 64);
+    assert_int_equal(tsr_bf16_packed_elems(17, 33), 32 * 64);
+    assert_int_equal(tsr_bf16_packed_elems(0, 33), 0);
+}
+
+/* y against a double product of the rounded operands: f32 accumulation of
+ * n terms errs by at most about n * 2^-24 of the sum of magnitudes. */
+static void check_against_double(const float *y, int ldy, const float *x, const mat_t *m, int T)
+{
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < m->out; o++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < m->in; k++) {
+                double p = (double)rb(x[(size_t)t * m->in + k]) * rb(m->w[(size_t)o * m->in + k]);
+                s += p, mag += fabs(p);
+            }
+            double got = y[(size_t)t * ldy + o], tol = mag * m->in * 6e-8 + 1e-30;
+            if (fabs(got - s) > tol)
+                fail_msg("%dx%d T=%d: y[%d][%d] = %.9g, the rounded operands give %.9g (tol %.3g)",
+                         m->out, m->in, T, t, o, got, s, tol);
+        }
+}
+
+static void test_product_equals_the_rounded_operands_product(void **state)
+{
+    (void)state;
+    static const int shapes[][2] = {{16, 32}, {17, 33}, {100, 512}, {64, 96}, {200, 1376}, {5, 7}};
+    static const int Ts[] = {1, 2, 3, 15, 16, 17, 33};
+    for (int threads = 1; threads <= 2; threads++) {
+        tsr_pool_t *p = tsr_pool_new(threads);
+        assert_non_null(p);
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            mat_t m = make_mat(shapes[s][0], shapes[s][1]);
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                const int T = Ts[ti], ldy = m.out + 3;
+                float *x = malloc((size_t)T * m.in * sizeof *x), *y = malloc((size_t)T * ldy * sizeof *y);
+                uint16_t *xb = scratch(T, m.in);
+                for (size_t i = 0; i < (size_t)T * m.in; i++) x[i] = frand() * 4;
+                for (size_t i = 0; i < (size_t)T * ldy; i++) y[i] = SENTINEL;
+                tsr_pool_matmul_bf16(p, y, ldy, x, xb, m.wb, T, m.in, m.out);
+                check_against_double(y, ldy, x, &m, T);
+                for (int t = 0; t < T; t++)
+                    for (int c = m.out; c < ldy; c++)
+                        if (y[(size_t)t * ldy + c] != SENTINEL)
+                            fail_msg("%dx%d T=%d: column %d of row %d written past out", m.out,
+                                     m.in, T, c, t);
+                free(x), free(y), free(xb);
+            }
+            free_mat(&m);
+        }
+        tsr_pool_destroy(&p);
+    }
+}
+
+/* Each row alone (T = 1, one thread) against the same row inside batches
+ * of every height and position, on two threads: the same bits. */
+static void test_a_row_gets_the_same_bits_whatever_it_is_batched_with(void **state)
+{
+    (void)state;
+    const int in = 1376, out = 300, maxT = 40;
+    mat_t m = make_mat(out, in);
+    tsr_pool_t *one = tsr_pool_new(1), *two = tsr_pool_new(2);
+    assert_non_null(one);
+    assert_non_null(two);
+    float *x = malloc((size_t)maxT * in * sizeof *x), *alone = malloc((size_t)maxT * out * sizeof *alone),
+          *y = malloc((size_t)maxT * out * sizeof *y);
+    uint16_t *xb = scratch(maxT, in);
+    for (size_t i = 0; i < (size_t)maxT * in; i++) x[i] = frand() * (i % 7 == 0 ? 100 : 1);
+    for (int t = 0; t < maxT; t++)
+        tsr_pool_matmul_bf16(one, alone + (size_t)t * out, out, x + (size_t)t * in, xb, m.wb, 1, in, out);
+    for (int T = 1; T <= maxT; T += (T < 18 ? 1 : 7))
+        for (int t0 = 0; t0 + T <= maxT; t0 += (T > 20 ? maxT : 5)) {
+            tsr_pool_matmul_bf16(two, y, out, x + (size_t)t0 * in, xb, m.wb, T, in, out);
+            for (int t = 0; t < T; t++)
+                if (memcmp(y + (size_t)t * out, alone + (size_t)(t0 + t) * out, out * sizeof *y))
+                    fail_msg("row %d in a batch of %d from %d differs from the row alone", t0 + t,
+                             T, t0);
+        }
+    free(x), free(alone), free(y), free(xb);
+    free_mat(&m);
+    tsr_pool_destroy(&one);
+    tsr_pool_destroy(&two);
+}
+
+static void test_amx_is_reported_consistently(void **state)
+{
+    (void)state;
+    const char *k = getenv("TSR_CPU_KERNELS");
+    int amx = tsr_cpu_amx();
+    assert_int_equal(amx, tsr_cpu_amx());
+    if (k && *k && strcmp(k, "amx")) assert_int_equal(amx, 0);  /* a lesser build asked for */
+    printf("bf16 products: %s\n", amx ? "AMX" : "portable build");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_packing_rounds_to_bf16_and_unpacks_exactly),
+        cmocka_unit_test(test_product_equals_the_rounded_operands_product),
+        cmocka_unit_test(test_a_row_gets_the_same_bits_whatever_it_is_batched_with),
+        cmocka_unit_test(test_amx_is_reported_consistently),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

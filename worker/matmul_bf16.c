@@ -1,0 +1,240 @@
+/* matmul_bf16.c: products of f32 rows by bf16 weight panels, on AMX tiles
+ * where the CPU has them (see matmul_bf16.h for the layout and the numbers).
+ *
+ * The AMX kernel keeps 4 accumulator tiles (C, 16 rows by 16 f32 outputs
+ * each: 4 adjacent panels), one tile of x (A: up to 16 rows by 32 bf16) and
+ * two of weights (B: 16 pairs of columns by 16 outputs, one 1 KiB block of
+ * a panel).  Each A tile meets 4 B tiles, so a panel group's weights stream
+ * from memory once for the first 16 rows and come from L2 for the next. */
+#include "worker/matmul_bf16.h"
+
+#include <stdalign.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "worker/kmath.h"
+
+#define KDEPTH 32                   /* bf16 columns per A tile row */
+#define GROUP 4                     /* panels per pass (C tiles) */
+/* As tsr_pool_matmul: small products stay on the caller, and no claim
+ * covers much more than 256 KiB of weights. */
+#define MIN_MACS 32768
+#define CHUNK_BYTES (256 << 10)
+
+int tsr_bf16_in_padded(int in)
+{
+    return in > 0 ? (in + KDEPTH - 1) / KDEPTH * KDEPTH : 0;
+}
+
+size_t tsr_bf16_packed_elems(int out, int in)
+{
+    if (out <= 0 || in <= 0) return 0;
+    return (size_t)(out + TSR_PANEL - 1) / TSR_PANEL * TSR_PANEL * (size_t)tsr_bf16_in_padded(in);
+}
+
+/* Elements in one panel: in_padded / 2 pairs of 16 outputs by 2. */
+static size_t panel_elems(int in)
+{
+    return (size_t)tsr_bf16_in_padded(in) * TSR_PANEL;
+}
+
+void tsr_bf16_pack_rows(uint16_t *wb, int out, int in, int row0, const float *rows, int n)
+{
+    for (int r = 0; r < n; r++) {
+        int o = row0 + r;
+        if (o < 0 || o >= out) continue;
+        uint16_t *dst = wb + (size_t)(o / TSR_PANEL) * panel_elems(in) + (size_t)(o % TSR_PANEL) * 2;
+        const float *src = rows + (size_t)r * in;
+        for (int k = 0; k < in; k++)
+            dst[(size_t)(k / 2) * 2 * TSR_PANEL + (k & 1)] = tsr_k_f32_to_bf16(src[k]);
+    }
+}
+
+void tsr_bf16_packed_row(const uint16_t *wb, int in, int row, float *dst)
+{
+    const uint16_t *src = wb + (size_t)(row / TSR_PANEL) * panel_elems(in) + (size_t)(row % TSR_PANEL) * 2;
+    for (int k = 0; k < in; k++)
+        dst[k] = tsr_k_bf16_to_f32(src[(size_t)(k / 2) * 2 * TSR_PANEL + (k & 1)]);
+}
+
+/* ---- AMX ------------------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) amx_cfg_t;
+
+/* Rows the calling thread's tile configuration has (0: none loaded yet).
+ * The configuration is the thread's register state: each pool thread loads
+ * its own, and again only when a row block's height changes. */
+static __thread int amx_rows;
+
+AMX static void amx_config(int rows)
+{
+    if (amx_rows == rows) return;
+    amx_cfg_t c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t <= 4; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;  /* C0-3, A */
+    for (int t = 5; t <= 6; t++) c.rows[t] = 16, c.colsb[t] = 64;              /* B */
+    _tile_loadconfig(&c);
+    amx_rows = rows;
+}
+
+/* Copies the first `rows` rows and `no` columns of C tile values. */
+static inline void put_tile(float *y, int ldy, const float *c, int rows, int no)
+{
+    for (int r = 0; r < rows; r++) memcpy(y + (size_t)r * ldy, c + r * 16, (size_t)no * sizeof(float));
+}
+
+/* rows (<= 16) rows of xb (ldx bf16 a row, kin of them, padding zeroed) by
+ * np (1-4) adjacent panels starting at w; the last panel has no columns. */
+AMX static void amx_group(float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *w,
+                          size_t ps, int kin, int rows, int np, int no)
+{
+    amx_config(rows);
+    _tile_zero(0);
+    if (np > 1) _tile_zero(1);
+    if (np > 2) _tile_zero(2);
+    if (np > 3) _tile_zero(3);
+    for (int kb = 0; kb < kin; kb += KDEPTH) {
+        _tile_loadd(4, xb + kb, ldx * 2);
+        const uint16_t *b = w + (size_t)kb * TSR_PANEL;
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (np > 1) {
+            _tile_loadd(6, b + ps, 64);
+            _tile_dpbf16ps(1, 4, 6);
+        }
+        if (np > 2) {
+            _tile_loadd(5, b + 2 * ps, 64);
+            _tile_dpbf16ps(2, 4, 5);
+        }
+        if (np > 3) {
+            _tile_loadd(6, b + 3 * ps, 64);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+    }
+    alignas(64) float c[16 * 16];
+    _tile_stored(0, c, 64);
+    put_tile(y, ldy, c, rows, np == 1 ? no : TSR_PANEL);
+    if (np > 1) {
+        _tile_stored(1, c, 64);
+        put_tile(y + TSR_PANEL, ldy, c, rows, np == 2 ? no : TSR_PANEL);
+    }
+    if (np > 2) {
+        _tile_stored(2, c, 64);
+        put_tile(y + 2 * TSR_PANEL, ldy, c, rows, np == 3 ? no : TSR_PANEL);
+    }
+    if (np > 3) {
+        _tile_stored(3, c, 64);
+        put_tile(y + 3 * TSR_PANEL, ldy, c, rows, no);
+    }
+}
+#endif
+
+int tsr_cpu_amx(void)
+{
+    static int answer = -1;
+    int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
+    if (a >= 0) return a;
+    a = 0;
+#if defined(__x86_64__)
+    const char *k = getenv("TSR_CPU_KERNELS");
+    unsigned eax, ebx, ecx, edx;
+    /* CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; the kernel must
+     * also agree to save the tile state for this process. */
+    if ((!k || !*k || !strcmp(k, "amx")) && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
+        (edx >> 22 & 1u) && (edx >> 24 & 1u) &&
+        syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
+        a = 1;
+#endif
+    __atomic_store_n(&answer, a, __ATOMIC_RELAXED);
+    return a;
+}
+
+/* ---- the portable build ------------------------------------------------------------ */
+
+/* One output row of one panel: a multiply-add chain over k in order. */
+static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int kin, int no)
+{
+    float acc[TSR_PANEL] = {0};
+    for (int j = 0; j < kin / 2; j++) {
+        const float x0 = tsr_k_bf16_to_f32(xr[2 * j]), x1 = tsr_k_bf16_to_f32(xr[2 * j + 1]);
+        const uint16_t *wj = w + (size_t)j * 2 * TSR_PANEL;
+        for (int r = 0; r < TSR_PANEL; r++) {
+            acc[r] += x0 * tsr_k_bf16_to_f32(wj[2 * r]);
+            acc[r] += x1 * tsr_k_bf16_to_f32(wj[2 * r + 1]);
+        }
+    }
+    memcpy(y, acc, (size_t)no * sizeof(float));
+}
+
+/* ---- the product ------------------------------------------------------------------- */
+
+typedef struct {
+    float *y;
+    int ldy;
+    const uint16_t *xb, *wb;
+    int T, ldx, in, out, panels, chunk, amx;
+} job_t;
+
+static void run_chunk(void *arg, int i)
+{
+    const job_t *j = arg;
+    const size_t ps = panel_elems(j->in);
+    const int p0 = i * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
+    for (int p = p0; p < p1; p += GROUP) {
+        const int np = p1 - p < GROUP ? p1 - p : GROUP, last = (p + np - 1) * TSR_PANEL;
+        const int no = j->out - last < TSR_PANEL ? j->out - last : TSR_PANEL;
+        const uint16_t *w = j->wb + (size_t)p * ps;
+        float *yp = j->y + (size_t)p * TSR_PANEL;
+#if defined(__x86_64__)
+        if (j->amx) {
+            for (int t = 0; t < j->T; t += 16)
+                amx_group(yp + (size_t)t * j->ldy, j->ldy, j->xb + (size_t)t * j->ldx, j->ldx, w,
+                          ps, j->ldx, j->T - t < 16 ? j->T - t : 16, np, no);
+            continue;
+        }
+#endif
+        for (int q = 0; q < np; q++)
+            for (int t = 0; t < j->T; t++)
+                plain_panel_row(yp + (size_t)t * j->ldy + q * TSR_PANEL, j->xb + (size_t)t * j->ldx,
+                                w + q * ps, j->ldx, q == np - 1 ? no : TSR_PANEL);
+    }
+}
+
+void tsr_pool_matmul_bf16(tsr_pool_t *p, float *y, int ldy, const float *x, uint16_t *xb,
+                          const uint16_t *wb, int T, int in, int out)
+{
+    if (T <= 0 || out <= 0 || in <= 0) return;
+    const int ldx = tsr_bf16_in_padded(in), panels = (out + TSR_PANEL - 1) / TSR_PANEL;
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * in;
+        uint16_t *d = xb + (size_t)t * ldx;
+        for (int k = 0; k < in; k++) d[k] = tsr_k_f32_to_bf16(xr[k]);
+        for (int k = in; k < ldx; k++) d[k] = 0;
+    }
+    /* Whole groups per claim, at least 4 claims per thread, none much over
+     * CHUNK_BYTES of weights. */
+    const int threads = tsr_pool_threads(p), groups = (panels + GROUP - 1) / GROUP;
+    int chunk = (groups + 4 * threads - 1) / (4 * threads);
+    int cap = (int)(CHUNK_BYTES / (GROUP * panel_elems(in) * sizeof(uint16_t)));
+    if (chunk > cap) chunk = cap;
+    if (chunk < 1) chunk = 1;
+    if ((long long)T * in * out < 2LL * MIN_MACS) chunk = groups;
+    job_t j = {y, ldy, xb, wb, T, ldx, in, out, panels, chunk * GROUP, tsr_cpu_amx()};
+    tsr_pool_for(p, (groups + chunk - 1) / chunk, run_chunk, &j);
+}
