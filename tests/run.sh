@@ -37,7 +37,7 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     kernels=plain
     grep -qw avx512f /proc/cpuinfo 2> /dev/null && kernels="avx2 plain"
     for k in $kernels; do
-        for t in test_cpu_pool test_engine_cpu test_batching; do
+        for t in test_cpu_pool test_matmul_bf16 test_engine_cpu test_batching; do
             case "$t ($k kernels)" in *"$filter"*) ;; *) continue ;; esac
             [ -x "$TSR_BUILD/tests/$t" ] || continue
             echo "== $t with TSR_CPU_KERNELS=$k"

@@ -8,8 +8,11 @@
  * other sequences, gives bit-identical logits.  Prompts cross KV blocks of
  * 16 positions at odd offsets, in a GQA model with head_dim 64 (the
  * attention kernel's widest path) and ones with head_dim 24, 20, 40 and 80
- * (its narrower and scalar tails), with the KV cache in f32 and in bf16.  A bf16
- * cache gives logits near the f32 one's, and half its bytes. */
+ * (its narrower and scalar tails), with the KV cache in f32 and in bf16,
+ * and with bf16 products (matmul_dtype bf16).  A bf16 cache gives logits
+ * near the f32 one's, and half its bytes; bf16 products give the NumPy
+ * reference's logits with the same rounding, far closer than its f32 ones,
+ * from half the weight bytes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -28,19 +31,30 @@
 static char dirs[N_MODELS][64];
 static int vocab;
 
-static const int kv_dtypes[] = {TSR_KV_AUTO, TSR_KV_BF16};
-#define N_KV (int)(sizeof kv_dtypes / sizeof kv_dtypes[0])
+/* The numeric modes the bit-identity tests run in: (kv_dtype, matmul_dtype). */
+static const struct {
+    int kv, mm;
+    const char *name;
+} modes[] = {{TSR_KV_AUTO, TSR_KV_AUTO, "f32"}, {TSR_KV_BF16, TSR_KV_AUTO, "bf16 KV"},
+             {TSR_KV_AUTO, TSR_KV_BF16, "bf16 matmul"}};
+#define N_KV (int)(sizeof modes / sizeof modes[0])
 
-static tsr_engine_t *load(const char *dir, int kv_dtype)
+static tsr_engine_t *load_mm(const char *dir, int kv_dtype, int mm_dtype)
 {
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     vocab = m.vocab_size;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype,
+                             mm_dtype};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) fail_msg("load: %s", err);
     return e;
+}
+
+static tsr_engine_t *load(const char *dir, int kv_dtype)
+{
+    return load_mm(dir, kv_dtype, TSR_KV_AUTO);
 }
 
 static int32_t token_at(int seq, int p)
@@ -89,8 +103,8 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
 {
     (void)state;
     for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
-        const int m = mk / N_KV, kv = kv_dtypes[mk % N_KV];
-        tsr_engine_t *e = load(dirs[m], kv);
+        const int m = mk / N_KV, md = mk % N_KV;
+        tsr_engine_t *e = load_mm(dirs[m], modes[md].kv, modes[md].mm);
         float *whole = malloc((size_t)vocab * sizeof *whole), *other = malloc((size_t)vocab * sizeof *other);
         static const int lens[] = {1, 2, 17, 70, 150};
         static const int chunks[] = {1, 3, 16, 23};
@@ -100,8 +114,8 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
                 if (chunks[c] >= lens[l]) continue;
                 alone(e, 1, lens[l], chunks[c], other);
                 char what[96];
-                snprintf(what, sizeof what, "model %d, %s KV, %d positions in chunks of %d", m,
-                         tsr_kv_dtype_name(kv), lens[l], chunks[c]);
+                snprintf(what, sizeof what, "model %d, %s, %d positions in chunks of %d", m,
+                         modes[md].name, lens[l], chunks[c]);
                 expect_same_bits(whole, other, what);
             }
         }
@@ -114,8 +128,8 @@ static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **stat
 {
     (void)state;
     for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
-        const int m = mk / N_KV, kv = kv_dtypes[mk % N_KV];
-        tsr_engine_t *e = load(dirs[m], kv);
+        const int m = mk / N_KV, md = mk % N_KV;
+        tsr_engine_t *e = load_mm(dirs[m], modes[md].kv, modes[md].mm);
         float *ref = malloc((size_t)3 * vocab * sizeof *ref), *got = malloc((size_t)3 * vocab * sizeof *got);
         static const int len[3] = {41, 9, 66};
         for (int s = 0; s < 3; s++) alone(e, s, len[s], len[s], ref + (size_t)s * vocab);
@@ -142,8 +156,7 @@ static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **stat
         }
         for (int s = 0; s < 3; s++) {
             char what[64];
-            snprintf(what, sizeof what, "model %d, %s KV, sequence %d batched", m,
-                     tsr_kv_dtype_name(kv), s);
+            snprintf(what, sizeof what, "model %d, %s, sequence %d batched", m, modes[md].name, s);
             expect_same_bits(ref + (size_t)s * vocab, got + (size_t)s * vocab, what);
         }
         free(ref), free(got);
@@ -178,6 +191,75 @@ static void test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes(vo
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&h);
     }
+}
+
+/* The reference's first logits for sequence seq's first len positions,
+ * with its products rounded to bf16 or not. */
+static void reference_logits(const char *dir, int seq, int len, const char *mm, float *out)
+{
+    char cmd[4096], file[64], line[64];
+    snprintf(file, sizeof file, "%s/ref-logits-%s", dir, mm);
+    int n = snprintf(cmd, sizeof cmd, "python3 tests/reference/llama_ref.py %s --max-tokens 1 "
+                     "--matmul-dtype %s --logits-out %s --prompt-ids ", dir, mm, file);
+    for (int p = 0; p < len; p++)
+        n += snprintf(cmd + n, sizeof cmd - (size_t)n, "%s%d", p ? "," : "", token_at(seq, p));
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " > /dev/null");
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    for (int i = 0; i < vocab; i++) {
+        assert_non_null(fgets(line, sizeof line, f));
+        out[i] = strtof(line, NULL);
+    }
+    fclose(f);
+}
+
+/* Root mean square of a - b over the vocabulary. */
+static double rms_diff(const float *a, const float *b)
+{
+    double ss = 0;
+    for (int i = 0; i < vocab; i++) ss += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(ss / vocab);
+}
+
+static void test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes(
+    void **state)
+{
+    (void)state;
+    double best = INFINITY;
+    for (int m = 0; m < N_MODELS; m++) {
+        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *h = load_mm(dirs[m], TSR_KV_F32, TSR_KV_BF16);
+        /* norm weights stay f32: a little more than half */
+        uint64_t wf = tsr_engine_cpu.weight_bytes(f), wh = tsr_engine_cpu.weight_bytes(h);
+        if (wh * 2 < wf || wh * 2 > wf + wf / 50)
+            fail_msg("model %d: %llu weight bytes with bf16 products, %llu with f32", m,
+                     (unsigned long long)wh, (unsigned long long)wf);
+        float *got = malloc((size_t)vocab * sizeof *got), *rb = malloc((size_t)vocab * sizeof *rb),
+              *rf = malloc((size_t)vocab * sizeof *rf);
+        for (int seq = 1; seq <= 2; seq++) {
+            alone(h, seq, 40, 16, got);
+            reference_logits(dirs[m], seq, 40, "bf16", rb);
+            reference_logits(dirs[m], seq, 40, "f32", rf);
+            /* The reference rounds as the engine does but sums in float64:
+             * where an f32 sum and a float64 one fall either side of a bf16
+             * rounding boundary (one input in some 10^4 here), that input
+             * moves by 2^-8 of itself and the logits after it a little.
+             * So: nearer the rounded reference than the unrounded one in
+             * every case, and in some case (no input crossed) within f32
+             * noise of it. */
+            double to_bf16 = rms_diff(got, rb), to_f32 = rms_diff(got, rf);
+            if (!(to_bf16 < 0.7 * to_f32))
+                fail_msg("model %d, sequence %d: bf16 products are %.3g (rms) from the rounded "
+                         "reference and %.3g from the f32 one", m, seq, to_bf16, to_f32);
+            if (to_bf16 / to_f32 < best) best = to_bf16 / to_f32;
+        }
+        free(got), free(rb), free(rf);
+        tsr_engine_cpu.destroy(&f);
+        tsr_engine_cpu.destroy(&h);
+    }
+    if (!(best < 0.001))
+        fail_msg("bf16 products were never within f32 noise of the rounded reference (best %.3g "
+                 "of the distance to the f32 one)", best);
 }
 
 static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void **state)
@@ -237,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_same_bits),
         cmocka_unit_test(test_sequences_sharing_steps_get_the_bits_they_get_alone),
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
+        cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

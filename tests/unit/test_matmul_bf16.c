@@ -105,7 +105,8 @@ static void check_against_double(const float *y, int ldy, const float *x, const 
 static void test_product_equals_the_rounded_operands_product(void **state)
 {
     (void)state;
-    static const int shapes[][2] = {{16, 32}, {17, 33}, {100, 512}, {64, 96}, {200, 1376}, {5, 7}};
+    static const int shapes[][2] = {{16, 32}, {17, 33}, {100, 512}, {64, 96}, {200, 1376}, {5, 7},
+                                    {192, 96}, {96, 160}, {280, 96}, {320, 96}};
     static const int Ts[] = {1, 2, 3, 15, 16, 17, 33};
     for (int threads = 1; threads <= 2; threads++) {
         tsr_pool_t *p = tsr_pool_new(threads);
