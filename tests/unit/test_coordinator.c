@@ -872,11 +872,13 @@ static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void *
 {
     fx_t *fx = *state;
     static const char *const keys[] = {"kv_dtype bf16; the configuration now has f32", "max_batch 64",
-                                       "model /elsewhere"};
-    for (int k = 0; k < 3; k++) {
+                                       "model /elsewhere",
+                                       "matmul_dtype bf16; the configuration now has f32"};
+    for (int k = 0; k < 4; k++) {
         Tessera__Assignment a;
         held_piece(&a, 4, 8);
         if (k == 0) a.kv_dtype = TSR_KV_BF16;
+        if (k == 3) a.matmul_dtype = TSR_KV_BF16;
         if (k == 1) a.max_batch = 64;
         if (k == 2) a.model_path = "/elsewhere";
         char name[8];
@@ -1017,6 +1019,8 @@ static void test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat(v
     assert_int_equal(json_integer_value(json_object_get(d, "max_queue")), 256);
     assert_string_equal(json_string_value(json_object_get(d, "kv_dtype")), "auto");
     assert_string_equal(json_string_value(json_object_get(d, "kv_dtype_used")), "f32");
+    assert_string_equal(json_string_value(json_object_get(d, "matmul_dtype")), "auto");
+    assert_string_equal(json_string_value(json_object_get(d, "matmul_dtype_used")), "f32");
     json_decref(root);
 }
 
@@ -1152,6 +1156,7 @@ static void test_reload_that_changes_a_batching_key_resends_every_assignment(voi
          100ull << 20},
         {"    max_queue: 7\n", offsetof(Tessera__Assignment, max_queue), false, 7},
         {"    kv_dtype: bf16\n", offsetof(Tessera__Assignment, kv_dtype), false, TSR_KV_BF16},
+        {"    matmul_dtype: bf16\n", offsetof(Tessera__Assignment, matmul_dtype), false, TSR_KV_BF16},
     };
     fx_t *fx = *state;
     char keys[256] = "";

@@ -148,6 +148,7 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->max_queue, 256);
     assert_int_equal(d->gpu_memory_percent, 90);
     assert_int_equal(d->kv_dtype, TSR_KV_AUTO);
+    assert_int_equal(d->matmul_dtype, TSR_KV_AUTO);
     assert_int_equal(d->line, 16);
 
     assert_ptr_equal(tsr_config_find(cfg, "small.v2-x_1"), &cfg->deployments[1]);
@@ -490,6 +491,29 @@ static void test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **sta
     tsr_config_t *cfg = parse_ok("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                                  "    device: cuda\n    kv_dtype: bf16\n", "demo.yaml");
     assert_int_equal(cfg->deployments[0].kv_dtype, TSR_KV_BF16);
+    tsr_config_destroy(&cfg);
+}
+
+static void test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"auto", "f32", "bf16"};
+    for (int k = 0; k < 3; k++) {
+        char line[64];
+        snprintf(line, sizeof line, "    matmul_dtype: %s\n", names[k]);
+        tsr_config_t *cfg = parse_batch(line);
+        assert_int_equal(cfg->deployments[0].matmul_dtype, k);
+        assert_int_equal(cfg->deployments[0].kv_dtype, TSR_KV_AUTO);   /* its own key */
+        tsr_config_destroy(&cfg);
+    }
+    expect_batch_error("matmul_dtype", "int8", "expected auto, f32 or bf16, got 'int8'");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    matmul_dtype: f32\n"
+                 "    device: cuda\n",
+                 "demo.yaml:5:19: deployments[0].matmul_dtype: ",
+                 "a cuda deployment keeps its weights in bf16");
+    tsr_config_t *cfg = parse_ok("version: 1\ndeployments:\n  - name: a\n    model: m\n"
+                                 "    device: cuda\n    matmul_dtype: bf16\n", "demo.yaml");
+    assert_int_equal(cfg->deployments[0].matmul_dtype, TSR_KV_BF16);
     tsr_config_destroy(&cfg);
 }
 
@@ -1087,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_batching_keys_out_of_range_are_rejected),
         cmocka_unit_test(test_batching_keys_of_the_wrong_type_are_rejected),
         cmocka_unit_test(test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
+        cmocka_unit_test(test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
         cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
         cmocka_unit_test(test_bad_name_chars_are_rejected),
         cmocka_unit_test(test_missing_model_is_rejected),
