@@ -11,8 +11,11 @@
 #   - single-stream decode against the memory-bandwidth bound: bytes one
 #     decode step reads (every layer's weights, the final norm, the LM head,
 #     one embedding row, the KV cache up to the average position) over the
-#     read bandwidth of nproc threads (bench/stream.c --read, measured before
-#     each decode request and after the last, the largest of the four), and
+#     read bandwidth of nproc threads (bench/stream.c --read over a buffer of
+#     1 GiB or 4 times the last-level cache, whichever is larger, measured
+#     before each decode request and after the last, the largest of the
+#     four; when a step's bytes fit in that cache the bound is DRAM's and
+#     the script says so), and
 #     a measured decode (8-token prompt, 256 tokens, 3 requests one after the
 #     other; the best request's rate, the least disturbed on a shared host,
 #     as the bandwidth is the best of four) as a percentage of it, with the
@@ -28,6 +31,8 @@
 #   --kv-dtype bf16           the KV cache in bf16 (kv_dtype; default f32): the same
 #                             kv_cache_mib holds twice the positions, so the budget is halved
 #                             to keep 32 sequences of 384, and the bound counts 2-byte elements
+#   --matmul-dtype bf16       the weights in bf16 and the products on AMX where the CPU has
+#                             it (matmul_dtype; default f32); the bound counts 2-byte weights
 # Needs `make` plus build/bench/serve and build/bench/stream (make bench builds them).
 # Exit status: 0 every request finished, 1 a request failed or a layout did not
 # come up (the reason is printed), 2 bad usage.
@@ -35,7 +40,7 @@ set -u
 cd "$(dirname "$0")/.."
 BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 
-QUICK=0 KV_DTYPE=f32 KERNELS=""
+QUICK=0 KV_DTYPE=f32 MM_DTYPE=f32 KERNELS=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -43,8 +48,12 @@ while [ $# -gt 0 ]; do
         case "${2:-}" in f32 | bf16) KV_DTYPE=$2; shift ;;
         *) echo "bench/serve.sh: --kv-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
         esac ;;
+    --matmul-dtype)
+        case "${2:-}" in f32 | bf16) MM_DTYPE=$2; shift ;;
+        *) echo "bench/serve.sh: --matmul-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
+        esac ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16]" >&2; exit 2 ;;
+    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16] [--matmul-dtype f32|bf16]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -78,20 +87,23 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 
 # The model's shape and what one decode step reads, from config.json.  The
-# engine keeps weights in f32 whatever the checkpoint's dtype, the KV cache
-# in KV_DTYPE.
-eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" <<'PY'
+# engine keeps weight matrices in MM_DTYPE whatever the checkpoint's dtype
+# (norm weights in f32), the KV cache in KV_DTYPE.
+eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" "$MM_DTYPE" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
 kv_elem = 2 if sys.argv[2] == "bf16" else 4
+w_elem = 2 if sys.argv[3] == "bf16" else 4
 H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
 NH, KVH, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
 HD = c.get("head_dim") or H // NH
-layer = H * NH * HD + 2 * H * KVH * HD + NH * HD * H + 3 * H * I + 2 * H   # q k v o, mlp, 2 norms
+mats = H * NH * HD + 2 * H * KVH * HD + NH * HD * H + 3 * H * I   # q k v o, mlp
+layer = mats + 2 * H                                                 # and 2 norms
 params = L * layer + H + V * H + (0 if c.get("tie_word_embeddings") else V * H)
 kv_layer = 2 * KVH * HD * kv_elem              # bytes of K and V per position and layer
 print(f"H={H} I={I} L={L} NH={NH} KVH={KVH} HD={HD} V={V} PARAMS={params}")
-print(f"LAYER_BYTES={L * layer * 4} LMHEAD_BYTES={V * H * 4} NORM_ROW_BYTES={2 * H * 4}")
+print(f"LAYER_BYTES={L * (mats * w_elem + 2 * H * 4)} LMHEAD_BYTES={V * H * w_elem}")
+print(f"NORM_ROW_BYTES={H * 4 + H * w_elem}")
 print(f"KV_LAYER_BYTES={kv_layer} KV_POS_BYTES={L * kv_layer}")
 PY
 )" || { echo "bench/serve.sh: cannot read $MODEL/config.json" >&2; exit 1; }
@@ -102,6 +114,13 @@ kv_mib() {
     local layers=$(((L + $1 - 1) / $1))
     echo $(((KV_SEQS * KV_POSITIONS * layers * KV_LAYER_BYTES + 1048575) / 1048576))
 }
+
+# The read-bandwidth buffer: 1 GiB, or 4 times the last-level cache when
+# that is larger (a VM may report hundreds of MiB of L3).
+LLC_KIB=$(awk '{ v = $1; u = substr(v, length(v)); n = v + 0; if (u == "M") n *= 1024; print n }' \
+          /sys/devices/system/cpu/cpu0/cache/index3/size 2> /dev/null || echo 0)
+[ -n "$LLC_KIB" ] || LLC_KIB=0
+BW_MIB=$((LLC_KIB * 4 / 1024)); [ "$BW_MIB" -lt 1024 ] && BW_MIB=1024
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -124,6 +143,7 @@ YAML
     max_queue: 256
 YAML
         if [ "$KV_DTYPE" = bf16 ]; then echo "    kv_dtype: bf16" >> "$1"; fi
+        if [ "$MM_DTYPE" = bf16 ]; then echo "    matmul_dtype: bf16" >> "$1"; fi
     fi
 }
 
@@ -135,10 +155,11 @@ fi
 write_yaml "$T/probe.yaml" 1 1 1 2 1
 if "$BIN/tessera" plan "$T/probe.yaml" > /dev/null 2> "$T/probe.err"; then
     KEYS=1 KEYS_TEXT="max_batch 32, prefill_chunk 128, max_queue 256, kv_cache_mib $(kv_mib 1) at pp=1
-  and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)"
+  and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)$(
+    [ "$MM_DTYPE" = bf16 ] && echo ", matmul_dtype bf16")"
 else
-    if [ "$KV_DTYPE" = bf16 ]; then
-        echo "bench/serve.sh: --kv-dtype bf16 needs the batching keys, and this build's parser" \
+    if [ "$KV_DTYPE" = bf16 ] || [ "$MM_DTYPE" = bf16 ]; then
+        echo "bench/serve.sh: --kv-dtype bf16 and --matmul-dtype bf16 need the batching keys, and this build's parser" \
              "refuses them: $(head -1 "$T/probe.err")" >&2
         exit 1
     fi
@@ -150,7 +171,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEA
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $NPROC cores," \
      "$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (other work on the host skews the figures)"
-echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') parameters, f32:" \
+echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') parameters, f32 (held as $MM_DTYPE):" \
      "hidden $H, intermediate $I, $L layers, $NH heads / $KVH kv heads (head_dim $HD), vocab $V"
 echo "deployment: max_seq_len $MAX_SEQ; batching keys: $KEYS_TEXT"
 echo "requests: prompts of $MIN_PROMPT-$MAX_PROMPT random ids (seeded), $MAX_TOKENS tokens each, greedy;" \
@@ -224,12 +245,12 @@ run_layout() {
         # so the bound takes the largest, which can only lower the share.
         local bws=()
         for i in $(seq 1 "$DEC_REQUESTS"); do
-            bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')")
+            bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" --mib "$BW_MIB" | awk '{print $2}')")
             $S --requests-per-stream 1 --min-prompt "$DEC_PROMPT" --max-prompt "$DEC_PROMPT" \
                 --max-tokens "$DEC_TOKENS" > "$T/decode.$i.json" 2> "$T/decode.err" ||
                 { RC=1; cat "$T/decode.err"; }
         done
-        bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" | awk '{print $2}')")
+        bws+=("$("$BUILD/bench/stream" --read --threads "$NPROC" --mib "$BW_MIB" | awk '{print $2}')")
         echo "tp=$tp pp=$pp, $nw worker(s) with $threads thread(s) each" > "$T/decode.label"
         BW=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
         echo "measured before each request and after the last: ${bws[*]} GB/s; the largest" > "$T/bw.text"
@@ -280,19 +301,22 @@ if [ -s "$T/decode.json" ]; then
     read -r dec best tokens ndone <<< "$(json_get "$T/decode.json" decode_tok_per_s decode_best_tok_per_s tokens done)"
     awk -v lb="$LAYER_BYTES" -v hb="$LMHEAD_BYTES" -v nb="$NORM_ROW_BYTES" -v kvp="$KV_POS_BYTES" \
         -v bw="$BW" -v n="$NPROC" -v dec="$dec" -v best="$best" -v nr="$DEC_REQUESTS" -v tok="$tokens" -v d="$ndone" -v p="$DEC_PROMPT" \
-        -v label="$(cat "$T/decode.label")" -v want="$DEC_TOKENS" -v bwt="$(cat "$T/bw.text")" 'BEGIN {
+        -v label="$(cat "$T/decode.label")" -v want="$DEC_TOKENS" -v bwt="$(cat "$T/bw.text")" \
+        -v mib="$BW_MIB" -v llc="$LLC_KIB" 'BEGIN {
         g = d > 0 ? tok / d : want            # tokens per request (fewer when eos came first)
         pos = p + g / 2                        # average position a decode step attends to
         kv = kvp * pos; total = lb + hb + nb + kv
         bound = bw * 1e9 / total
         printf "  bytes per step: layers %.1f MB + LM head %.1f MB + final norm and 1 embedding row %.1f KB\n", lb / 1e6, hb / 1e6, nb / 1e3
         printf "                  + KV cache at average position %.0f %.1f MB = %.1f MB\n", pos, kv / 1e6, total / 1e6
-        printf "  read bandwidth: %.2f GB/s (%d threads, 1024 MiB buffer, bench/stream --read;\n", bw, n
+        printf "  read bandwidth: %.2f GB/s (%d threads, %d MiB buffer, bench/stream --read;\n", bw, n, mib
         printf "                  %s)\n", bwt
         printf "  bound: %.1f tok/s; measured %s, %d-token prompt, %.0f tokens, %d requests one after\n",
                bound, label, p, g, nr
         printf "  the other: best request %.1f tok/s = %.0f%% of the bound (mean of the requests %.1f = %.0f%%)\n",
                best, 100 * best / bound, dec, 100 * dec / bound
+        if (llc > 0 && total < llc * 1024)
+            printf "  note: a step reads %.1f MB and the last-level cache holds %.1f MB: the weights can stay\n  in that cache, so this bound (DRAM read bandwidth) is not what limits this decode here\n", total / 1e6, llc * 1024 / 1e6
         printf "%.1f\n", 100 * best / bound > "/dev/stderr" }' 2> "$T/decode.pct"
 else
     echo "  no decode measurement (the tp=1 pp=1 layout did not run)"
