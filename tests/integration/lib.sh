@@ -130,6 +130,20 @@ wait_until() {
 
 all_ready() { tsr --timeout 1000 status --wait-ready 0 > /dev/null 2>&1; }
 
+# expect_reference_tokens REF_FLAGS...: three short greedy prompts on
+# deployment tiny give the NumPy reference's tokens (run with REF_FLAGS).
+expect_reference_tokens() {
+    local k ids want got
+    for k in 0 1 2; do
+        ids="$((k + 5)),7,$((k * 11 + 1))"
+        want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "$ids" \
+               --max-tokens 16 --stop-at-eos "$@") || fail "reference $k ($*) failed"
+        got=$(tsr generate tiny --prompt-ids "$ids" --max-tokens 16 --ids | tr ' ' ',') ||
+            fail "generate $k failed"
+        [ "$got" = "$want" ] || fail "prompt $ids: tessera $got, reference ($*) $want"
+    done
+}
+
 # piece_holder R S T: name of the worker holding replica R stage S tp T.
 piece_holder() {
     status_json | jget "d['deployments'][0]['replica_list'][$1]['stages'][$2]['ranks'][$3]['worker'] or '-'"

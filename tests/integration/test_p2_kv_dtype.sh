@@ -25,14 +25,7 @@ wait_until 15 doubled || fail "bf16 pool: $(total) blocks, f32 had $f32"
     fail "kv_dtype shown as $(kv_dtype), in use $(kv_dtype_used)"
 ok "1 MiB holds $f32 blocks in f32, $(total) in bf16"
 
-for k in 0 1 2; do
-    ids="$((k + 5)),7,$((k * 11 + 1))"
-    want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "$ids" --max-tokens 16 \
-           --stop-at-eos --kv-dtype bf16) || fail "reference $k failed"
-    got=$(tsr generate tiny --prompt-ids "$ids" --max-tokens 16 --ids | tr ' ' ',') ||
-        fail "generate $k failed"
-    [ "$got" = "$want" ] || fail "prompt $ids: tessera $got, reference $want"
-done
+expect_reference_tokens --kv-dtype bf16
 ok "bf16 KV tokens equal the reference's"
 
 # A value the worker does not know never gets that far: the YAML names it.

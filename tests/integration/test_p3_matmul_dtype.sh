@@ -1,0 +1,36 @@
+# matmul_dtype: a reload to bf16 reaches the worker (its weights are loaded
+# again, in half the bytes), status shows the type configured and in use,
+# generation then matches the NumPy reference with weights and the products'
+# inputs rounded to bf16, and an unknown value is refused naming file, line
+# and key while the deployment keeps serving.
+source "$(dirname "$0")/lib.sh"
+write_yaml "$T/d.yaml" 1 1 1
+start_coord "$T/d.yaml"
+start_worker w0
+wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
+wbytes() { status_json | jget "min(w.get('weight_bytes', 0) for w in d['workers'])"; }
+mm() { status_json | jget "d['deployments'][0]['matmul_dtype']"; }
+mm_used() { status_json | jget "d['deployments'][0]['matmul_dtype_used']"; }
+reported() { [ "$(wbytes)" -gt 0 ]; }
+wait_until 5 reported || fail "no weight bytes: $(status_json)"
+f32=$(wbytes)
+[ "$(mm)" = auto ] && [ "$(mm_used)" = f32 ] || fail "matmul_dtype shown as $(mm), in use $(mm_used)"
+
+sed -i 's/    max_seq_len: 256/    max_seq_len: 256\n    matmul_dtype: bf16/' "$T/d.yaml"
+tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
+# norm weights stay f32: a little over half
+halved() { local b; b=$(wbytes); [ "$((2 * b))" -ge "$f32" ] && [ "$((2 * b))" -lt "$((f32 + f32 / 20))" ] && all_ready; }
+wait_until 15 halved || fail "bf16 weights: $(wbytes) bytes, f32 had $f32"
+[ "$(mm)" = bf16 ] && [ "$(mm_used)" = bf16 ] || fail "matmul_dtype shown as $(mm), in use $(mm_used)"
+ok "weights: $f32 bytes in f32, $(wbytes) in bf16"
+
+expect_reference_tokens --matmul-dtype bf16
+ok "bf16 products' tokens equal the reference's with the same rounding"
+
+sed -i 's/    matmul_dtype: bf16/    matmul_dtype: int8/' "$T/d.yaml"
+tsr reload 2> "$T/err.txt" && fail "a reload with matmul_dtype int8 was accepted"
+grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].matmul_dtype: expected auto, f32 or bf16, got 'int8'" "$T/err.txt" ||
+    fail "bad reload message: $(cat "$T/err.txt")"
+tsr generate tiny --prompt-ids 5,7,1 --max-tokens 4 --ids > /dev/null || fail "generate after the refused reload failed"
+[ "$(mm)" = bf16 ] || fail "the refused reload changed matmul_dtype to $(mm)"
+ok "matmul_dtype int8 refused, the running deployment kept (bf16, still generating)"
