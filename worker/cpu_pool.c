@@ -532,7 +532,7 @@ tsr_cpu_kernels_t tsr_cpu_kernels(void)
         if (k && *k && strcmp(k, "plain") && strcmp(k, "avx2") && strcmp(k, "avx512") &&
             strcmp(k, "amx"))
             tsr_warn("TSR_CPU_KERNELS \"%s\" is not plain, avx2, avx512 or amx; using the best "
-                     "build this CPU has", k);
+                     "build this CPU has, without AMX", k);
         a = TSR_KERNELS_PLAIN;
 #if defined(__x86_64__)
         __builtin_cpu_init();

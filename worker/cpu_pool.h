@@ -31,10 +31,10 @@ tsr_pool_t *tsr_pool_new(int n_threads);
  * engine's attention.  The best the CPU has (AVX-512 for the products of 4
  * rows or more, with AVX2+FMA for the rest and for attention; AVX2+FMA; the
  * portable build), unless TSR_CPU_KERNELS is "avx2" (no AVX-512) or "plain"
- * (the portable build), for tests and for comparing ("avx512" and "amx",
- * the best there is, are the default; other values are warned about and
- * ignored).  AMX serves the bf16 products alone (worker/matmul_bf16.h),
- * and any value but "amx" turns it off.
+ * (the portable build), for tests and for comparing ("avx512" and "amx"
+ * give the best there is here; other values are warned about and ignored).
+ * AMX serves the bf16 products alone (worker/matmul_bf16.h): unset or
+ * "amx" allows it, any other value, "avx512" included, turns it off.
  * The AVX-512 and AVX2 builds give the same bits (one fused multiply-add
  * chain per output); the portable one rounds each product where the
  * compiler does not fuse them.  Asked once per process; the same answer

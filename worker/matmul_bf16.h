@@ -50,6 +50,10 @@ void tsr_bf16_packed_row(const uint16_t *wb, int in, int row, float *dst);
 void tsr_pool_matmul_bf16(tsr_pool_t *p, float *y, int ldy, const float *x, uint16_t *xb,
                           const uint16_t *wb, int T, int in, int out);
 
+/* d[0..n) = bf16(x[0..n)), as tsr_k_f32_to_bf16 rounds each (to nearest
+ * even, a NaN kept a NaN): the rounding of a product's input rows. */
+void tsr_bf16_round_row(uint16_t *d, const float *x, int n);
+
 /* 1 when this process multiplies bf16 on AMX: the CPU has AMX-BF16, the
  * kernel granted the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), and
  * TSR_CPU_KERNELS is unset or "amx".  Asked once per process. */

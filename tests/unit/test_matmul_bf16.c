@@ -3,8 +3,8 @@
  * accumulation error, give a row the same bits whatever it is batched with
  * and however many threads run it, never write outside their columns, and
  * pack and unpack rows exactly.  On a CPU with AMX they run on AMX (and the
- * run under TSR_CPU_KERNELS=avx512 in tests/run.sh takes the portable build);
- * elsewhere the portable build is what is tested. */
+ * runs under TSR_CPU_KERNELS=avx2 and plain in tests/run.sh take the
+ * portable build); elsewhere the portable build is what is tested. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -59,7 +59,7 @@ static void free_mat(mat_t *m)
 static uint16_t *scratch(int T, int in)
 {
     uint16_t *xb = NULL;
-    assert_true(posix_memalign((void **)&xb, 64, (size_t)T * tsr_bf16_in_padded(in) * 2 + 64) == 0);
+    assert_true(posix_memalign((void **)&xb, 64, (size_t)T * tsr_bf16_in_padded(in) * 2) == 0);
     return xb;
 }
 
@@ -115,10 +115,11 @@ static void test_product_equals_the_rounded_operands_product(void **state)
             mat_t m = make_mat(shapes[s][0], shapes[s][1]);
             for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
                 const int T = Ts[ti], ldy = m.out + 3;
-                float *x = malloc((size_t)T * m.in * sizeof *x), *y = malloc((size_t)T * ldy * sizeof *y);
+                /* one row more than T: nothing may be written past row T - 1 */
+                float *x = malloc((size_t)T * m.in * sizeof *x), *y = malloc((size_t)(T + 1) * ldy * sizeof *y);
                 uint16_t *xb = scratch(T, m.in);
                 for (size_t i = 0; i < (size_t)T * m.in; i++) x[i] = frand() * 4;
-                for (size_t i = 0; i < (size_t)T * ldy; i++) y[i] = SENTINEL;
+                for (size_t i = 0; i < (size_t)(T + 1) * ldy; i++) y[i] = SENTINEL;
                 tsr_pool_matmul_bf16(p, y, ldy, x, xb, m.wb, T, m.in, m.out);
                 check_against_double(y, ldy, x, &m, T);
                 for (int t = 0; t < T; t++)
@@ -126,6 +127,9 @@ static void test_product_equals_the_rounded_operands_product(void **state)
                         if (y[(size_t)t * ldy + c] != SENTINEL)
                             fail_msg("%dx%d T=%d: column %d of row %d written past out", m.out,
                                      m.in, T, c, t);
+                for (int c = 0; c < ldy; c++)
+                    if (y[(size_t)T * ldy + c] != SENTINEL)
+                        fail_msg("%dx%d T=%d: row %d written past T", m.out, m.in, T, T);
                 free(x), free(y), free(xb);
             }
             free_mat(&m);
@@ -164,6 +168,40 @@ static void test_a_row_gets_the_same_bits_whatever_it_is_batched_with(void **sta
     tsr_pool_destroy(&two);
 }
 
+/* The input rounding (vector where the CPU has AVX-512) gives the scalar
+ * rounding's bits for every kind of float: ties both ways, values that
+ * carry into the exponent, infinities, NaNs, subnormals, random patterns. */
+static void test_rounding_rows_equals_the_scalar_rounding_bit_for_bit(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    static const uint32_t special[] = {0x00000000, 0x80000000, 0x3f808000, 0x3f818000, 0x3f807fff,
+                                       0x3f7fffff, 0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000,
+                                       0x7f800001, 0xffffffff, 0x00000001, 0x807fffff, 0x00008000,
+                                       0x4b7f8000};
+    float *x = malloc(N * sizeof *x);
+    uint16_t *d = malloc(N * sizeof *d);
+    for (int i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)rng ^ (uint32_t)(rng >> 32);
+        if (i % 5 == 0) u = special[(i / 5) % (sizeof special / sizeof *special)];
+        memcpy(&x[i], &u, sizeof u);
+    }
+    for (int n = 1; n <= N; n += n < 40 ? 1 : 1000) {
+        memset(d, 0xaa, N * sizeof *d);
+        tsr_bf16_round_row(d, x, n);
+        for (int i = 0; i < n; i++)
+            if (d[i] != tsr_k_f32_to_bf16(x[i])) {
+                uint32_t u;
+                memcpy(&u, &x[i], sizeof u);
+                fail_msg("n %d: element %d (0x%08x) rounds to 0x%04x, not 0x%04x", n, i, u, d[i],
+                         tsr_k_f32_to_bf16(x[i]));
+            }
+        if (n < N) assert_int_equal(d[n], 0xaaaa);   /* nothing past n */
+    }
+    free(x), free(d);
+}
+
 static void test_amx_is_reported_consistently(void **state)
 {
     (void)state;
@@ -171,6 +209,19 @@ static void test_amx_is_reported_consistently(void **state)
     int amx = tsr_cpu_amx();
     assert_int_equal(amx, tsr_cpu_amx());
     if (k && *k && strcmp(k, "amx")) assert_int_equal(amx, 0);  /* a lesser build asked for */
+    /* A CPU that says it has AMX (and a kernel new enough to show it) must
+     * get it when nothing forbids it: a broken detection would otherwise
+     * leave every test here passing on the portable build. */
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    int tile = 0, bf16 = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            tile |= strstr(line, " amx_tile") != NULL, bf16 |= strstr(line, " amx_bf16") != NULL;
+            break;
+        }
+    if (f) fclose(f);
+    if (tile && bf16 && (!k || !*k || !strcmp(k, "amx"))) assert_int_equal(amx, 1);
     printf("bf16 products: %s\n", amx ? "AMX" : "portable build");
 }
 
@@ -180,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_packing_rounds_to_bf16_and_unpacks_exactly),
         cmocka_unit_test(test_product_equals_the_rounded_operands_product),
         cmocka_unit_test(test_a_row_gets_the_same_bits_whatever_it_is_batched_with),
+        cmocka_unit_test(test_rounding_rows_equals_the_scalar_rounding_bit_for_bit),
         cmocka_unit_test(test_amx_is_reported_consistently),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
