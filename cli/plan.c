@@ -176,6 +176,11 @@ int tsr_cmd_plan(int argc, char **argv)
                d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
                m->num_attention_heads, m->num_key_value_heads, d->model_path);
         bool gpu = d->device == TSR_DEVICE_CUDA;
+        /* What the engine holds, not what the checkpoint stores: the CPU
+         * engine keeps its weights in f32, or in bf16 with matmul_dtype
+         * bf16, whatever the file's type (a cuda piece's are costed below). */
+        tsr_model_info_t held = *m;
+        if (!gpu) held.dtype_bytes = tsr_kv_dtype_on(d->device, d->matmul_dtype) == TSR_KV_BF16 ? 2 : 4;
         printf("  %-7s %-5s %-9s %-3s %-20s %-8s", "REPLICA", "STAGE", "LAYERS", "TP", "WORKER",
                "NODE");
         if (gpu) printf(" %-6s", "LINK");
@@ -192,7 +197,7 @@ int tsr_cmd_plan(int argc, char **argv)
         for (size_t p = 0; p < plan->n_pieces; p++) {
             const tsr_piece_t *pc = &plan->pieces[p];
             if (pc->deployment != (int)i) continue;
-            uint64_t b = tsr_model_piece_bytes(m, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
+            uint64_t b = tsr_model_piece_bytes(&held, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
             uint64_t total = b;
             if (gpu) {
                 tsr_piece_memory(m, d, pc->stage, 0, &b, NULL, &rs);
@@ -226,7 +231,7 @@ int tsr_cmd_plan(int argc, char **argv)
         } else {
             human(maxb, hb, sizeof hb);
             printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
-                   "and activations\n", hb, m->dtype_bytes);
+                   "and activations\n", hb, held.dtype_bytes);
         }
         if (plan->deps[i].short_by) {
             printf("  NOT PLACED: %s\n", tsr_plan_shortage_of(plan, i, ws, sb, sizeof sb));

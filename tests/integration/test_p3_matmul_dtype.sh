@@ -1,5 +1,6 @@
 # matmul_dtype: a reload to bf16 reaches the worker (its weights are loaded
-# again, in half the bytes), status shows the type configured and in use,
+# again, in half the bytes, as tessera plan says), status shows the type
+# configured and in use,
 # generation then matches the NumPy reference with weights and the products'
 # inputs rounded to bf16, and an unknown value is refused naming file, line
 # and key while the deployment keeps serving.
@@ -16,7 +17,10 @@ wait_until 5 reported || fail "no weight bytes: $(status_json)"
 f32=$(wbytes)
 [ "$(mm)" = auto ] && [ "$(mm_used)" = f32 ] || fail "matmul_dtype shown as $(mm), in use $(mm_used)"
 
+"$BIN/tessera" plan "$T/d.yaml" | grep -q "(4-byte parameters)" || fail "plan: $("$BIN/tessera" plan "$T/d.yaml")"
 sed -i 's/    max_seq_len: 256/    max_seq_len: 256\n    matmul_dtype: bf16/' "$T/d.yaml"
+# tessera plan costs what the engine will hold, not the checkpoint's type
+"$BIN/tessera" plan "$T/d.yaml" | grep -q "(2-byte parameters)" || fail "plan: $("$BIN/tessera" plan "$T/d.yaml")"
 tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
 # norm weights stay f32: a little over half
 halved() { local b; b=$(wbytes); [ "$((2 * b))" -ge "$f32" ] && [ "$((2 * b))" -lt "$((f32 + f32 / 20))" ] && all_ready; }
