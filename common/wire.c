@@ -409,8 +409,13 @@ int tsr_wire_recv_user(void *sock, uint8_t *rid, size_t *rid_len, char *user, si
     if (rid) {
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            int e = errno;
             zmq_msg_close(&m);
-            return errno == EAGAIN ? 0 : -1;
+            /* Interrupted by a signal: nothing was taken, the message stays
+             * queued for the next read (it is not a rejected one). */
+            if (e == EAGAIN || e == EINTR) return 0;
+            snprintf(err, errlen, "receive failed: %s", zmq_strerror(e));
+            return -1;
         }
         size_t n = zmq_msg_size(&m);
         if (n > 255) n = 255;
@@ -424,10 +429,14 @@ int tsr_wire_recv_user(void *sock, uint8_t *rid, size_t *rid_len, char *user, si
         }
     }
     zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, rid ? 0 : ZMQ_DONTWAIT) < 0) {
+    int got;
+    /* The body of a routed message is already here (frames arrive
+     * together), so its read is tried again when a signal interrupts it. */
+    while ((got = zmq_msg_recv(&m, sock, rid ? 0 : ZMQ_DONTWAIT)) < 0 && errno == EINTR && rid) {}
+    if (got < 0) {
         int e = errno;
         zmq_msg_close(&m);
-        if (e == EAGAIN && !rid) return 0;
+        if ((e == EAGAIN || e == EINTR) && !rid) return 0;
         snprintf(err, errlen, "receive failed: %s", zmq_strerror(e));
         return -1;
     }

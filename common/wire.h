@@ -107,8 +107,9 @@ int tsr_wire_send(void *sock, const uint8_t *rid, size_t rid_len, tsr_env_t *env
 
 /* Receives one message without blocking.  Returns 1 and *out when a valid
  * message was read (with its routing id copied into rid and rid_len when rid is
- * not NULL), 0 when nothing is waiting, -1 when a message was read but
- * rejected (reason in err). */
+ * not NULL), 0 when nothing was read (nothing is waiting, or a signal
+ * interrupted the read: the message stays queued), -1 when a message was
+ * read but rejected (reason in err). */
 int tsr_wire_recv(void *sock, uint8_t *rid, size_t *rid_len, size_t max, tsr_env_t **out,
                   char *err, size_t errlen);
 /* The same, also copying the connection's authenticated user id (the name

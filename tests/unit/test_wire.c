@@ -1185,6 +1185,62 @@ static void test_bind_and_connect_survive_a_signal_storm(void **state)
     assert_int_equal(failures, 0);
 }
 
+/* A receive interrupted by a signal is not a rejected message: the message
+ * stays queued for the next read (tsr_wire_recv returns 0), and nothing is
+ * lost or miscounted.  A DEALER sends heartbeats in bursts to a ROUTER
+ * that reads them while SIGUSR1 storms its thread. */
+static void test_a_receive_interrupted_by_a_signal_rejects_nothing(void **state)
+{
+    (void)state;
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_usr1;   /* no SA_RESTART */
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    char err[256] = "";
+    void *r = tsr_sock_router("inproc://eintr-recv", err, sizeof err), *mon = NULL;
+    assert_non_null(r);
+    void *d = tsr_sock_dealer_sec("inproc://eintr-recv", 0, NULL, &mon, err, sizeof err);
+    assert_non_null(d);
+    storm_t s = {pthread_self(), false};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, storm, &s), 0);
+    Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.protocol_version = 1, env.worker = "w", env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    int got = 0, rejected = 0, sent = 0;
+    for (int round = 0; round < 400; round++) {
+        for (int k = 0; k < 50; k++, sent++) {
+            hb.seq = (uint64_t)sent;
+            while (tsr_wire_send(d, NULL, 0, &env) != 0) {}   /* an interrupted send: again */
+        }
+        for (int idle = 0; got + rejected < sent && idle < 100000;) {
+            uint8_t rid[256];
+            size_t rl = 0;
+            tsr_env_t *out = NULL;
+            int rc = tsr_wire_recv(r, rid, &rl, TSR_WIRE_MAX_CONTROL, &out, err, sizeof err);
+            if (rc == 1) {
+                if (out->heartbeat->seq != (uint64_t)got) fail_msg("heartbeat %d came as %llu", got,
+                                                                 (unsigned long long)out->heartbeat->seq);
+                got++, idle = 0;
+            } else if (rc < 0) {
+                print_error("message %d rejected: '%s'\n", got + rejected, err);
+                rejected++;
+            } else {
+                idle++;
+            }
+            tsr_env_free(&out);
+        }
+    }
+    atomic_store(&s.stop, true);
+    pthread_join(th, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    tsr_sock_monitor_close(d, &mon);
+    zmq_close(d), zmq_close(r);
+    assert_int_equal(rejected, 0);
+    assert_int_equal(got, sent);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1207,6 +1263,7 @@ int main(void)
         cmocka_unit_test(test_every_truncation_of_register_is_rejected_or_differs),
         cmocka_unit_test(test_oversized_message_is_rejected_before_decoding),
         cmocka_unit_test(test_bind_and_connect_survive_a_signal_storm),
+        cmocka_unit_test(test_a_receive_interrupted_by_a_signal_rejects_nothing),
         cmocka_unit_test(test_message_over_worker_limit_is_rejected),
         cmocka_unit_test(test_empty_message_is_rejected),
         cmocka_unit_test(test_garbage_bytes_are_rejected),
