@@ -44,23 +44,27 @@ static size_t panel_elems(int in)
     return (size_t)tsr_bf16_in_padded(in) * TSR_PANEL;
 }
 
+/* Where W[row][k] lies in a packed matrix of `in` columns (the header's
+ * formula). */
+static size_t packed_index(int in, int row, int k)
+{
+    return (size_t)(row / TSR_PANEL) * panel_elems(in) + (size_t)(k / 2) * 2 * TSR_PANEL +
+           (size_t)(row % TSR_PANEL) * 2 + (size_t)(k & 1);
+}
+
 void tsr_bf16_pack_rows(uint16_t *wb, int out, int in, int row0, const float *rows, int n)
 {
     for (int r = 0; r < n; r++) {
         int o = row0 + r;
         if (o < 0 || o >= out) continue;
-        uint16_t *dst = wb + (size_t)(o / TSR_PANEL) * panel_elems(in) + (size_t)(o % TSR_PANEL) * 2;
-        const float *src = rows + (size_t)r * in;
         for (int k = 0; k < in; k++)
-            dst[(size_t)(k / 2) * 2 * TSR_PANEL + (k & 1)] = tsr_k_f32_to_bf16(src[k]);
+            wb[packed_index(in, o, k)] = tsr_k_f32_to_bf16(rows[(size_t)r * in + k]);
     }
 }
 
 void tsr_bf16_packed_row(const uint16_t *wb, int in, int row, float *dst)
 {
-    const uint16_t *src = wb + (size_t)(row / TSR_PANEL) * panel_elems(in) + (size_t)(row % TSR_PANEL) * 2;
-    for (int k = 0; k < in; k++)
-        dst[k] = tsr_k_bf16_to_f32(src[(size_t)(k / 2) * 2 * TSR_PANEL + (k & 1)]);
+    for (int k = 0; k < in; k++) dst[k] = tsr_k_bf16_to_f32(wb[packed_index(in, row, k)]);
 }
 
 /* ---- AMX ------------------------------------------------------------------------ */
@@ -230,13 +234,13 @@ typedef struct {
     float *y;
     int ldy;
     const uint16_t *xb, *wb;
-    int T, ldx, in, out, panels, chunk, amx;
+    int T, ldx, out, panels, chunk, amx;   /* ldx: in padded to whole tiles */
 } job_t;
 
 static void run_chunk(void *arg, int i)
 {
     const job_t *j = arg;
-    const size_t ps = panel_elems(j->in);
+    const size_t ps = (size_t)j->ldx * TSR_PANEL;   /* elements in one panel */
     const int p0 = i * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
     for (int p = p0; p < p1; p += GROUP) {
         const int np = p1 - p < GROUP ? p1 - p : GROUP, last = (p + np - 1) * TSR_PANEL;
@@ -280,6 +284,6 @@ void tsr_pool_matmul_bf16(tsr_pool_t *p, float *y, int ldy, const float *x, uint
     if (chunk > cap) chunk = cap;
     if (chunk < 1) chunk = 1;
     if ((long long)T * in * out < 2LL * MIN_MACS) chunk = groups;
-    job_t j = {y, ldy, xb, wb, T, ldx, in, out, panels, chunk * GROUP, tsr_cpu_amx()};
+    job_t j = {y, ldy, xb, wb, T, ldx, out, panels, chunk * GROUP, tsr_cpu_amx()};
     tsr_pool_for(p, (groups + chunk - 1) / chunk, run_chunk, &j);
 }

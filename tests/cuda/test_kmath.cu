@@ -401,9 +401,9 @@ static void test_launch_arithmetic(void **state)
     }
 }
 
-/* ---- the engine's load refuses a KV type it does not keep, before any device call ---- */
+/* ---- the engine's load refuses a KV or weight type it does not keep, before any device call ---- */
 
-static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype(void **state)
+static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype_and_f32_weights(void **state)
 {
     (void)state;
     tsr_backend_t b;
@@ -421,6 +421,13 @@ static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype(void **state)
     assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
     assert_non_null(strstr(err, "kv_dtype 7"));
     assert_int_equal(b.engine->kv_elem_bytes, 2);   /* auto: bf16 */
+    /* its weights are bf16 only too */
+    spec.kv_dtype = TSR_KV_AUTO;
+    spec.matmul_dtype = TSR_KV_F32;
+    err[0] = '\0';
+    assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "matmul_dtype f32"));
 }
 
 int main(void)
@@ -435,7 +442,7 @@ int main(void)
         cmocka_unit_test(test_online_softmax_merge),
         cmocka_unit_test(test_sampling_matches_cpu_engine),
         cmocka_unit_test(test_launch_arithmetic),
-        cmocka_unit_test(test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype),
+        cmocka_unit_test(test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype_and_f32_weights),
     };
     return cmocka_run_group_tests_name("kmath (the CUDA kernels' math, on the CPU)", tests, NULL, NULL);
 }
