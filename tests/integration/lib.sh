@@ -130,6 +130,22 @@ wait_until() {
 
 all_ready() { tsr --timeout 1000 status --wait-ready 0 > /dev/null 2>&1; }
 
+# expect_dtype_reload_refused KEY NOW BAD: editing deployment tiny's KEY
+# from NOW to BAD is refused at reload, naming file, line, column and key,
+# and the deployment keeps serving with KEY still NOW.
+expect_dtype_reload_refused() {
+    local key=$1 now=$2 bad=$3 held
+    sed -i "s/    $key: $now/    $key: $bad/" "$T/d.yaml"
+    tsr reload 2> "$T/err.txt" && fail "a reload with $key $bad was accepted"
+    grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].$key: expected auto, f32 or bf16, got '$bad'" "$T/err.txt" ||
+        fail "bad reload message: $(cat "$T/err.txt")"
+    tsr generate tiny --prompt-ids 5,7,1 --max-tokens 4 --ids > /dev/null ||
+        fail "generate after the refused reload failed"
+    held=$(status_json | jget "d['deployments'][0]['$key']")
+    [ "$held" = "$now" ] || fail "the refused reload changed $key to $held"
+    ok "$key $bad refused, the running deployment kept ($now, still generating)"
+}
+
 # expect_reference_tokens REF_FLAGS...: three short greedy prompts on
 # deployment tiny give the NumPy reference's tokens (run with REF_FLAGS).
 expect_reference_tokens() {

@@ -29,11 +29,4 @@ expect_reference_tokens --kv-dtype bf16
 ok "bf16 KV tokens equal the reference's"
 
 # A value the worker does not know never gets that far: the YAML names it.
-sed -i 's/    kv_dtype: bf16/    kv_dtype: fp8/' "$T/d.yaml"
-tsr reload 2> "$T/err.txt" && fail "a reload with kv_dtype fp8 was accepted"
-grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].kv_dtype: expected auto, f32 or bf16, got 'fp8'" "$T/err.txt" ||
-    fail "bad reload message: $(cat "$T/err.txt")"
-ids=5,7,1
-got=$(tsr generate tiny --prompt-ids "$ids" --max-tokens 4 --ids) || fail "generate after the refused reload failed"
-[ "$(kv_dtype)" = bf16 ] || fail "the refused reload changed kv_dtype to $(kv_dtype)"
-ok "kv_dtype fp8 refused, the running deployment kept (bf16, still generating)"
+expect_dtype_reload_refused kv_dtype bf16 fp8

@@ -31,10 +31,4 @@ ok "weights: $f32 bytes in f32, $(wbytes) in bf16"
 expect_reference_tokens --matmul-dtype bf16
 ok "bf16 products' tokens equal the reference's with the same rounding"
 
-sed -i 's/    matmul_dtype: bf16/    matmul_dtype: int8/' "$T/d.yaml"
-tsr reload 2> "$T/err.txt" && fail "a reload with matmul_dtype int8 was accepted"
-grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].matmul_dtype: expected auto, f32 or bf16, got 'int8'" "$T/err.txt" ||
-    fail "bad reload message: $(cat "$T/err.txt")"
-tsr generate tiny --prompt-ids 5,7,1 --max-tokens 4 --ids > /dev/null || fail "generate after the refused reload failed"
-[ "$(mm)" = bf16 ] || fail "the refused reload changed matmul_dtype to $(mm)"
-ok "matmul_dtype int8 refused, the running deployment kept (bf16, still generating)"
+expect_dtype_reload_refused matmul_dtype bf16 int8
