@@ -1138,8 +1138,9 @@ static volatile sig_atomic_t signals_seen;
 static void on_usr1(int sig) { (void)sig; signals_seen++; }
 
 typedef struct {
-    pthread_t target;
+    pthread_t target, thread;
     atomic_bool stop;
+    struct sigaction old;
 } storm_t;
 
 static void *storm(void *arg)
@@ -1152,16 +1153,31 @@ static void *storm(void *arg)
     return NULL;
 }
 
+/* SIGUSR1 (its handler without SA_RESTART) sent to this thread over and
+ * over from another, until storm_end. */
+static void storm_begin(storm_t *s)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &s->old), 0);
+    s->target = pthread_self();
+    atomic_init(&s->stop, false);
+    assert_int_equal(pthread_create(&s->thread, NULL, storm, s), 0);
+}
+
+static void storm_end(storm_t *s)
+{
+    atomic_store(&s->stop, true);
+    pthread_join(s->thread, NULL);
+    sigaction(SIGUSR1, &s->old, NULL);
+}
+
 static void test_bind_and_connect_survive_a_signal_storm(void **state)
 {
     (void)state;
-    struct sigaction sa = {0}, old;
-    sa.sa_handler = on_usr1;   /* no SA_RESTART */
-    sigemptyset(&sa.sa_mask);
-    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
-    storm_t s = {pthread_self(), false};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, storm, &s), 0);
+    storm_t s;
+    storm_begin(&s);
     char ep[64], err[256];
     int failures = 0;
     for (int i = 0; i < 3000 && !failures; i++) {
@@ -1178,9 +1194,7 @@ static void test_bind_and_connect_survive_a_signal_storm(void **state)
         if (d) tsr_sock_monitor_close(d, &mon), zmq_close(d);
         if (r) zmq_close(r);
     }
-    atomic_store(&s.stop, true);
-    pthread_join(th, NULL);
-    sigaction(SIGUSR1, &old, NULL);
+    storm_end(&s);
     assert_true(signals_seen > 0);
     assert_int_equal(failures, 0);
 }
@@ -1192,18 +1206,13 @@ static void test_bind_and_connect_survive_a_signal_storm(void **state)
 static void test_a_receive_interrupted_by_a_signal_rejects_nothing(void **state)
 {
     (void)state;
-    struct sigaction sa = {0}, old;
-    sa.sa_handler = on_usr1;   /* no SA_RESTART */
-    sigemptyset(&sa.sa_mask);
-    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
     char err[256] = "";
     void *r = tsr_sock_router("inproc://eintr-recv", err, sizeof err), *mon = NULL;
     assert_non_null(r);
     void *d = tsr_sock_dealer_sec("inproc://eintr-recv", 0, NULL, &mon, err, sizeof err);
     assert_non_null(d);
-    storm_t s = {pthread_self(), false};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, storm, &s), 0);
+    storm_t s;
+    storm_begin(&s);
     Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.protocol_version = 1, env.worker = "w", env.body_case = TESSERA__ENVELOPE__BODY_HEARTBEAT;
@@ -1232,9 +1241,7 @@ static void test_a_receive_interrupted_by_a_signal_rejects_nothing(void **state)
             tsr_env_free(&out);
         }
     }
-    atomic_store(&s.stop, true);
-    pthread_join(th, NULL);
-    sigaction(SIGUSR1, &old, NULL);
+    storm_end(&s);
     tsr_sock_monitor_close(d, &mon);
     zmq_close(d), zmq_close(r);
     assert_int_equal(rejected, 0);
