@@ -152,6 +152,8 @@ $(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcublas -o $@
 # bench_pool measures the worker's thread pool, so it links that one object.
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
+# matmul_bf16 measures the bf16 products alone.
+$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
                                       worker/batch.c worker/sample.c worker/matmul_bf16.c)

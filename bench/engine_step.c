@@ -36,7 +36,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* Best and median decode step of S sequences at context ctx; -1 on error. */
 static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, int steps,
-                   int threads, int kv_dtype, int mm_dtype, double *best, double *median)
+                   int threads, int kv_dtype, int mm_dtype, double *best, double *median,
+                   double *prefill)
 {
     char err[512];
     const int chunk = 128, len = ctx + steps;
@@ -51,6 +52,7 @@ static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, i
     tsr_entry_t *en = malloc(sizeof *en * (size_t)S);
     double *t = malloc(sizeof *t * (size_t)steps);
     int rc = -1;
+    double p0 = now_s();
     for (int s = 0; s < S; s++)
         for (int p = 0; p < ctx; p += chunk) {
             int n = ctx - p < chunk ? ctx - p : chunk;
@@ -59,6 +61,7 @@ static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, i
             tsr_batch_t b = {en, 1, tok, n};
             if (tsr_engine_cpu.step(e, &b, sampled, err, sizeof err) < 0) goto out;
         }
+    *prefill = now_s() - p0;
     for (int k = 0; k < steps; k++) {
         for (int s = 0; s < S; s++) en[s] = (tsr_entry_t){s, ctx + k, 1, 1, 0.0f, 1.0f, 0}, tok[s] = 5;
         tsr_batch_t b = {en, S, tok, S};
@@ -125,16 +128,18 @@ int main(int argc, char **argv)
     for (int k = 0; k < 2; k++) {
         double base = 0;
         for (int i = 0; i < n_ctx; i++) {
-            double best, med;
-            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], mm, &best, &med) < 0) return 1;
+            double best, med, pre;
+            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], mm, &best, &med, &pre) < 0)
+                return 1;
             /* K and V of every layer at the steps' middle position */
             double pos = ctxs[i] + steps / 2.0,
                    kv = (double)S * pos * m.num_hidden_layers * 2 * m.num_key_value_heads *
                         m.head_dim * (kinds[k] == TSR_KV_BF16 ? 2 : 4);
             printf("  kv %-4s context %4d: step best %7.2f ms, median %7.2f ms; KV read %6.1f MB",
                    tsr_kv_dtype_name(kinds[k]), ctxs[i], best * 1e3, med * 1e3, kv / 1e6);
-            if (i == 0) base = best, printf("\n");
-            else printf("; over context %d: +%.2f ms\n", ctxs[0], (best - base) * 1e3);
+            if (i == 0) base = best;
+            else printf("; over context %d: +%.2f ms", ctxs[0], (best - base) * 1e3);
+            printf("; prefill %.0f tok/s\n", (double)S * ctxs[i] / pre);
         }
     }
     return 0;

@@ -1,0 +1,94 @@
+/* matmul_bf16.c: the CPU engine's bf16 products (worker/matmul_bf16.c) at
+ * the batch sizes a serving step has.
+ *   matmul_bf16 [--threads N] [--out O --in I]
+ *
+ * For T = 1, 16, 32, 64, 128 rows it multiplies f32 rows by one packed bf16
+ * matrix (default the 58M serving model's shapes, bench/serve.sh: q,k,v
+ * fused 1536 x 512, gate+up fused 2752 x 512, down 512 x 1376), repeated
+ * until about 0.2 s have passed, and prints the best call's time and
+ * GFLOP/s.  The matrices are small enough to stay in L2 and the LLC, so this
+ * is the kernel's rate, not memory's (bench/serve.sh and bench/engine_step
+ * measure whole steps).  N defaults to the CPUs this process may use. */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/cpu_pool.h"
+#include "worker/matmul_bf16.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void measure(tsr_pool_t *p, int out, int in)
+{
+    static const int Ts[] = {1, 16, 32, 64, 128};
+    const size_t n = tsr_bf16_packed_elems(out, in);
+    uint16_t *w = calloc(n, sizeof *w);
+    float *rows = malloc((size_t)in * sizeof *rows);
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k++) rows[k] = (float)((o * 31 + k * 17) % 97 - 48) / 256.0f;
+        tsr_bf16_pack_rows(w, out, in, o, rows, 1);
+    }
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+        const int T = Ts[i];
+        float *x = malloc((size_t)T * in * sizeof *x), *y = malloc((size_t)T * out * sizeof *y);
+        uint16_t *xb = malloc((size_t)T * tsr_bf16_in_padded(in) * sizeof *xb);
+        for (size_t k = 0; k < (size_t)T * in; k++) x[k] = (float)(k % 13) / 13.0f - 0.5f;
+        double best = 1e9, start = now_s();
+        int calls = 0;
+        while (calls < 5 || now_s() - start < 0.2) {
+            double t0 = now_s();
+            tsr_pool_matmul_bf16(p, y, out, x, xb, w, T, in, out);
+            double d = now_s() - t0;
+            if (d < best) best = d;
+            calls++;
+        }
+        printf("  %5d x %-5d T %3d: best %8.1f us  %7.1f GFLOP/s  (%d calls)\n", out, in, T,
+               best * 1e6, 2.0 * T * out * in / best / 1e9, calls);
+        free(x), free(y), free(xb);
+    }
+    free(w), free(rows);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 0, out = 0, in = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--in") && i + 1 < argc) in = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: matmul_bf16 [--threads N] [--out O --in I]\n");
+            return 2;
+        }
+    }
+    if (threads <= 0) {
+        cpu_set_t set;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    }
+    if ((out != 0) != (in != 0) || out < 0 || in < 0 || out > 1 << 20 || in > 1 << 16) {
+        fprintf(stderr, "matmul_bf16: --out and --in go together, 1 to 1048576 and 1 to 65536\n");
+        return 2;
+    }
+    tsr_pool_t *p = tsr_pool_new(threads);
+    if (!p) {
+        fprintf(stderr, "matmul_bf16: cannot start %d threads\n", threads);
+        return 1;
+    }
+    printf("matmul_bf16: %d thread(s), %s\n", threads,
+           tsr_cpu_amx() ? "AMX tiles" : "portable build (no AMX, or TSR_CPU_KERNELS set)");
+    if (out) measure(p, out, in);
+    else {
+        measure(p, 1536, 512);
+        measure(p, 2752, 512);
+        measure(p, 512, 1376);
+    }
+    tsr_pool_destroy(&p);
+    return 0;
+}
