@@ -92,15 +92,84 @@ static void packed_row(const tsr_engine_t *e, const void *w, int in, int row, fl
     else tsr_packed_row(w, in, row, dst);
 }
 
-static void rmsnorm(float *out, const float *x, const float *w, int n, int H, float eps)
+/* RMSNorm of one row: the sum of squares in double, four lanes side by
+ * side and then added in one fixed order (the same for every row, so a
+ * row's result does not depend on its neighbours), the scaling in floats. */
+static inline __attribute__((always_inline)) void rmsnorm_body(float *out, const float *x,
+                                                               const float *w, int H, float eps)
 {
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * H;
-        double ss = 0;
-        for (int j = 0; j < H; j++) ss += (double)xi[j] * xi[j];
-        float s = tsr_k_rms_scale(ss, H, eps);
-        for (int j = 0; j < H; j++) out[(size_t)i * H + j] = w[j] * (xi[j] * s);
+    typedef double v4d __attribute__((vector_size(32)));
+    typedef float v4f __attribute__((vector_size(16)));
+    v4d a = {0}, b = {0};
+    int j = 0;
+    for (; j + 8 <= H; j += 8) {
+        v4f lo, hi;
+        memcpy(&lo, x + j, sizeof lo);
+        memcpy(&hi, x + j + 4, sizeof hi);
+        const v4d dl = __builtin_convertvector(lo, v4d), dh = __builtin_convertvector(hi, v4d);
+        a += dl * dl, b += dh * dh;
     }
+    a += b;
+    double ss = (a[0] + a[2]) + (a[1] + a[3]);
+    for (; j < H; j++) ss += (double)x[j] * x[j];
+    const float s = tsr_k_rms_scale(ss, H, eps);
+    const v8f sv = bcast8(s);
+    j = 0;
+    for (; j + 8 <= H; j += 8) {
+        const v8f r = load8(w + j) * (load8(x + j) * sv);
+        memcpy(out + j, &r, sizeof r);
+    }
+    for (; j < H; j++) out[j] = w[j] * (x[j] * s);
+}
+
+__attribute__((target("avx2,fma"))) static void rmsnorm_fma(float *out, const float *x,
+                                                           const float *w, int H, float eps)
+{
+    rmsnorm_body(out, x, w, H, eps);
+}
+
+static void rmsnorm_plain(float *out, const float *x, const float *w, int H, float eps)
+{
+    rmsnorm_body(out, x, w, H, eps);
+}
+
+static void rmsnorm_row(float *out, const float *x, const float *w, int H, float eps)
+{
+    if (tsr_cpu_kernels() != TSR_KERNELS_PLAIN) rmsnorm_fma(out, x, w, H, eps);
+    else rmsnorm_plain(out, x, w, H, eps);
+}
+
+/* Row-wise work of a step (the residual add and RMSNorm, RoPE and the KV
+ * cache writes, SwiGLU) on the pool, ROW_TASK rows a task: done on the
+ * calling thread alone it was about a quarter of a 32-sequence decode step
+ * of the 58M model (bench/engine_step). */
+#define ROW_TASK 4
+
+typedef struct {
+    tsr_engine_t *e;
+    const float *w;      /* norm weights */
+    const float *add;    /* added into x first (the residual), or NULL */
+    int T, l;
+} rows_job_t;
+
+static void norm_task(void *arg, int i)
+{
+    const rows_job_t *j = arg;
+    tsr_engine_t *e = j->e;
+    const int H = e->hidden;
+    for (int t = i * ROW_TASK; t < j->T && t < (i + 1) * ROW_TASK; t++) {
+        float *x = e->x + (size_t)t * H;
+        if (j->add)
+            for (int k = 0; k < H; k++) x[k] += j->add[(size_t)t * H + k];
+        rmsnorm_row(e->h + (size_t)t * H, x, j->w, H, e->m.rms_norm_eps);
+    }
+}
+
+/* e->h = RMSNorm(e->x (+= add first, when add is not NULL)) for T rows. */
+static void add_norm(tsr_engine_t *e, const float *add, const float *w, int T)
+{
+    rows_job_t j = {e, w, add, T, 0};
+    tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, norm_task, &j);
 }
 
 /* Rotate-half RoPE, as transformers applies it to HF-layout q and k: the
@@ -511,12 +580,16 @@ static inline void kv_store(const tsr_engine_t *e, void *pool, size_t off, const
         memcpy((float *)pool + off, x, (size_t)n * sizeof(float));
         return;
     }
-    uint16_t *d = (uint16_t *)pool + off;
-    static const int from[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    uint16_t *d = (uint16_t *)pool + off, r[n];
+    tsr_bf16_round_row(r, x, n);
     int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++) d[i + k] = tsr_k_f32_to_bf16(x[i + from[k]]);
-    for (; i < n; i++) d[i] = tsr_k_f32_to_bf16(x[i]);
+    for (; i + 16 <= n; i += 16) {                /* quarters 0, 2, 1, 3 */
+        memcpy(d + i, r + i, 8);
+        memcpy(d + i + 4, r + i + 8, 8);
+        memcpy(d + i + 8, r + i + 4, 8);
+        memcpy(d + i + 12, r + i + 12, 8);
+    }
+    memcpy(d + i, r + i, (size_t)(n - i) * sizeof *d);
 }
 
 /* Bytes from an element offset. */
@@ -868,22 +941,77 @@ static void (*att_task_for(int bf16))(void *, int)
                                  : (bf16 ? att_task_plain_bf16 : att_task_plain);
 }
 
-/* SwiGLU of rows [i * SWIGLU_ROWS, ...): an exponential per element, so a
- * long step's worth is spread over the pool like the products. */
-#define SWIGLU_ROWS 4
-typedef struct {
-    tsr_engine_t *e;
-    int T;
-} swiglu_job_t;
+/* SwiGLU of n elements: gate * sigmoid(gate) * up, the sigmoid from
+ * z = exp(-|gate|) (exp8 takes x <= 0): 1 / (1 + z) for gate >= 0, z / (1 +
+ * z) below.  In vectors, as the scalar expf per element was most of the
+ * MLP's time outside the products; the last n % 8 through the same vector
+ * code, from a padded copy, so every element is computed alike. */
+static inline __attribute__((always_inline)) v8f swiglu8(v8f g, v8f u)
+{
+    const v8i neg = g < bcast8(0.0f);
+    const v8f a = (v8f)((v8i)g & ~(v8i)bcast8(-0.0f));          /* |g| */
+    const v8f z = exp8(-a), one = bcast8(1.0f);
+    const v8f num = (v8f)((neg & (v8i)z) | (~neg & (v8i)one));
+    return g * (num / (one + z)) * u;
+}
+
+static inline __attribute__((always_inline)) void swiglu_body(float *a, const float *g,
+                                                              const float *u, int n)
+{
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const v8f r = swiglu8(load8(g + k), load8(u + k));
+        memcpy(a + k, &r, sizeof r);
+    }
+    if (k < n) {
+        float gp[8] = {0}, up[8] = {0}, r[8];
+        memcpy(gp, g + k, (size_t)(n - k) * sizeof(float));
+        memcpy(up, u + k, (size_t)(n - k) * sizeof(float));
+        const v8f v = swiglu8(load8(gp), load8(up));
+        memcpy(r, &v, sizeof v);
+        memcpy(a + k, r, (size_t)(n - k) * sizeof(float));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void swiglu_fma(float *a, const float *g,
+                                                          const float *u, int n)
+{
+    swiglu_body(a, g, u, n);
+}
+
+static void swiglu_plain(float *a, const float *g, const float *u, int n)
+{
+    swiglu_body(a, g, u, n);
+}
 
 static void swiglu_task(void *arg, int i)
 {
-    const swiglu_job_t *j = arg;
-    const int I = j->e->inter;
-    for (int t = i * SWIGLU_ROWS; t < j->T && t < (i + 1) * SWIGLU_ROWS; t++) {
+    const rows_job_t *j = arg;
+    const int I = j->e->inter, fma = tsr_cpu_kernels() != TSR_KERNELS_PLAIN;
+    for (int t = i * ROW_TASK; t < j->T && t < (i + 1) * ROW_TASK; t++) {
         const float *g = j->e->gu + (size_t)t * 2 * I, *u = g + I;
         float *a = j->e->act + (size_t)t * I;
-        for (int k = 0; k < I; k++) a[k] = tsr_k_swiglu(g[k], u[k]);
+        if (fma) swiglu_fma(a, g, u, I);
+        else swiglu_plain(a, g, u, I);
+    }
+}
+
+/* RoPE on a row's q and k, then its k and v into the cache. */
+static void rope_kv_task(void *arg, int i)
+{
+    const rows_job_t *j = arg;
+    tsr_engine_t *e = j->e;
+    const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads;
+    const size_t qw = (size_t)qh * hd, kvw = (size_t)kvh * hd, qkvw = qw + 2 * kvw;
+    for (int t = i * ROW_TASK; t < j->T && t < (i + 1) * ROW_TASK; t++) {
+        float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
+        rope_row(e, q, qh, e->row_pos[t]);
+        rope_row(e, k, kvh, e->row_pos[t]);
+        const size_t off = kv_off(e, j->l, e->row_slot[t], e->row_pos[t]);
+        for (int h = 0; h < kvh; h++) {
+            kv_store(e, e->kpool, off + (size_t)h * TSR_KV_BLOCK * hd, k + (size_t)h * hd, hd);
+            kv_store(e, e->vpool, off + (size_t)h * TSR_KV_BLOCK * hd, v + (size_t)h * hd, hd);
+        }
     }
 }
 
@@ -896,18 +1024,10 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     const size_t qw = (size_t)qh * hd, kvw = (size_t)kvh * hd, qkvw = qw + 2 * kvw;
 
     /* attention */
-    rmsnorm(e->h, e->x, L->attn_norm, T, H, e->m.rms_norm_eps);
+    add_norm(e, NULL, L->attn_norm, T);
     matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw);
-    for (int t = 0; t < T; t++) {
-        float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
-        rope_row(e, q, qh, e->row_pos[t]);
-        rope_row(e, k, kvh, e->row_pos[t]);
-        const size_t off = kv_off(e, l, e->row_slot[t], e->row_pos[t]);
-        for (int h = 0; h < kvh; h++) {
-            kv_store(e, e->kpool, off + (size_t)h * TSR_KV_BLOCK * hd, k + (size_t)h * hd, hd);
-            kv_store(e, e->vpool, off + (size_t)h * TSR_KV_BLOCK * hd, v + (size_t)h * hd, hd);
-        }
-    }
+    tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
+                 &(rows_job_t){e, NULL, NULL, T, l});
     int first_task[b->n_entries + 1];
     first_task[0] = 0;
     for (int i = 0; i < b->n_entries; i++)
@@ -916,13 +1036,12 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(e->kv_bf16), &aj);
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
-    for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
 
     /* SwiGLU MLP */
-    rmsnorm(e->h, e->x, L->mlp_norm, T, H, e->m.rms_norm_eps);
+    add_norm(e, e->proj, L->mlp_norm, T);
     matmul(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I);
-    tsr_pool_for(e->pool, (T + SWIGLU_ROWS - 1) / SWIGLU_ROWS, swiglu_task,
-                 &(swiglu_job_t){e, T});
+    tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, swiglu_task,
+                 &(rows_job_t){e, NULL, NULL, T, l});
     matmul(e, e->proj, H, e->act, L->wd, T, I, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
@@ -984,7 +1103,7 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
     for (int i = 0; i < b->n_entries; i++) {
         if (!b->entries[i].sample) continue;
         const float *x = e->x + (size_t)(first_row[i] + b->entries[i].n - 1) * H;
-        rmsnorm(e->h + (size_t)ns * H, x, e->final_norm, 1, H, e->m.rms_norm_eps);
+        rmsnorm_row(e->h + (size_t)ns * H, x, e->final_norm, H, e->m.rms_norm_eps);
         ns++;
     }
     if (!ns) return 0;
