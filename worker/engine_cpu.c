@@ -178,8 +178,18 @@ static void rope_row(const tsr_engine_t *e, float *v, int heads, int pos)
 {
     int hd = e->head_dim, half = hd / 2;
     const float *c = e->rope_cos + (size_t)pos * half, *s = e->rope_sin + (size_t)pos * half;
-    for (int h = 0; h < heads; h++, v += hd)
-        for (int j = 0; j < half; j++) tsr_k_rope_pair(&v[j], &v[j + half], c[j], s[j]);
+    for (int h = 0; h < heads; h++, v += hd) {
+        int j = 0;
+        /* tsr_k_rope_pair 8 pairs at a time, in this file's base target:
+         * the same multiplies and adds, none fused, so the same bits */
+        for (; j + 8 <= half; j += 8) {
+            const v8f x = load8(v + j), y = load8(v + j + half), cv = load8(c + j), sv = load8(s + j);
+            const v8f a = x * cv - y * sv, b = y * cv + x * sv;
+            memcpy(v + j, &a, sizeof a);
+            memcpy(v + j + half, &b, sizeof b);
+        }
+        for (; j < half; j++) tsr_k_rope_pair(&v[j], &v[j + half], c[j], s[j]);
+    }
 }
 
 /* ---- loading --------------------------------------------------------------- */
