@@ -8,7 +8,9 @@
  * N decode steps of all S together; it prints the best and the median step,
  * and, against the step at the smallest context, what the growth costs per
  * KV byte read (the decode's attention and cache reads: weights and
- * products are the same at every context).  Defaults: 32 sequences,
+ * products are the same at every context), and the prefill's rate (S
+ * prompts of C tokens, one sequence a step in chunks of 128, on a fresh
+ * pool: its first writes fault its pages in).  Defaults: 32 sequences,
  * contexts 16,200,400, 20 steps, every CPU, f32 weights (--matmul-dtype bf16:
  * the weights in bf16, on AMX where the CPU has it). */
 #include <stdio.h>
