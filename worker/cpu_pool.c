@@ -509,8 +509,8 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const float *xt = x + (size_t)t * in;
-            switch (r) {
-                TILE512_CASE(1) TILE512_CASE(2) TILE512_CASE(3) TILE512_CASE(4)
+            switch (r) {   /* r >= 4: T >= 4, and past 12 rows the tiles are at least 6 */
+                TILE512_CASE(4)
                 TILE512_CASE(5) TILE512_CASE(6) TILE512_CASE(7) TILE512_CASE(8)
                 TILE512_CASE(9) TILE512_CASE(10) TILE512_CASE(11)
                 default: TILE512_CASE(12)
