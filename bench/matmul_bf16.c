@@ -6,7 +6,8 @@
  * matrix (default the 58M serving model's shapes, bench/serve.sh: q,k,v
  * fused 1536 x 512, gate+up fused 2752 x 512, down 512 x 1376), repeated
  * until about 0.2 s have passed, and prints the best call's time and
- * GFLOP/s.  The matrices are small enough to stay in L2 and the LLC, so this
+ * GFLOP/s (the call as the engine makes it: rounding x to bf16 on the
+ * calling thread, then the product on the pool).  The matrices are small enough to stay in L2 and the LLC, so this
  * is the kernel's rate, not memory's (bench/serve.sh and bench/engine_step
  * measure whole steps).  N defaults to the CPUs this process may use. */
 #include <sched.h>
@@ -25,12 +26,17 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void measure(tsr_pool_t *p, int out, int in)
+static int measure(tsr_pool_t *p, int out, int in)
 {
     static const int Ts[] = {1, 16, 32, 64, 128};
     const size_t n = tsr_bf16_packed_elems(out, in);
     uint16_t *w = calloc(n, sizeof *w);
     float *rows = malloc((size_t)in * sizeof *rows);
+    if (!w || !rows) {
+        fprintf(stderr, "matmul_bf16: no memory for a %d x %d matrix\n", out, in);
+        free(w), free(rows);
+        return -1;
+    }
     for (int o = 0; o < out; o++) {
         for (int k = 0; k < in; k++) rows[k] = (float)((o * 31 + k * 17) % 97 - 48) / 256.0f;
         tsr_bf16_pack_rows(w, out, in, o, rows, 1);
@@ -39,6 +45,11 @@ static void measure(tsr_pool_t *p, int out, int in)
         const int T = Ts[i];
         float *x = malloc((size_t)T * in * sizeof *x), *y = malloc((size_t)T * out * sizeof *y);
         uint16_t *xb = malloc((size_t)T * tsr_bf16_in_padded(in) * sizeof *xb);
+        if (!x || !y || !xb) {
+            fprintf(stderr, "matmul_bf16: no memory for %d rows of %d x %d\n", T, out, in);
+            free(x), free(y), free(xb), free(w), free(rows);
+            return -1;
+        }
         for (size_t k = 0; k < (size_t)T * in; k++) x[k] = (float)(k % 13) / 13.0f - 0.5f;
         double best = 1e9, start = now_s();
         int calls = 0;
@@ -54,13 +65,15 @@ static void measure(tsr_pool_t *p, int out, int in)
         free(x), free(y), free(xb);
     }
     free(w), free(rows);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     int threads = 0, out = 0, in = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+            threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--in") && i + 1 < argc) in = atoi(argv[++i]);
         else {
@@ -82,13 +95,9 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("matmul_bf16: %d thread(s), %s\n", threads,
-           tsr_cpu_amx() ? "AMX tiles" : "portable build (no AMX, or TSR_CPU_KERNELS set)");
-    if (out) measure(p, out, in);
-    else {
-        measure(p, 1536, 512);
-        measure(p, 2752, 512);
-        measure(p, 512, 1376);
-    }
+           tsr_cpu_amx() ? "AMX tiles" : "portable build (no AMX, or TSR_CPU_KERNELS names another kernel)");
+    int rc = out ? measure(p, out, in)
+                 : (measure(p, 1536, 512) < 0 || measure(p, 2752, 512) < 0 || measure(p, 512, 1376) < 0);
     tsr_pool_destroy(&p);
-    return 0;
+    return rc ? 1 : 0;
 }
