@@ -7,9 +7,9 @@
  * fused 1536 x 512, gate+up fused 2752 x 512, down 512 x 1376), repeated
  * until about 0.2 s have passed, and prints the best call's time and
  * GFLOP/s (the call as the engine makes it: rounding x to bf16 on the
- * calling thread, then the product on the pool).  The matrices are small enough to stay in L2 and the LLC, so this
- * is the kernel's rate, not memory's (bench/serve.sh and bench/engine_step
- * measure whole steps).  N defaults to the CPUs this process may use. */
+ * calling thread, then the product on the pool).  The matrices are small
+ * enough to stay in L2 and the LLC, so this is the products' rate, not
+ * memory's (bench/serve.sh and bench/engine_step measure whole steps).  N defaults to the CPUs this process may use. */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
