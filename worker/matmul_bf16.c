@@ -7,11 +7,10 @@
  *     the weight blocks (B: 16 pairs of columns by 16 outputs, one 1 KiB
  *     block of a panel) of 4 adjacent panels;
  *   amx_pair, 17 to 32 rows: two A tiles (rows 0-15 and 16-31) meet two B
- *     tiles, so each weight block is loaded once for 32 rows.  At 128 rows
- *     on one core, with the weights in L2, this and storing whole tiles
- *     straight into y took a 1536 x 512 product from 0.226 to 0.175 ms
- *     (bench: tile loads of B from L2, not the multiply rate, held
- *     amx_group to about a quarter of the tiles' rate).
+ *     tiles, so each weight block is loaded once for 32 rows.  With whole
+ *     tiles stored straight into y, a 1536 x 512 product of 128 rows on one
+ *     core with the weights in cache went from 0.23 to 0.18-0.21 ms
+ *     (bench/matmul_bf16 --threads 1 --out 1536 --in 512 measures it).
  * Longer batches go 32 rows at a time, a last 1-16 through amx_group; a
  * panel group's weights stream from memory once for the first 32 rows and
  * come from L2 for the next. */
@@ -146,17 +145,17 @@ static inline void put_tile(float *y, int ldy, const float *c, int rows, int no)
         }                                                                                      \
     } while (0)
 
-/* rows (<= 16) rows of xb (ldx bf16 a row, kin of them, padding zeroed) by
+/* rows (<= 16) rows of xb (ldx bf16 a row, padding zeroed) by
  * np (1-4) adjacent panels starting at w; the last panel has no columns. */
 AMX static void amx_group(float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *w,
-                          size_t ps, int kin, int rows, int np, int no)
+                          size_t ps, int rows, int np, int no)
 {
     amx_config(rows);
     _tile_zero(0);
     if (np > 1) _tile_zero(1);
     if (np > 2) _tile_zero(2);
     if (np > 3) _tile_zero(3);
-    for (int kb = 0; kb < kin; kb += KDEPTH) {
+    for (int kb = 0; kb < ldx; kb += KDEPTH) {
         _tile_loadd(4, xb + kb, ldx * 2);
         const uint16_t *b = w + (size_t)kb * TSR_PANEL;
         _tile_loadd(5, b, 64);
@@ -182,11 +181,10 @@ AMX static void amx_group(float *y, int ldy, const uint16_t *xb, int ldx, const 
 
 /* 17-32 rows of xb by np (1-4) adjacent panels, two at a time: each B tile
  * meets both row blocks' A tiles, so a weight block is read from cache
- * once per 32 rows, not once per 16 (the cache's bandwidth, not the tiles'
- * multiply rate, bounded amx_group at many rows).  Every output row still
+ * once per 32 rows, not once per 16.  Every output row still
  * accumulates its own A row over kb in order, as amx_group does. */
 AMX static void amx_pair(float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *w,
-                         size_t ps, int kin, int rows, int np, int no)
+                         size_t ps, int rows, int np, int no)
 {
     amx_config(rows);
     const int r1 = rows - 16;
@@ -200,7 +198,7 @@ AMX static void amx_pair(float *y, int ldy, const uint16_t *xb, int ldx, const u
             _tile_zero(1);
             _tile_zero(3);
         }
-        for (int kb = 0; kb < kin; kb += KDEPTH) {
+        for (int kb = 0; kb < ldx; kb += KDEPTH) {
             const uint16_t *b = wq + (size_t)kb * TSR_PANEL;
             _tile_loadd(4, xb + kb, ldx * 2);
             _tile_loadd(5, x1 + kb, ldx * 2);
@@ -322,8 +320,8 @@ static void run_chunk(void *arg, int i)
                 const int no = j->out - last < TSR_PANEL ? j->out - last : TSR_PANEL;
                 const uint16_t *w = j->wb + (size_t)p * ps;
                 float *yt = j->y + (size_t)t * j->ldy + (size_t)p * TSR_PANEL;
-                if (rows > 16) amx_pair(yt, j->ldy, xt, j->ldx, w, ps, j->ldx, rows, np, no);
-                else amx_group(yt, j->ldy, xt, j->ldx, w, ps, j->ldx, rows, np, no);
+                if (rows > 16) amx_pair(yt, j->ldy, xt, j->ldx, w, ps, rows, np, no);
+                else amx_group(yt, j->ldy, xt, j->ldx, w, ps, rows, np, no);
             }
         }
         amx_release();
