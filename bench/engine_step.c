@@ -1,5 +1,5 @@
 /* engine_step.c: the CPU engine's decode step alone, no daemons: how its
- * time grows with the context, with the KV cache in f32 and in bf16.
+ * time grows with the context, with the KV cache in f32, bf16 and int8.
  *   engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] [--steps N] [--threads T]
  *               [--matmul-dtype f32|bf16]
  *
@@ -126,8 +126,8 @@ int main(int argc, char **argv)
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
            tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(mm),
            mm == TSR_KV_BF16 ? (tsr_cpu_amx() ? " on AMX" : " (portable build)") : "");
-    static const int kinds[2] = {TSR_KV_F32, TSR_KV_BF16};
-    for (int k = 0; k < 2; k++) {
+    static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
+    for (int k = 0; k < 3; k++) {
         double base = 0;
         for (int i = 0; i < n_ctx; i++) {
             double best, med, pre;
@@ -136,7 +136,7 @@ int main(int argc, char **argv)
             /* K and V of every layer at the steps' middle position */
             double pos = ctxs[i] + steps / 2.0,
                    kv = (double)S * pos * m.num_hidden_layers * 2 * m.num_key_value_heads *
-                        m.head_dim * (kinds[k] == TSR_KV_BF16 ? 2 : 4);
+                        tsr_kv_row_bytes(kinds[k], m.head_dim);
             printf("  kv %-4s context %4d: step best %7.2f ms, median %7.2f ms; KV read %6.1f MB",
                    tsr_kv_dtype_name(kinds[k]), ctxs[i], best * 1e3, med * 1e3, kv / 1e6);
             if (i == 0) base = best;

@@ -23,14 +23,15 @@
 #   - each worker's peak RSS (VmHWM) against its weights plus KV budget as
 #     the coordinator reports them.
 # The batching keys (max_batch, prefill_chunk, kv_cache_mib, max_queue, and
-# kv_dtype when it is bf16) go into the deployment only when `tessera plan`
+# kv_dtype when it is not f32) go into the deployment only when `tessera plan`
 # accepts them.
 #
 #   bench/serve.sh            about 3 minutes on 2 cores (172-191 s in runs of 2026-12-02)
 #   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about 1.5 minutes (87 s)
-#   --kv-dtype bf16           the KV cache in bf16 (kv_dtype; default f32): the same
-#                             kv_cache_mib holds twice the positions, so the budget is halved
-#                             to keep 32 sequences of 384, and the bound counts 2-byte elements
+#   --kv-dtype bf16|int8      the KV cache in bf16 or int8 (kv_dtype; default f32): the
+#                             budget is what keeps 32 sequences of 384 in that type (half
+#                             of f32's for bf16, head_dim + 4 bytes a row for int8), and the
+#                             bound counts those bytes
 #   --matmul-dtype bf16       the weights in bf16 and the products on AMX where the CPU has
 #                             it (matmul_dtype; default f32); the bound counts 2-byte weights
 # Needs `make` plus build/bench/serve and build/bench/stream (make bench builds them).
@@ -45,15 +46,15 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
     --kv-dtype)
-        case "${2:-}" in f32 | bf16) KV_DTYPE=$2; shift ;;
-        *) echo "bench/serve.sh: --kv-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
+        case "${2:-}" in f32 | bf16 | int8) KV_DTYPE=$2; shift ;;
+        *) echo "bench/serve.sh: --kv-dtype takes f32, bf16 or int8, not '${2:-}'" >&2; exit 2 ;;
         esac ;;
     --matmul-dtype)
         case "${2:-}" in f32 | bf16) MM_DTYPE=$2; shift ;;
         *) echo "bench/serve.sh: --matmul-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
         esac ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16] [--matmul-dtype f32|bf16]" >&2; exit 2 ;;
+    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16|int8] [--matmul-dtype f32|bf16]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -92,7 +93,6 @@ fi
 eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" "$MM_DTYPE" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-kv_elem = 2 if sys.argv[2] == "bf16" else 4
 w_elem = 2 if sys.argv[3] == "bf16" else 4
 H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
 NH, KVH, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
@@ -100,7 +100,9 @@ HD = c.get("head_dim") or H // NH
 mats = H * NH * HD + 2 * H * KVH * HD + NH * HD * H + 3 * H * I   # q k v o, mlp
 layer = mats + 2 * H                                                 # and 2 norms
 params = L * layer + H + V * H + (0 if c.get("tie_word_embeddings") else V * H)
-kv_layer = 2 * KVH * HD * kv_elem              # bytes of K and V per position and layer
+# bytes of one position of one KV head (common/deploy.c's tsr_kv_row_bytes)
+kv_row = {"bf16": 2 * HD, "int8": HD + 4}.get(sys.argv[2], 4 * HD)
+kv_layer = 2 * KVH * kv_row                    # bytes of K and V per position and layer
 print(f"H={H} I={I} L={L} NH={NH} KVH={KVH} HD={HD} V={V} PARAMS={params}")
 print(f"LAYER_BYTES={L * (mats * w_elem + 2 * H * 4)} LMHEAD_BYTES={V * H * w_elem}")
 print(f"NORM_ROW_BYTES={H * 4 + H * w_elem}")
@@ -142,7 +144,7 @@ YAML
     kv_cache_mib: $(kv_mib "$3")
     max_queue: 256
 YAML
-        if [ "$KV_DTYPE" = bf16 ]; then echo "    kv_dtype: bf16" >> "$1"; fi
+        if [ "$KV_DTYPE" != f32 ]; then echo "    kv_dtype: $KV_DTYPE" >> "$1"; fi
         if [ "$MM_DTYPE" = bf16 ]; then echo "    matmul_dtype: bf16" >> "$1"; fi
     fi
 }
@@ -158,8 +160,8 @@ if "$BIN/tessera" plan "$T/probe.yaml" > /dev/null 2> "$T/probe.err"; then
   and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)$(
     [ "$MM_DTYPE" = bf16 ] && echo ", matmul_dtype bf16")"
 else
-    if [ "$KV_DTYPE" = bf16 ] || [ "$MM_DTYPE" = bf16 ]; then
-        echo "bench/serve.sh: --kv-dtype bf16 and --matmul-dtype bf16 need the batching keys, and this build's parser" \
+    if [ "$KV_DTYPE" != f32 ] || [ "$MM_DTYPE" = bf16 ]; then
+        echo "bench/serve.sh: --kv-dtype bf16|int8 and --matmul-dtype bf16 need the batching keys, and this build's parser" \
              "refuses them: $(head -1 "$T/probe.err")" >&2
         exit 1
     fi

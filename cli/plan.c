@@ -202,7 +202,8 @@ int tsr_cmd_plan(int argc, char **argv)
             if (gpu) {
                 tsr_piece_memory(m, d, pc->stage, 0, &b, NULL, &rs);
                 kv = (uint64_t)kv_blocks *
-                     tsr_kv_block_bytes(m, d->tensor, pc->layer_end - pc->layer_begin, 16, 2);
+                     tsr_kv_block_bytes(m, d->tensor, pc->layer_end - pc->layer_begin, 16,
+                                        tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
                 total = b + kv + rs;
             }
             if (b > maxb) maxb = b;

@@ -623,7 +623,16 @@ const char *tsr_kv_dtype_name(int kv_dtype)
     return kv_dtype == TSR_KV_AUTO ? "auto"
            : kv_dtype == TSR_KV_F32 ? "f32"
            : kv_dtype == TSR_KV_BF16 ? "bf16"
+           : kv_dtype == TSR_KV_INT8 ? "int8"
                                      : NULL;
+}
+
+int tsr_kv_row_bytes(int kv_dtype, int head_dim)
+{
+    return kv_dtype == TSR_KV_F32    ? 4 * head_dim
+           : kv_dtype == TSR_KV_BF16 ? 2 * head_dim
+           : kv_dtype == TSR_KV_INT8 ? head_dim + 4
+                                     : 0;
 }
 
 int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
@@ -633,7 +642,8 @@ int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
 }
 
 /* kv_dtype or matmul_dtype (key) into *out, after device: a cuda piece
- * holds bf16 only, and cuda_says is what it keeps in it. */
+ * holds bf16 only, and cuda_says is what it keeps in it; int8 is a KV
+ * cache's type only. */
 static int parse_elem_dtype(pctx_t *c, yaml_node_t *n, const char *path, const char *key,
                             const char *cuda_says, const tsr_deployment_t *d, int *out)
 {
@@ -642,15 +652,18 @@ static int parse_elem_dtype(pctx_t *c, yaml_node_t *n, const char *path, const c
     path_key(kpath, path, key);
     if (get_string(c, n, kpath, &s) < 0)
         goto out;
+    const int kv = !strcmp(key, "kv_dtype");
     for (v = TSR_KV_AUTO; tsr_kv_dtype_name(v); v++)
-        if (!strcmp(s, tsr_kv_dtype_name(v)))
+        if (!strcmp(s, tsr_kv_dtype_name(v)) && (kv || v != TSR_KV_INT8))
             break;
     if (!tsr_kv_dtype_name(v)) {
-        fail(c, n, kpath, "expected auto, f32 or bf16, got '%.40s'", s);
+        fail(c, n, kpath, "expected auto, f32%s, got '%.40s'", kv ? ", bf16 or int8" : " or bf16",
+             s);
         goto out;
     }
-    if (d->device == TSR_DEVICE_CUDA && v == TSR_KV_F32) {
-        fail(c, n, kpath, "a cuda deployment keeps %s in bf16; f32 is for cpu ones", cuda_says);
+    if (d->device == TSR_DEVICE_CUDA && v != TSR_KV_AUTO && v != TSR_KV_BF16) {
+        fail(c, n, kpath, "a cuda deployment keeps %s in bf16; %s is for cpu ones", cuda_says,
+             tsr_kv_dtype_name(v));
         goto out;
     }
     *out = v;

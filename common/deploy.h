@@ -25,14 +25,22 @@ int tsr_device_parse(const char *s, tsr_device_t *out);
 /* The KV cache's element type (kv_dtype).  auto is the engine's own: f32
  * on the CPU, bf16 on CUDA (whose pool is bf16 only).  bf16 halves what
  * attention reads and doubles the sequences a budget holds; keys and values
- * are rounded to it as they are cached. */
-typedef enum { TSR_KV_AUTO = 0, TSR_KV_F32 = 1, TSR_KV_BF16 = 2 } tsr_kv_dtype_t;
-/* "auto", "f32", "bf16"; NULL for any other value. */
+ * are rounded to it as they are cached.  int8 (cpu only) keeps each cached
+ * row of one KV head (head_dim elements of one position) as integers in
+ * [-127, 127] times one f32 scale, its largest magnitude / 127: head_dim + 4
+ * bytes, about a quarter of f32's.  The same values serve matmul_dtype, which
+ * takes auto, f32 and bf16. */
+typedef enum { TSR_KV_AUTO = 0, TSR_KV_F32 = 1, TSR_KV_BF16 = 2, TSR_KV_INT8 = 3 } tsr_kv_dtype_t;
+/* "auto", "f32", "bf16", "int8"; NULL for any other value. */
 const char *tsr_kv_dtype_name(int kv_dtype);
 /* The type a piece on device d keeps: kv_dtype, or for auto the device's
  * own (above).  What the coordinator sends and compares, so a reload from
  * auto to the type it stands for changes nothing. */
 int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype);
+/* Bytes one position of one KV head takes in a cache of kv_dtype (auto
+ * resolved first), keys or values: head_dim elements, and int8's scale;
+ * 0 for auto or an unknown value. */
+int tsr_kv_row_bytes(int kv_dtype, int head_dim);
 
 typedef struct {
     char *name;

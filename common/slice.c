@@ -83,15 +83,15 @@ int64_t tsr_slice_elems(const tsr_slice_t *s)
 }
 
 uint64_t tsr_kv_block_bytes(const tsr_model_info_t *m, int tp_size, int n_layers,
-                            int block_positions, int elem_bytes)
+                            int block_positions, int row_bytes)
 {
-    uint64_t kvw = (uint64_t)(m->num_key_value_heads / (tp_size > 0 ? tp_size : 1)) * m->head_dim;
-    return 2 * (uint64_t)n_layers * kvw * (uint64_t)block_positions * (uint64_t)elem_bytes;
+    uint64_t kvh = (uint64_t)(m->num_key_value_heads / (tp_size > 0 ? tp_size : 1));
+    return 2 * (uint64_t)n_layers * kvh * (uint64_t)block_positions * (uint64_t)row_bytes;
 }
 
 int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
                        uint64_t budget_bytes, int max_seqs, int max_seq_len,
-                       int block_positions, int elem_bytes)
+                       int block_positions, int row_bytes)
 {
     int per_seq = (int)(((int64_t)max_seq_len + block_positions - 1) / block_positions);
     uint64_t blocks = (uint64_t)max_seqs * (uint64_t)per_seq;
@@ -99,7 +99,7 @@ int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
         int b, e;
         tsr_layer_split(m->num_hidden_layers, pp_size, 0, &b, &e);  /* stage 0 is the largest */
         uint64_t bb = tsr_kv_block_bytes(m, tp_size, e - b > 0 ? e - b : 1, block_positions,
-                                         elem_bytes);
+                                         row_bytes);
         blocks = bb ? budget_bytes / bb : 0;
     }
     if (blocks < 1) blocks = 1;
@@ -139,7 +139,7 @@ static uint64_t cuda_block_bytes(const tsr_model_info_t *m, const tsr_deployment
 {
     int b, e;
     tsr_layer_split(m->num_hidden_layers, d->pipeline, stage, &b, &e);
-    return tsr_kv_block_bytes(m, d->tensor, e - b, 16, 2);
+    return tsr_kv_block_bytes(m, d->tensor, e - b, 16, tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
 }
 
 int tsr_cuda_kv_blocks(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
@@ -147,7 +147,8 @@ int tsr_cuda_kv_blocks(const tsr_model_info_t *m, const tsr_deployment_t *d, int
 {
     int batch = d->max_batch > 0 ? d->max_batch : 32;
     int full = tsr_kv_pool_blocks(m, d->tensor, d->pipeline, (uint64_t)d->kv_cache_mib << 20,
-                                  batch, d->max_seq_len, 16, 2);
+                                  batch, d->max_seq_len, 16,
+                                  tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
     if (d->kv_cache_mib || !gpu_bytes) return full;
     uint64_t w, r, bb = cuda_block_bytes(m, d, stage);
     cuda_fixed(m, d, stage, &w, &r);

@@ -60,13 +60,15 @@ int64_t tsr_slice_elems(const tsr_slice_t *s);
  * so the leader's scheduler can plan with its own pool.  A block holds
  * block_positions positions of keys and values for every layer of the
  * piece; the budget is priced at the largest stage's layer count.
- * budget_bytes 0: enough for max_seqs sequences of max_seq_len positions. */
+ * budget_bytes 0: enough for max_seqs sequences of max_seq_len positions.
+ * row_bytes: what one position of one KV head takes, keys or values
+ * (tsr_kv_row_bytes of the cache's type). */
 int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
                        uint64_t budget_bytes, int max_seqs, int max_seq_len,
-                       int block_positions, int elem_bytes);
+                       int block_positions, int row_bytes);
 /* Bytes of one block of a piece with n_layers layers. */
 uint64_t tsr_kv_block_bytes(const tsr_model_info_t *m, int tp_size, int n_layers,
-                            int block_positions, int elem_bytes);
+                            int block_positions, int row_bytes);
 
 /* What a CUDA worker holds besides weights and KV cache, at least: its
  * context, cuBLAS's workspace and the engine's fixed buffers. */

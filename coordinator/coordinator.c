@@ -400,7 +400,8 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
     /* a member without room still gets one block: the planner moves it */
     uint64_t fresh = blocks < 0 ? 0
                                 : (uint64_t)(blocks > 0 ? blocks : 1) *
-                                      tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16, 2);
+                                      tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16,
+                                                         tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
     if (held && (members < d->tensor * d->pipeline || !fresh || fresh >= held)) return held;
     return fresh;
 }

@@ -121,14 +121,13 @@ int tsr_backend_for(tsr_device_t d, tsr_backend_t *out, char *err, size_t errlen
 /* Tests: pieces of device kind d get b instead (NULL: back to the table). */
 void tsr_backend_test_override(tsr_device_t d, const tsr_backend_t *b);
 
-/* Bytes of one cached key or value element of spec's kv_dtype on engine
- * eng; 0 for a kv_dtype no engine knows. */
-static inline int tsr_kv_elem_bytes(const tsr_engine_ops_t *eng, int kv_dtype)
+/* Bytes one position of one KV head takes (tsr_kv_row_bytes) in a cache
+ * of kv_dtype on engine eng, auto being the engine's own type; 0 for a
+ * kv_dtype no engine knows. */
+static inline int tsr_kv_engine_row_bytes(const tsr_engine_ops_t *eng, int kv_dtype, int head_dim)
 {
-    return kv_dtype == TSR_KV_AUTO ? eng->kv_elem_bytes
-           : kv_dtype == TSR_KV_F32 ? 4
-           : kv_dtype == TSR_KV_BF16 ? 2
-                                     : 0;
+    return kv_dtype == TSR_KV_AUTO ? eng->kv_elem_bytes * head_dim
+                                   : tsr_kv_row_bytes(kv_dtype, head_dim);
 }
 
 /* 0 when an engine that holds the types of `takes` (a bit per
@@ -141,7 +140,7 @@ static inline int tsr_elem_dtype_check(const char *key, int v, unsigned takes, c
 {
     const char *name = tsr_kv_dtype_name(v);
     if (!name) {
-        tsr_set_err(err, errlen, "%s %d is not one this worker knows (0 auto, 1 f32, 2 bf16)", key,
+        tsr_set_err(err, errlen, "%s %d is not one this worker knows (0 auto, 1 f32, 2 bf16, 3 int8)", key,
                     v);
         return -1;
     }

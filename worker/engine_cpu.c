@@ -12,6 +12,7 @@
  * of threads for the whole step (worker/cpu_pool.h) with a kernel whose
  * every output is one multiply-add chain in a fixed order, so a sequence's
  * numbers do not depend on what it was batched with. */
+#include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -41,6 +42,15 @@ typedef struct {
     void *wd;                       /* [H, inter]: this rank's columns */
 } layer_t;
 
+/* What the KV pools hold (kv_dtype): f32, bf16, or int8 with a scale per
+ * row of one head (a scale pool beside each). */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_I8 = 2, KV_I8_AVX2 = 3 };
+/* KV_I8_AVX2 is KV_I8 for the kernels built for AVX2 (att_task_for), which
+ * widen int8 with AVX2's own instruction; the pools hold the same. */
+static inline int kv_is_i8(int kt) { return kt >= KV_I8; }
+
+static inline size_t kv_esize(int kt) { return kt == KV_F32 ? 4 : kt == KV_BF16 ? 2 : 1; }
+
 struct tsr_engine {
     tsr_model_info_t m;
     tsr_piece_spec_t spec;
@@ -55,7 +65,9 @@ struct tsr_engine {
     layer_t *layers;
     tsr_kvpool_t *kv;
     void *kpool, *vpool;            /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
-    int kv_bf16;                    /* the pools hold bf16 (kv_dtype bf16), else f32 */
+    float *kscale, *vscale;         /* kv_dtype int8: [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK],
+                                       each row's scale (at its element offset / head_dim) */
+    int kv_kind;                    /* what the pools hold: KV_F32, KV_BF16, KV_I8 */
     int mm_bf16;                    /* weights in bf16 panels (matmul_dtype bf16), else f32 */
     uint16_t *xb;                   /* bf16 products: a step's rows of x rounded */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
@@ -375,6 +387,7 @@ static void engine_free(tsr_engine_t *e)
     free(e->layers);
     if (e->lm_head != e->embed) free(e->lm_head);
     free(e->embed), free(e->final_norm), free(e->kpool), free(e->vpool);
+    free(e->kscale), free(e->vscale);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
     free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
@@ -412,10 +425,12 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->spec = *spec;
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
-    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16, "CPU", err,
-                           errlen) < 0)
+    if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16 | 1u << TSR_KV_INT8,
+                           "CPU", err, errlen) < 0)
         goto out;
-    e->kv_bf16 = spec->kv_dtype == TSR_KV_BF16;
+    e->kv_kind = spec->kv_dtype == TSR_KV_BF16   ? KV_BF16
+                 : spec->kv_dtype == TSR_KV_INT8 ? KV_I8
+                                                 : KV_F32;
     if (tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16,
                              "CPU", "multiply in", err, errlen) < 0)
         goto out;
@@ -464,10 +479,14 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
     size_t pool = (size_t)e->n_layers * spec->kv_blocks * TSR_KV_BLOCK * kvw;
     e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
-    const size_t esize = e->kv_bf16 ? 2 : sizeof(float);
+    const size_t esize = kv_esize(e->kv_kind), nscale = e->kv_kind == KV_I8 ? pool / e->head_dim : 0;
     e->kpool = alloc_lazy(pool * esize, &bad);
     e->vpool = alloc_lazy(pool * esize, &bad);
-    e->kvbytes = 2 * pool * esize;
+    if (nscale) {
+        e->kscale = alloc_lazy(nscale * sizeof(float), &bad);
+        e->vscale = alloc_lazy(nscale * sizeof(float), &bad);
+    }
+    e->kvbytes = 2 * (pool * esize + nscale * sizeof(float));
     e->rope_cos = alloc_f(S * e->head_dim / 2, &bad);
     e->rope_sin = alloc_f(S * e->head_dim / 2, &bad);
     e->x = alloc_f(T * H, &bad);
@@ -538,9 +557,11 @@ static inline size_t kv_off(const tsr_engine_t *e, int l, int slot, int pos)
            (size_t)(pos % TSR_KV_BLOCK) * e->head_dim;
 }
 
-/* The pools' elements, f32 or bf16 (bf16 is the top half of an f32's bits,
- * so widening puts zeros below it).  bf16 is a constant at every call
- * site: the kernels are compiled once per element type (att_task_for).
+/* The pools' elements, f32, bf16 (the top half of an f32's bits, so
+ * widening puts zeros below it) or int8 (the integer, as a float: the
+ * row's scale is applied to its score and to its weight, not to each
+ * element).  The kind kt is a constant at every call site: the kernels are
+ * compiled once per element type (att_task_for).
  *
  * A bf16 row keeps each full 16 of its head_dim in the order 0-3, 8-11,
  * 4-7, 12-15 (kv_store), because interleaving 16 stored elements with
@@ -551,12 +572,22 @@ typedef unsigned short v8u16 __attribute__((vector_size(16)));
 typedef unsigned short v16u16 __attribute__((vector_size(32)));
 typedef unsigned int v8u __attribute__((vector_size(32)));
 
+/* 8 int8 elements as floats: one sign extension and one conversion.  Not
+ * always_inline: GCC inlines it into the AVX2 kernels only (a target
+ * mismatch elsewhere), and only they call it (KV_I8_AVX2). */
+static inline __attribute__((target("avx2"))) v8f i8_load8_avx2(const signed char *p)
+{
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* Elements [i, i + 16) of a row's full 16 (i a multiple of 16). */
-static inline __attribute__((always_inline)) void kv_load16(const void *p, size_t i, int bf16,
+static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int kt);
+
+static inline __attribute__((always_inline)) void kv_load16(const void *p, size_t i, int kt,
                                                             v8f *lo, v8f *hi)
 {
-    if (!bf16) {
-        *lo = load8((const float *)p + i), *hi = load8((const float *)p + i + 8);
+    if (kt != KV_BF16) {
+        *lo = kv_load8(p, i, kt), *hi = kv_load8(p, i + 8, kt);
         return;
     }
     const v16u16 zero = {0}, first = {0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27},
@@ -568,26 +599,66 @@ static inline __attribute__((always_inline)) void kv_load16(const void *p, size_
 }
 
 /* Elements [i, i + 8) past a row's full 16s. */
-static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int bf16)
+static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int kt)
 {
-    if (!bf16) return load8((const float *)p + i);
+    if (kt == KV_F32) return load8((const float *)p + i);
+    if (kt == KV_I8_AVX2) return i8_load8_avx2((const signed char *)p + i);
+    if (kt == KV_I8) {   /* the portable kernels: one at a time */
+        v8f r;
+        for (int k = 0; k < 8; k++) r[k] = ((const signed char *)p)[i + (size_t)k];
+        return r;
+    }
     v8u16 h;
     memcpy(&h, (const uint16_t *)p + i, sizeof h);
     return (v8f)(__builtin_convertvector(h, v8u) << 16);
 }
 
-static inline __attribute__((always_inline)) float kv_load1(const void *p, size_t i, int bf16)
+static inline __attribute__((always_inline)) float kv_load1(const void *p, size_t i, int kt)
 {
-    return bf16 ? tsr_k_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    return kt == KV_BF16 ? tsr_k_bf16_to_f32(((const uint16_t *)p)[i])
+           : kv_is_i8(kt) ? (float)((const signed char *)p)[i]
+                         : ((const float *)p)[i];
 }
 
-/* A row of n elements into the pool at element offset off; in bf16 when
- * the pool is (the CUDA engine's rounding), its full 16s in kv_load16's
- * order. */
-static inline void kv_store(const tsr_engine_t *e, void *pool, size_t off, const float *x, int n)
+/* A row of n elements (one head's) into the pool at element offset off;
+ * in bf16 when the pool is (the CUDA engine's rounding), its full 16s in
+ * kv_load16's order; in int8 as round-half-even(x / scale) with scale =
+ * max |x| / 127 (in f32, tests/reference/llama_ref.py's round_int8),
+ * stored at scales[off / n]. */
+static inline void kv_store(const tsr_engine_t *e, void *pool, float *scales, size_t off,
+                            const float *x, int n)
 {
-    if (!e->kv_bf16) {
+    if (e->kv_kind == KV_F32) {
         memcpy((float *)pool + off, x, (size_t)n * sizeof(float));
+        return;
+    }
+    if (e->kv_kind == KV_I8) {
+        float amax = 0;
+        for (int i = 0; i < n; i++) {
+            const float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float scale = amax / 127.0f;
+        signed char *d = (signed char *)pool + off;
+        /* adding and taking away 1.5 * 2^23 rounds |v| < 2^22 to an integer,
+         * ties to even: nearbyintf without a libm call; 8 at a time, then
+         * the same one by one */
+        const v8f magic = bcast8(0x1.8p23f), lo = bcast8(-127.0f), hi = bcast8(127.0f);
+        int i = 0;
+        for (; scale > 0 && i + 8 <= n; i += 8) {
+            v8f v = (load8(x + i) / bcast8(scale) + magic) - magic;
+            v8i ge = v >= lo, le = v <= hi;            /* NaN: neither */
+            v = (v8f)((ge & (v8i)v) | (~ge & (v8i)lo));
+            v = (v8f)((le & (v8i)v) | (~le & (v8i)hi));
+            const v8i q = __builtin_convertvector(v, v8i);
+            for (int k = 0; k < 8; k++) d[i + k] = (signed char)q[k];
+        }
+        for (; i < n; i++) {
+            float v = scale > 0 ? (x[i] / scale + 0x1.8p23f) - 0x1.8p23f : 0;
+            v = v >= -127.0f ? v : -127.0f;
+            d[i] = (signed char)(v <= 127.0f ? v : 127.0f);
+        }
+        scales[off / (size_t)n] = scale;
         return;
     }
     uint16_t *d = (uint16_t *)pool + off, r[n];
@@ -603,9 +674,9 @@ static inline void kv_store(const tsr_engine_t *e, void *pool, size_t off, const
 }
 
 /* Bytes from an element offset. */
-static inline const void *kv_ptr(const void *pool, size_t off, int bf16)
+static inline const void *kv_ptr(const void *pool, size_t off, int kt)
 {
-    return (const char *)pool + off * (bf16 ? 2 : sizeof(float));
+    return (const char *)pool + off * kv_esize(kt);
 }
 
 /* Attention work is cut into (entry, query head, 16 rows) tasks, so a long
@@ -625,22 +696,22 @@ typedef struct {
  * its vector lanes 0-3, lanes 4-7 that of lanes 4-7 (att_scores finishes
  * them).  The four multiply-add chains run side by side. */
 static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const void *k,
-                                                           size_t hd, int bf16)
+                                                           size_t hd, int kt)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     size_t d = 0;
     for (; d + 16 <= hd; d += 16) {
         const v8f x = load8(q + d), y = load8(q + d + 8);
         v8f l0, h0, l1, h1, l2, h2, l3, h3;
-        kv_load16(k, d, bf16, &l0, &h0), kv_load16(k, hd + d, bf16, &l1, &h1);
-        kv_load16(k, 2 * hd + d, bf16, &l2, &h2), kv_load16(k, 3 * hd + d, bf16, &l3, &h3);
+        kv_load16(k, d, kt, &l0, &h0), kv_load16(k, hd + d, kt, &l1, &h1);
+        kv_load16(k, 2 * hd + d, kt, &l2, &h2), kv_load16(k, 3 * hd + d, kt, &l3, &h3);
         a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
         a0 += y * h0, a1 += y * h1, a2 += y * h2, a3 += y * h3;
     }
     if (d + 8 <= hd) {
         const v8f x = load8(q + d);
-        a0 += x * kv_load8(k, d, bf16), a1 += x * kv_load8(k, hd + d, bf16);
-        a2 += x * kv_load8(k, 2 * hd + d, bf16), a3 += x * kv_load8(k, 3 * hd + d, bf16);
+        a0 += x * kv_load8(k, d, kt), a1 += x * kv_load8(k, hd + d, kt);
+        a2 += x * kv_load8(k, 2 * hd + d, kt), a3 += x * kv_load8(k, 3 * hd + d, kt);
     }
     return hadd8(hadd8(a0, a1), hadd8(a2, a3));
 }
@@ -648,7 +719,7 @@ static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const
 /* dot4_part for two query rows at once, each key line loaded once for
  * both; every sum is formed exactly as dot4_part forms it. */
 static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, const float *q1,
-                                                              const void *k, size_t hd, int bf16,
+                                                              const void *k, size_t hd, int kt,
                                                               v8f *out0, v8f *out1)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
@@ -658,7 +729,7 @@ static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, c
 #define KEY16(j, aj, bj)                                                                          \
     do {                                                                                          \
         v8f l, h;                                                                                 \
-        kv_load16(k, (j) * hd + d, bf16, &l, &h);                                                 \
+        kv_load16(k, (j) * hd + d, kt, &l, &h);                                                 \
         aj += x * l, bj += y * l;                                                                 \
         aj += x2 * h, bj += y2 * h;                                                               \
     } while (0)
@@ -673,8 +744,8 @@ static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, c
 #undef KEY16
     if (d + 8 <= hd) {
         const v8f x = load8(q0 + d), y = load8(q1 + d);
-        const v8f l0 = kv_load8(k, d, bf16), l1 = kv_load8(k, hd + d, bf16),
-                  l2 = kv_load8(k, 2 * hd + d, bf16), l3 = kv_load8(k, 3 * hd + d, bf16);
+        const v8f l0 = kv_load8(k, d, kt), l1 = kv_load8(k, hd + d, kt),
+                  l2 = kv_load8(k, 2 * hd + d, kt), l3 = kv_load8(k, 3 * hd + d, kt);
         a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
         b0 += y * l0, b1 += y * l1, b2 += y * l2, b3 += y * l3;
     }
@@ -687,12 +758,12 @@ static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, c
  * then the dimensions past hd & ~7 added one by one.  The same for every
  * row whatever its neighbours, so rows taken in pairs and alone agree. */
 static inline __attribute__((always_inline)) v8f att_scores(v8f lo, v8f hi, const float *q,
-                                                            const void *k, int hd, int bf16)
+                                                            const void *k, int hd, int kt)
 {
     const v8i first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
     v8f s = __builtin_shuffle(lo, hi, first) + __builtin_shuffle(lo, hi, second);
     for (int d = hd & ~7; d < hd; d++)
-        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], kv_load1(k, (size_t)p * hd + d, bf16), s[p]);
+        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], kv_load1(k, (size_t)p * hd + d, kt), s[p]);
     return s;
 }
 
@@ -734,7 +805,7 @@ static inline __attribute__((always_inline)) void att_weights(const v8f *s, int 
 /* The values of a block weighted by sc into a row, columns [d, hd): 32 at
  * a time in registers, then 8, then one. */
 static inline __attribute__((always_inline)) void att_values(const float *sc, const void *vb,
-                                                             int bf16, int np, int hd, int d,
+                                                             int kt, int np, int hd, int d,
                                                              float ca, float cb, att_row_t *r,
                                                              v8f *acc)
 {
@@ -746,7 +817,7 @@ static inline __attribute__((always_inline)) void att_values(const float *sc, co
             const size_t v = (size_t)p * hd + d;
             const v8f wv = bcast8(sc[p]);
             v8f l0, h0, l1, h1;
-            kv_load16(vb, v, bf16, &l0, &h0), kv_load16(vb, v + 16, bf16, &l1, &h1);
+            kv_load16(vb, v, kt, &l0, &h0), kv_load16(vb, v + 16, kt, &l1, &h1);
             s0 += wv * l0, s1 += wv * h0, s2 += wv * l1, s3 += wv * h1;
         }
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
@@ -759,7 +830,7 @@ static inline __attribute__((always_inline)) void att_values(const float *sc, co
         for (int p = 0; p < np; p++) {
             const v8f wv = bcast8(sc[p]);
             v8f l, h;
-            kv_load16(vb, (size_t)p * hd + d, bf16, &l, &h);
+            kv_load16(vb, (size_t)p * hd + d, kt, &l, &h);
             s0 += wv * l, s1 += wv * h;
         }
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
@@ -767,35 +838,58 @@ static inline __attribute__((always_inline)) void att_values(const float *sc, co
     }
     if (d + 8 <= hd8) {
         v8f s0 = {0};
-        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * kv_load8(vb, (size_t)p * hd + d, bf16);
+        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * kv_load8(vb, (size_t)p * hd + d, kt);
         acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
         d += 8;
     }
     for (; d < hd; d++) {
         float s0 = 0;
-        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], kv_load1(vb, (size_t)p * hd + d, bf16), s0);
+        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], kv_load1(vb, (size_t)p * hd + d, kt), s0);
         r->tail[d - hd8] = fmaf(s0, cb, r->tail[d - hd8] * ca);
     }
 }
 
+/* An int8 block's row scales: the keys' onto the 8 scores s (keys 8g to
+ * 8g + 7), and the values' onto the softmax weights sc (16), into wv: the
+ * weights att_values takes.  Nothing for the other kinds (wv is sc). */
+static inline __attribute__((always_inline)) v8f key_scale(v8f s, const float *ks, int g, int kt)
+{
+    return kv_is_i8(kt) ? s * load8(ks + 8 * g) : s;
+}
+
+static inline __attribute__((always_inline)) const float *value_weights(const float *sc,
+                                                                       const float *vs, int kt,
+                                                                       float *wv)
+{
+    if (!kv_is_i8(kt)) return sc;
+    const v8f w0 = load8(sc) * load8(vs), w1 = load8(sc + 8) * load8(vs + 8);
+    memcpy(wv, &w0, sizeof w0);
+    memcpy(wv + 8, &w1, sizeof w1);
+    return wv;
+}
+
 /* Takes np cached positions (keys kb, values vb: np rows of hd, in a block
- * of TSR_KV_BLOCK) into a row's state: the block's scores (all 16 keys
- * are read, those from np on are masked), att_weights, att_values. */
+ * of TSR_KV_BLOCK; for int8 their row scales ks, vs) into a row's state:
+ * the block's scores (all 16 keys are read, those from np on are masked),
+ * att_weights, att_values. */
 static inline __attribute__((always_inline)) void att_block(const float *q, const void *kb,
-                                                            const void *vb, int bf16, int np,
+                                                            const void *vb, const float *ks,
+                                                            const float *vs, int kt, int np,
                                                             int hd, float scale, att_row_t *r,
                                                             v8f *acc)
 {
     _Static_assert(TSR_KV_BLOCK == 16, "att_block scores blocks of 16 positions");
-    float sc[TSR_KV_BLOCK], ca, cb;
+    float sc[TSR_KV_BLOCK], wv[TSR_KV_BLOCK], ca, cb;
     const size_t h = (size_t)hd;
     v8f s[2];
     for (int g = 0; g < 2; g++) {
-        const void *k0 = kv_ptr(kb, 8 * g * h, bf16), *k4 = kv_ptr(kb, (8 * g + 4) * h, bf16);
-        s[g] = att_scores(dot4_part(q, k0, h, bf16), dot4_part(q, k4, h, bf16), q, k0, hd, bf16);
+        const void *k0 = kv_ptr(kb, 8 * g * h, kt), *k4 = kv_ptr(kb, (8 * g + 4) * h, kt);
+        s[g] = key_scale(
+            att_scores(dot4_part(q, k0, h, kt), dot4_part(q, k4, h, kt), q, k0, hd, kt), ks, g,
+            kt);
     }
     att_weights(s, np, scale, sc, r, &ca, &cb);
-    att_values(sc, vb, bf16, np, hd, 0, ca, cb, r, acc);
+    att_values(value_weights(sc, vs, kt, wv), vb, kt, np, hd, 0, ca, cb, r, acc);
 }
 
 /* att_block of a whole block for two rows of a prompt, with bits equal to
@@ -804,33 +898,35 @@ static inline __attribute__((always_inline)) void att_block(const float *q, cons
  * hierarchy (it reads every earlier position once per row). */
 static inline __attribute__((always_inline)) void att_block2(const float *q0, const float *q1,
                                                              const void *kb, const void *vb,
-                                                             int bf16, int hd, float scale,
+                                                             const float *ks, const float *vs,
+                                                             int kt, int hd, float scale,
                                                              att_row_t *r0, v8f *acc0,
                                                              att_row_t *r1, v8f *acc1)
 {
     enum { NP = TSR_KV_BLOCK };
-    float sc0[NP], sc1[NP], ca0, cb0, ca1, cb1;
+    float sc0[NP], sc1[NP], wv0[NP], wv1[NP], ca0, cb0, ca1, cb1;
     const size_t h = (size_t)hd;
     v8f s0[2], s1[2];
     for (int g = 0; g < 2; g++) {
         v8f lo0, lo1, hi0, hi1;
-        const void *k0 = kv_ptr(kb, 8 * g * h, bf16), *k4 = kv_ptr(kb, (8 * g + 4) * h, bf16);
-        dot4x2_part(q0, q1, k0, h, bf16, &lo0, &lo1);
-        dot4x2_part(q0, q1, k4, h, bf16, &hi0, &hi1);
-        s0[g] = att_scores(lo0, hi0, q0, k0, hd, bf16);
-        s1[g] = att_scores(lo1, hi1, q1, k0, hd, bf16);
+        const void *k0 = kv_ptr(kb, 8 * g * h, kt), *k4 = kv_ptr(kb, (8 * g + 4) * h, kt);
+        dot4x2_part(q0, q1, k0, h, kt, &lo0, &lo1);
+        dot4x2_part(q0, q1, k4, h, kt, &hi0, &hi1);
+        s0[g] = key_scale(att_scores(lo0, hi0, q0, k0, hd, kt), ks, g, kt);
+        s1[g] = key_scale(att_scores(lo1, hi1, q1, k0, hd, kt), ks, g, kt);
     }
     att_weights(s0, NP, scale, sc0, r0, &ca0, &cb0);
     att_weights(s1, NP, scale, sc1, r1, &ca1, &cb1);
+    const float *w0p = value_weights(sc0, vs, kt, wv0), *w1p = value_weights(sc1, vs, kt, wv1);
     const int hd8 = hd & ~7;
     const v8f ca0v = bcast8(ca0), cb0v = bcast8(cb0), ca1v = bcast8(ca1), cb1v = bcast8(cb1);
     int d = 0;
     for (; d + 16 <= hd8; d += 16) {
         v8f s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
         for (int p = 0; p < NP; p++) {
-            const v8f w0 = bcast8(sc0[p]), w1 = bcast8(sc1[p]);
+            const v8f w0 = bcast8(w0p[p]), w1 = bcast8(w1p[p]);
             v8f v0, v1;
-            kv_load16(vb, (size_t)p * hd + d, bf16, &v0, &v1);
+            kv_load16(vb, (size_t)p * hd + d, kt, &v0, &v1);
             s0 += w0 * v0, s1 += w0 * v1, t0 += w1 * v0, t1 += w1 * v1;
         }
         acc0[d / 8] = acc0[d / 8] * ca0v + s0 * cb0v;
@@ -838,8 +934,8 @@ static inline __attribute__((always_inline)) void att_block2(const float *q0, co
         acc1[d / 8] = acc1[d / 8] * ca1v + t0 * cb1v;
         acc1[d / 8 + 1] = acc1[d / 8 + 1] * ca1v + t1 * cb1v;
     }
-    att_values(sc0, vb, bf16, NP, hd, d, ca0, cb0, r0, acc0);
-    att_values(sc1, vb, bf16, NP, hd, d, ca1, cb1, r1, acc1);
+    att_values(w0p, vb, kt, NP, hd, d, ca0, cb0, r0, acc0);
+    att_values(w1p, vb, kt, NP, hd, d, ca1, cb1, r1, acc1);
 }
 
 static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
@@ -866,12 +962,15 @@ static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float
  * asked into L1 (bench/engine_step, alternating runs, 2-core EPYC VM). */
 static inline __attribute__((always_inline)) void kv_prefetch(const tsr_engine_t *e, int l,
                                                                int slot, int pos, size_t run,
-                                                               int bf16)
+                                                               int kt)
 {
     const size_t off = kv_off(e, l, slot, pos) + run;
-    const char *kn = kv_ptr(e->kpool, off, bf16), *vn = kv_ptr(e->vpool, off, bf16);
-    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim * (bf16 ? 2 : 4); i += 64)
+    const char *kn = kv_ptr(e->kpool, off, kt), *vn = kv_ptr(e->vpool, off, kt);
+    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim * kv_esize(kt); i += 64)
         __builtin_prefetch(kn + i, 0, 1), __builtin_prefetch(vn + i, 0, 1);
+    if (kv_is_i8(kt))   /* the block's 16 scales: one line each */
+        __builtin_prefetch(e->kscale + off / e->head_dim, 0, 1),
+            __builtin_prefetch(e->vscale + off / e->head_dim, 0, 1);
 }
 
 /* Causal grouped-query attention of some rows of one entry for one query
@@ -881,7 +980,7 @@ static inline __attribute__((always_inline)) void kv_prefetch(const tsr_engine_t
  * result depends on that row alone, bit for bit, whatever its neighbours
  * (test_engine_cpu).  Compiled twice, for AVX2 with FMA and for any x86-64
  * (att_task_for picks), as the products are. */
-static inline __attribute__((always_inline)) void att_task_body(void *arg, int t, int bf16)
+static inline __attribute__((always_inline)) void att_task_body(void *arg, int t, int kt)
 {
     const att_job_t *j = arg;
     tsr_engine_t *e = j->e;
@@ -895,6 +994,10 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
     const int r1 = en->n < r0 + ATT_ROWS ? en->n : r0 + ATT_ROWS;
     v8f acc[2][64];
     att_row_t rs[2];
+    /* an int8 block's key and value scales (tsr_engine_t.kscale) */
+#define KV_SCALES(off)                                                                            \
+    kv_is_i8(kt) ? e->kscale + (off) / (size_t)hd : NULL,                                         \
+        kv_is_i8(kt) ? e->vscale + (off) / (size_t)hd : NULL
     for (int r = r0; r < r1;) {
         const int pair = r + 1 < r1, visible = en->pos + r + 1;   /* row r + 1 sees one more */
         const float *q[2];
@@ -905,10 +1008,10 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
         int b0 = 0;
         if (pair)
             for (; b0 + B <= visible; b0 += B) {
-                kv_prefetch(e, j->l, en->slot, b0 + B, run, bf16);   /* row r + 1 sees b0 + B */
+                kv_prefetch(e, j->l, en->slot, b0 + B, run, kt);   /* row r + 1 sees b0 + B */
                 const size_t off = kv_off(e, j->l, en->slot, b0) + run;
-                att_block2(q[0], q[1], kv_ptr(e->kpool, off, bf16), kv_ptr(e->vpool, off, bf16),
-                           bf16, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
+                att_block2(q[0], q[1], kv_ptr(e->kpool, off, kt), kv_ptr(e->vpool, off, kt),
+                           KV_SCALES(off), kt, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
             }
         for (int k = 0; k <= pair; k++) {
             const int vis = visible + k;
@@ -916,39 +1019,40 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
              * bf16 products took 16.3-16.6 ms a step against 16.7-16.9 ms
              * one block ahead (three alternating runs, 2-core Xeon VM; on
              * the EPYC VM two or three ahead were within noise) */
-            if (b0 + B < vis) kv_prefetch(e, j->l, en->slot, b0 + B, run, bf16);
+            if (b0 + B < vis) kv_prefetch(e, j->l, en->slot, b0 + B, run, kt);
             for (int c0 = b0; c0 < vis; c0 += B) {
-                if (c0 + 2 * B < vis) kv_prefetch(e, j->l, en->slot, c0 + 2 * B, run, bf16);
+                if (c0 + 2 * B < vis) kv_prefetch(e, j->l, en->slot, c0 + 2 * B, run, kt);
                 const size_t off = kv_off(e, j->l, en->slot, c0) + run;
-                att_block(q[k], kv_ptr(e->kpool, off, bf16), kv_ptr(e->vpool, off, bf16), bf16,
-                          vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k], acc[k]);
+                att_block(q[k], kv_ptr(e->kpool, off, kt), kv_ptr(e->vpool, off, kt),
+                          KV_SCALES(off), kt, vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k],
+                          acc[k]);
             }
             att_row_out(&rs[k], acc[k], hd,
                         e->att + ((size_t)j->first_row[ei] + r + k) * qh * hd + (size_t)h * hd);
         }
         r += 1 + pair;
     }
+#undef KV_SCALES
 }
 
-__attribute__((target("avx2,fma"))) static void att_task_fma(void *arg, int t)
-{
-    att_task_body(arg, t, 0);
-}
+#define ATT_TASK(name, target, kt)                                                               \
+    target static void name(void *arg, int t) { att_task_body(arg, t, kt); }
+ATT_TASK(att_task_fma, __attribute__((target("avx2,fma"))), KV_F32)
+ATT_TASK(att_task_fma_bf16, __attribute__((target("avx2,fma"))), KV_BF16)
+ATT_TASK(att_task_fma_i8, __attribute__((target("avx2,fma"))), KV_I8_AVX2)
+ATT_TASK(att_task_plain, , KV_F32)
+ATT_TASK(att_task_plain_bf16, , KV_BF16)
+ATT_TASK(att_task_plain_i8, , KV_I8)
+#undef ATT_TASK
 
-__attribute__((target("avx2,fma"))) static void att_task_fma_bf16(void *arg, int t)
+/* The attention kernel this CPU runs for a pool of kind kt: one choice for
+ * the process, so every step of every sequence computes the same way. */
+static void (*att_task_for(int kt))(void *, int)
 {
-    att_task_body(arg, t, 1);
-}
-
-static void att_task_plain(void *arg, int t) { att_task_body(arg, t, 0); }
-static void att_task_plain_bf16(void *arg, int t) { att_task_body(arg, t, 1); }
-
-/* The attention kernel this CPU runs for a pool of f32 or bf16: one choice
- * for the process, so every step of every sequence computes the same way. */
-static void (*att_task_for(int bf16))(void *, int)
-{
-    return tsr_cpu_kernels() != TSR_KERNELS_PLAIN ? (bf16 ? att_task_fma_bf16 : att_task_fma)
-                                 : (bf16 ? att_task_plain_bf16 : att_task_plain);
+    static void (*const fma[])(void *, int) = {att_task_fma, att_task_fma_bf16, att_task_fma_i8};
+    static void (*const plain[])(void *, int) = {att_task_plain, att_task_plain_bf16,
+                                                 att_task_plain_i8};
+    return tsr_cpu_kernels() != TSR_KERNELS_PLAIN ? fma[kt] : plain[kt];
 }
 
 /* SwiGLU of n elements: gate * sigmoid(gate) * up, the sigmoid from
@@ -1019,8 +1123,9 @@ static void rope_kv_task(void *arg, int i)
         rope_row(e, k, kvh, e->row_pos[t]);
         const size_t off = kv_off(e, j->l, e->row_slot[t], e->row_pos[t]);
         for (int h = 0; h < kvh; h++) {
-            kv_store(e, e->kpool, off + (size_t)h * TSR_KV_BLOCK * hd, k + (size_t)h * hd, hd);
-            kv_store(e, e->vpool, off + (size_t)h * TSR_KV_BLOCK * hd, v + (size_t)h * hd, hd);
+            const size_t o = off + (size_t)h * TSR_KV_BLOCK * hd;
+            kv_store(e, e->kpool, e->kscale, o, k + (size_t)h * hd, hd);
+            kv_store(e, e->vpool, e->vscale, o, v + (size_t)h * hd, hd);
         }
     }
 }
@@ -1043,7 +1148,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     for (int i = 0; i < b->n_entries; i++)
         first_task[i + 1] = first_task[i] + qh * ((b->entries[i].n + ATT_ROWS - 1) / ATT_ROWS);
     att_job_t aj = {e, b, first_row, first_task, l};
-    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(e->kv_bf16), &aj);
+    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(e->kv_kind), &aj);
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
 

@@ -484,9 +484,10 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
                                batch + chunk, 0, 0, ex->device_index, j->kv_dtype,
                                j->matmul_dtype};
-    int elem = tsr_kv_elem_bytes(eng, j->kv_dtype);
+    int row = tsr_kv_engine_row_bytes(eng, j->kv_dtype, m->head_dim);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
-                                         j->max_seq_len, TSR_KV_BLOCK, elem > 0 ? elem : 4);
+                                         j->max_seq_len, TSR_KV_BLOCK,
+                                         row > 0 ? row : 4 * m->head_dim);
 }
 
 /* The device is unusable: say why (fatal, so the coordinator moves the

@@ -403,7 +403,7 @@ static void test_launch_arithmetic(void **state)
 
 /* ---- the engine's load refuses a KV or weight type it does not keep, before any device call ---- */
 
-static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype_and_f32_weights(void **state)
+static void test_cuda_engine_refuses_an_f32_int8_or_unknown_kv_dtype_and_f32_weights(void **state)
 {
     (void)state;
     tsr_backend_t b;
@@ -416,6 +416,11 @@ static void test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype_and_f32_weights(
     assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
     assert_null(e);
     assert_non_null(strstr(err, "kv_dtype f32"));
+    spec.kv_dtype = TSR_KV_INT8;   /* the CPU engine's alone */
+    err[0] = '\0';
+    assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "kv_dtype int8"));
     spec.kv_dtype = 7;
     err[0] = '\0';
     assert_int_equal(b.engine->load("/nonexistent", &spec, &e, err, sizeof err), -1);
@@ -442,7 +447,7 @@ int main(void)
         cmocka_unit_test(test_online_softmax_merge),
         cmocka_unit_test(test_sampling_matches_cpu_engine),
         cmocka_unit_test(test_launch_arithmetic),
-        cmocka_unit_test(test_cuda_engine_refuses_an_f32_or_unknown_kv_dtype_and_f32_weights),
+        cmocka_unit_test(test_cuda_engine_refuses_an_f32_int8_or_unknown_kv_dtype_and_f32_weights),
     };
     return cmocka_run_group_tests_name("kmath (the CUDA kernels' math, on the CPU)", tests, NULL, NULL);
 }

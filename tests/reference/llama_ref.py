@@ -7,7 +7,7 @@ over being fast: float64 by default, no KV cache (every generation step
 recomputes the whole sequence), one function per piece of the model.
 
     python3 tests/reference/llama_ref.py MODEL_DIR --prompt-ids 1,2,3 \
-        --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos] [--kv-dtype bf16]
+        --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos] [--kv-dtype bf16|int8]
         [--matmul-dtype bf16]
 
 As a module: load_model(dir) -> dict, forward(model, ids) -> logits [T, V],
@@ -253,6 +253,19 @@ def round_bf16(a):
     return u.astype(np.uint32).view(np.float32).astype(a.dtype)
 
 
+def round_int8(a):
+    """a [..., head_dim] as a KV cache of int8 holds it (kv_dtype: int8): each
+    row of head_dim elements (one position of one KV head) becomes integers
+    q = round-half-even(x / s) in [-127, 127] with s = max |x| / 127, all in
+    float32, and is read back as q * s."""
+    x = np.asarray(a, dtype=np.float32)
+    s = np.max(np.abs(x), axis=-1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.rint(x / np.where(s > 0, s, np.float32(1))), np.float32(0))
+    q = np.clip(q, -127, 127).astype(np.float32)
+    return (q.astype(np.float64) * s.astype(np.float64)).astype(a.dtype)
+
+
 def attention(layer, cfg, x, cos, sin, kv_round=None, x_round=None):
     """Causal grouped-query self-attention over x [T, D] -> [T, D].  kv_round,
     when given, is applied to the keys (after RoPE) and values, as a KV cache
@@ -354,8 +367,9 @@ def main(argv=None):
     ap.add_argument("--logits-out", help="FILE: first step's logits, one per line; "
                     "FILE.all: every step's logits, one line per step")
     ap.add_argument("--f32", action="store_true", help="compute in float32 (default float64)")
-    ap.add_argument("--kv-dtype", choices=("f32", "bf16"), default="f32",
-                    help="bf16: keys and values rounded as a bf16 KV cache holds them")
+    ap.add_argument("--kv-dtype", choices=("f32", "bf16", "int8"), default="f32",
+                    help="bf16, int8: keys and values rounded as a KV cache of that type "
+                    "holds them")
     ap.add_argument("--matmul-dtype", choices=("f32", "bf16"), default="f32",
                     help="bf16: weights and each product's input rounded as an engine "
                     "with matmul_dtype bf16 multiplies")
@@ -370,8 +384,8 @@ def main(argv=None):
         ap.error("need at least one prompt id and --max-tokens >= 0")
 
     model = load_model(args.model_dir, np.float32 if args.f32 else np.float64)
-    if args.kv_dtype == "bf16":
-        model["kv_round"] = round_bf16
+    if args.kv_dtype != "f32":
+        model["kv_round"] = round_bf16 if args.kv_dtype == "bf16" else round_int8
     if args.matmul_dtype == "bf16":
         round_matmuls(model, round_bf16)
     eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()

@@ -12,8 +12,10 @@
  * requests alone match the reference with its keys and values rounded to
  * bf16, and with bf16 products (matmul_dtype bf16: AMX where the CPU has
  * it), whose requests alone match the reference with its weights and the
- * products' inputs rounded to bf16.  Also: a queue that is full refuses at once, and a request that
- * could never fit the pool is refused with the numbers. */
+ * products' inputs rounded to bf16, and with an int8 KV cache, whose
+ * requests alone match the reference with its keys and values rounded as
+ * that cache holds them.  Also: a queue that is full refuses at once, and a
+ * request that could never fit the pool is refused with the numbers. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -31,14 +33,14 @@
 static char model_dir[64];
 static h_req_t script[N_REQS];
 /* The numeric modes: f32 throughout, the KV cache in bf16, the products in
- * bf16; each request's tokens alone in each. */
+ * bf16, the KV cache in int8; each request's tokens alone in each. */
 static const struct {
     int kv, mm;
     const char *name;
-} mode[3] = {{TSR_KV_F32, TSR_KV_F32, "f32"}, {TSR_KV_BF16, TSR_KV_F32, "bf16 KV"},
-             {TSR_KV_F32, TSR_KV_BF16, "bf16 matmul"}};
-static int32_t alone[3][N_REQS][H_MAX_TOKENS];
-static int n_alone[3][N_REQS];
+} mode[4] = {{TSR_KV_F32, TSR_KV_F32, "f32"}, {TSR_KV_BF16, TSR_KV_F32, "bf16 KV"},
+             {TSR_KV_F32, TSR_KV_BF16, "bf16 matmul"}, {TSR_KV_INT8, TSR_KV_F32, "int8 KV"}};
+static int32_t alone[4][N_REQS][H_MAX_TOKENS];
+static int n_alone[4][N_REQS];
 
 static uint64_t rng_state = 12345;
 static uint32_t rnd(uint32_t n)
@@ -137,6 +139,13 @@ static void test_with_a_bf16_kv_cache_each_request_alone_matches_the_reference_r
 {
     (void)state;
     run_alone_against_the_reference(1);
+}
+
+static void test_with_an_int8_kv_cache_each_request_alone_matches_the_reference_rounding_k_and_v(
+    void **state)
+{
+    (void)state;
+    run_alone_against_the_reference(3);
 }
 
 static void run_batched(int tp, int pp, int kv)
@@ -246,6 +255,20 @@ static void test_batched_tp2_pp2_with_bf16_products_gives_every_request_its_own_
     run_batched(2, 2, 2);
 }
 
+static void test_batched_tp1_pp1_with_an_int8_kv_cache_gives_every_request_its_own_tokens(
+    void **state)
+{
+    (void)state;
+    run_batched(1, 1, 3);
+}
+
+static void test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_own_tokens(
+    void **state)
+{
+    (void)state;
+    run_batched(2, 2, 3);
+}
+
 static void test_a_full_queue_refuses_at_once(void **state)
 {
     (void)state;
@@ -330,6 +353,9 @@ int main(void)
         cmocka_unit_test(test_batched_tp2_pp1_with_bf16_products_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp1_pp2_with_bf16_products_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp2_pp2_with_bf16_products_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_with_an_int8_kv_cache_each_request_alone_matches_the_reference_rounding_k_and_v),
+        cmocka_unit_test(test_batched_tp1_pp1_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
     };

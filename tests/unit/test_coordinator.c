@@ -1680,7 +1680,7 @@ static void test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept(void **stat
     assert_true(blocks >= 1 && blocks < tsr_cuda_kv_blocks(&m, d, 0, 0));   /* memory binds */
     int b0, e0;
     tsr_layer_split(m.num_hidden_layers, 2, 0, &b0, &e0);
-    uint64_t want = (uint64_t)blocks * tsr_kv_block_bytes(&m, 2, e0 - b0, 16, 2);
+    uint64_t want = (uint64_t)blocks * tsr_kv_block_bytes(&m, 2, e0 - b0, 16, tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim));
     for (int i = 0; i < NW; i++)
         if (fx->holds[i]) assert_int_equal(fx->piece[i].kv_cache_bytes, want);
     /* the tightest member dies; the roomiest spare takes its piece */

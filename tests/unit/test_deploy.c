@@ -464,11 +464,11 @@ static void test_batching_keys_out_of_range_are_rejected(void **state)
     expect_batch_error("max_queue", "99999999999999999999999", "out of range (0 to 1000000)");
 }
 
-static void test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **state)
+static void test_kv_dtype_takes_auto_f32_bf16_or_int8_and_cuda_refuses_f32_and_int8(void **state)
 {
     (void)state;
-    static const char *const names[] = {"auto", "f32", "bf16"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const names[] = {"auto", "f32", "bf16", "int8"};
+    for (int k = 0; k < 4; k++) {
         char line[64];
         snprintf(line, sizeof line, "    kv_dtype: %s\n", names[k]);
         tsr_config_t *cfg = parse_batch(line);
@@ -476,18 +476,23 @@ static void test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void **sta
         assert_string_equal(tsr_kv_dtype_name(k), names[k]);
         tsr_config_destroy(&cfg);
     }
-    assert_null(tsr_kv_dtype_name(3));
+    assert_null(tsr_kv_dtype_name(4));
     /* auto stands for f32 on a cpu and bf16 on cuda; the others for themselves */
     assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CPU, TSR_KV_AUTO), TSR_KV_F32);
     assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CUDA, TSR_KV_AUTO), TSR_KV_BF16);
     assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CPU, TSR_KV_BF16), TSR_KV_BF16);
     assert_int_equal(tsr_kv_dtype_on(TSR_DEVICE_CUDA, TSR_KV_F32), TSR_KV_F32);
-    expect_batch_error("kv_dtype", "fp8", "expected auto, f32 or bf16, got 'fp8'");
-    expect_batch_error("kv_dtype", "F32", "expected auto, f32 or bf16, got 'F32'");
+    expect_batch_error("kv_dtype", "fp8", "expected auto, f32, bf16 or int8, got 'fp8'");
+    expect_batch_error("kv_dtype", "F32", "expected auto, f32, bf16 or int8, got 'F32'");
     /* whichever key comes first, a cuda pool is bf16 only */
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    kv_dtype: f32\n"
                  "    device: cuda\n",
                  "demo.yaml:5:15: deployments[0].kv_dtype: ", "a cuda deployment keeps its KV cache in bf16");
+    /* int8 is the CPU engine's alone */
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    device: cuda\n"
+                 "    kv_dtype: int8\n",
+                 "demo.yaml:6:15: deployments[0].kv_dtype: ",
+                 "a cuda deployment keeps its KV cache in bf16; int8 is for cpu ones");
     tsr_config_t *cfg = parse_ok("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                                  "    device: cuda\n    kv_dtype: bf16\n", "demo.yaml");
     assert_int_equal(cfg->deployments[0].kv_dtype, TSR_KV_BF16);
@@ -1110,7 +1115,7 @@ int main(void)
         cmocka_unit_test(test_prefill_chunk_is_at_most_max_seq_len),
         cmocka_unit_test(test_batching_keys_out_of_range_are_rejected),
         cmocka_unit_test(test_batching_keys_of_the_wrong_type_are_rejected),
-        cmocka_unit_test(test_kv_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
+        cmocka_unit_test(test_kv_dtype_takes_auto_f32_bf16_or_int8_and_cuda_refuses_f32_and_int8),
         cmocka_unit_test(test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
         cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
         cmocka_unit_test(test_bad_name_chars_are_rejected),

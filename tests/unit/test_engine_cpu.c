@@ -8,11 +8,13 @@
  * other sequences, gives bit-identical logits.  Prompts cross KV blocks of
  * 16 positions at odd offsets, in a GQA model with head_dim 64 (the
  * attention kernel's widest path) and ones with head_dim 24, 20, 40 and 80
- * (its narrower and scalar tails), with the KV cache in f32 and in bf16,
- * and with bf16 products (matmul_dtype bf16).  A bf16 cache gives logits
- * near the f32 one's, and half its bytes; bf16 products give the NumPy
- * reference's logits with the same rounding, far closer than its f32 ones,
- * from half the weight bytes. */
+ * (its narrower and scalar tails), with the KV cache in f32, in bf16 and
+ * in int8, and with bf16 products (matmul_dtype bf16).  A bf16 cache gives
+ * logits near the f32 one's, and half its bytes; an int8 cache gives the
+ * NumPy reference's logits with the same rounding of keys and values, far
+ * closer than its unrounded ones, from head_dim + 4 bytes a row; bf16
+ * products give the reference's logits with the same rounding, far closer
+ * than its f32 ones, from half the weight bytes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -36,7 +38,7 @@ static const struct {
     int kv, mm;
     const char *name;
 } modes[] = {{TSR_KV_AUTO, TSR_KV_AUTO, "f32"}, {TSR_KV_BF16, TSR_KV_AUTO, "bf16 KV"},
-             {TSR_KV_AUTO, TSR_KV_BF16, "bf16 matmul"}};
+             {TSR_KV_INT8, TSR_KV_AUTO, "int8 KV"}, {TSR_KV_AUTO, TSR_KV_BF16, "bf16 matmul"}};
 #define N_KV (int)(sizeof modes / sizeof modes[0])
 
 static tsr_engine_t *load_mm(const char *dir, int kv_dtype, int mm_dtype)
@@ -194,13 +196,16 @@ static void test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes(vo
 }
 
 /* The reference's first logits for sequence seq's first len positions,
- * with its products rounded to bf16 or not. */
-static void reference_logits(const char *dir, int seq, int len, const char *mm, float *out)
+ * with its products rounded to bf16 or not (mm), and its keys and values
+ * as a cache of kv holds them. */
+static void reference_logits(const char *dir, int seq, int len, const char *mm, const char *kv,
+                             float *out)
 {
-    char cmd[4096], file[64], line[64];
-    snprintf(file, sizeof file, "%s/ref-logits-%s", dir, mm);
+    char cmd[4096], file[96], line[64];
+    snprintf(file, sizeof file, "%s/ref-logits-%s-%s", dir, mm, kv);
     int n = snprintf(cmd, sizeof cmd, "python3 tests/reference/llama_ref.py %s --max-tokens 1 "
-                     "--matmul-dtype %s --logits-out %s --prompt-ids ", dir, mm, file);
+                     "--matmul-dtype %s --kv-dtype %s --logits-out %s --prompt-ids ", dir, mm,
+                     kv, file);
     for (int p = 0; p < len; p++)
         n += snprintf(cmd + n, sizeof cmd - (size_t)n, "%s%d", p ? "," : "", token_at(seq, p));
     snprintf(cmd + n, sizeof cmd - (size_t)n, " > /dev/null");
@@ -222,6 +227,34 @@ static double rms_diff(const float *a, const float *b)
     return sqrt(ss / vocab);
 }
 
+/* e's logits for sequences 1 and 2 (40 positions, in chunks of 16) against
+ * model m's reference with its products (mm) and its cache (kv) rounded as
+ * e's are, and against the unrounded one: the reference rounds as the
+ * engine does but sums in float64, so where an f32 value and a float64 one
+ * fall either side of a rounding boundary, that input moves by a step and
+ * the logits after it a little.  Fails unless e is nearer the rounded
+ * reference than `within` times the distance to the unrounded one every
+ * time; returns the least such ratio (no input crossed: f32 noise). */
+static double near_rounded_reference(tsr_engine_t *e, int m, const char *mm, const char *kv,
+                                     double within, const char *what)
+{
+    double best = INFINITY;
+    float *got = malloc((size_t)vocab * sizeof *got), *rr = malloc((size_t)vocab * sizeof *rr),
+          *rf = malloc((size_t)vocab * sizeof *rf);
+    for (int seq = 1; seq <= 2; seq++) {
+        alone(e, seq, 40, 16, got);
+        reference_logits(dirs[m], seq, 40, mm, kv, rr);
+        reference_logits(dirs[m], seq, 40, "f32", "f32", rf);
+        double to_rounded = rms_diff(got, rr), to_f32 = rms_diff(got, rf);
+        if (!(to_rounded < within * to_f32))
+            fail_msg("model %d, sequence %d: %s are %.3g (rms) from the rounded reference and "
+                     "%.3g from the unrounded one", m, seq, what, to_rounded, to_f32);
+        if (to_rounded / to_f32 < best) best = to_rounded / to_f32;
+    }
+    free(got), free(rr), free(rf);
+    return best;
+}
+
 static void test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes(
     void **state)
 {
@@ -234,32 +267,41 @@ static void test_bf16_products_give_the_references_bf16_logits_from_half_the_wei
         if (wh * 2 < wf || wh * 2 > wf + wf / 50)
             fail_msg("model %d: %llu weight bytes with bf16 products, %llu with f32", m,
                      (unsigned long long)wh, (unsigned long long)wf);
-        float *got = malloc((size_t)vocab * sizeof *got), *rb = malloc((size_t)vocab * sizeof *rb),
-              *rf = malloc((size_t)vocab * sizeof *rf);
-        for (int seq = 1; seq <= 2; seq++) {
-            alone(h, seq, 40, 16, got);
-            reference_logits(dirs[m], seq, 40, "bf16", rb);
-            reference_logits(dirs[m], seq, 40, "f32", rf);
-            /* The reference rounds as the engine does but sums in float64:
-             * where an f32 sum and a float64 one fall either side of a bf16
-             * rounding boundary (one input in some 10^4 here), that input
-             * moves by 2^-8 of itself and the logits after it a little.
-             * So: nearer the rounded reference than the unrounded one in
-             * every case, and in some case (no input crossed) within f32
-             * noise of it. */
-            double to_bf16 = rms_diff(got, rb), to_f32 = rms_diff(got, rf);
-            if (!(to_bf16 < 0.7 * to_f32))
-                fail_msg("model %d, sequence %d: bf16 products are %.3g (rms) from the rounded "
-                         "reference and %.3g from the f32 one", m, seq, to_bf16, to_f32);
-            if (to_bf16 / to_f32 < best) best = to_bf16 / to_f32;
-        }
-        free(got), free(rb), free(rf);
+        /* a bf16 crossing (one input in some 10^4 here) moves it by 2^-8 */
+        double r = near_rounded_reference(h, m, "bf16", "f32", 0.7, "bf16 products");
+        if (r < best) best = r;
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&h);
     }
     if (!(best < 0.001))
         fail_msg("bf16 products were never within f32 noise of the rounded reference (best %.3g "
                  "of the distance to the f32 one)", best);
+}
+
+static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes(
+    void **state)
+{
+    (void)state;
+    double best = INFINITY;
+    for (int m = 0; m < N_MODELS; m++) {
+        tsr_model_info_t info;
+        char err[512];
+        assert_int_equal(tsr_model_info_load(dirs[m], &info, err, sizeof err), 0);
+        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *q = load(dirs[m], TSR_KV_INT8);
+        /* a row of head_dim elements: 4 bytes each in f32, 1 and a 4-byte scale in int8 */
+        const uint64_t hd = (uint64_t)info.head_dim;
+        assert_int_equal(tsr_engine_cpu.kv_bytes(q) * 4 * hd, tsr_engine_cpu.kv_bytes(f) * (hd + 4));
+        /* an int8 crossing moves an element by max |row| / 127: within a
+         * tenth every time (up to 0.03 in runs of 2026-12-03; rounding
+         * toward zero instead gave 0.78) */
+        double r = near_rounded_reference(q, m, "f32", "int8", 0.1, "int8 cache logits");
+        if (r < best) best = r;
+        tsr_engine_cpu.destroy(&f);
+        tsr_engine_cpu.destroy(&q);
+    }
+    if (!(best < 0.001))
+        fail_msg("the int8 cache was never within f32 noise of the int8 reference (best %.3g of "
+                 "the distance to the unrounded one)", best);
 }
 
 static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void **state)
@@ -321,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_sequences_sharing_steps_get_the_bits_they_get_alone),
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
         cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
+        cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -282,39 +282,58 @@ static void test_kv_pool_without_budget_holds_max_seqs_full_sequences(void **sta
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
+    (void)F32;
     /* ceil(100 / 16) = 7 blocks a sequence. */
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 4, 100, 16, 2), 4 * 7);
-    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, 0, 3, 512, 16, 4), 3 * 32);
-    assert_int_equal(tsr_kv_pool_blocks(&m, 4, 2, 0, 1, 16, 16, 2), 1);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 4, 100, 16, BF16), 4 * 7);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, 0, 3, 512, 16, F32), 3 * 32);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 4, 2, 0, 1, 16, 16, BF16), 1);
 }
 
 static void test_kv_pool_with_budget_prices_the_largest_stage(void **state)
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
+    (void)F32;
     /* 8 layers over 3 stages: 3, 3, 2; the largest stage has 3.  A block of
      * 16 positions, keys and values, 4 kv heads of 8 at 2 bytes over tp:
      *   tp 1: 2 * 3 layers * 32 * 16 * 2 = 6144 bytes
      *   tp 2: 2 * 3 layers * 16 * 16 * 2 = 3072 bytes */
-    assert_int_equal(tsr_kv_block_bytes(&m, 1, 3, 16, 2), 6144);
-    assert_int_equal(tsr_kv_block_bytes(&m, 2, 3, 16, 2), 3072);
+    assert_int_equal(tsr_kv_block_bytes(&m, 1, 3, 16, BF16), 6144);
+    assert_int_equal(tsr_kv_block_bytes(&m, 2, 3, 16, BF16), 3072);
+    /* int8: 8 one-byte elements and a 4-byte scale a row, 2 * 3 * 4 * 16 * 12 */
+    assert_int_equal(tsr_kv_block_bytes(&m, 1, 3, 16, tsr_kv_row_bytes(TSR_KV_INT8, m.head_dim)),
+                     4608);
     uint64_t mib = 1 << 20;
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, mib, 4, 512, 16, 2), 170);  /* 1048576/6144 */
-    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, mib, 4, 512, 16, 2), 341);  /* 1048576/3072 */
-    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, 6143 * 2, 4, 512, 16, 2), 3);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, mib, 4, 512, 16, BF16), 170);  /* 1048576/6144 */
+    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, mib, 4, 512, 16, BF16), 341);  /* 1048576/3072 */
+    assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, 6143 * 2, 4, 512, 16, BF16), 3);
     /* pp 2: 4 layers a stage, 8192 bytes a block at tp 1. */
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 2, mib, 4, 512, 16, 2), 128);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 2, mib, 4, 512, 16, BF16), 128);
     /* The budget decides, whatever max_seqs and max_seq_len say. */
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, mib, 1, 16, 16, 2), 170);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, mib, 1, 16, 16, BF16), 170);
+}
+
+static void test_kv_row_bytes_per_type(void **state)
+{
+    (void)state;
+    assert_int_equal(tsr_kv_row_bytes(TSR_KV_F32, 64), 256);
+    assert_int_equal(tsr_kv_row_bytes(TSR_KV_BF16, 64), 128);
+    assert_int_equal(tsr_kv_row_bytes(TSR_KV_INT8, 64), 68);
+    assert_int_equal(tsr_kv_row_bytes(TSR_KV_AUTO, 64), 0);   /* resolve auto first */
+    assert_int_equal(tsr_kv_row_bytes(99, 64), 0);
 }
 
 static void test_kv_pool_is_never_below_one_block(void **state)
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 1, 4, 512, 16, 2), 1);
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 6143, 4, 512, 16, 2), 1);
-    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 0, 512, 16, 2), 1);
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
+    (void)F32;
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 1, 4, 512, 16, BF16), 1);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 6143, 4, 512, 16, BF16), 1);
+    assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 0, 512, 16, BF16), 1);
 }
 
 /* Llama 3 8B's shape, for the GPU memory model. */
@@ -395,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_kv_pool_without_budget_holds_max_seqs_full_sequences),
         cmocka_unit_test(test_gpu_need_and_kv_blocks_agree),
         cmocka_unit_test(test_kv_pool_with_budget_prices_the_largest_stage),
+        cmocka_unit_test(test_kv_row_bytes_per_type),
         cmocka_unit_test(test_kv_pool_is_never_below_one_block),
     };
 
