@@ -13,6 +13,7 @@
  * every output is one multiply-add chain in a fixed order, so a sequence's
  * numbers do not depend on what it was batched with. */
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -624,7 +625,8 @@ static inline __attribute__((always_inline)) float kv_load1(const void *p, size_
  * in bf16 when the pool is (the CUDA engine's rounding), its full 16s in
  * kv_load16's order; in int8 as round-half-even(x / scale) with scale =
  * max |x| / 127 (in f32, tests/reference/llama_ref.py's round_int8),
- * stored at scales[off / n]. */
+ * stored at scales[off / n]; a row with a NaN or an infinity as zeros with
+ * a NaN scale. */
 static inline void kv_store(const tsr_engine_t *e, void *pool, float *scales, size_t off,
                             const float *x, int n)
 {
@@ -634,12 +636,19 @@ static inline void kv_store(const tsr_engine_t *e, void *pool, float *scales, si
     }
     if (e->kv_kind == KV_I8) {
         float amax = 0;
+        int finite = 1;
         for (int i = 0; i < n; i++) {
             const float a = fabsf(x[i]);
             amax = a > amax ? a : amax;
+            finite &= a <= FLT_MAX;                      /* NaN too */
+        }
+        signed char *d = (signed char *)pool + off;
+        if (!finite) {   /* the row reads back as NaN, as the reference's does: never as numbers */
+            memset(d, 0, (size_t)n);
+            scales[off / (size_t)n] = NAN;
+            return;
         }
         const float scale = amax / 127.0f;
-        signed char *d = (signed char *)pool + off;
         /* adding and taking away 1.5 * 2^23 rounds |v| < 2^22 to an integer,
          * ties to even: nearbyintf without a libm call; 8 at a time, then
          * the same one by one */

@@ -275,6 +275,23 @@ def test_bf16_rounding_is_to_nearest_ties_to_even():
     assert np.array_equal(ref.round_bf16(a), want)
 
 
+def test_int8_rounding_is_per_row_to_nearest_ties_to_even():
+    # scale = max |row| / 127: 1 for the first row (ties at 0.5, 1.5, 2.5 go
+    # to the even 0, 2, 2), 2 for the second; a zero row stays zero; a row
+    # with a NaN or an infinity reads back as NaN throughout
+    a = np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -127.0, 3.2, 0.0],
+                  [254.0, 1.0, 3.0, 5.0, -1.0, -254.0, 6.4, 0.0],
+                  [0.0] * 8,
+                  [1.0, np.nan, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                  [1.0, np.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    want = np.array([[127.0, 0.0, 2.0, 2.0, 0.0, -127.0, 3.0, 0.0],
+                     [254.0, 0.0, 4.0, 4.0, 0.0, -254.0, 6.0, 0.0],
+                     [0.0] * 8])
+    got = ref.round_int8(a)
+    assert np.array_equal(got[:3], want), got[:3]
+    assert np.isnan(got[3:]).all(), got[3:]
+
+
 def test_a_bf16_kv_cache_moves_logits_a_little():
     m = ref.load_model(model_dir("gqa", kv_heads=2))
     full = ref.forward(m, PROMPT)

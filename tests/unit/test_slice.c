@@ -282,8 +282,8 @@ static void test_kv_pool_without_budget_holds_max_seqs_full_sequences(void **sta
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
-    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
-    (void)F32;
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim);
+    const int F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
     /* ceil(100 / 16) = 7 blocks a sequence. */
     assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 4, 100, 16, BF16), 4 * 7);
     assert_int_equal(tsr_kv_pool_blocks(&m, 2, 3, 0, 3, 512, 16, F32), 3 * 32);
@@ -294,8 +294,7 @@ static void test_kv_pool_with_budget_prices_the_largest_stage(void **state)
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
-    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
-    (void)F32;
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim);
     /* 8 layers over 3 stages: 3, 3, 2; the largest stage has 3.  A block of
      * 16 positions, keys and values, 4 kv heads of 8 at 2 bytes over tp:
      *   tp 1: 2 * 3 layers * 32 * 16 * 2 = 6144 bytes
@@ -329,8 +328,7 @@ static void test_kv_pool_is_never_below_one_block(void **state)
 {
     (void)state;
     tsr_model_info_t m = gqa_model();
-    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim), F32 = tsr_kv_row_bytes(TSR_KV_F32, m.head_dim);
-    (void)F32;
+    const int BF16 = tsr_kv_row_bytes(TSR_KV_BF16, m.head_dim);
     assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 1, 4, 512, 16, BF16), 1);
     assert_int_equal(tsr_kv_pool_blocks(&m, 1, 3, 6143, 4, 512, 16, BF16), 1);
     assert_int_equal(tsr_kv_pool_blocks(&m, 1, 1, 0, 0, 512, 16, BF16), 1);
