@@ -621,6 +621,21 @@ static inline __attribute__((always_inline)) float kv_load1(const void *p, size_
                          : ((const float *)p)[i];
 }
 
+/* The first m (<= 8) of 8 elements of a finite row as int8: x / scale
+ * rounded to nearest, ties to even (adding and taking away 1.5 * 2^23 does
+ * that for |v| < 2^22: nearbyintf without a libm call), clamped to +-127 (a
+ * subnormal row's scale is inexact enough to pass it). */
+static inline void i8_store8(signed char *d, v8f x, float scale, int m)
+{
+    const v8f magic = bcast8(0x1.8p23f), lo = bcast8(-127.0f), hi = bcast8(127.0f);
+    v8f v = (x / bcast8(scale) + magic) - magic;
+    const v8i ge = v >= lo, le = v <= hi;
+    v = (v8f)((ge & (v8i)v) | (~ge & (v8i)lo));
+    v = (v8f)((le & (v8i)v) | (~le & (v8i)hi));
+    const v8i q = __builtin_convertvector(v, v8i);
+    for (int k = 0; k < m; k++) d[k] = (signed char)q[k];
+}
+
 /* A row of n elements (one head's) into the pool at element offset off;
  * in bf16 when the pool is (the CUDA engine's rounding), its full 16s in
  * kv_load16's order; in int8 as round-half-even(x / scale) with scale =
@@ -643,29 +658,18 @@ static inline void kv_store(const tsr_engine_t *e, void *pool, float *scales, si
             finite &= a <= FLT_MAX;                      /* NaN too */
         }
         signed char *d = (signed char *)pool + off;
-        if (!finite) {   /* the row reads back as NaN, as the reference's does: never as numbers */
-            memset(d, 0, (size_t)n);
-            scales[off / (size_t)n] = NAN;
+        if (!finite || amax == 0) {   /* NaN or inf: the row reads back as NaN, as the reference's */
+            for (int i = 0; i < n; i++) d[i] = 0;
+            scales[off / (size_t)n] = finite ? 0 : NAN;
             return;
         }
         const float scale = amax / 127.0f;
-        /* adding and taking away 1.5 * 2^23 rounds |v| < 2^22 to an integer,
-         * ties to even: nearbyintf without a libm call; 8 at a time, then
-         * the same one by one */
-        const v8f magic = bcast8(0x1.8p23f), lo = bcast8(-127.0f), hi = bcast8(127.0f);
         int i = 0;
-        for (; scale > 0 && i + 8 <= n; i += 8) {
-            v8f v = (load8(x + i) / bcast8(scale) + magic) - magic;
-            v8i ge = v >= lo, le = v <= hi;            /* NaN: neither */
-            v = (v8f)((ge & (v8i)v) | (~ge & (v8i)lo));
-            v = (v8f)((le & (v8i)v) | (~le & (v8i)hi));
-            const v8i q = __builtin_convertvector(v, v8i);
-            for (int k = 0; k < 8; k++) d[i + k] = (signed char)q[k];
-        }
-        for (; i < n; i++) {
-            float v = scale > 0 ? (x[i] / scale + 0x1.8p23f) - 0x1.8p23f : 0;
-            v = v >= -127.0f ? v : -127.0f;
-            d[i] = (signed char)(v <= 127.0f ? v : 127.0f);
+        for (; i + 8 <= n; i += 8) i8_store8(d + i, load8(x + i), scale, 8);
+        if (i < n) {   /* the last n % 8 through the same code, from a padded copy */
+            float pad[8] = {0};
+            memcpy(pad, x + i, (size_t)(n - i) * sizeof(float));
+            i8_store8(d + i, load8(pad), scale, n - i);
         }
         scales[off / (size_t)n] = scale;
         return;

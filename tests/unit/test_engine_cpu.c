@@ -255,6 +255,15 @@ static double near_rounded_reference(tsr_engine_t *e, int m, const char *mm, con
     return best;
 }
 
+/* Some case (no input crossed a boundary) must be within f32 noise of the
+ * rounded reference: best is the least ratio near_rounded_reference saw. */
+static void expect_f32_noise_once(double best, const char *what)
+{
+    if (!(best < 0.001))
+        fail_msg("%s were never within f32 noise of the rounded reference (best %.3g of the "
+                 "distance to the unrounded one)", what, best);
+}
+
 static void test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes(
     void **state)
 {
@@ -273,9 +282,7 @@ static void test_bf16_products_give_the_references_bf16_logits_from_half_the_wei
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&h);
     }
-    if (!(best < 0.001))
-        fail_msg("bf16 products were never within f32 noise of the rounded reference (best %.3g "
-                 "of the distance to the f32 one)", best);
+    expect_f32_noise_once(best, "bf16 products");
 }
 
 static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes(
@@ -299,9 +306,7 @@ static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&q);
     }
-    if (!(best < 0.001))
-        fail_msg("the int8 cache was never within f32 noise of the int8 reference (best %.3g of "
-                 "the distance to the unrounded one)", best);
+    expect_f32_noise_once(best, "int8 cache logits");
 }
 
 static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void **state)
