@@ -14,7 +14,8 @@
  * NumPy reference's logits with the same rounding of keys and values, far
  * closer than its unrounded ones, from head_dim + 4 bytes a row; bf16
  * products give the reference's logits with the same rounding, far closer
- * than its f32 ones, from half the weight bytes. */
+ * than its f32 ones, from half the weight bytes.  A key holding a NaN
+ * reads back from an int8 cache as NaN, as from an f32 one. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "common/safetensors.h"
 #include "worker/engine.h"
 
 #define N_MODELS 5
@@ -309,6 +311,45 @@ static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_
     expect_f32_noise_once(best, "int8 cache logits");
 }
 
+/* A copy of model 0 whose first layer's k_proj has a NaN weight, so every
+ * key it caches has NaN elements.  int8 must read that back as NaN, as f32
+ * does (quantized, a NaN had turned into a plausible -max |row|). */
+static void test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/tsr-engine-nan-XXXXXX", cmd[256], err[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/model.safetensors %s/", dirs[0], dirs[0], dir);
+    assert_int_equal(system(cmd), 0);
+    tsr_st_t *st = NULL;
+    assert_int_equal(tsr_st_open(dir, &st, err, sizeof err), 0);
+    const tsr_tensor_t *t = tsr_st_find(st, "model.layers.0.self_attn.k_proj.weight");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, TSR_DT_F32);   /* model-init's default */
+    const long at = (long)t->offset;
+    tsr_st_close(&st);
+    FILE *f = fopen(strcat(strcpy(cmd, dir), "/model.safetensors"), "r+b");
+    assert_non_null(f);
+    const float nan = NAN;
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    assert_int_equal(fwrite(&nan, sizeof nan, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    for (int k = 0; k < 2; k++) {
+        tsr_engine_t *e = load(dir, k ? TSR_KV_INT8 : TSR_KV_F32);   /* sets vocab */
+        float *lg = malloc((size_t)vocab * sizeof *lg);
+        alone(e, 1, 20, 16, lg);
+        int nans = 0;
+        for (int i = 0; i < vocab; i++) nans += isnan(lg[i]) != 0;
+        if (nans != vocab)
+            fail_msg("%s cache: %d of %d logits are NaN after a NaN key", k ? "int8" : "f32", nans,
+                     vocab);
+        free(lg);
+        tsr_engine_cpu.destroy(&e);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void **state)
 {
     (void)state;
@@ -369,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
         cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
+        cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
