@@ -167,6 +167,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
                                             r->spec.max_seq_len);
         io->emit(io->arg, c->req, tok, c->index, fin != NULL, 0, fin, NULL);
     }
+    if (ns > 0 && io->flush) io->flush(io->arg);
     if (is_first(r) || ns == 0) return 0;   /* the leader has them already, or expects none */
     b->back[0] = (int32_t)BACK_MAGIC;
     b->back[1] = (int32_t)(uint32_t)b->hdr.step;

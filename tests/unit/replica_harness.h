@@ -71,6 +71,8 @@ typedef struct {
     tsr_engine_t *inner;
     int next_req;
     int64_t t0;
+    int held;                   /* tokens emitted since the last flush */
+    int unflushed;              /* steps that began with tokens not flushed */
 } h_rank_t;
 
 static pthread_mutex_t h_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -92,6 +94,7 @@ struct tsr_engine {
 static int h_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err, size_t len)
 {
     h_rank_t *k = e->k;
+    if (k->held) k->unflushed++;    /* the last step's tokens must be handed on by now */
     int rc = tsr_engine_cpu.step(k->inner, b, sampled, err, len);
     h_run_t *run = k->run;
     if (rc == 0 && k->stage == run->pp - 1 && k->rank == 0 && run->logits) {
@@ -173,6 +176,7 @@ static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, i
 {
     h_rank_t *k = arg;
     h_run_t *run = k->run;
+    if (!error) k->held++;
     if (id < 1 || id > (uint64_t)run->n_reqs) return;
     h_req_t *q = &run->reqs[id - 1];
     pthread_mutex_lock(&h_mu);
@@ -198,6 +202,8 @@ static void h_emit(void *arg, uint64_t id, int32_t token, int index, int done, i
     }
     pthread_mutex_unlock(&h_mu);
 }
+
+static void h_flush(void *arg) { ((h_rank_t *)arg)->held = 0; }
 
 static int h_should_stop(void *arg)
 {
@@ -288,8 +294,9 @@ static void *h_rank_main(void *arg)
     r.max_queue = run->max_queue;
     r.idle_ms = 20;
     k->t0 = h_now_ms();
-    tsr_replica_io_t io = {h_next_request, h_next_cancel, h_emit, h_should_stop, h_report, k};
+    tsr_replica_io_t io = {h_next_request, h_next_cancel, h_emit, h_should_stop, h_report, h_flush, k};
     run->rc[k->idx] = tsr_replica_run(&r, &io, err, errlen);
+    if (k->held) k->unflushed++;
 out:
     tsr_engine_cpu.destroy(&k->inner);
     if (r.ctl) tsr_coll_tcp.destroy(&r.ctl);
@@ -325,13 +332,19 @@ static void h_run(h_run_t *run)
         run->kv_used[i] = -1;   /* not reported yet */
     }
     for (int i = 0; i < n; i++) {
-        ranks[i] = (h_rank_t){run, i, i / run->tp, i % run->tp, ls, eps, NULL, 0, 0};
+        ranks[i] = (h_rank_t){run, i, i / run->tp, i % run->tp, ls, eps, NULL, 0, 0, 0, 0};
         pthread_create(&th[i], NULL, h_rank_main, &ranks[i]);
     }
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < n; i++) tsr_tcp_listener_destroy(&ls[i]);
     for (int i = 0; i < n; i++)
         if (run->rc[i] != 0) fail_msg("tp %d pp %d rank %d: %s", run->tp, run->pp, i, run->err[i]);
+    /* io.flush's contract: a step's tokens are handed on before the next
+     * step runs and before the runner returns. */
+    for (int i = 0; i < n; i++)
+        if (ranks[i].unflushed)
+            fail_msg("tp %d pp %d rank %d: %d step(s) left tokens unflushed", run->tp, run->pp, i,
+                     ranks[i].unflushed);
 }
 
 #endif

@@ -2,13 +2,15 @@
  * cannot be queued is never lost silently; a tp=2 replica whose tensor
  * group is NCCL's (a fake NCCL) forms through the rendezvous relay and
  * generates the same tokens as over TCP; a new epoch whose kv_dtype is
- * auto's own type keeps the loaded weights. */
+ * auto's own type keeps the loaded weights; every token wakes the agent's
+ * event fd. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -242,6 +244,37 @@ static void test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads(voi
     tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
 }
 
+/* The agent sleeps on the event fd: every token must make it readable
+ * (tokens are queued through a step and woken for once at its end), or a
+ * client waits for a token that sits in the queue. */
+static void test_every_token_makes_the_event_fd_readable(void **state)
+{
+    (void)state;
+    char err[256];
+    tsr_executor_t *ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    if (!ex) fail_msg("%s", err);
+    assign_whole(ex, 3, TSR_KV_AUTO);
+    tsr_request_t r = {.request_id = 1, .n_prompt = 3, .max_tokens = 12};
+    r.prompt = malloc(3 * sizeof *r.prompt);
+    r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
+    tsr_executor_submit(ex, &r);
+    int got = 0, done = 0;
+    while (!done) {
+        struct pollfd pfd = {tsr_executor_event_fd(ex), POLLIN, 0};
+        if (poll(&pfd, 1, 5000) != 1)
+            fail_msg("after %d token(s) the event fd stayed unreadable for 5 s", got);
+        tsr_event_t ev;
+        while (tsr_executor_pop_event(ex, &ev)) {
+            if (ev.kind != TSR_EV_TOKEN) continue;
+            if (ev.token < 0) fail_msg("request failed: %s", ev.text);
+            assert_int_equal(ev.index, got++);
+            done = ev.done;
+        }
+    }
+    assert_int_equal(got, 12);
+    tsr_executor_destroy(&ex);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -267,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_an_event_lost_to_memory_becomes_a_retryable_failure),
         cmocka_unit_test(test_a_tp2_replica_forms_its_nccl_group_through_the_relay),
         cmocka_unit_test(test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads),
+        cmocka_unit_test(test_every_token_makes_the_event_fd_readable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
