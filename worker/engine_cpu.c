@@ -625,7 +625,6 @@ static inline __attribute__((always_inline)) float kv_load1(const void *p, size_
  * rounded to nearest, ties to even (adding and taking away 1.5 * 2^23 does
  * that for |v| < 2^22: nearbyintf without a libm call), clamped to +-127 (a
  * subnormal row's scale is inexact enough to pass it). */
-typedef signed char v8i8 __attribute__((vector_size(8)));
 static inline __attribute__((always_inline)) void i8_store8(signed char *d, v8f x, float scale,
                                                             int m)
 {
@@ -634,8 +633,14 @@ static inline __attribute__((always_inline)) void i8_store8(signed char *d, v8f 
     const v8i ge = v >= lo, le = v <= hi;
     v = (v8f)((ge & (v8i)v) | (~ge & (v8i)lo));
     v = (v8f)((le & (v8i)v) | (~le & (v8i)hi));
-    const v8i8 q = __builtin_convertvector(__builtin_convertvector(v, v8i), v8i8);
-    memcpy(d, &q, (size_t)m);
+    /* to 8 bytes with two saturating packs (SSE2, so either build): GCC
+     * narrowed a vector conversion one element at a time */
+    const v8i q = __builtin_convertvector(v, v8i);
+    __m128i q0, q1;
+    memcpy(&q0, &q, sizeof q0);
+    memcpy(&q1, (const char *)&q + sizeof q0, sizeof q1);
+    const __m128i b = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_setzero_si128());
+    memcpy(d, &b, (size_t)m);
 }
 
 /* A row of n elements as int8 at d and its scale at *scale (kv_store):
