@@ -15,12 +15,15 @@ PREFIX   ?= /usr/local
 SYSCONFDIR ?= /etc
 SANITIZE ?=
 
-PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd openblas libcrypto libpcre2-8 \
+PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd libcrypto libpcre2-8 \
             libmicrohttpd
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -Wno-psabi -MMD -MP -D_GNU_SOURCE \
             -I. -I$(BUILD)/gen $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# --as-needed: a binary records only the libraries it calls (the worker
+# needs no HTTP server; each one mapped costs resident pages).
+LDFLAGS  += -Wl,--as-needed
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -150,8 +153,11 @@ $(BUILD)/bench/%: bench/%.c $(COMMON_OBJ)
 $(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcublas -o $@
-# bench_pool measures the worker's thread pool, so it links that one object.
+# bench_pool measures the worker's thread pool, so it links that one object,
+# against OpenBLAS (which nothing else links).
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
+$(BUILD)/bench/bench_pool: CFLAGS += $(shell pkg-config --cflags openblas 2>/dev/null)
+$(BUILD)/bench/bench_pool: LDLIBS += $(shell pkg-config --libs openblas 2>/dev/null)
 # matmul_bf16 measures the bf16 products alone.
 $(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c)
 # engine_step runs the CPU engine alone.

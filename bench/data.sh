@@ -53,7 +53,7 @@ YAML
     "$BIN/tessera-coordinator" --adopt-grace-ms 0 "$T/d.yaml" 2> "$T/c.log" & PIDS+=($!)
     local wpids=()
     for i in $(seq 0 $((nw - 1))); do
-        OPENBLAS_NUM_THREADS=$threads TSR_THREADS=$threads "$BIN/tessera-worker" --coordinator "tcp://127.0.0.1:$wp" \
+        TSR_THREADS=$threads "$BIN/tessera-worker" --coordinator "tcp://127.0.0.1:$wp" \
             --name "b$i" 2> "$T/w$i.log" & PIDS+=($!); wpids+=($!)
     done
     C="$BIN/tessera --coordinator tcp://127.0.0.1:$cp"

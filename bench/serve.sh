@@ -178,7 +178,7 @@ echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') par
 echo "deployment: max_seq_len $MAX_SEQ; batching keys: $KEYS_TEXT"
 echo "requests: prompts of $MIN_PROMPT-$MAX_PROMPT random ids (seeded), $MAX_TOKENS tokens each, greedy;" \
      "max($TOTAL, C) requests per level, C streams each sending its next when the last finished"
-echo "threads: each worker gets nproc / workers (OPENBLAS_NUM_THREADS, TSR_THREADS)"
+echo "threads: each worker gets nproc / workers (TSR_THREADS)"
 echo
 printf "%-24s %5s %9s %9s %8s %10s %10s %9s %9s\n" "layout" "conc" "requests" "tok/s" "speed-up" \
        "TTFT p50" "TTFT p99" "ITL p50" "ITL p99"
@@ -201,7 +201,7 @@ run_layout() {
     "$BIN/tessera-coordinator" --adopt-grace-ms 0 "$T/d.yaml" 2> "$T/c.log" & PIDS+=($!)
     local wpids=() i
     for i in $(seq 0 $((nw - 1))); do
-        OPENBLAS_NUM_THREADS=$threads TSR_THREADS=$threads "$BIN/tessera-worker" \
+        TSR_THREADS=$threads "$BIN/tessera-worker" \
             --coordinator "tcp://127.0.0.1:$wp" --name "s$i" 2> "$T/w$i.log" & PIDS+=($!); wpids+=($!)
     done
     local C="$BIN/tessera --coordinator tcp://127.0.0.1:$cp"

@@ -25,7 +25,6 @@
  * closes the gap between the recheck and the sleep. */
 #include "worker/cpu_pool.h"
 
-#include <cblas.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -232,9 +231,6 @@ tsr_pool_t *tsr_pool_new(int n_threads)
         }
         p->n_helpers++;
     }
-    /* The pool is the parallelism: BLAS threads under it would only contend
-     * for the same cores.  Process-wide, as OpenBLAS keeps one count. */
-    openblas_set_num_threads(1);
     pick_kernel();
     result = p;
     p = NULL;  /* transferred */

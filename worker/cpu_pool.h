@@ -22,8 +22,6 @@ typedef struct tsr_pool tsr_pool_t;
 /* A pool of n_threads threads, the caller's included (n_threads-1 helpers
  * are started).  n_threads <= 0: $TSR_THREADS if set, else the number of
  * CPUs this process may run on (sched_getaffinity).
- * Also makes OpenBLAS single-threaded (openblas_set_num_threads(1)), for the
- * whole process, because the pool provides the parallelism.
  * Returns NULL on failure (no thread could be started, no memory); caller
  * owns the pool and frees it with tsr_pool_destroy. */
 tsr_pool_t *tsr_pool_new(int n_threads);

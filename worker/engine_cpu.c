@@ -493,8 +493,10 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->x = alloc_f(T * H, &bad);
     e->h = alloc_f(T * H, &bad);
     e->proj = alloc_f(T * H, &bad);
-    e->hin = alloc_f(T * H, &bad);
-    e->hout = alloc_f(T * H, &bad);
+    /* the stage boundary's rows: left untouched, so the one a stage never
+     * uses (both, without a pipeline) never becomes resident */
+    e->hin = alloc_lazy(T * H * sizeof(float), &bad);
+    e->hout = alloc_lazy(T * H * sizeof(float), &bad);
     e->qkv = alloc_f(T * (qw + 2 * kvw), &bad);
     e->att = alloc_f(T * qw, &bad);
     e->gu = alloc_f(T * 2 * e->inter, &bad);
@@ -508,7 +510,8 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     e->row_pos = calloc(T, sizeof *e->row_pos);
     if (last) {
         size_t B = (size_t)spec->max_seqs;
-        e->logits = alloc_f(B * e->v_chunk, &bad);
+        /* one rank's logits are the gathered ones: no second copy */
+        if (spec->tp_size > 1) e->logits = alloc_f(B * e->v_chunk, &bad);
         e->gathered = alloc_f((size_t)spec->tp_size * B * e->v_chunk, &bad);
         if (spec->tp_size > 1) e->row = alloc_f(B * spec->tp_size * e->v_chunk, &bad);
     }

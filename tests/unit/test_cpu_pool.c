@@ -7,7 +7,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -418,16 +417,6 @@ static void test_thread_count_defaults_to_affinity_or_TSR_THREADS(void **state)
     unsetenv("TSR_THREADS");
 }
 
-static void test_new_pool_makes_openblas_single_threaded(void **state)
-{
-    (void)state;
-    openblas_set_num_threads(2);
-    tsr_pool_t *p = tsr_pool_new(2);
-    assert_non_null(p);
-    assert_int_equal(openblas_get_num_threads(), 1);
-    tsr_pool_destroy(&p);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,7 +432,6 @@ int main(void)
         cmocka_unit_test(test_pool_is_reused_for_10000_back_to_back_products),
         cmocka_unit_test(test_destroy_joins_idle_threads),
         cmocka_unit_test(test_thread_count_defaults_to_affinity_or_TSR_THREADS),
-        cmocka_unit_test(test_new_pool_makes_openblas_single_threaded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
