@@ -199,7 +199,8 @@ int main(int argc, char **argv)
         int T = Ts[k];
         char what[64];
         printf("T=%d (%s per product)\n", T, T == 1 ? "sgemv" : "sgemm");
-        /* tsr_pool_new made OpenBLAS single-threaded; (a) wants it threaded */
+        /* (a) OpenBLAS threaded; single-threaded while the pool runs (b), so its
+         * threads do not contend for the same cores */
         openblas_set_num_threads(threads);
         snprintf(what, sizeof what, "(a) OpenBLAS, %d threads", threads);
         measure(what, &st, NULL, T, seconds);
