@@ -646,34 +646,38 @@ static inline __attribute__((always_inline)) void i8_store8(signed char *d, v8f 
     memcpy(d, &b, (size_t)m);
 }
 
+/* |x| of 8 elements into the running maximum m; fin keeps the lanes that
+ * have seen only finite values (NaN too fails a <= FLT_MAX). */
+static inline __attribute__((always_inline)) void i8_absmax8(v8f x, v8f *m, v8i *fin)
+{
+    const v8f a = (v8f)((v8i)x & ~(v8i)bcast8(-0.0f));
+    *fin &= a <= bcast8(FLT_MAX);
+    const v8i gt = a > *m;
+    *m = (v8f)((gt & (v8i)a) | (~gt & (v8i)*m));
+}
+
 /* A row of n elements as int8 at d and its scale at *scale (kv_store):
  * max |x| 8 lanes at a time (the maximum is exact in any order), then
- * i8_store8 over the full 8s and a padded tail.  Built twice, in this
+ * i8_store8; the last n % 8 go through both from one zero-padded copy
+ * (zeros change neither the maximum nor finiteness).  Built twice, in this
  * file's base target and for AVX2: the same operations, so the same bits;
  * the base build's 8-lane vectors are pairs of 4, and its scalar maximum
  * was 6 % of a 32-sequence serving step. */
 static inline __attribute__((always_inline)) void i8_row_body(signed char *d, float *scale,
                                                               const float *x, int n)
 {
+    const int full = n & ~7;
+    float pad[8] = {0};
+    memcpy(pad, x + full, (size_t)(n - full) * sizeof(float));
     v8f m = bcast8(0.0f);
-    v8i fin = bcast8(0.0f) == bcast8(0.0f);         /* all lanes true */
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const v8f a = (v8f)((v8i)load8(x + i) & ~(v8i)bcast8(-0.0f));   /* |x| */
-        fin &= a <= bcast8(FLT_MAX);                                    /* NaN too */
-        const v8i gt = a > m;
-        m = (v8f)((gt & (v8i)a) | (~gt & (v8i)m));
-    }
+    v8i fin = ~(v8i){0};
+    for (int i = 0; i < full; i += 8) i8_absmax8(load8(x + i), &m, &fin);
+    if (full < n) i8_absmax8(load8(pad), &m, &fin);
     float amax = 0;
     int finite = 1;
     for (int k = 0; k < 8; k++) {
         amax = m[k] > amax ? m[k] : amax;
         finite &= fin[k] != 0;
-    }
-    for (int k = i; k < n; k++) {
-        const float a = fabsf(x[k]);
-        amax = a > amax ? a : amax;
-        finite &= a <= FLT_MAX;
     }
     if (!finite || amax == 0) {   /* NaN or inf: the row reads back as NaN, as the reference's */
         memset(d, 0, (size_t)n);
@@ -681,12 +685,8 @@ static inline __attribute__((always_inline)) void i8_row_body(signed char *d, fl
         return;
     }
     const float sc = amax / 127.0f;
-    for (i = 0; i + 8 <= n; i += 8) i8_store8(d + i, load8(x + i), sc, 8);
-    if (i < n) {   /* the last n % 8 through the same code, from a padded copy */
-        float pad[8] = {0};
-        memcpy(pad, x + i, (size_t)(n - i) * sizeof(float));
-        i8_store8(d + i, load8(pad), sc, n - i);
-    }
+    for (int i = 0; i < full; i += 8) i8_store8(d + i, load8(x + i), sc, 8);
+    if (full < n) i8_store8(d + full, load8(pad), sc, n - full);
     *scale = sc;
 }
 
