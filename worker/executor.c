@@ -589,9 +589,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.max_queue = j->max_queue;
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
                            io_flush, &ctx};
-    int run_rc = tsr_replica_run(&r, &io, err, sizeof err);
-    io_flush(&ctx);
-    if (run_rc < 0) {
+    if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
         failed = err;
         if (be->engine->fatal && be->engine->fatal(*eng)) {
             device_lost(ex, j->epoch, err);

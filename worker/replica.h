@@ -51,8 +51,9 @@ typedef struct {
      * (leader; 0 elsewhere) and this piece's KV pool. */
     void (*report)(void *arg, int queued, int running, int kv_used, int kv_total);
     /* Hands on the tokens emitted so far: emit may hold tokens (never a
-     * failure) until flush, which the runner calls once a step after the
-     * step's tokens and before it returns.  NULL: emit hands them on itself. */
+     * failure) until flush, which the runner calls right after each step's
+     * tokens, so none is held between steps or when it returns.  NULL: emit
+     * hands them on itself. */
     void (*flush)(void *arg);
     void *arg;
 } tsr_replica_io_t;
