@@ -4,6 +4,7 @@
 # It prints every figure and exits non-zero when any check fails.
 #
 #   scripts/gpu-check.sh            build here (make, with nvcc), then check
+#   TSR_CHECK_LOGS=DIR ...          keep the daemons' logs in DIR
 #   TSR_BIN=DIR TSR_BUILD=DIR ...   use binaries built elsewhere (TSR_LIBS:
 #                                   a folder of the libraries they need;
 #                                   scripts/gpu-pack.sh makes all three)
@@ -35,15 +36,50 @@ cd "$(dirname "$0")/.."
 # cuBLAS and the runtime where this machine's toolkit keeps them, when the
 # binaries were linked against another path
 [ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+# A toolkit without NCCL or cuBLAS (some images carry them in Python
+# packages instead): the first copy found under /usr or /opt.
+for lib in libcudart.so.13 libcublas.so.13 libnccl.so.2; do
+    ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+    [ -e "/usr/local/cuda/lib64/$lib" ] && continue
+    found=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")" &&
+        echo "gpu-check: $lib from $(dirname "$found")"
+done
 B="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 T=$(mktemp -d)
 failed=0
 check() {   # check NAME COMMAND...: runs it, counts a failure
     local name="$1"; shift
+    local t0=$(date +%s)
     echo "=== $name"
-    if "$@"; then echo "=== $name: passed"; else echo "=== $name: FAILED"; failed=$((failed + 1)); fi
+    if "$@"; then echo "=== $name: passed ($(( $(date +%s) - t0 )) s)"
+    else echo "=== $name: FAILED ($(( $(date +%s) - t0 )) s)"; failed=$((failed + 1)); fi
 }
-cleanup() { kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
+# A program that fails is run again under compute-sanitizer (where the
+# machine has it), which names the first bad access or failed call.
+sanitize() {   # sanitize SECONDS COMMAND...
+    local secs="$1"; shift
+    command -v compute-sanitizer > /dev/null || return 0
+    echo "--- again under compute-sanitizer (at most $secs s)"
+    timeout "$secs" compute-sanitizer --print-limit 8 --error-exitcode 99 "$@" 2>&1 | tail -60
+}
+# limit SECONDS COMMAND...: the command, ended when it runs too long; a
+# failure is followed by the sanitizer's run.
+limit() {
+    local secs="$1"; shift
+    timeout "$secs" "$@"
+    local rc=$?
+    [ $rc = 124 ] && echo "(stopped after $secs s)"
+    [ $rc = 0 ] || sanitize 60 "$@"
+    return $rc
+}
+# TSR_CHECK_LOGS=DIR keeps the run's logs (daemons, build) as DIR/gpu-check-logs.tgz.
+cleanup() {
+    kill $(jobs -p) 2>/dev/null; wait 2>/dev/null
+    [ -n "${TSR_CHECK_LOGS:-}" ] && tar -C "$T" -czf "$TSR_CHECK_LOGS/gpu-check-logs.tgz" \
+        --exclude=tiny-bf16 --exclude=1b --exclude=8b . 2>/dev/null
+    rm -rf "$T"
+}
 trap cleanup EXIT
 start=$(date +%s)
 
@@ -55,13 +91,13 @@ if [ -z "${TSR_BIN:-}" ]; then
 fi
 "$B/tessera-worker" --help | grep -q "built with CUDA" || { echo "the worker was built without CUDA"; exit 1; }
 
-check "kernel math on the host" "$BUILD/tests/test_kmath"
+check "kernel math on the host" timeout 60 "$BUILD/tests/test_kmath"
 
 M="$T/tiny-bf16"
 "$B/tessera" model-init "$M" --dtype bf16 --hidden 512 --intermediate 1376 --layers 8 --heads 8 \
     --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope > /dev/null || exit 1
-check "cuda engine against the cpu engine" "$BUILD/bench/gpu_bench" compare "$M"
-check "the same without decode graphs" env TSR_CUDA_GRAPHS=0 "$BUILD/bench/gpu_bench" compare "$M"
+check "cuda engine against the cpu engine" limit 90 "$BUILD/bench/gpu_bench" compare "$M"
+check "the same without decode graphs" limit 90 env TSR_CUDA_GRAPHS=0 "$BUILD/bench/gpu_bench" compare "$M"
 
 # ---- a cluster on this machine -------------------------------------------------
 cluster_check() {
@@ -95,8 +131,8 @@ YAML
         "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 0 \
             --name gpu0-w$i 2> "$T/gpu0-w$i.log" &
     done
-    "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 7 \
-        --name gpu7 2> "$T/gpu7.log"
+    timeout 30 "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda \
+        --device-index 7 --name gpu7 2> "$T/gpu7.log"
     local rc7=$?
     echo "a worker for cuda device 7: exit status $rc7 ($(tail -1 "$T/gpu7.log"))"
     [ "$rc7" = 1 ] || { echo "a worker for a missing GPU did not exit 1"; ok=1; }
@@ -106,9 +142,9 @@ YAML
     "$B/tessera" "${C[@]}" workers
     local ids=1,5,9,200,3,77,512,1000
     local cpu gpu gpu4
-    cpu=$("$B/tessera" "${C[@]}" generate on-cpu --prompt-ids $ids --max-tokens 32 --ids)
-    gpu=$("$B/tessera" "${C[@]}" generate on-gpu --prompt-ids $ids --max-tokens 32 --ids)
-    gpu4=$("$B/tessera" "${C[@]}" generate on-gpu-tp2pp2 --prompt-ids $ids --max-tokens 32 --ids)
+    cpu=$(timeout 60 "$B/tessera" "${C[@]}" generate on-cpu --prompt-ids $ids --max-tokens 32 --ids)
+    gpu=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu --prompt-ids $ids --max-tokens 32 --ids)
+    gpu4=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu-tp2pp2 --prompt-ids $ids --max-tokens 32 --ids)
     echo "cpu deployment:        $cpu"
     echo "cuda tp=1:             $gpu"
     echo "cuda tp=2 pp=2:        $gpu4"
@@ -132,7 +168,7 @@ YAML
 }
 check "cuda deployments served through the coordinator" cluster_check
 
-check "NCCL, one rank on this GPU" "$BUILD/bench/gpu_bench" nccl
+check "NCCL, one rank on this GPU" limit 60 "$BUILD/bench/gpu_bench" nccl
 
 # ---- speed ------------------------------------------------------------------------
 shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED
@@ -148,8 +184,8 @@ JSON
 }
 shape "$T/1b" 2048 8192 16 32 8 128256 true      # Llama-3.2-1B's shape
 shape "$T/8b" 4096 14336 32 32 8 128256 false    # Llama-3-8B's shape
-check "speed, ~1B model" env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
-check "speed, Llama-3-8B shape" env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
+check "speed, ~1B model" limit 150 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
+check "speed, Llama-3-8B shape" limit 200 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
 
 echo "gpu-check: $failed failed check(s), $(( $(date +%s) - start )) s"
 [ $failed -eq 0 ]
