@@ -184,8 +184,8 @@ JSON
 }
 shape "$T/1b" 2048 8192 16 32 8 128256 true      # Llama-3.2-1B's shape
 shape "$T/8b" 4096 14336 32 32 8 128256 false    # Llama-3-8B's shape
-check "speed, ~1B model" limit 150 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
-check "speed, Llama-3-8B shape" limit 200 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
+check "speed, ~1B model" timeout 150 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
+check "speed, Llama-3-8B shape" timeout 200 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
 
 echo "gpu-check: $failed failed check(s), $(( $(date +%s) - start )) s"
 [ $failed -eq 0 ]
