@@ -11,8 +11,9 @@
 #
 # Checks, in order:
 #   1. the kernels' math on the host (build/tests/test_kmath)
-#   2. the CUDA engine against the CPU engine on one BF16 checkpoint, with
-#      and without decode graphs (build/bench/gpu_bench compare): logits
+#   2. the CUDA engine against the CPU engine on two BF16 checkpoints
+#      (head_dim 64 and 128), the first with and without decode graphs
+#      (build/bench/gpu_bench compare): logits
 #      within 3% of each row's largest logit; greedy tokens equal but for
 #      near ties (the CPU's two best closer than the logits' difference); each
 #      GPU token exactly the first maximum of the GPU's logits, each sampled
@@ -77,7 +78,7 @@ limit() {
 cleanup() {
     kill $(jobs -p) 2>/dev/null; wait 2>/dev/null
     [ -n "${TSR_CHECK_LOGS:-}" ] && tar -C "$T" -czf "$TSR_CHECK_LOGS/gpu-check-logs.tgz" \
-        --exclude=tiny-bf16 --exclude=1b --exclude=8b . 2>/dev/null
+        --exclude=tiny-bf16 --exclude=tiny-hd128 --exclude=1b --exclude=8b . 2>/dev/null
     rm -rf "$T"
 }
 trap cleanup EXIT
@@ -96,8 +97,14 @@ check "kernel math on the host" timeout 60 "$BUILD/tests/test_kmath"
 M="$T/tiny-bf16"
 "$B/tessera" model-init "$M" --dtype bf16 --hidden 512 --intermediate 1376 --layers 8 --heads 8 \
     --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope > /dev/null || exit 1
+# head_dim 128 with 4 query heads a KV head (Llama-3-8B's), beside the
+# first model's 64 with 2
+M128="$T/tiny-hd128"
+"$B/tessera" model-init "$M128" --dtype bf16 --hidden 1024 --intermediate 2048 --layers 4 --heads 8 \
+    --kv-heads 2 --vocab 2048 --max-pos 1024 --llama3-rope --seed 3 > /dev/null || exit 1
 check "cuda engine against the cpu engine" limit 90 "$BUILD/bench/gpu_bench" compare "$M"
 check "the same without decode graphs" limit 90 env TSR_CUDA_GRAPHS=0 "$BUILD/bench/gpu_bench" compare "$M"
+check "the same at head_dim 128" limit 90 "$BUILD/bench/gpu_bench" compare "$M128"
 
 # ---- a cluster on this machine -------------------------------------------------
 cluster_check() {

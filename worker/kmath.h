@@ -213,6 +213,46 @@ static inline TSR_HD void tsr_k_att_tile(int n, int t, int *row_off, int *rows)
     *rows = n - *row_off < TSR_ATT_TILE ? n - *row_off : TSR_ATT_TILE;
 }
 
+/* The tensor-core attention kernel's query rows.  A tile of n positions
+ * of one entry, for the g query heads that share a KV head, is n * g rows,
+ * position-major (row r: position r / g of the tile, head r % g of the
+ * group); each block takes TSR_ATT_ROWS of them, 16 per warp. */
+#define TSR_ATT_ROWS 64
+
+static inline TSR_HD int tsr_k_gqa_chunks(int n, int g)
+{
+    return (n * g + TSR_ATT_ROWS - 1) / TSR_ATT_ROWS;
+}
+
+static inline TSR_HD void tsr_k_gqa_row(int r, int g, int *pos_off, int *head_off)
+{
+    *pos_off = r / g;
+    *head_off = r % g;
+}
+
+/* The operands of the m16n8k16 BF16 matrix instruction (mma.sync), as the
+ * PTX ISA lays them out over a warp's 32 lanes: lane's element i of A
+ * (16 x 16, i < 8), of B (16 x 8, i < 4) and of the f32 C (16 x 8, i < 4).
+ * Elements 2j and 2j + 1 of A and B share one 32-bit register, lower half
+ * first. */
+static inline TSR_HD void tsr_k_mma_a(int lane, int i, int *row, int *col)
+{
+    *row = (lane >> 2) + 8 * ((i >> 1) & 1);
+    *col = (lane & 3) * 2 + (i & 1) + 8 * (i >> 2);
+}
+
+static inline TSR_HD void tsr_k_mma_b(int lane, int i, int *k, int *n)
+{
+    *k = (lane & 3) * 2 + (i & 1) + 8 * (i >> 1);
+    *n = lane >> 2;
+}
+
+static inline TSR_HD void tsr_k_mma_c(int lane, int i, int *row, int *col)
+{
+    *row = (lane >> 2) + 8 * (i >> 1);
+    *col = (lane & 3) * 2 + (i & 1);
+}
+
 /* The smallest CUDA-graph bucket that holds a decode batch of n sequences
  * (1, 2, 4, 8, then multiples of 8), or n itself past max. */
 static inline TSR_HD int tsr_k_graph_bucket(int n, int max)

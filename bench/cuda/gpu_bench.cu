@@ -20,6 +20,7 @@
  * worker.  `speed` is meant for TSR_CUDA_DUMMY_WEIGHTS=SEED, which fills
  * the weights on the device from a seed, so DIR needs only config.json.
  * Exit status: 0 when every check passed, 1 otherwise. */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
@@ -272,6 +273,7 @@ static int speed(const char *dir)
     int32_t *toks = (int32_t *)calloc(PROMPT, 4), out[MAXB];
     tsr_entry_t en[MAXB];
     int batches[] = {1, 8, 32, 64}, fails = 0;
+    const bool profile = getenv("TSR_PROFILE") && !strcmp(getenv("TSR_PROFILE"), "1");
     double tps1 = 0, tps64 = 0;
     for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
         int B = batches[bi];
@@ -292,10 +294,15 @@ static int speed(const char *dir)
             if (k == warm) t0 = now_s();
             for (int s = 0; s < B; s++) en[s] = (tsr_entry_t){s, CTX + k, 1, 1, 0, 1, 0};
             tsr_batch_t b = {en, B, toks, B};
+            /* TSR_PROFILE=1: one decode step of each batch size between
+             * cudaProfilerStart and Stop, for ncu --profile-from-start off */
+            bool prof = profile && k == warm - 1;
+            if (prof) cudaProfilerStart();
             if (ops->step(e, &b, out, err, sizeof err) < 0) {
                 fprintf(stderr, "decode: %s\n", err);
                 return 1;
             }
+            if (prof) cudaDeviceSynchronize(), cudaProfilerStop();
         }
         double dt = (now_s() - t0) / steps, tps = B / dt;
         double bytes = step_wbytes + B * (CTX + steps / 2.0 + warm) * kv_per_pos;
@@ -314,11 +321,13 @@ static int speed(const char *dir)
         en[0] = (tsr_entry_t){0, 0, PROMPT, 1, 0, 1, 0};
         tsr_batch_t b = {en, 1, toks, PROMPT};
         double t1 = now_s();
+        if (profile && k == 1) cudaProfilerStart();
         if (ops->step(e, &b, out, err, sizeof err) < 0) {
             fprintf(stderr, "prefill: %s\n", err);
             return 1;
         }
         if (k) best = fmin(best, now_s() - t1);
+        if (profile && k == 1) cudaDeviceSynchronize(), cudaProfilerStop();
     }
     double flops = 2.0 * mm_params * PROMPT + 2.0 * VH +
                    2.0 * L * m.num_attention_heads * hd * (double)PROMPT * PROMPT;  /* QK^T and PV, causal */

@@ -401,6 +401,96 @@ static void test_launch_arithmetic(void **state)
     }
 }
 
+/* ---- the tensor-core attention kernel's operand layouts and rows ---- */
+
+/* Every element of A (16 x 16), B (16 x 8) and C (16 x 8) belongs to one
+ * lane exactly, and the kernel's shortcuts hold: a register's two elements
+ * are adjacent columns (Q loads as float2, K and V^T as 32-bit words), the
+ * second B register is 8 further along k, A's rows are C's, and the C
+ * registers of two adjacent key tiles are the A operand of their 16 keys
+ * (P is taken from S's registers). */
+static void test_mma_operand_layouts(void **state)
+{
+    (void)state;
+    int a_seen[16][16] = {{0}}, b_seen[16][8] = {{0}}, c_seen[16][8] = {{0}};
+    for (int lane = 0; lane < 32; lane++) {
+        for (int i = 0; i < 8; i++) {
+            int r, c, r2, c2;
+            tsr_k_mma_a(lane, i, &r, &c);
+            assert_true(r >= 0 && r < 16 && c >= 0 && c < 16);
+            a_seen[r][c]++;
+            if (i % 2 == 0) {
+                tsr_k_mma_a(lane, i + 1, &r2, &c2);
+                assert_int_equal(r2, r);
+                assert_int_equal(c2, c + 1);
+            }
+            /* A's rows: C element 0's row for registers 0 and 2, element 2's for 1 and 3 */
+            int cr, cc;
+            tsr_k_mma_c(lane, ((i >> 1) & 1) * 2, &cr, &cc);
+            assert_int_equal(r, cr);
+        }
+        for (int i = 0; i < 4; i++) {
+            int k, n, k2, n2;
+            tsr_k_mma_b(lane, i, &k, &n);
+            assert_true(k >= 0 && k < 16 && n >= 0 && n < 8);
+            b_seen[k][n]++;
+            if (i % 2 == 0) {
+                tsr_k_mma_b(lane, i + 1, &k2, &n2);
+                assert_int_equal(n2, n);
+                assert_int_equal(k2, k + 1);
+            }
+            int k0, n0;
+            tsr_k_mma_b(lane, 0, &k0, &n0);
+            assert_int_equal(k, k0 + (i & 1) + 8 * (i >> 1));
+            int r, c;
+            tsr_k_mma_c(lane, i, &r, &c);
+            assert_true(r >= 0 && r < 16 && c >= 0 && c < 8);
+            c_seen[r][c]++;
+        }
+        /* P from S: A element i of keys [0, 16) is C element (i & 3) of key
+         * tile i / 4 (keys 8 * (i / 4) + column) */
+        for (int i = 0; i < 8; i++) {
+            int r, c, cr, cc;
+            tsr_k_mma_a(lane, i, &r, &c);
+            int reg = i >> 1, tile = reg >> 1, e = (reg & 1) * 2 + (i & 1);
+            tsr_k_mma_c(lane, e, &cr, &cc);
+            assert_int_equal(cr, r);
+            assert_int_equal(8 * tile + cc, c);
+        }
+    }
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) assert_int_equal(a_seen[r][c], 1);
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8; c++) {
+            assert_int_equal(b_seen[r][c], 1);
+            assert_int_equal(c_seen[r][c], 1);
+        }
+}
+
+/* The blocks of a tile cover each (position, query head of the group)
+ * once, and the launch's block count per KV head holds the largest tile. */
+static void test_gqa_rows_cover_a_tile_once(void **state)
+{
+    (void)state;
+    const int groups[] = {1, 2, 4, 8, 16};
+    for (size_t gi = 0; gi < sizeof groups / sizeof *groups; gi++) {
+        const int g = groups[gi], chunks = tsr_k_gqa_chunks(TSR_ATT_TILE, g);
+        for (int n = 1; n <= TSR_ATT_TILE; n++) {
+            int seen[TSR_ATT_TILE][16] = {{0}};
+            assert_true(tsr_k_gqa_chunks(n, g) <= chunks);
+            for (int ch = 0; ch < chunks; ch++)
+                for (int r = ch * TSR_ATT_ROWS; r < (ch + 1) * TSR_ATT_ROWS && r < n * g; r++) {
+                    int po, ho;
+                    tsr_k_gqa_row(r, g, &po, &ho);
+                    assert_true(po >= 0 && po < n && ho >= 0 && ho < g);
+                    seen[po][ho]++;
+                }
+            for (int p = 0; p < n; p++)
+                for (int h = 0; h < g; h++) assert_int_equal(seen[p][h], 1);
+        }
+    }
+}
+
 /* ---- the engine's load refuses a KV or weight type it does not keep, before any device call ---- */
 
 static void test_cuda_engine_refuses_an_f32_int8_or_unknown_kv_dtype_and_f32_weights(void **state)
@@ -447,6 +537,8 @@ int main(void)
         cmocka_unit_test(test_online_softmax_merge),
         cmocka_unit_test(test_sampling_matches_cpu_engine),
         cmocka_unit_test(test_launch_arithmetic),
+        cmocka_unit_test(test_mma_operand_layouts),
+        cmocka_unit_test(test_gqa_rows_cover_a_tile_once),
         cmocka_unit_test(test_cuda_engine_refuses_an_f32_int8_or_unknown_kv_dtype_and_f32_weights),
     };
     return cmocka_run_group_tests_name("kmath (the CUDA kernels' math, on the CPU)", tests, NULL, NULL);

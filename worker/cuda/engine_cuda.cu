@@ -15,6 +15,7 @@
  * in one copy, then runs on the engine's stream.  Decode-only steps of a
  * single-rank piece are replayed from CUDA graphs, one per batch-size
  * bucket, captured on first use. */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <cub/cub.cuh>
@@ -238,27 +239,65 @@ __global__ void k_embed(float *x, const bf16_t *embed, const int32_t *tokens, in
 }
 
 /* x += add (when add is given), then out = RMSNorm(x) * w in BF16.  Row
- * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same). */
+ * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same).
+ * Four elements a thread at a time when H allows (restrict: the loads of
+ * a thread's elements are all in flight together). */
 template <int THREADS>
-__global__ void __launch_bounds__(THREADS) k_add_rmsnorm(bf16_t *out, float *x, const float *add, const bf16_t *w,
-                              const int32_t *rows, int H, float eps)
+__global__ void __launch_bounds__(THREADS)
+k_add_rmsnorm(bf16_t *__restrict__ out, float *__restrict__ x, const float *__restrict__ add,
+              const bf16_t *__restrict__ w, const int32_t *__restrict__ rows, int H, float eps)
 {
     typedef cub::BlockReduce<double, THREADS> reduce_t;
     __shared__ typename reduce_t::TempStorage tmp;
     __shared__ float scale;
-    int r = rows ? rows[blockIdx.x] : (int)blockIdx.x;
+    const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     float *xr = x + (size_t)r * H;
+    const float *ar = add ? add + (size_t)r * H : NULL;
+    bf16_t *orow = out + (size_t)blockIdx.x * H;
     float ss = 0;
-    for (int j = threadIdx.x; j < H; j += THREADS) {
-        float v = xr[j];
-        if (add) xr[j] = v = v + add[(size_t)r * H + j];
-        ss += v * v;
+    if (H % 4 == 0) {
+        float4 *x4 = (float4 *)xr;
+        const float4 *a4 = (const float4 *)ar;
+#pragma unroll 4
+        for (int j = threadIdx.x; j < H / 4; j += THREADS) {
+            float4 v = x4[j];
+            if (a4) {
+                const float4 a = a4[j];
+                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+                x4[j] = v;
+            }
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < H; j += THREADS) {
+            float v = xr[j];
+            if (ar) xr[j] = v = v + ar[j];
+            ss += v * v;
+        }
     }
     double total = reduce_t(tmp).Sum((double)ss);
     if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
     __syncthreads();
-    for (int j = threadIdx.x; j < H; j += THREADS)
-        out[(size_t)blockIdx.x * H + j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * scale));
+    const float sc = scale;
+    if (H % 4 == 0) {
+        const float4 *x4 = (const float4 *)xr;
+        const uint2 *w4 = (const uint2 *)w;
+        uint2 *o4 = (uint2 *)orow;
+#pragma unroll 4
+        for (int j = threadIdx.x; j < H / 4; j += THREADS) {
+            const float4 v = x4[j];
+            const uint2 wv = w4[j];
+            const float w0 = tsr_k_bf16_to_f32((uint16_t)wv.x), w1 = tsr_k_bf16_to_f32(wv.x >> 16),
+                        w2 = tsr_k_bf16_to_f32((uint16_t)wv.y), w3 = tsr_k_bf16_to_f32(wv.y >> 16);
+            o4[j] = make_uint2(tsr_k_f32_to_bf16(w0 * (v.x * sc)) |
+                                   (uint32_t)tsr_k_f32_to_bf16(w1 * (v.y * sc)) << 16,
+                               tsr_k_f32_to_bf16(w2 * (v.z * sc)) |
+                                   (uint32_t)tsr_k_f32_to_bf16(w3 * (v.w * sc)) << 16);
+        }
+    } else {
+        for (int j = threadIdx.x; j < H; j += THREADS)
+            orow[j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * sc));
+    }
 }
 
 __global__ void k_add(float *x, const float *add, size_t n)
@@ -268,28 +307,32 @@ __global__ void k_add(float *x, const float *add, size_t n)
         x[i] += add[i];
 }
 
-/* RoPE on q and k of row blockIdx.x, then k and v into the pool. */
-__global__ void k_rope_kv(float *qkv, bf16_t *kpool, bf16_t *vpool, const float *cosv,
-                          const float *sinv, meta_t md, int l, int n_blocks, int qh, int kvh,
-                          int hd)
+/* RoPE on head blockIdx.y of row blockIdx.x (the query heads, then the KV
+ * heads); a KV head's rotated k and its v go into the pool. */
+__global__ void k_rope_kv(float *__restrict__ qkv, bf16_t *__restrict__ kpool,
+                          bf16_t *__restrict__ vpool, const float *__restrict__ cosv,
+                          const float *__restrict__ sinv, meta_t md, int l, int n_blocks, int qh,
+                          int kvh, int hd)
 {
-    int t = blockIdx.x, pos = md.row_pos[t];
+    const int t = blockIdx.x, head = blockIdx.y, pos = md.row_pos[t], half = hd / 2;
     if (pos < 0) return;
-    int half = hd / 2;
-    float *q = qkv + (size_t)t * (qh + 2 * kvh) * hd, *k = q + (size_t)qh * hd, *v = k + (size_t)kvh * hd;
+    float *base = qkv + (size_t)t * (qh + 2 * kvh) * hd + (size_t)head * hd;
     const float *c = cosv + (size_t)pos * half, *s = sinv + (size_t)pos * half;
-    for (int i = threadIdx.x; i < (qh + kvh) * half; i += blockDim.x) {
-        int head = i / half, j = i % half;
-        float *base = head < qh ? q + (size_t)head * hd : k + (size_t)(head - qh) * hd;
-        tsr_k_rope_pair(&base[j], &base[j + half], c[j], s[j]);
+    if (head < qh) {
+        for (int j = threadIdx.x; j < half; j += blockDim.x)
+            tsr_k_rope_pair(&base[j], &base[j + half], c[j], s[j]);
+        return;
     }
-    __syncthreads();
-    const int32_t *table = md.tables + md.row_tbl[t];
-    for (int i = threadIdx.x; i < kvh * hd; i += blockDim.x) {
-        int kh = i / hd, d = i % hd;
-        size_t off = tsr_k_kv_offset(table, n_blocks, kvh, hd, l, pos, kh) + d;
-        kpool[off] = tsr_k_f32_to_bf16(k[i]);
-        vpool[off] = tsr_k_f32_to_bf16(v[i]);
+    const int kh = head - qh;
+    const float *v = base + (size_t)kvh * hd;
+    const size_t off = tsr_k_kv_offset(md.tables + md.row_tbl[t], n_blocks, kvh, hd, l, pos, kh);
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        float a = base[j], b = base[j + half];
+        tsr_k_rope_pair(&a, &b, c[j], s[j]);
+        kpool[off + j] = tsr_k_f32_to_bf16(a);
+        kpool[off + j + half] = tsr_k_f32_to_bf16(b);
+        vpool[off + j] = tsr_k_f32_to_bf16(v[j]);
+        vpool[off + j + half] = tsr_k_f32_to_bf16(v[j + half]);
     }
 }
 
@@ -360,6 +403,180 @@ k_attention(bf16_t *att, const float *qkv, const bf16_t *kpool, const bf16_t *vp
                 att[(size_t)(row0 + r) * qh * hd + (size_t)h * hd + d] =
                     tsr_k_f32_to_bf16(acc[i][j] / sm[i].l);
         }
+    }
+}
+
+/* Causal attention on the tensor cores (mma.sync m16n8k16, BF16 in, f32
+ * accumulate), flash-style: one block takes a tile of up to TSR_ATT_TILE
+ * positions of an entry for the query heads that share KV head kh (up to
+ * TSR_ATT_ROWS (position, head) rows, tsr_k_gqa_row), so each K/V tile is
+ * read once for the whole group.  Per tile of ATT_KEYS keys, loaded into
+ * shared memory (K as rows, V transposed), each warp computes its 16 rows'
+ * scores S = Q K^T, updates the online softmax, and adds P V, with P taken
+ * straight from S's registers.  Q and P are rounded to BF16 for the
+ * products; scores, softmax and sums stay f32. */
+#define ATT_KEYS 64
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(128)
+k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__restrict__ kpool,
+                const bf16_t *__restrict__ vpool, meta_t md, int l, int n_blocks, int qh, int kvh,
+                float scale, int chunks)
+{
+    constexpr int KP = HD + 8, VP = ATT_KEYS + 8, VEC = HD / 8, NT = ATT_KEYS / 8;
+    __shared__ __align__(16) bf16_t ks[ATT_KEYS * KP];   /* [key][dim], rows padded */
+    __shared__ __align__(16) bf16_t vt[HD * VP];         /* [dim][key], rows padded */
+    const int tile = blockIdx.x, n = md.tile_n[tile];
+    if (n <= 0) return;
+    const int g = qh / kvh, kh = blockIdx.y / chunks, rows = n * g;
+    const int r_begin = (blockIdx.y % chunks) * TSR_ATT_ROWS;
+    if (r_begin >= rows) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = md.tile_row0[tile], pos0 = md.tile_pos0[tile];
+    const int32_t *table = md.tables + md.tile_tbl[tile];
+    const size_t qkvw = (size_t)(qh + 2 * kvh) * HD;
+    const int wr = r_begin + warp * 16;        /* the warp's first row */
+    const bool active = wr < rows;
+    /* this lane's two rows (C elements 0-1 and 2-3): validity, the row of
+     * the step it belongs to, its position and its query head */
+    bool rv[2];
+    int rrow[2], rpos[2], rhead[2];
+    for (int i = 0; i < 2; i++) {
+        int r, c, po, ho;
+        tsr_k_mma_c(lane, 2 * i, &r, &c);
+        rv[i] = wr + r < rows;
+        tsr_k_gqa_row(rv[i] ? wr + r : 0, g, &po, &ho);
+        rrow[i] = row0 + po;
+        rpos[i] = pos0 + po;
+        rhead[i] = kh * g + ho;
+    }
+    /* Q as A operands, one per 16 dimensions: elements (2j, 2j+1) are the
+     * row of C pair j / 2 (A's rows are C's rows) at adjacent dims */
+    uint32_t qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r, c;
+            tsr_k_mma_a(lane, 2 * j, &r, &c);
+            const int i = r >= 8;
+            float2 v = make_float2(0.0f, 0.0f);
+            if (rv[i])
+                v = *(const float2 *)(qkv + (size_t)rrow[i] * qkvw + (size_t)rhead[i] * HD +
+                                      kk * 16 + c);
+            qa[kk][j] = pack_bf16x2(v.x, v.y);
+        }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int t = 0; t < HD / 8; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
+    const int visible_max = pos0 + n;
+    for (int k0 = 0; k0 < visible_max; k0 += ATT_KEYS) {
+        __syncthreads();   /* the last tile's readers are done */
+        /* 16-byte vectors; consecutive threads take consecutive keys, so
+         * the transposed V stores of a warp fall in different banks */
+        for (int i = threadIdx.x; i < ATT_KEYS * VEC; i += blockDim.x) {
+            const int key = i % ATT_KEYS, c = i / ATT_KEYS, pos = k0 + key;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (pos < visible_max) {   /* past it: zeros, never a stale NaN times 0 */
+                size_t off = tsr_k_kv_offset(table, n_blocks, kvh, HD, l, pos, kh) + c * 8;
+                kv4 = *(const uint4 *)(kpool + off);
+                vv4 = *(const uint4 *)(vpool + off);
+            }
+            *(uint4 *)(ks + key * KP + c * 8) = kv4;
+            const bf16_t *vh = (const bf16_t *)&vv4;
+#pragma unroll
+            for (int j = 0; j < 8; j++) vt[(c * 8 + j) * VP + key] = vh[j];
+        }
+        __syncthreads();
+        if (!active) continue;
+        float sc[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
+            int kb, nb;
+            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): dim kb, key t * 8 + nb */
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const bf16_t *kr = ks + (t * 8 + nb) * KP + kk * 16 + kb;
+                mma_bf16(sc[t], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+        }
+        /* scale and mask: a key after the row's position, or a padding row */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r, c;
+                tsr_k_mma_c(lane, e, &r, &c);
+                const int i = e >> 1, key = k0 + t * 8 + c;
+                sc[t][e] = rv[i] && key <= rpos[i] ? sc[t][e] * scale : -INFINITY;
+                mx[i] = fmaxf(mx[i], sc[t][e]);
+            }
+        /* the online softmax, per row over the 4 lanes that hold it */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float mnew = fmaxf(m[i], mx[i]), base = mnew == -INFINITY ? 0.0f : mnew;
+            const float c = expf(m[i] - base);
+            m[i] = mnew;
+            lsum[i] *= c;
+#pragma unroll
+            for (int t = 0; t < HD / 8; t++) o[t][2 * i] *= c, o[t][2 * i + 1] *= c;
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 2 * i; e < 2 * i + 2; e++) {
+                    sc[t][e] = expf(sc[t][e] - base);
+                    lsum[i] += sc[t][e];
+                }
+        }
+        /* O += P V: the C registers of key tiles 2kk and 2kk + 1 are the A
+         * operand of keys [16kk, 16kk + 16) */
+#pragma unroll
+        for (int kk = 0; kk < ATT_KEYS / 16; kk++) {
+            const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                                    pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                                    pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                    pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            int kb, nb;
+            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): key 16kk + kb, dim t * 8 + nb */
+#pragma unroll
+            for (int t = 0; t < HD / 8; t++) {
+                const bf16_t *vr = vt + (t * 8 + nb) * VP + kk * 16 + kb;
+                mma_bf16(o[t], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float sum = lsum[i];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (!rv[i]) continue;
+        int r, c;
+        tsr_k_mma_c(lane, 2 * i, &r, &c);
+        bf16_t *out = att + (size_t)rrow[i] * qh * HD + (size_t)rhead[i] * HD + c;
+#pragma unroll
+        for (int t = 0; t < HD / 8; t++)
+            *(uint32_t *)(out + t * 8) = pack_bf16x2(o[t][2 * i] / sum, o[t][2 * i + 1] / sum);
     }
 }
 
@@ -926,27 +1143,48 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
     return e->ops->allreduce_sum(e->tp, b, 30000, err, errlen);
 }
 
+/* Attention of layer l over `tiles` tiles: on the tensor cores for the
+ * head sizes they are built for, else the f32 kernel. */
+static int attention(tsr_engine_t *e, int l, int tiles, char *err, size_t errlen)
+{
+    const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int chunks = tsr_k_gqa_chunks(TSR_ATT_TILE, qh / kvh);
+    const dim3 grid(tiles, kvh * chunks);
+    if (hd == 128)
+        k_attention_mma<128><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool, e->md, l,
+                                                      e->spec.kv_blocks, qh, kvh, scale, chunks);
+    else if (hd == 64)
+        k_attention_mma<64><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool, e->md, l,
+                                                     e->spec.kv_blocks, qh, kvh, scale, chunks);
+    else
+        k_attention<<<dim3(tiles, qh), ATT_WARPS * 32, 0, e->st>>>(
+            e->att, e->qkv, e->kpool, e->vpool, e->md, l, e->spec.kv_blocks, qh, kvh, hd, scale);
+    LAUNCHED("attention");
+    return 0;
+}
+
 /* The layers, from x (filled) to x; T rows, tiles attention tiles. */
 static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t errlen)
 {
     const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, I = e->inter;
     const size_t qw = (size_t)qh * hd, qkvw = qw + 2 * (size_t)kvh * hd;
     const float eps = e->m.rms_norm_eps;
+    const int rope_threads = (hd / 2 + 31) / 32 * 32 < 128 ? (hd / 2 + 31) / 32 * 32 : 128;
     for (int l = 0; l < e->n_layers; l++) {
         const layer_t *L = &e->layers[l];
         /* attention (the previous layer's MLP output is added here) */
-        k_add_rmsnorm<256><<<T, 256, 0, e->st>>>(e->h, e->x, l ? e->proj : NULL, L->attn_norm,
+        k_add_rmsnorm<512><<<T, 512, 0, e->st>>>(e->h, e->x, l ? e->proj : NULL, L->attn_norm,
                                                  NULL, H, eps);
         if (gemm(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw, err, errlen) < 0) return -1;
-        k_rope_kv<<<T, 128, 0, e->st>>>(e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md,
-                                        l, e->spec.kv_blocks, qh, kvh, hd);
-        k_attention<<<dim3(tiles, qh), ATT_WARPS * 32, 0, e->st>>>(
-            e->att, e->qkv, e->kpool, e->vpool, e->md, l, e->spec.kv_blocks, qh, kvh, hd,
-            1.0f / sqrtf((float)hd));
+        k_rope_kv<<<dim3(T, qh + kvh), rope_threads, 0, e->st>>>(
+            e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md, l, e->spec.kv_blocks, qh,
+            kvh, hd);
+        if (attention(e, l, tiles, err, errlen) < 0) return -1;
         if (gemm(e, e->proj, H, e->att, L->wo, T, (int)qw, H, err, errlen) < 0) return -1;
         if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
         /* SwiGLU MLP */
-        k_add_rmsnorm<256><<<T, 256, 0, e->st>>>(e->h, e->x, e->proj, L->mlp_norm, NULL, H, eps);
+        k_add_rmsnorm<512><<<T, 512, 0, e->st>>>(e->h, e->x, e->proj, L->mlp_norm, NULL, H, eps);
         if (gemm(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I, err, errlen) < 0) return -1;
         k_swiglu<<<grid_for((size_t)T * I, 256), 256, 0, e->st>>>(e->act, e->gu, I, (size_t)T * I);
         if (gemm(e, e->proj, H, e->act, L->wd, T, I, H, err, errlen) < 0) return -1;
@@ -964,7 +1202,7 @@ static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t e
 static int logits_forward(tsr_engine_t *e, int ns, char *err, size_t errlen)
 {
     const int H = e->hidden, C = e->v_chunk, tp = e->spec.tp_size, vs = e->v_end - e->v_begin;
-    k_add_rmsnorm<256><<<ns, 256, 0, e->st>>>(e->h, e->x, NULL, e->final_norm, e->md.samp_row, H,
+    k_add_rmsnorm<512><<<ns, 512, 0, e->st>>>(e->h, e->x, NULL, e->final_norm, e->md.samp_row, H,
                                               e->m.rms_norm_eps);
     float *lg = tp > 1 ? e->logits : e->gathered;
     if (vs > 0 && gemm(e, lg, C, e->h, e->lm_head, ns, H, vs, err, errlen) < 0) return -1;
