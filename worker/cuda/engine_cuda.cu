@@ -240,14 +240,17 @@ __global__ void k_embed(float *x, const bf16_t *embed, const int32_t *tokens, in
 
 /* x += add (when add is given), then out = RMSNorm(x) * w in BF16.  Row
  * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same).
- * Four elements a thread at a time when H allows (restrict: the loads of
- * a thread's elements are all in flight together). */
+ * A row of up to 16 * THREADS elements (a multiple of 4) is held in
+ * registers, four elements a thread at a time, with the weights' loads
+ * issued before the sum's reduction; longer or odd rows go element by
+ * element through memory. */
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS)
 k_add_rmsnorm(bf16_t *__restrict__ out, float *__restrict__ x, const float *__restrict__ add,
               const bf16_t *__restrict__ w, const int32_t *__restrict__ rows, int H, float eps)
 {
     typedef cub::BlockReduce<double, THREADS> reduce_t;
+    constexpr int PER = 4;   /* float4s a thread holds */
     __shared__ typename reduce_t::TempStorage tmp;
     __shared__ float scale;
     const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x;
@@ -255,49 +258,59 @@ k_add_rmsnorm(bf16_t *__restrict__ out, float *__restrict__ x, const float *__re
     const float *ar = add ? add + (size_t)r * H : NULL;
     bf16_t *orow = out + (size_t)blockIdx.x * H;
     float ss = 0;
-    if (H % 4 == 0) {
+    if (H % 4 == 0 && H <= 4 * PER * THREADS) {
         float4 *x4 = (float4 *)xr;
         const float4 *a4 = (const float4 *)ar;
-#pragma unroll 4
-        for (int j = threadIdx.x; j < H / 4; j += THREADS) {
-            float4 v = x4[j];
-            if (a4) {
-                const float4 a = a4[j];
-                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-                x4[j] = v;
+        const uint2 *w4 = (const uint2 *)w;
+        float4 v[PER];
+        uint2 wv[PER];
+        const int n4 = H / 4;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int j = threadIdx.x + k * THREADS;
+            if (j < n4) {
+                v[k] = x4[j];
+                wv[k] = w4[j];
+                if (a4) {
+                    const float4 a = a4[j];
+                    v[k].x += a.x, v[k].y += a.y, v[k].z += a.z, v[k].w += a.w;
+                    x4[j] = v[k];
+                }
+                ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
             }
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-    } else {
-        for (int j = threadIdx.x; j < H; j += THREADS) {
-            float v = xr[j];
-            if (ar) xr[j] = v = v + ar[j];
-            ss += v * v;
+        const double total = reduce_t(tmp).Sum((double)ss);
+        if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
+        __syncthreads();
+        const float sc = scale;
+        uint2 *o4 = (uint2 *)orow;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int j = threadIdx.x + k * THREADS;
+            if (j < n4) {
+                const float w0 = tsr_k_bf16_to_f32((uint16_t)wv[k].x),
+                            w1 = tsr_k_bf16_to_f32(wv[k].x >> 16),
+                            w2 = tsr_k_bf16_to_f32((uint16_t)wv[k].y),
+                            w3 = tsr_k_bf16_to_f32(wv[k].y >> 16);
+                o4[j] = make_uint2(tsr_k_f32_to_bf16(w0 * (v[k].x * sc)) |
+                                       (uint32_t)tsr_k_f32_to_bf16(w1 * (v[k].y * sc)) << 16,
+                                   tsr_k_f32_to_bf16(w2 * (v[k].z * sc)) |
+                                       (uint32_t)tsr_k_f32_to_bf16(w3 * (v[k].w * sc)) << 16);
+            }
         }
+        return;
     }
-    double total = reduce_t(tmp).Sum((double)ss);
+    for (int j = threadIdx.x; j < H; j += THREADS) {
+        float v = xr[j];
+        if (ar) xr[j] = v = v + ar[j];
+        ss += v * v;
+    }
+    const double total = reduce_t(tmp).Sum((double)ss);
     if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
     __syncthreads();
     const float sc = scale;
-    if (H % 4 == 0) {
-        const float4 *x4 = (const float4 *)xr;
-        const uint2 *w4 = (const uint2 *)w;
-        uint2 *o4 = (uint2 *)orow;
-#pragma unroll 4
-        for (int j = threadIdx.x; j < H / 4; j += THREADS) {
-            const float4 v = x4[j];
-            const uint2 wv = w4[j];
-            const float w0 = tsr_k_bf16_to_f32((uint16_t)wv.x), w1 = tsr_k_bf16_to_f32(wv.x >> 16),
-                        w2 = tsr_k_bf16_to_f32((uint16_t)wv.y), w3 = tsr_k_bf16_to_f32(wv.y >> 16);
-            o4[j] = make_uint2(tsr_k_f32_to_bf16(w0 * (v.x * sc)) |
-                                   (uint32_t)tsr_k_f32_to_bf16(w1 * (v.y * sc)) << 16,
-                               tsr_k_f32_to_bf16(w2 * (v.z * sc)) |
-                                   (uint32_t)tsr_k_f32_to_bf16(w3 * (v.w * sc)) << 16);
-        }
-    } else {
-        for (int j = threadIdx.x; j < H; j += THREADS)
-            orow[j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * sc));
-    }
+    for (int j = threadIdx.x; j < H; j += THREADS)
+        orow[j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * sc));
 }
 
 __global__ void k_add(float *x, const float *add, size_t n)
@@ -431,15 +444,23 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int HD>
+template <int HD, bool SPLIT>
 __global__ void __launch_bounds__(128)
 k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__restrict__ kpool,
                 const bf16_t *__restrict__ vpool, meta_t md, int l, int n_blocks, int qh, int kvh,
                 float scale, int chunks)
 {
-    constexpr int KP = HD + 8, VP = ATT_KEYS + 8, VEC = HD / 8, NT = ATT_KEYS / 8;
-    __shared__ __align__(16) bf16_t ks[ATT_KEYS * KP];   /* [key][dim], rows padded */
-    __shared__ __align__(16) bf16_t vt[HD * VP];         /* [dim][key], rows padded */
+    /* SPLIT (a step of decodes, a tile's rows fit one warp): the four warps
+     * share the same 16 rows and each takes a quarter of every key tile;
+     * their partial softmax states are merged at the end */
+    constexpr int KP = HD + 8, VP = ATT_KEYS + 8, VEC = HD / 8, NT = SPLIT ? 2 : ATT_KEYS / 8;
+    static_assert(128 % ATT_KEYS == 0 && VEC % (128 / ATT_KEYS) == 0, "the K/V tile's loads");
+    static_assert(!SPLIT || ATT_KEYS == 4 * 16, "a split warp takes 16 keys of a tile");
+    static_assert(!SPLIT || 4 * 16 * (HD + 2) * 4 <= (ATT_KEYS * KP + HD * VP) * 2,
+                  "the warps' partial states fit in the tiles' memory");
+    __shared__ __align__(16) bf16_t smem[ATT_KEYS * KP + HD * VP];
+    bf16_t *const ks = smem;                     /* [key][dim], rows padded */
+    bf16_t *const vt = smem + ATT_KEYS * KP;     /* [dim][key], rows padded */
     const int tile = blockIdx.x, n = md.tile_n[tile];
     if (n <= 0) return;
     const int g = qh / kvh, kh = blockIdx.y / chunks, rows = n * g;
@@ -449,7 +470,8 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
     const int row0 = md.tile_row0[tile], pos0 = md.tile_pos0[tile];
     const int32_t *table = md.tables + md.tile_tbl[tile];
     const size_t qkvw = (size_t)(qh + 2 * kvh) * HD;
-    const int wr = r_begin + warp * 16;        /* the warp's first row */
+    const int wr = r_begin + (SPLIT ? 0 : warp * 16);   /* the warp's first row */
+    const int t0 = SPLIT ? 2 * warp : 0;                 /* its first key tile of 8 */
     const bool active = wr < rows;
     /* this lane's two rows (C elements 0-1 and 2-3): validity, the row of
      * the step it belongs to, its position and its query head */
@@ -487,20 +509,33 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
     const int visible_max = pos0 + n;
     for (int k0 = 0; k0 < visible_max; k0 += ATT_KEYS) {
         __syncthreads();   /* the last tile's readers are done */
-        /* 16-byte vectors; consecutive threads take consecutive keys, so
-         * the transposed V stores of a warp fall in different banks */
-        for (int i = threadIdx.x; i < ATT_KEYS * VEC; i += blockDim.x) {
-            const int key = i % ATT_KEYS, c = i / ATT_KEYS, pos = k0 + key;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+        /* 16-byte vectors.  A thread keeps one key (consecutive threads,
+         * consecutive keys, so a warp's transposed V stores fall in
+         * different banks) and takes every other (128 / ATT_KEYS) vector
+         * of it: one block-table lookup, then all its loads in flight. */
+        {
+            constexpr int STRIDE = 128 / ATT_KEYS, PER = VEC / STRIDE;
+            const int key = threadIdx.x % ATT_KEYS, c0 = threadIdx.x / ATT_KEYS, pos = k0 + key;
+            uint4 kv4[PER], vv4[PER];
             if (pos < visible_max) {   /* past it: zeros, never a stale NaN times 0 */
-                size_t off = tsr_k_kv_offset(table, n_blocks, kvh, HD, l, pos, kh) + c * 8;
-                kv4 = *(const uint4 *)(kpool + off);
-                vv4 = *(const uint4 *)(vpool + off);
-            }
-            *(uint4 *)(ks + key * KP + c * 8) = kv4;
-            const bf16_t *vh = (const bf16_t *)&vv4;
+                const size_t off = tsr_k_kv_offset(table, n_blocks, kvh, HD, l, pos, kh);
 #pragma unroll
-            for (int j = 0; j < 8; j++) vt[(c * 8 + j) * VP + key] = vh[j];
+                for (int j = 0; j < PER; j++) {
+                    kv4[j] = *(const uint4 *)(kpool + off + (c0 + STRIDE * j) * 8);
+                    vv4[j] = *(const uint4 *)(vpool + off + (c0 + STRIDE * j) * 8);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < PER; j++) kv4[j] = vv4[j] = make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const int c = c0 + STRIDE * j;
+                *(uint4 *)(ks + key * KP + c * 8) = kv4[j];
+                const bf16_t *vh = (const bf16_t *)&vv4[j];
+#pragma unroll
+                for (int d = 0; d < 8; d++) vt[(c * 8 + d) * VP + key] = vh[d];
+            }
         }
         __syncthreads();
         if (!active) continue;
@@ -509,10 +544,10 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
         for (int t = 0; t < NT; t++) {
             sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
             int kb, nb;
-            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): dim kb, key t * 8 + nb */
+            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): dim kb, key (t0 + t) * 8 + nb */
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                const bf16_t *kr = ks + (t * 8 + nb) * KP + kk * 16 + kb;
+                const bf16_t *kr = ks + ((t0 + t) * 8 + nb) * KP + kk * 16 + kb;
                 mma_bf16(sc[t], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
             }
         }
@@ -524,7 +559,7 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
             for (int e = 0; e < 4; e++) {
                 int r, c;
                 tsr_k_mma_c(lane, e, &r, &c);
-                const int i = e >> 1, key = k0 + t * 8 + c;
+                const int i = e >> 1, key = k0 + (t0 + t) * 8 + c;
                 sc[t][e] = rv[i] && key <= rpos[i] ? sc[t][e] * scale : -INFINITY;
                 mx[i] = fmaxf(mx[i], sc[t][e]);
             }
@@ -550,7 +585,7 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
         /* O += P V: the C registers of key tiles 2kk and 2kk + 1 are the A
          * operand of keys [16kk, 16kk + 16) */
 #pragma unroll
-        for (int kk = 0; kk < ATT_KEYS / 16; kk++) {
+        for (int kk = 0; kk < NT / 2; kk++) {
             const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
                                     pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
                                     pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
@@ -559,24 +594,60 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
             tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): key 16kk + kb, dim t * 8 + nb */
 #pragma unroll
             for (int t = 0; t < HD / 8; t++) {
-                const bf16_t *vr = vt + (t * 8 + nb) * VP + kk * 16 + kb;
+                const bf16_t *vr = vt + (t * 8 + nb) * VP + (t0 / 2 + kk) * 16 + kb;
                 mma_bf16(o[t], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
             }
         }
     }
     if (!active) return;
+    if constexpr (SPLIT) {   /* merge the four warps' states of the same 16 rows */
+        float *po = (float *)smem, *pm = po + 4 * 16 * HD, *pl = pm + 4 * 16;
+        __syncthreads();   /* every warp is done with the tiles */
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float sum = lsum[i];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (!rv[i]) continue;
-        int r, c;
-        tsr_k_mma_c(lane, 2 * i, &r, &c);
-        bf16_t *out = att + (size_t)rrow[i] * qh * HD + (size_t)rhead[i] * HD + c;
+        for (int i = 0; i < 2; i++) {
+            float sum = lsum[i];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            int r, c;
+            tsr_k_mma_c(lane, 2 * i, &r, &c);
+            if (c == 0) pm[warp * 16 + r] = m[i], pl[warp * 16 + r] = sum;
 #pragma unroll
-        for (int t = 0; t < HD / 8; t++)
-            *(uint32_t *)(out + t * 8) = pack_bf16x2(o[t][2 * i] / sum, o[t][2 * i + 1] / sum);
+            for (int t = 0; t < HD / 8; t++) {
+                po[(warp * 16 + r) * HD + t * 8 + c] = o[t][2 * i];
+                po[(warp * 16 + r) * HD + t * 8 + c + 1] = o[t][2 * i + 1];
+            }
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < 16 * HD; x += blockDim.x) {
+            const int r = x / HD, d = x % HD;
+            if (wr + r >= rows) continue;
+            float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+            for (int w = 0; w < 4; w++) mx = fmaxf(mx, pm[w * 16 + r]);
+            for (int w = 0; w < 4; w++) {
+                const float f = pm[w * 16 + r] == -INFINITY ? 0.0f : expf(pm[w * 16 + r] - mx);
+                sum += pl[w * 16 + r] * f;
+                acc += po[(w * 16 + r) * HD + d] * f;
+            }
+            int pof, hof;
+            tsr_k_gqa_row(wr + r, g, &pof, &hof);
+            att[(size_t)(row0 + pof) * qh * HD + (size_t)(kh * g + hof) * HD + d] =
+                tsr_k_f32_to_bf16(acc / sum);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float sum = lsum[i];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (!rv[i]) continue;
+            int r, c;
+            tsr_k_mma_c(lane, 2 * i, &r, &c);
+            bf16_t *out = att + (size_t)rrow[i] * qh * HD + (size_t)rhead[i] * HD + c;
+#pragma unroll
+            for (int t = 0; t < HD / 8; t++)
+                *(uint32_t *)(out + t * 8) =
+                    pack_bf16x2(o[t][2 * i] / sum, o[t][2 * i + 1] / sum);
+        }
     }
 }
 
@@ -1144,19 +1215,24 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
 }
 
 /* Attention of layer l over `tiles` tiles: on the tensor cores for the
- * head sizes they are built for, else the f32 kernel. */
-static int attention(tsr_engine_t *e, int l, int tiles, char *err, size_t errlen)
+ * head sizes they are built for (split over the keys in a step of decodes
+ * whose query heads a KV head fit one warp), else the f32 kernel. */
+static int attention(tsr_engine_t *e, int l, int tiles, bool decode, char *err, size_t errlen)
 {
-    const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads;
+    const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, g = qh / kvh;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int chunks = tsr_k_gqa_chunks(TSR_ATT_TILE, qh / kvh);
+    const bool split = decode && g <= 16;
+    const int chunks = split ? 1 : tsr_k_gqa_chunks(TSR_ATT_TILE, g);
     const dim3 grid(tiles, kvh * chunks);
-    if (hd == 128)
-        k_attention_mma<128><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool, e->md, l,
-                                                      e->spec.kv_blocks, qh, kvh, scale, chunks);
-    else if (hd == 64)
-        k_attention_mma<64><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool, e->md, l,
-                                                     e->spec.kv_blocks, qh, kvh, scale, chunks);
+#define ATT_MMA(HD, SPLIT)                                                                       \
+    k_attention_mma<HD, SPLIT><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool,      \
+                                                        e->md, l, e->spec.kv_blocks, qh, kvh,    \
+                                                        scale, chunks)
+    if (hd == 128 && split) ATT_MMA(128, true);
+    else if (hd == 128) ATT_MMA(128, false);
+    else if (hd == 64 && split) ATT_MMA(64, true);
+    else if (hd == 64) ATT_MMA(64, false);
+#undef ATT_MMA
     else
         k_attention<<<dim3(tiles, qh), ATT_WARPS * 32, 0, e->st>>>(
             e->att, e->qkv, e->kpool, e->vpool, e->md, l, e->spec.kv_blocks, qh, kvh, hd, scale);
@@ -1180,7 +1256,7 @@ static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t e
         k_rope_kv<<<dim3(T, qh + kvh), rope_threads, 0, e->st>>>(
             e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md, l, e->spec.kv_blocks, qh,
             kvh, hd);
-        if (attention(e, l, tiles, err, errlen) < 0) return -1;
+        if (attention(e, l, tiles, T == tiles, err, errlen) < 0) return -1;
         if (gemm(e, e->proj, H, e->att, L->wo, T, (int)qw, H, err, errlen) < 0) return -1;
         if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
         /* SwiGLU MLP */
