@@ -253,6 +253,15 @@ static inline TSR_HD void tsr_k_mma_c(int lane, int i, int *row, int *col)
     *col = (lane & 3) * 2 + (i & 1);
 }
 
+/* The small-batch product's split of a row of nvec 16-byte pieces over a
+ * block's `warps` warps: warp w takes pieces [*begin, *end). */
+static inline TSR_HD void tsr_k_gemv_span(int nvec, int warps, int w, int *begin, int *end)
+{
+    int per = (nvec + warps - 1) / warps;
+    *begin = w * per < nvec ? w * per : nvec;
+    *end = *begin + per < nvec ? *begin + per : nvec;
+}
+
 /* The smallest CUDA-graph bucket that holds a decode batch of n sequences
  * (1, 2, 4, 8, then multiples of 8), or n itself past max. */
 static inline TSR_HD int tsr_k_graph_bucket(int n, int max)

@@ -395,6 +395,19 @@ static void test_launch_arithmetic(void **state)
     assert_int_equal(tsr_k_att_tiles(1), 1);
     assert_int_equal(tsr_k_att_tiles(16), 1);
     assert_int_equal(tsr_k_att_tiles(17), 2);
+    /* the small-batch product's warps cover a row's pieces once, in order */
+    for (int nvec = 1; nvec < 3000; nvec += 7)
+        for (int warps = 1; warps <= 16; warps++) {
+            int next = 0;
+            for (int w = 0; w < warps; w++) {
+                int b, e;
+                tsr_k_gemv_span(nvec, warps, w, &b, &e);
+                assert_int_equal(b, next);
+                assert_true(e >= b && e <= nvec);
+                next = e;
+            }
+            assert_int_equal(next, nvec);
+        }
     for (int n = 1; n < 5000; n += 37) {
         int t = tsr_k_row_threads(n);
         assert_true(t % 32 == 0 && t >= 32 && t <= 1024);

@@ -201,6 +201,7 @@ struct tsr_engine {
     cudaGraphExec_t graph[NBUCKETS];
     int graph_rows[NBUCKETS];       /* the rows each graph was captured for */
     int graphs_on;
+    int gemv_off;                   /* TSR_CUDA_GEMV=0: cuBLAS for every product */
     uint64_t wbytes, kvbytes;
 };
 
@@ -805,10 +806,95 @@ static int grid_for(size_t n, int threads)
     return g > 4096 ? 4096 : g < 1 ? 1 : (int)g;
 }
 
+/* The same product for a few rows of x (a small decode batch), where it is
+ * a pass over the weights that cuBLAS's GEMM kernels read at well under
+ * the memory's rate for the smaller matrices: a block of GEMV_WARPS warps
+ * takes GEMV_ROWS rows of w, each warp one stretch of their columns, its
+ * lanes 16-byte pieces of it in turn (a lane's loads of several pieces in
+ * flight together); the x rows come through the caches; the sums are
+ * reduced by shuffles within a warp, then through shared memory.  NT rows
+ * of x. */
+#define GEMV_ROWS 4
+#define GEMV_WARPS 8
+#define GEMV_MAX_T 4
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float f[8])
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv(float *__restrict__ y, int ldy, const bf16_t *__restrict__ x, const bf16_t *__restrict__ w,
+       int in, int out)
+{
+    __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = blockIdx.x * GEMV_ROWS;
+    int vbeg, vend;
+    tsr_k_gemv_span(in / 8, GEMV_WARPS, warp, &vbeg, &vend);
+    float acc[GEMV_ROWS][NT] = {};
+    const uint4 *wr[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+        wr[r] = (const uint4 *)(w + (size_t)(r0 + r < out ? r0 + r : r0) * in);
+#pragma unroll 4
+    for (int v = vbeg + lane; v < vend; v += 32) {
+        uint4 wv[GEMV_ROWS], xv[NT];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) wv[r] = __ldg(wr[r] + v);
+#pragma unroll
+        for (int t = 0; t < NT; t++) xv[t] = __ldg((const uint4 *)(x + (size_t)t * in) + v);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float xf[8];
+            bf16x8_to_f32(xv[t], xf);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                float wf[8];
+                bf16x8_to_f32(wv[r], wf);
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[r][t] = fmaf(wf[k], xf[k], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float a = acc[r][t];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0) red[warp][r * NT + t] = a;
+        }
+    __syncthreads();
+    if (threadIdx.x < GEMV_ROWS * NT) {
+        const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+        float a = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GEMV_WARPS; k++) a += red[k][threadIdx.x];
+        if (r0 + r < out) y[(size_t)t * ldy + r0 + r] = a;
+    }
+}
+
 /* y[T][ldy] (f32) = x[T][in] (BF16) * w[out][in]^T (BF16). */
 static int gemm(tsr_engine_t *e, float *y, int ldy, const bf16_t *x, const bf16_t *w, int T, int in,
                 int out, char *err, size_t errlen)
 {
+    if (T <= GEMV_MAX_T && in % 8 == 0 && !e->gemv_off) {
+        const int blocks = (out + GEMV_ROWS - 1) / GEMV_ROWS, th = GEMV_WARPS * 32;
+        switch (T) {
+        case 1: k_gemv<1><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
+        case 2: k_gemv<2><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
+        case 3: k_gemv<3><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
+        default: k_gemv<4><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
+        }
+        return cuda_fail(&e->fatal, cudaGetLastError(), "gemv", err, errlen);
+    }
     const float one = 1.0f, zero = 0.0f;
     return blas_fail(B.gemm_ex(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w,
                                   CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, ldy,
@@ -1177,6 +1263,7 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->vocab = m->vocab_size;
     e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
     e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
+    e->gemv_off = getenv("TSR_CUDA_GEMV") && !strcmp(getenv("TSR_CUDA_GEMV"), "0");
     e->graphs_on = spec->tp_size == 1 && !(getenv("TSR_CUDA_GRAPHS") && !strcmp(getenv("TSR_CUDA_GRAPHS"), "0"));
     tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
     if (!(e->layers = (layer_t *)calloc(e->n_layers ? e->n_layers : 1, sizeof *e->layers)) ||
