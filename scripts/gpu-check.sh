@@ -23,7 +23,9 @@
 #      tp=2 pp=2 on the one GPU (four workers; they share the GPU, which
 #      NCCL refuses, so every group must say it uses the staged TCP
 #      collectives), each generating 32 tokens, compared with a cpu
-#      deployment's; a worker for a GPU that does not exist must exit 1
+#      deployment's; a worker for a GPU that does not exist must exit 1; a
+#      worker of the tp=2 pp=2 replica killed, a spare must take its piece
+#      and the replica give the same tokens
 #   4. NCCL with the real library on this GPU (build/bench/gpu_bench nccl):
 #      a 1-rank communicator formed from its epoch's blob (another epoch's
 #      refused), an all-reduce of device memory, an abort and a fresh
