@@ -3,6 +3,7 @@
 #   make            bin/tessera-coordinator bin/tessera-worker bin/tessera
 #   make test       install missing deps, build, run unit + integration tests
 #   make asan       the same tests built with AddressSanitizer + UBSan
+#   make cpu-only   the unit tests of a CUDA=0 build, and its refusal of a cuda piece
 #   make tsan       the same tests built with ThreadSanitizer (not in CI)
 #   make demo       install missing deps, build, run the demo cluster
 #   make bench      control-plane, data-plane and serving benchmarks (bench/)
@@ -85,7 +86,7 @@ BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 PROGRAMS := $(BIN)/tessera-coordinator $(BIN)/tessera-worker $(BIN)/tessera
 
-.PHONY: all deps test unit integration asan tsan demo bench install clean fuzz fuzz-build \
+.PHONY: all deps test unit integration asan cpu-only tsan demo bench install clean fuzz fuzz-build \
         fuzz-corpus
 all: $(PROGRAMS) build/models/demo/config.json
 
@@ -182,6 +183,15 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin SANITIZE=1 all-tests
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
+
+# The CPU-only build (CUDA=0, as on a machine without the toolkit), in a
+# folder of its own: its unit tests, and a cuda piece refused by a worker
+# built without CUDA.  CI runs it beside the CUDA build's tests.
+cpu-only: deps
+	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin all-tests
+	@! build/nocuda/bin/tessera-worker --help | grep -q "built with CUDA"
+	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh unit
+	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh integration cuda_piece_without_cuda
 
 # ThreadSanitizer on the multi-threaded paths (worker agent + data plane,
 # collectives); not part of CI, which runs asan.

@@ -26,11 +26,15 @@
 #      deployment's; a worker for a GPU that does not exist must exit 1; a
 #      worker of the tp=2 pp=2 replica killed, a spare must take its piece
 #      and the replica give the same tokens
-#   4. NCCL with the real library on this GPU (build/bench/gpu_bench nccl):
+#   4. device errors: a worker whose GPU takes an illegal-address fault in
+#      the middle of a request exits 75 and the request ends on a spare with
+#      the same tokens; a piece that does not fit in what is left of the GPU
+#      fails at load with the numbers
+#   5. NCCL with the real library on this GPU (build/bench/gpu_bench nccl):
 #      a 1-rank communicator formed from its epoch's blob (another epoch's
 #      refused), an all-reduce of device memory, an abort and a fresh
 #      communicator; one GPU allows no group of more ranks
-#   5. speed with weights filled on the device from a seed: a ~1B model and
+#   6. speed with weights filled on the device from a seed: a ~1B model and
 #      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
 #      tokens, each next to its measured bound (build/bench/gpu_bench speed)
 set -u
@@ -150,7 +154,8 @@ YAML
     fi
     "$B/tessera" "${C[@]}" workers
     local ids=1,5,9,200,3,77,512,1000
-    local cpu gpu gpu4
+    local gpu gpu4
+    local cpu
     cpu=$(timeout 60 "$B/tessera" "${C[@]}" generate on-cpu --prompt-ids $ids --max-tokens 32 --ids)
     gpu=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu --prompt-ids $ids --max-tokens 32 --ids)
     gpu4=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu-tp2pp2 --prompt-ids $ids --max-tokens 32 --ids)
@@ -163,6 +168,7 @@ YAML
     for out in "$cpu" "$gpu" "$gpu4"; do
         [ "$(echo "$out" | wc -w)" -eq 32 ] || { echo "a deployment did not generate 32 tokens"; ok=1; }
     done
+    GPU_TOKENS=$gpu
     [ "$cpu" = "$gpu" ] && echo "cuda tp=1 equals the cpu deployment" || echo "cuda tp=1 differs from the cpu deployment"
     [ "$gpu4" = "$gpu" ] && echo "cuda tp=2 pp=2 equals tp=1" || echo "cuda tp=2 pp=2 differs from tp=1"
     if grep -h "share the GPU" "$T"/gpu0-w*.log | head -2 | grep -q .; then
@@ -200,6 +206,72 @@ YAML
     return $ok
 }
 check "cuda deployments served through the coordinator" cluster_check
+
+# ---- device errors ----------------------------------------------------------------
+# A real sticky error: the worker holding a tp=1 piece writes to an invalid
+# address at its 12th step (TSR_TEST_DEVICE_FAULT_AFTER), in the middle of a
+# request.  It must exit 75 (for systemd to restart it), the spare must take
+# the piece, and the request must end with the same 32 tokens.  Then out of
+# memory at load: two pieces of 90,000 MiB of KV each on the one GPU (each
+# worker counts the whole GPU as its own, so the plan allows it); the second
+# must fail with the numbers.
+errors_check() {
+    local C=(--coordinator tcp://127.0.0.1:7511) ok=0 ids=1,5,9,200,3,77,512,1000
+    local W=(--coordinator tcp://127.0.0.1:7510 --device cuda --device-index 0)
+    yaml() {   # yaml FILE NAME TP EXTRA
+        cat > "$1" <<YAML
+version: 1
+coordinator:
+  workers_endpoint: tcp://127.0.0.1:7510
+  control_endpoint: tcp://127.0.0.1:7511
+  security: none
+deployments:
+  - name: $2
+    model: $M
+    device: cuda
+    parallel: {tensor: $3, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+$4
+YAML
+    }
+    yaml "$T/e.yaml" faulty 1 ""
+    "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/e.yaml" 2> "$T/ec.log" &
+    local cpid=$!
+    TSR_TEST_DEVICE_FAULT_AFTER=12 "$B/tessera-worker" "${W[@]}" --name gpu-fault 2> "$T/gpu-fault.log" &
+    local fpid=$!
+    "$B/tessera" "${C[@]}" status --wait-ready 60 > /dev/null || { echo "the piece never became ready"; ok=1; }
+    "$B/tessera-worker" "${W[@]}" --name gpu-spare 2> "$T/gpu-spare.log" &
+    local spid=$! t0=$(date +%s)
+    until "$B/tessera" "${C[@]}" workers | awk '$1 == "gpu-spare" && $3 == "idle" {f=1} END {exit !f}'; do
+        [ $(( $(date +%s) - t0 )) -gt 20 ] && break; sleep 0.05
+    done
+    local out frc
+    out=$(timeout 60 "$B/tessera" "${C[@]}" generate faulty --prompt-ids $ids --max-tokens 32 --ids)
+    timeout 20 tail --pid=$fpid -f /dev/null || kill $fpid; wait $fpid; frc=$?
+    echo "the worker whose GPU faulted exited with status $frc ($(grep -o 'fatal device error[^)]*)' "$T/gpu-fault.log" | head -1))"
+    echo "the request, moved to the spare: $out"
+    [ "$frc" = 75 ] || { echo "expected exit status 75"; ok=1; }
+    [ "$out" = "${GPU_TOKENS:-}" ] || { echo "not the tokens of the undisturbed tp=1 run: ${GPU_TOKENS:-}"; ok=1; }
+    kill $cpid $spid 2>/dev/null; wait $cpid $spid 2>/dev/null
+    yaml "$T/o.yaml" big 2 "    kv_cache_mib: 90000"
+    "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/o.yaml" 2> "$T/oc.log" &
+    cpid=$!
+    "$B/tessera-worker" "${W[@]}" --name gpu-a 2> "$T/gpu-a.log" &
+    local apid=$!
+    "$B/tessera-worker" "${W[@]}" --name gpu-b 2> "$T/gpu-b.log" &
+    local bpid=$! line=""
+    t0=$(date +%s)
+    while [ -z "$line" ] && [ $(( $(date +%s) - t0 )) -lt 60 ]; do
+        line=$("$B/tessera" "${C[@]}" status | grep -m1 "failed.*out of device memory")
+        sleep 0.2
+    done
+    if [ -n "$line" ]; then echo "out of memory at load: $(echo "$line" | sed 's/^ *//')"
+    else "$B/tessera" "${C[@]}" status; echo "no piece failed with the device's numbers"; ok=1; fi
+    kill $cpid $apid $bpid 2>/dev/null; wait $cpid $apid $bpid 2>/dev/null
+    [ $ok -eq 0 ] || { for f in "$T"/ec.log "$T"/gpu-*.log "$T"/oc.log; do echo "--- $f"; tail -8 "$f"; done; }
+    return $ok
+}
+check "device errors: a sticky fault, out of memory at load" errors_check
 
 check "NCCL, one rank on this GPU" limit 60 "$BUILD/bench/gpu_bench" nccl
 

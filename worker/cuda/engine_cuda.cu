@@ -202,6 +202,10 @@ struct tsr_engine {
     int graph_rows[NBUCKETS];       /* the rows each graph was captured for */
     int graphs_on;
     int gemv_off;                   /* TSR_CUDA_GEMV=0: cuBLAS for every product */
+    /* Tests of the fatal-error path (TSR_TEST_DEVICE_FAULT_AFTER=N): the
+     * Nth step first runs a kernel that writes to an invalid address, a real
+     * sticky error, as the CPU engine's injection stands in for one. */
+    long fault_after, steps;
     uint64_t wbytes, kvbytes;
 };
 
@@ -661,6 +665,9 @@ __global__ void k_swiglu(bf16_t *act, const float *gu, int I, size_t n)
         act[i] = tsr_k_f32_to_bf16(tsr_k_swiglu(g[k], g[I + k]));
     }
 }
+
+/* The injected fault: a write to an address no allocation has. */
+__global__ void k_fault(void) { *(volatile int *)(uintptr_t)16 = 1; }
 
 /* Pads each row of logits past this rank's vocabulary with -inf. */
 __global__ void k_pad(float *lg, int C, int vs, int rows)
@@ -1264,6 +1271,8 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
     e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
     e->gemv_off = getenv("TSR_CUDA_GEMV") && !strcmp(getenv("TSR_CUDA_GEMV"), "0");
+    e->fault_after = getenv("TSR_TEST_DEVICE_FAULT_AFTER")
+                         ? strtol(getenv("TSR_TEST_DEVICE_FAULT_AFTER"), NULL, 10) : 0;
     e->graphs_on = spec->tp_size == 1 && !(getenv("TSR_CUDA_GRAPHS") && !strcmp(getenv("TSR_CUDA_GRAPHS"), "0"));
     tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
     if (!(e->layers = (layer_t *)calloc(e->n_layers ? e->n_layers : 1, sizeof *e->layers)) ||
@@ -1495,6 +1504,11 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     if (tsr_batch_prepare(s, e->kv, b, e->first_row, row_slot, row_pos, err, errlen) < 0) return -1;
     e->last_sampled = 0;
     if (!b->n_tokens) return 0;
+    if (e->fault_after > 0 && ++e->steps == e->fault_after) {
+        tsr_warn("CUDA: injecting an illegal-address fault at step %ld (TSR_TEST_DEVICE_FAULT_AFTER)",
+                 e->steps);
+        k_fault<<<1, 1, 0, e->st>>>();
+    }
     if (s->stage == 0)
         for (int i = 0; i < b->n_tokens; i++)
             if (b->tokens[i] < 0 || b->tokens[i] >= e->vocab) {
