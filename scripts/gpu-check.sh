@@ -12,7 +12,8 @@
 # Checks, in order:
 #   1. the kernels' math on the host (build/tests/test_kmath)
 #   2. the CUDA engine against the CPU engine on two BF16 checkpoints
-#      (head_dim 64 and 128), the first with and without decode graphs
+#      (head_dim 64 and 128), the first also without decode graphs and
+#      without the small-batch product kernel
 #      (build/bench/gpu_bench compare): logits
 #      within 3% of each row's largest logit; greedy tokens equal but for
 #      near ties (the CPU's two best closer than the logits' difference); each
