@@ -114,14 +114,12 @@ check "the same without decode graphs or the small-batch kernel" limit 90 env TS
 check "the same at head_dim 128" limit 90 "$BUILD/bench/gpu_bench" compare "$M128"
 
 # ---- a cluster on this machine -------------------------------------------------
+head_yaml() {   # head_yaml PORT: a file's coordinator on loopback ports PORT and PORT + 1
+    printf 'version: 1\ncoordinator:\n  workers_endpoint: tcp://127.0.0.1:%d\n' "$1"
+    printf '  control_endpoint: tcp://127.0.0.1:%d\n  security: none\ndeployments:\n' $(($1 + 1))
+}
 cluster_check() {
-    cat > "$T/d.yaml" <<YAML
-version: 1
-coordinator:
-  workers_endpoint: tcp://127.0.0.1:7500
-  control_endpoint: tcp://127.0.0.1:7501
-  security: none
-deployments:
+    { head_yaml 7500; cat; } > "$T/d.yaml" <<YAML
   - name: on-cpu
     model: $M
     device: cpu
@@ -220,13 +218,7 @@ errors_check() {
     local C=(--coordinator tcp://127.0.0.1:7511) ok=0 ids=1,5,9,200,3,77,512,1000
     local W=(--coordinator tcp://127.0.0.1:7510 --device cuda --device-index 0)
     yaml() {   # yaml FILE NAME TP EXTRA
-        cat > "$1" <<YAML
-version: 1
-coordinator:
-  workers_endpoint: tcp://127.0.0.1:7510
-  control_endpoint: tcp://127.0.0.1:7511
-  security: none
-deployments:
+        { head_yaml 7510; cat; } > "$1" <<YAML
   - name: $2
     model: $M
     device: cuda
