@@ -3,7 +3,7 @@
 #   make            bin/tessera-coordinator bin/tessera-worker bin/tessera
 #   make test       install missing deps, build, run unit + integration tests
 #   make asan       the same tests built with AddressSanitizer + UBSan
-#   make cpu-only   the unit tests of a CUDA=0 build, and its refusal of a cuda piece
+#   make cpu-only   every test of a CUDA=0 build (build/nocuda)
 #   make tsan       the same tests built with ThreadSanitizer (not in CI)
 #   make demo       install missing deps, build, run the demo cluster
 #   make bench      control-plane, data-plane and serving benchmarks (bench/)
@@ -184,14 +184,15 @@ asan: deps
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
 
-# The CPU-only build (CUDA=0, as on a machine without the toolkit), in a
-# folder of its own: its unit tests, and a cuda piece refused by a worker
-# built without CUDA.  CI runs it beside the CUDA build's tests.
+# `make CUDA=0 test` (as on a machine without the toolkit) in a folder of its
+# own, so that it and the CUDA build's objects never mix: every test, a cuda
+# piece refused by the worker "built without CUDA" among them.  CI runs it
+# beside the CUDA build's tests.
 cpu-only: deps
+	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin all-tests
 	@! build/nocuda/bin/tessera-worker --help | grep -q "built with CUDA"
-	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh unit
-	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh integration cuda_piece_without_cuda
+	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
 
 # ThreadSanitizer on the multi-threaded paths (worker agent + data plane,
 # collectives); not part of CI, which runs asan.
