@@ -13,7 +13,8 @@
 #   1. the kernels' math on the host (build/tests/test_kmath)
 #   2. the CUDA engine against the CPU engine on two BF16 checkpoints
 #      (head_dim 64 and 128), the first also without decode graphs and
-#      without the small-batch product kernel
+#      without the small-batch product kernel, then on an F16 and an F32
+#      checkpoint (converted to BF16 as they load)
 #      (build/bench/gpu_bench compare): logits
 #      within 3% of each row's largest logit; greedy tokens equal but for
 #      near ties (the CPU's two best closer than the logits' difference); each
@@ -85,7 +86,7 @@ limit() {
 cleanup() {
     kill $(jobs -p) 2>/dev/null; wait 2>/dev/null
     [ -n "${TSR_CHECK_LOGS:-}" ] && tar -C "$T" -czf "$TSR_CHECK_LOGS/gpu-check-logs.tgz" \
-        --exclude=tiny-bf16 --exclude=tiny-hd128 --exclude=1b --exclude=8b . 2>/dev/null
+        --exclude=tiny-bf16 --exclude=tiny-hd128 --exclude=tiny-f16 --exclude=tiny-f32 --exclude=1b --exclude=8b . 2>/dev/null
     rm -rf "$T"
 }
 trap cleanup EXIT
@@ -112,6 +113,13 @@ M128="$T/tiny-hd128"
 check "cuda engine against the cpu engine" limit 90 "$BUILD/bench/gpu_bench" compare "$M"
 check "the same without decode graphs or the small-batch kernel" limit 90 env TSR_CUDA_GRAPHS=0 TSR_CUDA_GEMV=0 "$BUILD/bench/gpu_bench" compare "$M"
 check "the same at head_dim 128" limit 90 "$BUILD/bench/gpu_bench" compare "$M128"
+# F16 and F32 checkpoints, converted to BF16 on the GPU as they load (the
+# CPU engine keeps their values as they are)
+for dt in f16 f32; do
+    "$B/tessera" model-init "$T/tiny-$dt" --dtype $dt --hidden 512 --intermediate 1376 --layers 4 \
+        --heads 8 --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope --seed 5 > /dev/null || exit 1
+    check "the same from an ${dt^^} checkpoint" limit 90 "$BUILD/bench/gpu_bench" compare "$T/tiny-$dt"
+done
 
 # ---- a cluster on this machine -------------------------------------------------
 head_yaml() {   # head_yaml PORT: a file's coordinator on loopback ports PORT and PORT + 1
