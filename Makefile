@@ -186,13 +186,14 @@ asan: deps
 
 # `make CUDA=0 test` (as on a machine without the toolkit) in a folder of its
 # own, so that it and the CUDA build's objects never mix: every test, a cuda
-# piece refused by the worker "built without CUDA" among them.  CI runs it
-# beside the CUDA build's tests.
+# piece refused by the worker "built without CUDA" among them (CUDA=0 in the
+# tests' environment too: test_systemd runs make install).  CI runs it beside
+# the CUDA build's tests.
 cpu-only: deps
 	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin all-tests
-	@! build/nocuda/bin/tessera-worker --help | grep -q "built with CUDA"
-	@TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
+	@build/nocuda/bin/tessera-worker --help | grep -q "built without CUDA"
+	@CUDA=0 TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
 
 # ThreadSanitizer on the multi-threaded paths (worker agent + data plane,
 # collectives); not part of CI, which runs asan.

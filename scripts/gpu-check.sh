@@ -51,7 +51,7 @@ for lib in libcudart.so.13 libcublas.so.13 libnccl.so.2; do
     ldconfig -p 2>/dev/null | grep -q "$lib" && continue
     [ -e "/usr/local/cuda/lib64/$lib" ] && continue
     found=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
-    [ -n "$found" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")" &&
+    [ -n "$found" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")" &&
         echo "gpu-check: $lib from $(dirname "$found")"
 done
 B="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
@@ -82,9 +82,19 @@ limit() {
     [ $rc = 0 ] || sanitize 60 "$@"
     return $rc
 }
+# stop PID...: SIGTERM, then SIGKILL for whatever still runs after 5 s (a
+# process wedged in a device call may never act on the first).
+stop() {
+    [ $# -gt 0 ] || return 0
+    kill "$@" 2>/dev/null
+    local i
+    for i in $(seq 50); do kill -0 "$@" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$@" 2>/dev/null
+    wait "$@" 2>/dev/null
+}
 # TSR_CHECK_LOGS=DIR keeps the run's logs (daemons, build) as DIR/gpu-check-logs.tgz.
 cleanup() {
-    kill $(jobs -p) 2>/dev/null; wait 2>/dev/null
+    stop $(jobs -p)
     [ -n "${TSR_CHECK_LOGS:-}" ] && tar -C "$T" -czf "$TSR_CHECK_LOGS/gpu-check-logs.tgz" \
         --exclude=tiny-bf16 --exclude=tiny-hd128 --exclude=tiny-f16 --exclude=tiny-f32 --exclude=1b --exclude=8b . 2>/dev/null
     rm -rf "$T"
@@ -151,10 +161,12 @@ YAML
         "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda --device-index 0 \
             --name gpu0-w$i 2> "$T/gpu0-w$i.log" &
     done
+    local none
+    none=$(nvidia-smi -L | grep -c '^GPU')   # one past the last GPU
     timeout 30 "$B/tessera-worker" --coordinator tcp://127.0.0.1:7500 --device cuda \
-        --device-index 7 --name gpu7 2> "$T/gpu7.log"
+        --device-index "$none" --name gpu-none 2> "$T/gpu-none.log"
     local rc7=$?
-    echo "a worker for cuda device 7: exit status $rc7 ($(tail -1 "$T/gpu7.log"))"
+    echo "a worker for cuda device $none: exit status $rc7 ($(tail -1 "$T/gpu-none.log"))"
     [ "$rc7" = 1 ] || { echo "a worker for a missing GPU did not exit 1"; ok=1; }
     if ! "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/status.txt"; then
         cat "$T/status.txt"; cat "$T/c.log" | tail -20; ok=1
@@ -208,7 +220,7 @@ YAML
     fi
     "$B/tessera" "${C[@]}" workers
     "$B/tessera" "${C[@]}" workers --json | grep -o '"name": *"[^"]*"\|"weight_bytes": *[0-9]*\|"kv_bytes": *[0-9]*' | paste - - - 2>/dev/null
-    kill $(jobs -p) 2>/dev/null; wait 2>/dev/null
+    stop $(jobs -p)
     [ $ok -eq 0 ] || { for f in "$T"/*.log; do echo "--- $f"; tail -15 "$f"; done; }
     return $ok
 }
@@ -248,12 +260,13 @@ YAML
     done
     local out frc
     out=$(timeout 60 "$B/tessera" "${C[@]}" generate faulty --prompt-ids $ids --max-tokens 32 --ids)
-    timeout 20 tail --pid=$fpid -f /dev/null || kill $fpid; wait $fpid; frc=$?
+    timeout 20 tail --pid=$fpid -f /dev/null || kill -9 $fpid; wait $fpid; frc=$?
     echo "the worker whose GPU faulted exited with status $frc ($(grep -o 'fatal device error[^)]*)' "$T/gpu-fault.log" | head -1))"
     echo "the request, moved to the spare: $out"
     [ "$frc" = 75 ] || { echo "expected exit status 75"; ok=1; }
-    [ "$out" = "${GPU_TOKENS:-}" ] || { echo "not the tokens of the undisturbed tp=1 run: ${GPU_TOKENS:-}"; ok=1; }
-    kill $cpid $spid 2>/dev/null; wait $cpid $spid 2>/dev/null
+    [ -n "${GPU_TOKENS:-}" ] && [ "$out" = "$GPU_TOKENS" ] ||
+        { echo "not the tokens of the undisturbed tp=1 run: ${GPU_TOKENS:-}"; ok=1; }
+    stop $cpid $spid
     yaml "$T/o.yaml" big 2 "    kv_cache_mib: 90000"
     "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/o.yaml" 2> "$T/oc.log" &
     cpid=$!
@@ -268,7 +281,7 @@ YAML
     done
     if [ -n "$line" ]; then echo "out of memory at load: $(echo "$line" | sed 's/^ *//')"
     else "$B/tessera" "${C[@]}" status; echo "no piece failed with the device's numbers"; ok=1; fi
-    kill $cpid $apid $bpid 2>/dev/null; wait $cpid $apid $bpid 2>/dev/null
+    stop $cpid $apid $bpid
     [ $ok -eq 0 ] || { for f in "$T"/ec.log "$T"/gpu-*.log "$T"/oc.log; do echo "--- $f"; tail -8 "$f"; done; }
     return $ok
 }

@@ -61,8 +61,10 @@ static void usage(FILE *f)
             "GPU of that many MiB, for tests on machines without one (with\n"
             "TSR_TEST_FAKE_CUDA_BUS its PCI bus id, TSR_TEST_FAKE_CUDA_NVLINK its NVLink\n"
             "peers' bus ids, comma-separated);\n"
-            "TSR_TEST_DEVICE_FAULT_AFTER=N makes the CPU engine fail as a GPU does on a\n"
-            "fatal error after N steps, for tests of the exit path.\n"
+            "TSR_TEST_DEVICE_FAULT_AFTER=N, for tests of the exit path: the CPU engine\n"
+            "fails as a GPU does on a fatal error from its Nth step on; the CUDA engine\n"
+            "writes to an invalid address at its Nth step that carries tokens, a real\n"
+            "sticky error.\n"
             "\n"
             "%s"
             "\n"
@@ -71,8 +73,9 @@ static void usage(FILE *f)
             "a fatal device error (an illegal address, ECC): restart it.\n",
 #ifdef TSR_HAVE_CUDA
             "This worker was built with CUDA: --device cuda pieces run on the GPU\n"
-            "(TSR_CUDA_GRAPHS=0 turns off decode graphs; TSR_CUDA_DUMMY_WEIGHTS=SEED fills\n"
-            "weights from a seed instead of reading them, for benchmarks only).\n"
+            "(TSR_CUDA_GRAPHS=0 turns off decode graphs; TSR_CUDA_GEMV=0 multiplies small\n"
+            "batches with cuBLAS too; TSR_CUDA_DUMMY_WEIGHTS=SEED fills weights from a\n"
+            "seed instead of reading them, for benchmarks only).\n"
 #else
             "This worker was built without CUDA: it runs cpu pieces only.\n"
 #endif
