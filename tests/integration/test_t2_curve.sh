@@ -54,13 +54,19 @@ started2() { [ -s "$T/out2" ]; }
 gen_done() { ! kill -0 "$GEN2" 2>/dev/null; }
 # The holder pauses, so the stream cannot simply finish first; it resumes
 # once the stream has ended (or its lease would run out).  The 250 tokens
-# (max_seq_len 256 allows no more) can all arrive before the pause on a
-# fast engine: then the stream is started again, at most 5 times.
+# (max_seq_len 256 allows no more) take about 40 ms on this model, less
+# than wait_until's 50 ms between looks: the first token is looked for
+# every millisecond or so, and a stream that still ended before the pause
+# is started again, at most 5 times.
 for try in 1 2 3 4 5; do
     tsr --identity cli2 generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids \
         --token-timeout 60000 > "$T/out2" 2> "$T/err2" &
     GEN2=$!
-    wait_until 10 started2 || fail "cli2's stream did not start: $(cat "$T/err2")"
+    t_end=$(( $(now_ms) + 10000 ))
+    until started2; do
+        [ "$(now_ms)" -lt "$t_end" ] || fail "cli2's stream did not start: $(cat "$T/err2")"
+        sleep 0.001
+    done
     kill -STOP "${WPID[$holder]}"
     gen_done || break
     kill -CONT "${WPID[$holder]}"
