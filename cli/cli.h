@@ -20,6 +20,12 @@ void *tsr_cli_connect(const tsr_cli_t *cli, void **mon);
  * the CLI's identity) and returns 1; for other events (or none) returns 0
  * and the event id in *event (-1: none). */
 int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event);
+/* Sends env on s.  A socket with no connection left to queue it on (the
+ * coordinator closed the handshake before the send, as a CURVE endpoint does
+ * with a plain client or a key it does not allow) refuses it at once: then
+ * mon is read for the refusal, and the send tried again as the socket
+ * reconnects, until cli->timeout_ms.  0, or -1 with the reason printed. */
+int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env);
 /* A message arrived from the coordinator: handshakes it closed before no
  * longer count towards calling it a refusal. */
 void tsr_cli_heard(void);

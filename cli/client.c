@@ -47,12 +47,9 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
         goto out;
     }
 
-    /* The request is queued until the connection is up, so one send is
-     * enough; the deadline covers connecting and answering. */
-    if (tsr_wire_send(s, NULL, 0, &env) < 0) {
-        fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
-        goto out;
-    }
+    /* The request is queued until the connection is up; the deadline
+     * covers connecting and answering. */
+    if (tsr_cli_send(cli, s, mon, &env) < 0) goto out;
     int64_t deadline = tsr_now_ms() + cli->timeout_ms;
     zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
@@ -94,6 +91,22 @@ out:
     tsr_sock_monitor_close(s, &mon);
     tsr_sock_close(&s);
     return rc;
+}
+
+int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env)
+{
+    const int64_t deadline = tsr_now_ms() + cli->timeout_ms;
+    for (;;) {
+        if (tsr_wire_send(s, NULL, 0, env) == 0) return 0;
+        const int64_t left = deadline - tsr_now_ms();
+        if (left <= 0 || !mon) break;
+        zmq_pollitem_t it = {mon, 0, ZMQ_POLLIN, 0};
+        zmq_poll(&it, 1, left < 50 ? (long)left : 50L);
+        int ev;
+        if ((it.revents & ZMQ_POLLIN) && tsr_cli_handshake_failed(cli, mon, &ev)) return -1;
+    }
+    fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
+    return -1;
 }
 
 void *tsr_cli_connect(const tsr_cli_t *cli, void **mon)
