@@ -295,6 +295,22 @@ static void test_online_softmax_merge(void **state)
         tsr_k_osm_merge(&a, b, &ca, &cb);
         float merged = (ca * acc_a + cb * acc_b) / a.l;
         assert_true(fabsf(merged - acc / all.l) < 1e-5f);
+        /* The split decode attention's merge: four warps' states, each
+         * over every fourth run of 16 keys (a warp may have seen none),
+         * folded from the empty state in warp order. */
+        tsr_osm_t part[4], folded = tsr_k_osm_init();
+        float acc_p[4] = {0, 0, 0, 0}, acc_f = 0;
+        for (int q = 0; q < 4; q++) part[q] = tsr_k_osm_init();
+        for (int i = 0; i < n; i++) {
+            int q = (i / 16) % 4;
+            float c = tsr_k_osm_push(&part[q], s[i], &w);
+            acc_p[q] = acc_p[q] * c + w * v[i];
+        }
+        for (int q = 0; q < 4; q++) {
+            tsr_k_osm_merge(&folded, part[q], &ca, &cb);
+            acc_f = acc_f * ca + acc_p[q] * cb;
+        }
+        assert_true(fabsf(acc_f / folded.l - acc / all.l) < 1e-5f);
     }
 }
 
@@ -416,68 +432,62 @@ static void test_launch_arithmetic(void **state)
 
 /* ---- the tensor-core attention kernel's operand layouts and rows ---- */
 
-/* Every element of A (16 x 16), B (16 x 8) and C (16 x 8) belongs to one
- * lane exactly, and the kernel's shortcuts hold: a register's two elements
- * are adjacent columns (Q loads as float2, K and V^T as 32-bit words), the
- * second B register is 8 further along k, A's rows are C's, and the C
- * registers of two adjacent key tiles are the A operand of their 16 keys
- * (P is taken from S's registers). */
+typedef void (*layout_fn)(int lane, int i, int *d0, int *d1);
+
+/* Every element of a dim0 x dim1 operand is element i < elems of exactly
+ * one lane, and each register's two elements (2j, 2j + 1) are adjacent
+ * along dimension `along` (0 or 1). */
+static void check_layout(layout_fn f, int elems, int dim0, int dim1, int along)
+{
+    std::vector<int> seen((size_t)dim0 * dim1, 0);
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < elems; i++) {
+            int a, b, a2, b2;
+            f(lane, i, &a, &b);
+            assert_true(a >= 0 && a < dim0 && b >= 0 && b < dim1);
+            seen[(size_t)a * dim1 + b]++;
+            if (i % 2 == 0) {
+                f(lane, i + 1, &a2, &b2);
+                assert_int_equal(a2, a + (along == 0));
+                assert_int_equal(b2, b + (along == 1));
+            }
+        }
+    for (int x : seen) assert_int_equal(x, 1);
+}
+
+/* The operand layouts as the kernel relies on them: A (16 x 16) and C
+ * (16 x 8) pairs adjacent along a row (Q loads as float2, the output as
+ * BF16 pairs), B (16 x 8) pairs adjacent along k (K and V^T as 32-bit
+ * words) with its second register 8 further along k; A's rows are C's;
+ * and the C registers of two adjacent key tiles are the A operand of their
+ * 16 keys (P is taken from S's registers). */
 static void test_mma_operand_layouts(void **state)
 {
     (void)state;
-    int a_seen[16][16] = {{0}}, b_seen[16][8] = {{0}}, c_seen[16][8] = {{0}};
+    check_layout(tsr_k_mma_a, 8, 16, 16, 1);
+    check_layout(tsr_k_mma_b, 4, 16, 8, 0);
+    check_layout(tsr_k_mma_c, 4, 16, 8, 1);
     for (int lane = 0; lane < 32; lane++) {
-        for (int i = 0; i < 8; i++) {
-            int r, c, r2, c2;
-            tsr_k_mma_a(lane, i, &r, &c);
-            assert_true(r >= 0 && r < 16 && c >= 0 && c < 16);
-            a_seen[r][c]++;
-            if (i % 2 == 0) {
-                tsr_k_mma_a(lane, i + 1, &r2, &c2);
-                assert_int_equal(r2, r);
-                assert_int_equal(c2, c + 1);
-            }
-            /* A's rows: C element 0's row for registers 0 and 2, element 2's for 1 and 3 */
-            int cr, cc;
-            tsr_k_mma_c(lane, ((i >> 1) & 1) * 2, &cr, &cc);
-            assert_int_equal(r, cr);
-        }
         for (int i = 0; i < 4; i++) {
-            int k, n, k2, n2;
+            int k, n, k0, n0;
             tsr_k_mma_b(lane, i, &k, &n);
-            assert_true(k >= 0 && k < 16 && n >= 0 && n < 8);
-            b_seen[k][n]++;
-            if (i % 2 == 0) {
-                tsr_k_mma_b(lane, i + 1, &k2, &n2);
-                assert_int_equal(n2, n);
-                assert_int_equal(k2, k + 1);
-            }
-            int k0, n0;
             tsr_k_mma_b(lane, 0, &k0, &n0);
             assert_int_equal(k, k0 + (i & 1) + 8 * (i >> 1));
-            int r, c;
-            tsr_k_mma_c(lane, i, &r, &c);
-            assert_true(r >= 0 && r < 16 && c >= 0 && c < 8);
-            c_seen[r][c]++;
         }
-        /* P from S: A element i of keys [0, 16) is C element (i & 3) of key
-         * tile i / 4 (keys 8 * (i / 4) + column) */
         for (int i = 0; i < 8; i++) {
             int r, c, cr, cc;
             tsr_k_mma_a(lane, i, &r, &c);
+            /* A's rows: C element 0's row for registers 0 and 2, element 2's for 1 and 3 */
+            tsr_k_mma_c(lane, ((i >> 1) & 1) * 2, &cr, &cc);
+            assert_int_equal(r, cr);
+            /* P from S: A element i of keys [0, 16) is C element (reg & 1) * 2
+             * + (i & 1) of key tile reg / 2 (keys 8 * tile + column) */
             int reg = i >> 1, tile = reg >> 1, e = (reg & 1) * 2 + (i & 1);
             tsr_k_mma_c(lane, e, &cr, &cc);
             assert_int_equal(cr, r);
             assert_int_equal(8 * tile + cc, c);
         }
     }
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) assert_int_equal(a_seen[r][c], 1);
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 8; c++) {
-            assert_int_equal(b_seen[r][c], 1);
-            assert_int_equal(c_seen[r][c], 1);
-        }
 }
 
 /* The blocks of a tile cover each (position, query head of the group)

@@ -20,6 +20,7 @@
 #include <cublas_v2.h>
 #include <cub/cub.cuh>
 
+#include <algorithm>
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
@@ -626,17 +627,18 @@ k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__rest
         for (int x = threadIdx.x; x < 16 * HD; x += blockDim.x) {
             const int r = x / HD, d = x % HD;
             if (wr + r >= rows) continue;
-            float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
-            for (int w = 0; w < 4; w++) mx = fmaxf(mx, pm[w * 16 + r]);
+            tsr_osm_t st = tsr_k_osm_init();
+            float acc = 0.0f;
             for (int w = 0; w < 4; w++) {
-                const float f = pm[w * 16 + r] == -INFINITY ? 0.0f : expf(pm[w * 16 + r] - mx);
-                sum += pl[w * 16 + r] * f;
-                acc += po[(w * 16 + r) * HD + d] * f;
+                const tsr_osm_t part = {pm[w * 16 + r], pl[w * 16 + r]};
+                float ca, cb;
+                tsr_k_osm_merge(&st, part, &ca, &cb);
+                acc = acc * ca + po[(w * 16 + r) * HD + d] * cb;
             }
             int pof, hof;
             tsr_k_gqa_row(wr + r, g, &pof, &hof);
             att[(size_t)(row0 + pof) * qh * HD + (size_t)(kh * g + hof) * HD + d] =
-                tsr_k_f32_to_bf16(acc / sum);
+                tsr_k_f32_to_bf16(acc / st.l);
         }
     } else {
 #pragma unroll
@@ -1201,6 +1203,20 @@ static int rope_upload(tsr_engine_t *e, char *err, size_t errlen)
     return rc2;
 }
 
+/* Whether the switch `name` is set to 0 (off); the number it is set to
+ * (0 when unset). */
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
+
+static long env_long(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? strtol(v, NULL, 10) : 0;
+}
+
 static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
                      size_t errlen)
 {
@@ -1270,10 +1286,9 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->vocab = m->vocab_size;
     e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
     e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
-    e->gemv_off = getenv("TSR_CUDA_GEMV") && !strcmp(getenv("TSR_CUDA_GEMV"), "0");
-    e->fault_after = getenv("TSR_TEST_DEVICE_FAULT_AFTER")
-                         ? strtol(getenv("TSR_TEST_DEVICE_FAULT_AFTER"), NULL, 10) : 0;
-    e->graphs_on = spec->tp_size == 1 && !(getenv("TSR_CUDA_GRAPHS") && !strcmp(getenv("TSR_CUDA_GRAPHS"), "0"));
+    e->fault_after = env_long("TSR_TEST_DEVICE_FAULT_AFTER");
+    e->gemv_off = env_off("TSR_CUDA_GEMV");
+    e->graphs_on = spec->tp_size == 1 && !env_off("TSR_CUDA_GRAPHS");
     tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
     if (!(e->layers = (layer_t *)calloc(e->n_layers ? e->n_layers : 1, sizeof *e->layers)) ||
         !(e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len))) {
@@ -1342,7 +1357,7 @@ static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t e
     const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, I = e->inter;
     const size_t qw = (size_t)qh * hd, qkvw = qw + 2 * (size_t)kvh * hd;
     const float eps = e->m.rms_norm_eps;
-    const int rope_threads = (hd / 2 + 31) / 32 * 32 < 128 ? (hd / 2 + 31) / 32 * 32 : 128;
+    const int rope_threads = std::min(128, (hd / 2 + 31) / 32 * 32);   /* a thread a pair */
     for (int l = 0; l < e->n_layers; l++) {
         const layer_t *L = &e->layers[l];
         /* attention (the previous layer's MLP output is added here) */
