@@ -118,12 +118,17 @@ jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); r=eval(sys.argv[1]
 
 # wait_until SECONDS CMD...: polls CMD every 50 ms; returns 1 on timeout.
 wait_until() {
-    local secs="$1"; shift
+    poll_until "$1" 0.05 "${@:2}"
+}
+# poll_until SECS INTERVAL CMD...: wait_until, looking every INTERVAL
+# seconds (for conditions that last less than wait_until's 50 ms).
+poll_until() {
+    local secs="$1" every="$2"; shift 2
     [ "$SLOW" = 1 ] && secs=$((secs * 3))
     local end=$(( $(now_ms) + secs * 1000 ))
     while [ "$(now_ms)" -lt "$end" ]; do
         "$@" && return 0
-        sleep 0.05
+        sleep "$every"
     done
     return 1
 }

@@ -62,11 +62,7 @@ for try in 1 2 3 4 5; do
     tsr --identity cli2 generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids \
         --token-timeout 60000 > "$T/out2" 2> "$T/err2" &
     GEN2=$!
-    t_end=$(( $(now_ms) + 10000 ))
-    until started2; do
-        [ "$(now_ms)" -lt "$t_end" ] || fail "cli2's stream did not start: $(cat "$T/err2")"
-        sleep 0.001
-    done
+    poll_until 10 0.001 started2 || fail "cli2's stream did not start: $(cat "$T/err2")"
     kill -STOP "${WPID[$holder]}"
     gen_done || break
     kill -CONT "${WPID[$holder]}"
