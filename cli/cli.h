@@ -24,8 +24,9 @@ int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event);
  * coordinator closed the handshake before the send, as a CURVE endpoint does
  * with a plain client or a key it does not allow) refuses it at once: then
  * mon is read for the refusal, and the send tried again as the socket
- * reconnects, until cli->timeout_ms.  0, or -1 with the reason printed. */
-int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env);
+ * reconnects, until deadline (tsr_now_ms's clock).  0, or -1 with the
+ * reason printed. */
+int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env, int64_t deadline);
 /* A message arrived from the coordinator: handshakes it closed before no
  * longer count towards calling it a refusal. */
 void tsr_cli_heard(void);

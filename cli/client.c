@@ -49,8 +49,8 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
 
     /* The request is queued until the connection is up; the deadline
      * covers connecting and answering. */
-    if (tsr_cli_send(cli, s, mon, &env) < 0) goto out;
-    int64_t deadline = tsr_now_ms() + cli->timeout_ms;
+    const int64_t deadline = tsr_now_ms() + cli->timeout_ms;
+    if (tsr_cli_send(cli, s, mon, &env, deadline) < 0) goto out;
     zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
         int64_t left = deadline - tsr_now_ms();
@@ -93,9 +93,8 @@ out:
     return rc;
 }
 
-int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env)
+int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env, int64_t deadline)
 {
-    const int64_t deadline = tsr_now_ms() + cli->timeout_ms;
     for (;;) {
         if (tsr_wire_send(s, NULL, 0, env) == 0) return 0;
         const int64_t left = deadline - tsr_now_ms();
@@ -105,7 +104,10 @@ int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env)
         int ev;
         if ((it.revents & ZMQ_POLLIN) && tsr_cli_handshake_failed(cli, mon, &ev)) return -1;
     }
-    fprintf(stderr, "tessera: cannot send to %s\n", cli->endpoint);
+    fprintf(stderr,
+            "tessera: cannot send to %s: no connection to the coordinator took the request "
+            "within %d ms (is it running? see --coordinator)\n",
+            cli->endpoint, cli->timeout_ms);
     return -1;
 }
 

@@ -234,7 +234,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             goto out;
         }
         if (!(s = tsr_cli_connect(cli, &mon))) goto out;
-        if (tsr_cli_send(cli, s, mon, &env) < 0) goto out;
+        if (tsr_cli_send(cli, s, mon, &env, tsr_now_ms() + cli->timeout_ms) < 0) goto out;
         /* The coordinator numbers this attempt's tokens from 0. */
         int base = got, accepted = 0, lost = 0;
         zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
