@@ -96,7 +96,7 @@ stop() {
 cleanup() {
     stop $(jobs -p)
     [ -n "${TSR_CHECK_LOGS:-}" ] && tar -C "$T" -czf "$TSR_CHECK_LOGS/gpu-check-logs.tgz" \
-        --exclude=tiny-bf16 --exclude=tiny-hd128 --exclude=tiny-f16 --exclude=tiny-f32 --exclude=1b --exclude=8b . 2>/dev/null
+        --exclude=models . 2>/dev/null
     rm -rf "$T"
 }
 trap cleanup EXIT
@@ -112,12 +112,12 @@ fi
 
 check "kernel math on the host" timeout 60 "$BUILD/tests/test_kmath"
 
-M="$T/tiny-bf16"
+M="$T/models/tiny-bf16"
 "$B/tessera" model-init "$M" --dtype bf16 --hidden 512 --intermediate 1376 --layers 8 --heads 8 \
     --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope > /dev/null || exit 1
 # head_dim 128 with 4 query heads a KV head (Llama-3-8B's), beside the
 # first model's 64 with 2
-M128="$T/tiny-hd128"
+M128="$T/models/tiny-hd128"
 "$B/tessera" model-init "$M128" --dtype bf16 --hidden 1024 --intermediate 2048 --layers 4 --heads 8 \
     --kv-heads 2 --vocab 2048 --max-pos 1024 --llama3-rope --seed 3 > /dev/null || exit 1
 check "cuda engine against the cpu engine" limit 90 "$BUILD/bench/gpu_bench" compare "$M"
@@ -126,9 +126,9 @@ check "the same at head_dim 128" limit 90 "$BUILD/bench/gpu_bench" compare "$M12
 # F16 and F32 checkpoints, converted to BF16 on the GPU as they load (the
 # CPU engine keeps their values as they are)
 for dt in f16 f32; do
-    "$B/tessera" model-init "$T/tiny-$dt" --dtype $dt --hidden 512 --intermediate 1376 --layers 4 \
+    "$B/tessera" model-init "$T/models/tiny-$dt" --dtype $dt --hidden 512 --intermediate 1376 --layers 4 \
         --heads 8 --kv-heads 4 --vocab 1024 --max-pos 1024 --llama3-rope --seed 5 > /dev/null || exit 1
-    check "the same from an ${dt^^} checkpoint" limit 90 "$BUILD/bench/gpu_bench" compare "$T/tiny-$dt"
+    check "the same from an ${dt^^} checkpoint" limit 90 "$BUILD/bench/gpu_bench" compare "$T/models/tiny-$dt"
 done
 
 # ---- a cluster on this machine -------------------------------------------------
@@ -301,10 +301,10 @@ shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
 JSON
 }
-shape "$T/1b" 2048 8192 16 32 8 128256 true      # Llama-3.2-1B's shape
-shape "$T/8b" 4096 14336 32 32 8 128256 false    # Llama-3-8B's shape
-check "speed, ~1B model" timeout 150 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/1b"
-check "speed, Llama-3-8B shape" timeout 200 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/8b"
+shape "$T/models/1b" 2048 8192 16 32 8 128256 true      # Llama-3.2-1B's shape
+shape "$T/models/8b" 4096 14336 32 32 8 128256 false    # Llama-3-8B's shape
+check "speed, ~1B model" timeout 150 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/models/1b"
+check "speed, Llama-3-8B shape" timeout 200 env TSR_CUDA_DUMMY_WEIGHTS=1 "$BUILD/bench/gpu_bench" speed "$T/models/8b"
 
 echo "gpu-check: $failed failed check(s), $(( $(date +%s) - start )) s"
 [ $failed -eq 0 ]
