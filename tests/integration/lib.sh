@@ -177,11 +177,17 @@ worker_field() {
 
 # stream_long_request: starts a 250-token request in the background (ids to
 # $T/out, errors to $T/err, pid in GEN) and returns once its first token has
-# arrived, so what follows lands mid-request.
+# arrived, so what follows lands mid-request.  The whole stream takes about
+# 50 ms on the tests' model, so the first token is looked for every
+# millisecond or so (first_token_arrived).
 stream_long_request() {
     tsr generate tiny --prompt-ids 1,2,3 --max-tokens 250 --ids --token-timeout 60000 \
         > "$T/out" 2> "$T/err" &
     GEN=$!
+    first_token_arrived
+}
+# first_token_arrived: waits until $T/out holds the stream's first token.
+first_token_arrived() {
     started() { [ -s "$T/out" ]; }
-    wait_until 10 started || fail "no token arrived"
+    poll_until 10 0.001 started || fail "no token arrived"
 }

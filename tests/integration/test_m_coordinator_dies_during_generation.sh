@@ -13,8 +13,7 @@ ref=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids 1,2,3 -
 # Not --ids: the summary on standard error names the request.
 tsr generate tiny --prompt-ids 1,2,3 --max-tokens 250 --token-timeout 60000 > "$T/out" 2> "$T/err" &
 GEN=$!
-started() { [ -s "$T/out" ]; }
-wait_until 10 started || fail "no token arrived"
+first_token_arrived
 kill -9 "$COORD_PID"; t0=$(now_ms)
 noticed() { grep -q "lost the connection to the coordinator" "$T/err"; }
 wait_until 3 noticed || fail "the client did not notice: $(cat "$T/err")"

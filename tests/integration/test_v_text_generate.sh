@@ -55,8 +55,7 @@ ok "refusals name their reason"
 ref=$(tsr generate text --prompt "$PROMPT" --max-tokens 360) || fail "reference run"
 tsr generate text --prompt "$PROMPT" --max-tokens 360 --token-timeout 60000 > "$T/out" 2> "$T/err" &
 GEN=$!
-started() { [ -s "$T/out" ]; }
-wait_until 10 started || fail "no text arrived"
+first_token_arrived
 kill -9 "$COORD_PID"
 noticed() { grep -q "lost the connection to the coordinator" "$T/err"; }
 wait_until 3 noticed || fail "the client did not notice: $(cat "$T/err")"
