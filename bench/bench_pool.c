@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "worker/cpu_pool.h"
@@ -72,8 +73,12 @@ static int step_build(step_t *st)
             m->out = shape[k][1];
             m->w = random_floats((size_t)m->in * m->out, &seed);
             if (!m->w) return -1;
-            m->wp = aligned_alloc(64, tsr_packed_floats(m->out, m->in) * sizeof(float));
+            /* as the engine holds weights: 2 MiB pages where the kernel offers them */
+            const size_t huge = (size_t)2 << 20,
+                         len = (tsr_packed_floats(m->out, m->in) * sizeof(float) + huge - 1) & ~(huge - 1);
+            m->wp = aligned_alloc(huge, len);
             if (!m->wp) return -1;
+            if (!getenv("NOHUGE")) madvise(m->wp, len, MADV_HUGEPAGE);
             tsr_pack_rows(m->wp, m->out, m->in, 0, m->w, m->out);
             tsr_pack_clear_tail(m->wp, m->out, m->in);
             st->n++;
