@@ -66,8 +66,12 @@ for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" "$BUILD
     fi
 done
 
-if [ "$QUICK" = 1 ]; then CONCS="1 8 32" TOTAL=4; else CONCS="1 2 4 8 16 32" TOTAL=16; fi
-# Each level sends max(TOTAL, C) requests: TOTAL / C per stream, at least one.
+if [ "$QUICK" = 1 ]; then CONCS="1 8 32" TOTAL=4 PER_STREAM=2; else CONCS="1 2 4 8 16 32" TOTAL=16 PER_STREAM=4; fi
+# Each level sends max(TOTAL, PER_STREAM * C) requests: every stream sends
+# PER_STREAM requests or more, one after the other, so a level measures
+# streams of requests (as benchmark_serving's --max-concurrency does over
+# many prompts), not one burst of C requests whose ramp up and down, a
+# prefill-only start and a shrinking batch at the end, would be most of it.
 MAX_TOKENS=128 MIN_PROMPT=8 MAX_PROMPT=256 MAX_SEQ=512
 DEC_PROMPT=8 DEC_TOKENS=256 DEC_REQUESTS=3
 KV_SEQS=32 KV_POSITIONS=384     # the KV budget: 32 sequences of 384 positions
@@ -177,7 +181,7 @@ echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') par
      "hidden $H, intermediate $I, $L layers, $NH heads / $KVH kv heads (head_dim $HD), vocab $V"
 echo "deployment: max_seq_len $MAX_SEQ; batching keys: $KEYS_TEXT"
 echo "requests: prompts of $MIN_PROMPT-$MAX_PROMPT random ids (seeded), $MAX_TOKENS tokens each, greedy;" \
-     "max($TOTAL, C) requests per level, C streams each sending its next when the last finished"
+     "max($TOTAL, $PER_STREAM x C) requests per level, C streams each sending its next when the last finished"
 echo "threads: each worker gets nproc / workers (TSR_THREADS)"
 echo
 printf "%-24s %5s %9s %9s %8s %10s %10s %9s %9s\n" "layout" "conc" "requests" "tok/s" "speed-up" \
@@ -217,7 +221,7 @@ run_layout() {
     $S --requests-per-stream 1 --max-tokens 8 > /dev/null 2>&1
     local base="" c
     for c in $CONCS; do
-        local n=$(((TOTAL + c - 1) / c))
+        local n=$(((TOTAL + c - 1) / c)); [ "$n" -lt "$PER_STREAM" ] && n=$PER_STREAM
         if ! $S --concurrency "$c" --requests-per-stream "$n" --max-tokens "$MAX_TOKENS" \
                 --min-prompt "$MIN_PROMPT" --max-prompt "$MAX_PROMPT" \
                 > "$T/r.json" 2> "$T/r.err"; then
