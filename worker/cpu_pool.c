@@ -512,21 +512,22 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
         return;
     }
     const int tiles = (T + TILE512_ROWS - 1) / TILE512_ROWS;
-    const size_t group_lines = (size_t)2 * in;   /* a whole group's lines: 2 panels of in */
     for (int p = p0; p < p1; p += 2) {
         const int np = p1 - p < 2 ? p1 - p : 2, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
         const float *w = wp + (size_t)p * TSR_PANEL * in;
-        /* the next group, when this chunk has one and there are tiles to share it */
-        const int ahead = tiles > 1 && p + 2 < p1;
-        const float *next = w + group_lines * TSR_PANEL;
+        /* the next group's panels, 0 to 2 of this chunk, when there are
+         * tiles to share them out; pointers into them only when there are */
+        const int next_np = p1 - (p + 2) < 2 ? p1 - (p + 2) : 2;
+        const int ahead = tiles > 1 && next_np > 0;
+        const size_t next_lines = ahead ? (size_t)next_np * in : 0;
         for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const float *xt = x + (size_t)t * in;
-            const size_t l0 = group_lines * ti / tiles, l1 = group_lines * (ti + 1) / tiles;
-            const float *nx = next + l0 * TSR_PANEL;
-            const size_t nx_lines = ahead ? l1 - l0 : 0;
+            const size_t l0 = next_lines * ti / tiles, l1 = next_lines * (ti + 1) / tiles;
+            const float *nx = ahead ? w + ((size_t)2 * in + l0) * TSR_PANEL : w;
+            const size_t nx_lines = l1 - l0;
             const int own = ti == 0 && (p == p0 || tiles == 1);
             switch (r) {   /* r >= 4: T >= 4, and past 12 rows the tiles are at least 6 */
                 TILE512_CASE(4)
