@@ -125,7 +125,10 @@ int main(int argc, char **argv)
            "steps at each context, %s threads, %s kernels, %s weights%s\n", dir, m.hidden_size,
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
            tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(mm),
-           mm == TSR_KV_BF16 ? (tsr_cpu_amx() ? " on AMX" : " (portable build)") : "");
+           mm == TSR_KV_BF16 ? (tsr_cpu_amx()          ? " on AMX"
+                               : tsr_cpu_avx512bf16() ? " on AVX512-BF16"
+                                                      : " (portable build)")
+                            : "");
     static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
     for (int k = 0; k < 3; k++) {
         double base = 0;

@@ -451,7 +451,9 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     }
     tsr_info("cpu engine: %d threads, %s kernels%s", tsr_pool_threads(e->pool),
              tsr_cpu_kernels_name(tsr_cpu_kernels()),
-             !e->mm_bf16 ? "" : tsr_cpu_amx() ? ", bf16 products on AMX" : ", bf16 products (portable build)");
+             !e->mm_bf16 ? "" : tsr_cpu_amx() ? ", bf16 products on AMX"
+                                 : tsr_cpu_avx512bf16() ? ", bf16 products on AVX512-BF16"
+                                                        : ", bf16 products (portable build)");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);

@@ -278,7 +278,11 @@ void tsr_bf16_round_row(uint16_t *d, const float *x, int n)
 
 /* ---- the portable build ------------------------------------------------------------ */
 
-/* One output row of one panel: a multiply-add chain over k in order. */
+/* One output row of one panel: a multiply-add chain over the column pairs
+ * in order, the pair's odd column first, then its even one, as AVX512-BF16's
+ * VDPBF16PS adds them.  A product of two bf16 values is exact in f32, so
+ * each step rounds once, and the two builds give the same bits but where
+ * a subnormal is involved (the instruction reads and writes those as 0). */
 static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int kin, int no)
 {
     float acc[TSR_PANEL] = {0};
@@ -286,11 +290,109 @@ static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int
         const float x0 = tsr_k_bf16_to_f32(xr[2 * j]), x1 = tsr_k_bf16_to_f32(xr[2 * j + 1]);
         const uint16_t *wj = w + (size_t)j * 2 * TSR_PANEL;
         for (int r = 0; r < TSR_PANEL; r++) {
-            acc[r] += x0 * tsr_k_bf16_to_f32(wj[2 * r]);
             acc[r] += x1 * tsr_k_bf16_to_f32(wj[2 * r + 1]);
+            acc[r] += x0 * tsr_k_bf16_to_f32(wj[2 * r]);
         }
     }
     memcpy(y, acc, (size_t)no * sizeof(float));
+}
+
+/* ---- AVX512-BF16 ------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* For CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and 5, Intel Cooper
+ * Lake): one 64-byte line of a panel is 16 outputs by one column pair,
+ * exactly VDPBF16PS's second operand, and the pair of x it meets is one
+ * broadcast 32-bit lane.  A tile of up to 12 rows by 2 panels keeps its 24
+ * accumulators in registers, as the f32 AVX-512 tile does; the weights'
+ * lines are asked for 8 ahead into L2.  Every output is one chain over the
+ * pairs in order, whatever the tile, so a row's bits do not depend on the
+ * batch (and equal the portable build's, plain_panel_row). */
+#define DP_ROWS 12
+#define DP_PREFETCH 8               /* lines ahead, within the panel */
+#define DP __attribute__((target("avx512f,avx512bf16")))
+DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
+                                                             const uint16_t *xb, int ldx,
+                                                             const uint16_t *w, size_t ps,
+                                                             int no, const int R, const int NP)
+{
+    const int kp = ldx / 2;
+    __m512 acc[DP_ROWS][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 2") for (int q = 0; q < NP; q++)
+        acc[r][q] = _mm512_setzero_ps();
+    for (int j = 0; j < kp; j++) {
+        __m512bh wl[2];
+        _Pragma("GCC unroll 2") for (int q = 0; q < NP; q++) {
+            const uint16_t *line = w + q * ps + (size_t)j * 2 * TSR_PANEL;
+            if (j + DP_PREFETCH < kp) _mm_prefetch((const char *)(line + DP_PREFETCH * 2 * TSR_PANEL), _MM_HINT_T1);
+            wl[q] = (__m512bh)_mm512_loadu_si512(line);
+        }
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
+            uint32_t pair;
+            memcpy(&pair, xb + (size_t)r * ldx + 2 * j, sizeof pair);
+            const __m512bh xs = (__m512bh)_mm512_set1_epi32((int)pair);
+            _Pragma("GCC unroll 2") for (int q = 0; q < NP; q++)
+                acc[r][q] = _mm512_dpbf16_ps(acc[r][q], xs, wl[q]);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 2") for (int q = 0; q < NP; q++) {
+        float *yr = y + (size_t)r * ldy + q * TSR_PANEL;
+        if (q < NP - 1 || no == TSR_PANEL) _mm512_storeu_ps(yr, acc[r][q]);
+        else _mm512_mask_storeu_ps(yr, (__mmask16)((1u << no) - 1), acc[r][q]);
+    }
+}
+
+#define DP_CASE(R)                                                                             \
+    case R:                                                                                    \
+        if (np == 2) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 2);                               \
+        else dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 1);                                       \
+        break;
+
+/* Panels [p0, p1) two at a time, the T rows in tiles of at most 12 whose
+ * heights differ by one at most. */
+DP static void dp_panels(float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *wb,
+                         int T, int out, int p0, int p1)
+{
+    const size_t ps = (size_t)ldx * TSR_PANEL;
+    for (int p = p0; p < p1; p += 2) {
+        const int np = p1 - p < 2 ? p1 - p : 2, last = (p + np - 1) * TSR_PANEL;
+        const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
+        const uint16_t *w = wb + (size_t)p * ps;
+        for (int t = 0, left = (T + DP_ROWS - 1) / DP_ROWS, r; t < T; t += r, left--) {
+            r = (T - t + left - 1) / left;
+            float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
+            const uint16_t *xt = xb + (size_t)t * ldx;
+            switch (r) {
+                DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4)
+                DP_CASE(5) DP_CASE(6) DP_CASE(7) DP_CASE(8)
+                DP_CASE(9) DP_CASE(10) DP_CASE(11)
+                default: DP_CASE(12)
+            }
+        }
+    }
+}
+#endif
+
+int tsr_cpu_avx512bf16(void)
+{
+    static int answer = -1;
+    int a = __atomic_load_n(&answer, __ATOMIC_RELAXED);
+    if (a >= 0) return a;
+    a = 0;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    a = !tsr_cpu_amx() && tsr_cpu_kernels() == TSR_KERNELS_AVX512 &&
+        __builtin_cpu_supports("avx512bf16");
+#endif
+    __atomic_store_n(&answer, a, __ATOMIC_RELAXED);
+    return a;
+}
+
+const char *tsr_bf16_products_name(void)
+{
+    return tsr_cpu_amx() ? "AMX" : tsr_cpu_avx512bf16() ? "AVX512-BF16" : "portable build";
 }
 
 /* ---- the product ------------------------------------------------------------------- */
@@ -299,7 +401,7 @@ typedef struct {
     float *y;
     int ldy;
     const uint16_t *xb, *wb;
-    int T, ldx, out, panels, chunk, amx;   /* ldx: in padded to whole tiles */
+    int T, ldx, out, panels, chunk, amx, dp;   /* ldx: in padded to whole tiles */
 } job_t;
 
 static void run_chunk(void *arg, int i)
@@ -325,6 +427,10 @@ static void run_chunk(void *arg, int i)
             }
         }
         amx_release();
+        return;
+    }
+    if (j->dp) {
+        dp_panels(j->y, j->ldy, j->xb, j->ldx, j->wb, j->T, j->out, p0, p1);
         return;
     }
 #endif
@@ -359,6 +465,6 @@ void tsr_pool_matmul_bf16(tsr_pool_t *p, float *y, int ldy, const float *x, uint
     if (chunk > cap) chunk = cap;
     if (chunk < 1) chunk = 1;
     if ((long long)T * in * out < 2LL * MIN_MACS) chunk = groups;
-    job_t j = {y, ldy, xb, wb, T, ldx, out, panels, chunk * GROUP, tsr_cpu_amx()};
+    job_t j = {y, ldy, xb, wb, T, ldx, out, panels, chunk * GROUP, tsr_cpu_amx(), tsr_cpu_avx512bf16()};
     tsr_pool_for(p, (groups + chunk - 1) / chunk, run_chunk, &j);
 }

@@ -1,5 +1,6 @@
 /* matmul_bf16.h: the CPU engine's products with bf16 weights (deployment key
- * matmul_dtype: bf16), on Intel AMX where the CPU has it.
+ * matmul_dtype: bf16), on Intel AMX where the CPU has it, else with
+ * AVX512-BF16 where it has that.
  *
  * Why: on 2 cores the f32 products cap a batched step near 180 GFLOP/s; one
  * core's AMX tiles multiply bf16 at several hundred GFLOP/s, so a step of
@@ -9,9 +10,12 @@
  * Numbers: the weights are rounded to bf16 (to nearest even) when packed,
  * and each product rounds its input rows x to bf16 the same way; products
  * accumulate in f32.  AMX adds a tile's 32 products in its own order and
- * precision, which no IEEE sequence reproduces, so the portable build (a
- * CPU without AMX, or TSR_CPU_KERNELS set to anything but "amx") gives
- * results that differ from it in the last bits.  Within one build every
+ * precision, which no IEEE sequence reproduces, so the other builds (a CPU
+ * without AMX, or TSR_CPU_KERNELS set to anything but "amx") give results
+ * that differ from it in the last bits.  Those builds, AVX512-BF16's and
+ * the portable one, add each column pair's two products to an f32 chain
+ * over the pairs in order, odd column first, and agree with each other but
+ * where a subnormal is involved.  Within one build every
  * output depends on its own row of x alone, whatever T and the other rows
  * are (batch invariance, test_matmul_bf16).
  *
@@ -58,5 +62,15 @@ void tsr_bf16_round_row(uint16_t *d, const float *x, int n);
  * kernel granted the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), and
  * TSR_CPU_KERNELS is unset or "amx".  Asked once per process. */
 int tsr_cpu_amx(void);
+
+/* 1 when this process multiplies bf16 with AVX512-BF16's VDPBF16PS: no
+ * AMX, the AVX-512 kernels (tsr_cpu_kernels), and a CPU with AVX512-BF16.
+ * Its products have the portable build's bits but where a subnormal is
+ * involved (the instruction takes and gives those as 0). */
+int tsr_cpu_avx512bf16(void);
+
+/* The build of the bf16 products this process runs, as logs and
+ * benchmarks name it: "AMX", "AVX512-BF16" or "portable build". */
+const char *tsr_bf16_products_name(void);
 
 #endif

@@ -2,9 +2,11 @@
  * double-precision product of the bf16-rounded operands within f32
  * accumulation error, give a row the same bits whatever it is batched with
  * and however many threads run it, never write outside their columns, and
- * pack and unpack rows exactly.  On a CPU with AMX they run on AMX (and the
- * runs under TSR_CPU_KERNELS=avx2 and plain in tests/run.sh take the
- * portable build); elsewhere the portable build is what is tested. */
+ * pack and unpack rows exactly.  On a CPU with AMX they run on AMX, on one
+ * with AVX512-BF16 but no AMX on that (and the runs under
+ * TSR_CPU_KERNELS=avx2 and plain in tests/run.sh take the portable build);
+ * elsewhere the portable build is what is tested.  The builds without AMX
+ * give the bits of one pairwise f32 chain, checked here exactly. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -138,6 +140,51 @@ static void test_product_equals_the_rounded_operands_product(void **state)
     }
 }
 
+/* The builds other than AMX's (AVX512-BF16's, the portable one) give every
+ * output as one f32 chain over the column pairs in order, each pair's odd
+ * column first: the same bits as that chain computed here, for every shape
+ * and batch height, so the two builds agree with each other (no subnormals
+ * arise from these operands).  AMX sums in its own way and is checked
+ * against the double product above. */
+static void test_other_builds_add_each_pair_odd_column_first(void **state)
+{
+    (void)state;
+    if (tsr_cpu_amx()) {
+        printf("AMX: its own order, checked against the double product only\n");
+        return;
+    }
+    static const int shapes[][2] = {{16, 32}, {17, 33}, {100, 512}, {5, 7}, {200, 1376}};
+    static const int Ts[] = {1, 3, 4, 12, 13, 25, 33};
+    tsr_pool_t *p = tsr_pool_new(2);
+    assert_non_null(p);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        mat_t m = make_mat(shapes[s][0], shapes[s][1]);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+            const int T = Ts[ti];
+            float *x = malloc((size_t)T * m.in * sizeof *x), *y = malloc((size_t)T * m.out * sizeof *y);
+            uint16_t *xb = scratch(T, m.in);
+            for (size_t i = 0; i < (size_t)T * m.in; i++) x[i] = frand() * 4;
+            tsr_pool_matmul_bf16(p, y, m.out, x, xb, m.wb, T, m.in, m.out);
+            for (int t = 0; t < T; t++)
+                for (int o = 0; o < m.out; o++) {
+                    const float *xr = x + (size_t)t * m.in, *wr = m.w + (size_t)o * m.in;
+                    float want = 0;
+                    for (int k = 0; k < m.in; k += 2) {
+                        if (k + 1 < m.in) want = fmaf(rb(xr[k + 1]), rb(wr[k + 1]), want);
+                        want = fmaf(rb(xr[k]), rb(wr[k]), want);
+                    }
+                    if (memcmp(&want, &y[(size_t)t * m.out + o], sizeof want))
+                        fail_msg("%s, %dx%d T=%d: y[%d][%d] = %.9g, the pairwise chain gives %.9g",
+                                 tsr_bf16_products_name(), m.out, m.in, T, t, o,
+                                 y[(size_t)t * m.out + o], want);
+                }
+            free(x), free(y), free(xb);
+        }
+        free_mat(&m);
+    }
+    tsr_pool_destroy(&p);
+}
+
 /* Each row alone (T = 1, one thread) against the same row inside batches
  * of every height and position, on two threads: the same bits. */
 static void test_a_row_gets_the_same_bits_whatever_it_is_batched_with(void **state)
@@ -202,6 +249,23 @@ static void test_rounding_rows_equals_the_scalar_rounding_bit_for_bit(void **sta
     free(x), free(d);
 }
 
+/* 1 when /proc/cpuinfo's first flags line names flag. */
+static int cpu_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192], pat[64];
+    int yes = 0;
+    snprintf(pat, sizeof pat, " %s", flag);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            const char *h = strstr(line, pat);
+            yes = h && (h[strlen(pat)] == ' ' || h[strlen(pat)] == '\n');
+            break;
+        }
+    if (f) fclose(f);
+    return yes;
+}
+
 static void test_amx_is_reported_consistently(void **state)
 {
     (void)state;
@@ -222,7 +286,12 @@ static void test_amx_is_reported_consistently(void **state)
         }
     if (f) fclose(f);
     if (tile && bf16 && (!k || !*k || !strcmp(k, "amx"))) assert_int_equal(amx, 1);
-    printf("bf16 products: %s\n", amx ? "AMX" : "portable build");
+    /* Without AMX, a CPU with AVX512-BF16 gets it when the AVX-512 kernels
+     * are allowed, and never alongside AMX or on a lesser build. */
+    int dp = tsr_cpu_avx512bf16();
+    if (amx || (k && (!strcmp(k, "avx2") || !strcmp(k, "plain")))) assert_int_equal(dp, 0);
+    else if (cpu_has("avx512_bf16") && cpu_has("avx512f")) assert_int_equal(dp, 1);
+    printf("bf16 products: %s\n", tsr_bf16_products_name());
 }
 
 int main(void)
@@ -230,6 +299,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packing_rounds_to_bf16_and_unpacks_exactly),
         cmocka_unit_test(test_product_equals_the_rounded_operands_product),
+        cmocka_unit_test(test_other_builds_add_each_pair_odd_column_first),
         cmocka_unit_test(test_a_row_gets_the_same_bits_whatever_it_is_batched_with),
         cmocka_unit_test(test_rounding_rows_equals_the_scalar_rounding_bit_for_bit),
         cmocka_unit_test(test_amx_is_reported_consistently),
