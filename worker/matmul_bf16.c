@@ -305,10 +305,11 @@ static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int
  * exactly VDPBF16PS's second operand, and the pair of x it meets is one
  * broadcast 32-bit lane.  A tile of up to 12 rows by 2 panels keeps its 24
  * accumulators in registers, as the f32 AVX-512 tile does; the weights'
- * lines are asked for 8 ahead into L2.  One row (a single decode) reads 4
- * panels side by side and two rows 3, as more streams draw more from
- * memory: a 1-sequence step of the 58M model on 2 Zen 5 cores took 1.67-1.68
- * ms against 1.78-1.97 ms with 2 panels (bench/engine_step).  Every output is one chain over the
+ * lines are asked for 8 ahead into L2.  Up to 6 rows read 4 panels side
+ * by side and 7 or 8 rows 3, as more streams draw more from memory: steps
+ * of the 58M model on 2 Zen 5 cores (bench/engine_step, int8 KV, context
+ * 16) took 1.67-1.68 ms against 1.78-1.97 with 2 panels for 1 sequence,
+ * 1.73-1.80 against 2.04-2.09 for 4, and 2.29-2.35 against 2.52-2.56 for 8.  Every output is one chain over the
  * pairs in order, whatever the tile, so a row's bits do not depend on the
  * batch (and equal the portable build's, plain_panel_row). */
 #define DP_ROWS 12
@@ -349,9 +350,9 @@ DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
 
 #define DP_CASE(R)                                                                             \
     case R:                                                                                    \
-        switch (np) { /* 4 panels side by side for 1 row, 3 for 2 (rows x panels <= 24) */   \
-        case 4: if (R == 1) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 4); break;                 \
-        case 3: if (R <= 2) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 3); break;                 \
+        switch (np) { /* 4 panels side by side up to 6 rows, 3 up to 8 (rows x panels <= 24) */\
+        case 4: if (R <= 6) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 4); break;                 \
+        case 3: if (R <= 8) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 3); break;                 \
         case 2: dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 2); break;                             \
         default: dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 1); break;                            \
         }                                                                                      \
@@ -363,8 +364,9 @@ DP static void dp_panels(float *y, int ldy, const uint16_t *xb, int ldx, const u
                          int T, int out, int p0, int p1)
 {
     const size_t ps = (size_t)ldx * TSR_PANEL;
-    /* panels side by side: more streams from memory for a decode's row or two */
-    const int G = T == 1 ? 4 : T == 2 ? 3 : 2;
+    /* panels side by side, as many as 24 accumulators allow: more streams
+     * from memory for the few rows of a step of decodes */
+    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2;
     for (int p = p0; p < p1; p += G) {
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
