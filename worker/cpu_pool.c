@@ -447,7 +447,10 @@ PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))))
  * sequential streams, each asked for 8 lines ahead into L2.  Every output
  * is the same multiply-add chain over k as in the AVX2 build, so the two
  * give the same bits (test_cpu_pool); decodes of 1 to 3 rows, bound by
- * memory, keep the AVX2 path.
+ * memory, keep the AVX2 path.  Up to 6 rows read 4 panels side by side
+ * and 7 or 8 rows 3 (24 accumulators at most), as more streams draw more
+ * from memory: a step of 4 sequences of the 58M model took 3.42-3.47 ms
+ * against 4.10-4.23 with 2 panels (bench/engine_step, 2 Zen 5 cores).
  *
  * More than 12 rows take several tiles over the same two panels: the first
  * reads them from memory, the others from L2.  So that memory is not idle
@@ -466,14 +469,14 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
 {
     const size_t ps = (size_t)TSR_PANEL * in;
     size_t due = 0;   /* nx_lines per `in` steps, as a running remainder */
-    __m512 acc[TILE512_ROWS][2];
+    __m512 acc[TILE512_ROWS][4];
     _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++)
+    _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)
         acc[r][j] = _mm512_setzero_ps();
     for (size_t k = 0; k < (size_t)in; k++) {
         const float *wk = wp + k * TSR_PANEL;
-        __m512 w[2];
-        _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++) {
+        __m512 w[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++) {
             if (own && k + TILE512_PREFETCH / TSR_PANEL < (size_t)in)   /* within the panel */
                 _mm_prefetch((const char *)(wk + j * ps + TILE512_PREFETCH), _MM_HINT_T1);
             w[j] = _mm512_loadu_ps(wk + j * ps);
@@ -482,12 +485,12 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
             _mm_prefetch((const char *)nx, _MM_HINT_T1);
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
             const __m512 s = _mm512_set1_ps(x[(size_t)r * in + k]);
-            _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)
                 acc[r][j] = _mm512_fmadd_ps(w[j], s, acc[r][j]);
         }
     }
     _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 2") for (int j = 0; j < NP; j++) {
+    _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++) {
         float *yr = y + (size_t)r * ldy + j * TSR_PANEL;
         if (j < NP - 1 || no == TSR_PANEL) _mm512_storeu_ps(yr, acc[r][j]);
         else _mm512_mask_storeu_ps(yr, (__mmask16)((1u << no) - 1), acc[r][j]);
@@ -496,11 +499,15 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
 
 #define TILE512_CASE(R)                                                                        \
     case R:                                                                                    \
-        if (np == 2) tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 2);                 \
-        else tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 1);                         \
+        switch (np) { /* rows x panels <= 24 accumulators */                                 \
+        case 4: if (R <= 6) tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 4); break;   \
+        case 3: if (R <= 8) tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 3); break;   \
+        case 2: tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 2); break;               \
+        default: tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 1); break;              \
+        }                                                                                      \
         break;
 
-/* Panels [p0, p1) two at a time; the T rows in as few tiles of at most 12
+/* Panels [p0, p1) G at a time; the T rows in as few tiles of at most 12
  * as there can be, of heights that differ by one at most (8 rows are one
  * tile, 14 are 7 and 7). */
 __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, const float *x,
@@ -512,13 +519,14 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
         return;
     }
     const int tiles = (T + TILE512_ROWS - 1) / TILE512_ROWS;
-    for (int p = p0; p < p1; p += 2) {
-        const int np = p1 - p < 2 ? p1 - p : 2, last = (p + np - 1) * TSR_PANEL;
+    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2;   /* panels side by side */
+    for (int p = p0; p < p1; p += G) {
+        const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
         const float *w = wp + (size_t)p * TSR_PANEL * in;
         /* the next group's panels, 0 to 2 of this chunk, when there are
          * tiles to share them out; pointers into them only when there are */
-        const int next_np = p1 - (p + 2) < 2 ? p1 - (p + 2) : 2;
+        const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
         const int ahead = tiles > 1 && next_np > 0;
         const size_t next_lines = ahead ? (size_t)next_np * in : 0;
         for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
@@ -526,7 +534,7 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const float *xt = x + (size_t)t * in;
             const size_t l0 = next_lines * ti / tiles, l1 = next_lines * (ti + 1) / tiles;
-            const float *nx = ahead ? w + ((size_t)2 * in + l0) * TSR_PANEL : w;
+            const float *nx = ahead ? w + ((size_t)G * in + l0) * TSR_PANEL : w;
             const size_t nx_lines = l1 - l0;
             const int own = ti == 0 && (p == p0 || tiles == 1);
             switch (r) {   /* r >= 4: T >= 4, and past 12 rows the tiles are at least 6 */
