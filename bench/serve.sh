@@ -26,14 +26,16 @@
 # kv_dtype when it is not f32) go into the deployment only when `tessera plan`
 # accepts them.
 #
-#   bench/serve.sh            about 3 minutes on 2 cores (172-191 s in runs of 2026-12-02)
-#   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about 1.5 minutes (87 s)
+#   bench/serve.sh            about 1.5 minutes on 2 Zen 5 cores with f32 products (88-93 s
+#                             in runs of 2026-12-04), about 1 minute with bf16 products
+#   bench/serve.sh --quick    concurrency 1, 8, 32 and fewer requests: about half a minute (28 s)
 #   --kv-dtype bf16|int8      the KV cache in bf16 or int8 (kv_dtype; default f32): the
 #                             budget is what keeps 32 sequences of 384 in that type (half
 #                             of f32's for bf16, head_dim + 4 bytes a row for int8), and the
 #                             bound counts those bytes
-#   --matmul-dtype bf16       the weights in bf16 and the products on AMX where the CPU has
-#                             it (matmul_dtype; default f32); the bound counts 2-byte weights
+#   --matmul-dtype bf16       the weights in bf16 and the products on AMX or AVX512-BF16 where
+#                             the CPU has it (matmul_dtype; default f32); the bound counts
+#                             2-byte weights
 # Needs `make` plus build/bench/serve and build/bench/stream (make bench builds them).
 # Exit status: 0 every request finished, 1 a request failed or a layout did not
 # come up (the reason is printed), 2 bad usage.
