@@ -30,12 +30,14 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
         case "$t" in *"$filter"*) ;; *) continue ;; esac
         run_cmocka "$(basename "$t")" "$t"
     done
-    # A machine runs the best build of the CPU kernels it has (AVX-512,
-    # AVX2+FMA, portable): the products' and the engine's tests once more on
-    # each lesser build, so the ones a CPU without AVX-512, or without AVX2
-    # and FMA, would pick are checked here too.
+    # A machine runs the best build of the CPU kernels it has (AMX,
+    # AVX-512 with AVX512-BF16 where it has that, AVX2+FMA, portable): the
+    # products' and the engine's tests once more on each lesser build, so
+    # the ones a CPU without AMX, without AVX-512, or without AVX2 and FMA
+    # would pick are checked here too.
     kernels=plain
     grep -qw avx512f /proc/cpuinfo 2> /dev/null && kernels="avx2 plain"
+    grep -qw amx_tile /proc/cpuinfo 2> /dev/null && kernels="avx512 avx2 plain"
     for k in $kernels; do
         for t in test_cpu_pool test_matmul_bf16 test_engine_cpu test_batching; do
             case "$t ($k kernels)" in *"$filter"*) ;; *) continue ;; esac
