@@ -524,7 +524,7 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
         const float *w = wp + (size_t)p * TSR_PANEL * in;
-        /* the next group's panels, 0 to 2 of this chunk, when there are
+        /* the next group's panels, 0 to G of this chunk, when there are
          * tiles to share them out; pointers into them only when there are */
         const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
         const int ahead = tiles > 1 && next_np > 0;

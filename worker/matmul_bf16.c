@@ -309,9 +309,10 @@ static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int
  * by side and 7 or 8 rows 3, as more streams draw more from memory: steps
  * of the 58M model on 2 Zen 5 cores (bench/engine_step, int8 KV, context
  * 16) took 1.67-1.68 ms against 1.78-1.97 with 2 panels for 1 sequence,
- * 1.73-1.80 against 2.04-2.09 for 4, and 2.29-2.35 against 2.52-2.56 for 8.  Every output is one chain over the
- * pairs in order, whatever the tile, so a row's bits do not depend on the
- * batch (and equal the portable build's, plain_panel_row). */
+ * 1.73-1.80 against 2.04-2.09 for 4, and 2.29-2.35 against 2.52-2.56 for
+ * 8.  Every output is one chain over the pairs in order, whatever the
+ * tile, so a row's bits do not depend on the batch (and equal the portable
+ * build's, plain_panel_row). */
 #define DP_ROWS 12
 #define DP_PREFETCH 8               /* lines ahead, within the panel */
 #define DP __attribute__((target("avx512f,avx512bf16")))
@@ -329,7 +330,8 @@ DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
         __m512bh wl[4];
         _Pragma("GCC unroll 4") for (int q = 0; q < NP; q++) {
             const uint16_t *line = w + q * ps + (size_t)j * 2 * TSR_PANEL;
-            if (j + DP_PREFETCH < kp) _mm_prefetch((const char *)(line + DP_PREFETCH * 2 * TSR_PANEL), _MM_HINT_T1);
+            if (j + DP_PREFETCH < kp)   /* within the panel */
+                _mm_prefetch((const char *)(line + DP_PREFETCH * 2 * TSR_PANEL), _MM_HINT_T1);
             wl[q] = (__m512bh)_mm512_loadu_si512(line);
         }
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
@@ -358,7 +360,7 @@ DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
         }                                                                                      \
         break;
 
-/* Panels [p0, p1) two at a time, the T rows in tiles of at most 12 whose
+/* Panels [p0, p1) G at a time, the T rows in tiles of at most 12 whose
  * heights differ by one at most. */
 DP static void dp_panels(float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *wb,
                          int T, int out, int p0, int p1)
