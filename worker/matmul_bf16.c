@@ -310,18 +310,20 @@ static void plain_panel_row(float *y, const uint16_t *xr, const uint16_t *w, int
  * of the 58M model on 2 Zen 5 cores (bench/engine_step, int8 KV, context
  * 16) took 1.67-1.68 ms against 1.78-1.97 with 2 panels for 1 sequence,
  * 1.73-1.80 against 2.04-2.09 for 4, and 2.29-2.35 against 2.52-2.56 for
- * 8.  Every output is one chain over the pairs in order, whatever the
- * tile, so a row's bits do not depend on the batch (and equal the portable
- * build's, plain_panel_row). */
+ * 8.  More than 12 rows fetch the next group ahead as the f32 build does
+ * (dp_panels): a 32-sequence step at context 16 took 4.8-5.0 ms against
+ * 5.9-6.2 without.  Every output is one chain over the pairs in order,
+ * whatever the tile, so a row's bits do not depend on the batch (and equal
+ * the portable build's, plain_panel_row). */
 #define DP_ROWS 12
 #define DP_PREFETCH 8               /* lines ahead, within the panel */
 #define DP __attribute__((target("avx512f,avx512bf16")))
-DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
-                                                             const uint16_t *xb, int ldx,
-                                                             const uint16_t *w, size_t ps,
-                                                             int no, const int R, const int NP)
+DP static inline __attribute__((always_inline)) void dp_tile(
+    float *y, int ldy, const uint16_t *xb, int ldx, const uint16_t *w, size_t ps, int no, int own,
+    const uint16_t *nx, size_t nx_lines, const int R, const int NP)
 {
     const int kp = ldx / 2;
+    size_t due = 0;   /* nx_lines per kp steps, as a running remainder */
     __m512 acc[DP_ROWS][4];
     _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
     _Pragma("GCC unroll 4") for (int q = 0; q < NP; q++)
@@ -330,10 +332,12 @@ DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
         __m512bh wl[4];
         _Pragma("GCC unroll 4") for (int q = 0; q < NP; q++) {
             const uint16_t *line = w + q * ps + (size_t)j * 2 * TSR_PANEL;
-            if (j + DP_PREFETCH < kp)   /* within the panel */
+            if (own && j + DP_PREFETCH < kp)   /* within the panel */
                 _mm_prefetch((const char *)(line + DP_PREFETCH * 2 * TSR_PANEL), _MM_HINT_T1);
             wl[q] = (__m512bh)_mm512_loadu_si512(line);
         }
+        for (due += nx_lines; due >= (size_t)kp; due -= (size_t)kp, nx += 2 * TSR_PANEL)
+            _mm_prefetch((const char *)nx, _MM_HINT_T1);
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
             uint32_t pair;
             memcpy(&pair, xb + (size_t)r * ldx + 2 * j, sizeof pair);
@@ -353,10 +357,10 @@ DP static inline __attribute__((always_inline)) void dp_tile(float *y, int ldy,
 #define DP_CASE(R)                                                                             \
     case R:                                                                                    \
         switch (np) { /* 4 panels side by side up to 6 rows, 3 up to 8 (rows x panels <= 24) */\
-        case 4: if (R <= 6) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 4); break;                 \
-        case 3: if (R <= 8) dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 3); break;                 \
-        case 2: dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 2); break;                             \
-        default: dp_tile(yt, ldy, xt, ldx, w, ps, no, R, 1); break;                            \
+        case 4: if (R <= 6) dp_tile(yt, ldy, xt, ldx, w, ps, no, own, nx, nx_lines, R, 4); break; \
+        case 3: if (R <= 8) dp_tile(yt, ldy, xt, ldx, w, ps, no, own, nx, nx_lines, R, 3); break; \
+        case 2: dp_tile(yt, ldy, xt, ldx, w, ps, no, own, nx, nx_lines, R, 2); break;          \
+        default: dp_tile(yt, ldy, xt, ldx, w, ps, no, own, nx, nx_lines, R, 1); break;         \
         }                                                                                      \
         break;
 
@@ -368,15 +372,26 @@ DP static void dp_panels(float *y, int ldy, const uint16_t *xb, int ldx, const u
     const size_t ps = (size_t)ldx * TSR_PANEL;
     /* panels side by side, as many as 24 accumulators allow: more streams
      * from memory for the few rows of a step of decodes */
-    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2;
+    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2, tiles = (T + DP_ROWS - 1) / DP_ROWS;
+    const size_t kp = (size_t)ldx / 2;
     for (int p = p0; p < p1; p += G) {
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
         const uint16_t *w = wb + (size_t)p * ps;
-        for (int t = 0, left = (T + DP_ROWS - 1) / DP_ROWS, r; t < T; t += r, left--) {
+        /* as the f32 AVX-512 build (worker/cpu_pool.c, panels_avx512): the
+         * tiles of a group share out the next group's lines, 0 to G panels
+         * of this chunk, and ask for them into L2 while they compute */
+        const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
+        const int ahead = tiles > 1 && next_np > 0;
+        const size_t next_lines = ahead ? (size_t)next_np * kp : 0;
+        for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const uint16_t *xt = xb + (size_t)t * ldx;
+            const size_t l0 = next_lines * ti / tiles, l1 = next_lines * (ti + 1) / tiles;
+            const uint16_t *nx = ahead ? w + (size_t)G * ps + l0 * 2 * TSR_PANEL : w;
+            const size_t nx_lines = l1 - l0;
+            const int own = ti == 0 && (p == p0 || tiles == 1);
             switch (r) {
                 DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4)
                 DP_CASE(5) DP_CASE(6) DP_CASE(7) DP_CASE(8)
