@@ -122,13 +122,10 @@ int main(int argc, char **argv)
     char th[16];
     snprintf(th, sizeof th, "%d", threads);
     printf("engine_step: %s (hidden %d, %d layers, %d KV heads of %d), %d sequences, %d decode "
-           "steps at each context, %s threads, %s kernels, %s weights%s\n", dir, m.hidden_size,
+           "steps at each context, %s threads, %s kernels, %s weights%s%s\n", dir, m.hidden_size,
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
            tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(mm),
-           mm == TSR_KV_BF16 ? (tsr_cpu_amx()          ? " on AMX"
-                               : tsr_cpu_avx512bf16() ? " on AVX512-BF16"
-                                                      : " (portable build)")
-                            : "");
+           mm == TSR_KV_BF16 ? ", products: " : "", mm == TSR_KV_BF16 ? tsr_bf16_products_name() : "");
     static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
     for (int k = 0; k < 3; k++) {
         double base = 0;

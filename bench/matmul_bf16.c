@@ -95,9 +95,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("matmul_bf16: %d thread(s), %s\n", threads,
-           tsr_cpu_amx()          ? "AMX tiles"
-           : tsr_cpu_avx512bf16() ? "AVX512-BF16"
-                                  : "portable build (neither AMX nor AVX512-BF16, or TSR_CPU_KERNELS names another kernel)");
+           tsr_bf16_products_name());
     int rc = out ? measure(p, out, in)
                  : (measure(p, 1536, 512) < 0 || measure(p, 2752, 512) < 0 || measure(p, 512, 1376) < 0);
     tsr_pool_destroy(&p);

@@ -449,11 +449,9 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         tsr_set_err(err, errlen, "cannot start the engine's threads");
         goto out;
     }
-    tsr_info("cpu engine: %d threads, %s kernels%s", tsr_pool_threads(e->pool),
-             tsr_cpu_kernels_name(tsr_cpu_kernels()),
-             !e->mm_bf16 ? "" : tsr_cpu_amx() ? ", bf16 products on AMX"
-                                 : tsr_cpu_avx512bf16() ? ", bf16 products on AVX512-BF16"
-                                                        : ", bf16 products (portable build)");
+    tsr_info("cpu engine: %d threads, %s kernels%s%s", tsr_pool_threads(e->pool),
+             tsr_cpu_kernels_name(tsr_cpu_kernels()), e->mm_bf16 ? ", bf16 products: " : "",
+             e->mm_bf16 ? tsr_bf16_products_name() : "");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
