@@ -518,25 +518,21 @@ __attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, 
         panels_fma(y, ldy, x, wp, T, in, out, p0, p1);
         return;
     }
-    const int tiles = (T + TILE512_ROWS - 1) / TILE512_ROWS;
-    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2;   /* panels side by side */
+    const int tiles = (T + TILE512_ROWS - 1) / TILE512_ROWS, G = tsr_tile_group(T);
     for (int p = p0; p < p1; p += G) {
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
-        const float *w = wp + (size_t)p * TSR_PANEL * in;
-        /* the next group's panels, 0 to G of this chunk, when there are
-         * tiles to share them out; pointers into them only when there are */
         const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
-        const int ahead = tiles > 1 && next_np > 0;
-        const size_t next_lines = ahead ? (size_t)next_np * in : 0;
+        const float *w = wp + (size_t)p * TSR_PANEL * in;
         for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const float *xt = x + (size_t)t * in;
-            const size_t l0 = next_lines * ti / tiles, l1 = next_lines * (ti + 1) / tiles;
-            const float *nx = ahead ? w + ((size_t)G * in + l0) * TSR_PANEL : w;
-            const size_t nx_lines = l1 - l0;
-            const int own = ti == 0 && (p == p0 || tiles == 1);
+            int own;
+            size_t l0;
+            const size_t nx_lines = tsr_tile_fetch_share(next_np, in, tiles, ti, p == p0, &own, &l0);
+            /* a pointer into the next group only when there is one */
+            const float *nx = nx_lines ? w + ((size_t)G * in + l0) * TSR_PANEL : w;
             switch (r) {   /* r >= 4: T >= 4, and past 12 rows the tiles are at least 6 */
                 TILE512_CASE(4)
                 TILE512_CASE(5) TILE512_CASE(6) TILE512_CASE(7) TILE512_CASE(8)

@@ -81,6 +81,29 @@ void tsr_pack_clear_tail(float *wp, int out, int in);
  * table). */
 void tsr_packed_row(const float *wp, int in, int row, float *dst);
 
+/* How the AVX-512 builds of the products (f32 here, bf16 in
+ * worker/matmul_bf16.c) walk a chunk of panels: T rows in tiles of at
+ * most 12, of heights that differ by one at most, over groups of panels
+ * side by side, as many as 24 accumulators allow (4 up to 6 rows, 3 up to
+ * 8, else 2: more streams from memory for a step of few decodes). */
+static inline int tsr_tile_group(int T) { return T <= 6 ? 4 : T <= 8 ? 3 : 2; }
+
+/* With several tiles over one group, tile ti of tiles asks for its share
+ * of the next group's lines (group_lines a panel of it, next_np panels of
+ * the chunk, 0 to G) into L2 while it computes: lines [*first, *first +
+ * return) from the next group's start; 0 when there is no next group in
+ * the chunk or one tile only.  *own: the tile asks for its own group's
+ * lines ahead, as nobody fetched them (the chunk's first group, or a
+ * single tile). */
+static inline size_t tsr_tile_fetch_share(int next_np, size_t panel_lines, int tiles, int ti,
+                                          int first_group, int *own, size_t *first)
+{
+    const size_t n = tiles > 1 && next_np > 0 ? (size_t)next_np * panel_lines : 0;
+    *own = ti == 0 && (first_group || tiles == 1);
+    *first = n * ti / tiles;
+    return n * (ti + 1) / tiles - *first;
+}
+
 /* y[T, out] = x[T, in] . W[out, in]^T (f32), W packed (above), split
  * across the threads by chunks of panels.  Every output is one
  * multiply-add chain over k = 0 .. in-1 in order, whichever tile, token

@@ -370,28 +370,21 @@ DP static void dp_panels(float *y, int ldy, const uint16_t *xb, int ldx, const u
                          int T, int out, int p0, int p1)
 {
     const size_t ps = (size_t)ldx * TSR_PANEL;
-    /* panels side by side, as many as 24 accumulators allow: more streams
-     * from memory for the few rows of a step of decodes */
-    const int G = T <= 6 ? 4 : T <= 8 ? 3 : 2, tiles = (T + DP_ROWS - 1) / DP_ROWS;
-    const size_t kp = (size_t)ldx / 2;
+    const int G = tsr_tile_group(T), tiles = (T + DP_ROWS - 1) / DP_ROWS;
+    const size_t kp = (size_t)ldx / 2;   /* a panel's lines: one a column pair */
     for (int p = p0; p < p1; p += G) {
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
-        const uint16_t *w = wb + (size_t)p * ps;
-        /* as the f32 AVX-512 build (worker/cpu_pool.c, panels_avx512): the
-         * tiles of a group share out the next group's lines, 0 to G panels
-         * of this chunk, and ask for them into L2 while they compute */
         const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
-        const int ahead = tiles > 1 && next_np > 0;
-        const size_t next_lines = ahead ? (size_t)next_np * kp : 0;
+        const uint16_t *w = wb + (size_t)p * ps;
         for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const uint16_t *xt = xb + (size_t)t * ldx;
-            const size_t l0 = next_lines * ti / tiles, l1 = next_lines * (ti + 1) / tiles;
-            const uint16_t *nx = ahead ? w + (size_t)G * ps + l0 * 2 * TSR_PANEL : w;
-            const size_t nx_lines = l1 - l0;
-            const int own = ti == 0 && (p == p0 || tiles == 1);
+            int own;
+            size_t l0;
+            const size_t nx_lines = tsr_tile_fetch_share(next_np, kp, tiles, ti, p == p0, &own, &l0);
+            const uint16_t *nx = nx_lines ? w + (size_t)G * ps + l0 * 2 * TSR_PANEL : w;
             switch (r) {
                 DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4)
                 DP_CASE(5) DP_CASE(6) DP_CASE(7) DP_CASE(8)
