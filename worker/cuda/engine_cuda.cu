@@ -1203,14 +1203,14 @@ static int rope_upload(tsr_engine_t *e, char *err, size_t errlen)
     return rc2;
 }
 
-/* Whether the switch `name` is set to 0 (off); the number it is set to
- * (0 when unset). */
+/* Whether the switch `name` is set to 0 (off). */
 static bool env_off(const char *name)
 {
     const char *v = getenv(name);
     return v && !strcmp(v, "0");
 }
 
+/* The number `name` is set to (0 when unset). */
 static long env_long(const char *name)
 {
     const char *v = getenv(name);
