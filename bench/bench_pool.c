@@ -78,7 +78,7 @@ static int step_build(step_t *st)
                          len = (tsr_packed_floats(m->out, m->in) * sizeof(float) + huge - 1) & ~(huge - 1);
             m->wp = aligned_alloc(huge, len);
             if (!m->wp) return -1;
-            if (!getenv("NOHUGE")) madvise(m->wp, len, MADV_HUGEPAGE);
+            madvise(m->wp, len, MADV_HUGEPAGE);   /* advice: failing it only costs speed */
             tsr_pack_rows(m->wp, m->out, m->in, 0, m->w, m->out);
             tsr_pack_clear_tail(m->wp, m->out, m->in);
             st->n++;
