@@ -53,7 +53,7 @@ uint64_t tsr_group_id(const char *deployment, int replica, const char *kind, int
 int tsr_piece_led_groups(const tsr_piece_key_t *k, uint64_t out[2])
 {
     int n = 0;
-    if (k->tp_size > 1 && k->tp == 0)
+    if (k->tp == 0)
         out[n++] = tsr_group_id(k->deployment, k->replica, "tp", k->stage, 0);
     if (k->stage < k->pp_size - 1)
         out[n++] = tsr_group_id(k->deployment, k->replica, "pp", k->stage + 1, k->tp);

@@ -36,8 +36,9 @@ int tsr_piece_slot(const tsr_piece_key_t *k);
 uint64_t tsr_group_id(const char *deployment, int replica, const char *kind, int a, int b);
 
 /* The groups whose rank 0 this piece is, the only ones it may publish a
- * rendezvous blob for: its stage's TP group when it is tp rank 0 of more
- * than one, and its link to the next stage.  Returns how many (0..2). */
+ * rendezvous blob for: its stage's TP group when it is tp rank 0 (a group
+ * of one at tp 1, which a worker forms only under TSR_TEST_NCCL_SOLO), and
+ * its link to the next stage.  Returns how many (0..2). */
 int tsr_piece_led_groups(const tsr_piece_key_t *k, uint64_t out[2]);
 
 #endif

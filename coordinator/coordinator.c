@@ -1198,11 +1198,12 @@ refuse:
 }
 
 /* An NCCL group's rendezvous blob, made by the group's rank 0 for its
- * piece's current epoch (checked by the caller), goes to the other members
- * of its replica that hold their piece in that same epoch, and to no one
- * else: a member of another epoch or replica never sees it, and a blob for
- * a group its sender does not lead (rank 0) is dropped, so one member
- * cannot hand the others a communicator to join. */
+ * piece's current epoch (checked by the caller), goes to the members of
+ * its replica that hold their piece in that same epoch, its maker
+ * included (every rank, rank 0 too, forms from the copy this relay
+ * fenced), and to no one else: a member of another epoch or replica never
+ * sees it, and a blob for a group its sender does not lead (rank 0) is
+ * dropped, so one member cannot hand the others a communicator to join. */
 static void relay_rendezvous(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env)
 {
     const Tessera__RendezvousOffer *o = env->rendezvous_offer;
@@ -1231,7 +1232,7 @@ static void relay_rendezvous(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *e
     tsr_worker_t *const *m =
         tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
     for (size_t i = 0; i < n; i++) {
-        if (m[i] == w || m[i]->piece.epoch != env->epoch) continue;
+        if (m[i]->piece.epoch != env->epoch) continue;
         tsr_env_t out = TESSERA__ENVELOPE__INIT;
         out.epoch = env->epoch;
         out.body_case = TESSERA__ENVELOPE__BODY_RENDEZVOUS;

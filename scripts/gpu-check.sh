@@ -35,7 +35,12 @@
 #   5. NCCL with the real library on this GPU (build/bench/gpu_bench nccl):
 #      a 1-rank communicator formed from its epoch's blob (another epoch's
 #      refused), an all-reduce of device memory, an abort and a fresh
-#      communicator; one GPU allows no group of more ranks
+#      communicator; one GPU allows no group of more ranks.  Then through
+#      the coordinator: a cuda tp=1 pp=2 replica whose stages each form a
+#      group of one (TSR_TEST_NCCL_SOLO=1) from the blob the coordinator
+#      relayed, summing through it, 32 tokens; the stage-1 worker killed,
+#      stage 0's communicator aborted and formed again in the next epoch,
+#      the same tokens; the killed worker started again registers
 #   6. speed with weights filled on the device from a seed: a ~1B model and
 #      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
 #      tokens, each next to its measured bound (build/bench/gpu_bench speed)
@@ -288,6 +293,80 @@ YAML
 check "device errors: a sticky fault, out of memory at load" errors_check
 
 check "NCCL, one rank on this GPU" limit 60 "$BUILD/bench/gpu_bench" nccl
+
+# ---- NCCL through the coordinator -------------------------------------------------
+# One GPU allows no NCCL group of more than one rank, so each stage of a
+# cuda tp=1 pp=2 replica forms its TP group anyway, a group of one
+# (TSR_TEST_NCCL_SOLO=1): its rank 0 publishes the blob, the coordinator
+# relays it back, the group forms from that copy, and every layer's sums run
+# through the communicator (the stages' link shares the GPU: staged).  Then
+# the stage-1 worker is killed: the spare takes its piece, stage 0's worker
+# aborts its communicator and forms the next epoch's, and the replica gives
+# the same tokens; the killed worker, started again, registers as a spare.
+nccl_cluster_check() {
+    { head_yaml 7520; cat; } > "$T/n.yaml" <<YAML
+  - name: solo
+    model: $M
+    device: cuda
+    parallel: {tensor: 1, pipeline: 2, replicas: 1}
+    max_seq_len: 256
+YAML
+    local C=(--coordinator tcp://127.0.0.1:7521) ok=0 ids=1,5,9,200,3,77,512,1000
+    local W=(--coordinator tcp://127.0.0.1:7520 --device cuda --device-index 0)
+    local formed='(rank 0 of 1, epoch [0-9]*): NCCL$'
+    "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/n.yaml" 2> "$T/nc.log" &
+    local i
+    for i in 0 1 2; do   # two stages and a spare
+        TSR_TEST_NCCL_SOLO=1 "$B/tessera-worker" "${W[@]}" --name nccl-w$i 2> "$T/nccl-w$i.log" &
+    done
+    "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/nstatus.txt" || { cat "$T/nstatus.txt"; ok=1; }
+    local s0 s1 pid1 out again
+    s0=$("$B/tessera" "${C[@]}" workers | awk '$8 == "solo" && $10 == "s0" {print $1; exit}')
+    read -r s1 pid1 < <("$B/tessera" "${C[@]}" workers | awk '$8 == "solo" && $10 == "s1" {print $1, $5; exit}')
+    grep -h "$formed" "$T"/nccl-w*.log
+    [ "$(grep -h "$formed" "$T"/nccl-w*.log | wc -l)" -ge 2 ] ||
+        { echo "the two stages did not each form a group of one over NCCL"; ok=1; }
+    out=$(timeout 60 "$B/tessera" "${C[@]}" generate solo --prompt-ids $ids --max-tokens 32 --ids)
+    echo "cuda tp=1 pp=2, sums through NCCL: $out"
+    [ "$(echo "$out" | wc -w)" -eq 32 ] || { echo "it did not generate 32 tokens"; ok=1; }
+    [ "$out" = "${GPU_TOKENS:-}" ] && echo "equals cuda tp=1 pp=1" || echo "differs from cuda tp=1 pp=1"
+    if [ -n "${s0:-}" ] && [ -n "${pid1:-}" ] && kill -9 "$pid1"; then
+        local t0=$(date +%s%N)
+        until "$B/tessera" "${C[@]}" workers | awk -v w="$s1" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
+            [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
+        done
+        if "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/nstatus2.txt"; then
+            echo "after $s1 (stage 1, pid $pid1) was killed: ready again in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+            again=$(timeout 60 "$B/tessera" "${C[@]}" generate solo --prompt-ids $ids --max-tokens 32 --ids)
+            echo "tokens: $again"
+            [ "$again" = "$out" ] || { echo "the replica's tokens changed after the failover"; ok=1; }
+        else
+            cat "$T/nstatus2.txt"; echo "the replica did not come back after $s1 died"; ok=1
+        fi
+        # stage 0's worker: its first epoch's communicator aborted, a later one formed
+        local first last
+        first=$(grep -o "$formed" "$T/$s0.log" | head -1 | grep -o 'epoch [0-9]*')
+        last=$(grep -o "$formed" "$T/$s0.log" | tail -1 | grep -o 'epoch [0-9]*')
+        grep -h "collectives aborted" "$T/$s0.log" | head -3
+        grep -q "(rank 0 of 1, $first): nccl collectives aborted" "$T/$s0.log" ||
+            { echo "$s0 did not abort its NCCL communicator of $first"; ok=1; }
+        [ -n "$first" ] && [ "$first" != "$last" ] && echo "$s0 formed its group again in $last" ||
+            { echo "$s0 formed no NCCL group in a later epoch"; ok=1; }
+        TSR_TEST_NCCL_SOLO=1 "$B/tessera-worker" "${W[@]}" --name "$s1" 2> "$T/$s1-again.log" &
+        t0=$(date +%s)
+        until "$B/tessera" "${C[@]}" workers | awk -v w="$s1" '$1 == w && $3 == "idle" {f=1} END {exit !f}'; do
+            [ $(( $(date +%s) - t0 )) -gt 20 ] && { echo "$s1, started again, did not register"; ok=1; break; }
+            sleep 0.05
+        done
+    else
+        "$B/tessera" "${C[@]}" workers; echo "no stage-1 worker to kill"; ok=1
+    fi
+    "$B/tessera" "${C[@]}" workers
+    stop $(jobs -p)
+    [ $ok -eq 0 ] || { for f in "$T"/nc.log "$T"/nccl-w*.log; do echo "--- $f"; tail -12 "$f"; done; }
+    return $ok
+}
+check "NCCL groups of one formed through the coordinator, a worker killed and restarted" nccl_cluster_check
 
 # ---- speed ------------------------------------------------------------------------
 shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED

@@ -1,6 +1,7 @@
 /* coll_gpu.c: the collectives of a GPU piece's groups: NCCL where the group
  * can have it, the host-staged collectives where it cannot (coll_nccl.h).
  * Plain C; what NCCL is comes from ctx, so tests drive it with a fake. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 struct tsr_comm {
     const tsr_coll_ops_t *ops;
     tsr_comm_t *inner;
+    uint64_t group, epoch;      /* for the log line of an abort */
+    bool aborted;
 };
 
 /* Why this group cannot use NCCL (written into why), or NULL when it can. */
@@ -56,6 +59,8 @@ static int gpu_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
         tsr_set_err(err, errlen, "out of memory");
         return -1;
     }
+    c->group = rv->group;
+    c->epoch = rv->epoch;
     char why[256];
     const char *no = no_nccl(x, rv, why, sizeof why);
     if (no) {
@@ -70,18 +75,28 @@ static int gpu_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
         *out = c;
         return 0;
     }
-    uint8_t blob[TSR_NCCL_BLOB_BYTES];
+    /* Rank 0 makes the blob and publishes it; every rank, rank 0 too, forms
+     * from the copy the coordinator relayed for this epoch, so a group
+     * forms only with what the coordinator let through (a group of one
+     * as well). */
+    uint8_t made[TSR_NCCL_BLOB_BYTES], blob[TSR_NCCL_BLOB_BYTES];
     size_t len = 0;
-    int rc;
+    int rc = 0;
     if (rv->rank == 0) {
-        rc = tsr_nccl_blob_make(x->nccl, rv->epoch, rv->group, rv->n, blob, err, errlen);
+        rc = tsr_nccl_blob_make(x->nccl, rv->epoch, rv->group, rv->n, made, err, errlen);
         if (rc == 0)
-            rc = rv->exchange(rv->exchange_arg, rv->group, blob, sizeof blob, NULL, 0, NULL,
+            rc = rv->exchange(rv->exchange_arg, rv->group, made, sizeof made, NULL, 0, NULL,
                               rv->timeout_ms, err, errlen);
-        len = sizeof blob;
-    } else {
+    }
+    if (rc == 0)
         rc = rv->exchange(rv->exchange_arg, rv->group, NULL, 0, blob, sizeof blob, &len,
                           rv->timeout_ms, err, errlen);
+    if (rc == 0 && rv->rank == 0 && (len != sizeof made || memcmp(blob, made, len))) {
+        tsr_set_err(err, errlen,
+                    "group %llx (epoch %llu): the coordinator relayed a rendezvous blob that is "
+                    "not the one this rank made: refused",
+                    (unsigned long long)rv->group, (unsigned long long)rv->epoch);
+        rc = -1;
     }
     tsr_rendezvous_t r2 = *rv;
     r2.blob = blob;
@@ -121,7 +136,17 @@ static int gpu_poll(tsr_comm_t *c, int peer, int t, char *err, size_t len)
 {
     return c->ops->poll(c->inner, peer, t, err, len);
 }
-static void gpu_abort(tsr_comm_t *c, const char *why) { c->ops->abort(c->inner, why); }
+/* Every abort is logged once, so an operator sees each epoch's group let
+ * go and why (a failure, a newer epoch, a stop). */
+static void gpu_abort(tsr_comm_t *c, const char *why)
+{
+    if (!c->aborted)
+        tsr_info("group %llx (rank %d of %d, epoch %llu): %s collectives aborted: %s",
+                 (unsigned long long)c->group, c->ops->rank(c->inner), c->ops->size(c->inner),
+                 (unsigned long long)c->epoch, c->ops->name, why && *why ? why : "aborted");
+    c->aborted = true;
+    c->ops->abort(c->inner, why);
+}
 static int gpu_rank(const tsr_comm_t *c) { return c->ops->rank(c->inner); }
 static int gpu_size(const tsr_comm_t *c) { return c->ops->size(c->inner); }
 

@@ -20,8 +20,8 @@
  * and the rendezvous's cancellation (a newer epoch).  A deadline passed, an
  * asynchronous error, a newer epoch or ops->abort aborts the communicator
  * (ncclCommAbort): it never hangs, and every later operation fails at once
- * with the first reason.  The wait is a host synchronisation per operation;
- * issuing a whole step's operations before one wait is not done yet. */
+ * with the first reason.  An operation returns once NCCL has issued it;
+ * the wait for what the stream ran is settle's, once per step. */
 #ifndef TSR_COLL_NCCL_H
 #define TSR_COLL_NCCL_H
 
@@ -76,7 +76,9 @@ extern const tsr_coll_ops_t tsr_coll_nccl;
  * cannot: ctx has no NCCL (nccl_why), a member's GPU is unknown, two members
  * share a GPU (NCCL refuses a communicator over one device twice), or there
  * is no relay for the blob (rv->exchange).  With NCCL, rank 0 makes the
- * blob and publishes it through rv->exchange; the others receive it.  The
+ * blob and publishes it through rv->exchange; every rank, rank 0 too,
+ * forms from the copy the coordinator relays back (rank 0 refuses one
+ * that is not what it made).  The
  * fallback is ctx->fallback (NULL: the TCP backend).  Each choice is
  * logged with its reason. */
 extern const tsr_coll_ops_t tsr_coll_gpu;

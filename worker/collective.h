@@ -66,10 +66,11 @@ typedef struct {
      * in rank order; ranks that share one cannot share an NCCL group. */
     const char *const *devices;
     /* Optional: passes a backend's own rendezvous blob through the
-     * coordinator.  Rank 0 publishes (mine set: returns at once), the others
-     * receive rank 0's blob for this epoch and group into out (up to cap
-     * bytes, *out_len set), waiting up to timeout_ms and giving up when
-     * cancelled.  0, or -1 with the reason. */
+     * coordinator.  Rank 0 publishes (mine set: returns at once); then
+     * every rank, rank 0 too, receives the blob the coordinator relayed for
+     * this epoch and group into out (mine NULL; up to cap bytes, *out_len
+     * set), waiting up to timeout_ms and giving up when cancelled.  0, or
+     * -1 with the reason. */
     int (*exchange)(void *arg, uint64_t group, const void *mine, size_t len, void *out,
                     size_t cap, size_t *out_len, int timeout_ms, char *err, size_t errlen);
     void *exchange_arg;

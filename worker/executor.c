@@ -95,6 +95,11 @@ struct tsr_executor {
     tsr_tcp_listener_t *listener;
     char endpoint[TSR_NAME_MAX + 1];
     int device_index;               /* the GPU of a CUDA worker */
+    /* TSR_TEST_NCCL_SOLO=1 (the device check, on one GPU): a tp=1 piece
+     * whose backend has NCCL forms its stage's TP group anyway, a group of
+     * one, so a deployment runs its sums through an NCCL communicator
+     * formed through the coordinator. */
+    bool nccl_solo;
     bool device_lost;               /* a fatal device error: the worker must restart */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
@@ -422,7 +427,7 @@ static tsr_comm_t *form(const tsr_coll_ctx_t *cctx, const tsr_coll_ops_t *ops, c
  * device), then the tensor channels of the piece's backend: the stage's
  * TP group, the link from the previous stage and the link to the next. */
 static int wire_up(const tsr_coll_ctx_t *cctx, const tsr_backend_t *be, const job_t *j,
-                   run_ctx_t *ctx, tsr_replica_rank_t *r, char *err, size_t errlen)
+                   bool solo, run_ctx_t *ctx, tsr_replica_rank_t *r, char *err, size_t errlen)
 {
     int tp = j->key.tp_size, s = j->key.stage, t = j->key.tp, m[MAX_PEERS];
     if (j->n_peers != j->key.tp_size * j->key.pp_size) {
@@ -438,7 +443,7 @@ static int wire_up(const tsr_coll_ctx_t *cctx, const tsr_backend_t *be, const jo
                             err, errlen)))
             return -1;
     }
-    if (tp > 1) {
+    if (tp > 1 || (solo && cctx->nccl)) {
         for (int i = 0; i < tp; i++) m[i] = s * tp + i;
         if (!(r->tp = form(cctx, be->coll, j, ctx, "tp", s, 0, t, tp, m, err, errlen))) return -1;
     }
@@ -453,16 +458,16 @@ static int wire_up(const tsr_coll_ctx_t *cctx, const tsr_backend_t *be, const jo
     return 0;
 }
 
-/* After a failure every communicator of the replica is aborted first, so
- * a backend with work in flight (NCCL) lets go of it before it is freed. */
-static void unwire(tsr_replica_rank_t *r, const char *failure)
+/* Every communicator of the replica is aborted first, whatever ended the
+ * epoch (a failure, a newer epoch, a stop): a backend with work in flight
+ * (NCCL) lets go of it at once, never waiting on a peer that may be dead,
+ * before it is freed. */
+static void unwire(tsr_replica_rank_t *r, const char *why)
 {
-    if (failure) {
-        if (r->tp) r->ops->abort(r->tp, failure);
-        if (r->prev) r->ops->abort(r->prev, failure);
-        if (r->next) r->ops->abort(r->next, failure);
-        if (r->ctl) r->ctl_ops->abort(r->ctl, failure);
-    }
+    if (r->tp) r->ops->abort(r->tp, why);
+    if (r->prev) r->ops->abort(r->prev, why);
+    if (r->next) r->ops->abort(r->next, why);
+    if (r->ctl) r->ctl_ops->abort(r->ctl, why);
     if (r->tp) r->ops->destroy(&r->tp);
     if (r->prev) r->ops->destroy(&r->prev);
     if (r->next) r->ops->destroy(&r->next);
@@ -571,7 +576,8 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
                            .device = ex->device_index, .nccl_why = nccl_why};
     if (be->nccl) cctx.nccl = be->nccl(nccl_why, sizeof nccl_why);
     if (be->engine->stream) cctx.stream = be->engine->stream(*eng);
-    if (wire_up(&cctx, be, j, &ctx, &r, err, sizeof err) < 0) {
+    if (wire_up(&cctx, be, j, ex->nccl_solo, &ctx, &r, err, sizeof err) < 0) {
+        failed = err;   /* the groups already formed are aborted with it */
         if (be->engine->fatal && be->engine->fatal(*eng)) {
             device_lost(ex, j->epoch, err);
             goto out;
@@ -602,6 +608,11 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     }
 out:
     if (*eng) be->engine->set_comm(*eng, NULL, NULL);
+    if (!failed) {
+        pthread_mutex_lock(&ex->mu);
+        failed = ex->shutdown ? "the worker is stopping" : "a newer epoch replaced this one";
+        pthread_mutex_unlock(&ex->mu);
+    }
     unwire(&r, failed);
     fail_queued(ex, j->epoch, "the replica stopped before serving it");
     pthread_mutex_lock(&ex->mu);
@@ -654,6 +665,8 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
     int fds[2] = {-1, -1};
     if (!ex) return NULL;
     ex->job = calloc(1, sizeof *ex->job);
+    const char *solo = getenv("TSR_TEST_NCCL_SOLO");
+    ex->nccl_solo = solo && !strcmp(solo, "1");
     ex->listener = tsr_tcp_listen(bind_host, 0, err, errlen);
     if (!ex->job || !ex->listener || pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) goto fail;
     ex->pipe_r = fds[0];
@@ -742,7 +755,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     /* the groups whose relayed blobs it takes; those of an older epoch go */
     int tp = j->key.tp_size, st = j->key.stage, t = j->key.tp;
     j->n_groups = 0;
-    if (tp > 1) j->groups[j->n_groups++] = group_id(j, "tp", st, 0);
+    if (tp > 1 || ex->nccl_solo) j->groups[j->n_groups++] = group_id(j, "tp", st, 0);
     if (st > 0) j->groups[j->n_groups++] = group_id(j, "pp", st, t);
     if (st < j->key.pp_size - 1) j->groups[j->n_groups++] = group_id(j, "pp", st + 1, t);
     for (int k = 0; k < ex->n_mail;)

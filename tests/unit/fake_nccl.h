@@ -64,6 +64,9 @@ typedef struct {
 
 static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
 static fake_group_t *fake_groups[64];
+/* Counts (fake_mu): rounds carried out, communicators aborted, and
+ * communicators finalized and destroyed as healthy. */
+static unsigned long fake_rounds_run, fake_aborts, fake_destroys;
 static unsigned fake_id_seq;
 /* The stream of a caller that has none (a CPU engine): one per thread. */
 static _Thread_local fake_stream_t fake_default_stream;
@@ -155,6 +158,7 @@ static void fake_release(void *comm)
 /* Carries out round r of g (every rank's legs are in); fake_mu held. */
 static void fake_run_round(fake_group_t *g, uint64_t r)
 {
+    fake_rounds_run++;
     int s = (int)(r % FAKE_ROUNDS);
     fake_leg_t *l0 = &g->legs[s][0][0];
     size_t es = tsr_dtype_size(l0->dt), bytes = l0->count * es;
@@ -307,13 +311,36 @@ static inline bool fake_nccl_inject_error(const uint8_t id[TSR_NCCL_ID_BYTES])
     return found;
 }
 
+static void fake_abort(void *comm)
+{
+    pthread_mutex_lock(&fake_mu);
+    fake_aborts++;
+    pthread_mutex_unlock(&fake_mu);
+    fake_release(comm);
+}
+static void fake_destroy(void *comm)
+{
+    pthread_mutex_lock(&fake_mu);
+    fake_destroys++;
+    pthread_mutex_unlock(&fake_mu);
+    fake_release(comm);
+}
+/* One of the counts above, read under the lock. */
+static inline unsigned long fake_count(const unsigned long *what)
+{
+    pthread_mutex_lock(&fake_mu);
+    unsigned long v = *what;
+    pthread_mutex_unlock(&fake_mu);
+    return v;
+}
+
 static const tsr_nccl_api_t fake_nccl = {
     .name = "fake",
     .get_unique_id = fake_get_unique_id,
     .comm_init = fake_comm_init,
     .comm_status = fake_comm_status,
-    .comm_abort = fake_release,
-    .comm_destroy = fake_release,
+    .comm_abort = fake_abort,
+    .comm_destroy = fake_destroy,
     .allreduce_sum = fake_allreduce,
     .allgather = fake_allgather,
     .broadcast = fake_broadcast,

@@ -2162,9 +2162,10 @@ static void send_offer(fx_t *fx, int i, uint64_t epoch, uint64_t group, const ch
 }
 
 /* A member's blob for its current epoch and a group it leads reaches every
- * other member of its replica in that epoch, naming its maker, and no one
- * else; one for an old epoch, an empty or oversized one, or one for a
- * group its sender is not rank 0 of reaches no one. */
+ * member of its replica in that epoch, its maker included (rank 0 forms
+ * from the relayed copy too), naming its maker, and no one else; one for
+ * an old epoch, an empty or oversized one, or one for a group its sender
+ * is not rank 0 of reaches no one. */
 static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch(void **state)
 {
     fx_t *fx = *state;
@@ -2174,7 +2175,7 @@ static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epo
     send_offer(fx, leader, fx->piece[leader].epoch, tp0, "nccl-id-bytes", 13);
     pump(fx);
     for (int i = 0; i < NW; i++) {
-        if (!fx->holds[i] || i == leader) continue;
+        if (!fx->holds[i]) continue;
         tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_RENDEZVOUS);
         assert_int_equal(env->epoch, fx->piece[i].epoch);
         assert_int_equal(env->rendezvous->group, tp0);
@@ -2184,7 +2185,6 @@ static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epo
         tsr_env_free(&env);
     }
     expect_nothing(fx->dealer[fx->spare], 20);
-    expect_nothing(fx->dealer[leader], 5);
     assert_int_equal(fx->c->stats.rendezvous_relayed, 1);
 
     uint64_t stale = fx->c->stats.stale_dropped, bad = fx->c->stats.bad_messages;
@@ -2206,7 +2206,7 @@ static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epo
     send_offer(fx, other, fx->piece[other].epoch, tsr_group_id("tiny", 0, "pp", 1, 1), "link", 4);
     pump(fx);
     for (int i = 0; i < NW; i++) {
-        if (!fx->holds[i] || i == other) continue;
+        if (!fx->holds[i]) continue;
         tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_RENDEZVOUS);
         assert_string_equal(env->rendezvous->from, fx->name[other]);
         tsr_env_free(&env);
@@ -2217,6 +2217,26 @@ static void test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epo
     pump(fx);
     for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 5);
     assert_int_equal(fx->c->stats.rendezvous_relayed, 2);
+}
+
+/* The groups a piece may publish a blob for: its stage's TP group at tp
+ * rank 0, a group of one included (TSR_TEST_NCCL_SOLO forms it on one
+ * GPU), and its link to the next stage; nothing at another tp rank of a
+ * last stage. */
+static void test_a_piece_leads_its_stage_tp_group_at_rank_0_even_alone(void **state)
+{
+    (void)state;
+    uint64_t led[2];
+    tsr_piece_key_t k = {.tp = 0, .tp_size = 1, .stage = 0, .pp_size = 1, .replica = 2};
+    snprintf(k.deployment, sizeof k.deployment, "solo");
+    assert_int_equal(tsr_piece_led_groups(&k, led), 1);
+    assert_true(led[0] == tsr_group_id("solo", 2, "tp", 0, 0));
+    k.pp_size = 2;
+    assert_int_equal(tsr_piece_led_groups(&k, led), 2);
+    assert_true(led[1] == tsr_group_id("solo", 2, "pp", 1, 0));
+    k = (tsr_piece_key_t){.tp = 1, .tp_size = 2, .stage = 1, .pp_size = 2};
+    snprintf(k.deployment, sizeof k.deployment, "solo");
+    assert_int_equal(tsr_piece_led_groups(&k, led), 0);
 }
 
 /* Each assignment lists the replica's GPUs beside its peers, as node/bus id
@@ -2663,6 +2683,7 @@ int main(void)
         T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
+        cmocka_unit_test(test_a_piece_leads_its_stage_tp_group_at_rank_0_even_alone),
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
         T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),

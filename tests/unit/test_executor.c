@@ -1,7 +1,9 @@
 /* test_executor.c: the data-plane thread (worker/executor.c): an event that
  * cannot be queued is never lost silently; a tp=2 replica whose tensor
  * group is NCCL's (a fake NCCL) forms through the rendezvous relay and
- * generates the same tokens as over TCP; a new epoch whose kv_dtype is
+ * generates the same tokens as over TCP; a group of one (the device
+ * check's TSR_TEST_NCCL_SOLO) forms only from its relayed blob, sums
+ * through NCCL, and is aborted by a newer epoch; a new epoch whose kv_dtype is
  * auto's own type keeps the loaded weights; every token wakes the agent's
  * event fd. */
 #include <stdarg.h>
@@ -85,8 +87,9 @@ static int64_t now_ms(void)
 }
 
 /* Runs a tp=2 replica of two executors in epoch, plays the coordinator's
- * relay, generates 8 greedy tokens into toks; returns the number of
- * rendezvous blobs each executor published (offers[2]). */
+ * relay (to both members, the blob's maker included), generates 8 greedy
+ * tokens into toks; returns the number of rendezvous blobs each executor
+ * published (offers[2]). */
 static void run_pair(uint64_t epoch, int32_t toks[8], int offers[2])
 {
     char err[256];
@@ -130,8 +133,10 @@ static void run_pair(uint64_t epoch, int32_t toks[8], int offers[2])
                     offers[i]++;
                     assert_int_equal(ev.epoch, epoch);
                     /* an older epoch's copy is ignored; the right one is taken */
-                    tsr_executor_rendezvous(ex[1 - i], epoch - 1, ev.group, ev.blob, ev.blob_len);
-                    tsr_executor_rendezvous(ex[1 - i], epoch, ev.group, ev.blob, ev.blob_len);
+                    for (int k = 0; k < 2; k++) {
+                        tsr_executor_rendezvous(ex[k], epoch - 1, ev.group, ev.blob, ev.blob_len);
+                        tsr_executor_rendezvous(ex[k], epoch, ev.group, ev.blob, ev.blob_len);
+                    }
                     break;
                 case TSR_EV_READY:
                     ready++;
@@ -179,6 +184,128 @@ static void test_a_tp2_replica_forms_its_nccl_group_through_the_relay(void **sta
     assert_memory_equal(over_nccl, over_tcp, sizeof over_tcp);
 }
 
+/* ---- a group of one (TSR_TEST_NCCL_SOLO) -------------------------------------------- */
+
+/* Sends ex the whole tiny model (tp=1) in epoch with kv_dtype, on the GPU
+ * device (NULL: none named). */
+static void assign_tiny(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype,
+                        const char *device)
+{
+    static uint8_t secret[32] = "executor test data secret......";
+    char *peers[1] = {(char *)tsr_executor_endpoint(ex)};
+    char *devices[1] = {(char *)device};
+    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+    a.deployment = "tiny";
+    a.epoch = epoch;
+    a.tp_size = 1;
+    a.pp_size = 1;
+    a.layer_end = 4;
+    a.model_path = model_dir;
+    a.max_seq_len = 256;
+    a.kv_dtype = kv_dtype;
+    a.n_peers = 1;
+    a.peers = peers;
+    a.n_peer_devices = device ? 1 : 0;
+    a.peer_devices = device ? devices : NULL;
+    a.data_secret = (ProtobufCBinaryData){sizeof secret, secret};
+    tsr_executor_assign(ex, &a);
+}
+
+/* Assigns the whole tiny model (tp=1, on the GPU "00000000:01:00.0") to ex
+ * in epoch.  With hold, the first rendezvous blob it publishes is held
+ * back for hold_ms (no READY may come meanwhile), then an older epoch's
+ * copy is relayed, then the right one.  Generates 8 greedy tokens into
+ * toks (NULL: none).  Returns the number of blobs published. */
+static int solo_epoch(tsr_executor_t *ex, uint64_t epoch, int hold_ms, int32_t *toks)
+{
+    assign_tiny(ex, epoch, TSR_KV_AUTO, "00000000:01:00.0");
+    int offers = 0, got = 0;
+    bool ready = false, submitted = false;
+    tsr_event_t held = {0};
+    int64_t release = -1, end = now_ms() + 30000;
+    while ((toks ? got < 8 : !ready) && now_ms() < end) {
+        tsr_event_t ev;
+        while (tsr_executor_pop_event(ex, &ev)) {
+            if (ev.epoch != epoch && ev.kind != TSR_EV_TOKEN) continue;
+            switch (ev.kind) {
+            case TSR_EV_RENDEZVOUS:
+                offers++;
+                held = ev;
+                release = now_ms() + hold_ms;
+                break;
+            case TSR_EV_READY:
+                if (release >= 0) fail_msg("epoch %llu: ready before its blob was relayed",
+                                           (unsigned long long)epoch);
+                ready = true;
+                break;
+            case TSR_EV_FAILED:
+                fail_msg("epoch %llu failed: %s", (unsigned long long)epoch, ev.text);
+                break;
+            case TSR_EV_TOKEN:
+                if (ev.token < 0) fail_msg("request failed: %s", ev.text);
+                toks[got++] = ev.token;
+                break;
+            default:
+                break;
+            }
+        }
+        if (release >= 0 && now_ms() >= release) {
+            tsr_executor_rendezvous(ex, epoch - 1, held.group, held.blob, held.blob_len);
+            tsr_executor_rendezvous(ex, epoch, held.group, held.blob, held.blob_len);
+            release = -1;
+        }
+        if (ready && toks && !submitted) {
+            tsr_request_t r = {.request_id = epoch, .n_prompt = 3, .max_tokens = 8};
+            r.prompt = malloc(3 * sizeof *r.prompt);
+            r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
+            tsr_executor_submit(ex, &r);
+            submitted = true;
+        }
+        usleep(2000);
+    }
+    if (toks) assert_int_equal(got, 8);
+    else assert_true(ready);
+    return offers;
+}
+
+/* Under TSR_TEST_NCCL_SOLO (the device check's way to run NCCL on one
+ * GPU) a tp=1 piece whose backend has NCCL forms its stage's TP group, a
+ * group of one: only from the blob the coordinator relays back to it (not
+ * from the one it made, nor from an older epoch's copy); its sums run
+ * through that communicator, with the tokens of a piece without one.  A
+ * newer epoch aborts the communicator (ncclCommAbort, never a finalize
+ * that could wait on a dead peer) and forms the next from its own blob. */
+static void test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_aborts_it(void **state)
+{
+    (void)state;
+    char err[256];
+    int32_t plain[8], solo[8];
+    tsr_executor_t *ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    if (!ex) fail_msg("%s", err);
+    assert_int_equal(solo_epoch(ex, 2, 0, plain), 0);   /* the cpu row: no group */
+    tsr_executor_destroy(&ex);
+
+    tsr_backend_t b = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp, fake_nccl_of};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    setenv("TSR_TEST_NCCL_SOLO", "1", 1);
+    ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    unsetenv("TSR_TEST_NCCL_SOLO");
+    if (!ex) fail_msg("%s", err);
+    unsigned long rounds = fake_count(&fake_rounds_run), aborts = fake_count(&fake_aborts),
+                  destroys = fake_count(&fake_destroys);
+    assert_int_equal(solo_epoch(ex, 7, 200, solo), 1);
+    assert_memory_equal(solo, plain, sizeof plain);
+    /* the sums went through the group: every layer's two, each step */
+    assert_true(fake_count(&fake_rounds_run) >= rounds + 8 * 2 * 4);
+    assert_int_equal(fake_count(&fake_aborts), aborts);
+    assert_int_equal(solo_epoch(ex, 8, 0, NULL), 1);
+    assert_int_equal(fake_count(&fake_aborts), aborts + 1);
+    tsr_executor_destroy(&ex);
+    assert_int_equal(fake_count(&fake_aborts), aborts + 2);   /* a stop aborts too */
+    assert_int_equal(fake_count(&fake_destroys), destroys);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+}
+
 /* ---- which assignments reload the weights ------------------------------------------ */
 
 static int loads;
@@ -194,21 +321,7 @@ static int counting_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engi
  * the piece to be ready. */
 static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
 {
-    static uint8_t secret[32] = "executor test data secret......";
-    char *peers[1] = {(char *)tsr_executor_endpoint(ex)};
-    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
-    a.deployment = "tiny";
-    a.epoch = epoch;
-    a.tp_size = 1;
-    a.pp_size = 1;
-    a.layer_end = 4;
-    a.model_path = model_dir;
-    a.max_seq_len = 256;
-    a.kv_dtype = kv_dtype;
-    a.n_peers = 1;
-    a.peers = peers;
-    a.data_secret = (ProtobufCBinaryData){sizeof secret, secret};
-    tsr_executor_assign(ex, &a);
+    assign_tiny(ex, epoch, kv_dtype, NULL);
     for (int64_t end = now_ms() + 30000; now_ms() < end;) {
         tsr_event_t ev;
         while (tsr_executor_pop_event(ex, &ev)) {
@@ -299,6 +412,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_an_event_lost_to_memory_becomes_a_retryable_failure),
         cmocka_unit_test(test_a_tp2_replica_forms_its_nccl_group_through_the_relay),
+        cmocka_unit_test(test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_aborts_it),
         cmocka_unit_test(test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads),
         cmocka_unit_test(test_every_token_makes_the_event_fd_readable),
     };

@@ -565,6 +565,59 @@ static void test_a_missing_rendezvous_blob_fails_at_the_deadline(void **state)
     assert_non_null(strstr(g.err, "no blob for group"));
 }
 
+/* A relay that changes what rank 0 published (the unique id's last byte)
+ * or drops it. */
+static int mb_mode;   /* 0: as mb_exchange, 1: altered, 2: dropped */
+static int odd_exchange(void *arg, uint64_t group, const void *mine, size_t len, void *out,
+                        size_t cap, size_t *out_len, int timeout_ms, char *err, size_t errlen)
+{
+    if (mine && mb_mode) {
+        if (mb_mode == 2) return 0;
+        uint8_t copy[256];
+        memcpy(copy, mine, len);
+        copy[len - 1] ^= 1;
+        return mb_exchange(arg, group, copy, len, out, cap, out_len, timeout_ms, err, errlen);
+    }
+    return mb_exchange(arg, group, mine, len, out, cap, out_len, timeout_ms, err, errlen);
+}
+
+/* Rank 0 forms from the copy of its blob the coordinator relayed, as every
+ * rank does: a group of one forms from it and its all-reduce is its own
+ * buffer; a relayed blob that is not the one rank 0 made is refused, and
+ * one that never comes back fails at the deadline. */
+static void test_rank_0_forms_only_from_its_own_relayed_blob(void **state)
+{
+    (void)state;
+    const char *devs[1] = {"h1/0000:1a:00.0"};
+    for (mb_mode = 0; mb_mode < 3; mb_mode++) {
+        pthread_mutex_lock(&mb_mu);
+        mb_len = 0;
+        pthread_mutex_unlock(&mb_mu);
+        gpu_rank_t g;
+        memset(&g, 0, sizeof g);
+        g.ctx = (tsr_coll_ctx_t){.nccl = &fake_nccl, .stream = &g.stream, .poll_us = 200};
+        g.rv = (tsr_rendezvous_t){.epoch = 50, .group = GROUP, .rank = 0, .n = 1,
+                                  .timeout_ms = 50, .devices = devs, .exchange = odd_exchange};
+        int rc = tsr_coll_gpu.create(&g.ctx, &g.rv, &g.comm, g.err, sizeof g.err);
+        if (mb_mode == 0) {
+            if (rc) fail_msg("%s", g.err);
+            assert_string_equal(tsr_coll_gpu_kind(g.comm), "nccl");
+            float x[3] = {1.5f, -2, 7};
+            tsr_buf_t b = {x, 3, TSR_DT_F32, TSR_MEM_HOST};
+            assert_int_equal(tsr_coll_gpu.allreduce_sum(g.comm, b, 1000, g.err, sizeof g.err), 0);
+            assert_int_equal(tsr_coll_settle(&tsr_coll_gpu, g.comm, 1000, g.err, sizeof g.err), 0);
+            assert_true(x[0] == 1.5f && x[1] == -2 && x[2] == 7);
+            tsr_coll_gpu.destroy(&g.comm);
+        } else {
+            assert_int_equal(rc, -1);
+            assert_null(g.comm);
+            assert_non_null(strstr(g.err, mb_mode == 1 ? "not the one this rank made"
+                                                       : "no blob for group"));
+        }
+    }
+    mb_mode = 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_a_newer_epoch_abandons_a_waiting_operation),
         cmocka_unit_test(test_the_gpu_chooser_uses_nccl_only_where_a_group_can_have_it),
         cmocka_unit_test(test_a_missing_rendezvous_blob_fails_at_the_deadline),
+        cmocka_unit_test(test_rank_0_forms_only_from_its_own_relayed_blob),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1313,14 +1313,14 @@ fail:
  * ends at the deadline naming the rank and aborts the group. */
 static int stream_wait(tsr_engine_t *e, const char *what, char *err, size_t errlen)
 {
-    if (e->spec.tp_size > 1 && e->tp && tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0)
+    if (e->tp && tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0)
         return -1;
     return cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), what, err, errlen);
 }
 
 static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
 {
-    if (e->spec.tp_size == 1) return 0;
+    if (!e->tp) return 0;   /* tp 1 (a group of one under TSR_TEST_NCCL_SOLO sums too) */
     tsr_buf_t b = {buf, n, TSR_DT_F32, TSR_MEM_DEVICE};
     return e->ops->allreduce_sum(e->tp, b, 30000, err, errlen);
 }
@@ -1408,7 +1408,7 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
     /* A prompt chunk that samples nothing: with a TP group its operations
      * are still settled, or the next step's waits (the metadata event, a
      * staged pipeline copy) would sit behind them with no deadline. */
-    if (!rows) return e->spec.tp_size > 1 ? stream_wait(e, "step", err, errlen) : 0;
+    if (!rows) return e->tp ? stream_wait(e, "step", err, errlen) : 0;
     for (int i = 0, s = 0; i < b->n_entries; i++)
         if (b->entries[i].sample) {
             any_cut |= !tsr_k_greedy(e->mh.samp_temp[s]) && tsr_k_top_p_cuts(e->mh.samp_top_p[s]);
@@ -1537,7 +1537,8 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     int all_sample = 1;
     for (int i = 0; i < b->n_entries; i++) all_sample &= b->entries[i].sample;
     int bucket = tsr_k_graph_bucket(b->n_entries, 8 * (NBUCKETS - 3));
-    bool graph = e->graphs_on && decode && (!last || all_sample) &&
+    /* (not with a TP group: a group of one under TSR_TEST_NCCL_SOLO) */
+    bool graph = e->graphs_on && !e->tp && decode && (!last || all_sample) &&
                  b->n_entries <= 8 * (NBUCKETS - 3) && bucket <= s->max_seqs &&
                  bucket <= s->max_tokens && bucket_index(bucket) < NBUCKETS;
     int rows = graph ? bucket : b->n_tokens, tiles, ns;
@@ -1584,7 +1585,7 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     /* A stage that hands its rows on returns once queued (the pipeline
      * send waits for the stream); in a TP group it settles the group here,
      * once per step rather than once per all-reduce. */
-    if (!last) return s->tp_size > 1 ? stream_wait(e, "step", err, errlen) : 0;
+    if (!last) return e->tp ? stream_wait(e, "step", err, errlen) : 0;
     if (s->tp_size > 1) {
         tsr_buf_t send = {e->logits, (size_t)ns * e->v_chunk, TSR_DT_F32, TSR_MEM_DEVICE};
         tsr_buf_t recv = {e->gathered, (size_t)s->tp_size * ns * e->v_chunk, TSR_DT_F32,
