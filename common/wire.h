@@ -13,7 +13,7 @@
 #include <zmq.h>
 #include "proto/tessera.pb-c.h"
 
-#define TSR_PROTOCOL_VERSION 1
+#define TSR_PROTOCOL_VERSION 2
 #define TSR_SOFTWARE_VERSION "0.1.0"
 
 /* Largest message a worker or the coordinator accepts on the workers

@@ -82,6 +82,7 @@ static int gpu_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
     uint8_t made[TSR_NCCL_BLOB_BYTES], blob[TSR_NCCL_BLOB_BYTES];
     size_t len = 0;
     int rc = 0;
+    int64_t t0 = tsr_now_ms();
     if (rv->rank == 0) {
         rc = tsr_nccl_blob_make(x->nccl, rv->epoch, rv->group, rv->n, made, err, errlen);
         if (rc == 0)
@@ -98,9 +99,12 @@ static int gpu_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
                     (unsigned long long)rv->group, (unsigned long long)rv->epoch);
         rc = -1;
     }
+    /* the formation gets what is left of the rendezvous deadline */
     tsr_rendezvous_t r2 = *rv;
     r2.blob = blob;
     r2.blob_len = len;
+    int64_t left = rv->timeout_ms - (tsr_now_ms() - t0);
+    r2.timeout_ms = left > 1 ? (int)left : 1;
     c->ops = &tsr_coll_nccl;
     if (rc < 0 || tsr_coll_nccl.create(ctx, &r2, &c->inner, err, errlen) < 0) {
         free(c);

@@ -610,7 +610,9 @@ out:
     if (*eng) be->engine->set_comm(*eng, NULL, NULL);
     if (!failed) {
         pthread_mutex_lock(&ex->mu);
-        failed = ex->shutdown ? "the worker is stopping" : "a newer epoch replaced this one";
+        failed = ex->shutdown            ? "the worker is stopping"
+                 : ex->job_gen != gen      ? "a newer epoch replaced this one"
+                                           : "the replica's leader ended the epoch";
         pthread_mutex_unlock(&ex->mu);
     }
     unwire(&r, failed);

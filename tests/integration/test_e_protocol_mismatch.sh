@@ -8,7 +8,7 @@ start_worker old --protocol-version 99
 wait_until 10 all_ready || fail "good worker did not serve"
 wait "${WPID[old]}"; rc=$?
 [ "$rc" = 2 ] || fail "mismatched worker exited $rc, expected 2"
-grep -q "refused worker old.*protocol version 99.*speaks version 1" "$T/coordinator.log" || fail "coordinator log lacks the refusal"
+grep -q "refused worker old.*protocol version 99.*speaks version 2" "$T/coordinator.log" || fail "coordinator log lacks the refusal"
 grep -q "refused registration: protocol version 99" "$T/old.log" || fail "worker log lacks the refusal"
 [ "$(status_json | jget "[w['name'] for w in d['workers']]")" = '["good"]' ] || fail "refused worker was registered"
 [ "$(status_json | jget "d['coordinator']['stats']['refused']")" = 1 ] || fail "refusal not counted"

@@ -659,8 +659,10 @@ static void test_a_rank0_offers_its_blob_again_until_its_piece_is_ready(void **s
     }
     assert_true(offers >= 2);
 
-    /* relayed: the group forms, the piece is ready, and the offers stop */
+    /* relayed (to every member, its maker too): the group forms, the piece
+     * is ready, and the offers stop */
     tsr_executor_rendezvous(peer, 4, group, blob, blob_len);
+    tsr_executor_rendezvous(fx->a->ex, 4, group, blob, blob_len);
     bool ready = false;
     start = tsr_now_ms();
     int after = 0;

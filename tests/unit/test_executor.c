@@ -287,6 +287,11 @@ static void test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_abor
 
     tsr_backend_t b = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp, fake_nccl_of};
     tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    /* without the setting, a tp=1 piece forms no group, NCCL or not */
+    ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    if (!ex) fail_msg("%s", err);
+    assert_int_equal(solo_epoch(ex, 3, 0, NULL), 0);
+    tsr_executor_destroy(&ex);
     setenv("TSR_TEST_NCCL_SOLO", "1", 1);
     ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
     unsetenv("TSR_TEST_NCCL_SOLO");
