@@ -154,6 +154,17 @@ $(BUILD)/bench/%: bench/%.c $(COMMON_OBJ)
 $(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcublas -o $@
+# A worker whose cuda row is the CPU engine over the fake NCCL
+# (tests/integration/fake_nccl_worker.c): test_n5 forms NCCL groups of one
+# through a real coordinator on machines without a GPU.
+FAKE_NCCL_WORKER := $(BUILD)/tests/tessera-worker-fake-nccl
+$(BUILD)/obj/worker/main_fake_nccl.o: worker/main.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -Dmain=tsr_worker_main -c $< -o $@
+$(FAKE_NCCL_WORKER): tests/integration/fake_nccl_worker.c $(BUILD)/obj/worker/main_fake_nccl.o \
+                     $(WORKER_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -o $@
 # bench_pool measures the worker's thread pool, so it links that one object,
 # against OpenBLAS (which nothing else links).
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
@@ -171,7 +182,7 @@ test: deps
 	@$(MAKE) --no-print-directory all-tests
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh
 
-all-tests: all $(UNIT_BIN) $(CUDA_TEST_BIN) $(BENCH_BIN) $(CUDA_BENCH_BIN)
+all-tests: all $(UNIT_BIN) $(CUDA_TEST_BIN) $(BENCH_BIN) $(CUDA_BENCH_BIN) $(FAKE_NCCL_WORKER)
 
 unit: $(PROGRAMS) $(UNIT_BIN) $(CUDA_TEST_BIN)
 	@TSR_BIN=$(BIN) TSR_BUILD=$(BUILD) ./tests/run.sh unit

@@ -99,13 +99,14 @@ start_coord() {
     PIDS+=("$COORD_PID")
 }
 
-# start_worker NAME [args...]: pid in WPID[NAME]; log in $T/NAME.log
+# start_worker NAME [args...]: pid in WPID[NAME]; log in $T/NAME.log.
+# WORKER_BIN=PATH starts another build of the worker.
 declare -A WPID
 start_worker() {
     local name="$1"; shift
     [ -e "$KEYS/$name.key" ] || "$BIN/tessera" keys add "$KEYS" "$name" > /dev/null \
         || fail "cannot add a key for $name"
-    "$BIN/tessera-worker" --coordinator "$WEP" --name "$name" "$@" >> "$T/$name.log" 2>&1 &
+    "${WORKER_BIN:-$BIN/tessera-worker}" --coordinator "$WEP" --name "$name" "$@" >> "$T/$name.log" 2>&1 &
     WPID[$name]=$!
     PIDS+=("$!")
 }
