@@ -4,21 +4,40 @@
  * coordinator on a machine without a GPU.  The fake's groups live in one
  * process, so only groups of one (TSR_TEST_NCCL_SOLO=1) can form; groups
  * of two ranks must share a stand-in GPU (TSR_TEST_FAKE_CUDA_BUS), which
- * sends them to the TCP fallback. */
+ * sends them to the TCP fallback.
+ *
+ * TSR_TEST_FAKE_NCCL_ERROR_AFTER=N: the group of this process's N-th
+ * all-reduce reports an asynchronous error (as ncclCommGetAsyncError
+ * would), once. */
+#include <stdlib.h>
+
 #include "tests/unit/fake_nccl.h"
 #include "worker/engine.h"
 
 int tsr_worker_main(int argc, char **argv);   /* worker/main.c, renamed */
 
+static long error_after = -1, allreduces;   /* the executor's thread only */
+static tsr_nccl_api_t api;
+
+static int allreduce_or_error(void *comm, void *buf, size_t count, tsr_dtype_t dt, void *stream)
+{
+    if (++allreduces == error_after) fake_nccl_inject_error(((fake_comm_t *)comm)->g->id);
+    return fake_allreduce(comm, buf, count, dt, stream);
+}
+
 static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
 {
     (void)why;
     (void)len;
-    return &fake_nccl;
+    return &api;
 }
 
 int main(int argc, char **argv)
 {
+    api = fake_nccl;
+    api.allreduce_sum = allreduce_or_error;
+    const char *after = getenv("TSR_TEST_FAKE_NCCL_ERROR_AFTER");
+    if (after && *after) error_after = atol(after);
     static const tsr_backend_t row = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp,
                                       fake_nccl_of};
     tsr_backend_test_override(TSR_DEVICE_CUDA, &row);
