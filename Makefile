@@ -155,8 +155,8 @@ $(BUILD)/bench/gpu_bench: $(BUILD)/obj/bench/cuda/gpu_bench.cu.o $(WORKER_OBJ) $
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -lcublas -o $@
 # A worker whose cuda row is the CPU engine over the fake NCCL
-# (tests/integration/fake_nccl_worker.c): test_n5 forms NCCL groups of one
-# through a real coordinator on machines without a GPU.
+# (tests/integration/fake_nccl_worker.c): test_n5, n6 and n7 run NCCL groups
+# through real daemons on machines without a GPU.
 FAKE_NCCL_WORKER := $(BUILD)/tests/tessera-worker-fake-nccl
 $(BUILD)/obj/worker/main_fake_nccl.o: worker/main.c $(PROTO_C)
 	@mkdir -p $(dir $@)

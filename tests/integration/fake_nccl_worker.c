@@ -1,28 +1,36 @@
 /* fake_nccl_worker.c: the worker (worker/main.c) with its cuda row replaced
- * by the CPU engine over the fake NCCL of tests/unit/fake_nccl.h, so that
- * an integration test runs a cuda deployment's NCCL groups through a real
- * coordinator on a machine without a GPU.  The fake's groups live in one
- * process, so only groups of one (TSR_TEST_NCCL_SOLO=1) can form; groups
- * of two ranks must share a stand-in GPU (TSR_TEST_FAKE_CUDA_BUS), which
- * sends them to the TCP fallback.
+ * by the CPU engine over a fake NCCL, so that an integration test runs a
+ * cuda deployment's NCCL groups through a real coordinator on a machine
+ * without a GPU.  By default the fake of tests/unit/fake_nccl.h, whose
+ * groups live in one process: only groups of one (TSR_TEST_NCCL_SOLO=1)
+ * form; groups of two ranks must share a stand-in GPU
+ * (TSR_TEST_FAKE_CUDA_BUS), which sends them to the TCP fallback.
+ * TSR_TEST_FAKE_NCCL=tcp: the fake of fake_nccl_tcp.h instead, whose
+ * groups span processes (workers on distinct stand-in GPUs).
  *
  * TSR_TEST_FAKE_NCCL_ERROR_AFTER=N: the group of this process's N-th
  * all-reduce reports an asynchronous error (as ncclCommGetAsyncError
  * would), once. */
 #include <stdlib.h>
+#include <string.h>
 
+#include "tests/integration/fake_nccl_tcp.h"
 #include "tests/unit/fake_nccl.h"
 #include "worker/engine.h"
 
 int tsr_worker_main(int argc, char **argv);   /* worker/main.c, renamed */
 
 static long error_after = -1, allreduces;   /* the executor's thread only */
+static bool over_tcp;
 static tsr_nccl_api_t api;
 
 static int allreduce_or_error(void *comm, void *buf, size_t count, tsr_dtype_t dt, void *stream)
 {
-    if (++allreduces == error_after) fake_nccl_inject_error(((fake_comm_t *)comm)->g->id);
-    return fake_allreduce(comm, buf, count, dt, stream);
+    if (++allreduces == error_after) {
+        if (over_tcp) ft_inject_error(comm);
+        else fake_nccl_inject_error(((fake_comm_t *)comm)->g->id);
+    }
+    return (over_tcp ? ft_allreduce : fake_allreduce)(comm, buf, count, dt, stream);
 }
 
 static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
@@ -34,7 +42,9 @@ static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
 
 int main(int argc, char **argv)
 {
-    api = fake_nccl;
+    const char *kind = getenv("TSR_TEST_FAKE_NCCL");
+    over_tcp = kind && !strcmp(kind, "tcp");
+    api = over_tcp ? fake_nccl_tcp : fake_nccl;
     api.allreduce_sum = allreduce_or_error;
     const char *after = getenv("TSR_TEST_FAKE_NCCL_ERROR_AFTER");
     if (after && *after) error_after = atol(after);

@@ -111,6 +111,16 @@ start_worker() {
     PIDS+=("$!")
 }
 
+# use_fake_nccl_worker: later start_worker calls start the worker whose cuda
+# row is the CPU engine over a fake NCCL (tests/integration/fake_nccl_worker.c;
+# make all-tests builds it), with a stand-in GPU of 4 GiB.
+use_fake_nccl_worker() {
+    WORKER_BIN="${TSR_BUILD:-build}/tests/tessera-worker-fake-nccl"
+    case "$WORKER_BIN" in /*) ;; *) WORKER_BIN="$ROOT/$WORKER_BIN" ;; esac
+    [ -x "$WORKER_BIN" ] || fail "no $WORKER_BIN (make all-tests builds it)"
+    export TSR_TEST_FAKE_CUDA_MIB=4096
+}
+
 tsr() { "$BIN/tessera" --coordinator "$CEP" "$@"; }
 status_json() { tsr status --json 2>/dev/null; }
 

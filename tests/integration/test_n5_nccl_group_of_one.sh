@@ -10,9 +10,6 @@
 # groups again in the next epoch (stage 0's first communicator aborted),
 # the tokens are the same, and the killed worker started again registers.
 source "$(dirname "$0")/lib.sh"
-FAKE="${TSR_BUILD:-build}/tests/tessera-worker-fake-nccl"
-case "$FAKE" in /*) ;; *) FAKE="$ROOT/$FAKE" ;; esac
-[ -x "$FAKE" ] || fail "no $FAKE (make all-tests builds it)"
 { coordinator_yaml; cat <<YAML
 deployments:
   - name: solo
@@ -32,8 +29,9 @@ YAML
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
 start_worker c0 --device cpu
-export TSR_TEST_FAKE_CUDA_MIB=4096 TSR_TEST_FAKE_CUDA_BUS=00000000:01:00.0 TSR_TEST_NCCL_SOLO=1
-for w in g0 g1 g2; do WORKER_BIN="$FAKE" start_worker $w --device cuda; done
+use_fake_nccl_worker
+export TSR_TEST_FAKE_CUDA_BUS=00000000:01:00.0 TSR_TEST_NCCL_SOLO=1
+for w in g0 g1 g2; do start_worker $w --device cuda; done
 wait_until 30 all_ready || fail "not ready"
 relayed() { status_json | jget "d['coordinator']['stats']['rendezvous_relayed']"; }
 r1=$(relayed)
@@ -58,7 +56,7 @@ grep -q "(rank 0 of 1, epoch [0-9]*): nccl collectives aborted" "$T/$s0.log" ||
 again=$(tsr generate solo --prompt-ids 1,2,3 --max-tokens 16 --ids) || fail "generate after the kill failed"
 [ "$again" = "$out" ] || fail "after the failover: $again, before: $out"
 # Started again under its name, the killed worker registers as a spare.
-WORKER_BIN="$FAKE" start_worker "$s1" --device cuda
+start_worker "$s1" --device cuda
 back() { [ "$(worker_field "$s1" state)" = idle ]; }
 wait_until 20 back || fail "$s1, started again, is $(worker_field "$s1" state)"
 ok "groups of one formed through the coordinator ($r1 blobs relayed, then $(relayed)); $s1 killed: $s0 aborted and formed again, the same 16 tokens; $s1 back as a spare"

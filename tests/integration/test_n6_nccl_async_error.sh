@@ -8,9 +8,6 @@
 # the next epoch), and the request resumes and ends with the tokens of an
 # undisturbed run.
 source "$(dirname "$0")/lib.sh"
-FAKE="${TSR_BUILD:-build}/tests/tessera-worker-fake-nccl"
-case "$FAKE" in /*) ;; *) FAKE="$ROOT/$FAKE" ;; esac
-[ -x "$FAKE" ] || fail "no $FAKE (make all-tests builds it)"
 { coordinator_yaml; cat <<YAML
 deployments:
   - name: tiny
@@ -22,10 +19,11 @@ deployments:
 YAML
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
-export TSR_TEST_FAKE_CUDA_MIB=4096 TSR_TEST_NCCL_SOLO=1
-TSR_TEST_FAKE_NCCL_ERROR_AFTER=60 WORKER_BIN="$FAKE" start_worker w0 --device cuda
+use_fake_nccl_worker
+export TSR_TEST_NCCL_SOLO=1
+TSR_TEST_FAKE_NCCL_ERROR_AFTER=60 start_worker w0 --device cuda
 wait_until 30 all_ready || fail "not ready"
-WORKER_BIN="$FAKE" start_worker w1 --device cuda
+start_worker w1 --device cuda
 spare_idle() { [ "$(worker_field w1 state)" = idle ]; }
 wait_until 10 spare_idle || fail "the spare did not register"
 replayed() { status_json | jget "d['coordinator']['stats']['requests_replayed']"; }

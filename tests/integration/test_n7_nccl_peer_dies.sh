@@ -1,0 +1,69 @@
+# A tensor-parallel peer dies in the middle of a request while its group runs
+# over NCCL, through real daemons on a machine without a GPU: fake-NCCL
+# workers (tessera-worker-fake-nccl) with TSR_TEST_FAKE_NCCL=tcp, whose
+# groups span processes, on distinct stand-in GPUs, so the cuda tp=2
+# replica's TP group is NCCL's.  Its tokens equal a cpu tp=2 deployment's
+# with the same dtypes (both add the ranks' parts in rank order).  Rank 1
+# is killed mid-request: rank 0's operation never completes (as NCCL's may
+# not), the coordinator declares the worker dead and starts a new epoch,
+# which ends rank 0's wait and aborts its communicator; the spare takes the
+# piece, the group forms again, and the request resumes and ends with the
+# tokens of an undisturbed run.  The surviving worker process lives on.
+source "$(dirname "$0")/lib.sh"
+{ coordinator_yaml; cat <<YAML
+deployments:
+  - name: duo
+    model: $MODEL
+    device: cuda
+    parallel: {tensor: 2, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+    kv_cache_mib: 8
+  - name: plain
+    model: $MODEL
+    device: cpu
+    parallel: {tensor: 2, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+    kv_dtype: bf16
+    matmul_dtype: bf16
+YAML
+} > "$T/d.yaml"
+start_coord "$T/d.yaml"
+start_worker c0 --device cpu
+start_worker c1 --device cpu
+use_fake_nccl_worker
+export TSR_TEST_FAKE_NCCL=tcp
+for i in 0 1 2; do start_worker g$i --device cuda --device-index $i; done
+wait_until 30 all_ready || fail "not ready"
+relayed() { status_json | jget "d['coordinator']['stats']['rendezvous_relayed']"; }
+[ "$(relayed)" -ge 1 ] || fail "no NCCL blob was relayed: the TP group is not NCCL's"
+r0=$(piece_holder 0 0 0) r1=$(piece_holder 0 0 1)
+grep -q "(rank 0 of 2, epoch [0-9]*): NCCL$" "$T/$r0.log" || fail "$r0 did not form the TP group over NCCL"
+ref=$(tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids) || fail "the reference run failed"
+cpu=$(tsr generate plain --prompt-ids 1,2,3 --max-tokens 200 --ids) || fail "the cpu run failed"
+[ "$(echo "$ref" | wc -w)" = 200 ] || fail "expected 200 tokens: $ref"
+[ "$ref" = "$cpu" ] || fail "tp=2 over NCCL: $ref; cpu tp=2: $cpu"
+# Rank 1 dies once the request's first token is out.
+replayed() { status_json | jget "d['coordinator']['stats']['requests_replayed']"; }
+before=$(replayed)
+t0=$(now_ms)
+tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids > /dev/null
+echo "(an undisturbed 200-token request takes $(( $(now_ms) - t0 )) ms)"
+tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
+GEN=$!
+first_token_arrived
+kill -9 "${WPID[$r1]}"
+killed=$(now_ms)
+wait "$GEN" || fail "the request failed: $(cat "$T/err")"
+# Not held up by the operation's own 30 s deadline: the new epoch ends the
+# wait once the coordinator declares rank 1 dead (worker_timeout_ms 1000).
+took=$(( $(now_ms) - killed )) bound=$(( SLOW == 1 ? 30000 : 10000 ))
+[ "$took" -lt "$bound" ] || fail "the request ended $took ms after rank 1 died"
+[ "$(cat "$T/out")" = "$ref" ] || fail "resumed tokens differ: $(cat "$T/out") vs $ref"
+[ "$(replayed)" -gt "$before" ] || fail "the request was not resumed: it ended before rank 1 died"
+[ "$(piece_holder 0 0 1)" != "$r1" ] || fail "rank 1 is still on $r1"
+kill -0 "${WPID[$r0]}" || fail "$r0, the surviving rank, exited"
+grep -q "(rank 0 of 2, epoch [0-9]*): nccl collectives aborted" "$T/$r0.log" ||
+    fail "$r0 did not abort its NCCL communicator"
+[ "$(grep -c "(rank 0 of 2, epoch [0-9]*): NCCL$" "$T/$r0.log")" -ge 2 ] ||
+    fail "$r0 did not form the TP group again"
+ok "rank 1 ($r1) killed mid-request over NCCL: $r0 aborted and formed again with the spare, the request ended $took ms later with the undisturbed run's 200 tokens"
