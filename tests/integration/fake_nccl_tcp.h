@@ -10,12 +10,16 @@
  * out its operations in order; enqueueing returns at once, as NCCL's do.
  * A peer that dies leaves the operation waiting for ever, as NCCL's may:
  * only the caller's deadline, a newer epoch or an abort ends the wait.
- * F32 and I32 sums only; send/recv only in groups of two. */
+ * F32 and I32 sums only; send/recv only in groups of two, and the legs of
+ * one group run one after another (NCCL runs them together: two ranks that
+ * both send first would wait on each other once the data outgrows the
+ * sockets' buffers; Tessera's pipeline links send one way per group). */
 #ifndef TSR_FAKE_NCCL_TCP_H
 #define TSR_FAKE_NCCL_TCP_H
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "worker/coll_nccl.h"
@@ -32,6 +37,9 @@
 #define FT_MAX_RANKS 8
 #define FT_QUEUE 64
 #define FT_LEGS 4
+/* The id: "FTCP", rank 0's port, and a nonce every rank proves it has. */
+#define FT_NONCE_AT 8
+#define FT_NONCE_BYTES 16
 
 enum { FT_AR, FT_AG, FT_BC, FT_SEND, FT_RECV };
 
@@ -50,6 +58,7 @@ typedef struct {
 
 typedef struct ft_comm {
     int n, rank, port, listen_fd;
+    uint8_t nonce[FT_NONCE_BYTES];
     int fd[FT_MAX_RANKS];       /* rank 0: one per other rank; others: fd[0], rank 0 */
     pthread_t thread;
     pthread_mutex_t mu;
@@ -67,6 +76,7 @@ static struct {
     int port, fd;
 } ft_listeners[16];             /* ids made here, until rank 0 takes its socket */
 
+
 static _Thread_local struct {
     int depth, n;
     ft_comm_t *comm;
@@ -75,7 +85,14 @@ static _Thread_local struct {
 
 static int ft_get_unique_id(uint8_t id[TSR_NCCL_ID_BYTES])
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* A worker forms its groups one after another: an id made before and
+     * never taken by rank 0's comm_init (its formation was cancelled or
+     * refused) is dropped. */
+    pthread_mutex_lock(&ft_mu);
+    for (int k = 0; k < 16; k++)
+        if (ft_listeners[k].port) close(ft_listeners[k].fd), ft_listeners[k].port = 0;
+    pthread_mutex_unlock(&ft_mu);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, FT_MAX_RANKS) < 0 ||
@@ -95,7 +112,10 @@ static int ft_get_unique_id(uint8_t id[TSR_NCCL_ID_BYTES])
     memset(id, 0, TSR_NCCL_ID_BYTES);
     memcpy(id, "FTCP", 4);
     id[4] = (uint8_t)(port >> 8), id[5] = (uint8_t)port;
-    return TSR_NCCL_OK;
+    int u = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    bool got = u >= 0 && read(u, id + FT_NONCE_AT, FT_NONCE_BYTES) == FT_NONCE_BYTES;
+    if (u >= 0) close(u);
+    return got ? TSR_NCCL_OK : TSR_NCCL_ERROR;
 }
 
 /* All of len bytes, or false (a closed or broken connection, or a stop). */
@@ -168,8 +188,17 @@ static void *ft_main(void *arg)
             if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) ok = false;
             else if (poll(&p, 1, 20) == 1) {
                 int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-                int32_t r = -1;
-                bool mine = fd >= 0 && ft_io(c, fd, &r, sizeof r, false) && r > 0 && r < c->n;
+                struct {
+                    int32_t rank;
+                    uint8_t nonce[FT_NONCE_BYTES];
+                } h = {-1, {0}};
+                /* a peer that connects and says nothing is not waited for */
+                struct timeval tv = {1, 0}, none = {0, 0};
+                if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+                bool mine = fd >= 0 && ft_io(c, fd, &h, sizeof h, false) && h.rank > 0 &&
+                            h.rank < c->n && !memcmp(h.nonce, c->nonce, FT_NONCE_BYTES);
+                int32_t r = h.rank;
+                if (mine) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
                 pthread_mutex_lock(&c->mu);
                 if (mine && c->fd[r] < 0) c->fd[r] = fd, got++;
                 else if (fd >= 0) close(fd);
@@ -179,7 +208,11 @@ static void *ft_main(void *arg)
     } else {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        int32_t r = c->rank;
+        struct {
+            int32_t rank;
+            uint8_t nonce[FT_NONCE_BYTES];
+        } h = {c->rank, {0}};
+        memcpy(h.nonce, c->nonce, FT_NONCE_BYTES);
         for (;;) {
             if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
                 ok = false;
@@ -190,7 +223,7 @@ static void *ft_main(void *arg)
                 pthread_mutex_lock(&c->mu);
                 c->fd[0] = fd;
                 pthread_mutex_unlock(&c->mu);
-                ok = ft_io(c, fd, &r, sizeof r, true);
+                ok = ft_io(c, fd, &h, sizeof h, true);
                 break;
             }
             if (fd >= 0) close(fd);
@@ -224,6 +257,7 @@ static int ft_comm_init(void **comm, int n, const uint8_t id[TSR_NCCL_ID_BYTES],
     ft_comm_t *c = calloc(1, sizeof *c);
     if (!c) return TSR_NCCL_ERROR;
     c->n = n, c->rank = rank, c->port = id[4] << 8 | id[5], c->listen_fd = -1;
+    memcpy(c->nonce, id + FT_NONCE_AT, FT_NONCE_BYTES);
     c->state = TSR_NCCL_IN_PROGRESS;
     for (int i = 0; i < FT_MAX_RANKS; i++) c->fd[i] = -1;
     pthread_mutex_lock(&ft_mu);

@@ -26,11 +26,13 @@ static tsr_nccl_api_t api;
 
 static int allreduce_or_error(void *comm, void *buf, size_t count, tsr_dtype_t dt, void *stream)
 {
+    /* issued first, then failed, as an error NCCL finds while it runs */
+    int rc = (over_tcp ? ft_allreduce : fake_allreduce)(comm, buf, count, dt, stream);
     if (++allreduces == error_after) {
         if (over_tcp) ft_inject_error(comm);
         else fake_nccl_inject_error(((fake_comm_t *)comm)->g->id);
     }
-    return (over_tcp ? ft_allreduce : fake_allreduce)(comm, buf, count, dt, stream);
+    return rc;
 }
 
 static const tsr_nccl_api_t *fake_nccl_of(char *why, size_t len)
