@@ -309,5 +309,5 @@ $(FUZZ_BUILD)/bin/%: tests/fuzz/%.c $(FUZZ_LIB_OBJ)
 clean:
 	rm -rf build bin
 
--include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 -include $(shell find $(FUZZ_BUILD)/obj $(FUZZ_BUILD)/bin -name '*.d' 2>/dev/null)

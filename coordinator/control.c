@@ -489,6 +489,13 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             tsr_error("reload refused, keeping the current configuration: %s", err);
             tsr_control_reply(c, rid, rid_len, false, err, NULL);
         } else {
+            /* planned now where it may be, so the reply gives the new plan's epoch */
+            int64_t now = tsr_now_ms();
+            if (now >= c->plan_after_ms) {
+                c->dirty = false;
+                c->last_plan_ms = now;
+                tsr_coord_replan(c, now);
+            }
             snprintf(err, sizeof err, "{\"deployments\":%zu,\"epoch\":%llu}",
                      c->cfg->n_deployments, (unsigned long long)c->epoch);
             tsr_control_reply(c, rid, rid_len, true, NULL, err);
