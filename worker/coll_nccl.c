@@ -358,7 +358,7 @@ static void nccl_destroy(tsr_comm_t **c_p)
 {
     if (!c_p || !*c_p) return;
     tsr_comm_t *c = *c_p;
-    if (c->comm) c->api->comm_destroy(c->comm);
+    if (c->comm) c->api->comm_abort(c->comm);   /* settled or not, never finalized */
     free(c);
     *c_p = NULL;
 }

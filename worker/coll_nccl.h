@@ -46,10 +46,10 @@ struct tsr_nccl_api {
     /* ncclCommGetAsyncError: OK, IN_PROGRESS (still forming, or an
      * operation still being issued) or ERROR. */
     int (*comm_status)(void *comm);
-    /* ncclCommAbort: frees the communicator, ending whatever it runs. */
+    /* ncclCommAbort: frees the communicator, ending whatever it runs.  The
+     * only way a communicator is let go: a finalize could wait on a dead
+     * peer. */
     void (*comm_abort)(void *comm);
-    /* ncclCommFinalize + ncclCommDestroy of a healthy communicator. */
-    void (*comm_destroy)(void *comm);
     /* Enqueue on stream (NULL: the backend's default): OK or ERROR. */
     int (*allreduce_sum)(void *comm, void *buf, size_t count, tsr_dtype_t dt, void *stream);
     int (*allgather)(void *comm, const void *send, void *recv, size_t count, tsr_dtype_t dt,

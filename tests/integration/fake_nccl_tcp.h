@@ -287,13 +287,12 @@ static int ft_comm_init(void **comm, int n, const uint8_t id[TSR_NCCL_ID_BYTES],
 }
 
 /* Set by the worker to make a communicator report an asynchronous error. */
-static bool ft_inject_error(void *comm)
+static void ft_inject_error(void *comm)
 {
     ft_comm_t *c = comm;
     pthread_mutex_lock(&c->mu);
     c->state = TSR_NCCL_ERROR;
     pthread_mutex_unlock(&c->mu);
-    return true;
 }
 
 static int ft_comm_status(void *comm)
@@ -425,7 +424,6 @@ static const tsr_nccl_api_t fake_nccl_tcp = {
     .comm_init = ft_comm_init,
     .comm_status = ft_comm_status,
     .comm_abort = ft_release,
-    .comm_destroy = ft_release,
     .allreduce_sum = ft_allreduce,
     .allgather = ft_allgather,
     .broadcast = ft_broadcast,

@@ -64,9 +64,8 @@ typedef struct {
 
 static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
 static fake_group_t *fake_groups[64];
-/* Counts (fake_mu): rounds carried out, communicators aborted, and
- * communicators finalized and destroyed as healthy. */
-static unsigned long fake_rounds_run, fake_aborts, fake_destroys;
+/* Counts (fake_mu): rounds carried out, communicators aborted. */
+static unsigned long fake_rounds_run, fake_aborts;
 static unsigned fake_id_seq;
 /* The stream of a caller that has none (a CPU engine): one per thread. */
 static _Thread_local fake_stream_t fake_default_stream;
@@ -318,13 +317,6 @@ static void fake_abort(void *comm)
     pthread_mutex_unlock(&fake_mu);
     fake_release(comm);
 }
-static void fake_destroy(void *comm)
-{
-    pthread_mutex_lock(&fake_mu);
-    fake_destroys++;
-    pthread_mutex_unlock(&fake_mu);
-    fake_release(comm);
-}
 /* One of the counts above, read under the lock. */
 static inline unsigned long fake_count(const unsigned long *what)
 {
@@ -340,7 +332,6 @@ static const tsr_nccl_api_t fake_nccl = {
     .comm_init = fake_comm_init,
     .comm_status = fake_comm_status,
     .comm_abort = fake_abort,
-    .comm_destroy = fake_destroy,
     .allreduce_sum = fake_allreduce,
     .allgather = fake_allgather,
     .broadcast = fake_broadcast,

@@ -1,5 +1,6 @@
 /* nccl_real.c: NCCL's function table (worker/coll_nccl.h) bound to libnccl
- * and the CUDA runtime.  Built only with CUDA; nothing here has run on a GPU
+ * and the CUDA runtime.  Built only with CUDA; one-rank communicators have
+ * run on one H200 (the device check), groups of several ranks on no GPU
  * yet (see the README's GPU section).
  *
  * libnccl.so.2 is opened when a worker first needs it (tsr_nccl_real_load),
@@ -12,8 +13,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "worker/coll_nccl.h"
 
@@ -25,8 +24,6 @@ static struct {
     FN(ncclCommInitRankConfig);
     FN(ncclCommGetAsyncError);
     FN(ncclCommAbort);
-    FN(ncclCommFinalize);
-    FN(ncclCommDestroy);
     FN(ncclAllReduce);
     FN(ncclAllGather);
     FN(ncclBroadcast);
@@ -57,7 +54,7 @@ int tsr_nccl_real_load(char *err, size_t errlen)
         load_state = -1;                                                                   \
     }
             LOAD(ncclGetUniqueId) LOAD(ncclCommInitRankConfig) LOAD(ncclCommGetAsyncError)
-            LOAD(ncclCommAbort) LOAD(ncclCommFinalize) LOAD(ncclCommDestroy)
+            LOAD(ncclCommAbort)
             LOAD(ncclAllReduce) LOAD(ncclAllGather) LOAD(ncclBroadcast) LOAD(ncclSend)
             LOAD(ncclRecv) LOAD(ncclGroupStart) LOAD(ncclGroupEnd) LOAD(ncclGetLastError)
 #undef LOAD
@@ -125,25 +122,6 @@ static int real_comm_status(void *comm)
 }
 
 static void real_comm_abort(void *comm) { N.ncclCommAbort((ncclComm_t)comm); }
-
-/* A healthy communicator is finalized (its issued work flushed) and freed;
- * one whose flush does not end within 5 s (a peer died meanwhile) is
- * aborted instead. */
-static void real_comm_destroy(void *comm)
-{
-    ncclComm_t c = comm;
-    ncclResult_t r = N.ncclCommFinalize(c);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    while (r == ncclInProgress) {
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > 5000) break;
-        if (N.ncclCommGetAsyncError(c, &r) != ncclSuccess) r = ncclInternalError;
-        if (r == ncclInProgress) usleep(1000);
-    }
-    if (r == ncclSuccess) N.ncclCommDestroy(c);
-    else N.ncclCommAbort(c);
-}
 
 static int real_allreduce(void *comm, void *buf, size_t count, tsr_dtype_t dt, void *stream)
 {
@@ -213,7 +191,6 @@ const tsr_nccl_api_t tsr_nccl_real = {
     .comm_init = real_comm_init,
     .comm_status = real_comm_status,
     .comm_abort = real_comm_abort,
-    .comm_destroy = real_comm_destroy,
     .allreduce_sum = real_allreduce,
     .allgather = real_allgather,
     .broadcast = real_broadcast,
