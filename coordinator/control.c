@@ -443,9 +443,7 @@ static void handle_drain(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     tsr_holding_t old = w->piece;
     bool had = w->has_piece;
     w->drained = true;
-    int64_t now = tsr_now_ms();
-    if (now >= c->plan_after_ms) tsr_coord_replan(c, now);
-    else c->dirty = true;
+    tsr_coord_plan_now(c, tsr_now_ms());
     tsr_info("drained worker %s", w->name);
 
     /* Say where the piece went, so the operator does not have to look. */
@@ -489,13 +487,7 @@ void tsr_control_handle(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             tsr_error("reload refused, keeping the current configuration: %s", err);
             tsr_control_reply(c, rid, rid_len, false, err, NULL);
         } else {
-            /* planned now where it may be, so the reply gives the new plan's epoch */
-            int64_t now = tsr_now_ms();
-            if (now >= c->plan_after_ms) {
-                c->dirty = false;
-                c->last_plan_ms = now;
-                tsr_coord_replan(c, now);
-            }
+            tsr_coord_plan_now(c, tsr_now_ms());   /* the reply gives the new plan's epoch */
             snprintf(err, sizeof err, "{\"deployments\":%zu,\"epoch\":%llu}",
                      c->cfg->n_deployments, (unsigned long long)c->epoch);
             tsr_control_reply(c, rid, rid_len, true, NULL, err);

@@ -663,6 +663,17 @@ static void nvlink_domains(tsr_worker_t **ws, size_t n)
     free(low);
 }
 
+void tsr_coord_plan_now(tsr_coord_t *c, int64_t now_ms)
+{
+    if (now_ms < c->plan_after_ms) {
+        c->dirty = true;
+        return;
+    }
+    c->dirty = false;
+    c->last_plan_ms = now_ms;
+    tsr_coord_replan(c, now_ms);
+}
+
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
 {
     (void)now_ms;

@@ -236,6 +236,10 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms);
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen);
 /* Runs the planner now and applies its actions. */
 void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
+/* Plans at once where planning may run now (past plan_after_ms), so a
+ * control request answers with the new plan; else leaves it to the tick
+ * (dirty). */
+void tsr_coord_plan_now(tsr_coord_t *c, int64_t now_ms);
 
 /* metrics.c.  The deployment's metrics (created on first use; NULL when out of memory). */
 tsr_dep_metrics_t *tsr_metrics_of(tsr_coord_t *c, const char *deployment);

@@ -22,7 +22,11 @@ tsr undrain "$victim" > /dev/null || fail "undrain failed"
 
 # reload to tp=1 pp=2 x 2 replicas: still 4 pieces, new layout.
 write_yaml "$T/d.yaml" 1 2 2
+before=$(status_json | jget "d['coordinator']['epoch']")
 tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
+# the reply names the new plan's epoch, not the one it replaced
+told=$(sed -n 's/^reloaded: .*, epoch \([0-9]*\)$/\1/p' "$T/reload.txt")
+[ -n "$told" ] && [ "$told" -gt "$before" ] || fail "reload said epoch '$told', the plan before was $before"
 relaid() { all_ready && [ "$(status_json | jget "len(d['deployments'][0]['replica_list'])")" = 2 ]; }
 wait_until 5 relaid || fail "new layout not ready: $(tsr status)"
 
