@@ -10,6 +10,10 @@
  * that time, never hang.  After a failure the communicator is aborted: the
  * caller reports the reason, destroys it and waits for the next epoch's.
  *
+ * A newer epoch (the rendezvous's cancelled turning true) also ends an
+ * operation's wait soon after, in every backend: a worker lets go of an old
+ * epoch at once, whatever its peers do.
+ *
  * Host backends finish an operation before it returns.  A device backend
  * (NCCL) may return once the operation is queued on the engine's stream,
  * so a step's all-reduces run without the host waiting on each; the

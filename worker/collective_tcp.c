@@ -540,7 +540,14 @@ struct tsr_comm {
     size_t scratch_cap;         /* floats */
     bool broken;
     char broken_msg[256];
+    /* The rendezvous's cancellation (a newer epoch, a stop): asked whenever
+     * an operation has waited CANCEL_CHECK_MS without news, so a wait on a
+     * stalled peer ends soon after the epoch does, not at its deadline. */
+    int (*cancelled)(void *arg);
+    void *cancel_arg;
 };
+
+#define CANCEL_CHECK_MS 20
 
 static void comm_free(tsr_comm_t *c)
 {
@@ -1252,6 +1259,8 @@ tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, 
         snprintf(err, errlen, "out of memory for a group of %d", n);
         return NULL;
     }
+    c->cancelled = cancelled;
+    c->cancel_arg = cancel_arg;
     if (n == 1) return c;
     for (int p = 0; p < n; p++)
         if (p != rank) snprintf(c->peers[p].endpoint, EP_MAX, "%s", endpoints[p]);
@@ -1653,9 +1662,15 @@ static int run_xfers(tsr_comm_t *c, xfer_t *ops, int nops, bool eager, const opc
             xfer_timeout_msg(c, ops, nops, x, err, errlen);
             return -1;
         }
-        int r = poll(c->pfd, (nfds_t)nfds, (int)left);
+        int wait = c->cancelled && left > CANCEL_CHECK_MS ? CANCEL_CHECK_MS : (int)left;
+        int r = poll(c->pfd, (nfds_t)nfds, wait);
         if (r < 0 && errno != EINTR) {
             snprintf(err, errlen, "poll failed during %s: %s", x->what, strerror(errno));
+            return -1;
+        }
+        if (r == 0 && c->cancelled && c->cancelled(c->cancel_arg)) {
+            snprintf(err, errlen, "%s (epoch %llu) was abandoned: a newer epoch or a stop",
+                     x->what, (unsigned long long)c->epoch);
             return -1;
         }
         for (int i = 0; r > 0 && i < nfds; i++)

@@ -103,6 +103,8 @@ struct rank_ctx {
     tsr_tcp_listener_t *l;
     const char **eps;
     bool via_create;            /* form through ops->create and a blob */
+    int (*cancelled)(void *arg);    /* via_create: the rendezvous's cancellation */
+    void *cancel_arg;
     body_fn body;
     void *arg;                  /* the test's shared state */
     tsr_comm_t *comm;
@@ -115,6 +117,8 @@ struct rank_ctx {
 typedef struct {
     int n;
     bool via_create;
+    int (*cancelled)(void *arg);
+    void *cancel_arg;
     tsr_tcp_listener_t *l[MAXR];
     const char *eps[MAXR];
     rank_ctx_t k[MAXR];
@@ -149,7 +153,8 @@ static void *rank_main(void *arg)
         char blob[MAXR * 64];
         tsr_rendezvous_t rv = {.epoch = k->epoch, .group = k->group, .rank = k->rank, .n = k->n,
                                .blob = blob, .timeout_ms = FORM_MS, .secret = SECRET,
-                               .secret_len = sizeof SECRET};
+                               .secret_len = sizeof SECRET, .cancelled = k->cancelled,
+                               .cancel_arg = k->cancel_arg};
         rv.blob_len = make_blob(blob, sizeof blob, k->eps, k->n);
         if (ops->create(&(tsr_coll_ctx_t){.listener = k->l}, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
     } else {
@@ -164,8 +169,8 @@ static void group_start(group_t *g, int rank, body_fn body, void *arg)
 {
     rank_ctx_t *k = &g->k[rank];
     *k = (rank_ctx_t){.rank = rank, .n = g->n, .epoch = 1, .group = 1, .l = g->l[rank],
-                      .eps = g->eps, .via_create = g->via_create, .body = body, .arg = arg,
-                      .rc = -1};
+                      .eps = g->eps, .via_create = g->via_create, .cancelled = g->cancelled,
+                      .cancel_arg = g->cancel_arg, .body = body, .arg = arg, .rc = -1};
     assert_int_equal(pthread_create(&g->th[rank], NULL, rank_main, k), 0);
 }
 
@@ -1991,6 +1996,61 @@ static void test_forming_can_be_cancelled_before_the_timeout(void **state)
     tsr_tcp_listener_destroy(&silent);
 }
 
+/* An operation waiting on a stalled peer ends soon after the epoch does
+ * (the rendezvous's cancellation turns true), not at its deadline: a worker
+ * lets go of an old epoch at once, whatever its peers do. */
+typedef struct {
+    sem_t release;
+    cancel_ctx_t cancel;
+} stalled_op_t;
+
+static int stalled_op_body(rank_ctx_t *k)
+{
+    stalled_op_t *s = k->arg;
+    if (k->rank == 1) {         /* connected, and then never takes part */
+        sem_wait(&s->release);
+        return 0;
+    }
+    float v[16] = {0};
+    pthread_t th;
+    pthread_create(&th, NULL, cancel_later, &s->cancel);    /* 200 ms from now */
+    int64_t t0 = now_ms();
+    int rc = ops->allreduce_sum(k->comm, f32_buf(v, 16), 10000, k->err, sizeof k->err);
+    k->op_ms = now_ms() - t0;
+    pthread_join(th, NULL);
+    return rc == 0 ? -1 : 0;
+}
+
+static void test_an_operation_on_a_stalled_peer_ends_when_cancelled(void **state)
+{
+    (void)state;
+    group_t g;
+    stalled_op_t s;
+    sem_init(&s.release, 0, 0);
+    group_open(&g, 2);
+    s.cancel = (cancel_ctx_t){g.l[0], 0};
+    g.via_create = true;
+    g.cancelled = cancel_flag;
+    g.cancel_arg = &s.cancel;
+    for (int r = 0; r < 2; r++) group_start(&g, r, stalled_op_body, &s);
+    pthread_join(g.th[0], NULL);
+    sem_post(&s.release);
+    pthread_join(g.th[1], NULL);
+    group_expect_ok(&g);
+    if (!strstr(g.k[0].err, "allreduce (epoch 1) was abandoned: a newer epoch or a stop"))
+        fail_msg("rank 0: %s", g.k[0].err);
+    if (g.k[0].op_ms < 190 || g.k[0].op_ms > 1500)
+        fail_msg("rank 0 let go %lld ms into a 10 s wait, cancelled at 200 ms",
+                 (long long)g.k[0].op_ms);
+    /* broken for good: the next operation fails at once with the reason */
+    float v = 0;
+    char err[256];
+    assert_int_equal(ops->allreduce_sum(g.k[0].comm, f32_buf(&v, 1), 10000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "abandoned"));
+    group_close(&g);
+    sem_destroy(&s.release);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2030,6 +2090,7 @@ int main(void)
         cmocka_unit_test(test_twenty_idle_connections_do_not_block_forming),
         cmocka_unit_test(test_an_idle_connection_is_dropped_after_two_seconds),
         cmocka_unit_test(test_forming_can_be_cancelled_before_the_timeout),
+        cmocka_unit_test(test_an_operation_on_a_stalled_peer_ends_when_cancelled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
