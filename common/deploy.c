@@ -693,14 +693,15 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     static const char *const keys[] = { "name", "model", "device", "parallel",
                                         "max_seq_len", "max_batch", "prefill_chunk",
                                         "kv_cache_mib", "max_queue", "gpu_memory_percent",
-                                        "chat_template", "kv_dtype", "matmul_dtype" };
+                                        "chat_template", "kv_dtype", "matmul_dtype",
+                                        "collective_timeout_ms" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[13];
+    yaml_node_t *v[14];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 13, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 14, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -750,6 +751,9 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     if (v[12] && parse_elem_dtype(c, v[12], path, "matmul_dtype", "its weights", d,
                                   &d->matmul_dtype) < 0)
         return -1;
+    path_key(kpath, path, "collective_timeout_ms");
+    if (v[13] && get_int_range(c, v[13], kpath, 100, 3600000, &d->collective_timeout_ms) < 0)
+        return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;
@@ -788,6 +792,7 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].kv_cache_mib = 0;
         cfg->deployments[i].max_queue = 256;
         cfg->deployments[i].gpu_memory_percent = 90;
+        cfg->deployments[i].collective_timeout_ms = 30000;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

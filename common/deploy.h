@@ -61,6 +61,12 @@ typedef struct {
                              max_seq_len positions, sized by the worker */
     int max_queue;        /* requests waiting per replica, 0..1000000, default
                              256; 0: refuse when the batch is full */
+    int collective_timeout_ms; /* the deadline of one tensor-parallel operation
+                                  (all-reduce, all-gather), 100..3600000, default
+                                  30000; pipeline hand-offs and a step's tokens
+                                  wait twice that.  A worker whose data plane
+                                  does not let go of an epoch within it is stuck:
+                                  it reports itself dead and exits */
     int gpu_memory_percent; /* cuda: the share of each GPU's memory a piece may
                                use, 10..99, default 90; without kv_cache_mib,
                                the KV pool takes what weights and reserve leave */

@@ -237,6 +237,7 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "prefill_chunk", json_integer(d->prefill_chunk));
     json_object_set_new(o, "kv_cache_mib", json_integer(d->kv_cache_mib));
     json_object_set_new(o, "max_queue", json_integer(d->max_queue));
+    json_object_set_new(o, "collective_timeout_ms", json_integer(d->collective_timeout_ms));
     json_object_set_new(o, "kv_dtype", json_string(tsr_kv_dtype_name(d->kv_dtype)));
     /* the configured type resolved for the deployment's device: what its
      * workers are given (auto is f32 on cpu, bf16 on cuda) */

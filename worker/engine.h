@@ -67,8 +67,11 @@ typedef struct {
     int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
                 char *err, size_t errlen);
     /* The stage's TP communicator (NULL when tp_size is 1), replaced after
-     * the replica is rewired for a new epoch; the weights and pool stay. */
-    void (*set_comm)(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp);
+     * the replica is rewired for a new epoch; the weights and pool stay.
+     * timeout_ms: the deadline of each of its operations (the deployment's
+     * collective_timeout_ms; <= 0: 30000). */
+    void (*set_comm)(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp,
+                     int timeout_ms);
     /* The hidden state entering (0) or leaving (1) the piece: max_tokens rows
      * of hidden_size in the engine's memory.  A step reads rows [0,
      * n_tokens) of the input (stages after the first) and writes those of

@@ -57,6 +57,7 @@ struct tsr_engine {
     tsr_piece_spec_t spec;
     const tsr_coll_ops_t *ops;
     tsr_comm_t *tp;
+    int coll_ms;                /* the deadline of its operations (set_comm) */
     tsr_pool_t *pool;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;    /* this rank's vocabulary rows; every rank's width */
@@ -544,9 +545,9 @@ out:
 static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
 {
     if (!e->tp) return 0;   /* tp 1 (a group of one under TSR_TEST_NCCL_SOLO sums too) */
-    if (e->ops->allreduce_sum(e->tp, tsr_host_buf(buf, n, TSR_DT_F32), 30000, err, errlen) < 0)
+    if (e->ops->allreduce_sum(e->tp, tsr_host_buf(buf, n, TSR_DT_F32), e->coll_ms, err, errlen) < 0)
         return -1;
-    return tsr_coll_settle(e->ops, e->tp, 30000, err, errlen);
+    return tsr_coll_settle(e->ops, e->tp, e->coll_ms, err, errlen);
 }
 
 /* A block holds, per KV head, its 16 positions one after another, so the
@@ -1287,9 +1288,9 @@ static int sample_all(tsr_engine_t *e, const tsr_batch_t *b, const int *first_ro
         for (int v = vs; v < C; v++) lg[(size_t)s * C + v] = -INFINITY;
     if (tp > 1 &&
         (e->ops->allgather(e->tp, tsr_host_buf(e->logits, (size_t)ns * C, TSR_DT_F32),
-                           tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), 30000,
+                           tsr_host_buf(e->gathered, (size_t)tp * ns * C, TSR_DT_F32), e->coll_ms,
                            err, errlen) < 0 ||
-         tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0))
+         tsr_coll_settle(e->ops, e->tp, e->coll_ms, err, errlen) < 0))
         return -1;
     e->last_sampled = ns;
     if (e->spec.tp_rank != 0) return 0;
@@ -1337,10 +1338,12 @@ static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     return sample_all(e, b, first_row, sampled, err, errlen);
 }
 
-static void cpu_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp)
+static void cpu_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp,
+                          int timeout_ms)
 {
     e->ops = ops;
     e->tp = tp;
+    e->coll_ms = timeout_ms > 0 ? timeout_ms : 30000;
 }
 
 static tsr_buf_t cpu_hidden(tsr_engine_t *e, int which)

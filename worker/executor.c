@@ -27,6 +27,7 @@ typedef struct {
     uint64_t epoch;
     int max_seq_len;
     int max_batch, prefill_chunk, max_queue;
+    int coll_ms;                /* collective_timeout_ms (0 sent: 30000) */
     uint64_t kv_cache_bytes;
     int kv_dtype;               /* tsr_kv_dtype_t, as the coordinator sent it */
     int matmul_dtype;           /* the same values: the weights' type (matmul_dtype) */
@@ -586,13 +587,14 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why);
         goto out;
     }
-    be->engine->set_comm(*eng, r.ops, r.tp);
+    be->engine->set_comm(*eng, r.ops, r.tp, j->coll_ms);
     push_simple(ex, TSR_EV_READY, j->epoch, NULL);
     r.eng_ops = be->engine;
     r.eng = *eng;
     if (be->engine->set_progress) be->engine->set_progress(*eng, &ex->steps);
     r.prefill_chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     r.max_queue = j->max_queue;
+    r.token_timeout_ms = 2 * j->coll_ms;   /* a hand-off waits for a stage's collectives */
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
                            io_flush, &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
@@ -607,7 +609,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         }
     }
 out:
-    if (*eng) be->engine->set_comm(*eng, NULL, NULL);
+    if (*eng) be->engine->set_comm(*eng, NULL, NULL, 0);
     if (!failed) {
         pthread_mutex_lock(&ex->mu);
         failed = ex->shutdown            ? "the worker is stopping"
@@ -744,6 +746,9 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->max_batch = (int)as->max_batch;
     j->prefill_chunk = (int)as->prefill_chunk;
     j->max_queue = (int)as->max_queue;
+    j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= 3600000
+                     ? (int)as->collective_timeout_ms
+                     : 30000;
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
     j->matmul_dtype = as->matmul_dtype > INT_MAX ? INT_MAX : (int)as->matmul_dtype;

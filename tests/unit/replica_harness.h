@@ -111,9 +111,9 @@ static int h_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char 
     }
     return rc;
 }
-static void h_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *o, tsr_comm_t *c)
+static void h_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *o, tsr_comm_t *c, int ms)
 {
-    tsr_engine_cpu.set_comm(e->k->inner, o, c);
+    tsr_engine_cpu.set_comm(e->k->inner, o, c, ms);
 }
 static tsr_buf_t h_hidden(tsr_engine_t *e, int w) { return tsr_engine_cpu.hidden(e->k->inner, w); }
 static void h_release(tsr_engine_t *e, int s) { tsr_engine_cpu.release(e->k->inner, s); }
@@ -285,7 +285,7 @@ static void *h_rank_main(void *arg)
     if (tsr_engine_cpu.load(run->dir, &r.spec, &k->inner, err, errlen) < 0) goto out;
     run->weight_bytes[k->idx] = tsr_engine_cpu.weight_bytes(k->inner);
     struct tsr_engine wrap = {k, NULL};
-    tsr_engine_cpu.set_comm(k->inner, &tsr_coll_tcp, r.tp);
+    tsr_engine_cpu.set_comm(k->inner, &tsr_coll_tcp, r.tp, 0);
     r.eng_ops = &h_recording;
     r.eng = &wrap;
     r.ops = &tsr_coll_tcp;

@@ -460,6 +460,7 @@ static void test_assign_carries_the_model_path_and_deployment(void **state)
         assert_int_equal(env->assign->assignment->max_batch, 32);
         assert_int_equal(env->assign->assignment->prefill_chunk, 128);
         assert_int_equal(env->assign->assignment->max_queue, 256);
+        assert_int_equal(env->assign->assignment->collective_timeout_ms, 30000);
         assert_int_equal(env->assign->assignment->kv_cache_bytes, 0);
         assert_int_equal(env->assign->assignment->device, TESSERA__DEVICE_KIND__DEVICE_CPU);
         assert_string_equal(env->worker, fx->name[i]);
@@ -813,6 +814,7 @@ static void held_piece(Tessera__Assignment *a, uint32_t begin, uint32_t end)
     a->max_batch = 32;        /* the deployment's keys, as a worker echoes them */
     a->prefill_chunk = 128;
     a->max_queue = 256;
+    a->collective_timeout_ms = 30000;
 }
 
 static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **state)
@@ -1017,6 +1019,7 @@ static void test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat(v
     assert_int_equal(json_integer_value(json_object_get(d, "prefill_chunk")), 128);
     assert_int_equal(json_integer_value(json_object_get(d, "kv_cache_mib")), 0);
     assert_int_equal(json_integer_value(json_object_get(d, "max_queue")), 256);
+    assert_int_equal(json_integer_value(json_object_get(d, "collective_timeout_ms")), 30000);
     assert_string_equal(json_string_value(json_object_get(d, "kv_dtype")), "auto");
     assert_string_equal(json_string_value(json_object_get(d, "kv_dtype_used")), "f32");
     assert_string_equal(json_string_value(json_object_get(d, "matmul_dtype")), "auto");
@@ -1127,7 +1130,7 @@ static void test_assign_carries_the_batching_keys_from_the_file(void **state)
     fx_t *fx = *state;
     write_yaml_dep(fx->path, fx->wep, fx->cep, NULL,
                    "    max_batch: 8\n    prefill_chunk: 64\n    kv_cache_mib: 48\n"
-                   "    max_queue: 0\n");
+                   "    max_queue: 0\n    collective_timeout_ms: 2500\n");
     char err[1024] = "";
     if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
     cluster_up(fx);
@@ -1137,6 +1140,7 @@ static void test_assign_carries_the_batching_keys_from_the_file(void **state)
         assert_int_equal(fx->piece[i].prefill_chunk, 64);
         assert_int_equal(fx->piece[i].kv_cache_bytes, 48ull << 20);
         assert_int_equal(fx->piece[i].max_queue, 0);
+        assert_int_equal(fx->piece[i].collective_timeout_ms, 2500);
     }
 }
 
@@ -1157,6 +1161,8 @@ static void test_reload_that_changes_a_batching_key_resends_every_assignment(voi
         {"    max_queue: 7\n", offsetof(Tessera__Assignment, max_queue), false, 7},
         {"    kv_dtype: bf16\n", offsetof(Tessera__Assignment, kv_dtype), false, TSR_KV_BF16},
         {"    matmul_dtype: bf16\n", offsetof(Tessera__Assignment, matmul_dtype), false, TSR_KV_BF16},
+        {"    collective_timeout_ms: 1000\n", offsetof(Tessera__Assignment, collective_timeout_ms),
+         false, 1000},
     };
     fx_t *fx = *state;
     char keys[256] = "";

@@ -147,6 +147,7 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->kv_cache_mib, 0);
     assert_int_equal(d->max_queue, 256);
     assert_int_equal(d->gpu_memory_percent, 90);
+    assert_int_equal(d->collective_timeout_ms, 30000);
     assert_int_equal(d->kv_dtype, TSR_KV_AUTO);
     assert_int_equal(d->matmul_dtype, TSR_KV_AUTO);
     assert_int_equal(d->line, 16);
@@ -387,8 +388,10 @@ static void test_batching_keys_take_their_values(void **state)
 
     (void)state;
     cfg = parse_batch("    max_batch: 64\n    prefill_chunk: 512\n"
-                      "    kv_cache_mib: 4096\n    max_queue: 1000\n    gpu_memory_percent: 75\n");
+                      "    kv_cache_mib: 4096\n    max_queue: 1000\n    gpu_memory_percent: 75\n"
+                      "    collective_timeout_ms: 5000\n");
     d = &cfg->deployments[0];
+    assert_int_equal(d->collective_timeout_ms, 5000);
     assert_int_equal(d->gpu_memory_percent, 75);
     assert_int_equal(d->max_batch, 64);
     assert_int_equal(d->prefill_chunk, 512);
@@ -404,8 +407,9 @@ static void test_batching_keys_accept_both_ends_of_their_ranges(void **state)
 
     (void)state;
     cfg = parse_batch("    max_batch: 1\n    prefill_chunk: 1\n"
-                      "    kv_cache_mib: 1\n    max_queue: 0\n");
+                      "    kv_cache_mib: 1\n    max_queue: 0\n    collective_timeout_ms: 100\n");
     d = &cfg->deployments[0];
+    assert_int_equal(d->collective_timeout_ms, 100);
     assert_int_equal(d->max_batch, 1);
     assert_int_equal(d->prefill_chunk, 1);
     assert_int_equal(d->kv_cache_mib, 1);
@@ -414,8 +418,9 @@ static void test_batching_keys_accept_both_ends_of_their_ranges(void **state)
 
     cfg = parse_batch("    max_seq_len: 131072\n    max_batch: 1024\n"
                       "    prefill_chunk: 65536\n    kv_cache_mib: 16777216\n"
-                      "    max_queue: 1000000\n");
+                      "    max_queue: 1000000\n    collective_timeout_ms: 3600000\n");
     d = &cfg->deployments[0];
+    assert_int_equal(d->collective_timeout_ms, 3600000);
     assert_int_equal(d->max_batch, 1024);
     assert_int_equal(d->prefill_chunk, 65536);
     assert_int_equal(d->kv_cache_mib, 1 << 24);
@@ -462,6 +467,9 @@ static void test_batching_keys_out_of_range_are_rejected(void **state)
     expect_batch_error("kv_cache_mib", "16777217", "out of range (1 to 16777216)");
     expect_batch_error("max_queue", "1000001", "out of range (0 to 1000000)");
     expect_batch_error("max_queue", "99999999999999999999999", "out of range (0 to 1000000)");
+    expect_batch_error("collective_timeout_ms", "99", "value '99' is out of range (100 to 3600000)");
+    expect_batch_error("collective_timeout_ms", "3600001", "out of range (100 to 3600000)");
+    expect_batch_error("collective_timeout_ms", "30s", "expected an integer");
 }
 
 static void test_kv_dtype_takes_auto_f32_bf16_or_int8_and_cuda_refuses_f32_and_int8(void **state)

@@ -169,6 +169,7 @@ struct tsr_engine {
     tsr_piece_spec_t spec;
     const tsr_coll_ops_t *ops;
     tsr_comm_t *tp;
+    int coll_ms;                /* the deadline of its operations (set_comm) */
     int device, fatal;
     uint64_t *progress;         /* the executor's step count (set_progress), or NULL */
     cudaStream_t st;
@@ -1313,7 +1314,7 @@ fail:
  * ends at the deadline naming the rank and aborts the group. */
 static int stream_wait(tsr_engine_t *e, const char *what, char *err, size_t errlen)
 {
-    if (e->tp && tsr_coll_settle(e->ops, e->tp, 30000, err, errlen) < 0)
+    if (e->tp && tsr_coll_settle(e->ops, e->tp, e->coll_ms, err, errlen) < 0)
         return -1;
     return cuda_fail(&e->fatal, cudaStreamSynchronize(e->st), what, err, errlen);
 }
@@ -1322,7 +1323,7 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
 {
     if (!e->tp) return 0;   /* tp 1 (a group of one under TSR_TEST_NCCL_SOLO sums too) */
     tsr_buf_t b = {buf, n, TSR_DT_F32, TSR_MEM_DEVICE};
-    return e->ops->allreduce_sum(e->tp, b, 30000, err, errlen);
+    return e->ops->allreduce_sum(e->tp, b, e->coll_ms, err, errlen);
 }
 
 /* Attention of layer l over `tiles` tiles: on the tensor cores for the
@@ -1590,7 +1591,7 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
         tsr_buf_t send = {e->logits, (size_t)ns * e->v_chunk, TSR_DT_F32, TSR_MEM_DEVICE};
         tsr_buf_t recv = {e->gathered, (size_t)s->tp_size * ns * e->v_chunk, TSR_DT_F32,
                           TSR_MEM_DEVICE};
-        if (e->ops->allgather(e->tp, send, recv, 30000, err, errlen) < 0) return -1;
+        if (e->ops->allgather(e->tp, send, recv, e->coll_ms, err, errlen) < 0) return -1;
     }
     e->last_sampled = ns;
     if (s->tp_rank != 0) return stream_wait(e, "step", err, errlen);
@@ -1599,10 +1600,12 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     return sample_forward(e, b, graph ? rows : ns, ns, sampled, err, errlen);
 }
 
-static void cuda_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp)
+static void cuda_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp,
+                          int timeout_ms)
 {
     e->ops = ops;
     e->tp = tp;
+    e->coll_ms = timeout_ms > 0 ? timeout_ms : 30000;
 }
 
 static tsr_buf_t cuda_hidden(tsr_engine_t *e, int which)
