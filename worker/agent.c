@@ -481,6 +481,7 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
         tsr_env_free(&env);
     }
     if (a->stop) return 0;
+    if (a->ex) tsr_executor_watch(a->ex, now);
     drain_executor(a);
 
     if (a->phase == TSR_A_REGISTERED && a->n_offers && now >= a->next_offer_ms) {

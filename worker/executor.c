@@ -101,7 +101,18 @@ struct tsr_executor {
      * one, so a deployment runs its sums through an NCCL communicator
      * formed through the coordinator. */
     bool nccl_solo;
-    bool device_lost;               /* a fatal device error: the worker must restart */
+    bool device_lost;               /* a fatal device error, or the thread is stuck (below):
+                                       the worker must restart */
+    /* The watchdog of the thread itself (tsr_executor_watch, on the agent's
+     * thread).  A new job owes the thread a pickup from owed_ms on; a
+     * serving thread lets go of its epoch within run_limit_ms (its waits
+     * end when the epoch does, and a step fits in the collective
+     * deadline), except while it loads weights. */
+    int64_t owed_ms;                /* when job_gen first passed run_gen (0: not owed) */
+    bool loading;                   /* reading weights: not bound by the limit */
+    int run_limit_ms;               /* the running job's collective_timeout_ms */
+    uint64_t run_epoch;             /* the running job's epoch */
+    bool stuck;                     /* the watchdog fired: destroy does not wait for it */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
     uint64_t steps;                 /* forward steps finished, every piece this process held
@@ -530,6 +541,17 @@ static void device_lost(tsr_executor_t *ex, uint64_t epoch, const char *why)
     pthread_mutex_unlock(&ex->mu);
 }
 
+/* Loading weights takes as long as the disk does, and ends a newer job's
+ * wait only once it is done: the watchdog's clock for a job that arrived
+ * meanwhile starts when the load ends. */
+static void set_loading(tsr_executor_t *ex, bool on)
+{
+    pthread_mutex_lock(&ex->mu);
+    ex->loading = on;
+    if (!on && ex->owed_ms) ex->owed_ms = tsr_now_ms();
+    pthread_mutex_unlock(&ex->mu);
+}
+
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
  * *eng holds, kept across jobs that only rewire the replica. */
 static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loaded,
@@ -544,6 +566,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         if (*eng) be->engine->destroy(eng);
         loaded->active = false;
         push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
+        set_loading(ex, true);
         tsr_model_info_t m;
         bool ok = tsr_backend_for(j->device, be, err, sizeof err) == 0 &&
                   tsr_model_info_load(j->model_path, &m, err, sizeof err) == 0;
@@ -551,6 +574,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
             piece_spec(ex, j, &m, be->engine, &r.spec);
             ok = be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) == 0;
         }
+        set_loading(ex, false);
         if (!ok) {
             push_simple(ex, TSR_EV_FAILED, j->epoch, err);
             goto out;
@@ -640,6 +664,9 @@ static void *executor_main(void *arg)
         }
         uint64_t gen = ex->run_gen = ex->job_gen;
         *job = *ex->job;
+        ex->owed_ms = 0;
+        ex->run_limit_ms = job->active ? job->coll_ms : 30000;
+        ex->run_epoch = job->epoch;
         pthread_mutex_unlock(&ex->mu);
         if (!job->active) {
             if (eng) be.engine->destroy(&eng);
@@ -704,9 +731,21 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
     pthread_mutex_lock(&ex->mu);
     ex->shutdown = true;
     pthread_cond_broadcast(&ex->cv);
+    bool stuck = ex->stuck;
     pthread_mutex_unlock(&ex->mu);
     tsr_tcp_listener_wake(ex->listener);
-    pthread_join(ex->thread, NULL);
+    if (stuck) {
+        /* It did not let go of its epoch; it will not see the stop either.
+         * The process is exiting: leave it and what it may still touch. */
+        struct timespec dl = deadline_in(1000);
+        if (pthread_timedjoin_np(ex->thread, NULL, &dl) != 0) {
+            tsr_warn("the data-plane thread is stuck: left running as the worker exits");
+            *ex_p = NULL;
+            return;
+        }
+    } else {
+        pthread_join(ex->thread, NULL);
+    }
     fail_queued(ex, 0, "worker shutting down");
     tsr_event_t ev;
     while (tsr_executor_pop_event(ex, &ev)) {}
@@ -774,6 +813,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
         j->secret_len = as->data_secret.len;
     }
     ex->job_gen++;
+    if (!ex->owed_ms) ex->owed_ms = tsr_now_ms();
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
     tsr_tcp_listener_wake(ex->listener);  /* a wait for peers of the old job ends */
@@ -784,6 +824,7 @@ void tsr_executor_unassign(tsr_executor_t *ex)
     pthread_mutex_lock(&ex->mu);
     memset(ex->job, 0, sizeof *ex->job);
     ex->job_gen++;
+    if (!ex->owed_ms) ex->owed_ms = tsr_now_ms();
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
     tsr_tcp_listener_wake(ex->listener);  /* a wait for peers of the old job ends */
@@ -847,6 +888,34 @@ void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out)
 void tsr_executor_set_device(tsr_executor_t *ex, int index)
 {
     ex->device_index = index;
+}
+
+bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
+{
+    char why[400];
+    tsr_event_t ev = {.kind = TSR_EV_FAILED, .fatal = 1};
+    pthread_mutex_lock(&ex->mu);
+    int64_t owed = ex->owed_ms ? now - ex->owed_ms : 0;
+    bool fire = !ex->stuck && !ex->loading && owed > ex->run_limit_ms;
+    if (fire) {
+        ex->stuck = ex->device_lost = true;
+        snprintf(why, sizeof why,
+                 "the data-plane thread is stuck: it has not let go of epoch %llu %lld ms after "
+                 "the next assignment arrived (collective_timeout_ms %d), so it is blocked "
+                 "outside every deadline (a driver call, a collective that ignores its abort); "
+                 "the worker exits to be restarted",
+                 (unsigned long long)ex->run_epoch, (long long)owed, ex->run_limit_ms);
+        /* Said for the piece the agent holds now (the newer job's), so the
+         * coordinator hears it; with none, the exit speaks for itself. */
+        ev.epoch = ex->job->epoch;
+        snprintf(ev.text, sizeof ev.text, "%s", why);
+    }
+    bool active = ex->job->active;
+    pthread_mutex_unlock(&ex->mu);
+    if (!fire) return false;
+    tsr_error("%s", why);
+    if (active) push_event(ex, &ev);
+    return true;
 }
 
 bool tsr_executor_device_lost(tsr_executor_t *ex)

@@ -46,9 +46,21 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
 void tsr_executor_destroy(tsr_executor_t **ex_p);
 /* The GPU index CUDA pieces run on (the worker's --device-index). */
 void tsr_executor_set_device(tsr_executor_t *ex, int index);
-/* True after a fatal device error (an illegal address, ECC): the piece was
- * reported failed, and the worker should exit to be restarted. */
+/* True after a fatal device error (an illegal address, ECC), or once
+ * tsr_executor_watch found the thread stuck: the piece was reported failed
+ * (fatal), and the worker should exit to be restarted. */
 bool tsr_executor_device_lost(tsr_executor_t *ex);
+/* The watchdog of the data-plane thread, for the agent's thread to call
+ * often (now: tsr_now_ms).  A serving thread lets go of its epoch soon
+ * after the next assignment or unassignment: every wait of a replica ends
+ * when the epoch does, and a step fits in the collective deadline.  One
+ * that has not after the running job's collective_timeout_ms (weight
+ * loading aside) is stuck where no deadline reaches (a driver call, a
+ * wedged device, a collective that ignores its abort): this logs why,
+ * reports the piece failed, fatal, and returns true once; from then on
+ * tsr_executor_device_lost is true and destroy does not wait for the
+ * thread. */
+bool tsr_executor_watch(tsr_executor_t *ex, int64_t now);
 
 /* "host:port" its peers connect to. */
 const char *tsr_executor_endpoint(const tsr_executor_t *ex);

@@ -70,7 +70,9 @@ static void usage(FILE *f)
             "\n"
             "exit status: 0 stopped by a signal, 1 could not start, 2 refused by the\n"
             "coordinator (wrong protocol version or duplicate name; do not restart), 75\n"
-            "a fatal device error (an illegal address, ECC): restart it.\n",
+            "a fatal device error (an illegal address, ECC) or a stuck data plane (the\n"
+            "thread that runs the piece did not let go of an epoch within the\n"
+            "deployment's collective_timeout_ms): restart it.\n",
 #ifdef TSR_HAVE_CUDA
             "This worker was built with CUDA: --device cuda pieces run on the GPU\n"
             "(TSR_CUDA_GRAPHS=0 turns off decode graphs; TSR_CUDA_GEMV=0 multiplies small\n"
@@ -231,10 +233,12 @@ int main(int argc, char **argv)
         }
         int64_t now = tsr_now_ms();
         timeout = tsr_agent_step(a, now);
-        /* A fatal device error: give the agent a moment to send the
-         * piece's failure, then exit so that systemd restarts the worker. */
+        /* A fatal device error or a stuck data-plane thread: give the
+         * agent a moment to send the piece's failure, then exit so that
+         * systemd restarts the worker. */
         if (!lost_at && tsr_executor_device_lost(a->ex)) {
-            tsr_error("fatal device error: exiting so that the worker is restarted");
+            tsr_error("the worker cannot go on (a fatal device error or a stuck data plane): "
+                      "exiting so that it is restarted");
             lost_at = now;
         }
         if (lost_at && now - lost_at >= 300) {
@@ -248,7 +252,9 @@ int main(int argc, char **argv)
         }
     }
     int rc = a->exit_code;
-    tsr_info("stopping%s", rc == 75 ? " (fatal device error)" : rc ? " (refused by the coordinator)" : "");
+    tsr_info("stopping%s", rc == 75   ? " (a fatal device error or a stuck data plane)"
+                           : rc ? " (refused by the coordinator)"
+                                : "");
     sd_notify(0, "STOPPING=1");
     tsr_executor_destroy(&a->ex);
     tsr_agent_destroy(&a);

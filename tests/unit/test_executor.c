@@ -5,7 +5,8 @@
  * check's TSR_TEST_NCCL_SOLO) forms only from its relayed blob, sums
  * through NCCL, and is aborted by a newer epoch; a new epoch whose kv_dtype is
  * auto's own type keeps the loaded weights; every token wakes the agent's
- * event fd. */
+ * event fd; a thread that does not let go of its epoch within the
+ * collective deadline (weight loading aside) is reported stuck, fatal. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -13,6 +14,8 @@
 #include <cmocka.h>
 
 #include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -186,6 +189,9 @@ static void test_a_tp2_replica_forms_its_nccl_group_through_the_relay(void **sta
 
 /* ---- a group of one (TSR_TEST_NCCL_SOLO) -------------------------------------------- */
 
+/* The collective_timeout_ms assign_tiny sends (0: the worker's default). */
+static uint32_t assign_coll_ms;
+
 /* Sends ex the whole tiny model (tp=1) in epoch with kv_dtype, on the GPU
  * device (NULL: none named). */
 static void assign_tiny(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype,
@@ -203,6 +209,7 @@ static void assign_tiny(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype,
     a.model_path = model_dir;
     a.max_seq_len = 256;
     a.kv_dtype = kv_dtype;
+    a.collective_timeout_ms = assign_coll_ms;
     a.n_peers = 1;
     a.peers = peers;
     a.n_peer_devices = device ? 1 : 0;
@@ -322,9 +329,8 @@ static int counting_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engi
 
 /* Assigns the whole tiny model to ex in epoch with kv_dtype, and waits for
  * the piece to be ready. */
-static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
+static void wait_ready(tsr_executor_t *ex, uint64_t epoch)
 {
-    assign_tiny(ex, epoch, kv_dtype, NULL);
     for (int64_t end = now_ms() + 30000; now_ms() < end;) {
         tsr_event_t ev;
         while (tsr_executor_pop_event(ex, &ev)) {
@@ -334,6 +340,12 @@ static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
         usleep(2000);
     }
     fail_msg("epoch %llu: not ready within 30 s", (unsigned long long)epoch);
+}
+
+static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
+{
+    assign_tiny(ex, epoch, kv_dtype, NULL);
+    wait_ready(ex, epoch);
 }
 
 /* A new epoch whose kv_dtype is auto's own type (as a coordinator sends it
@@ -391,6 +403,108 @@ static void test_every_token_makes_the_event_fd_readable(void **state)
     tsr_executor_destroy(&ex);
 }
 
+/* ---- the watchdog of the data-plane thread ------------------------------------------ */
+
+/* An engine whose step, once armed, blocks where nothing reaches it (a
+ * driver call that never returns), and whose load can be held the same way. */
+static sem_t step_release, load_release;
+static int step_block, load_block;     /* armed: the next step / load blocks */
+
+static int blocking_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                         size_t errlen)
+{
+    if (__atomic_exchange_n(&step_block, 0, __ATOMIC_ACQ_REL)) sem_wait(&step_release);
+    return tsr_engine_cpu.step(e, b, sampled, err, errlen);
+}
+
+static int blocking_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
+                         char *err, size_t errlen)
+{
+    if (__atomic_exchange_n(&load_block, 0, __ATOMIC_ACQ_REL)) sem_wait(&load_release);
+    return tsr_engine_cpu.load(dir, spec, out, err, errlen);
+}
+
+/* Calls the watchdog every 5 ms for ms; returns when it first fired
+ * (ms after the start), or -1. */
+static int64_t watch_for(tsr_executor_t *ex, int ms)
+{
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < ms) {
+        if (tsr_executor_watch(ex, now_ms())) return now_ms() - t0;
+        usleep(5000);
+    }
+    return -1;
+}
+
+/* A serving thread lets go of its epoch at once when the next assignment
+ * comes; one blocked where no deadline reaches does not, and after the
+ * job's collective_timeout_ms the watchdog reports the piece failed, fatal,
+ * naming the epoch it holds, once; the worker must then restart.  Weight
+ * loading is not held to that limit. */
+static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(void **state)
+{
+    (void)state;
+    static tsr_engine_ops_t blocking;
+    blocking = tsr_engine_cpu;
+    blocking.step = blocking_step;
+    blocking.load = blocking_load;
+    tsr_backend_t b = {&blocking, &tsr_coll_tcp, NULL, NULL};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    sem_init(&step_release, 0, 0);
+    sem_init(&load_release, 0, 0);
+    char err[256];
+    tsr_executor_t *ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    if (!ex) fail_msg("%s", err);
+    assign_coll_ms = 300;
+
+    /* a load that takes longer than the limit, while the next job waits */
+    __atomic_store_n(&load_block, 1, __ATOMIC_RELEASE);
+    assign_tiny(ex, 2, TSR_KV_AUTO, NULL);
+    while (__atomic_load_n(&load_block, __ATOMIC_ACQUIRE)) usleep(1000);
+    assign_tiny(ex, 3, TSR_KV_AUTO, NULL);
+    assert_int_equal(watch_for(ex, 600), -1);
+    sem_post(&load_release);
+    wait_ready(ex, 3);
+    assert_int_equal(watch_for(ex, 100), -1);
+
+    /* healthy: a new epoch is taken at once */
+    assign_whole(ex, 4, TSR_KV_AUTO);
+    assert_int_equal(watch_for(ex, 600), -1);
+
+    /* blocked in a step: the next epoch is never taken */
+    __atomic_store_n(&step_block, 1, __ATOMIC_RELEASE);
+    tsr_request_t r = {.request_id = 1, .n_prompt = 3, .max_tokens = 8};
+    r.prompt = malloc(3 * sizeof *r.prompt);
+    r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
+    tsr_executor_submit(ex, &r);
+    while (__atomic_load_n(&step_block, __ATOMIC_ACQUIRE)) usleep(1000);
+    assign_tiny(ex, 5, TSR_KV_AUTO, NULL);
+    int64_t fired = watch_for(ex, 3000);
+    if (fired < 250 || fired > 1500)
+        fail_msg("the watchdog fired %lld ms after the next assignment (limit 300 ms)",
+                 (long long)fired);
+    assert_true(tsr_executor_device_lost(ex));
+    assert_false(tsr_executor_watch(ex, now_ms() + 10000));     /* once */
+    tsr_event_t ev;
+    bool reported = false;
+    while (tsr_executor_pop_event(ex, &ev))
+        if (ev.kind == TSR_EV_FAILED) {
+            assert_true(ev.fatal);
+            assert_int_equal(ev.epoch, 5);
+            if (!strstr(ev.text, "stuck: it has not let go of epoch 4") ||
+                !strstr(ev.text, "collective_timeout_ms 300"))
+                fail_msg("the report: %s", ev.text);
+            reported = true;
+        }
+    assert_true(reported);
+    sem_post(&step_release);    /* so the thread can end and be joined */
+    tsr_executor_destroy(&ex);
+    assign_coll_ms = 0;
+    sem_destroy(&step_release);
+    sem_destroy(&load_release);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -418,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_aborts_it),
         cmocka_unit_test(test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads),
         cmocka_unit_test(test_every_token_makes_the_event_fd_readable),
+        cmocka_unit_test(test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
