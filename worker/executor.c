@@ -18,6 +18,7 @@
 
 #define MAX_PEERS 1024
 #define FORM_TIMEOUT_MS 120000  /* peers may still be loading their weights */
+#define WATCH_GAP_MS 1000        /* tsr_executor_watch: a longer gap is a stopped process */
 #define MAIL_MAX 3              /* rendezvous blobs waiting: a piece is in at most 3 groups */
 
 typedef struct {
@@ -112,6 +113,7 @@ struct tsr_executor {
     bool loading;                   /* reading weights: not bound by the limit */
     int run_limit_ms;               /* the running job's collective_timeout_ms */
     uint64_t run_epoch;             /* the running job's epoch */
+    int64_t last_watch_ms;          /* the agent's previous look (0: none yet) */
     bool stuck;                     /* the watchdog fired: destroy does not wait for it */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
@@ -895,6 +897,12 @@ bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
     char why[400];
     tsr_event_t ev = {.kind = TSR_EV_FAILED, .fatal = 1};
     pthread_mutex_lock(&ex->mu);
+    /* The agent looks every 100 ms or so: a longer gap is time the whole
+     * process did not run (SIGSTOP, a suspended machine), which the thread
+     * did not have either, so it does not count against it. */
+    if (ex->owed_ms && ex->last_watch_ms && now - ex->last_watch_ms > WATCH_GAP_MS)
+        ex->owed_ms += now - ex->last_watch_ms;
+    ex->last_watch_ms = now;
     int64_t owed = ex->owed_ms ? now - ex->owed_ms : 0;
     bool fire = !ex->stuck && !ex->loading && owed > ex->run_limit_ms;
     if (fire) {

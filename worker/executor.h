@@ -59,7 +59,8 @@ bool tsr_executor_device_lost(tsr_executor_t *ex);
  * wedged device, a collective that ignores its abort): this logs why,
  * reports the piece failed, fatal, and returns true once; from then on
  * tsr_executor_device_lost is true and destroy does not wait for the
- * thread. */
+ * thread.  Gaps of over a second between calls are taken for time the
+ * process was stopped and not counted. */
 bool tsr_executor_watch(tsr_executor_t *ex, int64_t now);
 
 /* "host:port" its peers connect to. */
