@@ -698,6 +698,7 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
     int fds[2] = {-1, -1};
     if (!ex) return NULL;
     ex->job = calloc(1, sizeof *ex->job);
+    ex->run_limit_ms = 30000;       /* idle: it takes its first job at once */
     const char *solo = getenv("TSR_TEST_NCCL_SOLO");
     ex->nccl_solo = solo && !strcmp(solo, "1");
     ex->listener = tsr_tcp_listen(bind_host, 0, err, errlen);

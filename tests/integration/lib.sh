@@ -121,6 +121,30 @@ use_fake_nccl_worker() {
     export TSR_TEST_FAKE_CUDA_MIB=4096
 }
 
+# duo_deployment [KEY: VALUE]...: the cuda tp=2 deployment "duo" of the
+# NCCL tests, as a deployments: entry, with the extra keys given.
+duo_deployment() {
+    cat <<YAML
+  - name: duo
+    model: $MODEL
+    device: cuda
+    parallel: {tensor: 2, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+    kv_cache_mib: 8
+YAML
+    local kv
+    for kv in "$@"; do echo "    $kv"; done
+}
+
+# start_fake_nccl_gpus N: N fake-NCCL workers g0.. whose groups span
+# processes (TSR_TEST_FAKE_NCCL=tcp), each on its own stand-in GPU.
+start_fake_nccl_gpus() {
+    use_fake_nccl_worker
+    export TSR_TEST_FAKE_NCCL=tcp
+    local i
+    for ((i = 0; i < $1; i++)); do start_worker "g$i" --device cuda --device-index "$i"; done
+}
+
 tsr() { "$BIN/tessera" --coordinator "$CEP" "$@"; }
 status_json() { tsr status --json 2>/dev/null; }
 

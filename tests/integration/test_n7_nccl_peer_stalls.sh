@@ -12,14 +12,7 @@
 # forms again, and the request resumes and ends with the tokens of an
 # undisturbed run.  The rank 0 worker process lives on.
 source "$(dirname "$0")/lib.sh"
-{ coordinator_yaml; cat <<YAML
-deployments:
-  - name: duo
-    model: $MODEL
-    device: cuda
-    parallel: {tensor: 2, pipeline: 1, replicas: 1}
-    max_seq_len: 256
-    kv_cache_mib: 8
+{ coordinator_yaml; echo "deployments:"; duo_deployment; cat <<YAML
   - name: plain
     model: $MODEL
     device: cpu
@@ -32,9 +25,7 @@ YAML
 start_coord "$T/d.yaml"
 start_worker c0 --device cpu
 start_worker c1 --device cpu
-use_fake_nccl_worker
-export TSR_TEST_FAKE_NCCL=tcp
-for i in 0 1 2; do start_worker g$i --device cuda --device-index $i; done
+start_fake_nccl_gpus 3
 wait_until 30 all_ready || fail "not ready"
 relayed() { status_json | jget "d['coordinator']['stats']['rendezvous_relayed']"; }
 [ "$(relayed)" -ge 1 ] || fail "no NCCL blob was relayed: the TP group is not NCCL's"

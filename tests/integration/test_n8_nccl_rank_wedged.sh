@@ -12,21 +12,9 @@
 # takes the piece, and the request resumes and ends with the tokens of an
 # undisturbed run.  Rank 0's worker lives on.
 source "$(dirname "$0")/lib.sh"
-{ coordinator_yaml; cat <<YAML
-deployments:
-  - name: duo
-    model: $MODEL
-    device: cuda
-    parallel: {tensor: 2, pipeline: 1, replicas: 1}
-    max_seq_len: 256
-    kv_cache_mib: 8
-    collective_timeout_ms: 1000
-YAML
-} > "$T/d.yaml"
+{ coordinator_yaml; echo "deployments:"; duo_deployment "collective_timeout_ms: 1000"; } > "$T/d.yaml"
 start_coord "$T/d.yaml"
-use_fake_nccl_worker
-export TSR_TEST_FAKE_NCCL=tcp
-for i in 0 1 2; do start_worker g$i --device cuda --device-index $i; done
+start_fake_nccl_gpus 3
 wait_until 30 all_ready || fail "not ready"
 r0=$(piece_holder 0 0 0) r1=$(piece_holder 0 0 1)
 grep -q "(rank 0 of 2, epoch [0-9]*): NCCL$" "$T/$r0.log" || fail "$r0 did not form the TP group over NCCL"

@@ -464,6 +464,8 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     /* a load that takes longer than the limit, while the next job waits */
     __atomic_store_n(&load_block, 1, __ATOMIC_RELEASE);
     assign_tiny(ex, 2, TSR_KV_AUTO, NULL);
+    /* a fresh, idle thread is not held to a job it has not taken yet */
+    assert_false(tsr_executor_watch(ex, now_ms() + 50));
     while (__atomic_load_n(&load_block, __ATOMIC_ACQUIRE)) usleep(1000);
     assign_tiny(ex, 3, TSR_KV_AUTO, NULL);
     assert_int_equal(watch_for(ex, 600), -1);
