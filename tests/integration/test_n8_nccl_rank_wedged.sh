@@ -10,7 +10,9 @@
 # fatal, after collective_timeout_ms and the worker exits 75 (systemd would
 # restart it).  The coordinator declares it dead at that report, the spare
 # takes the piece, and the request resumes and ends with the tokens of an
-# undisturbed run.  Rank 0's worker lives on.
+# undisturbed run.  Rank 0's worker lives on.  Then the same with the
+# replica's leader (rank 0, which holds the request) wedged: rank 1 names
+# it, and it is replaced the same way.
 source "$(dirname "$0")/lib.sh"
 { coordinator_yaml; echo "deployments:"; duo_deployment "collective_timeout_ms: 1000"; } > "$T/d.yaml"
 start_coord "$T/d.yaml"
@@ -47,4 +49,30 @@ case "$(worker_field "$r1" reason)" in
 esac
 [ "$(piece_holder 0 0 1)" != "$r1" ] || fail "rank 1 is still on $r1"
 kill -0 "${WPID[$r0]}" || fail "$r0, the surviving rank, exited"
-ok "rank 1 ($r1) wedged in an all-reduce while heartbeating: $r0 named it at the 1000 ms deadline, $r1's watchdog reported it stuck and it exited 75, the spare took the piece, and the request ended $took ms later with the undisturbed run's 200 tokens"
+msg1="rank 1 ($r1) wedged: $r0 named it at the 1000 ms deadline, $r1 reported itself stuck and exited 75, the spare took the piece, the request ended $took ms later with the undisturbed tokens"
+
+# The leader, wedged in the same way, with a new spare standing by.
+start_worker g3 --device cuda --device-index 3
+spare_idle() { [ "$(worker_field g3 state 2> /dev/null)" = idle ]; }
+wait_until 30 all_ready || fail "not ready again"
+wait_until 10 spare_idle || fail "the new spare did not register"
+l0=$(piece_holder 0 0 0) l1=$(piece_holder 0 0 1)
+before=$(replayed)
+tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
+GEN=$!
+first_token_arrived
+kill -USR1 "${WPID[$l0]}"
+wedged=$(now_ms)
+wait "$GEN" || fail "the request failed with the leader wedged: $(cat "$T/err")"
+took=$(( $(now_ms) - wedged ))
+[ "$(cat "$T/out")" = "$ref" ] || fail "resumed tokens differ: $(cat "$T/out") vs $ref"
+[ "$(replayed)" -gt "$before" ] || fail "the request was not resumed: it ended before the leader was wedged"
+grep -q "did not complete within 1000 ms: rank 0 is dead or stalled" "$T/$l1.log" ||
+    fail "$l1 did not name rank 0"
+exited() { ! kill -0 "${WPID[$l0]}" 2> /dev/null; }
+wait_until 10 exited || fail "$l0 (the wedged leader) is still running"
+wait "${WPID[$l0]}"; rc=$?
+[ "$rc" = 75 ] || fail "$l0 exited with $rc, not 75"
+[ "$(piece_holder 0 0 0)" != "$l0" ] || fail "the leader's piece is still on $l0"
+kill -0 "${WPID[$l1]}" || fail "$l1, the surviving rank, exited"
+ok "$msg1; then the leader ($l0) wedged the same way was replaced and the request ended $took ms later with the same tokens"
