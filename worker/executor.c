@@ -18,7 +18,9 @@
 
 #define MAX_PEERS 1024
 #define FORM_TIMEOUT_MS 120000  /* peers may still be loading their weights */
-#define WATCH_GAP_MS 1000        /* tsr_executor_watch: a longer gap is a stopped process */
+#define WATCH_GAP_MS 500         /* tsr_executor_watch: a longer gap is a stopped process */
+#define WATCH_MIN_MS 2000       /* its limit: collective_timeout_ms, but at least this, so
+                                   a thread that waits a moment for a core is not stuck */
 #define MAIL_MAX 3              /* rendezvous blobs waiting: a piece is in at most 3 groups */
 
 typedef struct {
@@ -667,7 +669,9 @@ static void *executor_main(void *arg)
         uint64_t gen = ex->run_gen = ex->job_gen;
         *job = *ex->job;
         ex->owed_ms = 0;
-        ex->run_limit_ms = job->active ? job->coll_ms : 30000;
+        ex->run_limit_ms = !job->active              ? 30000
+                           : job->coll_ms < WATCH_MIN_MS ? WATCH_MIN_MS
+                                                         : job->coll_ms;
         ex->run_epoch = job->epoch;
         pthread_mutex_unlock(&ex->mu);
         if (!job->active) {
@@ -898,7 +902,7 @@ bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
     char why[400];
     tsr_event_t ev = {.kind = TSR_EV_FAILED, .fatal = 1};
     pthread_mutex_lock(&ex->mu);
-    /* The agent looks every 100 ms or so: a longer gap is time the whole
+    /* The agent looks every 100 ms or so: a gap of over 500 ms is time the whole
      * process did not run (SIGSTOP, a suspended machine), which the thread
      * did not have either, so it does not count against it. */
     if (ex->owed_ms && ex->last_watch_ms && now - ex->last_watch_ms > WATCH_GAP_MS)
@@ -910,7 +914,7 @@ bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
         ex->stuck = ex->device_lost = true;
         snprintf(why, sizeof why,
                  "the data-plane thread is stuck: it has not let go of epoch %llu %lld ms after "
-                 "the next assignment arrived (collective_timeout_ms %d), so it is blocked "
+                 "the next assignment arrived (limit %d ms, from collective_timeout_ms), so it is blocked "
                  "outside every deadline (a driver call, a collective that ignores its abort); "
                  "the worker exits to be restarted",
                  (unsigned long long)ex->run_epoch, (long long)owed, ex->run_limit_ms);

@@ -54,12 +54,12 @@ bool tsr_executor_device_lost(tsr_executor_t *ex);
  * often (now: tsr_now_ms).  A serving thread lets go of its epoch soon
  * after the next assignment or unassignment: every wait of a replica ends
  * when the epoch does, and a step fits in the collective deadline.  One
- * that has not after the running job's collective_timeout_ms (weight
- * loading aside) is stuck where no deadline reaches (a driver call, a
+ * that has not after the running job's collective_timeout_ms, at least 2 s
+ * (weight loading aside), is stuck where no deadline reaches (a driver call, a
  * wedged device, a collective that ignores its abort): this logs why,
  * reports the piece failed, fatal, and returns true once; from then on
  * tsr_executor_device_lost is true and destroy does not wait for the
- * thread.  Gaps of over a second between calls are taken for time the
+ * thread.  Gaps of over 500 ms between calls are taken for time the
  * process was stopped and not counted. */
 bool tsr_executor_watch(tsr_executor_t *ex, int64_t now);
 

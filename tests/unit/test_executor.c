@@ -442,7 +442,8 @@ static int64_t watch_for(tsr_executor_t *ex, int ms)
 
 /* A serving thread lets go of its epoch at once when the next assignment
  * comes; one blocked where no deadline reaches does not, and after the
- * job's collective_timeout_ms the watchdog reports the piece failed, fatal,
+ * job's collective_timeout_ms (at least 2 s: 300 here is raised to 2000) the
+ * watchdog reports the piece failed, fatal,
  * naming the epoch it holds, once; the worker must then restart.  Weight
  * loading is not held to that limit. */
 static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(void **state)
@@ -468,14 +469,14 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     assert_false(tsr_executor_watch(ex, now_ms() + 50));
     while (__atomic_load_n(&load_block, __ATOMIC_ACQUIRE)) usleep(1000);
     assign_tiny(ex, 3, TSR_KV_AUTO, NULL);
-    assert_int_equal(watch_for(ex, 600), -1);
+    assert_int_equal(watch_for(ex, 2600), -1);
     sem_post(&load_release);
     wait_ready(ex, 3);
     assert_int_equal(watch_for(ex, 100), -1);
 
     /* healthy: a new epoch is taken at once */
     assign_whole(ex, 4, TSR_KV_AUTO);
-    assert_int_equal(watch_for(ex, 600), -1);
+    assert_int_equal(watch_for(ex, 2600), -1);
 
     /* blocked in a step: the next epoch is never taken */
     __atomic_store_n(&step_block, 1, __ATOMIC_RELEASE);
@@ -488,10 +489,10 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     /* a gap of 5 s between two looks is a stopped process, not the thread's */
     assert_false(tsr_executor_watch(ex, now_ms()));
     clock_jump = 5000;
-    int64_t fired = watch_for(ex, 3000);
+    int64_t fired = watch_for(ex, 5000);
     clock_jump = 0;
-    if (fired < 250 || fired > 1500)
-        fail_msg("the watchdog fired %lld ms after the next assignment (limit 300 ms)",
+    if (fired < 1950 || fired > 3500)
+        fail_msg("the watchdog fired %lld ms after the next assignment (limit 2000 ms)",
                  (long long)fired);
     assert_true(tsr_executor_device_lost(ex));
     assert_false(tsr_executor_watch(ex, now_ms() + 100));   /* once */
@@ -502,7 +503,7 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
             assert_true(ev.fatal);
             assert_int_equal(ev.epoch, 5);
             if (!strstr(ev.text, "stuck: it has not let go of epoch 4") ||
-                !strstr(ev.text, "collective_timeout_ms 300"))
+                !strstr(ev.text, "limit 2000 ms, from collective_timeout_ms"))
                 fail_msg("the report: %s", ev.text);
             reported = true;
         }
