@@ -1268,19 +1268,27 @@ static bool piece_msg_current(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *
 /* A replica whose data plane broke without a worker dying (a peer that
  * stalled past its deadline, a dropped connection) is rewired again after a
  * backoff: the workers keep their weights and form new communicators. */
-static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
+void tsr_coord_rewire_later(tsr_coord_t *c, const char *deployment, int replica,
+                            const char *why, int64_t now)
 {
-    if (!w->retryable) return;  /* load errors need the operator */
-    int di = dep_index(c, w->piece.key.deployment);
+    int di = dep_index(c, deployment);
     if (di < 0) return;
     tsr_dep_state_t *ds = &c->deps[di];
-    touch(&ds->retry, di, w->piece.key.replica);
+    touch(&ds->retry, di, replica);
     if (ds->retry_at_ms) return;
     if (!ds->retry_backoff_ms) ds->retry_backoff_ms = 2000;
     ds->retry_at_ms = now + ds->retry_backoff_ms;
-    tsr_warn("deployment %s replica %d: data plane failed (%s); rewiring in %d ms", ds->name,
-             w->piece.key.replica, w->reason, ds->retry_backoff_ms);
+    tsr_warn("deployment %s replica %d: %s; rewiring in %d ms", ds->name, replica, why,
+             ds->retry_backoff_ms);
     ds->retry_backoff_ms = ds->retry_backoff_ms * 2 > 60000 ? 60000 : ds->retry_backoff_ms * 2;
+}
+
+static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
+{
+    if (!w->retryable) return;  /* load errors need the operator */
+    char why[600];
+    snprintf(why, sizeof why, "data plane failed (%s)", w->reason);
+    tsr_coord_rewire_later(c, w->piece.key.deployment, w->piece.key.replica, why, now);
 }
 
 /* Called on every piece that becomes ready.  Once every replica of its

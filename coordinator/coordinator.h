@@ -240,6 +240,11 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
  * control request answers with the new plan; else leaves it to the tick
  * (dirty). */
 void tsr_coord_plan_now(tsr_coord_t *c, int64_t now_ms);
+/* Rewires replica of deployment (a new epoch on the same workers, unless
+ * the plan moves a piece) after the deployment's backoff: 2 s, doubling up
+ * to 60 s, back to 2 s once the replica is whole again.  why is logged. */
+void tsr_coord_rewire_later(tsr_coord_t *c, const char *deployment, int replica,
+                            const char *why, int64_t now_ms);
 
 /* metrics.c.  The deployment's metrics (created on first use; NULL when out of memory). */
 tsr_dep_metrics_t *tsr_metrics_of(tsr_coord_t *c, const char *deployment);

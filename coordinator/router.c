@@ -757,6 +757,13 @@ static void canary_fail(tsr_coord_t *c, const char *dep, int r, tsr_canary_t *k,
     char msg[300];
     snprintf(msg, sizeof msg, "its replica is unhealthy: %s", why);
     tsr_requests_fail_replica(c, dep, r, msg);
+    /* A new epoch: whatever hangs is let go of (the ranks abort their
+     * groups and form again), and a member whose data plane cannot let go
+     * reports itself stuck (its watchdog) and is replaced, so a replica
+     * that no peer's deadline will ever report (every rank wedged, a hung
+     * step of a lone rank) still recovers. */
+    snprintf(msg, sizeof msg, "unhealthy (%s)", why);
+    tsr_coord_rewire_later(c, dep, r, msg, c->now_ms ? c->now_ms : tsr_now_ms());
 }
 
 int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)

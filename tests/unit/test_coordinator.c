@@ -1848,6 +1848,45 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     json_decref(root);
 }
 
+/* A replica that its canary finds unhealthy is rewired after the backoff
+ * (2 s): every member gets its piece again in a newer epoch, so whatever
+ * hangs is let go of, and a member that cannot let go reports itself
+ * stuck.  Nothing is re-sent before the backoff. */
+static void test_an_unhealthy_replica_is_rewired_after_the_backoff(void **state)
+{
+    fx_t *fx = *state;
+    int64_t t;
+    int leader = canary_cluster(fx, &t);
+    tsr_coord_tick(fx->c, t + 100);
+    expect_canary(fx, leader);
+    uint64_t before = fx->c->epoch;
+    tsr_dep_state_t *ds = &fx->c->deps[0];
+    assert_int_equal(ds->retry_at_ms, 0);
+    tsr_coord_tick(fx->c, t + 160);     /* no token within 50 ms: unhealthy */
+    assert_int_equal(ds->retry_at_ms, t + 160 + 2000);
+    tsr_coord_tick(fx->c, t + 170);     /* within the backoff */
+    assert_int_equal(fx->c->epoch, before);
+    ds->retry_at_ms = t + 175;          /* the backoff has passed (the fake workers do
+                                           not heartbeat for 2 s of tick time) */
+    tsr_coord_tick(fx->c, t + 180);
+    assert_true(fx->c->epoch > before);
+    int resent = 0;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_CONTROL, 200))) {
+            bool assign = env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN;
+            if (assign) assert_true(env->assign->assignment->epoch > before);
+            tsr_env_free(&env);
+            if (assign) {
+                resent++;
+                break;
+            }
+        }
+    }
+    assert_int_equal(resent, 4);    /* the replica's four pieces */
+}
+
 /* A busy replica that streams tokens skips its canary (its tokens show it
  * works) without making the coordinator spin: the tick asks to be called
  * again later, not at once, for as long as the replica is busy.  (It once
@@ -2696,6 +2735,7 @@ int main(void)
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),
+        T(test_an_unhealthy_replica_is_rewired_after_the_backoff),
         T(test_a_busy_replica_past_its_canary_does_not_make_the_loop_spin),
         T(test_a_busy_replica_that_stops_streaming_is_found_by_its_canary),
         T(test_a_busy_replica_whose_steps_advance_without_tokens_is_not_canaried),
