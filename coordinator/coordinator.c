@@ -998,6 +998,7 @@ static bool registry_full(tsr_coord_t *c)
 }
 
 static void note_if_ready(tsr_coord_t *c, const tsr_worker_t *w);
+static void schedule_retry(tsr_coord_t *c, tsr_worker_t *w, int64_t now);
 
 static bool name_fits_key(const char *name, const char *key_id)
 {
@@ -1173,6 +1174,13 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
                      w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp,
                      (unsigned long long)w->piece.epoch, tsr_wstate_name(w->state));
             if (w->state == TSR_W_READY) note_if_ready(c, w);
+            /* Its failure was reported to the coordinator before this one,
+             * which would have rewired the replica: this one does. */
+            if (w->state == TSR_W_FAILED) {
+                snprintf(w->reason, sizeof w->reason, "%s", r->reason);
+                w->retryable = r->retryable;
+                schedule_retry(c, w, now);
+            }
             /* Its replica was rewired in a newer epoch while it was cut off:
              * the others formed (or wait to form) without it.  The replica
              * is rewired again, with it. */

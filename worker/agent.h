@@ -41,6 +41,7 @@ typedef struct {
     char model_path[TSR_PATH_MAX + 1];
     Tessera__Assignment piece;    /* strings point at the buffers above */
     char reason[512];
+    bool retryable;               /* state failed: rewiring may mend it (Failed.retryable) */
 
     tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 

@@ -62,6 +62,8 @@ static uint64_t reg_memory[8];
 static const char *reg_bus[8];  /* each fake worker's PCI bus id (NULL: none) */
 static bool reg_nccl;           /* the fake workers say they can use NCCL */
 static char *reg_links[8][2];   /* each fake worker's NVLink peers (NULL: none) */
+static const char *reg_reason;  /* a held failed piece: why, and whether rewiring may mend it */
+static bool reg_retryable;
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -208,6 +210,8 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     r.pid = 1000u + (uint32_t)i;
     r.assignment = held;
     r.state = held_state;
+    if (reg_reason) r.reason = (char *)reg_reason;
+    r.retryable = reg_retryable;
     if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
     r.nccl = reg_nccl;
     r.nvlink_peers = reg_links[i];
@@ -844,6 +848,50 @@ static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **sta
     expect_nothing(fx->dealer[0], 30);
     assert_true(w->has_piece);
     assert_int_equal(w->piece.epoch, 7);
+}
+
+/* A coordinator that restarts between a piece's failure report and the
+ * rewiring it would have done: the worker registers holding the failed
+ * piece, with its reason and whether rewiring may mend it.  A data-plane
+ * failure is adopted failed and its replica rewired after the backoff; a
+ * load error (not retryable) is left to the operator. */
+static void test_a_fresh_coordinator_rewires_an_adopted_failed_piece(void **state)
+{
+    fx_t *fx = *state;
+    tsr_dep_state_t *ds = &fx->c->deps[0];
+    Tessera__Assignment a, b;
+    held_piece(&a, 4, 8);
+    held_piece(&b, 4, 8);
+    b.tp_rank = 0;
+    reg_reason = "tiny.safetensors: truncated";
+    reg_retryable = false;
+    send_register(fx, 1, "w1", "node1", TSR_PROTOCOL_VERSION, &b,
+                  TESSERA__WORKER_STATE__STATE_FAILED);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[1], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+    tsr_worker_t *w1 = tsr_registry_find(fx->c->reg, "w1");
+    assert_int_equal(w1->state, TSR_W_FAILED);
+    assert_string_equal(w1->reason, "tiny.safetensors: truncated");
+    assert_int_equal(ds->retry_at_ms, 0);
+
+    reg_reason = "data plane: NCCL all-reduce (rank 0 of 2, epoch 7) did not complete within "
+                 "1000 ms: rank 1 is dead or stalled";
+    reg_retryable = true;
+    int64_t t0 = tsr_now_ms();
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_FAILED);
+    pump(fx);
+    reg_reason = NULL;
+    reg_retryable = false;
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+    tsr_worker_t *w0 = tsr_registry_find(fx->c->reg, "w0");
+    assert_int_equal(w0->state, TSR_W_FAILED);
+    assert_non_null(strstr(w0->reason, "rank 1 is dead or stalled"));
+    assert_true(ds->retry_at_ms >= t0 + 2000 && ds->retry_at_ms <= tsr_now_ms() + 2000);
 }
 
 static void test_fresh_coordinator_does_not_adopt_a_wrong_layer_range(void **state)
@@ -2714,6 +2762,7 @@ int main(void)
         T(test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves),
         T(test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status),
         T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
+        T(test_a_fresh_coordinator_rewires_an_adopted_failed_piece),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
         T(test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys),
         T(test_status_json_has_the_documented_fields),
