@@ -23,56 +23,49 @@ grep -q "(rank 0 of 2, epoch [0-9]*): NCCL$" "$T/$r0.log" || fail "$r0 did not f
 ref=$(tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids) || fail "the reference run failed"
 [ "$(echo "$ref" | wc -w)" = 200 ] || fail "expected 200 tokens: $ref"
 replayed() { status_json | jget "d['coordinator']['stats']['requests_replayed']"; }
-before=$(replayed)
-tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
-GEN=$!
-first_token_arrived
-kill -USR1 "${WPID[$r1]}"
-wedged=$(now_ms)
-wait "$GEN" || fail "the request failed: $(cat "$T/err")"
-took=$(( $(now_ms) - wedged ))
-[ "$(cat "$T/out")" = "$ref" ] || fail "resumed tokens differ: $(cat "$T/out") vs $ref"
-[ "$(replayed)" -gt "$before" ] || fail "the request was not resumed: it ended before rank 1 was wedged"
-grep -q "this all-reduce is stuck for good" "$T/$r1.log" || fail "$r1 was not wedged"
-# Rank 0 named rank 1 at the operation's deadline.
-grep -q "did not complete within 1000 ms: rank 1 is dead or stalled" "$T/$r0.log" ||
-    fail "$r0 did not name rank 1: $(grep -h 'failed' "$T/$r0.log" | head -2)"
-# The wedged worker reported itself and exited 75, declared dead by that
-# report (its heartbeats went on until it exited).
-exited() { ! kill -0 "${WPID[$r1]}" 2> /dev/null; }
-wait_until 10 exited || fail "$r1 is still running"
-wait "${WPID[$r1]}"; rc=$?
-[ "$rc" = 75 ] || fail "$r1 exited with $rc, not 75"
-case "$(worker_field "$r1" reason)" in
-    *"data-plane thread is stuck"*"limit 2000 ms, from collective_timeout_ms"*) ;;
-    *) fail "$r1's reason: $(worker_field "$r1" reason)" ;;
-esac
-[ "$(piece_holder 0 0 1)" != "$r1" ] || fail "rank 1 is still on $r1"
-kill -0 "${WPID[$r0]}" || fail "$r0, the surviving rank, exited"
-msg1="rank 1 ($r1) wedged: $r0 named it at the 1000 ms deadline, $r1 reported itself stuck and exited 75, the spare took the piece, the request ended $took ms later with the undisturbed tokens"
 
-# The leader, wedged in the same way, with a new spare standing by.
+# wedge RANK: a 200-token request, the worker of TP rank RANK wedged after
+# its first token; the other rank must name it at the deadline, the wedged
+# worker report itself stuck (the reason that declared it dead: its
+# heartbeats went on until it exited) and exit 75, the piece move, the
+# request resume with the reference's tokens, and the other rank live on.
+# Sets took: ms from the wedge to the request's end.
+wedge() {
+    local rank=$1 other=$(( 1 - $1 ))
+    local victim peer before wedged rc
+    victim=$(piece_holder 0 0 "$rank") peer=$(piece_holder 0 0 "$other")
+    before=$(replayed)
+    tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
+    GEN=$!
+    first_token_arrived
+    kill -USR1 "${WPID[$victim]}"
+    wedged=$(now_ms)
+    wait "$GEN" || fail "the request failed with rank $rank wedged: $(cat "$T/err")"
+    took=$(( $(now_ms) - wedged ))
+    [ "$(cat "$T/out")" = "$ref" ] || fail "resumed tokens differ: $(cat "$T/out") vs $ref"
+    [ "$(replayed)" -gt "$before" ] || fail "the request was not resumed: it ended before rank $rank was wedged"
+    grep -q "this all-reduce is stuck for good" "$T/$victim.log" || fail "$victim was not wedged"
+    grep -q "did not complete within 1000 ms: rank $rank is dead or stalled" "$T/$peer.log" ||
+        fail "$peer did not name rank $rank: $(grep -h 'failed' "$T/$peer.log" | head -2)"
+    exited() { ! kill -0 "${WPID[$victim]}" 2> /dev/null; }
+    wait_until 10 exited || fail "$victim (rank $rank, wedged) is still running"
+    wait "${WPID[$victim]}"; rc=$?
+    [ "$rc" = 75 ] || fail "$victim exited with $rc, not 75"
+    case "$(worker_field "$victim" reason)" in
+        *"data-plane thread is stuck"*"limit 2000 ms, from collective_timeout_ms"*) ;;
+        *) fail "$victim's reason: $(worker_field "$victim" reason)" ;;
+    esac
+    [ "$(piece_holder 0 0 "$rank")" != "$victim" ] || fail "rank $rank is still on $victim"
+    kill -0 "${WPID[$peer]}" || fail "$peer, the surviving rank, exited"
+    WEDGED=$victim
+}
+
+wedge 1
+msg1="rank 1 ($WEDGED) wedged: named at the 1000 ms deadline, reported itself stuck, exited 75, replaced; the request ended $took ms later with the undisturbed tokens"
+# The leader (it holds the request), wedged the same way, with a new spare.
 start_worker g3 --device cuda --device-index 3
 spare_idle() { [ "$(worker_field g3 state 2> /dev/null)" = idle ]; }
 wait_until 30 all_ready || fail "not ready again"
 wait_until 10 spare_idle || fail "the new spare did not register"
-l0=$(piece_holder 0 0 0) l1=$(piece_holder 0 0 1)
-before=$(replayed)
-tsr generate duo --prompt-ids 1,2,3 --max-tokens 200 --ids --token-timeout 60000 > "$T/out" 2> "$T/err" &
-GEN=$!
-first_token_arrived
-kill -USR1 "${WPID[$l0]}"
-wedged=$(now_ms)
-wait "$GEN" || fail "the request failed with the leader wedged: $(cat "$T/err")"
-took=$(( $(now_ms) - wedged ))
-[ "$(cat "$T/out")" = "$ref" ] || fail "resumed tokens differ: $(cat "$T/out") vs $ref"
-[ "$(replayed)" -gt "$before" ] || fail "the request was not resumed: it ended before the leader was wedged"
-grep -q "did not complete within 1000 ms: rank 0 is dead or stalled" "$T/$l1.log" ||
-    fail "$l1 did not name rank 0"
-exited() { ! kill -0 "${WPID[$l0]}" 2> /dev/null; }
-wait_until 10 exited || fail "$l0 (the wedged leader) is still running"
-wait "${WPID[$l0]}"; rc=$?
-[ "$rc" = 75 ] || fail "$l0 exited with $rc, not 75"
-[ "$(piece_holder 0 0 0)" != "$l0" ] || fail "the leader's piece is still on $l0"
-kill -0 "${WPID[$l1]}" || fail "$l1, the surviving rank, exited"
-ok "$msg1; then the leader ($l0) wedged the same way was replaced and the request ended $took ms later with the same tokens"
+wedge 0
+ok "$msg1; then the leader ($WEDGED) the same way, the request ending $took ms after the wedge"
