@@ -132,6 +132,18 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* A pipeline link's failure, told as the link's: its own message numbers
+ * the pair's ranks (0 the earlier stage, 1 the later), which read like TP
+ * ranks without it. */
+static int link_failed(char *err, size_t errlen, const char *dir, int stage)
+{
+    char inner[512];
+    snprintf(inner, sizeof inner, "%s", err);
+    snprintf(err, errlen, "the pipeline link %s stage %d (its rank 0 is the earlier stage): %s",
+             dir, stage, inner);
+    return -1;
+}
+
 /* Runs the step in b on this rank: frees, the hidden state in, the engine,
  * the hidden state out or (last stage, tp rank 0) the tokens reported and,
  * with a pipeline, sent back to the leader. */
@@ -151,12 +163,14 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
     if (!is_first(r) &&
         tsr_coll_recv(r->ops, r->prev, 0, tsr_buf_head(r->eng_ops->hidden(r->eng, 0), rows),
                       r->token_timeout_ms, err, errlen) < 0)
-        return -1;
+        return link_failed(err, errlen, "from", r->spec.stage - 1);
     if (r->eng_ops->step(r->eng, &batch, b->sampled, err, errlen) < 0) return -1;
     if (r->steps && !r->eng_ops->set_progress) __atomic_fetch_add(r->steps, 1, __ATOMIC_RELAXED);
     if (!is_last(r))
         return tsr_coll_send(r->ops, r->next, 1, tsr_buf_head(r->eng_ops->hidden(r->eng, 1), rows),
-                             r->token_timeout_ms, err, errlen);
+                             r->token_timeout_ms, err, errlen) < 0
+                   ? link_failed(err, errlen, "to", r->spec.stage + 1)
+                   : 0;
     if (r->spec.tp_rank != 0) return 0;
     int ns = 0;
     for (int i = 0; i < b->hdr.n_entries; i++) {
