@@ -752,7 +752,8 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                   &d->matmul_dtype) < 0)
         return -1;
     path_key(kpath, path, "collective_timeout_ms");
-    if (v[13] && get_int_range(c, v[13], kpath, 100, 3600000, &d->collective_timeout_ms) < 0)
+    if (v[13] && get_int_range(c, v[13], kpath, TSR_COLL_TIMEOUT_MS_MIN,
+                                TSR_COLL_TIMEOUT_MS_MAX, &d->collective_timeout_ms) < 0)
         return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
@@ -792,7 +793,7 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].kv_cache_mib = 0;
         cfg->deployments[i].max_queue = 256;
         cfg->deployments[i].gpu_memory_percent = 90;
-        cfg->deployments[i].collective_timeout_ms = 30000;
+        cfg->deployments[i].collective_timeout_ms = TSR_COLL_TIMEOUT_MS_DEFAULT;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

@@ -9,6 +9,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* collective_timeout_ms: its range and default.  The worker falls back on
+ * the default for an assignment that carries none, and its watchdog uses it
+ * while no deployment's value applies. */
+#define TSR_COLL_TIMEOUT_MS_MIN 100
+#define TSR_COLL_TIMEOUT_MS_MAX 3600000
+#define TSR_COLL_TIMEOUT_MS_DEFAULT 30000
+
 /* The status document lists every known worker in one reply of at most
  * 64 MiB; at most ~4.5 KB each (escaped reasons), 10,000 fit. */
 #define TSR_MAX_WORKERS_LIMIT 10000

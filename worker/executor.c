@@ -30,7 +30,7 @@ typedef struct {
     uint64_t epoch;
     int max_seq_len;
     int max_batch, prefill_chunk, max_queue;
-    int coll_ms;                /* collective_timeout_ms (0 sent: 30000) */
+    int coll_ms;                /* collective_timeout_ms (none sent: the default) */
     uint64_t kv_cache_bytes;
     int kv_dtype;               /* tsr_kv_dtype_t, as the coordinator sent it */
     int matmul_dtype;           /* the same values: the weights' type (matmul_dtype) */
@@ -669,7 +669,9 @@ static void *executor_main(void *arg)
         uint64_t gen = ex->run_gen = ex->job_gen;
         *job = *ex->job;
         ex->owed_ms = 0;
-        ex->run_limit_ms = !job->active              ? 30000
+        /* A job without a piece has no collectives; its thread only frees
+         * the engine, which may take a while on a device. */
+        ex->run_limit_ms = !job->active                ? TSR_COLL_TIMEOUT_MS_DEFAULT
                            : job->coll_ms < WATCH_MIN_MS ? WATCH_MIN_MS
                                                          : job->coll_ms;
         ex->run_epoch = job->epoch;
@@ -702,7 +704,7 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
     int fds[2] = {-1, -1};
     if (!ex) return NULL;
     ex->job = calloc(1, sizeof *ex->job);
-    ex->run_limit_ms = 30000;       /* idle: it takes its first job at once */
+    ex->run_limit_ms = TSR_COLL_TIMEOUT_MS_DEFAULT;   /* idle: it takes its first job at once */
     const char *solo = getenv("TSR_TEST_NCCL_SOLO");
     ex->nccl_solo = solo && !strcmp(solo, "1");
     ex->listener = tsr_tcp_listen(bind_host, 0, err, errlen);
@@ -792,9 +794,9 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->max_batch = (int)as->max_batch;
     j->prefill_chunk = (int)as->prefill_chunk;
     j->max_queue = (int)as->max_queue;
-    j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= 3600000
+    j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= TSR_COLL_TIMEOUT_MS_MAX
                      ? (int)as->collective_timeout_ms
-                     : 30000;
+                     : TSR_COLL_TIMEOUT_MS_DEFAULT;
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
     j->matmul_dtype = as->matmul_dtype > INT_MAX ? INT_MAX : (int)as->matmul_dtype;
