@@ -1,4 +1,5 @@
-/* test_replica.c: when generation stops, and how the next token is picked. */
+/* test_replica.c: when generation stops, how the next token is picked, and how a
+ * run ends on a bad step or a broken pipeline link. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -6,6 +7,8 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "worker/engine.h"
@@ -213,6 +216,102 @@ static void test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_i
     for (int s = 0; s < 8; s++) assert_int_equal(released[s], s < 4 ? 1 : 0);
 }
 
+/* ---- a pipeline link's failure ---------------------------------------------------- */
+
+/* The control step's layout on the wire (worker/replica.c): a header, then
+ * its entries, frees and tokens as one message. */
+typedef struct {
+    uint32_t magic, op;
+    uint64_t step;
+    int32_t n_entries, n_free, n_tokens, pad;
+} wire_hdr_t;
+typedef struct {
+    uint64_t req, seed;
+    int32_t slot, pos, n, sample;
+    int32_t index, prompt_len, max_tokens, pad;
+    float temperature, top_p;
+} wire_entry_t;
+
+static int ctl_calls;
+/* The leader's side of the control channel: one step of one prompt token. */
+static int one_step_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                          size_t errlen)
+{
+    (void)c, (void)n, (void)timeout_ms;
+    void *p = ops[0].buf.ptr;
+    switch (ctl_calls++) {
+    case 0:
+        *(wire_hdr_t *)p = (wire_hdr_t){0x54535350u, 1, 7, 1, 0, 1, 0};
+        return 0;
+    case 1:
+        *(wire_entry_t *)p = (wire_entry_t){.req = 9, .n = 1, .prompt_len = 1, .max_tokens = 4};
+        *(int32_t *)((wire_entry_t *)p + 1) = 3;
+        return 0;
+    default:   /* the leader is gone: the run must have ended before */
+        snprintf(err, errlen, "control channel asked too often");
+        return -1;
+    }
+}
+/* The tensor channel: each pipeline link's operation fails as the link's
+ * backend would tell it, naming the pair's rank. */
+static bool link_recv_fails;
+static int link_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                      size_t errlen)
+{
+    (void)c, (void)n, (void)timeout_ms;
+    if (ops[0].is_send == link_recv_fails) return 0;
+    snprintf(err, errlen, "send/recv did not complete: rank %d is dead or stalled", ops[0].peer);
+    return -1;
+}
+static float hidden_rows[36 * 4];
+static tsr_buf_t fake_hidden(tsr_engine_t *e, int which)
+{
+    (void)e, (void)which;
+    return tsr_host_buf(hidden_rows, 36 * 4, TSR_DT_F32);
+}
+static int stepped;
+static int fake_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
+                     size_t errlen)
+{
+    (void)e, (void)sampled, (void)err, (void)errlen;
+    assert_int_equal(b->n_entries, 1);
+    stepped++;
+    return 0;
+}
+
+static void test_a_pipeline_link_failure_is_told_as_the_link_s(void **state)
+{
+    (void)state;
+    static const tsr_coll_ops_t ctl = {.name = "fake-ctl", .group = one_step_group};
+    static const tsr_coll_ops_t links = {.name = "fake-links", .group = link_group};
+    static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of,
+                                         .kv_usage = fake_kv_usage, .release = fake_release,
+                                         .hidden = fake_hidden, .step = fake_step};
+    for (int recv_fails = 1; recv_fails >= 0; recv_fails--) {
+        /* The middle stage of three, tp 1: rank 1 of its link from stage 0,
+         * rank 0 of its link to stage 2. */
+        tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &links, .ctl_ops = &ctl,
+                                .ctl = (tsr_comm_t *)&r, .prev = (tsr_comm_t *)&r,
+                                .next = (tsr_comm_t *)&r,
+                                .spec = {0, 1, 1, 3, 4, 8, 64, 4, 36, 16, 1}};
+        tsr_replica_io_t io = {.should_stop = never_stop};
+        char err[256] = "";
+        ctl_calls = stepped = 0;
+        link_recv_fails = recv_fails;
+        assert_int_equal(tsr_replica_run(&r, &io, err, sizeof err), -1);
+        assert_int_equal(ctl_calls, 2);
+        if (recv_fails) {
+            assert_int_equal(stepped, 0);
+            assert_string_equal(err, "the pipeline link from stage 0 (its rank 0 is the earlier "
+                                     "stage): send/recv did not complete: rank 0 is dead or stalled");
+        } else {
+            assert_int_equal(stepped, 1);
+            assert_string_equal(err, "the pipeline link to stage 2 (its rank 0 is the earlier "
+                                     "stage): send/recv did not complete: rank 1 is dead or stalled");
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_the_draw_depends_on_seed_and_position_only),
         cmocka_unit_test(test_low_temperature_sharpens),
         cmocka_unit_test(test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_is_wrong),
+        cmocka_unit_test(test_a_pipeline_link_failure_is_told_as_the_link_s),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
