@@ -12,29 +12,12 @@
 #include <time.h>
 
 #include "worker/kvpool.h"
+#include "worker/replica_ctl.h"
 #include "worker/scheduler.h"
 
-#define CTL_MAGIC 0x54535350u   /* "TSSP" */
 #define BACK_MAGIC 0x5453544bu  /* "TSTK" */
 
-enum { OP_NOP = 0, OP_STEP = 1, OP_STOP = 2 };
-
-/* ---- control messages -------------------------------------------------------------- */
-
-/* A step's header; its payload follows as one message: n_entries entries,
- * n_free slots to release before the step, then n_tokens token ids. */
-typedef struct {
-    uint32_t magic, op;
-    uint64_t step;
-    int32_t n_entries, n_free, n_tokens, pad;
-} ctl_hdr_t;
-
-typedef struct {
-    uint64_t req, seed;
-    int32_t slot, pos, n, sample;
-    int32_t index, prompt_len, max_tokens, pad;   /* for the finish rule on the last stage */
-    float temperature, top_p;
-} ctl_entry_t;
+/* ---- control messages (their layout: worker/replica_ctl.h) ------------------------- */
 
 /* Sized for the largest step the leader can send. */
 typedef struct {

@@ -13,6 +13,7 @@
 
 #include "worker/engine.h"
 #include "worker/replica.h"
+#include "worker/replica_ctl.h"
 
 static tsr_model_info_t model_with_eos(int n, const int *ids)
 {
@@ -218,20 +219,6 @@ static void test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_i
 
 /* ---- a pipeline link's failure ---------------------------------------------------- */
 
-/* The control step's layout on the wire (worker/replica.c): a header, then
- * its entries, frees and tokens as one message. */
-typedef struct {
-    uint32_t magic, op;
-    uint64_t step;
-    int32_t n_entries, n_free, n_tokens, pad;
-} wire_hdr_t;
-typedef struct {
-    uint64_t req, seed;
-    int32_t slot, pos, n, sample;
-    int32_t index, prompt_len, max_tokens, pad;
-    float temperature, top_p;
-} wire_entry_t;
-
 static int ctl_calls;
 /* The leader's side of the control channel: one step of one prompt token. */
 static int one_step_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
@@ -241,11 +228,11 @@ static int one_step_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeou
     void *p = ops[0].buf.ptr;
     switch (ctl_calls++) {
     case 0:
-        *(wire_hdr_t *)p = (wire_hdr_t){0x54535350u, 1, 7, 1, 0, 1, 0};
+        *(ctl_hdr_t *)p = (ctl_hdr_t){CTL_MAGIC, OP_STEP, 7, 1, 0, 1, 0};
         return 0;
     case 1:
-        *(wire_entry_t *)p = (wire_entry_t){.req = 9, .n = 1, .prompt_len = 1, .max_tokens = 4};
-        *(int32_t *)((wire_entry_t *)p + 1) = 3;
+        *(ctl_entry_t *)p = (ctl_entry_t){.req = 9, .n = 1, .prompt_len = 1, .max_tokens = 4};
+        *(int32_t *)((ctl_entry_t *)p + 1) = 3;
         return 0;
     default:   /* the leader is gone: the run must have ended before */
         snprintf(err, errlen, "control channel asked too often");
