@@ -105,6 +105,12 @@ typedef struct {
      * each step finishes on the device.  Without it the replica counts a
      * step when step() returns.  The count goes out in heartbeats. */
     void (*set_progress)(tsr_engine_t *e, uint64_t *steps);
+    /* Optional, for engines whose one step can take long (a big batch on a
+     * CPU): from now on the engine adds 1 to *ticks (__atomic builtins) each
+     * time its thread gets through a part of a step (the CPU engine: each
+     * matrix product).  The worker's watchdog counts these and finished
+     * steps as signs of life, so it tells a long step from a stuck thread. */
+    void (*set_alive)(tsr_engine_t *e, uint64_t *ticks);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;

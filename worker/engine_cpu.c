@@ -83,6 +83,7 @@ struct tsr_engine {
      * (TSR_TEST_DEVICE_FAULT_AFTER), so the worker's exit path can be
      * exercised on machines without one; 0: never. */
     long fault_after, steps;
+    uint64_t *alive;            /* set_alive's count, or NULL */
     int fatal;
     uint64_t wbytes, kvbytes;
 };
@@ -97,6 +98,9 @@ static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const voi
 {
     if (e->mm_bf16) tsr_pool_matmul_bf16(e->pool, y, ldy, x, e->xb, w, T, in, out);
     else tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out);
+    /* A sign of life for the watchdog: a long step on a big model is many
+     * of these, a stuck thread none. */
+    if (e->alive) __atomic_fetch_add(e->alive, 1, __ATOMIC_RELAXED);
 }
 
 /* Row `row` of a packed table (the embedding), widened to f32. */
@@ -1346,6 +1350,8 @@ static void cpu_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t 
     e->coll_ms = timeout_ms > 0 ? timeout_ms : TSR_COLL_TIMEOUT_MS_DEFAULT;
 }
 
+static void cpu_set_alive(tsr_engine_t *e, uint64_t *ticks) { e->alive = ticks; }
+
 static tsr_buf_t cpu_hidden(tsr_engine_t *e, int which)
 {
     return tsr_host_buf(which ? e->hout : e->hin, (size_t)e->spec.max_tokens * e->hidden, TSR_DT_F32);
@@ -1393,4 +1399,5 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .kv_bytes = cpu_kv_bytes,
     .fatal = cpu_fatal,
     .destroy = cpu_destroy,
+    .set_alive = cpu_set_alive,
 };

@@ -109,9 +109,12 @@ struct tsr_executor {
     /* The watchdog of the thread itself (tsr_executor_watch, on the agent's
      * thread).  A new job owes the thread a pickup from owed_ms on; a
      * serving thread lets go of its epoch within run_limit_ms (its waits
-     * end when the epoch does, and a step fits in the collective
-     * deadline), except while it loads weights. */
-    int64_t owed_ms;                /* when job_gen first passed run_gen (0: not owed) */
+     * end when the epoch does), except while it loads weights or while it
+     * shows signs of life (a finished step, a part of one: a long step on
+     * a big model is not a stuck thread). */
+    int64_t owed_ms;                /* when job_gen first passed run_gen, or the thread's
+                                       last sign of life since (0: not owed) */
+    uint64_t life_seen;             /* steps + alive at the watchdog's previous look */
     bool loading;                   /* reading weights: not bound by the limit */
     int run_limit_ms;               /* the running job's collective_timeout_ms */
     uint64_t run_epoch;             /* the running job's epoch */
@@ -121,6 +124,7 @@ struct tsr_executor {
     tsr_executor_stats_t stats;
     uint64_t steps;                 /* forward steps finished, every piece this process held
                                        (__atomic builtins: the engine's device may add to it) */
+    uint64_t alive;                 /* parts of steps done (the engine's set_alive), the same */
     /* Events that could not be queued (out of memory): the agent is told by
      * one synthesized failure of that epoch, so nothing waits for them. */
     uint64_t events_lost, lost_epoch;
@@ -620,6 +624,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.eng_ops = be->engine;
     r.eng = *eng;
     if (be->engine->set_progress) be->engine->set_progress(*eng, &ex->steps);
+    if (be->engine->set_alive) be->engine->set_alive(*eng, &ex->alive);
     r.prefill_chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     r.max_queue = j->max_queue;
     r.token_timeout_ms = 2 * j->coll_ms;   /* a hand-off waits for a stage's collectives */
@@ -910,15 +915,22 @@ bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
     if (ex->owed_ms && ex->last_watch_ms && now - ex->last_watch_ms > WATCH_GAP_MS)
         ex->owed_ms += now - ex->last_watch_ms;
     ex->last_watch_ms = now;
+    /* A thread that is getting on with its step is not stuck, however long
+     * the step: the limit counts from its last sign of life. */
+    uint64_t life = __atomic_load_n(&ex->steps, __ATOMIC_RELAXED) +
+                    __atomic_load_n(&ex->alive, __ATOMIC_RELAXED);
+    if (life != ex->life_seen && ex->owed_ms) ex->owed_ms = now;
+    ex->life_seen = life;
     int64_t owed = ex->owed_ms ? now - ex->owed_ms : 0;
     bool fire = !ex->stuck && !ex->loading && owed > ex->run_limit_ms;
     if (fire) {
         ex->stuck = ex->device_lost = true;
         snprintf(why, sizeof why,
-                 "the data-plane thread is stuck: it has not let go of epoch %llu %lld ms after "
-                 "the next assignment arrived (limit %d ms, from collective_timeout_ms), so it is blocked "
-                 "outside every deadline (a driver call, a collective that ignores its abort); "
-                 "the worker exits to be restarted",
+                 "the data-plane thread is stuck: it has not let go of epoch %llu, nor "
+                 "finished any part of a step, for %lld ms since the next assignment arrived "
+                 "(limit %d ms, from collective_timeout_ms), so it is blocked outside every "
+                 "deadline (a driver call, a collective that ignores its abort); the worker "
+                 "exits to be restarted",
                  (unsigned long long)ex->run_epoch, (long long)owed, ex->run_limit_ms);
         /* Said for the piece the agent holds now (the newer job's), so the
          * coordinator hears it; with none, the exit speaks for itself. */

@@ -128,6 +128,31 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
     }
 }
 
+/* Each step shows the watchdog signs of life as it goes: one for each of
+ * a layer's four products at least, whatever the mode. */
+static void test_a_step_ticks_the_alive_count_as_it_goes(void **state)
+{
+    (void)state;
+    for (int md = 0; md < N_KV; md++) {
+        tsr_model_info_t m;
+        char err[512];
+        assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
+        tsr_engine_t *e = load_mm(dirs[0], modes[md].kv, modes[md].mm);
+        float *out = malloc((size_t)vocab * sizeof *out);
+        uint64_t ticks = 0;
+        tsr_engine_cpu.set_alive(e, &ticks);
+        step(e, 1, (int[]){0}, (int[]){1}, (int[]){0}, (int[]){5}, (int[]){1}, out);
+        if (ticks < 4u * (uint64_t)m.num_hidden_layers)
+            fail_msg("%s: %llu ticks in a step of %d layers", modes[md].name,
+                     (unsigned long long)ticks, m.num_hidden_layers);
+        uint64_t one = ticks;
+        step(e, 1, (int[]){0}, (int[]){1}, (int[]){5}, (int[]){1}, (int[]){1}, out);
+        assert_int_equal(ticks, 2 * one);   /* as many in the next step */
+        free(out);
+        tsr_engine_cpu.destroy(&e);
+    }
+}
+
 static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **state)
 {
     (void)state;
@@ -407,6 +432,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_same_bits),
         cmocka_unit_test(test_sequences_sharing_steps_get_the_bits_they_get_alone),
+        cmocka_unit_test(test_a_step_ticks_the_alive_count_as_it_goes),
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
         cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),

@@ -409,12 +409,26 @@ static void test_every_token_makes_the_event_fd_readable(void **state)
  * driver call that never returns), and whose load can be held the same way. */
 static sem_t step_release, load_release;
 static int step_block, load_block;     /* armed: the next step / load blocks */
+static int step_slow;                  /* armed: the next step takes 3 s, ticking */
+static uint64_t *alive_ticks;          /* the count set_alive was given */
 
 static int blocking_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, char *err,
                          size_t errlen)
 {
     if (__atomic_exchange_n(&step_block, 0, __ATOMIC_ACQ_REL)) sem_wait(&step_release);
+    /* a long step of a big model: a part done every 100 ms */
+    if (__atomic_exchange_n(&step_slow, 0, __ATOMIC_ACQ_REL))
+        for (int i = 0; i < 30; i++) {
+            usleep(100 * 1000);
+            __atomic_fetch_add(alive_ticks, 1, __ATOMIC_RELAXED);
+        }
     return tsr_engine_cpu.step(e, b, sampled, err, errlen);
+}
+
+static void ticking_set_alive(tsr_engine_t *e, uint64_t *ticks)
+{
+    alive_ticks = ticks;
+    tsr_engine_cpu.set_alive(e, ticks);
 }
 
 static int blocking_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
@@ -453,6 +467,7 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     blocking = tsr_engine_cpu;
     blocking.step = blocking_step;
     blocking.load = blocking_load;
+    blocking.set_alive = ticking_set_alive;
     tsr_backend_t b = {&blocking, &tsr_coll_tcp, NULL, NULL};
     tsr_backend_test_override(TSR_DEVICE_CPU, &b);
     sem_init(&step_release, 0, 0);
@@ -478,14 +493,27 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     assign_whole(ex, 4, TSR_KV_AUTO);
     assert_int_equal(watch_for(ex, 2600), -1);
 
-    /* blocked in a step: the next epoch is never taken */
-    __atomic_store_n(&step_block, 1, __ATOMIC_RELEASE);
+    /* a step of 3 s that shows signs of life all along is not stuck: the
+     * next epoch is taken when it ends */
+    __atomic_store_n(&step_slow, 1, __ATOMIC_RELEASE);
     tsr_request_t r = {.request_id = 1, .n_prompt = 3, .max_tokens = 8};
     r.prompt = malloc(3 * sizeof *r.prompt);
     r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
     tsr_executor_submit(ex, &r);
-    while (__atomic_load_n(&step_block, __ATOMIC_ACQUIRE)) usleep(1000);
+    while (__atomic_load_n(&step_slow, __ATOMIC_ACQUIRE)) usleep(1000);
     assign_tiny(ex, 5, TSR_KV_AUTO, NULL);
+    assert_int_equal(watch_for(ex, 3300), -1);
+    wait_ready(ex, 5);
+    assert_int_equal(watch_for(ex, 100), -1);
+
+    /* blocked in a step: the next epoch is never taken */
+    __atomic_store_n(&step_block, 1, __ATOMIC_RELEASE);
+    r = (tsr_request_t){.request_id = 2, .n_prompt = 3, .max_tokens = 8};
+    r.prompt = malloc(3 * sizeof *r.prompt);
+    r.prompt[0] = 1, r.prompt[1] = 2, r.prompt[2] = 3;
+    tsr_executor_submit(ex, &r);
+    while (__atomic_load_n(&step_block, __ATOMIC_ACQUIRE)) usleep(1000);
+    assign_tiny(ex, 6, TSR_KV_AUTO, NULL);
     /* a gap of 5 s between two looks is a stopped process, not the thread's */
     assert_false(tsr_executor_watch(ex, now_ms()));
     clock_jump = 5000;
@@ -501,8 +529,8 @@ static void test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck(vo
     while (tsr_executor_pop_event(ex, &ev))
         if (ev.kind == TSR_EV_FAILED) {
             assert_true(ev.fatal);
-            assert_int_equal(ev.epoch, 5);
-            if (!strstr(ev.text, "stuck: it has not let go of epoch 4") ||
+            assert_int_equal(ev.epoch, 6);
+            if (!strstr(ev.text, "stuck: it has not let go of epoch 5") ||
                 !strstr(ev.text, "limit 2000 ms, from collective_timeout_ms"))
                 fail_msg("the report: %s", ev.text);
             reported = true;

@@ -1708,4 +1708,5 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .destroy = */ cuda_destroy,
     /* .stream = */ cuda_stream,
     /* .set_progress = */ cuda_set_progress,
+    /* .set_alive = */ NULL,     /* a step is short: finished steps are signs enough */
 };
