@@ -98,8 +98,9 @@ typedef struct {
                                      1..TSR_MAX_WORKERS_LIMIT, default 4096 */
     int dead_worker_ttl_s;        /* a dead worker is forgotten after this,
                                      1..604800, default 600 */
-    int max_replays;              /* times a request is resumed after its replica
-                                     fails, 0..100, default 3 */
+    int max_replays;              /* times in a row a request is resumed after its
+                                     replica fails with no new token in between,
+                                     0..100, default 3 */
     int replay_wait_ms;           /* how long an interrupted request waits for a
                                      ready replica, 0..3600000, default 30000 */
     int canary_interval_ms;       /* a one-token request on each idle ready replica

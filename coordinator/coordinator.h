@@ -112,7 +112,9 @@ typedef struct {
     uint64_t epoch;             /* the leader's piece epoch when it was sent */
     int n_tokens;               /* tokens delivered to the client */
     int base;                   /* tokens delivered when this attempt started (its index 0) */
-    int replays;                /* attempts after the first */
+    int replays;                /* attempts after the first, for a failure */
+    int fruitless;              /* of those, the ones in a row since a token was delivered:
+                                   bounded by max_replays */
     int64_t waiting_since_ms;   /* replica -1: since when */
     int avoid;                  /* the replica whose error interrupted it (-1: none): the
                                    next attempt goes elsewhere when it can, and back

@@ -195,14 +195,19 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
 
 /* The current attempt of request i broke through no fault of its own (its
  * replica failed, stopped or was rewired): it waits to be resumed, or fails
- * when it has been resumed max_replays times already. */
+ * when it has been resumed max_replays times in a row without delivering a
+ * token.  An attempt that delivered one starts the count again: a long
+ * request outlives any number of unrelated failures, while one that breaks
+ * every replica it reaches before its next token (a request that crashes
+ * them, or a cluster that cannot serve) is given up. */
 static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool counts)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    if (counts && q->replays >= c->cfg->max_replays) {
+    if (q->replica >= 0 && q->n_tokens > q->base) q->fruitless = 0;
+    if (counts && q->fruitless >= c->cfg->max_replays) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s (resumed %d time(s) already, coordinator.max_replays %d)",
-                 why, q->replays, c->cfg->max_replays);
+        snprintf(msg, sizeof msg, "%s (resumed %d time(s) in a row without a new token, "
+                 "coordinator.max_replays %d)", why, q->fruitless, c->cfg->max_replays);
         request_fail(c, i, msg);
         return;
     }
@@ -221,7 +226,7 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
     q->replica = -1;
     q->leader[0] = '\0';
     q->waiting_since_ms = tsr_now_ms();
-    if (counts) q->replays++;
+    if (counts) q->replays++, q->fruitless++;
     c->stats.requests_replayed++;
 }
 

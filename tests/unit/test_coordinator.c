@@ -2542,6 +2542,56 @@ static void test_a_request_arriving_during_an_outage_waits_for_a_replica(void **
     assert_int_equal(fx->c->stats.requests_replayed, 0);
 }
 
+/* max_replays bounds the resumptions in a row without a new token: an
+ * attempt that delivered one starts the count again, so a long request
+ * outlives any number of failures that leave it time to progress. */
+static void test_max_replays_counts_the_resumptions_since_the_last_token(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 2\n      replicas: 2\n";
+    reconfigure(fx, "  max_replays: 1\n  replay_wait_ms: 0\n");
+    cluster_up(fx);
+    pieces_ready(fx);
+    int lead[2] = {-1, -1}, last[2] = {-1, -1};
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        if (fx->piece[i].stage == 0) lead[fx->piece[i].replica] = i;
+        else last[fx->piece[i].replica] = i;
+    }
+    assert_true(lead[0] >= 0 && lead[1] >= 0 && last[0] >= 0 && last[1] >= 0);
+    uint64_t wid = start_request(fx, fx->ctl, lead[0], 0);   /* both idle: replica 0 */
+    const char *why = "connection to rank 1 closed during recv";
+    /* Three breaks, each after a new token: each is resumed on the other replica. */
+    for (int k = 0; k < 3; k++) {
+        int r = k % 2;
+        send_token(fx, last[r], wid, 0, false);
+        pump(fx);
+        send_token_error_as(fx, lead[r], wid, why, true);
+        pump(fx);
+        tsr_coord_tick(fx->c, tsr_now_ms());
+        tsr_env_t *e = next_generate(fx, lead[1 - r]);
+        if (!e) fail_msg("break %d after a new token was not resumed", k + 1);
+        assert_int_equal(e->generate->n_prompt, 3 + k + 1);   /* the prompt and every token */
+        wid = e->generate->request_id;
+        tsr_env_free(&e);
+    }
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replays, 3);
+    /* A break without a new token is one too many in a row. */
+    send_token_error_as(fx, lead[1], wid, why, true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    assert_int_equal(fx->c->n_reqs, 0);
+    tsr_env_t *e;
+    while ((e = recv_env(fx->ctl, TSR_WIRE_MAX_WORKER, 200)) && e->control_reply->ok)
+        tsr_env_free(&e);
+    assert_non_null(e);
+    if (!strstr(e->control_reply->error, "resumed 1 time(s) in a row without a new token, "
+                                         "coordinator.max_replays 1"))
+        fail_msg("the failure: %s", e->control_reply->error);
+    tsr_env_free(&e);
+}
+
 /* A failure that is the request's own (a refusal) is not replayed; one that
  * is the replica's is, at most max_replays times. */
 static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
@@ -2781,6 +2831,7 @@ int main(void)
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
         T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
+        T(test_max_replays_counts_the_resumptions_since_the_last_token),
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),
