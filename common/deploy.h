@@ -99,8 +99,9 @@ typedef struct {
     int dead_worker_ttl_s;        /* a dead worker is forgotten after this,
                                      1..604800, default 600 */
     int max_replays;              /* times in a row a request is resumed after its
-                                     replica fails with no new token in between,
-                                     0..100, default 3 */
+                                     replica fails without progress (two tokens) in
+                                     between, and 4 times that in all, 0..100,
+                                     default 3 */
     int replay_wait_ms;           /* how long an interrupted request waits for a
                                      ready replica, 0..3600000, default 30000 */
     int canary_interval_ms;       /* a one-token request on each idle ready replica

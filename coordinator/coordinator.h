@@ -113,8 +113,8 @@ typedef struct {
     int n_tokens;               /* tokens delivered to the client */
     int base;                   /* tokens delivered when this attempt started (its index 0) */
     int replays;                /* attempts after the first, for a failure */
-    int fruitless;              /* of those, the ones in a row since a token was delivered:
-                                   bounded by max_replays */
+    int fruitless;              /* of those, the ones in a row since an attempt that
+                                   progressed (router.c): bounded by max_replays */
     int64_t waiting_since_ms;   /* replica -1: since when */
     int avoid;                  /* the replica whose error interrupted it (-1: none): the
                                    next attempt goes elsewhere when it can, and back
@@ -299,7 +299,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
  * error from any member of it; anything else is dropped and counted. */
 void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env);
 /* Replica `replica` of deployment broke or was rewired: its requests are
- * resumed elsewhere (up to coordinator.max_replays times each), or fail
+ * resumed elsewhere (within coordinator.max_replays, router.c), or fail
  * with why. */
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
                                const char *why);

@@ -9,7 +9,8 @@
  * (seed, position) only and the engine is batch-invariant, so the resumed
  * request produces the tokens the first attempt would have; the client sees
  * one stream with consecutive indexes.  After coordinator.max_replays
- * attempts, or coordinator.replay_wait_ms without a ready replica, or at its
+ * resumptions in a row without progress (or REPLAYS_IN_ALL times that in
+ * all), or coordinator.replay_wait_ms without a ready replica, or at its
  * deadline, it fails with the reason and the count delivered: it never hangs.
  *
  * A request also ends early when its client's deadline passes (the tick
@@ -193,21 +194,34 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
     return next;
 }
 
+/* An attempt that delivered this many tokens made progress: its first may
+ * come from the prefill alone, so a request that breaks its replica at
+ * every decode step does not pass for one that progresses. */
+#define PROGRESS_TOKENS 2
+/* Resumptions of one request in all, as a multiple of max_replays: a bound
+ * for a request that breaks replicas now and then however it progresses. */
+#define REPLAYS_IN_ALL 4
+
 /* The current attempt of request i broke through no fault of its own (its
  * replica failed, stopped or was rewired): it waits to be resumed, or fails
- * when it has been resumed max_replays times in a row without delivering a
- * token.  An attempt that delivered one starts the count again: a long
- * request outlives any number of unrelated failures, while one that breaks
- * every replica it reaches before its next token (a request that crashes
- * them, or a cluster that cannot serve) is given up. */
+ * when it has been resumed max_replays times in a row without progress, or
+ * REPLAYS_IN_ALL times that in all.  An attempt that progressed starts the
+ * count again: a long request outlives unrelated failures, while one that
+ * breaks every replica it reaches (a request that crashes them, a cluster
+ * that cannot serve) is given up. */
 static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool counts)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    if (q->replica >= 0 && q->n_tokens > q->base) q->fruitless = 0;
-    if (counts && q->fruitless >= c->cfg->max_replays) {
+    const int max = c->cfg->max_replays;
+    if (q->replica >= 0 && q->n_tokens - q->base >= PROGRESS_TOKENS) q->fruitless = 0;
+    if (counts && (q->fruitless >= max || q->replays >= REPLAYS_IN_ALL * max)) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s (resumed %d time(s) in a row without a new token, "
-                 "coordinator.max_replays %d)", why, q->fruitless, c->cfg->max_replays);
+        if (q->fruitless >= max)
+            snprintf(msg, sizeof msg, "%s (resumed %d time(s) in a row without progress, "
+                     "coordinator.max_replays %d)", why, q->fruitless, max);
+        else
+            snprintf(msg, sizeof msg, "%s (resumed %d time(s) in all, %d times "
+                     "coordinator.max_replays %d)", why, q->replays, REPLAYS_IN_ALL, max);
         request_fail(c, i, msg);
         return;
     }

@@ -927,8 +927,9 @@ bool tsr_executor_watch(tsr_executor_t *ex, int64_t now)
         ex->stuck = ex->device_lost = true;
         snprintf(why, sizeof why,
                  "the data-plane thread is stuck: it has not let go of epoch %llu, nor "
-                 "finished any part of a step, for %lld ms since the next assignment arrived "
-                 "(limit %d ms, from collective_timeout_ms), so it is blocked outside every "
+                 "finished any part of a step, for %lld ms (since the next assignment arrived, "
+                 "or its last sign of life after that; limit %d ms, from "
+                 "collective_timeout_ms), so it is blocked outside every "
                  "deadline (a driver call, a collective that ignores its abort); the worker "
                  "exits to be restarted",
                  (unsigned long long)ex->run_epoch, (long long)owed, ex->run_limit_ms);

@@ -21,8 +21,8 @@
 
 /* Sized for the largest step the leader can send. */
 typedef struct {
-    ctl_hdr_t hdr;
-    ctl_entry_t *entries;
+    tsr_ctl_hdr_t hdr;
+    tsr_ctl_entry_t *entries;
     int32_t *frees, *tokens;
     uint8_t *payload;
     size_t payload_cap;
@@ -30,22 +30,22 @@ typedef struct {
     int32_t *sampled, *back;
 } step_buf_t;
 
-static size_t payload_bytes(const ctl_hdr_t *h)
+static size_t payload_bytes(const tsr_ctl_hdr_t *h)
 {
-    return (size_t)h->n_entries * sizeof(ctl_entry_t) +
+    return (size_t)h->n_entries * sizeof(tsr_ctl_entry_t) +
            ((size_t)h->n_free + (size_t)h->n_tokens) * sizeof(int32_t);
 }
 
 static int step_buf_init(step_buf_t *b, const tsr_piece_spec_t *s)
 {
     memset(b, 0, sizeof *b);
-    b->payload_cap = (size_t)s->max_seqs * sizeof(ctl_entry_t) +
+    b->payload_cap = (size_t)s->max_seqs * sizeof(tsr_ctl_entry_t) +
                      ((size_t)s->max_seqs + (size_t)s->max_tokens) * sizeof(int32_t);
     b->payload = malloc(b->payload_cap);
     b->eng_entries = calloc((size_t)s->max_seqs, sizeof *b->eng_entries);
     b->sampled = calloc((size_t)s->max_seqs, sizeof *b->sampled);
     b->back = calloc((size_t)s->max_seqs + 4, sizeof *b->back);
-    b->entries = (ctl_entry_t *)b->payload;
+    b->entries = (tsr_ctl_entry_t *)b->payload;
     return b->payload && b->eng_entries && b->sampled && b->back ? 0 : -1;
 }
 
@@ -60,8 +60,8 @@ static void step_buf_free(step_buf_t *b)
 /* Points entries/frees/tokens into the payload for the header's counts. */
 static void step_buf_layout(step_buf_t *b)
 {
-    b->entries = (ctl_entry_t *)b->payload;
-    b->frees = (int32_t *)(b->payload + (size_t)b->hdr.n_entries * sizeof(ctl_entry_t));
+    b->entries = (tsr_ctl_entry_t *)b->payload;
+    b->frees = (int32_t *)(b->payload + (size_t)b->hdr.n_entries * sizeof(tsr_ctl_entry_t));
     b->tokens = b->frees + b->hdr.n_free;
 }
 
@@ -70,23 +70,23 @@ static tsr_buf_t payload_buf(step_buf_t *b)
     return tsr_host_buf(b->payload, payload_bytes(&b->hdr) / sizeof(int32_t), TSR_DT_I32);
 }
 
-static tsr_buf_t hdr_buf(ctl_hdr_t *h)
+static tsr_buf_t hdr_buf(tsr_ctl_hdr_t *h)
 {
     return tsr_host_buf(h, sizeof *h / sizeof(int32_t), TSR_DT_I32);
 }
 
 /* A step from the leader is checked before its payload is read: the
  * payload's size comes from it. */
-static int hdr_ok(const tsr_replica_rank_t *r, const ctl_hdr_t *h, char *err, size_t errlen)
+static int hdr_ok(const tsr_replica_rank_t *r, const tsr_ctl_hdr_t *h, char *err, size_t errlen)
 {
-    if (h->magic == CTL_MAGIC && h->op <= OP_STOP && h->n_entries >= 0 &&
+    if (h->magic == TSR_CTL_MAGIC && h->op <= TSR_CTL_STOP && h->n_entries >= 0 &&
         h->n_entries <= r->spec.max_seqs && h->n_free >= 0 && h->n_free <= r->spec.max_seqs &&
         h->n_tokens >= 0 && h->n_tokens <= r->spec.max_tokens)
         return 0;
     snprintf(err, errlen,
              "malformed step from the leader: magic 0x%08x (expected 0x%08x), op %u, %d "
              "entries, %d frees, %d tokens (limits %d, %d, %d)",
-             h->magic, CTL_MAGIC, h->op, h->n_entries, h->n_free, h->n_tokens,
+             h->magic, TSR_CTL_MAGIC, h->op, h->n_entries, h->n_free, h->n_tokens,
              r->spec.max_seqs, r->spec.max_seqs, r->spec.max_tokens);
     return -1;
 }
@@ -138,7 +138,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
     for (int i = 0; i < b->hdr.n_free; i++) r->eng_ops->release(r->eng, b->frees[i]);
     if (b->hdr.n_entries == 0) return 0;
     for (int i = 0; i < b->hdr.n_entries; i++) {
-        const ctl_entry_t *c = &b->entries[i];
+        const tsr_ctl_entry_t *c = &b->entries[i];
         b->eng_entries[i] = (tsr_entry_t){c->slot, c->pos, c->n, c->sample, c->temperature,
                                           c->top_p, c->seed};
     }
@@ -157,7 +157,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
     if (r->spec.tp_rank != 0) return 0;
     int ns = 0;
     for (int i = 0; i < b->hdr.n_entries; i++) {
-        const ctl_entry_t *c = &b->entries[i];
+        const tsr_ctl_entry_t *c = &b->entries[i];
         if (!c->sample) continue;
         int32_t tok = b->sampled[ns++];
         const char *fin = tsr_finish_reason(m, tok, c->index, c->prompt_len, c->max_tokens,
@@ -347,7 +347,7 @@ static int broadcast_step(tsr_replica_rank_t *r, step_buf_t *b, char *err, size_
     }
     for (int p = 1; p < n; p++) ops[p - 1] = (tsr_p2p_t){p, true, hdr_buf(&b->hdr)};
     if (r->ctl_ops->group(r->ctl, ops, n - 1, r->peer_timeout_ms, err, errlen) < 0) return -1;
-    if (b->hdr.op != OP_STEP) return 0;
+    if (b->hdr.op != TSR_CTL_STEP) return 0;
     for (int p = 1; p < n; p++) ops[p - 1] = (tsr_p2p_t){p, true, payload_buf(b)};
     return r->ctl_ops->group(r->ctl, ops, n - 1, r->peer_timeout_ms, err, errlen);
 }
@@ -355,7 +355,7 @@ static int broadcast_step(tsr_replica_rank_t *r, step_buf_t *b, char *err, size_
 static int send_simple(tsr_replica_rank_t *r, step_buf_t *b, uint32_t op, char *err,
                        size_t errlen)
 {
-    b->hdr = (ctl_hdr_t){CTL_MAGIC, op, 0, 0, 0, 0, 0};
+    b->hdr = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, op, 0, 0, 0, 0, 0};
     return broadcast_step(r, b, err, errlen);
 }
 
@@ -365,7 +365,8 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
 {
     int n_tok = 0, ns = 0;
     for (int k = 0; k < n_plan; k++) n_tok += L->plan[k].n;
-    b->hdr = (ctl_hdr_t){CTL_MAGIC, OP_STEP, L->next_step++, n_plan, L->n_frees, n_tok, 0};
+    b->hdr = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, TSR_CTL_STEP, L->next_step++, n_plan, L->n_frees,
+                             n_tok, 0};
     step_buf_layout(b);
     memcpy(b->frees, L->frees, (size_t)L->n_frees * sizeof *b->frees);
     L->n_frees = 0;
@@ -380,7 +381,7 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
             s->slot = pe->slot;
             L->slot_used[pe->slot] = true;
         }
-        b->entries[k] = (ctl_entry_t){l->q.request_id, l->q.seed, pe->slot, pe->pos, pe->n,
+        b->entries[k] = (tsr_ctl_entry_t){l->q.request_id, l->q.seed, pe->slot, pe->pos, pe->n,
                                       pe->sample, s->n_generated, s->n_prompt, s->max_tokens, 0,
                                       l->q.temperature, l->q.top_p};
         if (pe->pos < s->n_prompt) memcpy(b->tokens + t, l->q.prompt + pe->pos, (size_t)pe->n * sizeof(int32_t));
@@ -458,7 +459,7 @@ static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b
     int64_t last_sent = now_ms();
     for (;;) {
         if (io->should_stop(io->arg)) {
-            send_simple(r, b, OP_STOP, err, errlen);
+            send_simple(r, b, TSR_CTL_STOP, err, errlen);
             return 0;
         }
         tsr_request_t q;
@@ -491,7 +492,7 @@ static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b
             continue;
         }
         if (now_ms() - last_sent >= r->idle_ms) {   /* keep-alive for the other ranks */
-            if (send_simple(r, b, OP_NOP, err, errlen) < 0) return -1;
+            if (send_simple(r, b, TSR_CTL_NOP, err, errlen) < 0) return -1;
             last_sent = now_ms();
         }
     }
@@ -511,8 +512,8 @@ static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t 
                           errlen) < 0 ||
             hdr_ok(r, &b->hdr, err, errlen) < 0)
             return -1;
-        if (b->hdr.op == OP_STOP) return 0;
-        if (b->hdr.op == OP_NOP) continue;
+        if (b->hdr.op == TSR_CTL_STOP) return 0;
+        if (b->hdr.op == TSR_CTL_NOP) continue;
         step_buf_layout(b);
         if (tsr_coll_recv(r->ctl_ops, r->ctl, 0, payload_buf(b), r->peer_timeout_ms, err,
                           errlen) < 0)

@@ -2542,10 +2542,39 @@ static void test_a_request_arriving_during_an_outage_waits_for_a_replica(void **
     assert_int_equal(fx->c->stats.requests_replayed, 0);
 }
 
-/* max_replays bounds the resumptions in a row without a new token: an
- * attempt that delivered one starts the count again, so a long request
- * outlives any number of failures that leave it time to progress. */
-static void test_max_replays_counts_the_resumptions_since_the_last_token(void **state)
+/* Breaks request wid, on replica r (leader lead[r], last stage last[r]),
+ * after its attempt delivered n tokens; returns the next attempt's id at the
+ * other replica, or 0 when the request was given up. */
+static uint64_t break_after(fx_t *fx, const int *lead, const int *last, int r, uint64_t wid,
+                            int n)
+{
+    for (int k = 0; k < n; k++) send_token(fx, last[r], wid, (uint32_t)k, false);
+    pump(fx);
+    send_token_error_as(fx, lead[r], wid, "connection to rank 1 closed during recv", true);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *e = next_generate(fx, lead[1 - r]);
+    if (!e) return 0;
+    uint64_t next = e->generate->request_id;
+    tsr_env_free(&e);
+    return next;
+}
+
+/* The failure the client was sent last (its token replies skipped). */
+static void expect_failure(fx_t *fx, const char *what)
+{
+    tsr_env_t *e;
+    while ((e = recv_env(fx->ctl, TSR_WIRE_MAX_WORKER, 200)) && e->control_reply->ok)
+        tsr_env_free(&e);
+    assert_non_null(e);
+    if (!strstr(e->control_reply->error, what)) fail_msg("the failure: %s", e->control_reply->error);
+    tsr_env_free(&e);
+}
+
+/* max_replays bounds the resumptions in a row without progress: an attempt
+ * that delivered two tokens or more (the first may come from the prefill
+ * alone) starts the count again, up to four times max_replays in all. */
+static void test_max_replays_counts_the_resumptions_since_the_last_progress(void **state)
 {
     fx_t *fx = *state;
     layout = "      tensor: 1\n      pipeline: 2\n      replicas: 2\n";
@@ -2559,37 +2588,28 @@ static void test_max_replays_counts_the_resumptions_since_the_last_token(void **
         else last[fx->piece[i].replica] = i;
     }
     assert_true(lead[0] >= 0 && lead[1] >= 0 && last[0] >= 0 && last[1] >= 0);
+
+    /* Four breaks, each after two new tokens: each is resumed on the other
+     * replica; a fifth is one too many in all. */
     uint64_t wid = start_request(fx, fx->ctl, lead[0], 0);   /* both idle: replica 0 */
-    const char *why = "connection to rank 1 closed during recv";
-    /* Three breaks, each after a new token: each is resumed on the other replica. */
-    for (int k = 0; k < 3; k++) {
-        int r = k % 2;
-        send_token(fx, last[r], wid, 0, false);
-        pump(fx);
-        send_token_error_as(fx, lead[r], wid, why, true);
-        pump(fx);
-        tsr_coord_tick(fx->c, tsr_now_ms());
-        tsr_env_t *e = next_generate(fx, lead[1 - r]);
-        if (!e) fail_msg("break %d after a new token was not resumed", k + 1);
-        assert_int_equal(e->generate->n_prompt, 3 + k + 1);   /* the prompt and every token */
-        wid = e->generate->request_id;
-        tsr_env_free(&e);
+    for (int k = 0; k < 4; k++) {
+        wid = break_after(fx, lead, last, k % 2, wid, 2);
+        if (!wid) fail_msg("break %d after two new tokens was not resumed", k + 1);
     }
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replays, 3);
-    /* A break without a new token is one too many in a row. */
-    send_token_error_as(fx, lead[1], wid, why, true);
-    pump(fx);
-    tsr_coord_tick(fx->c, tsr_now_ms());
+    assert_int_equal(fx->c->reqs[0].replays, 4);
+    assert_int_equal(fx->c->reqs[0].n_tokens, 8);
+    assert_int_equal(break_after(fx, lead, last, 0, wid, 2), 0);
     assert_int_equal(fx->c->n_reqs, 0);
-    tsr_env_t *e;
-    while ((e = recv_env(fx->ctl, TSR_WIRE_MAX_WORKER, 200)) && e->control_reply->ok)
-        tsr_env_free(&e);
-    assert_non_null(e);
-    if (!strstr(e->control_reply->error, "resumed 1 time(s) in a row without a new token, "
-                                         "coordinator.max_replays 1"))
-        fail_msg("the failure: %s", e->control_reply->error);
-    tsr_env_free(&e);
+    expect_failure(fx, "resumed 4 time(s) in all, 4 times coordinator.max_replays 1");
+
+    /* One token, as a prefill gives, is no progress: the second such
+     * break is one too many in a row. */
+    wid = start_request(fx, fx->ctl, lead[0], 0);
+    wid = break_after(fx, lead, last, 0, wid, 1);
+    assert_true(wid != 0);
+    assert_int_equal(break_after(fx, lead, last, 1, wid, 1), 0);
+    assert_int_equal(fx->c->n_reqs, 0);
+    expect_failure(fx, "resumed 1 time(s) in a row without progress, coordinator.max_replays 1");
 }
 
 /* A failure that is the request's own (a refusal) is not replayed; one that
@@ -2831,7 +2851,7 @@ int main(void)
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
         T(test_a_member_adopted_back_into_a_rewired_replica_rewires_it),
         T(test_the_next_attempt_avoids_the_replica_that_failed_it),
-        T(test_max_replays_counts_the_resumptions_since_the_last_token),
+        T(test_max_replays_counts_the_resumptions_since_the_last_progress),
         T(test_a_replica_that_fails_a_request_twice_is_waited_for),
         T(test_cuda_kv_budget_is_the_replicas_tightest_and_is_kept),
         T(test_a_silent_replica_is_found_by_its_canary),

@@ -228,11 +228,11 @@ static int one_step_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeou
     void *p = ops[0].buf.ptr;
     switch (ctl_calls++) {
     case 0:
-        *(ctl_hdr_t *)p = (ctl_hdr_t){CTL_MAGIC, OP_STEP, 7, 1, 0, 1, 0};
+        *(tsr_ctl_hdr_t *)p = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, TSR_CTL_STEP, 7, 1, 0, 1, 0};
         return 0;
     case 1:
-        *(ctl_entry_t *)p = (ctl_entry_t){.req = 9, .n = 1, .prompt_len = 1, .max_tokens = 4};
-        *(int32_t *)((ctl_entry_t *)p + 1) = 3;
+        *(tsr_ctl_entry_t *)p = (tsr_ctl_entry_t){.req = 9, .n = 1, .prompt_len = 1, .max_tokens = 4};
+        *(int32_t *)((tsr_ctl_entry_t *)p + 1) = 3;
         return 0;
     default:   /* the leader is gone: the run must have ended before */
         snprintf(err, errlen, "control channel asked too often");

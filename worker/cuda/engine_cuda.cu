@@ -1708,5 +1708,6 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .destroy = */ cuda_destroy,
     /* .stream = */ cuda_stream,
     /* .set_progress = */ cuda_set_progress,
-    /* .set_alive = */ NULL,     /* a step is short: finished steps are signs enough */
+    /* .set_alive = */ NULL,     /* its finished steps are its signs of life: a step
+                                   must fit in collective_timeout_ms */
 };
