@@ -115,6 +115,8 @@ typedef struct {
     int replays;                /* attempts after the first, for a failure */
     int fruitless;              /* of those, the ones in a row since an attempt that
                                    progressed (router.c): bounded by max_replays */
+    bool repeat_free;           /* the last interruption was a repeat of the fault
+                                   before it, not counted */
     int64_t waiting_since_ms;   /* replica -1: since when */
     int avoid;                  /* the replica whose error interrupted it (-1: none): the
                                    next attempt goes elsewhere when it can, and back

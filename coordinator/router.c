@@ -208,12 +208,22 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
  * REPLAYS_IN_ALL times that in all.  An attempt that progressed starts the
  * count again: a long request outlives unrelated failures, while one that
  * breaks every replica it reaches (a request that crashes them, a cluster
- * that cannot serve) is given up. */
+ * that cannot serve) is given up.  A second failure by the same replica in
+ * the same epoch, without progress between, is the same fault (the attempt
+ * went straight back before the replica's failure was known): it is not
+ * counted, once. */
 static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool counts)
 {
     tsr_request_rec_t *q = &c->reqs[i];
     const int max = c->cfg->max_replays;
-    if (q->replica >= 0 && q->n_tokens - q->base >= PROGRESS_TOKENS) q->fruitless = 0;
+    const bool progressed = q->replica >= 0 && q->n_tokens - q->base >= PROGRESS_TOKENS;
+    if (progressed) q->fruitless = 0;
+    if (counts) {
+        bool same_fault = !progressed && !q->repeat_free && q->replica == q->avoid_replica &&
+                          q->epoch == q->avoid_epoch;
+        q->repeat_free = same_fault;
+        if (same_fault) counts = false;
+    }
     if (counts && (q->fruitless >= max || q->replays >= REPLAYS_IN_ALL * max)) {
         char msg[512];
         if (q->fruitless >= max)
