@@ -217,10 +217,11 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
     tsr_request_rec_t *q = &c->reqs[i];
     const int max = c->cfg->max_replays;
     const bool progressed = q->replica >= 0 && q->n_tokens - q->base >= PROGRESS_TOKENS;
+    /* Failed again by the replica that failed it last, in the same epoch. */
+    const bool again = q->replica == q->avoid_replica && q->epoch == q->avoid_epoch;
     if (progressed) q->fruitless = 0;
     if (counts) {
-        bool same_fault = !progressed && !q->repeat_free && q->replica == q->avoid_replica &&
-                          q->epoch == q->avoid_epoch;
+        bool same_fault = again && !progressed && !q->repeat_free;
         q->repeat_free = same_fault;
         if (same_fault) counts = false;
     }
@@ -243,7 +244,7 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
      * broken though it may still look ready (its pieces' reports are on
      * their way), so the next attempt waits for it to recover instead of
      * burning the request's replays there at once. */
-    q->wait_recovery = q->replica == q->avoid_replica && q->epoch == q->avoid_epoch;
+    q->wait_recovery = again;
     q->avoid = q->avoid_replica = q->replica;
     q->avoid_epoch = q->epoch;
     q->avoid_seq = c->ready_seq;

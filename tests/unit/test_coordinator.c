@@ -2127,6 +2127,23 @@ static tsr_env_t *next_generate(fx_t *fx, int leader)
     return e;
 }
 
+/* The replica led by leader recovers (one of its pieces fails and is ready
+ * again); returns the id of the attempt the waiting request is sent there. */
+static uint64_t recover_replica(fx_t *fx, int leader)
+{
+    int member = a_member(fx, leader);
+    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
+    pump(fx);
+    send_ready(fx, member, fx->piece[member].epoch);
+    pump(fx);
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *e = next_generate(fx, leader);
+    assert_non_null(e);
+    uint64_t wid = e->generate->request_id;
+    tsr_env_free(&e);
+    return wid;
+}
+
 /* A replica that fails a request twice in one epoch is broken, though it
  * may still look ready: the third attempt waits until it recovers instead
  * of using up the request's replays there at once. */
@@ -2155,16 +2172,7 @@ static void test_a_replica_that_fails_a_request_twice_is_waited_for(void **state
      * the same fault: counted once. */
     assert_int_equal(fx->c->reqs[0].replays, 1);
     /* The replica recovers (a piece fails and is ready again): resumed. */
-    int member = a_member(fx, leader);
-    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
-    pump(fx);
-    send_ready(fx, member, fx->piece[member].epoch);
-    pump(fx);
-    tsr_coord_tick(fx->c, tsr_now_ms());
-    e = next_generate(fx, leader);
-    assert_non_null(e);
-    wid = e->generate->request_id;
-    tsr_env_free(&e);
+    wid = recover_replica(fx, leader);
     assert_int_equal(fx->c->stats.requests_failed, 0);
     /* Only one repeat goes free: a third failure there counts. */
     send_token_error_as(fx, leader, wid, why, true);
@@ -2650,16 +2658,7 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
     tsr_coord_tick(fx->c, tsr_now_ms());
     assert_null(next_generate(fx, leader));
     assert_int_equal(fx->c->n_reqs, 1);
-    int member = a_member(fx, leader);
-    send_failed_as(fx, member, fx->piece[member].epoch, "data plane: peer gone", false, true);
-    pump(fx);
-    send_ready(fx, member, fx->piece[member].epoch);
-    pump(fx);
-    tsr_coord_tick(fx->c, tsr_now_ms());
-    e = next_generate(fx, leader);
-    assert_non_null(e);
-    wid = e->generate->request_id;
-    tsr_env_free(&e);
+    wid = recover_replica(fx, leader);
     while ((e = recv_env(fx->ctl, TSR_WIRE_MAX_WORKER, 50))) tsr_env_free(&e);  /* "resumed" */
     /* The third is one too many. */
     send_token_error_as(fx, leader, wid, stopped, true);
