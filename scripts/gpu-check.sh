@@ -41,7 +41,13 @@
 #      relayed, summing through it, 32 tokens; the stage-1 worker killed,
 #      stage 0's communicator aborted and formed again in the next epoch,
 #      the same tokens; the killed worker started again registers
-#   6. speed with weights filled on the device from a seed: a ~1B model and
+#   6. on a machine with two GPUs or more: cuda tp=2 (4 and 8 where the GPUs
+#      allow) against tp=1, one worker a GPU, every rank forming its TP
+#      group over NCCL through the coordinator; at tp=2 with a third GPU,
+#      rank 1's worker killed and a spare taking its piece, the same tokens;
+#      the all-reduce's bus bandwidth at 2, 4 and 8 ranks
+#      (build/bench/gpu_bench allreduce N) next to the link's peak
+#   7. speed with weights filled on the device from a seed: a ~1B model and
 #      Llama-3-8B's shape, decode at batch 1, 8, 32 and 64, prefill of 2,048
 #      tokens, each next to its measured bound (build/bench/gpu_bench speed)
 set -u
@@ -367,6 +373,108 @@ YAML
     return $ok
 }
 check "NCCL groups of one formed through the coordinator, a worker killed and restarted" nccl_cluster_check
+
+# ---- several GPUs: NCCL groups of several ranks ------------------------------------
+# Only where the machine has two GPUs or more (none has been lent so far).
+# For tp = 1, 2, 4 and 8, as far as the GPUs go, a coordinator and one
+# worker a GPU serve one cuda deployment of that width: each rank must form
+# its TP group over NCCL from the blob the coordinator relayed, and the 32
+# greedy tokens are compared with tp=1's (equality reported, as above: BF16
+# sums in another order can flip a near tie).  At tp=2, with a third GPU, a
+# spare waits on GPU 2; rank 1's worker is killed, the spare takes its
+# piece, rank 0 aborts its communicator and forms the next epoch's with
+# it, and the tokens must not change.  Then the all-reduce's bus bandwidth
+# at 2, 4 and 8 ranks, next to the link's peak in one direction.
+GPUS=$(nvidia-smi -L | grep -c '^GPU')
+MT="$T/models/tiny-kv8"   # 8 KV heads: tp up to 8
+"$B/tessera" model-init "$MT" --dtype bf16 --hidden 1024 --intermediate 2816 --layers 4 --heads 16 \
+    --kv-heads 8 --vocab 2048 --max-pos 1024 --llama3-rope --seed 9 > /dev/null || exit 1
+TP1_TOKENS=""
+tp_check() {   # tp_check N: a cuda tp=N deployment on GPUs 0..N-1
+    local n=$1 port=$((7530 + 2 * $1)) ok=0 ids=1,5,9,200,3,77,512,1000
+    { head_yaml $port; cat; } > "$T/tp$n.yaml" <<YAML
+  - name: tp$n
+    model: $MT
+    device: cuda
+    parallel: {tensor: $n, pipeline: 1, replicas: 1}
+    max_seq_len: 256
+YAML
+    local C=(--coordinator tcp://127.0.0.1:$((port + 1))) i
+    local W=(--coordinator tcp://127.0.0.1:$port --device cuda)
+    local formed="(rank [0-9]* of $n, epoch [0-9]*): NCCL\$"
+    "$B/tessera-coordinator" --adopt-grace-ms 200 "$T/tp$n.yaml" 2> "$T/tp$n-c.log" &
+    for i in $(seq 0 $((n - 1))); do
+        "$B/tessera-worker" "${W[@]}" --device-index $i --name tp$n-g$i 2> "$T/tp$n-g$i.log" &
+    done
+    local spare=0
+    if [ "$n" = 2 ] && [ "$GPUS" -ge 3 ]; then
+        "$B/tessera-worker" "${W[@]}" --device-index 2 --name tp2-g2 2> "$T/tp2-g2.log" &
+        spare=1
+    fi
+    "$B/tessera" "${C[@]}" status --wait-ready 90 > "$T/tp$n-status.txt" || { cat "$T/tp$n-status.txt"; ok=1; }
+    local out
+    out=$(timeout 60 "$B/tessera" "${C[@]}" generate tp$n --prompt-ids $ids --max-tokens 32 --ids)
+    echo "cuda tp=$n: $out"
+    [ "$(echo "$out" | wc -w)" -eq 32 ] || { echo "tp=$n did not generate 32 tokens"; ok=1; }
+    if [ "$n" = 1 ]; then TP1_TOKENS=$out
+    else
+        grep -h "$formed" "$T"/tp$n-g*.log | head -$n
+        [ "$(grep -h "$formed" "$T"/tp$n-g*.log | wc -l)" -ge "$n" ] ||
+            { echo "the $n ranks did not each form their group over NCCL"; ok=1; }
+        [ "$out" = "$TP1_TOKENS" ] && echo "tp=$n equals tp=1" || echo "tp=$n differs from tp=1"
+    fi
+    if [ $spare = 1 ]; then
+        local victim pid t0 again r0
+        r0=$("$B/tessera" "${C[@]}" workers | awk '$8 == "tp2" && $11 == "t0" {print $1; exit}')
+        read -r victim pid < <("$B/tessera" "${C[@]}" workers | awk '$8 == "tp2" && $11 == "t1" {print $1, $5; exit}')
+        if [ -n "${r0:-}" ] && [ -n "${pid:-}" ] && kill -9 "$pid"; then
+            t0=$(date +%s%N)
+            until "$B/tessera" "${C[@]}" workers | awk -v w="$victim" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
+                [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
+            done
+            if "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/tp2-status2.txt"; then
+                echo "after $victim (rank 1, pid $pid) was killed: ready again in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+                again=$(timeout 60 "$B/tessera" "${C[@]}" generate tp2 --prompt-ids $ids --max-tokens 32 --ids)
+                echo "tokens: $again"
+                [ "$again" = "$out" ] || { echo "tp=2's tokens changed after the failover"; ok=1; }
+                grep -h "collectives aborted" "$T/$r0.log" | head -2
+                [ "$(grep -o "$formed" "$T/$r0.log" | grep -o 'epoch [0-9]*' | sort -u | wc -l)" -ge 2 ] ||
+                    { echo "rank 0 ($r0) did not form its NCCL group again in a later epoch"; ok=1; }
+            else
+                cat "$T/tp2-status2.txt"; echo "tp=2 did not come back after $victim died"; ok=1
+            fi
+        else
+            "$B/tessera" "${C[@]}" workers; echo "no rank-1 worker to kill"; ok=1
+        fi
+    fi
+    stop $(jobs -p)
+    [ $ok -eq 0 ] || { for f in "$T"/tp$n-*.log; do echo "--- $f"; tail -12 "$f"; done; }
+    return $ok
+}
+# The link's peak in one direction: the sum of GPU 0's NVLink links as
+# nvidia-smi reports them, or its PCIe link (GB/s a lane a direction, by
+# generation) when it has none.
+link_peak() {
+    local nv
+    nv=$(nvidia-smi nvlink -s -i 0 2>/dev/null | awk '/Link [0-9]+: [0-9.]+ GB\/s/ {s += $3} END {if (s > 0) printf "%.0f", s}')
+    if [ -n "$nv" ]; then echo "NVLink, $nv GB/s a direction (nvidia-smi nvlink -s, GPU 0's links summed)"; return; fi
+    local gen width
+    IFS=', ' read -r gen width < <(nvidia-smi -i 0 --query-gpu=pcie.link.gen.max,pcie.link.width.max --format=csv,noheader)
+    local lane
+    case "$gen" in 3) lane=0.985 ;; 4) lane=1.969 ;; 5) lane=3.938 ;; 6) lane=7.563 ;; *) lane=0 ;; esac
+    echo "PCIe gen $gen x$width, $(awk -v l=$lane -v w="$width" 'BEGIN {printf "%.0f", l * w}') GB/s a direction"
+}
+if [ "$GPUS" -ge 2 ]; then
+    for n in 1 2 4 8; do
+        [ "$n" -le "$GPUS" ] && check "cuda tp=$n on $n GPU(s), NCCL groups formed through the coordinator" tp_check $n
+    done
+    echo "the link: $(link_peak); nccl-tests' bus bandwidth (busbw) is measured against this peak"
+    for n in 2 4 8; do
+        [ "$n" -le "$GPUS" ] && check "all-reduce bus bandwidth, $n ranks" limit 120 "$BUILD/bench/gpu_bench" allreduce $n
+    done
+else
+    echo "=== one GPU: no NCCL group of several ranks (tp=2/4/8 against tp=1, the all-reduce's bus bandwidth) can run here"
+fi
 
 # ---- speed ------------------------------------------------------------------------
 shape() {   # shape DIR HIDDEN INTER LAYERS HEADS KV VOCAB TIED

@@ -15,6 +15,13 @@
  *                              a blob of another epoch refused, an abort and
  *                              a fresh communicator (one GPU allows no more
  *                              ranks), with the formation and operation times
+ *   gpu_bench allreduce N      N ranks on GPUs 0..N-1 (one thread each) form
+ *                              one NCCL group through the backend, check a
+ *                              sum, then time in-place all-reduces of bf16
+ *                              buffers from 64 KiB to 1 GiB: time, algorithm
+ *                              and bus bandwidth as nccl-tests defines them
+ *                              (bus = algorithm x 2(N-1)/N, comparable with
+ *                              the link's peak in one direction)
  *
  * Both engines come from the backend table (tsr_backend_for), as in the
  * worker.  `speed` is meant for TSR_CUDA_DUMMY_WEIGHTS=SEED, which fills
@@ -25,6 +32,7 @@
 #include <cublas_v2.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,6 +422,159 @@ static int nccl_check(void)
     return fails ? 1 : 0;
 }
 
+/* ---- allreduce: N ranks, one thread each ----------------------------------- */
+
+#define AR_SIZES 6
+static const size_t ar_bytes[AR_SIZES] = {64u << 10, 1u << 20, 16u << 20, 64u << 20,
+                                          256u << 20, 1024u << 20};
+#define AR_WARMUP 5
+#define AR_ITERS 20
+
+typedef struct {
+    int rank, n;
+    const uint8_t *blob;
+    pthread_barrier_t *bar;
+    double secs[AR_SIZES];      /* rank 0: the mean time of one all-reduce */
+    int fails;
+    char err[512];
+} ar_rank_t;
+
+/* One rank: forms the group through the backend's create, checks that the
+ * sum of the ranks' (rank + 1) is right everywhere, then times AR_ITERS
+ * all-reduces of each size after AR_WARMUP, every rank starting together
+ * (the barrier) and settling once at the end, as a step does. */
+static void *ar_rank(void *arg)
+{
+    ar_rank_t *a = (ar_rank_t *)arg;
+    cudaStream_t st = NULL;
+    void *d = NULL;
+    tsr_comm_t *c = NULL;
+    const size_t most = ar_bytes[AR_SIZES - 1];
+    if (cudaSetDevice(a->rank) != cudaSuccess || cudaStreamCreate(&st) != cudaSuccess ||
+        cudaMalloc(&d, most) != cudaSuccess) {
+        snprintf(a->err, sizeof a->err, "rank %d: cannot set up GPU %d", a->rank, a->rank);
+        a->fails++;
+        pthread_barrier_wait(a->bar);   /* the others time out forming, naming the rank */
+        return NULL;
+    }
+    pthread_barrier_wait(a->bar);
+    tsr_coll_ctx_t ctx = {};
+    ctx.nccl = &tsr_nccl_real;
+    ctx.device = a->rank;
+    ctx.stream = st;
+    tsr_rendezvous_t rv = {};
+    rv.epoch = 1;
+    rv.group = 11;
+    rv.rank = a->rank;
+    rv.n = a->n;
+    rv.blob = a->blob;
+    rv.blob_len = TSR_NCCL_BLOB_BYTES;
+    rv.timeout_ms = 60000;
+    if (tsr_coll_nccl.create(&ctx, &rv, &c, a->err, sizeof a->err) < 0) {
+        a->fails++;
+        goto out;
+    }
+    {
+        const size_t n_check = 1 << 16;
+        float *h = (float *)malloc(n_check * sizeof(float));
+        for (size_t i = 0; i < n_check; i++) h[i] = (float)(a->rank + 1) * (float)(i % 7);
+        cudaMemcpy(d, h, n_check * sizeof(float), cudaMemcpyHostToDevice);
+        tsr_buf_t b = {d, n_check, TSR_DT_F32, TSR_MEM_DEVICE};
+        int rc = tsr_coll_nccl.allreduce_sum(c, b, 30000, a->err, sizeof a->err);
+        if (rc == 0) rc = tsr_coll_nccl.settle(c, 30000, a->err, sizeof a->err);
+        cudaMemcpy(h, d, n_check * sizeof(float), cudaMemcpyDeviceToHost);
+        const float total = (float)(a->n * (a->n + 1) / 2);
+        for (size_t i = 0; rc == 0 && i < n_check; i++)
+            if (h[i] != total * (float)(i % 7)) {
+                snprintf(a->err, sizeof a->err, "rank %d: element %zu is %g, not %g", a->rank, i,
+                         h[i], total * (float)(i % 7));
+                rc = -1;
+            }
+        free(h);
+        a->fails += rc < 0;
+    }
+    /* Every rank meets every barrier, a failed one too (it skips the work;
+     * its peers' operations then fail at their deadline, naming it). */
+    cudaMemset(d, 0, most);
+    for (int k = 0; k < AR_SIZES; k++) {
+        tsr_buf_t b = {d, ar_bytes[k] / 2, TSR_DT_BF16, TSR_MEM_DEVICE};
+        int rc = a->fails ? -1 : 0;
+        for (int i = 0; rc == 0 && i < AR_WARMUP; i++)
+            rc = tsr_coll_nccl.allreduce_sum(c, b, 30000, a->err, sizeof a->err);
+        if (rc == 0) rc = tsr_coll_nccl.settle(c, 30000, a->err, sizeof a->err);
+        pthread_barrier_wait(a->bar);
+        double t0 = now_s();
+        for (int i = 0; rc == 0 && i < AR_ITERS; i++)
+            rc = tsr_coll_nccl.allreduce_sum(c, b, 30000, a->err, sizeof a->err);
+        if (rc == 0) rc = tsr_coll_nccl.settle(c, 30000, a->err, sizeof a->err);
+        a->secs[k] = (now_s() - t0) / AR_ITERS;
+        pthread_barrier_wait(a->bar);
+        if (rc < 0 && !a->fails) a->fails++;
+    }
+out:
+    if (c) tsr_coll_nccl.destroy(&c);
+    cudaFree(d);
+    cudaStreamDestroy(st);
+    return NULL;
+}
+
+static int allreduce_bench(const char *arg)
+{
+    char err[512];
+    int n = atoi(arg), have = 0;
+    cudaGetDeviceCount(&have);
+    if (n < 2 || n > have) {
+        fprintf(stderr, "allreduce: %s ranks: give 2 to %d, one per GPU of this machine\n", arg,
+                have);
+        return 2;
+    }
+    if (tsr_nccl_real_load(err, sizeof err) < 0) {
+        fprintf(stderr, "allreduce: %s\n", err);
+        return 1;
+    }
+    uint8_t blob[TSR_NCCL_BLOB_BYTES];
+    if (tsr_nccl_blob_make(&tsr_nccl_real, 1, 11, n, blob, err, sizeof err) < 0) {
+        fprintf(stderr, "allreduce: %s\n", err);
+        return 1;
+    }
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    ar_rank_t *r = (ar_rank_t *)calloc((size_t)n, sizeof *r);
+    pthread_t *th = (pthread_t *)calloc((size_t)n, sizeof *th);
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        r[i].rank = i;
+        r[i].n = n;
+        r[i].blob = blob;
+        r[i].bar = &bar;
+        pthread_create(&th[i], NULL, ar_rank, &r[i]);
+    }
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    int fails = 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].fails) {
+            fprintf(stderr, "allreduce: rank %d: %s\n", i, r[i].err);
+            fails++;
+        }
+    if (!fails) {
+        printf("allreduce: %d ranks on GPUs 0-%d, one NCCL group formed through the backend, "
+               "sums right (%.1f s in all); in place, bf16, %d after %d warm-up, settled once:\n",
+               n, n - 1, now_s() - t0, AR_ITERS, AR_WARMUP);
+        printf("allreduce: %12s %12s %14s %14s\n", "bytes", "time (us)", "algbw (GB/s)",
+               "busbw (GB/s)");
+        for (int k = 0; k < AR_SIZES; k++) {
+            double alg = ar_bytes[k] / r[0].secs[k] / 1e9;
+            printf("allreduce: %12zu %12.1f %14.2f %14.2f\n", ar_bytes[k], r[0].secs[k] * 1e6,
+                   alg, alg * 2.0 * (n - 1) / n);
+        }
+    }
+    pthread_barrier_destroy(&bar);
+    free(r);
+    free(th);
+    printf("allreduce: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     int n = 0;
@@ -426,6 +587,8 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "compare")) return compare(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "speed")) return speed(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "nccl")) return nccl_check();
-    fprintf(stderr, "usage: gpu_bench compare DIR | gpu_bench speed DIR | gpu_bench nccl\n");
+    if (argc == 3 && !strcmp(argv[1], "allreduce")) return allreduce_bench(argv[2]);
+    fprintf(stderr, "usage: gpu_bench compare DIR | gpu_bench speed DIR | gpu_bench nccl | "
+                    "gpu_bench allreduce N\n");
     return 2;
 }
