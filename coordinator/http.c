@@ -222,6 +222,7 @@ typedef struct {
     const char *finish;              /* "stop", "length"; NULL while it runs */
     bool ended;                      /* finished, failed or cancelled: no more events */
     bool cancel_sent;
+    int64_t looked_ms;               /* when gen_step last looked at the client */
     unsigned err_status;             /* a failure: its HTTP status */
     char err[700], err_code[32];
     /* stream */
@@ -315,12 +316,20 @@ static int gen_step(gen_t *g)
     for (;;) {
         tsr_env_t *env = NULL;
         int r = bridge_recv(g->sock, POLL_MS, &env);
-        if (r == 0) {
+        /* The client is looked at every POLL_MS, whether or not tokens keep coming: a
+         * request whose answer is sent whole at its end writes nothing before, so
+         * nothing else would notice that its client left. */
+        int64_t now = tsr_now_ms();
+        if (r == 0 || now - g->looked_ms >= POLL_MS) {
+            g->looked_ms = now;
             if (client_gone(g->conn)) {
+                tsr_env_free(&env);
                 gen_cancel(g);
                 g->ended = true;
                 return -1;
             }
+        }
+        if (r == 0) {
             if ((waited += POLL_MS) >= TOKEN_WAIT_MS) {
                 gen_cancel(g);
                 gen_fail(g, 504, NULL, "no token from the coordinator for 300 s");

@@ -86,7 +86,7 @@ def ended(m, dep):
 
 
 # ---- models and health ------------------------------------------------------------
-ok(sorted(m.id for m in client.models.list()) == ["text", "tight"], "/v1/models lists the deployments")
+ok(sorted(m.id for m in client.models.list()) == ["slow", "text", "tight"], "/v1/models lists the deployments")
 st, _, body = http("GET", "/health", key=None)
 ok(st == 200 and json.loads(body)["status"] == "ok", "/health is 200 while every deployment is ready")
 
@@ -259,6 +259,32 @@ while time.time() - t0 < 10 and metric(metrics(), "tessera_requests_total", depl
 ok(time.time() - t0 < 10, "closing the connection cancelled the request (%.0f ms)" %
    ((time.time() - t0) * 1000))
 
+# The same without streaming: nothing is written to the client before the end, so the server
+# must look at its connection while the tokens come, not only when they stop.
+m0 = metrics()
+s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
+req = json.dumps({"model": "slow", "prompt": PROMPT, "max_tokens": 350, "stream": False,
+                  "temperature": 0}).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+          str(len(req)).encode() + b"\r\n\r\n" + req)
+t0 = time.time()
+while time.time() - t0 < 10 and metric(metrics(), "tessera_generated_tokens_total",
+                                       deployment="slow") == \
+        metric(m0, "tessera_generated_tokens_total", deployment="slow"):
+    time.sleep(0.005)
+s.close()  # tokens are coming
+t0 = time.time()
+cancelled = lambda m: metric(m, "tessera_requests_total", deployment="slow", outcome="cancelled")
+while time.time() - t0 < 10 and cancelled(metrics()) <= cancelled(m0):
+    time.sleep(0.05)
+m1 = metrics()
+ok(cancelled(m1) == cancelled(m0) + 1 and ended(m1, "slow") == ended(m0, "slow"),
+   "closing the connection cancelled a request that is not streamed, while its tokens came "
+   "(%.0f ms, %d of its 350 tokens made)" % ((time.time() - t0) * 1000,
+   metric(m1, "tessera_generated_tokens_total", deployment="slow") -
+   metric(m0, "tessera_generated_tokens_total", deployment="slow")))
+
 # ---- 32 concurrent streams ----------------------------------------------------------------------
 results = [None] * 32
 
@@ -295,7 +321,7 @@ ok(d("tessera_time_to_first_token_seconds_count", deployment="text") == 5 and
    d("tessera_inter_token_latency_seconds_count", deployment="text") ==
    sum(x.usage.completion_tokens - 1 for x in sent), "the histograms saw every request and token")
 ok(metric(m1, "tessera_deployment_state", deployment="text", state="ready") == 1 and
-   metric(m1, "tessera_workers", state="ready") == 2 and metric(m1, "tessera_plan_epoch") >= 1,
+   metric(m1, "tessera_workers", state="ready") == 3 and metric(m1, "tessera_plan_epoch") >= 1,
    "deployment states, workers by state and the plan epoch")
 
 # ---- health: a deployment with no ready replica ----------------------------------------------------

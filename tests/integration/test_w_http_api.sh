@@ -9,6 +9,11 @@ PY="$ROOT/build/pyenv/bin/python"
 M2="$T/text-model"
 "$BIN/tessera" model-init "$M2" --hidden 64 --intermediate 128 --layers 4 --heads 8 \
     --kv-heads 4 --vocab 1024 --max-pos 512 --seed 4 > /dev/null || fail "model-init"
+# A slower model (about 10 ms a token here), so that a request is still making tokens
+# when its client leaves
+M3="$T/slow-model"
+"$BIN/tessera" model-init "$M3" --dtype bf16 --hidden 512 --intermediate 1536 --layers 8 --heads 8 \
+    --kv-heads 4 --vocab 1024 --max-pos 512 --seed 4 > /dev/null || fail "model-init"
 HPORT=$(free_port)
 KEY="tsr-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 echo "$KEY" > "$T/api-keys"
@@ -23,10 +28,13 @@ deployments:
     max_seq_len: 400
     max_batch: 1
     max_queue: 0
+  - name: slow
+    model: $M3
+    max_seq_len: 400
 YAML
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
-for i in 0 1; do start_worker "w$i"; done
+for i in 0 1 2; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 TSR_HTTP="http://127.0.0.1:$HPORT" TSR_KEY="$KEY" TSR_BIN="$BIN" TSR_CEP="$CEP" TSR_MODEL="$M2" \
     TSR_YAML="$T/d.yaml" "$PY" "$ROOT/tests/http/test_api.py" || fail "the HTTP API test failed"
