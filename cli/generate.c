@@ -209,7 +209,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         q.request_id = got ? request_id : 0;
         q.max_tokens = (uint32_t)(max_tokens - got);
         q.temperature = (float)temperature;
-        q.top_p = (float)top_p;
+        q.top_p = tsr_wire_top_p(top_p);
         q.seed = seed;
         if (deadline) {
             int64_t left = start + deadline - tsr_now_ms();

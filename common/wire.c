@@ -2,6 +2,7 @@
 #include "keys.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,11 @@ int tsr_wire_decode(const uint8_t *buf, size_t len, size_t max, tsr_env_t **out,
 bad:
     tessera__envelope__free_unpacked(env, NULL);
     return -1;
+}
+
+float tsr_wire_top_p(double top_p)
+{
+    return top_p > 0 && top_p < FLT_MIN ? FLT_MIN : (float)top_p;
 }
 
 void tsr_env_free(tsr_env_t **env_p)

@@ -44,6 +44,11 @@ void tsr_env_free(tsr_env_t **env_p);
  * protocol_version when it is 0. */
 int tsr_wire_encode(tsr_env_t *env, uint8_t **buf, size_t *len);
 
+/* A client's top_p (above 0, at most 1) as ControlRequest.top_p, a float where 0 means
+ * no cut: one below the smallest normal float becomes that float (the top token alone,
+ * as it asks) instead of rounding to 0. */
+float tsr_wire_top_p(double top_p);
+
 /* ---- sockets (raw libzmq handles; void * as libzmq uses) ---------------- */
 
 /* zmq_bind / zmq_connect / zmq_disconnect, tried again while a signal

@@ -415,7 +415,7 @@ static const char *read_params(json_t *body, bool chat, Tessera__ControlRequest 
         top_p = json_number_value(v);
     }
     q->temperature = (float)temperature;
-    q->top_p = (float)top_p;
+    q->top_p = tsr_wire_top_p(top_p);
     if ((v = json_object_get(body, "seed")) && !json_is_null(v)) {
         if (!json_is_integer(v)) return snprintf(msg, len, "seed: expected an integer"), "seed";
         q->seed = (uint64_t)json_integer_value(v);

@@ -111,6 +111,10 @@ s1 = client.completions.create(model="text", prompt=PROMPT, max_tokens=20, tempe
 s2 = client.completions.create(model="text", prompt=PROMPT, max_tokens=20, temperature=0.9,
                                top_p=0.9, seed=11, stream=True)
 ok(s1.choices[0].text == "".join(c.choices[0].text for c in s2), "a seeded sample repeats")
+# A top_p above 0 keeps at least the top token, however small (1e-300 is 0 as a float).
+tiny = client.completions.create(model="text", prompt=PROMPT, max_tokens=40, temperature=1,
+                                 top_p=1e-300, seed=5)
+ok(tiny.choices[0].text == want, "top_p 1e-300 keeps the top token alone: the greedy text")
 
 # ---- chat -----------------------------------------------------------------------------
 msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
