@@ -873,14 +873,30 @@ typedef struct {
     int64_t started_ms;              /* when its headers were in */
 } conn_t;
 
-static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    const char *value)
+/* What the headers say about the request's framing, gathered before any of the body is
+ * read. */
+typedef struct {
+    int content_length, transfer_encoding, host;
+    char bad_name[64];          /* the first header name with white space in it */
+    char coding[64];            /* the first Transfer-Encoding other than chunked */
+} framing_t;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
 {
     (void)kind;
-    (void)value;
-    int *n = cls;
-    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) n[0]++;
-    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) n[1]++;
+    framing_t *f = cls;
+    /* "Transfer-Encoding : chunked" is not Transfer-Encoding to this server, but may be
+     * to a proxy in front of it (RFC 9112, 5.1: refused). */
+    if (!f->bad_name[0] && (!key[0] || strpbrk(key, " \t")))
+        snprintf(f->bad_name, sizeof f->bad_name, "%s", key);
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) f->content_length++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_HOST)) f->host++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->transfer_encoding++;
+        if (!f->coding[0] && (!value || strcasecmp(value, "chunked")))
+            snprintf(f->coding, sizeof f->coding, "%s", value ? value : "");
+    }
     return MHD_YES;
 }
 
@@ -909,7 +925,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls)
 {
-    (void)version;
     tsr_http_t *h = cls;
     conn_t *cc = *con_cls;
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
@@ -925,11 +940,28 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         if (!known) return respond_error(conn, 404, "no such endpoint", NULL, NULL);
         if ((completions || chat) != post || (!post && !get))
             return respond_error(conn, 405, "method not allowed here", NULL, NULL);
-        int framing[2] = {0, 0};
-        MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, framing);
-        if (framing[0] > 1 || (framing[0] && framing[1]))
+        framing_t f = {0};
+        char m[160];
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+        if (f.bad_name[0]) {
+            snprintf(m, sizeof m, "malformed header name '%s': white space before its colon",
+                     f.bad_name);
+            return respond_error(conn, 400, m, NULL, NULL);
+        }
+        if (!strcmp(version, MHD_HTTP_VERSION_1_1) && f.host != 1)
+            return respond_error(conn, 400, f.host ? "more than one Host header"
+                                                   : "an HTTP/1.1 request needs a Host header",
+                                 NULL, NULL);
+        if (f.content_length > 1 || (f.content_length && f.transfer_encoding))
             return respond_error(conn, 400, "ambiguous framing: more than one Content-Length, or "
                                  "one with Transfer-Encoding", NULL, NULL);
+        if (f.transfer_encoding > 1)
+            return respond_error(conn, 400, "more than one Transfer-Encoding header", NULL, NULL);
+        if (f.coding[0]) {
+            snprintf(m, sizeof m, "Transfer-Encoding '%s' is not supported: send the body "
+                     "with Content-Length, or with Transfer-Encoding: chunked", f.coding);
+            return respond_error(conn, 501, m, NULL, NULL);
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
@@ -937,7 +969,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         /* A body declared too long is refused at once when the client waits to be told
          * (Expect: 100-continue) or is too long to read and drop. */
         if (declared > MAX_BODY && (expect || declared > MAX_DISCARD)) {
-            char m[96];
             snprintf(m, sizeof m, "the body is over the limit of %u bytes", MAX_BODY);
             return respond_error(conn, 413, m, NULL, NULL);
         }

@@ -220,6 +220,20 @@ ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length
        b"Content-Length: 40\r\n\r\n{}") == 400, "two Content-Lengths: 400, no smuggling")
 ok(raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 5000000\r\n"
        b"Expect: 100-continue\r\n\r\n") == 413, "Expect: 100-continue with 5 MB: 413 at once")
+body = json.dumps({"model": "text", "prompt": "x", "max_tokens": 1}).encode()
+post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth
+ok(raw(post + b"Transfer-Encoding : chunked\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+   == 400, "a header name with white space before its colon: 400 (a proxy may read it as "
+   "Transfer-Encoding)")
+ok(raw(post + b"Transfer-Encoding: gzip\r\n\r\n") == 501 and
+   raw(post + b"Transfer-Encoding: gzip, chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n") == 501,
+   "a Transfer-Encoding other than chunked: 501 at once")
+ok(raw(post + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+   == 400, "two Transfer-Encoding headers: 400")
+ok(raw(b"GET /health HTTP/1.1\r\n\r\n") == 400 and
+   raw(b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n") == 400 and
+   raw(b"GET /health HTTP/1.0\r\n\r\n") == 200,
+   "HTTP/1.1 without a Host, or with two: 400 (HTTP/1.0 needs none)")
 ok(raw(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n") == 200, "HEAD /health works for probes")
 ok(raw(b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n") == 405 and
    raw(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n") == 405,
