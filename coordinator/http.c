@@ -457,7 +457,13 @@ static const char *read_params(json_t *body, bool chat, Tessera__ControlRequest 
         g->stream = json_is_true(v);
     }
     json_t *so = json_object_get(body, "stream_options");
-    if (so && json_is_object(so)) g->include_usage = json_is_true(json_object_get(so, "include_usage"));
+    if (so && !json_is_null(so)) {
+        json_t *iu = json_is_object(so) ? json_object_get(so, "include_usage") : NULL;
+        if (!json_is_object(so) || (iu && !json_is_null(iu) && !json_is_boolean(iu)))
+            return snprintf(msg, len, "stream_options: expected an object whose include_usage "
+                            "is true or false"), "stream_options";
+        g->include_usage = json_is_true(iu);
+    }
     return NULL;
 }
 
@@ -669,7 +675,8 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
                     json_integer_value(x) > INT32_MAX) {
                     bad = "prompt";
                     snprintf(msg, sizeof msg, "prompt[%zu]: expected a token id (an integer "
-                             "from 0)", k);
+                             "from 0); a prompt is one string, a list of one string, or a "
+                             "list of token ids", k);
                     break;
                 }
                 ids[k] = (int32_t)json_integer_value(x);

@@ -172,6 +172,11 @@ code, body, _ = status_of(lambda: client.completions.create(model="text", prompt
                                                             temperature=5))
 ok(code == 400 and body.get("param") == "temperature", "400 names the bad field")
 code, body, _ = status_of(lambda: client.completions.create(model="text", prompt="x",
+                                                            extra_body={"stream_options": "x"}))
+ok(code == 400 and body.get("param") == "stream_options", "400 for stream_options not an object")
+code, body, _ = status_of(lambda: client.completions.create(model="text", prompt=["a", "b"]))
+ok(code == 400 and body.get("param") == "prompt", "a list of two strings: 400 naming the prompt")
+code, body, _ = status_of(lambda: client.completions.create(model="text", prompt="x",
                                                             max_tokens=0))
 ok(code == 400 and body.get("param") == "max_tokens", "400 for max_tokens 0")
 code, body, _ = status_of(lambda: client.chat.completions.create(model="text", messages=[
