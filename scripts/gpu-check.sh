@@ -143,6 +143,26 @@ for dt in f16 f32; do
 done
 
 # ---- a cluster on this machine -------------------------------------------------
+# failover CONTROL DEPLOYMENT WORKER PID WANT WHAT: kill -9 the deployment's worker,
+# wait until the coordinator has it dead and the deployment is ready again, generate
+# 32 tokens again; fails unless they are WANT.
+failover() {
+    local C=(--coordinator "$1") dep=$2 victim=$3 pid=$4 want=$5 what=$6 t0 again
+    [ -n "$victim" ] && [ -n "$pid" ] && kill -9 "$pid" ||
+        { "$B/tessera" "${C[@]}" workers; echo "no worker of $dep to kill ($what)"; return 1; }
+    t0=$(date +%s%N)
+    # ready again only once the dead worker is noticed and replaced
+    until "$B/tessera" "${C[@]}" workers | awk -v w="$victim" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
+        [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
+    done
+    if ! "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/failover.txt"; then
+        cat "$T/failover.txt"; echo "$dep did not come back after $victim died"; return 1
+    fi
+    echo "after $victim ($what, pid $pid) was killed: ready again in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    again=$(timeout 60 "$B/tessera" "${C[@]}" generate "$dep" --prompt-ids 1,5,9,200,3,77,512,1000 --max-tokens 32 --ids)
+    echo "tokens: $again"
+    [ "$again" = "$want" ] || { echo "$dep's tokens changed after the failover"; return 1; }
+}
 head_yaml() {   # head_yaml PORT: a file's coordinator on loopback ports PORT and PORT + 1
     printf 'version: 1\ncoordinator:\n  workers_endpoint: tcp://127.0.0.1:%d\n' "$1"
     printf '  control_endpoint: tcp://127.0.0.1:%d\n  security: none\ndeployments:\n' $(($1 + 1))
@@ -212,23 +232,7 @@ YAML
     local victim pid
     victim=$("$B/tessera" "${C[@]}" workers | awk '/on-gpu-tp2pp2/ {print $1; exit}')
     pid=$("$B/tessera" "${C[@]}" workers | awk -v w="$victim" '$1 == w {print $5}')
-    if [ -n "$pid" ] && kill -9 "$pid"; then
-        local t0=$(date +%s%N)
-        # ready again only once the dead worker is noticed and replaced
-        until "$B/tessera" "${C[@]}" workers | awk -v w="$victim" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
-            [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
-        done
-        if "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/status2.txt"; then
-            local again ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-            again=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu-tp2pp2 --prompt-ids $ids --max-tokens 32 --ids)
-            echo "after $victim (pid $pid) was killed: ready again in $ready_ms ms; tokens: $again"
-            [ "$again" = "$gpu4" ] || { echo "the replica's tokens changed after the failover"; ok=1; }
-        else
-            cat "$T/status2.txt"; echo "the tp=2 pp=2 replica did not come back after $victim died"; ok=1
-        fi
-    else
-        echo "no worker of the tp=2 pp=2 replica to kill"; ok=1
-    fi
+    failover "${C[1]}" on-gpu-tp2pp2 "$victim" "$pid" "$gpu4" "a rank of tp=2 pp=2" || ok=1
     "$B/tessera" "${C[@]}" workers
     "$B/tessera" "${C[@]}" workers --json | grep -o '"name": *"[^"]*"\|"weight_bytes": *[0-9]*\|"kv_bytes": *[0-9]*' | paste - - - 2>/dev/null
     stop $(jobs -p)
@@ -326,7 +330,7 @@ YAML
         TSR_TEST_NCCL_SOLO=1 "$B/tessera-worker" "${W[@]}" --name nccl-w$i 2> "$T/nccl-w$i.log" &
     done
     "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/nstatus.txt" || { cat "$T/nstatus.txt"; ok=1; }
-    local s0 s1 pid1 out again
+    local s0 s1 pid1 out t0
     s0=$("$B/tessera" "${C[@]}" workers | awk '$8 == "solo" && $10 == "s0" {print $1; exit}')
     read -r s1 pid1 < <("$B/tessera" "${C[@]}" workers | awk '$8 == "solo" && $10 == "s1" {print $1, $5; exit}')
     grep -h "$formed" "$T"/nccl-w*.log
@@ -336,19 +340,8 @@ YAML
     echo "cuda tp=1 pp=2, sums through NCCL: $out"
     [ "$(echo "$out" | wc -w)" -eq 32 ] || { echo "it did not generate 32 tokens"; ok=1; }
     [ "$out" = "${GPU_TOKENS:-}" ] && echo "equals cuda tp=1 pp=1" || echo "differs from cuda tp=1 pp=1"
-    if [ -n "${s0:-}" ] && [ -n "${pid1:-}" ] && kill -9 "$pid1"; then
-        local t0=$(date +%s%N)
-        until "$B/tessera" "${C[@]}" workers | awk -v w="$s1" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
-            [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
-        done
-        if "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/nstatus2.txt"; then
-            echo "after $s1 (stage 1, pid $pid1) was killed: ready again in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-            again=$(timeout 60 "$B/tessera" "${C[@]}" generate solo --prompt-ids $ids --max-tokens 32 --ids)
-            echo "tokens: $again"
-            [ "$again" = "$out" ] || { echo "the replica's tokens changed after the failover"; ok=1; }
-        else
-            cat "$T/nstatus2.txt"; echo "the replica did not come back after $s1 died"; ok=1
-        fi
+    if [ -n "${s0:-}" ]; then
+        failover "${C[1]}" solo "${s1:-}" "${pid1:-}" "$out" "stage 1" || ok=1
         # stage 0's worker: its first epoch's communicator aborted, a later one formed
         local first last
         first=$(grep -o "$formed" "$T/$s0.log" | head -1 | grep -o 'epoch [0-9]*')
@@ -424,27 +417,15 @@ YAML
         [ "$out" = "$TP1_TOKENS" ] && echo "tp=$n equals tp=1" || echo "tp=$n differs from tp=1"
     fi
     if [ $spare = 1 ]; then
-        local victim pid t0 again r0
+        local victim pid r0
         r0=$("$B/tessera" "${C[@]}" workers | awk '$8 == "tp2" && $11 == "t0" {print $1; exit}')
         read -r victim pid < <("$B/tessera" "${C[@]}" workers | awk '$8 == "tp2" && $11 == "t1" {print $1, $5; exit}')
-        if [ -n "${r0:-}" ] && [ -n "${pid:-}" ] && kill -9 "$pid"; then
-            t0=$(date +%s%N)
-            until "$B/tessera" "${C[@]}" workers | awk -v w="$victim" '$1 == w && $3 == "dead" {f=1} END {exit !f}'; do
-                [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 10000 ] && break; sleep 0.05
-            done
-            if "$B/tessera" "${C[@]}" status --wait-ready 60 > "$T/tp2-status2.txt"; then
-                echo "after $victim (rank 1, pid $pid) was killed: ready again in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-                again=$(timeout 60 "$B/tessera" "${C[@]}" generate tp2 --prompt-ids $ids --max-tokens 32 --ids)
-                echo "tokens: $again"
-                [ "$again" = "$out" ] || { echo "tp=2's tokens changed after the failover"; ok=1; }
-                grep -h "collectives aborted" "$T/$r0.log" | head -2
-                [ "$(grep -o "$formed" "$T/$r0.log" | grep -o 'epoch [0-9]*' | sort -u | wc -l)" -ge 2 ] ||
-                    { echo "rank 0 ($r0) did not form its NCCL group again in a later epoch"; ok=1; }
-            else
-                cat "$T/tp2-status2.txt"; echo "tp=2 did not come back after $victim died"; ok=1
-            fi
+        if failover "${C[1]}" tp2 "${victim:-}" "${pid:-}" "$out" "rank 1"; then
+            grep -h "collectives aborted" "$T/$r0.log" | head -2
+            [ "$(grep -o "$formed" "$T/$r0.log" | grep -o 'epoch [0-9]*' | sort -u | wc -l)" -ge 2 ] ||
+                { echo "rank 0 ($r0) did not form its NCCL group again in a later epoch"; ok=1; }
         else
-            "$B/tessera" "${C[@]}" workers; echo "no rank-1 worker to kill"; ok=1
+            ok=1
         fi
     fi
     stop $(jobs -p)

@@ -257,13 +257,19 @@ ok(code == 503 and headers.get("retry-after") == "1", "503 with Retry-After when
 first.close()
 
 # ---- a client that goes away cancels its request ------------------------------------------
+def raw_completion(model, stream):
+    """A completion of 350 tokens sent on a raw socket, which the caller closes."""
+    s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
+    req = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 350, "stream": stream,
+                      "temperature": 0}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+              str(len(req)).encode() + b"\r\n\r\n" + req)
+    return s
+
+
 m0 = metrics()
-s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
-req = json.dumps({"model": "text", "prompt": PROMPT, "max_tokens": 350, "stream": True,
-                  "temperature": 0}).encode()
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-          b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-          str(len(req)).encode() + b"\r\n\r\n" + req)
+s = raw_completion("text", True)
 s.settimeout(30)
 got = b""
 while b"data:" not in got:
@@ -285,12 +291,7 @@ ok(time.time() - t0 < 10, "closing the connection cancelled the request (%.0f ms
 # The same without streaming: nothing is written to the client before the end, so the server
 # must look at its connection while the tokens come, not only when they stop.
 m0 = metrics()
-s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
-req = json.dumps({"model": "slow", "prompt": PROMPT, "max_tokens": 350, "stream": False,
-                  "temperature": 0}).encode()
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-          b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-          str(len(req)).encode() + b"\r\n\r\n" + req)
+s = raw_completion("slow", False)
 t0 = time.time()
 while time.time() - t0 < 10 and metric(metrics(), "tessera_generated_tokens_total",
                                        deployment="slow") == \
