@@ -50,7 +50,8 @@
 #define PER_CLIENT_CONNECTIONS 128   /* connections from one address at once */
 #define MAX_CONNECTIONS 1024
 
-#define DEPLOYMENTS_TTL_MS 250        /* /health and /v1/models share one answer this long */
+#define DEPLOYMENTS_TTL_MS 250        /* /health and /v1/models share one answer this long, */
+#define METRICS_TTL_MS 250            /* and every /metrics scrape one text */
 
 struct tsr_http {
     struct MHD_Daemon *d;
@@ -63,6 +64,11 @@ struct tsr_http {
     pthread_mutex_t cache_mu;
     json_t *deployments;
     int64_t deployments_at;
+    /* The same for the metrics text, fetched at most every METRICS_TTL_MS: /metrics is
+     * open, and a flood of scrapes would otherwise have the loop build one per request. */
+    pthread_mutex_t metrics_mu;
+    char *metrics;
+    int64_t metrics_at;
 };
 
 
@@ -859,15 +865,23 @@ static enum MHD_Result get_health(tsr_http_t *h, struct MHD_Connection *conn)
 
 static enum MHD_Result get_metrics(tsr_http_t *h, struct MHD_Connection *conn)
 {
-    tsr_env_t *env = NULL;
-    if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__METRICS, &env) != 0 || !env->control_reply->ok) {
+    pthread_mutex_lock(&h->metrics_mu);
+    if (!h->metrics || tsr_now_ms() - h->metrics_at >= METRICS_TTL_MS) {
+        tsr_env_t *env = NULL;
+        free(h->metrics);
+        h->metrics = NULL;
+        if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__METRICS, &env) == 0 &&
+            env->control_reply->ok)
+            h->metrics = strdup(env->control_reply->json);
         tsr_env_free(&env);
-        return respond(conn, 503, "text/plain", "the coordinator did not answer\n", 31, 1);
+        h->metrics_at = tsr_now_ms();
     }
-    const char *s = env->control_reply->json;
-    enum MHD_Result rc = respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", s,
-                                 strlen(s), 0);
-    tsr_env_free(&env);
+    /* Copied by respond, under the lock: the next fetch may free it. */
+    enum MHD_Result rc =
+        h->metrics ? respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+                             h->metrics, strlen(h->metrics), 0)
+                   : respond(conn, 503, "text/plain", "the coordinator did not answer\n", 31, 1);
+    pthread_mutex_unlock(&h->metrics_mu);
     return rc;
 }
 
@@ -1090,6 +1104,7 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
     h->reg = reg;
     snprintf(h->bridge, sizeof h->bridge, "%s", bridge);
     pthread_mutex_init(&h->cache_mu, NULL);
+    pthread_mutex_init(&h->metrics_mu, NULL);
     if (api_keys_file) {
         int n = tsr_http_read_keys(api_keys_file, &h->keys, err, errlen);
         if (n < 0) {
@@ -1137,6 +1152,8 @@ void tsr_http_stop(tsr_http_t **self_p)
     if (h->d) MHD_stop_daemon(h->d);
     json_decref(h->deployments);
     pthread_mutex_destroy(&h->cache_mu);
+    free(h->metrics);
+    pthread_mutex_destroy(&h->metrics_mu);
     for (size_t k = 0; k < h->n_keys; k++) free(h->keys[k]);
     free(h->keys);
     free(h);

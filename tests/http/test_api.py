@@ -66,6 +66,9 @@ def http(method, path, body=None, key=KEY, raw=None):
 
 
 def metrics():
+    """The metrics as they are now: the server answers every scrape from one text up to
+    250 ms old, so this waits that long first."""
+    time.sleep(0.26)
     st, _, text = http("GET", "/metrics", key=None)
     if st != 200:
         ok(False, "/metrics answers 200, not %d" % st)
@@ -257,10 +260,10 @@ ok(code == 503 and headers.get("retry-after") == "1", "503 with Retry-After when
 first.close()
 
 # ---- a client that goes away cancels its request ------------------------------------------
-def raw_completion(model, stream):
-    """A completion of 350 tokens sent on a raw socket, which the caller closes."""
+def raw_completion(model, stream, n):
+    """A completion of n tokens sent on a raw socket, which the caller closes."""
     s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
-    req = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 350, "stream": stream,
+    req = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": n, "stream": stream,
                       "temperature": 0}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
@@ -269,7 +272,7 @@ def raw_completion(model, stream):
 
 
 m0 = metrics()
-s = raw_completion("text", True)
+s = raw_completion("text", True, 350)
 s.settimeout(30)
 got = b""
 while b"data:" not in got:
@@ -291,7 +294,7 @@ ok(time.time() - t0 < 10, "closing the connection cancelled the request (%.0f ms
 # The same without streaming: nothing is written to the client before the end, so the server
 # must look at its connection while the tokens come, not only when they stop.
 m0 = metrics()
-s = raw_completion("slow", False)
+s = raw_completion("slow", False, 900)
 t0 = time.time()
 while time.time() - t0 < 10 and metric(metrics(), "tessera_generated_tokens_total",
                                        deployment="slow") == \
@@ -305,7 +308,7 @@ while time.time() - t0 < 10 and cancelled(metrics()) <= cancelled(m0):
 m1 = metrics()
 ok(cancelled(m1) == cancelled(m0) + 1 and ended(m1, "slow") == ended(m0, "slow"),
    "closing the connection cancelled a request that is not streamed, while its tokens came "
-   "(%.0f ms, %d of its 350 tokens made)" % ((time.time() - t0) * 1000,
+   "(%.0f ms, %d of its 900 tokens made)" % ((time.time() - t0) * 1000,
    metric(m1, "tessera_generated_tokens_total", deployment="slow") -
    metric(m0, "tessera_generated_tokens_total", deployment="slow")))
 
@@ -347,6 +350,17 @@ ok(d("tessera_time_to_first_token_seconds_count", deployment="text") == 5 and
 ok(metric(m1, "tessera_deployment_state", deployment="text", state="ready") == 1 and
    metric(m1, "tessera_workers", state="ready") == 3 and metric(m1, "tessera_plan_epoch") >= 1,
    "deployment states, workers by state and the plan epoch")
+
+# A flood of scrapes costs the coordinator's loop one metrics text every 250 ms: for a
+# second of back-to-back scrapes, the heartbeats counter (three workers, ten a second each)
+# takes at most 5 values, and more than one.
+seen, t0 = set(), time.time()
+while time.time() - t0 < 1.0:
+    for line in http("GET", "/metrics", key=None)[2].splitlines():
+        if line.startswith("tessera_heartbeats_total"):
+            seen.add(line)
+ok(2 <= len(seen) <= 5, "scrapes share one metrics text for 250 ms (%d heartbeat counts in 1 s)"
+   % len(seen))
 
 # ---- health: a deployment with no ready replica ----------------------------------------------------
 orig = open(YAML).read()

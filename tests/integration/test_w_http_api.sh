@@ -13,7 +13,7 @@ M2="$T/text-model"
 # when its client leaves
 M3="$T/slow-model"
 "$BIN/tessera" model-init "$M3" --dtype bf16 --hidden 512 --intermediate 1536 --layers 8 --heads 8 \
-    --kv-heads 4 --vocab 1024 --max-pos 512 --seed 4 > /dev/null || fail "model-init"
+    --kv-heads 4 --vocab 1024 --max-pos 1024 --seed 4 > /dev/null || fail "model-init"
 HPORT=$(free_port)
 KEY="tsr-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 echo "$KEY" > "$T/api-keys"
@@ -30,7 +30,7 @@ deployments:
     max_queue: 0
   - name: slow
     model: $M3
-    max_seq_len: 400
+    max_seq_len: 1000
 YAML
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
