@@ -5,6 +5,7 @@
  * as "FILE:LINE:COL: KEYPATH: problem"; positions come from the nodes'
  * start marks (0-based in libyaml, 1-based in messages). */
 #include "deploy.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -1030,48 +1031,6 @@ out:
     return rc;
 }
 
-/* Reads at most limit+1 bytes so an oversized file is detected without
- * trusting its stat size (it may be a pipe or still growing). */
-static int read_file(const char *path, char **buf_out, size_t *len_out,
-                     char *err, size_t errlen)
-{
-    FILE *f = NULL;
-    char *buf = NULL;
-    size_t cap = TSR_CONFIG_MAX_BYTES + 1, len = 0, got;
-    int rc = -1;
-
-    f = fopen(path, "rb");
-    if (f == NULL) {
-        fail_plain(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-        goto out;
-    }
-    buf = malloc(cap);
-    if (buf == NULL) {
-        fail_plain(err, errlen, "%s: out of memory", path);
-        goto out;
-    }
-    while (len < cap && (got = fread(buf + len, 1, cap - len, f)) > 0)
-        len += got;
-    if (ferror(f)) {
-        fail_plain(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-        goto out;
-    }
-    if (len > TSR_CONFIG_MAX_BYTES) {
-        fail_plain(err, errlen, "%s: too large (more than %d bytes)", path,
-                   TSR_CONFIG_MAX_BYTES);
-        goto out;
-    }
-    *buf_out = buf;
-    *len_out = len;
-    buf = NULL; /* transferred */
-    rc = 0;
-out:
-    free(buf);
-    if (f)
-        fclose(f);
-    return rc;
-}
-
 int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errlen)
 {
     char *buf = NULL;
@@ -1079,7 +1038,7 @@ int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errl
     int rc = -1;
 
     *out = NULL;
-    if (read_file(path, &buf, &len, err, errlen) < 0)
+    if ((buf = tsr_read_regular(path, TSR_CONFIG_MAX_BYTES, &len, err, errlen)) == NULL)
         goto out;
     rc = tsr_config_parse(buf, len, path, out, err, errlen);
 out:

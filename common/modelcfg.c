@@ -348,7 +348,12 @@ int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_
         tsr_set_err(err, errlen, "%s/config.json: out of memory", dir);
         goto out;
     }
-    root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    size_t len = 0;
+    char *text = tsr_read_regular(path, TSR_MODEL_CONFIG_MAX_BYTES, &len, err, errlen);
+    if (text == NULL)
+        goto out;
+    root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (root == NULL) {
         if (jerr.line > 0)
             tsr_set_err(err, errlen, "%s:%d:%d: invalid JSON: %s", path, jerr.line,

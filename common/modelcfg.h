@@ -42,6 +42,8 @@ int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_
 
 /* Most pieces (workers) one deployment may have. */
 #define TSR_MAX_PIECES 65536
+/* config.json is a few kilobytes; a larger one is refused before it is parsed. */
+#define TSR_MODEL_CONFIG_MAX_BYTES (1024 * 1024)
 
 /* Checks that deployment d can be laid out on model m: heads, KV heads and
  * intermediate_size divisible by tensor, no more stages than layers, at most

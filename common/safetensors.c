@@ -501,9 +501,8 @@ static int add_file(tsr_st_t *st, const char *name, char *err, size_t errlen)
         free(path);
         return -1;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = tsr_open_regular(path, err, errlen);  /* a FIFO would block the load for ever */
     if (fd < 0) {
-        tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
         free(path);
         return -1;
     }
@@ -551,8 +550,13 @@ static int load_index_json(const char *path, json_t **wm_out, json_t **root_out,
                            char *err, size_t errlen)
 {
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    size_t len = 0;
+    char *text = tsr_read_regular(path, TSR_ST_INDEX_MAX_BYTES, &len, err, errlen);
+    if (text == NULL)
+        return -1;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     json_t *wm = json_object_get(root, "weight_map");
+    free(text);
 
     if (root == NULL) {
         tsr_set_err(err, errlen, "%s: %s%s", path, jerr.line > 0 ? "invalid JSON: " : "",

@@ -18,6 +18,7 @@
 
 #define TSR_ST_MAX_DIMS 4
 #define TSR_ST_MAX_HEADER (100u * 1024u * 1024u)  /* 100 MiB of JSON at most */
+#define TSR_ST_INDEX_MAX_BYTES (16u * 1024u * 1024u)  /* model.safetensors.index.json */
 
 typedef struct {
     char *name;

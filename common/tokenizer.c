@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "common/strbuf.h"
 #include "common/util.h"
@@ -1201,36 +1202,6 @@ out:
     return result;
 }
 
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    buf_t b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (buf_put(&b, chunk, n)) {
-            tsr_set_err(err, errlen, "%s: out of memory", path);
-            free(b.p);
-            fclose(f);
-            return NULL;
-        }
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        tsr_set_err(err, errlen, "%s: read error", path);
-        free(b.p);
-        return NULL;
-    }
-    if (!b.p && buf_put(&b, "", 0)) return NULL;
-    *len = b.len;
-    return b.p;
-}
-
 tsr_tokenizer_t *tsr_tok_load(const char *dir, char *err, size_t errlen)
 {
     char *path = tsr_path_join(dir, "tokenizer.json");
@@ -1242,12 +1213,10 @@ tsr_tokenizer_t *tsr_tok_load(const char *dir, char *err, size_t errlen)
         tsr_set_err(err, errlen, "out of memory");
         goto out;
     }
-    if (!(text = read_file(path, &len, err, errlen))) goto out;
-    FILE *probe = fopen(cpath, "rb");
-    if (probe) {
-        fclose(probe);
-        if (!(ctext = read_file(cpath, &clen, err, errlen))) goto out;
-    }
+    if (!(text = tsr_read_regular(path, TSR_TOKENIZER_MAX_BYTES, &len, err, errlen))) goto out;
+    if (access(cpath, F_OK) == 0 &&
+        !(ctext = tsr_read_regular(cpath, TSR_TOKENIZER_MAX_BYTES, &clen, err, errlen)))
+        goto out;
     t = tsr_tok_load_text(text, len, ctext, clen, path, err, errlen);
 out:
     free(path);

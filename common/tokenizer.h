@@ -20,6 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* tokenizer.json (and tokenizer_config.json) at most: real ones are 2 to 35 MiB. */
+#define TSR_TOKENIZER_MAX_BYTES (64u * 1024u * 1024u)
+
 typedef struct tsr_tokenizer tsr_tokenizer_t;
 
 /* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json (bos, eos, chat

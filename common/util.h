@@ -12,4 +12,13 @@ void tsr_set_err(char *err, size_t errlen, const char *fmt, ...)
  * the result (free); NULL when out of memory. */
 char *tsr_path_join(const char *dir, const char *name);
 
+/* Opens path for reading (O_CLOEXEC) only when it is a regular file: a FIFO, a device or a
+ * directory is refused, without blocking on it.  The fd, or -1 with "PATH: why" in err. */
+int tsr_open_regular(const char *path, char *err, size_t errlen);
+
+/* Reads the regular file at path whole (tsr_open_regular), refusing one of more than max
+ * bytes.  The buffer is NUL-terminated (not counted in *len); caller frees it.  NULL with
+ * "PATH: why" in err. */
+char *tsr_read_regular(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
 #endif

@@ -13,7 +13,11 @@ passed=0 failed=0 failures=()
 run_cmocka() {
     local name=$1 out rc p f
     shift
-    out=$("$@" 2>&1); rc=$?
+    # bounded: a test that hangs (a read that blocks for ever) fails instead of
+    # holding the run
+    out=$(timeout 600 "$@" 2>&1); rc=$?
+    [ $rc = 124 ] && out="$out
+$name: stopped after 600 s"
     echo "$out"
     p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
     f=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)

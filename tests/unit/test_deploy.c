@@ -628,7 +628,7 @@ static void test_missing_file_is_reported(void **state)
     (void)state;
     assert_int_equal(tsr_config_load("/nonexistent/demo.yaml", &cfg, err, sizeof err), -1);
     assert_null(cfg);
-    assert_string_equal(err, "/nonexistent/demo.yaml: cannot read: No such file or directory");
+    assert_string_equal(err, "/nonexistent/demo.yaml: No such file or directory");
 }
 
 static void test_oversized_file_is_rejected(void **state)

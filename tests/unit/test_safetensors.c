@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "common/modelcfg.h"
 #include "common/safetensors.h"
+#include "common/tokenizer.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -514,6 +515,45 @@ static void test_missing_checkpoint_names_model_safetensors(void **state)
 
     (void)state;
     expect_open_error(dir, at(dir, "model.safetensors"), "No such file", NULL);
+    rm_dir(dir);
+}
+
+/* A model's files are read only when they are regular files of a sane size: a FIFO
+ * would block the reader for ever, /dev/zero never ends, a huge JSON stalls the
+ * coordinator's loop.  Each is refused at once, naming the file and why. */
+static void test_model_files_must_be_regular_and_bounded(void **state)
+{
+    char *dir = make_tmpdir();
+    char err[1024];
+    tsr_st_t *st = NULL;
+    tsr_model_info_t m;
+
+    (void)state;
+    assert_int_equal(mkfifo(at(dir, "model.safetensors"), 0600), 0);
+    expect_open_error(dir, at(dir, "model.safetensors: not a regular file (a FIFO)"), NULL);
+    assert_int_equal(tsr_st_open(dir, &st, err, sizeof err), -1);
+
+    assert_int_equal(mkdir(at(dir, "config.json"), 0700), 0);
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "config.json: not a regular file (a directory)"));
+    assert_int_equal(rmdir(at(dir, "config.json")), 0);
+    assert_int_equal(symlink("/dev/zero", at(dir, "config.json")), 0);
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "config.json: not a regular file (a device)"));
+    unlink(at(dir, "config.json"));
+    write_bytes(dir, "config.json", "{}", 2);   /* made sparse: no disk is spent */
+    assert_int_equal(truncate(at(dir, "config.json"), TSR_MODEL_CONFIG_MAX_BYTES + 1), 0);
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "config.json: too large"));
+
+    assert_int_equal(mkfifo(at(dir, "tokenizer.json"), 0600), 0);
+    assert_null(tsr_tok_load(dir, err, sizeof err));
+    assert_non_null(strstr(err, "tokenizer.json: not a regular file (a FIFO)"));
+    unlink(at(dir, "tokenizer.json"));
+    write_bytes(dir, "tokenizer.json", "{}", 2);
+    assert_int_equal(truncate(at(dir, "tokenizer.json"), TSR_TOKENIZER_MAX_BYTES + 1), 0);
+    assert_null(tsr_tok_load(dir, err, sizeof err));
+    assert_non_null(strstr(err, "tokenizer.json: too large"));
     rm_dir(dir);
 }
 
@@ -1157,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_model_config_forward_fields_default_like_transformers),
         cmocka_unit_test(test_model_config_refusals_name_the_field),
         cmocka_unit_test(test_model_init_config_loads_back),
+        cmocka_unit_test(test_model_files_must_be_regular_and_bounded),
         cmocka_unit_test(test_model_init_rejects_bad_arguments_and_overwrites),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
