@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/log.h"
@@ -1035,9 +1036,13 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 int tsr_http_read_keys(const char *path, char ***keys, char *err, size_t errlen)
 {
     struct stat st;
-    FILE *f = fopen(path, "r");
+    int fd = tsr_open_regular(path, err, errlen);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
     if (!f) {
-        tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
+        if (fd >= 0) {
+            tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
+            close(fd);
+        }
         return -1;
     }
     if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077)) {
