@@ -3,6 +3,8 @@
  * Signal handlers only set flags; the loop below does the work. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,10 @@
 #include "common/wire.h"
 #include "coordinator.h"
 #include "http.h"
+
+/* How much later than its poll's timeout the loop may come back before its next turn
+ * judges no one (see the loop). */
+#define LOOP_LATE_MS 200
 
 static volatile sig_atomic_t stop_flag, reload_flag;
 
@@ -160,7 +166,9 @@ int main(int argc, char **argv)
     if (c->cmon) items[n_items++] = (zmq_pollitem_t){c->cmon, 0, ZMQ_POLLIN, 0};
     if (c->bsock) items[n_items++] = (zmq_pollitem_t){c->bsock, 0, ZMQ_POLLIN, 0};
     int timeout = 0;
+    bool held = false;
     while (!stop_flag) {
+        int64_t due = timeout < 0 ? INT64_MAX : tsr_now_ms() + timeout;
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
             tsr_error("poll failed: %s", zmq_strerror(errno));
@@ -175,6 +183,16 @@ int main(int argc, char **argv)
             sd_notify(0, "READY=1");
         }
         int64_t now = tsr_now_ms();
+        /* The loop comes back later than its poll allowed: it was busy (a reload that read
+         * a big tokenizer.json, a slow disk) or stopped, and the heartbeats of that time
+         * wait in the socket.  They are read (one more turn) before anyone is judged
+         * silent: a held loop is not a dead worker. */
+        if (!held && now - due > LOOP_LATE_MS) {
+            held = true;
+            timeout = 0;
+            continue;
+        }
+        held = false;
         timeout = tsr_coord_tick(c, now);
         if (watchdog && now >= wd_next) {
             sd_notify(0, "WATCHDOG=1");
