@@ -6,6 +6,8 @@
 #include "cli.h"
 #include "common/log.h"
 
+#define RELOAD_ANSWER_MS 60000   /* how long a sent reload may take to answer */
+
 int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
                     json_t **out)
 {
@@ -49,8 +51,15 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
 
     /* The request is queued until the connection is up; the deadline
      * covers connecting and answering. */
-    const int64_t deadline = tsr_now_ms() + cli->timeout_ms;
+    int64_t deadline = tsr_now_ms() + cli->timeout_ms;
     if (tsr_cli_send(cli, s, mon, &env, deadline) < 0) goto out;
+    /* A reload reads every new deployment's model files (a tokenizer.json can be tens of
+     * megabytes) before it answers: once sent, it is given RELOAD_ANSWER_MS. */
+    int waited_ms = cli->timeout_ms;
+    if (kind == TESSERA__CONTROL_REQUEST__KIND__RELOAD && waited_ms < RELOAD_ANSWER_MS) {
+        deadline = tsr_now_ms() + RELOAD_ANSWER_MS;
+        waited_ms = RELOAD_ANSWER_MS;
+    }
     zmq_pollitem_t items[2] = {{s, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
         int64_t left = deadline - tsr_now_ms();
@@ -58,7 +67,7 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
             fprintf(stderr,
                     "tessera: no answer from the coordinator at %s within %d ms (is it running? "
                     "see --coordinator)\n",
-                    cli->endpoint, cli->timeout_ms);
+                    cli->endpoint, waited_ms);
             goto out;
         }
         if (zmq_poll(items, 2, (long)left) <= 0) continue;

@@ -290,7 +290,9 @@ int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
                          "usage: tessera [--coordinator EP] reload\n"
                          "\nAsks the coordinator to reread its deployment file and apply the "
                          "new plan.\nA file with errors is refused and the running "
-                         "configuration is kept.\n",
+                         "configuration is kept.  The answer\nmay take up to 60 s (or "
+                         "--timeout, if longer): the coordinator reads every new\n"
+                         "deployment's model files first.\n",
                          &done);
     if (bad || done) return bad;
     json_t *doc = NULL;
