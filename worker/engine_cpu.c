@@ -477,7 +477,10 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         }
     }
     e->layers = calloc(e->n_layers ? (size_t)e->n_layers : 1, sizeof *e->layers);
-    if (!e->layers) goto oom_or_fail;
+    if (!e->layers) {
+        bad = true;
+        goto oom_or_fail;
+    }
     for (int l = 0; l < e->n_layers; l++)
         if (load_layer(st, e, spec->layer_begin + l, &e->layers[l], err, errlen) < 0) goto out;
 
@@ -535,7 +538,8 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     rc = 0;
     goto out;
 oom_or_fail:
-    if (bad || !e->layers) tsr_set_err(err, errlen, "out of memory for the weights");
+    /* an allocation failed; otherwise a read did, and err says which tensor and why */
+    if (bad) tsr_set_err(err, errlen, "out of memory for the weights");
 out:
     tsr_st_close(&st);
     engine_free(e);

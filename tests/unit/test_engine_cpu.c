@@ -392,6 +392,30 @@ static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void *
     assert_non_null(strstr(err, "matmul_dtype 9"));
 }
 
+/* A weight that does not fit the config (vocab_size 256 for an embedding of 300 rows)
+ * fails the load naming the tensor, not as "out of memory". */
+static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/tsr-engine-misfit-XXXXXX", path[512], cmd[600], err[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "ln -s %s/model.safetensors %s/ && sed 's/\"vocab_size\": *300/\"vocab_size\": 256/' "
+             "%s/config.json > %s/config.json && grep -q '\"vocab_size\": *256' %s/config.json",
+             dirs[0], dir, dirs[0], dir, dir);
+    assert_int_equal(system(cmd), 0);
+    tsr_model_info_t m;
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_engine_t *e = NULL;
+    assert_int_equal(tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    if (!strstr(err, "embed_tokens") || strstr(err, "out of memory"))
+        fail_msg("the load's error does not name the embedding: %s", err);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -438,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
         cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
+        cmocka_unit_test(test_a_weight_that_does_not_fit_the_config_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
