@@ -192,7 +192,7 @@ integration: $(PROGRAMS)
 asan: deps
 	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin SANITIZE=1 all-tests
-	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	@ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
 
 # `make CUDA=0 test` (as on a machine without the toolkit) in a folder of its

@@ -74,6 +74,9 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
+            if (json_is_string(json_object_get(d, "tokenizer_error")))
+                printf("  token ids only: its tokenizer cannot be used: %s\n",
+                       jstr(d, "tokenizer_error"));
             printf("  %-7s %-5s %-9s %-3s %-20s %-14s %-9s %8s %9s %11s\n", "REPLICA", "STAGE",
                    "LAYERS", "TP", "WORKER", "NODE", "STATE", "PID", "HEARTBEAT", "KV");
             size_t ri, si, ti;

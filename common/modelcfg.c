@@ -153,6 +153,22 @@ static int check_act(json_t *root, const char *path, char *err, size_t errlen)
     return -1;
 }
 
+/* Llama and Mistral have no biases; a config that asks for them would be served without
+ * them, wrongly: refused. */
+static int check_biases(json_t *root, const char *path, char *err, size_t errlen)
+{
+    static const char *const keys[] = {"attention_bias", "mlp_bias"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        json_t *v = json_object_get(root, keys[k]);
+        if (v == NULL || json_is_null(v) || json_is_false(v))
+            continue;
+        tsr_set_err(err, errlen, "%s: %s %s not supported (only models without biases)", path,
+                    keys[k], json_is_true(v) ? "true" : "(not a boolean)");
+        return -1;
+    }
+    return 0;
+}
+
 /* A token id: a non-negative integer; -1 when absent or null. */
 static int token_id(json_t *v, int *out)
 {
@@ -320,6 +336,7 @@ static int read_fields(json_t *root, tsr_model_info_t *m, const char *path,
     /* Family first: a GPT-2 config should be refused as GPT-2, not for a
      * missing Llama field. */
     if (check_arch(root, path, err, errlen) < 0 || check_act(root, path, err, errlen) < 0 ||
+        check_biases(root, path, err, errlen) < 0 ||
         get_posint(root, "hidden_size", -1, &m->hidden_size, path, err, errlen) < 0 ||
         get_posint(root, "intermediate_size", -1, &m->intermediate_size, path, err, errlen) < 0 ||
         get_posint(root, "num_hidden_layers", -1, &m->num_hidden_layers, path, err, errlen) < 0 ||

@@ -247,6 +247,11 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "matmul_dtype_used",
                         json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->matmul_dtype))));
     json_object_set_new(o, "gpu_memory_percent", json_integer(d->gpu_memory_percent));
+    /* text prompts: whether its tokenizer.json serves them, and why not when one is there
+     * but cannot be used (a model without one takes token ids, which is no fault) */
+    json_object_set_new(o, "text_prompts", json_boolean(c->deps[i].tok != NULL));
+    if (c->deps[i].tok_broken)
+        json_object_set_new(o, "tokenizer_error", json_string(c->deps[i].tok_error));
     if (c->deps[i].short_by) {
         json_t *needs = json_pack("{s:i, s:s}", "workers", c->deps[i].short_by, "device",
                                   tsr_device_name(d->device));

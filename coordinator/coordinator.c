@@ -63,6 +63,7 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
     tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
     if (!t) {
         snprintf(s->tok_error, sizeof s->tok_error, "%s", err);
+        s->tok_broken = true;
         tsr_warn("deployment %s takes token ids only: %s", s->name, err);
         return;
     }
@@ -159,6 +160,7 @@ static void tokreg_publish(tsr_coord_t *c)
         v[i].tok = tsr_tokref_hold(c->deps[i].tok);
         snprintf(v[i].chat_template, sizeof v[i].chat_template, "%s", d->chat_template);
         v[i].max_seq_len = d->max_seq_len;
+        snprintf(v[i].tok_error, sizeof v[i].tok_error, "%s", c->deps[i].tok_error);
     }
     c->tokreg.v = v;
     c->tokreg.n = v ? c->cfg->n_deployments : 0;

@@ -62,6 +62,7 @@ typedef struct {
     tsr_tokref_t *tok;          /* held; NULL: the deployment has no usable tokenizer */
     char chat_template[16];     /* the deployment's chat_template key ("": recognise) */
     int max_seq_len;
+    char tok_error[300];        /* with no tokenizer: why */
 } tsr_tokreg_entry_t;
 
 typedef struct tsr_tokreg {
@@ -79,6 +80,8 @@ typedef struct {
     bool model_ok;
     tsr_tokref_t *tok;          /* its model directory's tokenizer.json (NULL: none) */
     char tok_error[600];        /* why there is none */
+    bool tok_broken;            /* a tokenizer.json is there but cannot be used (a fault;
+                                   none at all is a model for token ids only) */
     char *tok_dir;              /* the directory it was read from */
     tsr_model_info_t model;
     char model_error[1024];

@@ -596,8 +596,8 @@ static unsigned encode_here(tsr_http_t *h, const char *model, const char *text,
     unsigned st = 400;
     char *rendered = NULL, err[300];
     if (!e.tok) {
-        snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer.json (see the "
-                 "coordinator's log)", model);
+        snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer (%s)", model,
+                 e.tok_error);
         goto out;
     }
     if (messages) {

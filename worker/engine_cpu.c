@@ -488,6 +488,11 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
     size_t pool = (size_t)e->n_layers * spec->kv_blocks * TSR_KV_BLOCK * kvw;
     e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
+    if (!e->kv) {   /* its tables grow with max_seq_len: say so */
+        tsr_set_err(err, errlen, "out of memory for the KV block tables of %d sequences of "
+                    "max_seq_len %d", spec->max_seqs, spec->max_seq_len);
+        goto out;
+    }
     const size_t esize = kv_esize(e->kv_kind), nscale = e->kv_kind == KV_I8 ? pool / e->head_dim : 0;
     e->kpool = alloc_lazy(pool * esize, &bad);
     e->vpool = alloc_lazy(pool * esize, &bad);
@@ -496,8 +501,14 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         e->vscale = alloc_lazy(nscale * sizeof(float), &bad);
     }
     e->kvbytes = 2 * (pool * esize + nscale * sizeof(float));
-    e->rope_cos = alloc_f(S * e->head_dim / 2, &bad);
-    e->rope_sin = alloc_f(S * e->head_dim / 2, &bad);
+    int rope_bad = 0;
+    e->rope_cos = alloc_f(S * e->head_dim / 2, &rope_bad);
+    e->rope_sin = alloc_f(S * e->head_dim / 2, &rope_bad);
+    if (rope_bad) {   /* they grow with max_seq_len too */
+        tsr_set_err(err, errlen, "out of memory for the RoPE tables of max_seq_len %d (%llu MiB)",
+                    spec->max_seq_len, (unsigned long long)((S * e->head_dim * 4) >> 20));
+        goto out;
+    }
     e->x = alloc_f(T * H, &bad);
     e->h = alloc_f(T * H, &bad);
     e->proj = alloc_f(T * H, &bad);

@@ -18,10 +18,17 @@ deployments:
     model: $MODEL
     parallel: {tensor: 1, pipeline: 1, replicas: 1}
     max_seq_len: 256
+  - name: broken
+    model: $T/broken-model
+    parallel: {tensor: 1, pipeline: 1, replicas: 1}
+    max_seq_len: 256
 YAML
 } > "$T/d.yaml"
+# a tokenizer.json that is there but cannot be used: a fault the status names
+cp -r "$M2" "$T/broken-model"
+printf '{"model": ' > "$T/broken-model/tokenizer.json"
 start_coord "$T/d.yaml"
-for i in 0 1 2; do start_worker "w$i"; done
+for i in 0 1 2 3; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 
 PROMPT="Tessera shards a model across GPU machines — ça marche, 日本語も 🚀."
@@ -49,7 +56,17 @@ grep -q "takes token ids only" "$T/e1" || fail "no reason: $(cat "$T/e1")"
 tsr generate text --prompt $'ab\xff' 2> "$T/e2"; [ $? = 3 ] || fail "invalid UTF-8 accepted"
 grep -q "not valid UTF-8 at byte 2" "$T/e2" || fail "no offset: $(cat "$T/e2")"
 tsr generate text --prompt x --prompt-ids 1 2> /dev/null; [ $? = 2 ] || fail "both prompts accepted"
-ok "refusals name their reason"
+tsr generate broken --prompt "hello" 2> "$T/e3"; [ $? = 3 ] || fail "text to a broken tokenizer"
+grep -q "broken-model/tokenizer.json" "$T/e3" || fail "the refusal does not name the file: $(cat "$T/e3")"
+dep() { status_json | jget "[x for x in d['deployments'] if x['name'] == '$1'][0].get('$2')"; }
+[ "$(dep broken text_prompts)" = false ] && [ "$(dep text text_prompts)" = true ] &&
+    [ "$(dep ids text_prompts)" = false ] || fail "text_prompts: $(status_json | head -c 600)"
+dep broken tokenizer_error | grep -q "broken-model/tokenizer.json" ||
+    fail "status does not say why the tokenizer cannot be used: $(dep broken tokenizer_error)"
+[ "$(dep ids tokenizer_error)" = null ] || fail "a model without a usable tokenizer for its vocabulary is not broken"
+tsr status | grep -A1 "deployment broken" | grep -q "token ids only: its tokenizer cannot be used" ||
+    fail "tessera status does not show the broken tokenizer: $(tsr status)"
+ok "refusals name their reason; status names a tokenizer.json that cannot be used"
 
 # A coordinator restart mid-stream: the text goes on where it stopped.
 ref=$(tsr generate text --prompt "$PROMPT" --max-tokens 360) || fail "reference run"

@@ -414,6 +414,12 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
         fail_msg("the load's error does not name the embedding: %s", err);
     snprintf(path, sizeof path, "rm -rf %s", dir);
     assert_int_equal(system(path), 0);
+    /* a max_seq_len whose tables cannot be had is named, not "a KV pool of 4 MiB" */
+    assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
+    tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0};
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &huge, &e, err, sizeof err), -1);
+    if (!strstr(err, "max_seq_len 1073741824"))
+        fail_msg("the load's error does not name max_seq_len: %s", err);
 }
 
 static int setup(void **state)

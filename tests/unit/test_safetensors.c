@@ -1072,6 +1072,8 @@ static void test_model_config_refusals_name_the_field(void **state)
           "config.json: architectures[0] 'GPT2LMHeadModel' not supported" },
         { "\"architectures\": []", "config.json: architectures must be" },
         { "\"hidden_act\": \"gelu\"", "config.json: hidden_act 'gelu' not supported" },
+        { "\"attention_bias\": true", "config.json: attention_bias true not supported" },
+        { "\"mlp_bias\": true", "config.json: mlp_bias true not supported" },
         { "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}",
           "config.json: rope_scaling type 'yarn' not supported" },
         { "\"rope_scaling\": {\"factor\": 4.0}", "rope_scaling type '(missing)'" },
