@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,7 +37,8 @@ static void local_usage(FILE *f)
             "Runs a coordinator for FILE.yaml and N CPU workers on this machine, in the\n"
             "foreground.  A worker that dies is reported and the rest keep running; if the\n"
             "coordinator dies, everything stops and the exit status is 1.  SIGINT or\n"
-            "SIGTERM stops them all (exit status 0).\n"
+            "SIGTERM stops them all (exit status 0); killed any other way, it takes them\n"
+            "with it (each gets SIGTERM).\n"
             "  --workers N    CPU workers to start (default 1)\n"
             "  --nodes K      spread the workers over K simulated node names (default 1)\n"
             "  --log-dir DIR  write each child's log to DIR/NAME.log instead of stderr\n"
@@ -86,20 +88,27 @@ static int ensure_keys(const char *dir, int workers)
 
 static pid_t spawn(char *const argv[], const char *log_dir, const char *name)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
+    /* The children go with this process whatever ends it (kill -9, a closed terminal):
+     * a coordinator left behind would keep its ports and serve a cluster nobody runs. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent) _exit(127);
     if (log_dir) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s.log", log_dir, name);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 2);
-            dup2(fd, 1);
-            close(fd);
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "tessera local: cannot write %s: %s\n", path, strerror(errno));
+            _exit(127);
         }
+        dup2(fd, 2);
+        dup2(fd, 1);
+        close(fd);
     }
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     execv(argv[0], argv);
     fprintf(stderr, "tessera local: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -150,10 +159,19 @@ int tsr_cmd_local(int argc, char **argv)
     }
     const char *path = argv[optind];
     char err[1024], dir[PATH_MAX], coord_bin[PATH_MAX + 32], worker_bin[PATH_MAX + 32];
+    struct stat ld;
     if (log_dir && mkdir(log_dir, 0755) < 0 && errno != EEXIST) {
         fprintf(stderr, "tessera local: --log-dir %s: %s\n", log_dir, strerror(errno));
         return 1;
     }
+    if (log_dir && (stat(log_dir, &ld) < 0 || !S_ISDIR(ld.st_mode) || access(log_dir, W_OK) < 0)) {
+        fprintf(stderr, "tessera local: --log-dir %s: not a directory this user can write to\n",
+                log_dir);
+        return 1;
+    }
+    /* A closed standard error (a pipe whose reader went) fails a write; it does not end
+     * this process, which still has children to stop. */
+    signal(SIGPIPE, SIG_IGN);
     tsr_config_t *cfg = NULL;
     if (tsr_config_load(path, &cfg, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);

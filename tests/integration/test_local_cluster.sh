@@ -22,3 +22,21 @@ wait_until 7 gone || fail "tessera local did not exit on SIGTERM"
 for k in $kids; do kill -0 "$k" 2>/dev/null && fail "child $k still running"; done
 grep -q "stopping" "$T/local.out" || fail "no stop message"
 ok "local: death reported, kept serving, SIGTERM stopped all children"
+
+# Killed outright (kill -9, a closed terminal), it takes its children with it.
+"$BIN/tessera" local "$T/d.yaml" --workers 2 --log-dir "$T/logs2" > "$T/local2.out" 2>&1 &
+LPID=$!; PIDS+=("$LPID")
+wait_until 10 all_ready || fail "second local cluster not ready: $(cat "$T/local2.out")"
+kids=$(pgrep -P "$LPID" | tr '\n' ' ')
+[ "$(echo $kids | wc -w)" = 3 ] || fail "expected 3 children, found: $kids"
+kill -9 "$LPID"
+none_left() { for k in $kids; do kill -0 "$k" 2>/dev/null && return 1; done; return 0; }
+wait_until 7 none_left || fail "children left running after tessera local was killed: $kids"
+ok "local: killed with SIGKILL, its coordinator and workers stopped too"
+
+# --log-dir that is not a directory is refused, naming it.
+touch "$T/not-a-dir"
+"$BIN/tessera" local "$T/d.yaml" --log-dir "$T/not-a-dir" > "$T/local3.out" 2>&1
+[ $? = 1 ] && grep -q "not-a-dir: not a directory" "$T/local3.out" ||
+    fail "--log-dir on a file: $(cat "$T/local3.out")"
+ok "local: a --log-dir that is a file is refused"
