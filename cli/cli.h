@@ -12,6 +12,10 @@ typedef struct {
     tsr_security_t sec;     /* its CURVE keys (sec.curve 0: plain) */
 } tsr_cli_t;
 
+/* Why the coordinator may not have answered, for a "no answer" message: its host name
+ * does not resolve, else "is it running? see --coordinator".  Written into buf. */
+const char *tsr_cli_unreachable_hint(const tsr_cli_t *cli, char *buf, size_t len);
+
 /* A socket to the control endpoint with the CLI's keys, and a monitor of its
  * connection (*mon).  NULL with the reason printed. */
 void *tsr_cli_connect(const tsr_cli_t *cli, void **mon);

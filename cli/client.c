@@ -1,3 +1,4 @@
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,28 @@
 #include "common/log.h"
 
 #define RELOAD_ANSWER_MS 60000   /* how long a sent reload may take to answer */
+
+const char *tsr_cli_unreachable_hint(const tsr_cli_t *cli, char *buf, size_t len)
+{
+    /* a host name that does not resolve is the likeliest cause; ZeroMQ only retries it */
+    const char *ep = cli->endpoint, *h = strncmp(ep, "tcp://", 6) ? NULL : ep + 6;
+    const char *colon = h ? strrchr(h, ':') : NULL;
+    char host[256];
+    size_t n = colon ? (size_t)(colon - h) : 0;
+    if (n > 0 && n < sizeof host && h[0] != '[' && strspn(h, "0123456789.") < n) {
+        memcpy(host, h, n);
+        host[n] = '\0';
+        struct addrinfo *ai = NULL, hints = {.ai_socktype = SOCK_STREAM};
+        int rc = getaddrinfo(host, NULL, &hints, &ai);
+        if (ai) freeaddrinfo(ai);
+        if (rc) {
+            snprintf(buf, len, "the host '%s' does not resolve: %s", host, gai_strerror(rc));
+            return buf;
+        }
+    }
+    snprintf(buf, len, "is it running? see --coordinator");
+    return buf;
+}
 
 int tsr_cli_request(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kind, const char *worker,
                     json_t **out)
@@ -64,10 +87,9 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
     for (;;) {
         int64_t left = deadline - tsr_now_ms();
         if (left <= 0) {
-            fprintf(stderr,
-                    "tessera: no answer from the coordinator at %s within %d ms (is it running? "
-                    "see --coordinator)\n",
-                    cli->endpoint, waited_ms);
+            char hint[320];
+            fprintf(stderr, "tessera: no answer from the coordinator at %s within %d ms (%s)\n",
+                    cli->endpoint, waited_ms, tsr_cli_unreachable_hint(cli, hint, sizeof hint));
             goto out;
         }
         if (zmq_poll(items, 2, (long)left) <= 0) continue;
@@ -113,10 +135,11 @@ int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env, int64
         int ev;
         if ((it.revents & ZMQ_POLLIN) && tsr_cli_handshake_failed(cli, mon, &ev)) return -1;
     }
+    char hint[320];
     fprintf(stderr,
             "tessera: cannot send to %s: no connection to the coordinator took the request "
-            "within %d ms (is it running? see --coordinator)\n",
-            cli->endpoint, cli->timeout_ms);
+            "within %d ms (%s)\n",
+            cli->endpoint, cli->timeout_ms, tsr_cli_unreachable_hint(cli, hint, sizeof hint));
     return -1;
 }
 

@@ -58,7 +58,15 @@ static int parse_ids(const char *s, int32_t *ids, int max, const char *what)
     int n = 0;
     const char *p = s;
     while (*p) {
-        while (*p && (isspace((unsigned char)*p) || *p == ',')) p++;
+        /* between two ids: white space and at most one comma */
+        int commas = 0;
+        const char *sep = p;
+        for (; *p && (isspace((unsigned char)*p) || *p == ','); p++) commas += *p == ',';
+        if (commas > 1 || (commas && (n == 0 || !*p))) {
+            fprintf(stderr, "tessera generate: %s: an empty id at '%.20s' (give 1,2,3)\n", what,
+                    sep);
+            return -1;
+        }
         if (!*p) break;
         char *end;
         long v = strtol(p, &end, 10);
@@ -137,13 +145,21 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
         gen_usage(stderr);
         return 2;
     }
-    /* Written so that NaN fails every test. */
-    if (!(max_tokens >= 1 && max_tokens <= 1000000) || !(temperature >= 0 && temperature <= 100) ||
-        !(top_p > 0 && top_p <= 1) || !(token_timeout >= 1 && token_timeout <= 3600000) ||
-        !(deadline >= 0 && deadline <= 86400000)) {
-        fprintf(stderr, "tessera generate: need 1 <= --max-tokens <= 1000000, "
-                        "0 <= --temperature <= 100, 0 < --top-p <= 1, "
-                        "1 <= --token-timeout <= 3600000, 0 <= --timeout <= 86400000\n");
+    /* Written so that NaN fails every test; the first value out of its range is named. */
+    char bad[160] = "";
+    if (!(max_tokens >= 1 && max_tokens <= 1000000))
+        snprintf(bad, sizeof bad, "--max-tokens: expected 1 to 1000000, got %ld", max_tokens);
+    else if (!(temperature >= 0 && temperature <= 100))
+        snprintf(bad, sizeof bad, "--temperature: expected 0 to 100, got %g", temperature);
+    else if (!(top_p > 0 && top_p <= 1))
+        snprintf(bad, sizeof bad, "--top-p: expected above 0, at most 1, got %g", top_p);
+    else if (!(token_timeout >= 1 && token_timeout <= 3600000))
+        snprintf(bad, sizeof bad, "--token-timeout: expected 1 to 3600000 ms, got %ld",
+                 token_timeout);
+    else if (!(deadline >= 0 && deadline <= 86400000))
+        snprintf(bad, sizeof bad, "--timeout: expected 0 to 86400000 ms, got %ld", deadline);
+    if (bad[0]) {
+        fprintf(stderr, "tessera generate: %s\n", bad);
         return 2;
     }
     if ((text_arg && ids_arg) || (only_ids && want_text)) {
@@ -262,9 +278,11 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                     lost = 1;  /* not back yet: try again until resume_until */
                     continue;
                 }
-                fprintf(stderr, "%stessera generate: no %s from %s within %d ms%s\n",
+                char hint[320];
+                fprintf(stderr, "%stessera generate: no %s from %s within %d ms (%s)\n",
                         got ? "\n" : "", accepted ? "token" : "answer", cli->endpoint, wait,
-                        accepted ? " (see --token-timeout)" : " (is it running? see --coordinator)");
+                        accepted ? "see --token-timeout"
+                                 : tsr_cli_unreachable_hint(cli, hint, sizeof hint));
                 goto out;
             }
             tsr_env_free(&reply);

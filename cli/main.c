@@ -106,6 +106,12 @@ int main(int argc, char **argv)
         }
     }
     if (!cli.endpoint) cli.endpoint = "tcp://127.0.0.1:7401";
+    char why[320];
+    if (!tsr_endpoint_check(cli.endpoint, why, sizeof why)) {
+        fprintf(stderr, "tessera: the coordinator's endpoint '%s' (--coordinator, "
+                "$TESSERA_COORDINATOR or --config): %s\n", cli.endpoint, why);
+        return 2;
+    }
     if (optind >= argc) {
         usage(stderr);
         return 2;

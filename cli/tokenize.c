@@ -75,7 +75,17 @@ static json_t *jsonl_answer(const tsr_tokenizer_t *tok, json_t *in)
     size_t n = json_array_size(ids);
     int32_t *v = malloc((n ? n : 1) * sizeof *v);
     if (!v) return NULL;
-    for (size_t i = 0; i < n; i++) v[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(ids, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+            json_integer_value(x) >= tsr_tok_vocab_size(tok)) {
+            free(v);
+            snprintf(err, sizeof err, "ids[%zu]: not a token id of the tokenizer's vocabulary "
+                     "(0 to %d)", i, tsr_tok_vocab_size(tok) - 1);
+            return json_pack("{ss}", "error", err);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
     json_t *skip = json_object_get(in, "skip_special");
     bool skip_special = skip ? json_is_true(skip) : true;
     size_t len;
@@ -149,21 +159,28 @@ int tsr_cmd_tokenize(int argc, char **argv)
         free(line);
         rc = fflush(stdout) == 0 && !ferror(stdin) ? 0 : 1;
     } else if (decode) {
-        int32_t *ids;
-        size_t n;
+        int32_t *ids = NULL;
+        size_t n = 0, k = 0;
+        const int vocab = tsr_tok_vocab_size(tok);
+        rc = 2;
         if (parse_ids(decode, &ids, &n) == 0) {
+            for (k = 0; k < n && ids[k] < vocab; k++) {}
+            if (k < n)
+                fprintf(stderr, "tessera tokenize: --decode: id %d (number %zu) is not in the "
+                        "tokenizer's vocabulary of %d ids\n", ids[k], k + 1, vocab);
+        }
+        if (ids && k == n) {
             size_t len;
             char *s = tsr_tok_decode(tok, ids, n, !keep, &len);
+            rc = 1;
             if (s) {
                 fwrite(s, 1, len, stdout);
                 putchar('\n');
                 rc = 0;
             }
             free(s);
-            free(ids);
-        } else {
-            rc = 2;
         }
+        free(ids);
     } else {
         int32_t *ids;
         size_t n;

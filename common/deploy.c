@@ -7,6 +7,7 @@
 #include "deploy.h"
 #include "util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -292,10 +293,16 @@ static int get_endpoint(pctx_t *c, yaml_node_t *n, const char *path, char **dst)
         if (strncmp(s, schemes[i], strlen(schemes[i])) == 0 &&
             s[strlen(schemes[i])] != '\0')
             break;
+    char why[320];
     if (i == sizeof schemes / sizeof schemes[0]) {
         quote_value(n, q, sizeof q);
         fail(c, n, path, "expected an endpoint starting with tcp://, ipc:// or "
              "inproc://, got '%s'", q);
+        goto out;
+    }
+    if (!tsr_endpoint_check(s, why, sizeof why)) {
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "'%s': %s", q, why);
         goto out;
     }
     free(*dst); /* replaces the default */
@@ -495,6 +502,57 @@ static int valid_name(const char *s)
             return 0;
     }
     return 1;
+}
+
+bool tsr_endpoint_check(const char *ep, char *why, size_t len)
+{
+    if ((!strncmp(ep, "ipc://", 6) && ep[6]) || (!strncmp(ep, "inproc://", 9) && ep[9]))
+        return true;
+    if (strncmp(ep, "tcp://", 6)) {
+        snprintf(why, len, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME");
+        return false;
+    }
+    /* ZeroMQ's "source;address" connecting form: the address is what is checked */
+    const char *h = strrchr(ep + 6, ';') ? strrchr(ep + 6, ';') + 1 : ep + 6;
+    const char *colon = strrchr(h, ':');
+    char host[256];
+    size_t n = colon ? (size_t)(colon - h) : 0;
+    if (!colon || n == 0 || n >= sizeof host) {
+        snprintf(why, len, "expected tcp://HOST:PORT (a host, then a colon and a port)");
+        return false;
+    }
+    memcpy(host, h, n);
+    host[n] = '\0';
+    char *end = NULL;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (!isdigit((unsigned char)colon[1]) || *end || errno || port < 1 || port > 65535) {
+        snprintf(why, len, "the port '%s' is not a number from 1 to 65535", colon + 1);
+        return false;
+    }
+    unsigned char addr[16];
+    if (host[0] == '[') {
+        if (n < 3 || host[n - 1] != ']') {
+            snprintf(why, len, "the IPv6 address '%s' has no closing ']' before the port", host);
+            return false;
+        }
+        host[n - 1] = '\0';
+        if (inet_pton(AF_INET6, host + 1, addr) != 1) {
+            snprintf(why, len, "'%s' is not an IPv6 address", host + 1);
+            return false;
+        }
+        return true;
+    }
+    if (strspn(host, "0123456789.") == n && inet_pton(AF_INET, host, addr) != 1) {
+        snprintf(why, len, "'%s' is not an IPv4 address", host);
+        return false;
+    }
+    if (strcmp(host, "*") && strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                          "0123456789.-_") != n) {
+        snprintf(why, len, "'%s' is not a host name, an IPv4 address, [IPv6] or *", host);
+        return false;
+    }
+    return true;
 }
 
 bool tsr_endpoint_is_local(const char *ep)

@@ -139,6 +139,11 @@ int tsr_config_load(const char *path, tsr_config_t **out, char *err, size_t errl
 /* Frees a config and sets *self_p to NULL.  Safe on NULL. */
 void tsr_config_destroy(tsr_config_t **self_p);
 
+/* Whether a ZeroMQ endpoint is well formed: tcp://HOST:PORT (a host name, a numeric IPv4
+ * address, [IPv6] or *, and a port 1 to 65535), ipc://PATH or inproc://NAME.  When it is
+ * not, false with what is wrong in why. */
+bool tsr_endpoint_check(const char *endpoint, char *why, size_t len);
+
 /* True when endpoint can only be reached from this machine: ipc://,
  * inproc://, or tcp:// on 127.0.0.0/8, ::1 or localhost. */
 bool tsr_endpoint_is_local(const char *endpoint);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/deploy.h"
 #include "common/log.h"
 #include "worker/engine.h"
 #include "worker/agent.h"
@@ -143,6 +144,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!ep) ep = "tcp://127.0.0.1:7400";
+    char why[320];
+    if (!tsr_endpoint_check(ep, why, sizeof why)) {
+        fprintf(stderr, "tessera-worker: --coordinator '%s': %s\n", ep, why);
+        return 1;
+    }
 
     char host[TSR_NAME_MAX + 1] = "localhost", defname[TSR_NAME_MAX + 1];
     gethostname(host, sizeof host - 1);

@@ -18,6 +18,24 @@ grep -q "$T/none/tokenizer.json: No such file" "$T/e.txt" || fail "tokenize: $(c
 grep -q "is not a token id list" "$T/e.txt" || fail "tokenize --decode: $(cat "$T/e.txt")"
 [ "$("$BIN/tessera" tokenize "$T/tm" --decode "$("$BIN/tessera" tokenize "$T/tm" --no-special "héllo wörld")")" = \
   "héllo wörld" ] || fail "tokenize did not round-trip"
+"$BIN/tessera" tokenize "$T/tm" --decode 5,1024 2> "$T/e.txt"; [ $? = 2 ] || fail "an id past the vocabulary decoded"
+grep -q "id 1024 (number 2) is not in the tokenizer's vocabulary of 1024 ids" "$T/e.txt" ||
+    fail "tokenize --decode 1024: $(cat "$T/e.txt")"
+# a malformed endpoint is refused at once, saying what is wrong with it
+"$BIN/tessera" --coordinator tcp://127.0.0.1:99999 status 2> "$T/e.txt"; [ $? = 2 ] || fail "port 99999 accepted"
+grep -q "the port '99999' is not a number from 1 to 65535" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+TESSERA_COORDINATOR="tcp://127.0.0.1:7401junk" "$BIN/tessera" status 2> "$T/e.txt"; [ $? = 2 ] ||
+    fail "a port with junk after it accepted"
+"$BIN/tessera-worker" --coordinator "tcp://[::1:7400" 2> "$T/e.txt"; [ $? = 1 ] || fail "worker: bad endpoint accepted"
+grep -q "no closing ']'" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+# generate: the value out of its range is named; an empty id between commas is refused.
+G=("$BIN/tessera" --coordinator "tcp://127.0.0.1:$WPORT" --timeout 300 generate tiny)
+"${G[@]}" --prompt-ids 1 --max-tokens 0 2> "$T/e.txt"; [ $? = 2 ] || fail "--max-tokens 0 accepted"
+grep -q -- "--max-tokens: expected 1 to 1000000, got 0" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+"${G[@]}" --prompt-ids 1 --top-p 2 2> "$T/e.txt"; [ $? = 2 ] || fail "--top-p 2 accepted"
+grep -q -- "--top-p: expected above 0, at most 1, got 2" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+"${G[@]}" --prompt-ids 1,,2 2> "$T/e.txt"; [ $? = 1 ] || fail "--prompt-ids 1,,2 accepted"
+grep -q -- "--prompt-ids: an empty id at ',,2'" "$T/e.txt" || fail "$(cat "$T/e.txt")"
 "$BIN/tessera-coordinator" --help | grep -q "usage: tessera-coordinator" || fail "coordinator --help"
 "$BIN/tessera-worker" --help | grep -q "usage: tessera-worker" || fail "worker --help"
 "$BIN/tessera-worker" --device tpu 2> "$T/e.txt"; [ $? = 1 ] || fail "bad device accepted"

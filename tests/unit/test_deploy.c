@@ -591,6 +591,23 @@ static void test_bad_endpoint_is_rejected(void **state)
                  "tcp://, ipc:// or inproc://, got 'http://x:1'");
     expect_error("version: 1\ncoordinator:\n  workers_endpoint: tcp://\n",
                  "demo.yaml:3:21: coordinator.workers_endpoint: ", "got 'tcp://'");
+    expect_error("version: 1\ncoordinator:\n  workers_endpoint: tcp://0.0.0.0:99999\n",
+                 "demo.yaml:3:21: coordinator.workers_endpoint: ",
+                 "the port '99999' is not a number from 1 to 65535");
+    expect_error("version: 1\ncoordinator:\n  control_endpoint: tcp://127.0.0.1:7401x\n",
+                 "demo.yaml:3:21: coordinator.control_endpoint: ", "the port '7401x'");
+    expect_error("version: 1\ncoordinator:\n  control_endpoint: tcp://300.0.0.1:7401\n",
+                 "demo.yaml:3:21: coordinator.control_endpoint: ",
+                 "'300.0.0.1' is not an IPv4 address");
+    expect_error("version: 1\ncoordinator:\n  control_endpoint: tcp://[::1:7401\n",
+                 "demo.yaml:3:21: coordinator.control_endpoint: ", "no closing ']'");
+    char why[320];
+    assert_true(tsr_endpoint_check("tcp://*:7400", why, sizeof why));
+    assert_true(tsr_endpoint_check("tcp://[::1]:7400", why, sizeof why));
+    assert_true(tsr_endpoint_check("tcp://gpu01.example:7400", why, sizeof why));
+    assert_true(tsr_endpoint_check("tcp://10.0.0.1;10.0.0.2:7400", why, sizeof why));
+    assert_true(tsr_endpoint_check("ipc:///tmp/x", why, sizeof why));
+    assert_false(tsr_endpoint_check("tcp://gpu 01:7400", why, sizeof why));
 }
 
 static void test_timeout_not_above_heartbeat_is_rejected(void **state)
