@@ -43,7 +43,8 @@ static int parse_pos(const char *opt, const char *s, int *out)
     char *end;
     long v = strtol(s, &end, 10);
     if (*end || !*s || v < 1 || v > 100000) {
-        fprintf(stderr, "tessera plan: %s: expected a positive integer, got '%s'\n", opt, s);
+        fprintf(stderr, "tessera plan: %s: expected an integer from 1 to 100000, got '%s'\n", opt,
+                s);
         return -1;
     }
     *out = (int)v;

@@ -269,6 +269,13 @@ static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
         fail(c, n, path, "contains a NUL byte");
         return -1;
     }
+    /* YAML's null, unquoted ("model: ~", "model:"), is no value: not the text "~" */
+    if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+        (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+         !strcmp(s, "NULL"))) {
+        fail(c, n, path, "expected a string, got null%s", *s ? " (quote it to mean the text)" : "");
+        return -1;
+    }
     *out = strdup(s);
     if (*out == NULL) {
         fail(c, n, path, "out of memory");

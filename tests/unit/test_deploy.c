@@ -586,6 +586,11 @@ static void test_bad_device_is_rejected(void **state)
 static void test_bad_endpoint_is_rejected(void **state)
 {
     (void)state;
+    /* YAML's null is no string: not a path "~" */
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: ~\n",
+                 "demo.yaml:4:12: deployments[0].model: ", "expected a string, got null");
+    expect_error("version: 1\ncoordinator:\n  control_endpoint: null\n",
+                 "demo.yaml:3:21: coordinator.control_endpoint: ", "expected a string, got null");
     expect_error("version: 1\ncoordinator:\n  control_endpoint: http://x:1\n",
                  "demo.yaml:3:21: coordinator.control_endpoint: ",
                  "tcp://, ipc:// or inproc://, got 'http://x:1'");
