@@ -11,10 +11,12 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <jansson.h>
 
@@ -449,6 +451,18 @@ out:
     return padded;
 }
 
+/* The shard being written, for the signal handler: an interrupt (Ctrl-C, SIGTERM)
+ * removes it, then ends the process as the signal would. */
+static char *volatile writing_tmp;
+
+static void remove_tmp_and_die(int sig)
+{
+    char *t = writing_tmp;
+    if (t) unlink(t);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 /* Written under a temporary name and renamed, so an interrupted run never
  * leaves a plausible-looking truncated file. */
 static int write_shard(const mi_opts_t *m, const mi_spec_t *s, int n, int shard,
@@ -467,6 +481,7 @@ static int write_shard(const mi_opts_t *m, const mi_spec_t *s, int n, int shard,
     }
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    writing_tmp = tmp;
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 || write_all(fd, len8, 8) < 0 || write_all(fd, hdr, hlen) < 0)
         goto io_err;
@@ -486,6 +501,7 @@ io_err:
     fprintf(stderr, "tessera model-init: %s: %s\n", path, strerror(errno));
     unlink(tmp);
 out:
+    writing_tmp = NULL;
     if (fd >= 0)
         close(fd);
     free(path);
@@ -710,7 +726,33 @@ int tsr_cmd_model_init(int argc, char **argv)
     assign_shards(s, n, m.shards);
     for (int i = 0; i < n; i++)
         total += s[i].nbytes;
-    if (prepare_dir(&m) < 0 || write_model(&m, s, n, total) < 0)
+    /* Each value is in range, but together they can ask for terabytes: the disk (of the
+     * directory, or of where it will be made) says, before anything is written. */
+    struct statvfs fs;
+    char *where = strdup(m.dir), *slash = where ? strrchr(where, '/') : NULL;
+    if (where && access(where, F_OK) != 0) {
+        if (slash && slash != where) *slash = '\0';
+        else if (slash) slash[1] = '\0';
+        else strcpy(where, ".");
+    }
+    if (where && statvfs(where, &fs) == 0 &&
+        total + (1u << 20) > (uint64_t)fs.f_bavail * (uint64_t)fs.f_frsize) {
+        fprintf(stderr, "tessera model-init: the model needs %.1f GiB; the filesystem of %s has "
+                "%.1f GiB free\n", (double)total / (1u << 30), where,
+                (double)fs.f_bavail * (double)fs.f_frsize / (1u << 30));
+        free(where);
+        goto out;
+    }
+    free(where);
+    if (prepare_dir(&m) < 0)
+        goto out;
+    struct sigaction on_int = {.sa_handler = remove_tmp_and_die}, old_int, old_term;
+    sigaction(SIGINT, &on_int, &old_int);
+    sigaction(SIGTERM, &on_int, &old_term);
+    int wrote = write_model(&m, s, n, total);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (wrote < 0)
         goto out;
     printf("model-init: %s: %llu parameters, %llu bytes of %s in %d file%s\n", m.dir,
            (unsigned long long)(total / tsr_dtype_size(m.dtype)), (unsigned long long)total,

@@ -66,4 +66,20 @@ failed_msg() { status_json | jget "d['deployments'][0]['state'] + ': ' + d['depl
 wait_until 5 failed_msg || fail "missing model not reported: $(status_json | jget "d['deployments'][0]")"
 "$BIN/tessera-worker" --name 'bad name' 2> "$T/e.txt"; [ $? = 1 ] || fail "a name with a space accepted"
 grep -q "must be 1 to 128 of A-Z a-z 0-9" "$T/e.txt" || fail "$(cat "$T/e.txt")"
+# model-init: sizes each in range that together ask for more than the disk has are
+# refused before anything is written; an interrupted run leaves no partial file.
+"$BIN/tessera" model-init "$T/huge" --hidden 65536 --intermediate 65536 --layers 1000 2> "$T/e.txt"
+[ $? = 1 ] && grep -q "the model needs .* GiB; the filesystem of .* GiB free" "$T/e.txt" ||
+    fail "a model larger than the disk: $(cat "$T/e.txt")"
+[ -e "$T/huge" ] && fail "the refused model-init left $T/huge"
+"$BIN/tessera" model-init "$T/big" --dtype bf16 --hidden 1024 --intermediate 4096 --layers 8 \
+    --heads 8 --kv-heads 4 --vocab 1024 > /dev/null 2>&1 &
+MI=$!
+tmp_there() { ls "$T/big"/*.tmp > /dev/null 2>&1; }
+if wait_until 10 tmp_there; then
+    kill -INT "$MI"; wait "$MI" 2>/dev/null
+    ls "$T/big"/*.tmp > /dev/null 2>&1 && fail "an interrupted model-init left $(ls "$T/big")"
+else
+    wait "$MI"   # it finished before it was seen writing: nothing to interrupt
+fi
 ok "clear errors for bad arguments, names, files and peers"
