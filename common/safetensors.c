@@ -778,6 +778,41 @@ static void convert_halves(tsr_dtype_t dt, const uint8_t *src, float *dst, size_
 /* Reads n contiguous elements of t starting at element `first` into dst.
  * f32 goes straight into dst; halves go through bounce (ST_CHUNK bytes),
  * one pread per chunk. */
+/* n elements of t read raw from element `first` on: fails naming the first that is NaN
+ * or infinite (a damaged checkpoint; served, it would make every logit NaN and every
+ * token 0, silently).  One pass that only ORs while all is well. */
+bool tsr_st_refuse_nonfinite = true;
+
+static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *raw,
+                        uint64_t first, size_t n, char *err, size_t errlen)
+{
+    if (!tsr_st_refuse_nonfinite) return 0;
+    const bool f32 = t->dtype == TSR_DT_F32;
+    /* the exponent field, all ones for NaN and Inf; the sign bit */
+    const uint32_t expo = f32 ? 0x7F800000u : t->dtype == TSR_DT_BF16 ? 0x7F80u : 0x7C00u;
+    const uint32_t sign = f32 ? 0x80000000u : 0x8000u;
+    const uint32_t *w = raw;
+    const uint16_t *h = raw;
+    unsigned any = 0;
+    if (f32)
+        for (size_t i = 0; i < n; i++) any |= (w[i] & expo) == expo;
+    else
+        for (size_t i = 0; i < n; i++) any |= (h[i] & expo) == expo;
+    if (!any) return 0;
+    size_t i = 0;
+    uint32_t v = 0;
+    for (; i < n; i++)
+        if (((v = f32 ? w[i] : h[i]) & expo) == expo) break;
+    int64_t rows, cols;
+    as_matrix(t, &rows, &cols);
+    const uint64_t at = first + i;
+    tsr_set_err(err, errlen, "%s: tensor %s: element [%llu, %llu] is %s: the checkpoint is "
+                "damaged", st->paths[t->file], t->name, (unsigned long long)(at / (uint64_t)cols),
+                (unsigned long long)(at % (uint64_t)cols),
+                (v & ~(expo | sign)) ? "NaN" : (v & sign) ? "-Inf" : "Inf");
+    return -1;
+}
+
 static int read_elems(const tsr_st_t *st, const tsr_tensor_t *t, uint64_t first, size_t n,
                       float *dst, uint8_t *bounce, char *err, size_t errlen)
 {
@@ -793,6 +828,8 @@ static int read_elems(const tsr_st_t *st, const tsr_tensor_t *t, uint64_t first,
                     got < 0 ? strerror(errno) : "short read (file truncated since open?)");
             return -1;
         }
+        if (check_finite(st, t, buf, first, k, err, errlen) < 0)
+            return -1;
         if (t->dtype != TSR_DT_F32)
             convert_halves(t->dtype, bounce, dst, k);
         dst += k;
@@ -881,6 +918,9 @@ int tsr_st_read_raw(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64
                         got < 0 ? strerror(errno) : "short read (file truncated since open?)");
             return -1;
         }
+        if (check_finite(st, t, (uint8_t *)dst + (size_t)(r - r0) * width,
+                         (uint64_t)r * (uint64_t)cols + (uint64_t)c0, len / es, err, errlen) < 0)
+            return -1;
     }
     return 0;
 }

@@ -11,6 +11,7 @@
 #ifndef TSR_SAFETENSORS_H
 #define TSR_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,10 @@ int tsr_st_read_f32(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64
  * dst.  What an engine that converts on its device reads. */
 int tsr_st_read_raw(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64_t r1,
                     int64_t c0, int64_t c1, void *dst, char *err, size_t errlen);
+
+/* Whether the reads above refuse a NaN or infinite element, naming it (true).  Only a
+ * test that makes a NaN weight on purpose turns it off. */
+extern bool tsr_st_refuse_nonfinite;
 
 /* dtype conversions (exposed for tests and the model writer). */
 float tsr_bf16_to_f32(uint16_t h);

@@ -557,6 +557,49 @@ static void test_model_files_must_be_regular_and_bounded(void **state)
     rm_dir(dir);
 }
 
+/* A NaN or infinite weight is a damaged checkpoint: each read refuses it, naming the
+ * tensor, the element and what it is, in every dtype, converted or raw. */
+static void test_a_weight_that_is_not_finite_is_refused(void **state)
+{
+    static const struct { const char *dtype; unsigned bytes; uint32_t bits; const char *want; } c[] = {
+        {"F32", 4, 0x7FC00000u, "element [1, 2] is NaN"},
+        {"F32", 4, 0xFF800000u, "element [1, 2] is -Inf"},
+        {"BF16", 2, 0x7F80u, "element [1, 2] is Inf"},
+        {"BF16", 2, 0x7FC1u, "element [1, 2] is NaN"},
+        {"F16", 2, 0xFC00u, "element [1, 2] is -Inf"},
+    };
+    (void)state;
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        char *dir = make_tmpdir(), hdr[128], err[512];
+        snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"%s\",\"shape\":[2,4],"
+                 "\"data_offsets\":[0,%u]}}", c[k].dtype, 8 * c[k].bytes);
+        size_t hlen = strlen(hdr), len = 8 + hlen + 8 * c[k].bytes;
+        uint8_t *b = calloc(1, len);
+        assert_non_null(b);
+        for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        memcpy(b + 8, hdr, hlen);
+        for (unsigned i = 0; i < c[k].bytes; i++)   /* element 6: row 1, column 2 */
+            b[8 + hlen + 6 * c[k].bytes + i] = (uint8_t)(c[k].bits >> (8 * i));
+        write_bytes(dir, "model.safetensors", b, len);
+        free(b);
+        tsr_st_t *st = NULL;
+        assert_int_equal(tsr_st_open(dir, &st, err, sizeof err), 0);
+        const tsr_tensor_t *t = tsr_st_find(st, "w");
+        float f[8];
+        uint8_t raw[32];
+        assert_int_equal(tsr_st_read_f32(st, t, 0, 1, 0, 4, f, err, sizeof err), 0);  /* row 0 */
+        assert_int_equal(tsr_st_read_f32(st, t, 0, 2, 0, 4, f, err, sizeof err), -1);
+        if (!strstr(err, "tensor w: ") || !strstr(err, c[k].want))
+            fail_msg("%s: '%s' does not say '%s'", c[k].dtype, err, c[k].want);
+        assert_int_equal(tsr_st_read_raw(st, t, 1, 2, 2, 3, raw, err, sizeof err), -1);
+        if (!strstr(err, c[k].want))
+            fail_msg("%s raw: '%s' does not say '%s'", c[k].dtype, err, c[k].want);
+        assert_int_equal(tsr_st_read_raw(st, t, 0, 2, 3, 4, raw, err, sizeof err), 0);
+        tsr_st_close(&st);
+        rm_dir(dir);
+    }
+}
+
 static void test_file_cut_in_the_header_is_reported(void **state)
 {
     char *dir = make_tmpdir();
@@ -1200,6 +1243,7 @@ int main(void)
         cmocka_unit_test(test_model_config_refusals_name_the_field),
         cmocka_unit_test(test_model_init_config_loads_back),
         cmocka_unit_test(test_model_files_must_be_regular_and_bounded),
+        cmocka_unit_test(test_a_weight_that_is_not_finite_is_refused),
         cmocka_unit_test(test_model_init_rejects_bad_arguments_and_overwrites),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
