@@ -172,7 +172,8 @@ int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event)
             why = "it closed the connection during the handshake 3 times in a row, as a "
                   "CURVE endpoint does with a plain client or a key it does not allow "
                   "(compare coordinator.security with this program's keys: --keys, "
-                  "TESSERA_KEYS)";
+                  "TESSERA_KEYS), or as a server that is not a Tessera coordinator does "
+                  "(check the endpoint's port)";
         if (why) {
             fprintf(stderr, "tessera: the coordinator at %s refused the connection: %s "
                             "(identity '%s', %s)\n",
