@@ -12,6 +12,11 @@ typedef struct {
     tsr_security_t sec;     /* its CURVE keys (sec.curve 0: plain) */
 } tsr_cli_t;
 
+/* Token ids written "1,2,3" (commas and/or white space between them; a last comma may
+ * trail) into ids, at most max; *n_out how many.  0, or -1 with what is wrong in why. */
+int tsr_cli_parse_ids(const char *s, int32_t *ids, size_t max, size_t *n_out, char *why,
+                      size_t len);
+
 /* Why the coordinator may not have answered, for a "no answer" message: its host name
  * does not resolve, else "is it running? see --coordinator".  Written into buf. */
 const char *tsr_cli_unreachable_hint(const tsr_cli_t *cli, char *buf, size_t len);

@@ -1,24 +1,58 @@
+#include <ctype.h>
+#include <errno.h>
 #include <netdb.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
 #include "cli.h"
+#include "common/deploy.h"
 #include "common/log.h"
 
 #define RELOAD_ANSWER_MS 60000   /* how long a sent reload may take to answer */
 
+int tsr_cli_parse_ids(const char *s, int32_t *ids, size_t max, size_t *n_out, char *why,
+                      size_t len)
+{
+    size_t n = 0;
+    const char *p = s;
+    for (;;) {
+        /* between two ids: white space and at most one comma (a last one may trail) */
+        int commas = 0;
+        const char *sep = p;
+        for (; *p && (isspace((unsigned char)*p) || *p == ','); p++) commas += *p == ',';
+        if (!*p) break;
+        if (commas > 1 || (commas && n == 0)) {
+            snprintf(why, len, "an empty id at '%.20s' (give 1,2,3)", sep);
+            return -1;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ',' && !isspace((unsigned char)*end))) {
+            snprintf(why, len, "'%.20s' is not a token id", p);
+            return -1;
+        }
+        if (n == max) {
+            snprintf(why, len, "more than %zu ids", max);
+            return -1;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    *n_out = n;
+    return 0;
+}
+
 const char *tsr_cli_unreachable_hint(const tsr_cli_t *cli, char *buf, size_t len)
 {
     /* a host name that does not resolve is the likeliest cause; ZeroMQ only retries it */
-    const char *ep = cli->endpoint, *h = strncmp(ep, "tcp://", 6) ? NULL : ep + 6;
-    const char *colon = h ? strrchr(h, ':') : NULL;
     char host[256];
-    size_t n = colon ? (size_t)(colon - h) : 0;
-    if (n > 0 && n < sizeof host && h[0] != '[' && strspn(h, "0123456789.") < n) {
-        memcpy(host, h, n);
-        host[n] = '\0';
+    if (tsr_endpoint_host(cli->endpoint, host, sizeof host, NULL) && host[0] != '[' &&
+        !strchr(host, ':') && strspn(host, "0123456789.") < strlen(host)) {
         struct addrinfo *ai = NULL, hints = {.ai_socktype = SOCK_STREAM};
         int rc = getaddrinfo(host, NULL, &hints, &ai);
         if (ai) freeaddrinfo(ai);

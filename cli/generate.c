@@ -53,37 +53,6 @@ static void gen_usage(FILE *f)
 }
 
 /* Parses "1,2, 3\n4" into ids.  Returns the count, or -1 with a message. */
-static int parse_ids(const char *s, int32_t *ids, int max, const char *what)
-{
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        /* between two ids: white space and at most one comma */
-        int commas = 0;
-        const char *sep = p;
-        for (; *p && (isspace((unsigned char)*p) || *p == ','); p++) commas += *p == ',';
-        if (commas > 1 || (commas && (n == 0 || !*p))) {
-            fprintf(stderr, "tessera generate: %s: an empty id at '%.20s' (give 1,2,3)\n", what,
-                    sep);
-            return -1;
-        }
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "tessera generate: %s: '%.20s' is not a token id\n", what, p);
-            return -1;
-        }
-        if (n == max) {
-            fprintf(stderr, "tessera generate: %s: more than %d ids\n", what, max);
-            return -1;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    return n;
-}
-
 static char *read_stdin(void)
 {
     size_t cap = 4096, len = 0;
@@ -182,9 +151,15 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     if (!prompt || (!ids_arg && !text_arg && !in)) goto out;
     int n = 0;
     if (!text_arg) {
-        n = parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT,
-                      ids_arg ? "--prompt-ids" : "standard input");
-        if (n < 0) goto out;
+        size_t got_ids = 0;
+        char why[128];
+        if (tsr_cli_parse_ids(ids_arg ? ids_arg : in, prompt, MAX_PROMPT, &got_ids, why,
+                              sizeof why) < 0) {
+            fprintf(stderr, "tessera generate: %s: %s\n",
+                    ids_arg ? "--prompt-ids" : "standard input", why);
+            goto out;
+        }
+        n = (int)got_ids;
         if (n == 0) {
             fprintf(stderr, "tessera generate: the prompt is empty\n");
             goto out;

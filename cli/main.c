@@ -106,12 +106,6 @@ int main(int argc, char **argv)
         }
     }
     if (!cli.endpoint) cli.endpoint = "tcp://127.0.0.1:7401";
-    char why[320];
-    if (!tsr_endpoint_check(cli.endpoint, why, sizeof why)) {
-        fprintf(stderr, "tessera: the coordinator's endpoint '%s' (--coordinator, "
-                "$TESSERA_COORDINATOR or --config): %s\n", cli.endpoint, why);
-        return 2;
-    }
     if (optind >= argc) {
         usage(stderr);
         return 2;
@@ -128,6 +122,12 @@ int main(int argc, char **argv)
         if (strcmp(cmd, net[i]) || (cargc > 1 && (!strcmp(cargv[1], "--help") ||
                                                   !strcmp(cargv[1], "-h"))))
             continue;
+        char why[320];
+        if (!tsr_endpoint_check(cli.endpoint, why, sizeof why)) {
+            fprintf(stderr, "tessera: the coordinator's endpoint '%s' (--coordinator, "
+                    "$TESSERA_COORDINATOR or --config): %s\n", cli.endpoint, why);
+            return 2;
+        }
         if (cfg_plain && !keys && !identity) break;
         char err[1024];
         if (tsr_security_client(keys ? keys : cfg_keys, identity, "cli", &cli.sec, err,

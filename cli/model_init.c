@@ -746,9 +746,12 @@ int tsr_cmd_model_init(int argc, char **argv)
     free(where);
     if (prepare_dir(&m) < 0)
         goto out;
+    /* (a signal this process ignores, under nohup or in a script's background, stays so) */
     struct sigaction on_int = {.sa_handler = remove_tmp_and_die}, old_int, old_term;
-    sigaction(SIGINT, &on_int, &old_int);
-    sigaction(SIGTERM, &on_int, &old_term);
+    sigaction(SIGINT, NULL, &old_int);
+    sigaction(SIGTERM, NULL, &old_term);
+    if (old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &on_int, NULL);
+    if (old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &on_int, NULL);
     int wrote = write_model(&m, s, n, total);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

@@ -27,31 +27,16 @@ static void usage(FILE *f)
 /* "1,2,3" into ids (caller frees). */
 static int parse_ids(const char *s, int32_t **ids, size_t *n)
 {
-    size_t cap = 16, k = 0;
-    int32_t *v = malloc(cap * sizeof *v);
+    size_t max = strlen(s) / 2 + 1;   /* an id is a digit at least, then a separator */
+    int32_t *v = malloc(max * sizeof *v);
+    char why[128];
     if (!v) return -1;
-    while (*s) {
-        char *end;
-        errno = 0;
-        long x = strtol(s, &end, 10);
-        if (end == s || errno || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
-            fprintf(stderr, "tessera tokenize: --decode: '%s' is not a token id list (1,2,3)\n", s);
-            free(v);
-            return -1;
-        }
-        if (k == cap) {
-            int32_t *w = realloc(v, (cap *= 2) * sizeof *w);
-            if (!w) {
-                free(v);
-                return -1;
-            }
-            v = w;
-        }
-        v[k++] = (int32_t)x;
-        s = *end ? end + 1 : end;
+    if (tsr_cli_parse_ids(s, v, max, n, why, sizeof why) < 0) {
+        fprintf(stderr, "tessera tokenize: --decode: %s\n", why);
+        free(v);
+        return -1;
     }
     *ids = v;
-    *n = k;
     return 0;
 }
 
@@ -162,7 +147,7 @@ int tsr_cmd_tokenize(int argc, char **argv)
         int32_t *ids = NULL;
         size_t n = 0, k = 0;
         const int vocab = tsr_tok_vocab_size(tok);
-        rc = 2;
+        rc = 1;   /* a bad value, as the README's exit statuses say */
         if (parse_ids(decode, &ids, &n) == 0) {
             for (k = 0; k < n && ids[k] < vocab; k++) {}
             if (k < n)

@@ -270,9 +270,7 @@ static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
         return -1;
     }
     /* YAML's null, unquoted ("model: ~", "model:"), is no value: not the text "~" */
-    if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-        (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
-         !strcmp(s, "NULL"))) {
+    if (is_null(n)) {
         fail(c, n, path, "expected a string, got null%s", *s ? " (quote it to mean the text)" : "");
         return -1;
     }
@@ -511,6 +509,35 @@ static int valid_name(const char *s)
     return 1;
 }
 
+bool tsr_endpoint_host(const char *ep, char *host, size_t hostlen, const char **port)
+{
+    if (strncmp(ep, "tcp://", 6))
+        return false;
+    /* ZeroMQ's "source;address" connecting form: the address is the part after ';' */
+    const char *h = strrchr(ep + 6, ';') ? strrchr(ep + 6, ';') + 1 : ep + 6;
+    const char *colon = strrchr(h, ':');
+    size_t n = colon ? (size_t)(colon - h) : 0;
+    if (!colon || n == 0 || n >= hostlen)
+        return false;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    if (port) *port = colon + 1;
+    return true;
+}
+
+/* An IPv6 address, with ZeroMQ's optional %zone (an interface) after it. */
+static bool ipv6_text(const char *s, size_t n)
+{
+    char a[64];
+    unsigned char addr[16];
+    size_t k = strcspn(s, "%");
+    if (k > n) k = n;
+    if (k == 0 || k >= sizeof a) return false;
+    memcpy(a, s, k);
+    a[k] = '\0';
+    return inet_pton(AF_INET6, a, addr) == 1;
+}
+
 bool tsr_endpoint_check(const char *ep, char *why, size_t len)
 {
     if ((!strncmp(ep, "ipc://", 6) && ep[6]) || (!strncmp(ep, "inproc://", 9) && ep[9]))
@@ -519,22 +546,18 @@ bool tsr_endpoint_check(const char *ep, char *why, size_t len)
         snprintf(why, len, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME");
         return false;
     }
-    /* ZeroMQ's "source;address" connecting form: the address is what is checked */
-    const char *h = strrchr(ep + 6, ';') ? strrchr(ep + 6, ';') + 1 : ep + 6;
-    const char *colon = strrchr(h, ':');
     char host[256];
-    size_t n = colon ? (size_t)(colon - h) : 0;
-    if (!colon || n == 0 || n >= sizeof host) {
+    const char *port_s = NULL;
+    if (!tsr_endpoint_host(ep, host, sizeof host, &port_s)) {
         snprintf(why, len, "expected tcp://HOST:PORT (a host, then a colon and a port)");
         return false;
     }
-    memcpy(host, h, n);
-    host[n] = '\0';
+    const size_t n = strlen(host);
     char *end = NULL;
     errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (!isdigit((unsigned char)colon[1]) || *end || errno || port < 1 || port > 65535) {
-        snprintf(why, len, "the port '%s' is not a number from 1 to 65535", colon + 1);
+    long port = strtol(port_s, &end, 10);
+    if (!isdigit((unsigned char)port_s[0]) || *end || errno || port < 1 || port > 65535) {
+        snprintf(why, len, "the port '%s' is not a number from 1 to 65535", port_s);
         return false;
     }
     unsigned char addr[16];
@@ -543,20 +566,24 @@ bool tsr_endpoint_check(const char *ep, char *why, size_t len)
             snprintf(why, len, "the IPv6 address '%s' has no closing ']' before the port", host);
             return false;
         }
-        host[n - 1] = '\0';
-        if (inet_pton(AF_INET6, host + 1, addr) != 1) {
-            snprintf(why, len, "'%s' is not an IPv6 address", host + 1);
+        if (!ipv6_text(host + 1, n - 2)) {
+            snprintf(why, len, "'%.*s' is not an IPv6 address", (int)(n - 2), host + 1);
             return false;
         }
         return true;
     }
+    if (strchr(host, ':'))   /* an IPv6 address without brackets, as ZeroMQ takes it */
+        return ipv6_text(host, n) ||
+               (snprintf(why, len, "'%s' is not an IPv6 address (write [ADDRESS]:PORT)", host),
+                false);
     if (strspn(host, "0123456789.") == n && inet_pton(AF_INET, host, addr) != 1) {
         snprintf(why, len, "'%s' is not an IPv4 address", host);
         return false;
     }
     if (strcmp(host, "*") && strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                           "0123456789.-_") != n) {
-        snprintf(why, len, "'%s' is not a host name, an IPv4 address, [IPv6] or *", host);
+        snprintf(why, len, "'%s' is not a host name, an interface, an IPv4 address, [IPv6] "
+                 "or *", host);
         return false;
     }
     return true;
@@ -566,19 +593,11 @@ bool tsr_endpoint_is_local(const char *ep)
 {
     if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
         return true;
-    if (strncmp(ep, "tcp://", 6))
-        return false;
-    const char *h = ep + 6;
-    /* "source;address" is a connecting form, not a bind address */
-    if (strchr(h, ';'))
-        return false;
-    const char *colon = strrchr(h, ':');
-    size_t n = colon ? (size_t)(colon - h) : strlen(h);
     char host[64];
-    if (n == 0 || n >= sizeof host)
+    /* "source;address" is a connecting form, not a bind address */
+    if (strncmp(ep, "tcp://", 6) || strchr(ep, ';') ||
+        !tsr_endpoint_host(ep, host, sizeof host, NULL))
         return false;
-    memcpy(host, h, n);
-    host[n] = '\0';
     if (!strcmp(host, "localhost") || !strcmp(host, "[::1]"))
         return true;
     struct in_addr a;

@@ -144,6 +144,10 @@ void tsr_config_destroy(tsr_config_t **self_p);
  * not, false with what is wrong in why. */
 bool tsr_endpoint_check(const char *endpoint, char *why, size_t len);
 
+/* The HOST of tcp://HOST:PORT (after a "source;" part, brackets kept) into host, and
+ * where PORT starts into *port (may be NULL); false when endpoint has no such form. */
+bool tsr_endpoint_host(const char *endpoint, char *host, size_t hostlen, const char **port);
+
 /* True when endpoint can only be reached from this machine: ipc://,
  * inproc://, or tcp:// on 127.0.0.0/8, ::1 or localhost. */
 bool tsr_endpoint_is_local(const char *endpoint);

@@ -775,14 +775,11 @@ static void convert_halves(tsr_dtype_t dt, const uint8_t *src, float *dst, size_
     }
 }
 
-/* Reads n contiguous elements of t starting at element `first` into dst.
- * f32 goes straight into dst; halves go through bounce (ST_CHUNK bytes),
- * one pread per chunk. */
+bool tsr_st_refuse_nonfinite = true;
+
 /* n elements of t read raw from element `first` on: fails naming the first that is NaN
  * or infinite (a damaged checkpoint; served, it would make every logit NaN and every
  * token 0, silently).  One pass that only ORs while all is well. */
-bool tsr_st_refuse_nonfinite = true;
-
 static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *raw,
                         uint64_t first, size_t n, char *err, size_t errlen)
 {
@@ -791,18 +788,30 @@ static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *r
     /* the exponent field, all ones for NaN and Inf; the sign bit */
     const uint32_t expo = f32 ? 0x7F800000u : t->dtype == TSR_DT_BF16 ? 0x7F80u : 0x7C00u;
     const uint32_t sign = f32 ? 0x80000000u : 0x8000u;
-    const uint32_t *w = raw;
-    const uint16_t *h = raw;
+    /* the bytes are read through memcpy: raw may be a float buffer */
+    const unsigned char *b = raw;
     unsigned any = 0;
     if (f32)
-        for (size_t i = 0; i < n; i++) any |= (w[i] & expo) == expo;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t w;
+            memcpy(&w, b + 4 * i, 4);
+            any |= (w & expo) == expo;
+        }
     else
-        for (size_t i = 0; i < n; i++) any |= (h[i] & expo) == expo;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            any |= (h & expo) == expo;
+        }
     if (!any) return 0;
     size_t i = 0;
     uint32_t v = 0;
-    for (; i < n; i++)
-        if (((v = f32 ? w[i] : h[i]) & expo) == expo) break;
+    for (; i < n; i++) {
+        uint16_t h = 0;
+        if (f32) memcpy(&v, b + 4 * i, 4);
+        else memcpy(&h, b + 2 * i, 2), v = h;
+        if ((v & expo) == expo) break;
+    }
     int64_t rows, cols;
     as_matrix(t, &rows, &cols);
     const uint64_t at = first + i;
@@ -813,6 +822,9 @@ static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *r
     return -1;
 }
 
+/* Reads n contiguous elements of t starting at element `first` into dst.
+ * f32 goes straight into dst; halves go through bounce (ST_CHUNK bytes),
+ * one pread per chunk. */
 static int read_elems(const tsr_st_t *st, const tsr_tensor_t *t, uint64_t first, size_t n,
                       float *dst, uint8_t *bounce, char *err, size_t errlen)
 {

@@ -32,7 +32,7 @@ char *tsr_path_join(const char *dir, const char *name)
 int tsr_open_regular(const char *path, char *err, size_t errlen)
 {
     /* O_NONBLOCK: opening a FIFO without a writer would otherwise wait for one. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat sb;
     if (fd < 0) {
         tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
@@ -65,7 +65,8 @@ char *tsr_read_regular(const char *path, size_t max, size_t *len, char *err, siz
     char *buf = NULL;
     size_t n = 0, cap;
     /* Read up to max + 1 bytes whatever the size said, since the file may grow. */
-    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > max) goto too_big;
+    if (fstat(fd, &sb) < 0) sb.st_size = 0;   /* (read what there is) */
+    if ((uint64_t)sb.st_size > max) goto too_big;
     cap = (size_t)sb.st_size + 1 < max + 1 ? (size_t)sb.st_size + 1 : max + 1;
     if (!(buf = malloc(cap + 1))) {
         tsr_set_err(err, errlen, "%s: out of memory", path);

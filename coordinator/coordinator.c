@@ -57,7 +57,8 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
     bool present = file && access(file, F_OK) == 0;
     free(file);
     if (!present) {  /* a model for token ids only: not a fault */
-        snprintf(s->tok_error, sizeof s->tok_error, "%s has no tokenizer.json", dir);
+        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
+                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
         return;
     }
     tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
@@ -160,7 +161,11 @@ static void tokreg_publish(tsr_coord_t *c)
         v[i].tok = tsr_tokref_hold(c->deps[i].tok);
         snprintf(v[i].chat_template, sizeof v[i].chat_template, "%s", d->chat_template);
         v[i].max_seq_len = d->max_seq_len;
-        snprintf(v[i].tok_error, sizeof v[i].tok_error, "%s", c->deps[i].tok_error);
+        /* for HTTP clients: the reason without the server's directories */
+        const char *why = c->deps[i].tok_error, *dir = d->model_path ? d->model_path : "";
+        size_t dl = strlen(dir);
+        if (dl && !strncmp(why, dir, dl)) why += dl + (why[dl] == '/');
+        snprintf(v[i].tok_error, sizeof v[i].tok_error, "%s", why);
     }
     c->tokreg.v = v;
     c->tokreg.n = v ? c->cfg->n_deployments : 0;

@@ -62,7 +62,8 @@ typedef struct {
     tsr_tokref_t *tok;          /* held; NULL: the deployment has no usable tokenizer */
     char chat_template[16];     /* the deployment's chat_template key ("": recognise) */
     int max_seq_len;
-    char tok_error[300];        /* with no tokenizer: why */
+    char tok_error[300];        /* with no tokenizer: why (paths in the model's directory
+                                   relative to it: HTTP clients see it) */
 } tsr_tokreg_entry_t;
 
 typedef struct tsr_tokreg {

@@ -51,8 +51,15 @@
 #define PER_CLIENT_CONNECTIONS 128   /* connections from one address at once */
 #define MAX_CONNECTIONS 1024
 
-#define DEPLOYMENTS_TTL_MS 250        /* /health and /v1/models share one answer this long, */
-#define METRICS_TTL_MS 250            /* and every /metrics scrape one text */
+#define TTL_MS 250                    /* /health, /v1/models and /metrics share one answer
+                                         this long */
+
+/* One answer of the loop, shared by every request for TTL_MS (a failure too: NULL). */
+typedef struct {
+    pthread_mutex_t mu;
+    char *text;
+    int64_t at;                 /* when it was fetched (0: never) */
+} ttl_cache_t;
 
 struct tsr_http {
     struct MHD_Daemon *d;
@@ -60,16 +67,10 @@ struct tsr_http {
     char bridge[128];
     char **keys;
     size_t n_keys;
-    /* The deployments document, fetched at most every DEPLOYMENTS_TTL_MS whatever the
-     * number of /health and /v1/models requests: a flood of them costs the loop nothing. */
-    pthread_mutex_t cache_mu;
-    json_t *deployments;
-    int64_t deployments_at;
-    /* The same for the metrics text, fetched at most every METRICS_TTL_MS: /metrics is
-     * open, and a flood of scrapes would otherwise have the loop build one per request. */
-    pthread_mutex_t metrics_mu;
-    char *metrics;
-    int64_t metrics_at;
+    /* The deployments document (/health, /v1/models) and the metrics text, each fetched
+     * from the loop at most every TTL_MS whatever the number of requests: /health and
+     * /metrics are open, and a flood of them costs the loop nothing. */
+    ttl_cache_t deployments, metrics;
 };
 
 
@@ -798,24 +799,32 @@ out:
 
 /* ---- GET endpoints ---------------------------------------------------------------------- */
 
+/* The text of the loop's answer to kind, from cache: a copy (caller frees), or NULL when
+ * the coordinator did not answer (remembered for TTL_MS too, so a flood waits once). */
+static char *cached(tsr_http_t *h, ttl_cache_t *c, Tessera__ControlRequest__Kind kind)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->at || tsr_now_ms() - c->at >= TTL_MS) {
+        tsr_env_t *env = NULL;
+        free(c->text);
+        c->text = NULL;
+        if (bridge_call(h, kind, &env) == 0 && env->control_reply->ok)
+            c->text = strdup(env->control_reply->json);
+        tsr_env_free(&env);
+        c->at = tsr_now_ms();
+    }
+    char *out = c->text ? strdup(c->text) : NULL;
+    pthread_mutex_unlock(&c->mu);
+    return out;
+}
+
 /* The deployments document (a new reference; NULL when the coordinator is silent). */
 static json_t *deployments_doc(tsr_http_t *h)
 {
-    pthread_mutex_lock(&h->cache_mu);
-    if (!h->deployments || tsr_now_ms() - h->deployments_at >= DEPLOYMENTS_TTL_MS) {
-        tsr_env_t *env = NULL;
-        json_t *doc = NULL;
-        if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__DEPLOYMENTS, &env) == 0 &&
-            env->control_reply->ok)
-            doc = json_loads(env->control_reply->json, 0, NULL);
-        tsr_env_free(&env);
-        json_decref(h->deployments);
-        h->deployments = doc;
-        h->deployments_at = tsr_now_ms();
-    }
-    json_t *out = json_incref(h->deployments);
-    pthread_mutex_unlock(&h->cache_mu);
-    return out;
+    char *text = cached(h, &h->deployments, TESSERA__CONTROL_REQUEST__KIND__DEPLOYMENTS);
+    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    return doc;
 }
 
 static enum MHD_Result get_models(tsr_http_t *h, struct MHD_Connection *conn)
@@ -866,23 +875,12 @@ static enum MHD_Result get_health(tsr_http_t *h, struct MHD_Connection *conn)
 
 static enum MHD_Result get_metrics(tsr_http_t *h, struct MHD_Connection *conn)
 {
-    pthread_mutex_lock(&h->metrics_mu);
-    if (!h->metrics || tsr_now_ms() - h->metrics_at >= METRICS_TTL_MS) {
-        tsr_env_t *env = NULL;
-        free(h->metrics);
-        h->metrics = NULL;
-        if (bridge_call(h, TESSERA__CONTROL_REQUEST__KIND__METRICS, &env) == 0 &&
-            env->control_reply->ok)
-            h->metrics = strdup(env->control_reply->json);
-        tsr_env_free(&env);
-        h->metrics_at = tsr_now_ms();
-    }
-    /* Copied by respond, under the lock: the next fetch may free it. */
+    char *text = cached(h, &h->metrics, TESSERA__CONTROL_REQUEST__KIND__METRICS);
     enum MHD_Result rc =
-        h->metrics ? respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
-                             h->metrics, strlen(h->metrics), 0)
-                   : respond(conn, 503, "text/plain", "the coordinator did not answer\n", 31, 1);
-    pthread_mutex_unlock(&h->metrics_mu);
+        text ? respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text,
+                       strlen(text), 0)
+             : respond(conn, 503, "text/plain", "the coordinator did not answer\n", 31, 1);
+    free(text);
     return rc;
 }
 
@@ -1108,8 +1106,8 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
     }
     h->reg = reg;
     snprintf(h->bridge, sizeof h->bridge, "%s", bridge);
-    pthread_mutex_init(&h->cache_mu, NULL);
-    pthread_mutex_init(&h->metrics_mu, NULL);
+    pthread_mutex_init(&h->deployments.mu, NULL);
+    pthread_mutex_init(&h->metrics.mu, NULL);
     if (api_keys_file) {
         int n = tsr_http_read_keys(api_keys_file, &h->keys, err, errlen);
         if (n < 0) {
@@ -1155,10 +1153,10 @@ void tsr_http_stop(tsr_http_t **self_p)
     if (!self_p || !*self_p) return;
     tsr_http_t *h = *self_p;
     if (h->d) MHD_stop_daemon(h->d);
-    json_decref(h->deployments);
-    pthread_mutex_destroy(&h->cache_mu);
-    free(h->metrics);
-    pthread_mutex_destroy(&h->metrics_mu);
+    free(h->deployments.text);
+    pthread_mutex_destroy(&h->deployments.mu);
+    free(h->metrics.text);
+    pthread_mutex_destroy(&h->metrics.mu);
     for (size_t k = 0; k < h->n_keys; k++) free(h->keys[k]);
     free(h->keys);
     free(h);

@@ -18,8 +18,7 @@
 #include "coordinator.h"
 #include "http.h"
 
-/* How much later than its poll's timeout the loop may come back before its next turn
- * judges no one (see the loop). */
+/* How long a turn of the loop may take before the next one judges no one (see the loop). */
 #define LOOP_LATE_MS 200
 
 static volatile sig_atomic_t stop_flag, reload_flag;
@@ -168,8 +167,8 @@ int main(int argc, char **argv)
     int timeout = 0;
     bool held = false;
     while (!stop_flag) {
-        int64_t due = timeout < 0 ? INT64_MAX : tsr_now_ms() + timeout;
         int rc = zmq_poll(items, n_items, timeout);
+        int64_t woke = tsr_now_ms();
         if (rc < 0 && errno != EINTR) {
             tsr_error("poll failed: %s", zmq_strerror(errno));
             break;
@@ -183,11 +182,11 @@ int main(int argc, char **argv)
             sd_notify(0, "READY=1");
         }
         int64_t now = tsr_now_ms();
-        /* The loop comes back later than its poll allowed: it was busy (a reload that read
-         * a big tokenizer.json, a slow disk) or stopped, and the heartbeats of that time
-         * wait in the socket.  They are read (one more turn) before anyone is judged
-         * silent: a held loop is not a dead worker. */
-        if (!held && now - due > LOOP_LATE_MS) {
+        /* The turn took long: the loop was busy (a reload that read a big tokenizer.json,
+         * a slow disk), and the heartbeats of that time wait in the socket.  They are
+         * read (one more turn) before anyone is judged silent: a held loop is not a dead
+         * worker.  (A process stopped in its poll reads them before this point.) */
+        if (!held && now - woke > LOOP_LATE_MS) {
             held = true;
             timeout = 0;
             continue;

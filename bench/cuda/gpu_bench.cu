@@ -450,12 +450,12 @@ static void *ar_rank(void *arg)
     void *d = NULL;
     tsr_comm_t *c = NULL;
     const size_t most = ar_bytes[AR_SIZES - 1];
+    /* Every rank meets every barrier, a failed one too: it skips the work, and its peers'
+     * formation or operations fail at their deadline, naming it. */
     if (cudaSetDevice(a->rank) != cudaSuccess || cudaStreamCreate(&st) != cudaSuccess ||
         cudaMalloc(&d, most) != cudaSuccess) {
         snprintf(a->err, sizeof a->err, "rank %d: cannot set up GPU %d", a->rank, a->rank);
         a->fails++;
-        pthread_barrier_wait(a->bar);   /* the others time out forming, naming the rank */
-        return NULL;
     }
     pthread_barrier_wait(a->bar);
     tsr_coll_ctx_t ctx = {};
@@ -470,11 +470,9 @@ static void *ar_rank(void *arg)
     rv.blob = a->blob;
     rv.blob_len = TSR_NCCL_BLOB_BYTES;
     rv.timeout_ms = 60000;
-    if (tsr_coll_nccl.create(&ctx, &rv, &c, a->err, sizeof a->err) < 0) {
+    if (!a->fails && tsr_coll_nccl.create(&ctx, &rv, &c, a->err, sizeof a->err) < 0)
         a->fails++;
-        goto out;
-    }
-    {
+    if (!a->fails) {
         const size_t n_check = 1 << 16;
         float *h = (float *)malloc(n_check * sizeof(float));
         for (size_t i = 0; i < n_check; i++) h[i] = (float)(a->rank + 1) * (float)(i % 7);
@@ -493,9 +491,7 @@ static void *ar_rank(void *arg)
         free(h);
         a->fails += rc < 0;
     }
-    /* Every rank meets every barrier, a failed one too (it skips the work;
-     * its peers' operations then fail at their deadline, naming it). */
-    cudaMemset(d, 0, most);
+    if (d) cudaMemset(d, 0, most);
     for (int k = 0; k < AR_SIZES; k++) {
         tsr_buf_t b = {d, ar_bytes[k] / 2, TSR_DT_BF16, TSR_MEM_DEVICE};
         int rc = a->fails ? -1 : 0;
@@ -511,10 +507,9 @@ static void *ar_rank(void *arg)
         pthread_barrier_wait(a->bar);
         if (rc < 0 && !a->fails) a->fails++;
     }
-out:
     if (c) tsr_coll_nccl.destroy(&c);
-    cudaFree(d);
-    cudaStreamDestroy(st);
+    if (d) cudaFree(d);
+    if (st) cudaStreamDestroy(st);
     return NULL;
 }
 

@@ -30,7 +30,14 @@ wait_until 10 all_ready || fail "second local cluster not ready: $(cat "$T/local
 kids=$(pgrep -P "$LPID" | tr '\n' ' ')
 [ "$(echo $kids | wc -w)" = 3 ] || fail "expected 3 children, found: $kids"
 kill -9 "$LPID"
-none_left() { for k in $kids; do kill -0 "$k" 2>/dev/null && return 1; done; return 0; }
+# (a child that exited but is not reaped yet, a zombie, is gone too)
+none_left() {
+    local k
+    for k in $kids; do
+        [ -r "/proc/$k/stat" ] && [ "$(awk '{print $3}' "/proc/$k/stat" 2> /dev/null)" != Z ] && return 1
+    done
+    return 0
+}
 wait_until 7 none_left || fail "children left running after tessera local was killed: $kids"
 ok "local: killed with SIGKILL, its coordinator and workers stopped too"
 

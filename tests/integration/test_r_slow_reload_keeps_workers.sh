@@ -1,5 +1,5 @@
 # A reload that holds the coordinator's loop for longer than worker_timeout_ms
-# (here: a model whose tokenizer.json is 16 MB, read and parsed on the loop)
+# (here: a model whose tokenizer.json is 32 MB, read and parsed on the loop)
 # declares no worker dead: the heartbeats that came meanwhile wait in the
 # socket, and the loop reads them before it judges anyone silent.
 source "$(dirname "$0")/lib.sh"
@@ -12,7 +12,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 v = d["model"]["vocab"]
 n = len(v)
-for i in range(800000):
+for i in range(1600000):
     v["x%07d" % i] = n + i
 json.dump(d, open(sys.argv[1], "w"))
 EOF
