@@ -560,7 +560,6 @@ bool tsr_endpoint_check(const char *ep, char *why, size_t len)
         snprintf(why, len, "the port '%s' is not a number from 1 to 65535", port_s);
         return false;
     }
-    unsigned char addr[16];
     if (host[0] == '[') {
         if (n < 3 || host[n - 1] != ']') {
             snprintf(why, len, "the IPv6 address '%s' has no closing ']' before the port", host);
@@ -576,7 +575,9 @@ bool tsr_endpoint_check(const char *ep, char *why, size_t len)
         return ipv6_text(host, n) ||
                (snprintf(why, len, "'%s' is not an IPv6 address (write [ADDRESS]:PORT)", host),
                 false);
-    if (strspn(host, "0123456789.") == n && inet_pton(AF_INET, host, addr) != 1) {
+    struct in_addr a4;
+    /* (inet_aton, as the resolver: it takes short forms such as 127.1) */
+    if (strspn(host, "0123456789.") == n && inet_aton(host, &a4) == 0) {
         snprintf(why, len, "'%s' is not an IPv4 address", host);
         return false;
     }
@@ -601,7 +602,8 @@ bool tsr_endpoint_is_local(const char *ep)
     if (!strcmp(host, "localhost") || !strcmp(host, "[::1]"))
         return true;
     struct in_addr a;
-    return inet_pton(AF_INET, host, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+    return strspn(host, "0123456789.") == strlen(host) && inet_aton(host, &a) != 0 &&
+           (ntohl(a.s_addr) >> 24) == 127;
 }
 
 /* model_path = directory of `file` (with its slash) + model, unless model is

@@ -815,9 +815,14 @@ static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *r
     int64_t rows, cols;
     as_matrix(t, &rows, &cols);
     const uint64_t at = first + i;
-    tsr_set_err(err, errlen, "%s: tensor %s: element [%llu, %llu] is %s: the checkpoint is "
-                "damaged", st->paths[t->file], t->name, (unsigned long long)(at / (uint64_t)cols),
-                (unsigned long long)(at % (uint64_t)cols),
+    char where[48];
+    if (t->ndim == 1)
+        snprintf(where, sizeof where, "[%llu]", (unsigned long long)at);
+    else
+        snprintf(where, sizeof where, "[%llu, %llu]", (unsigned long long)(at / (uint64_t)cols),
+                 (unsigned long long)(at % (uint64_t)cols));
+    tsr_set_err(err, errlen, "%s: tensor %s: element %s is %s: the checkpoint is damaged",
+                st->paths[t->file], t->name, where,
                 (v & ~(expo | sign)) ? "NaN" : (v & sign) ? "-Inf" : "Inf");
     return -1;
 }

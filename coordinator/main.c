@@ -53,6 +53,9 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     int grace = -1, check = 0, level = TSR_LOG_INFO;
+    /* first: a log line to a closed pipe (a stopped `tessera local`, a log reader gone)
+     * must not end the process before it reaches its own handlers */
+    signal(SIGPIPE, SIG_IGN);
     static const struct option opts[] = {{"adopt-grace-ms", required_argument, 0, 'g'},
                                          {"check", no_argument, 0, 'c'},
                                          {"verbose", no_argument, 0, 'v'},
@@ -129,7 +132,6 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     tsr_coord_t *c = tsr_coord_new(path, grace, err, sizeof err);
     if (!c) {

@@ -476,6 +476,16 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
             goto oom_or_fail;
         }
     }
+    /* The piece's last layer is in the checkpoint, or config.json claims layers it lacks
+     * (and a billion of them would read as "out of memory"). */
+    char last_name[160];
+    if (e->n_layers > 0 &&
+        !tsr_st_find(st, tsr_tensor_name(m, TSR_T_ATTN_NORM, spec->layer_end - 1, last_name,
+                                         sizeof last_name))) {
+        tsr_set_err(err, errlen, "%s: no tensor %s: the checkpoint has fewer layers than "
+                    "config.json's num_hidden_layers %d", dir, last_name, m->num_hidden_layers);
+        goto out;
+    }
     e->layers = calloc(e->n_layers ? (size_t)e->n_layers : 1, sizeof *e->layers);
     if (!e->layers) {
         bad = true;

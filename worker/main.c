@@ -101,6 +101,9 @@ static int parse_uint(const char *opt, const char *s, unsigned long max, unsigne
 int main(int argc, char **argv)
 {
     const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
+    /* first: a log line to a closed pipe (a stopped `tessera local`, a log reader gone)
+     * must not end the process before it reaches its own handlers */
+    signal(SIGPIPE, SIG_IGN);
     const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = NULL;
     const char *keys = getenv("TESSERA_KEYS"), *identity = getenv("TESSERA_IDENTITY");
     tsr_device_t kind = TSR_DEVICE_CPU;
@@ -198,7 +201,6 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     tsr_agent_t *a = tsr_agent_new(name, node, ep, &sec, &dev, err, sizeof err);
     memset(&sec, 0, sizeof sec);  /* the socket has its copy of the secret */

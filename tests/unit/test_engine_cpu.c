@@ -421,6 +421,20 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
         fail_msg("the load's error does not name the embedding: %s", err);
     snprintf(path, sizeof path, "rm -rf %s", dir);
     assert_int_equal(system(path), 0);
+    /* config.json claiming more layers than the checkpoint has is named as that */
+    assert_non_null(mkdtemp(strcpy(dir, "/tmp/tsr-engine-misfit-XXXXXX")));
+    snprintf(cmd, sizeof cmd,
+             "ln -s %s/model.safetensors %s/ && sed 's/\"num_hidden_layers\": *2/\"num_hidden_layers\": "
+             "1000000/' %s/config.json > %s/config.json", dirs[0], dir, dirs[0], dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
+    assert_int_equal(m.num_hidden_layers, 1000000);
+    tsr_piece_spec_t deep = {0, 1, 0, 1, 0, 1000000, 256, 4, 160, 64, 2, 0, 0, 0};
+    assert_int_equal(tsr_engine_cpu.load(dir, &deep, &e, err, sizeof err), -1);
+    if (!strstr(err, "model.layers.999999.input_layernorm.weight") || !strstr(err, "fewer layers"))
+        fail_msg("the load's error does not name the missing layer: %s", err);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
     /* a max_seq_len whose tables cannot be had is named, not "a KV pool of 4 MiB" */
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
     tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0};
