@@ -1,6 +1,7 @@
 /* tessera tokenize: a model directory's tokenizer from the command line. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,14 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
+/* The index of the first of ids[n] outside tok's vocabulary, or n. */
+static size_t first_unknown(const tsr_tokenizer_t *tok, const int32_t *ids, size_t n)
+{
+    size_t k = 0;
+    while (k < n && ids[k] >= 0 && ids[k] < tsr_tok_vocab_size(tok)) k++;
+    return k;
+}
+
 static json_t *jsonl_answer(const tsr_tokenizer_t *tok, json_t *in)
 {
     char err[512];
@@ -62,14 +71,15 @@ static json_t *jsonl_answer(const tsr_tokenizer_t *tok, json_t *in)
     if (!v) return NULL;
     for (size_t i = 0; i < n; i++) {
         json_t *x = json_array_get(ids, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
-            json_integer_value(x) >= tsr_tok_vocab_size(tok)) {
-            free(v);
-            snprintf(err, sizeof err, "ids[%zu]: not a token id of the tokenizer's vocabulary "
-                     "(0 to %d)", i, tsr_tok_vocab_size(tok) - 1);
-            return json_pack("{ss}", "error", err);
-        }
-        v[i] = (int32_t)json_integer_value(x);
+        json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+        v[i] = id >= 0 && id <= INT32_MAX ? (int32_t)id : -1;
+    }
+    size_t bad = first_unknown(tok, v, n);
+    if (bad < n) {
+        free(v);
+        snprintf(err, sizeof err, "ids[%zu]: not a token id of the tokenizer's vocabulary "
+                 "(0 to %d)", bad, tsr_tok_vocab_size(tok) - 1);
+        return json_pack("{ss}", "error", err);
     }
     json_t *skip = json_object_get(in, "skip_special");
     bool skip_special = skip ? json_is_true(skip) : true;
@@ -146,18 +156,13 @@ int tsr_cmd_tokenize(int argc, char **argv)
     } else if (decode) {
         int32_t *ids = NULL;
         size_t n = 0, k = 0;
-        const int vocab = tsr_tok_vocab_size(tok);
         rc = 1;   /* a bad value, as the README's exit statuses say */
-        if (parse_ids(decode, &ids, &n) == 0) {
-            for (k = 0; k < n && ids[k] < vocab; k++) {}
-            if (k < n)
-                fprintf(stderr, "tessera tokenize: --decode: id %d (number %zu) is not in the "
-                        "tokenizer's vocabulary of %d ids\n", ids[k], k + 1, vocab);
-        }
+        if (parse_ids(decode, &ids, &n) == 0 && (k = first_unknown(tok, ids, n)) < n)
+            fprintf(stderr, "tessera tokenize: --decode: id %d (number %zu) is not in the "
+                    "tokenizer's vocabulary of %d ids\n", ids[k], k + 1, tsr_tok_vocab_size(tok));
         if (ids && k == n) {
             size_t len;
             char *s = tsr_tok_decode(tok, ids, n, !keep, &len);
-            rc = 1;
             if (s) {
                 fwrite(s, 1, len, stdout);
                 putchar('\n');

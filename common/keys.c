@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "keys.h"
+#include "util.h"
 
 #define KEY_FILE_MAX 4096
 
@@ -40,17 +41,13 @@ static int z85_key_ok(const char *z, unsigned char bin[32])
 static int slurp(const char *path, char *buf, size_t cap, struct stat *st, char *err,
                  size_t errlen)
 {
-    /* Non-blocking: a FIFO in a key's place must not hang the reader (it is
-     * refused below, as is anything but a regular file).  A symbolic link
-     * is followed (secret stores mount keys that way); the mode checked is
-     * the file's. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
+    /* Only a regular file: a FIFO in a key's place must not hang the reader.  A
+     * symbolic link is followed (secret stores mount keys that way); the mode checked
+     * is the file's. */
+    int fd = tsr_open_regular(path, err, errlen);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) != 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
         close(fd);
         return -1;
     }

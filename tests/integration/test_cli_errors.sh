@@ -22,6 +22,8 @@ grep -q "'x' is not a token id" "$T/e.txt" || fail "tokenize --decode: $(cat "$T
 "$BIN/tessera" tokenize "$T/tm" --decode 5,1024 2> "$T/e.txt"; [ $? = 1 ] || fail "an id past the vocabulary decoded"
 grep -q "id 1024 (number 2) is not in the tokenizer's vocabulary of 1024 ids" "$T/e.txt" ||
     fail "tokenize --decode 1024: $(cat "$T/e.txt")"
+printf '{"ids": [5, 1024]}\n' | "$BIN/tessera" tokenize "$T/tm" --jsonl | grep -q '"ids\[1\]: not a token id' ||
+    fail "tokenize --jsonl decoded an id past the vocabulary"
 # a malformed endpoint is refused at once, saying what is wrong with it
 "$BIN/tessera" --coordinator tcp://127.0.0.1:99999 status 2> "$T/e.txt"; [ $? = 2 ] || fail "port 99999 accepted"
 grep -q "the port '99999' is not a number from 1 to 65535" "$T/e.txt" || fail "$(cat "$T/e.txt")"
