@@ -41,6 +41,16 @@ none_left() {
 wait_until 7 none_left || fail "children left running after tessera local was killed: $kids"
 ok "local: killed with SIGKILL, its coordinator and workers stopped too"
 
+# Its output pipe closed (the reader went): nobody dies of SIGPIPE, and the cluster serves.
+write_yaml "$T/p.yaml" 1 1 1
+{ "$BIN/tessera" local "$T/p.yaml" --workers 2 2>&1 & echo $! > "$T/lp.pid"; wait; } | head -c 1 > /dev/null &
+wait_until 10 all_ready || fail "a local cluster whose output pipe closed is not ready: $(tsr status 2>&1)"
+two_alive() { [ "$(status_json | jget "len([w for w in d['workers'] if w['state'] != 'dead'])")" = 2 ]; }
+wait_until 5 two_alive || fail "a worker died when its output pipe closed: $(tsr workers 2>&1)"
+tsr generate tiny --prompt-ids 1,2,3 --max-tokens 4 --ids > /dev/null || fail "no service with the pipe closed"
+kill -TERM "$(cat "$T/lp.pid")"
+ok "local: its output pipe closed, every process lives and serves"
+
 # --log-dir that is not a directory is refused, naming it.
 touch "$T/not-a-dir"
 "$BIN/tessera" local "$T/d.yaml" --log-dir "$T/not-a-dir" > "$T/local3.out" 2>&1
