@@ -77,6 +77,8 @@ void tsr_print_status(json_t *doc, int workers_only)
             if (json_is_string(json_object_get(d, "tokenizer_error")))
                 printf("  token ids only: its tokenizer cannot be used: %s\n",
                        jstr(d, "tokenizer_error"));
+            if (json_is_true(json_object_get(d, "tokenizer_loading")))
+                printf("  token ids only until its tokenizer.json is read (in progress)\n");
             printf("  %-7s %-5s %-9s %-3s %-20s %-14s %-9s %8s %9s %11s\n", "REPLICA", "STAGE",
                    "LAYERS", "TP", "WORKER", "NODE", "STATE", "PID", "HEARTBEAT", "KV");
             size_t ri, si, ti;

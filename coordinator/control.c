@@ -252,6 +252,8 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "text_prompts", json_boolean(c->deps[i].tok != NULL));
     if (c->deps[i].tok_broken)
         json_object_set_new(o, "tokenizer_error", json_string(c->deps[i].tok_error));
+    /* a reload's new tokenizer.json being read: text prompts are refused until it is in */
+    if (c->deps[i].tok_loading) json_object_set_new(o, "tokenizer_loading", json_true());
     if (c->deps[i].short_by) {
         json_t *needs = json_pack("{s:i, s:s}", "workers", c->deps[i].short_by, "device",
                                   tsr_device_name(d->device));

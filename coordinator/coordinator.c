@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -39,37 +40,23 @@ void tsr_tokref_drop(tsr_tokref_t **r_p)
     *r_p = NULL;
 }
 
-/* The deployment's tokenizer: the one an old state read from the same directory, else
- * read now.  None is not an error (requests then take token ids only); a file that is
- * there but cannot be used is logged. */
-static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *old,
-                          size_t n_old)
+/* Gives s the tokenizer t read from dir (taking it); a tokenizer that could not be
+ * read (t NULL, the reason in err) is logged.  */
+static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t *t,
+                            const char *err)
 {
-    for (size_t j = 0; j < n_old; j++)
-        if (old[j].tok && old[j].tok_dir && !strcmp(old[j].tok_dir, dir) &&
-            !strcmp(old[j].name, s->name)) {
-            s->tok = tsr_tokref_hold(old[j].tok);
-            s->tok_dir = strdup(dir);
-            return;
-        }
-    char err[600];
-    char *file = tsr_path_join(dir, "tokenizer.json");
-    bool present = file && access(file, F_OK) == 0;
-    free(file);
-    if (!present) {  /* a model for token ids only: not a fault */
-        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
-                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
-        return;
-    }
-    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
+    s->tok_loading = false;
     if (!t) {
         snprintf(s->tok_error, sizeof s->tok_error, "%s", err);
         s->tok_broken = true;
         tsr_warn("deployment %s takes token ids only: %s", s->name, err);
         return;
     }
+    if (!s->tok_dir || strcmp(s->tok_dir, dir)) {
+        free(s->tok_dir);
+        s->tok_dir = strdup(dir);
+    }
     s->tok = calloc(1, sizeof *s->tok);
-    s->tok_dir = strdup(dir);
     if (!s->tok || !s->tok_dir) {
         tsr_tok_destroy(&t);
         free(s->tok);
@@ -77,6 +64,7 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
         snprintf(s->tok_error, sizeof s->tok_error, "out of memory");
         return;
     }
+    s->tok_error[0] = '\0';
     s->tok->tok = t;
     atomic_init(&s->tok->refs, 1);
     if (s->model_ok && tsr_tok_vocab_size(t) > s->model.vocab_size)
@@ -85,10 +73,46 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
                  s->model.vocab_size);
 }
 
+#define TOK_LOADING_MSG "its tokenizer.json is still being read; try again in a moment"
+
+/* The deployment's tokenizer: the one an old state read (or is reading) from the same
+ * directory, else read now, or (later: true, a reload) marked to be read off the loop.
+ * None is not an error (requests then take token ids only); a file that is there but
+ * cannot be used is logged. */
+static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *old,
+                          size_t n_old, bool later)
+{
+    for (size_t j = 0; j < n_old; j++)
+        if ((old[j].tok || old[j].tok_loading) && old[j].tok_dir &&
+            !strcmp(old[j].tok_dir, dir) && !strcmp(old[j].name, s->name)) {
+            s->tok = tsr_tokref_hold(old[j].tok);
+            s->tok_loading = old[j].tok_loading;
+            snprintf(s->tok_error, sizeof s->tok_error, "%s", old[j].tok_error);
+            s->tok_dir = strdup(dir);
+            return;
+        }
+    char *file = tsr_path_join(dir, "tokenizer.json");
+    bool present = file && access(file, F_OK) == 0;
+    free(file);
+    if (!present) {  /* a model for token ids only: not a fault */
+        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
+                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
+        return;
+    }
+    if (later && (s->tok_dir = strdup(dir))) {
+        s->tok_loading = true;
+        snprintf(s->tok_error, sizeof s->tok_error, TOK_LOADING_MSG);
+        return;
+    }
+    char err[600];
+    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
+    dep_tok_install(s, dir, t, err);
+}
+
 /* Reads each deployment's config.json and checks its layout.  A deployment
  * whose model cannot be read is kept but never placed; its status says why. */
 static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
-                                   size_t n_old)
+                                   size_t n_old, bool later)
 {
     tsr_dep_state_t *deps = calloc(cfg->n_deployments ? cfg->n_deployments : 1, sizeof *deps);
     if (!deps) return NULL;
@@ -109,7 +133,7 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         } else {
             s->model_ok = true;
         }
-        dep_tokenizer(s, d->model_path, old, n_old);
+        dep_tokenizer(s, d->model_path, old, n_old, later);
         /* Requests completed per replica, kept across a reload for the
          * replicas that remain. */
         s->n_completed = d->replicas;
@@ -166,6 +190,7 @@ static void tokreg_publish(tsr_coord_t *c)
         size_t dl = strlen(dir);
         if (dl && !strncmp(why, dir, dl)) why += dl + (why[dl] == '/');
         snprintf(v[i].tok_error, sizeof v[i].tok_error, "%s", why);
+        v[i].tok_loading = c->deps[i].tok_loading;
     }
     c->tokreg.v = v;
     c->tokreg.n = v ? c->cfg->n_deployments : 0;
@@ -209,8 +234,12 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
     if (!c) return NULL;
     c->config_path = strdup(config_path);
     pthread_mutex_init(&c->tokreg.mu, NULL);
+    if (!(c->tokload = tsr_tokload_new())) {
+        snprintf(err, errlen, "cannot start the tokenizer loader: out of memory or descriptors");
+        goto fail;
+    }
     if (tsr_config_load(config_path, &c->cfg, err, errlen) < 0) goto fail;
-    c->deps = deps_build(c->cfg, NULL, 0);
+    c->deps = deps_build(c->cfg, NULL, 0, false);
     if (c->deps) tokreg_publish(c);
     c->reg = tsr_registry_new();
     if (!c->deps || !c->reg) {
@@ -296,6 +325,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_sock_close(&c->csock);
     tsr_sock_close(&c->bsock);
     tsr_zap_stop(&c->zap);
+    tsr_tokload_destroy(&c->tokload);
     memset(&c->sec, 0, sizeof c->sec);
     tsr_registry_destroy(&c->reg);
     deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
@@ -847,10 +877,70 @@ static bool piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k)
     return k->layer_begin == b && k->layer_end == e;
 }
 
+/* ---- tokenizers read off the loop ------------------------------------------ */
+
+static bool tok_wanted(void *arg, const char *name, const char *dir)
+{
+    tsr_coord_t *c = arg;
+    int i = dep_index(c, name);
+    return i >= 0 && c->deps[i].tok_loading && !strcmp(c->deps[i].tok_dir, dir);
+}
+
+/* Asks the loader for the tokenizers the deployments wait for, and drops the queued
+ * loads no deployment waits for any more.  One that cannot be queued is read here. */
+static void tokloads_request(tsr_coord_t *c)
+{
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        tsr_dep_state_t *s = &c->deps[i];
+        if (!s->tok_loading) continue;
+        char err[600];
+        if (tsr_tokload_request(c->tokload, s->name, s->tok_dir, err, sizeof err) == 0) {
+            tsr_info("deployment %s: reading %s/tokenizer.json off the loop", s->name,
+                     s->tok_dir);
+            continue;
+        }
+        tsr_warn("deployment %s: %s; reading its tokenizer.json on the loop", s->name, err);
+        tsr_tokenizer_t *t = tsr_tok_load(s->tok_dir, err, sizeof err);
+        dep_tok_install(s, s->tok_dir, t, err);
+    }
+    tsr_tokload_prune(c->tokload, tok_wanted, c);
+}
+
+/* Gives the deployments that wait for them the tokenizers the loader has read. */
+static void tokloads_collect(tsr_coord_t *c)
+{
+    tsr_tokjob_t *done = tsr_tokload_take(c->tokload);
+    bool changed = false;
+    for (tsr_tokjob_t *j = done; j; j = j->next) {
+        if (j->skipped || !tok_wanted(c, j->name, j->dir)) continue;
+        tsr_dep_state_t *s = &c->deps[dep_index(c, j->name)];
+        if (j->tok) tsr_info("deployment %s: tokenizer read (%d ids); text prompts are served",
+                             s->name, tsr_tok_vocab_size(j->tok));
+        dep_tok_install(s, j->dir, j->tok, j->err);
+        j->tok = NULL;
+        changed = true;
+    }
+    tsr_tokjob_free(done);
+    if (changed) tokreg_publish(c);
+}
+
 /* ---- reload ---------------------------------------------------------------- */
+
+/* A test setting: TSR_TEST_RELOAD_HOLD_MS holds the loop that long in each reload (at
+ * most 10 s), as a slow disk under the model directories would. */
+static void reload_hold(void)
+{
+    const char *v = getenv("TSR_TEST_RELOAD_HOLD_MS");
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0) return;
+    if (ms > 10000) ms = 10000;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
 
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 {
+    reload_hold();
     tsr_config_t *cfg = NULL;
     if (tsr_config_load(c->config_path, &cfg, err, errlen) < 0) return -1;
     /* The HTTP server was started with the old ones. */
@@ -872,7 +962,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         tsr_config_destroy(&cfg);
         return -1;
     }
-    tsr_dep_state_t *deps = deps_build(cfg, c->deps, c->cfg->n_deployments);
+    tsr_dep_state_t *deps = deps_build(cfg, c->deps, c->cfg->n_deployments, true);
     if (!deps) {
         tsr_config_destroy(&cfg);
         snprintf(err, errlen, "out of memory");
@@ -883,7 +973,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     for (size_t i = 0; i < cfg->n_deployments; i++) {
         if (deps[i].model_ok) continue;
         snprintf(err, errlen, "%s", deps[i].model_error);
-        free(deps);
+        deps_free(deps, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return -1;
     }
@@ -916,6 +1006,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     tsr_config_destroy(&c->cfg);
     c->cfg = cfg;
     c->deps = deps;
+    tokloads_request(c);
     tokreg_publish(c);
     /* Pieces that failed to load are tried again: the operator may have
      * fixed the model directory.  A piece whose layout the reload changed is
@@ -1587,6 +1678,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
 {
     int scan = tsr_health_scan_interval_ms(c->cfg->heartbeat_interval_ms);
     c->now_ms = now_ms;
+    tokloads_collect(c);
     if (c->zap) drop_removed_keys(c, now_ms);
     int64_t deadline = tsr_requests_expire(c, now_ms);
     run_retries(c, now_ms);

@@ -14,6 +14,7 @@
 #include "common/deploy.h"
 #include "common/modelcfg.h"
 #include "common/tokenizer.h"
+#include "tokload.h"
 #include "common/wire.h"
 #include "common/keys.h"
 #include "zap.h"
@@ -64,6 +65,7 @@ typedef struct {
     int max_seq_len;
     char tok_error[300];        /* with no tokenizer: why (paths in the model's directory
                                    relative to it: HTTP clients see it) */
+    bool tok_loading;           /* none yet: it is being read (try again shortly) */
 } tsr_tokreg_entry_t;
 
 typedef struct tsr_tokreg {
@@ -83,7 +85,9 @@ typedef struct {
     char tok_error[600];        /* why there is none */
     bool tok_broken;            /* a tokenizer.json is there but cannot be used (a fault;
                                    none at all is a model for token ids only) */
-    char *tok_dir;              /* the directory it was read from */
+    char *tok_dir;              /* the directory it was (or is being) read from */
+    bool tok_loading;           /* tok_dir's tokenizer.json is being read off the loop (a
+                                   reload's new model): text requests wait for it */
     tsr_model_info_t model;
     char model_error[1024];
     bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
@@ -218,6 +222,7 @@ typedef struct {
     void *bsock;
     void *reply_sock;           /* where the control message being handled came from */
     tsr_tokreg_t tokreg;        /* the deployments' tokenizers, for the HTTP threads */
+    tsr_tokload_t *tokload;     /* reads a reload's new tokenizers off the loop */
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 

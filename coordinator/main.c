@@ -162,8 +162,10 @@ int main(int argc, char **argv)
     sd_notifyf(0, "READY=1\nSTATUS=serving %zu deployment(s)\nMAINPID=%d",
                c->cfg->n_deployments, (int)getpid());
 
-    zmq_pollitem_t items[4] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0}};
-    int n_items = 2;
+    /* The tokenizer loader's descriptor wakes the loop when a reload's new tokenizer is in. */
+    zmq_pollitem_t items[5] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
+                               {NULL, tsr_tokload_fd(c->tokload), ZMQ_POLLIN, 0}};
+    int n_items = 3;
     if (c->cmon) items[n_items++] = (zmq_pollitem_t){c->cmon, 0, ZMQ_POLLIN, 0};
     if (c->bsock) items[n_items++] = (zmq_pollitem_t){c->bsock, 0, ZMQ_POLLIN, 0};
     int timeout = 0;

@@ -1,0 +1,209 @@
+/* test_tokload.c: coordinator/tokload.h, the thread that reads a reload's tokenizers off
+ * the coordinator's loop: a load comes back through the descriptor, a broken file comes
+ * back with its reason, a second request for the same load is not queued, a load no
+ * longer wanted is skipped, and destroying the loader mid-load neither hangs nor leaks.
+ * (The coordinator's use of it, through real daemons: test_r_slow_reload_keeps_workers.) */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "coordinator/tokload.h"
+
+static char root[PATH_MAX];
+
+/* dir/tokenizer.json: a byte-level BPE of 256 ids plus `extra` filler tokens. */
+static void write_tokenizer(const char *dir, int extra)
+{
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
+    int id = 0;
+    for (int c = 0x100; c < 0x200; c++) fprintf(f, "\"\\u%04x\": %d, ", c, id++);
+    for (int i = 0; i < extra; i++) fprintf(f, "\"filler%07d\": %d, ", i, id++);
+    fprintf(f, "\"end\": %d}, \"merges\": []}}", id);
+    assert_int_equal(fclose(f), 0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/tsr-tokload-XXXXXX");
+    assert_non_null(mkdtemp(root));
+    char d[PATH_MAX];
+    snprintf(d, sizeof d, "%s/small", root);
+    write_tokenizer(d, 0);
+    snprintf(d, sizeof d, "%s/big", root);
+    write_tokenizer(d, 400000);
+    snprintf(d, sizeof d, "%s/none", root);
+    assert_int_equal(mkdir(d, 0755), 0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd);
+}
+
+static const char *dir(const char *name)
+{
+    static char d[4][PATH_MAX];
+    static int k;
+    char *s = d[k++ % 4];
+    snprintf(s, PATH_MAX, "%s/%s", root, name);
+    return s;
+}
+
+static bool readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+/* Every load asked for, in the order they finished (waits up to 60 s for the last). */
+static tsr_tokjob_t *take_all(tsr_tokload_t *l)
+{
+    tsr_tokjob_t *all = NULL, **tail = &all;
+    for (int i = 0; i < 600 && (tsr_tokload_pending(l) || !all); i++) {
+        if (!readable(tsr_tokload_fd(l), 100)) continue;
+        for (*tail = tsr_tokload_take(l); *tail; tail = &(*tail)->next) {}
+    }
+    for (*tail = tsr_tokload_take(l); *tail; tail = &(*tail)->next) {}
+    return all;
+}
+
+static int count(const tsr_tokjob_t *j)
+{
+    int n = 0;
+    for (; j; j = j->next) n++;
+    return n;
+}
+
+static void test_load_comes_back_through_the_descriptor(void **state)
+{
+    (void)state;
+    tsr_tokload_t *l = tsr_tokload_new();
+    assert_non_null(l);
+    assert_false(readable(tsr_tokload_fd(l), 0));
+    char err[200];
+    assert_int_equal(tsr_tokload_request(l, "a", dir("small"), err, sizeof err), 0);
+    assert_true(readable(tsr_tokload_fd(l), 30000));
+    tsr_tokjob_t *j = tsr_tokload_take(l);
+    assert_non_null(j);
+    assert_null(j->next);
+    assert_string_equal(j->name, "a");
+    assert_string_equal(j->dir, dir("small"));
+    assert_non_null(j->tok);
+    assert_false(j->skipped);
+    assert_int_equal(tsr_tok_vocab_size(j->tok), 257);
+    /* taken: the descriptor is quiet again, and nothing is left */
+    assert_false(readable(tsr_tokload_fd(l), 0));
+    assert_null(tsr_tokload_take(l));
+    assert_int_equal(tsr_tokload_pending(l), 0);
+    tsr_tokjob_free(j);
+    tsr_tokload_destroy(&l);
+    assert_null(l);
+}
+
+static void test_missing_file_comes_back_with_its_reason(void **state)
+{
+    (void)state;
+    tsr_tokload_t *l = tsr_tokload_new();
+    char err[200];
+    assert_int_equal(tsr_tokload_request(l, "a", dir("none"), err, sizeof err), 0);
+    tsr_tokjob_t *j = take_all(l);
+    assert_int_equal(count(j), 1);
+    assert_null(j->tok);
+    assert_non_null(strstr(j->err, "tokenizer.json"));
+    tsr_tokjob_free(j);
+    tsr_tokload_destroy(&l);
+}
+
+static bool not_c(void *arg, const char *name, const char *d)
+{
+    (void)d;
+    ++*(int *)arg;
+    return strcmp(name, "c") != 0;
+}
+
+/* While the big file is read, b is asked for twice and c once, then c is no longer
+ * wanted: b is read once, c not at all. */
+static void test_same_load_once_and_unwanted_skipped(void **state)
+{
+    (void)state;
+    tsr_tokload_t *l = tsr_tokload_new();
+    char err[200];
+    assert_int_equal(tsr_tokload_request(l, "big", dir("big"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "c", dir("small"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_pending(l), 3);
+    int asked = 0;
+    tsr_tokload_prune(l, not_c, &asked);
+    assert_true(asked >= 2);  /* b and c at least (big may be running already) */
+    tsr_tokjob_t *all = take_all(l);
+    assert_int_equal(count(all), 3);
+    int seen = 0;
+    for (tsr_tokjob_t *j = all; j; j = j->next) {
+        if (!strcmp(j->name, "big")) {
+            assert_non_null(j->tok);
+            assert_int_equal(tsr_tok_vocab_size(j->tok), 400257);
+            seen |= 1;
+        } else if (!strcmp(j->name, "b")) {
+            assert_non_null(j->tok);
+            seen |= 2;
+        } else {
+            assert_string_equal(j->name, "c");
+            assert_true(j->skipped);
+            assert_null(j->tok);
+            seen |= 4;
+        }
+    }
+    assert_int_equal(seen, 7);
+    /* in the order asked */
+    assert_string_equal(all->name, "big");
+    tsr_tokjob_free(all);
+    tsr_tokload_destroy(&l);
+}
+
+/* A coordinator stopped while a large tokenizer is read waits for that read, then frees
+ * it and what is queued behind it. */
+static void test_destroy_mid_load(void **state)
+{
+    (void)state;
+    tsr_tokload_t *l = tsr_tokload_new();
+    char err[200];
+    assert_int_equal(tsr_tokload_request(l, "big", dir("big"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    tsr_tokload_destroy(&l);
+    assert_null(l);
+    /* a loader that never started a thread */
+    l = tsr_tokload_new();
+    tsr_tokload_destroy(&l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_comes_back_through_the_descriptor),
+        cmocka_unit_test(test_missing_file_comes_back_with_its_reason),
+        cmocka_unit_test(test_same_load_once_and_unwanted_skipped),
+        cmocka_unit_test(test_destroy_mid_load),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
