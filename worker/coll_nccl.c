@@ -149,7 +149,10 @@ static int nccl_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, 
     char why[512];
     if (x->nccl->comm_init(&c->comm, rv->n, b + 28, rv->rank, x->device) == TSR_NCCL_ERROR) {
         tsr_set_err(err, errlen, "ncclCommInitRankConfig (rank %d of %d, epoch %llu) failed: %s",
-                    rv->rank, rv->n, (unsigned long long)rv->epoch, x->nccl->last_error(NULL));
+                    rv->rank, rv->n, (unsigned long long)rv->epoch,
+                    x->nccl->last_error(c->comm));
+        /* NCCL may have made the communicator before it failed: it is let go of too */
+        if (c->comm) x->nccl->comm_abort(c->comm);
         free(c);
         return -1;
     }

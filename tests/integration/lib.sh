@@ -121,20 +121,25 @@ use_fake_nccl_worker() {
     export TSR_TEST_FAKE_CUDA_MIB=4096
 }
 
-# duo_deployment [KEY: VALUE]...: the cuda tp=2 deployment "duo" of the
-# NCCL tests, as a deployments: entry, with the extra keys given.
-duo_deployment() {
+# nccl_test_deployment NAME DEVICE TP PP [KEY: VALUE]...: a deployments: entry of the
+# NCCL tests, with the extra keys given.  A cuda one gets 8 MiB of KV; a cpu one the bf16
+# types a cuda one uses by default, so that their tokens compare.
+nccl_test_deployment() {
     cat <<YAML
-  - name: duo
+  - name: $1
     model: $MODEL
-    device: cuda
-    parallel: {tensor: 2, pipeline: 1, replicas: 1}
+    device: $2
+    parallel: {tensor: $3, pipeline: $4, replicas: 1}
     max_seq_len: 256
-    kv_cache_mib: 8
 YAML
+    if [ "$2" = cuda ]; then echo "    kv_cache_mib: 8"
+    else printf '    kv_dtype: bf16\n    matmul_dtype: bf16\n'; fi
     local kv
-    for kv in "$@"; do echo "    $kv"; done
+    for kv in "${@:5}"; do echo "    $kv"; done
 }
+
+# duo_deployment [KEY: VALUE]...: the cuda tp=2 deployment "duo" of the NCCL tests.
+duo_deployment() { nccl_test_deployment duo cuda 2 1 "$@"; }
 
 # start_fake_nccl_gpus N: N fake-NCCL workers g0.. whose groups span
 # processes (TSR_TEST_FAKE_NCCL=tcp), each on its own stand-in GPU.

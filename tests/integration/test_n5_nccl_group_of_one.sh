@@ -10,23 +10,8 @@
 # groups again in the next epoch (stage 0's first communicator aborted),
 # the tokens are the same, and the killed worker started again registers.
 source "$(dirname "$0")/lib.sh"
-{ coordinator_yaml; cat <<YAML
-deployments:
-  - name: solo
-    model: $MODEL
-    device: cuda
-    parallel: {tensor: 1, pipeline: 2, replicas: 1}
-    max_seq_len: 256
-    kv_cache_mib: 8
-  - name: plain
-    model: $MODEL
-    device: cpu
-    parallel: {tensor: 1, pipeline: 1, replicas: 1}
-    max_seq_len: 256
-    kv_dtype: bf16
-    matmul_dtype: bf16
-YAML
-} > "$T/d.yaml"
+{ coordinator_yaml; echo "deployments:"; nccl_test_deployment solo cuda 1 2
+  nccl_test_deployment plain cpu 1 1; } > "$T/d.yaml"
 start_coord "$T/d.yaml"
 start_worker c0 --device cpu
 use_fake_nccl_worker

@@ -12,15 +12,7 @@
 # forms again, and the request resumes and ends with the tokens of an
 # undisturbed run.  The rank 0 worker process lives on.
 source "$(dirname "$0")/lib.sh"
-{ coordinator_yaml; echo "deployments:"; duo_deployment; cat <<YAML
-  - name: plain
-    model: $MODEL
-    device: cpu
-    parallel: {tensor: 2, pipeline: 1, replicas: 1}
-    max_seq_len: 256
-    kv_dtype: bf16
-    matmul_dtype: bf16
-YAML
+{ coordinator_yaml; echo "deployments:"; duo_deployment; nccl_test_deployment plain cpu 2 1
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
 start_worker c0 --device cpu

@@ -62,11 +62,33 @@ typedef struct {
     uint64_t round;
 } fake_stream_t;
 
+/* Tests: the next call of one kind fails (once), as the real library's may. */
+enum {
+    FAKE_FAIL_NONE,
+    FAKE_FAIL_ID,               /* ncclGetUniqueId returns an error */
+    FAKE_FAIL_INIT,             /* ncclCommInitRankConfig returns an error, with a comm
+                                   made (which must still be aborted) */
+    FAKE_FAIL_FORMING,          /* the group being formed reports an asynchronous error */
+    FAKE_FAIL_ENQUEUE,          /* the next operation cannot be enqueued */
+    FAKE_FAIL_STREAM,           /* the next stream query reports a CUDA error */
+};
+static int fake_fail_next;
+
 static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
 static fake_group_t *fake_groups[64];
 /* Counts (fake_mu): rounds carried out, communicators aborted. */
 static unsigned long fake_rounds_run, fake_aborts;
 static unsigned fake_id_seq;
+/* The injected failure of that kind, if it is the one armed (disarming it). */
+static bool fake_failing(int kind)
+{
+    pthread_mutex_lock(&fake_mu);
+    bool f = fake_fail_next == kind;
+    if (f) fake_fail_next = FAKE_FAIL_NONE;
+    pthread_mutex_unlock(&fake_mu);
+    return f;
+}
+
 /* The stream of a caller that has none (a CPU engine): one per thread. */
 static _Thread_local fake_stream_t fake_default_stream;
 
@@ -81,6 +103,7 @@ static _Thread_local struct {
 static int fake_get_unique_id(uint8_t id[TSR_NCCL_ID_BYTES])
 {
     memset(id, 0, TSR_NCCL_ID_BYTES);
+    if (fake_failing(FAKE_FAIL_ID)) return TSR_NCCL_ERROR;
     pthread_mutex_lock(&fake_mu);
     unsigned v = ++fake_id_seq;
     pthread_mutex_unlock(&fake_mu);
@@ -119,6 +142,12 @@ static int fake_comm_init(void **comm, int n, const uint8_t id[TSR_NCCL_ID_BYTES
     g->refs++;
     pthread_mutex_unlock(&fake_mu);
     *comm = c;
+    if (fake_failing(FAKE_FAIL_INIT)) return TSR_NCCL_ERROR;
+    if (fake_failing(FAKE_FAIL_FORMING)) {
+        pthread_mutex_lock(&fake_mu);
+        g->error = true;
+        pthread_mutex_unlock(&fake_mu);
+    }
     return TSR_NCCL_IN_PROGRESS;
 }
 
@@ -237,6 +266,7 @@ static void fake_arrive_locked(fake_comm_t *c, void *stream, const fake_leg_t *l
 
 static int fake_one(void *comm, fake_leg_t leg, void *stream)
 {
+    if (fake_failing(FAKE_FAIL_ENQUEUE)) return TSR_NCCL_ERROR;
     if (fake_gs.depth) {
         if (fake_gs.n == FAKE_LEGS) return TSR_NCCL_ERROR;
         fake_gs.comm = comm;
@@ -285,6 +315,7 @@ static int fake_group_end(void)
 static int fake_stream_query(void *stream)
 {
     fake_stream_t *st = stream ? stream : &fake_default_stream;
+    if (fake_failing(FAKE_FAIL_STREAM)) return TSR_NCCL_ERROR;
     pthread_mutex_lock(&fake_mu);
     int r = !st->g || st->g->done > st->round ? TSR_NCCL_OK : TSR_NCCL_IN_PROGRESS;
     pthread_mutex_unlock(&fake_mu);

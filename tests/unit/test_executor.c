@@ -316,6 +316,58 @@ static void test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_abor
     tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
 }
 
+/* A rank waiting for its group's relayed blob (the coordinator has not sent it) lets go
+ * of the wait as soon as a newer epoch is assigned: the newer epoch's blob is published
+ * within 100 ms (not after the rendezvous deadline), the old epoch never becomes ready,
+ * and the newer one forms once its own blob is relayed. */
+static void test_a_newer_epoch_ends_the_wait_for_a_blob_within_100_ms(void **state)
+{
+    (void)state;
+    char err[256];
+    tsr_backend_t b = {&tsr_engine_cpu, &tsr_coll_gpu, &tsr_coll_tcp, fake_nccl_of};
+    tsr_backend_test_override(TSR_DEVICE_CPU, &b);
+    setenv("TSR_TEST_NCCL_SOLO", "1", 1);
+    tsr_executor_t *ex = tsr_executor_new("127.0.0.1", "127.0.0.1", err, sizeof err);
+    unsetenv("TSR_TEST_NCCL_SOLO");
+    if (!ex) fail_msg("%s", err);
+    assign_tiny(ex, 20, TSR_KV_AUTO, "00000000:01:00.0");
+    int64_t end = now_ms() + 30000, assigned = -1, offered = -1;
+    tsr_event_t held = {0};
+    bool ready = false, offered20 = false;
+    while (!ready && now_ms() < end) {
+        tsr_event_t ev;
+        while (tsr_executor_pop_event(ex, &ev)) {
+            if (ev.kind == TSR_EV_RENDEZVOUS && ev.epoch == 20) offered20 = true;
+            if (ev.kind == TSR_EV_RENDEZVOUS && ev.epoch == 21) {
+                offered = now_ms();
+                held = ev;
+                tsr_executor_rendezvous(ex, 21, held.group, held.blob, held.blob_len);
+            }
+            if (ev.kind == TSR_EV_READY) {
+                assert_int_equal(ev.epoch, 21);
+                ready = true;
+            }
+            if (ev.kind == TSR_EV_FAILED && ev.epoch == 21)
+                fail_msg("epoch 21 failed: %s", ev.text);
+        }
+        /* epoch 20's blob is never relayed: 200 ms after it was offered, epoch 21 comes */
+        if (offered20 && assigned < 0) {
+            usleep(200 * 1000);
+            assign_tiny(ex, 21, TSR_KV_AUTO, "00000000:01:00.0");
+            assigned = now_ms();
+        }
+        usleep(1000);
+    }
+    assert_true(offered20);
+    assert_true(ready);
+    assert_true(offered >= assigned);
+    if (offered - assigned > 100)
+        fail_msg("the newer epoch's blob came %lld ms after it was assigned",
+                 (long long)(offered - assigned));
+    tsr_executor_destroy(&ex);
+    tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
+}
+
 /* ---- which assignments reload the weights ------------------------------------------ */
 
 static int loads;
@@ -569,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_an_event_lost_to_memory_becomes_a_retryable_failure),
         cmocka_unit_test(test_a_tp2_replica_forms_its_nccl_group_through_the_relay),
         cmocka_unit_test(test_a_group_of_one_forms_from_the_relayed_blob_and_a_new_epoch_aborts_it),
+        cmocka_unit_test(test_a_newer_epoch_ends_the_wait_for_a_blob_within_100_ms),
         cmocka_unit_test(test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads),
         cmocka_unit_test(test_every_token_makes_the_event_fd_readable),
         cmocka_unit_test(test_a_thread_that_does_not_let_go_of_its_epoch_is_reported_stuck),

@@ -423,6 +423,69 @@ static void test_an_async_error_or_an_abort_fails_every_later_operation(void **s
     for (int k = 0; k < 2; k++) tsr_coll_nccl.destroy(&ranks[k].comm);
 }
 
+/* Each call of NCCL's that can fail fails once: the communicator names the call, aborts
+ * what NCCL gave it (one made by an init that then failed included: NCCL may hand one
+ * back with its error), fails every later operation, and the next group forms. */
+static void test_every_nccl_error_is_named_and_aborts(void **state)
+{
+    (void)state;
+    char err[512];
+    uint8_t blob[TSR_NCCL_BLOB_BYTES];
+    rank_t r;
+
+    fake_fail_next = FAKE_FAIL_ID;
+    assert_int_equal(tsr_nccl_blob_make(&fake_nccl, 30, GROUP, 1, blob, err, sizeof err), -1);
+    assert_non_null(strstr(err, "ncclGetUniqueId failed"));
+
+    unsigned long aborts = fake_count(&fake_aborts);
+    assert_int_equal(tsr_nccl_blob_make(&fake_nccl, 30, GROUP, 1, blob, err, sizeof err), 0);
+    rank_init(&r, blob, 30, 0, 1, 2000);
+    fake_fail_next = FAKE_FAIL_INIT;
+    assert_int_equal(tsr_coll_nccl.create(&r.ctx, &r.rv, &r.comm, err, sizeof err), -1);
+    assert_non_null(strstr(err, "ncclCommInitRankConfig (rank 0 of 1, epoch 30) failed"));
+    assert_null(r.comm);
+    assert_int_equal(fake_count(&fake_aborts), aborts + 1);
+
+    assert_int_equal(tsr_nccl_blob_make(&fake_nccl, 31, GROUP, 1, blob, err, sizeof err), 0);
+    rank_init(&r, blob, 31, 0, 1, 2000);
+    fake_fail_next = FAKE_FAIL_FORMING;
+    int64_t t0 = mono_ms();
+    assert_int_equal(tsr_coll_nccl.create(&r.ctx, &r.rv, &r.comm, err, sizeof err), -1);
+    assert_true(mono_ms() - t0 < 1000);   /* the error, not the deadline, ended it */
+    assert_non_null(strstr(err, "(rank 0 of 1, epoch 31) failed to form"));
+    assert_int_equal(fake_count(&fake_aborts), aborts + 2);
+
+    float x[4] = {1, 2, 3, 4};
+    tsr_buf_t b = {x, 4, TSR_DT_F32, TSR_MEM_DEVICE};
+    rank_t g[1];
+    form_group(g, 1, 32, blob);
+    fake_fail_next = FAKE_FAIL_ENQUEUE;
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(g[0].comm, b, 2000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "NCCL all-reduce (rank 0 of 1) could not be issued"));
+    assert_int_equal(fake_count(&fake_aborts), aborts + 3);
+    /* failed for good: later operations say why, and issue nothing */
+    assert_int_equal(tsr_coll_nccl.broadcast(g[0].comm, b, 0, 2000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "could not be issued"));
+    tsr_coll_nccl.destroy(&g[0].comm);
+    assert_int_equal(fake_count(&fake_aborts), aborts + 3);   /* aborted once */
+
+    form_group(g, 1, 33, blob);
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(g[0].comm, b, 2000, err, sizeof err), 0);
+    fake_fail_next = FAKE_FAIL_STREAM;
+    assert_int_equal(tsr_coll_nccl.settle(g[0].comm, 2000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "a CUDA error during NCCL all-reduce (rank 0 of 1)"));
+    assert_int_equal(fake_count(&fake_aborts), aborts + 4);
+    tsr_coll_nccl.destroy(&g[0].comm);
+
+    /* and the next epoch forms and sums */
+    form_group(g, 1, 34, blob);
+    assert_int_equal(tsr_coll_nccl.allreduce_sum(g[0].comm, b, 2000, err, sizeof err), 0);
+    assert_int_equal(tsr_coll_nccl.settle(g[0].comm, 2000, err, sizeof err), 0);
+    assert_true(x[0] == 1.0f && x[3] == 4.0f);
+    tsr_coll_nccl.destroy(&g[0].comm);
+    assert_int_equal(fake_fail_next, FAKE_FAIL_NONE);
+}
+
 /* ---- the GPU chooser (tsr_coll_gpu) ------------------------------------------------ */
 
 /* The coordinator's relay, in miniature: rank 0's blob, by group. */
@@ -629,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_a_dead_peer_aborts_at_the_deadline_and_the_next_epoch_forms),
         cmocka_unit_test(test_an_async_error_or_an_abort_fails_every_later_operation),
         cmocka_unit_test(test_a_newer_epoch_abandons_a_waiting_operation),
+        cmocka_unit_test(test_every_nccl_error_is_named_and_aborts),
         cmocka_unit_test(test_the_gpu_chooser_uses_nccl_only_where_a_group_can_have_it),
         cmocka_unit_test(test_a_missing_rendezvous_blob_fails_at_the_deadline),
         cmocka_unit_test(test_rank_0_forms_only_from_its_own_relayed_blob),
