@@ -767,7 +767,10 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         k++;
     }
     nvlink_domains(ws, k);
-    for (size_t i = 0; i < k; i++) pw[i].domain = ws[i]->nvlink_domain;
+    for (size_t i = 0; i < k; i++) {
+        pw[i].domain = ws[i]->nvlink_domain;
+        pw[i].gpu = ws[i]->pci_bus_id;
+    }
 
     char err[256];
     if (tsr_plan_compute_mem(&view, layers, (const uint64_t *const *)need, pw, k, &plan, err,

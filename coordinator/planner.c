@@ -358,17 +358,34 @@ static const char *domain_of(const planner_t *pl, int w)
     return d ? d : "";
 }
 
-/* Gives `piece` a free worker with room on `node` (which has one), in the
- * NVLink domain `domain` when that is not NULL and has one: the first by
- * name, or, when memory is checked, the one with the least memory that has
- * room (unknown memory last), so roomier GPUs stay for larger pieces. */
+/* Whether worker w's GPU is known and already holds a rank of piece's TP group. */
+static bool gpu_taken_by_mate(const planner_t *pl, int w, const tsr_piece_t *pc)
+{
+    const char *g = pl->workers[w].gpu;
+    if (!g || !g[0]) return false;
+    int first = piece_index(pl, pc->deployment, pc->replica, pc->stage, 0);
+    for (int t = 0; t < pl->cfg->deployments[pc->deployment].tensor; t++) {
+        int m = pl->plan->pieces[first + t].worker;
+        if (m >= 0 && pl->node_of[m] == pl->node_of[w] && pl->workers[m].gpu &&
+            !strcmp(pl->workers[m].gpu, g))
+            return true;
+    }
+    return false;
+}
+
+/* Gives `piece` a free worker with room on `node` (which has one): on a GPU none of
+ * its TP group's placed ranks uses, in the NVLink domain `domain` (when that is not
+ * NULL), as far as the node allows, a distinct GPU first; then the first by name, or,
+ * when memory is checked, the one with the least memory that has room (unknown memory
+ * last), so roomier GPUs stay for larger pieces. */
 static void take_from_node_in(planner_t *pl, int node, int piece, const char *domain)
 {
     const tsr_piece_t *pc = &pl->plan->pieces[piece];
     bool best_fit = need_of(pl, pc->deployment, pc->stage) > 0;
     int pick = -1;
 
-    for (int pass = domain ? 0 : 1; pass < 2 && pick < 0; pass++)
+    /* passes: 0 distinct GPU in the domain, 1 distinct GPU, 2 in the domain, 3 any */
+    for (int pass = 0; pass < 4 && pick < 0; pass++)
     for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
         int w = pl->order[i];
 
@@ -376,7 +393,9 @@ static void take_from_node_in(planner_t *pl, int node, int piece, const char *do
             break;
         if (!is_free(pl, w, pc->deployment, pc->stage))
             continue;
-        if (pass == 0 && strcmp(domain_of(pl, w), domain))
+        if (pass % 2 == 0 && (!domain || strcmp(domain_of(pl, w), domain)))
+            continue;
+        if (pass < 2 && gpu_taken_by_mate(pl, w, pc))
             continue;
         if (!best_fit) {
             pick = w;

@@ -10,7 +10,9 @@
  *     the fewest possible moves;
  *  3. new pieces go to eligible idle workers of the deployment's device kind;
  *     a TP group shares one node when some node has room for it, and one
- *     NVLink domain of that node when one has room (the tightest); the stages
+ *     NVLink domain of that node when one has room (the tightest); its ranks
+ *     take distinct GPUs when there is a choice (workers sharing a GPU cannot
+ *     share an NCCL communicator), before keeping to the domain; the stages
  *     of a replica go to different nodes when there is a choice;
  *  4. a deployment that has no piece placed yet and cannot be placed whole
  *     gets nothing (it waits, holding no workers); one that is partly placed
@@ -33,6 +35,8 @@ typedef struct {
     tsr_device_t device;
     uint64_t memory;              /* device memory in bytes (0: unknown, fits anything) */
     const char *domain;           /* its NVLink domain on the node (NULL or "": none) */
+    const char *gpu;              /* its GPU on the node, the PCI bus id (NULL or "": not
+                                     known); workers may share one */
     bool eligible;                /* alive and not drained */
     tsr_piece_key_t current;      /* what it holds; current.deployment "" when idle */
 } tsr_plan_worker_t;

@@ -2409,6 +2409,23 @@ static void test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused(vo
     tsr_env_free(&env);
 }
 
+/* Registers every fake worker on node "n" with bus[i] as its PCI bus id, checks each is
+ * accepted, and lets the coordinator plan. */
+static void register_on_gpus(fx_t *fx, const char *const bus[NW])
+{
+    for (int i = 0; i < NW; i++) {
+        reg_bus[i] = bus[i];
+        send_register(fx, i, fx->name[i], "n", TSR_PROTOCOL_VERSION, NULL, 0);
+    }
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+}
+
 /* Five GPUs of one node: w0 and w2 joined by an NVLink, w1 and w3 through
  * one NVSwitch, w4 without NVLink.  They form two NVLink domains (status
  * shows them) and each tp=2 group is placed inside one of them. */
@@ -2423,17 +2440,7 @@ static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(v
     reg_links[0][0] = b2;
     reg_links[2][0] = b0;
     reg_links[1][0] = reg_links[3][0] = sw;
-    for (int i = 0; i < NW; i++) {
-        reg_bus[i] = bus[i];
-        send_register(fx, i, fx->name[i], "n", TSR_PROTOCOL_VERSION, NULL, 0);
-    }
-    pump(fx);
-    for (int i = 0; i < NW; i++) {
-        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
-        assert_true(env->register_reply->accepted);
-        tsr_env_free(&env);
-    }
-    tsr_coord_tick(fx->c, plan_time(fx));
+    register_on_gpus(fx, bus);
     tsr_worker_t *w[NW];
     for (int i = 0; i < NW; i++) w[i] = tsr_registry_find(fx->c->reg, fx->name[i]);
     assert_string_equal(w[0]->nvlink_domain, "n/nvl:0000:10:00.0");
@@ -2460,6 +2467,26 @@ static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(v
     }
     assert_true(seen);
     json_decref(root);
+}
+
+/* Workers that registered the same PCI bus id share a GPU, and NCCL refuses a
+ * communicator over one GPU twice: each TP group gets two GPUs (by name alone, the first
+ * two workers, on one GPU, would form it). */
+static void test_a_tp_group_is_given_distinct_gpus_from_the_registrations(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    static const char *bus[NW] = {"0000:10:00.0", "0000:10:00.0", "0000:12:00.0",
+                                  "0000:12:00.0", "0000:14:00.0"};
+    register_on_gpus(fx, bus);
+    for (int r = 0; r < 2; r++) {
+        tsr_worker_t *a = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 0);
+        tsr_worker_t *b = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 1);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_string_not_equal(a->pci_bus_id, b->pci_bus_id);
+    }
 }
 
 /* A piece of a ready deployment whose data plane broke (a retryable
@@ -2873,6 +2900,7 @@ int main(void)
         T(test_a_mended_replica_resets_the_rewiring_backoff),
         T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
+        T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
         cmocka_unit_test(test_a_piece_leads_its_stage_tp_group_at_rank_0_even_alone),
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),

@@ -1067,6 +1067,56 @@ static void test_a_tp_group_stays_inside_one_nvlink_domain(void **state)
     tsr_plan_destroy(&p);
 }
 
+/* Workers that share a GPU cannot share an NCCL communicator: a TP group's ranks take
+ * distinct GPUs when the node has them (by name alone both ranks would land on one), even
+ * outside the domain, and share one only when nothing else is free; workers whose GPU is
+ * not known are placed as before. */
+static void test_a_tp_group_takes_distinct_gpus_when_it_can(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    add_node(&c, "n0", 4, TSR_DEVICE_CUDA);
+    static const char *gpu[4] = {"0000:01:00.0", "0000:01:00.0", "0000:02:00.0", "0000:02:00.0"};
+    for (int i = 0; i < 4; i++) c.w[i].gpu = gpu[i];
+    add_dep(&c, "m", TSR_DEVICE_CUDA, 2, 1, 2, 4);
+    tsr_plan_t *p = plan(&c);
+    for (int r = 0; r < 2; r++) {
+        int a = p->pieces[r * 2].worker, b = p->pieces[r * 2 + 1].worker;
+        assert_true(a >= 0 && b >= 0);
+        assert_string_not_equal(c.w[a].gpu, c.w[b].gpu);
+    }
+    assert_int_equal(p->deps[0].short_by, 0);
+    tsr_plan_destroy(&p);
+
+    /* a distinct GPU outside the domain beats a shared one inside it */
+    static const char *dom[4] = {"n0/X", "n0/X", "n0/X", "n0/Y"};
+    for (int i = 0; i < 4; i++) c.w[i].domain = dom[i];
+    c.deps[0].replicas = 1;
+    static const char *gpu2[4] = {"0000:01:00.0", "0000:01:00.0", "0000:01:00.0", "0000:02:00.0"};
+    for (int i = 0; i < 4; i++) c.w[i].gpu = gpu2[i];
+    p = plan(&c);
+    int a = p->pieces[0].worker, b = p->pieces[1].worker;
+    assert_string_not_equal(c.w[a].gpu, c.w[b].gpu);
+    tsr_plan_destroy(&p);
+
+    /* one GPU for all: the group still forms, sharing it */
+    for (int i = 0; i < 4; i++) c.w[i].gpu = "0000:01:00.0", c.w[i].domain = NULL;
+    c.deps[0].replicas = 2;
+    p = plan(&c);
+    assert_int_equal(p->deps[0].short_by, 0);
+    assert_int_equal(p->pieces[0].worker, 0);
+    assert_int_equal(p->pieces[1].worker, 1);
+    tsr_plan_destroy(&p);
+
+    /* GPUs not known: by name, as before */
+    for (int i = 0; i < 4; i++) c.w[i].gpu = NULL;
+    p = plan(&c);
+    assert_int_equal(p->pieces[0].worker, 0);
+    assert_int_equal(p->pieces[1].worker, 1);
+    tsr_plan_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1100,6 +1150,7 @@ int main(void)
         cmocka_unit_test(test_the_largest_stage_is_served_first),
         cmocka_unit_test(test_a_held_piece_that_no_longer_fits_moves),
         cmocka_unit_test(test_a_tp_group_stays_inside_one_nvlink_domain),
+        cmocka_unit_test(test_a_tp_group_takes_distinct_gpus_when_it_can),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
