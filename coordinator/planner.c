@@ -358,16 +358,42 @@ static const char *domain_of(const planner_t *pl, int w)
     return d ? d : "";
 }
 
+static const char *gpu_of(const planner_t *pl, int w)
+{
+    const char *g = pl->workers[w].gpu;
+    return g ? g : "";
+}
+
+/* The distinct GPUs among the workers on `node` free for stage s of deployment d (in
+ * NVLink domain `domain` when that is not NULL); a worker whose GPU is not known counts
+ * as one of its own. */
+static int free_gpus(const planner_t *pl, int node, int d, int s, const char *domain)
+{
+    int n = 0;
+    for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
+        int w = pl->order[i];
+        if (pl->node_of[w] != node) break;
+        if (!is_free(pl, w, d, s) || (domain && strcmp(domain_of(pl, w), domain))) continue;
+        bool seen = false;
+        for (int k = pl->node_start[node]; k < i && !seen && gpu_of(pl, w)[0]; k++) {
+            int v = pl->order[k];
+            seen = is_free(pl, v, d, s) && (!domain || !strcmp(domain_of(pl, v), domain)) &&
+                   !strcmp(gpu_of(pl, v), gpu_of(pl, w));
+        }
+        n += !seen;
+    }
+    return n;
+}
+
 /* Whether worker w's GPU is known and already holds a rank of piece's TP group. */
 static bool gpu_taken_by_mate(const planner_t *pl, int w, const tsr_piece_t *pc)
 {
-    const char *g = pl->workers[w].gpu;
-    if (!g || !g[0]) return false;
+    const char *g = gpu_of(pl, w);
+    if (!g[0]) return false;
     int first = piece_index(pl, pc->deployment, pc->replica, pc->stage, 0);
     for (int t = 0; t < pl->cfg->deployments[pc->deployment].tensor; t++) {
         int m = pl->plan->pieces[first + t].worker;
-        if (m >= 0 && pl->node_of[m] == pl->node_of[w] && pl->workers[m].gpu &&
-            !strcmp(pl->workers[m].gpu, g))
+        if (m >= 0 && pl->node_of[m] == pl->node_of[w] && !strcmp(gpu_of(pl, m), g))
             return true;
     }
     return false;
@@ -418,13 +444,15 @@ static void take_from_node(planner_t *pl, int node, int piece)
 }
 
 /* The NVLink domain on `node` with room for `need` ranks of stage s of
- * deployment d, the tightest such (larger domains stay whole for larger
- * groups; ties by the first worker's name), or NULL when none has room or
- * the node's workers report no domain. */
+ * deployment d: one with `need` distinct GPUs before one with `need` workers
+ * only, then the tightest (larger domains stay whole for larger groups; ties by
+ * the first worker's name); NULL when none has room or the node's workers
+ * report no domain. */
 static const char *fitting_domain(const planner_t *pl, int node, int d, int s, int need)
 {
     const char *best = NULL;
     int best_free = 0;
+    bool best_gpus = false;
     for (int i = pl->node_start[node]; i < pl->n_workers; i++) {
         int w = pl->order[i];
         if (pl->node_of[w] != node) break;
@@ -437,9 +465,11 @@ static const char *fitting_domain(const planner_t *pl, int node, int d, int s, i
         int n = 0;
         for (int k = i; k < pl->n_workers && pl->node_of[pl->order[k]] == node; k++)
             n += is_free(pl, pl->order[k], d, s) && !strcmp(domain_of(pl, pl->order[k]), dom);
-        if (n >= need && (!best || n < best_free)) {
+        bool gpus = n >= need && free_gpus(pl, node, d, s, dom) >= need;
+        if (n >= need && (!best || (gpus && !best_gpus) || (gpus == best_gpus && n < best_free))) {
             best = dom;
             best_free = n;
+            best_gpus = gpus;
         }
     }
     return best;
@@ -464,24 +494,30 @@ static int count_on_node(const planner_t *pl, int d, int r, int s, int node, boo
     return n;
 }
 
-/* Best fit among nodes with room for the whole group: first avoid nodes the
- * replica's other stages use, then take the tightest node so large nodes stay
- * whole for larger groups.  Scanning in name order breaks ties by name. */
+/* Best fit among nodes with room for the whole group: first a node with a
+ * distinct GPU for every rank (ranks sharing a GPU cannot share an NCCL
+ * communicator), then one the replica's other stages do not use, then the
+ * tightest node so large nodes stay whole for larger groups.  Scanning in name
+ * order breaks ties by name. */
 static int pick_fitting_node(const planner_t *pl, int d, int r, int s, int need)
 {
     int best = -1;
-    bool best_shared = false;
+    bool best_shared = false, best_gpus = false;
 
     for (int n = 0; n < pl->n_nodes; n++) {
-        bool shared;
+        bool shared, gpus;
 
         if (pl->free_on[n] < need)
             continue;
         shared = count_on_node(pl, d, r, s, n, true) > 0;
-        if (best < 0 || (!shared && best_shared)
-            || (shared == best_shared && pl->free_on[n] < pl->free_on[best])) {
+        gpus = free_gpus(pl, n, d, s, NULL) >= need;
+        if (best < 0 || (gpus && !best_gpus)
+            || (gpus == best_gpus && !shared && best_shared)
+            || (gpus == best_gpus && shared == best_shared
+                && pl->free_on[n] < pl->free_on[best])) {
             best = n;
             best_shared = shared;
+            best_gpus = gpus;
         }
     }
     return best;

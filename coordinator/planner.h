@@ -12,7 +12,8 @@
  *     a TP group shares one node when some node has room for it, and one
  *     NVLink domain of that node when one has room (the tightest); its ranks
  *     take distinct GPUs when there is a choice (workers sharing a GPU cannot
- *     share an NCCL communicator), before keeping to the domain; the stages
+ *     share an NCCL communicator): a node and a domain with a free GPU per
+ *     rank come first, and a distinct GPU before keeping to the domain; the stages
  *     of a replica go to different nodes when there is a choice;
  *  4. a deployment that has no piece placed yet and cannot be placed whole
  *     gets nothing (it waits, holding no workers); one that is partly placed

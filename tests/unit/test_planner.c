@@ -1117,6 +1117,40 @@ static void test_a_tp_group_takes_distinct_gpus_when_it_can(void **state)
     tsr_plan_destroy(&p);
 }
 
+/* The node and the domain are chosen for their GPUs too: a tighter node (or domain) whose
+ * free workers share one GPU loses to one with a GPU for every rank. */
+static void test_a_node_and_a_domain_with_distinct_gpus_win(void **state)
+{
+    (void)state;
+    cluster_t c;
+    cluster_init(&c);
+    add_node(&c, "n0", 2, TSR_DEVICE_CUDA);   /* tighter, but one GPU */
+    add_node(&c, "n1", 3, TSR_DEVICE_CUDA);
+    static const char *gpu[5] = {"0000:01:00.0", "0000:01:00.0", "0000:01:00.0",
+                                 "0000:02:00.0", "0000:03:00.0"};
+    for (int i = 0; i < 5; i++) c.w[i].gpu = gpu[i];
+    add_dep(&c, "m", TSR_DEVICE_CUDA, 2, 1, 1, 4);
+    tsr_plan_t *p = plan(&c);
+    int a = p->pieces[0].worker, b = p->pieces[1].worker;
+    assert_string_equal(c.nodes[a], "n1");
+    assert_string_equal(c.nodes[b], "n1");
+    assert_string_not_equal(c.w[a].gpu, c.w[b].gpu);
+    tsr_plan_destroy(&p);
+
+    /* one node: domain X's two workers share a GPU, Y has two GPUs: Y, not X plus Y */
+    cluster_init(&c);
+    add_node(&c, "n0", 4, TSR_DEVICE_CUDA);
+    static const char *gpu2[4] = {"0000:01:00.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"};
+    static const char *dom[4] = {"n0/X", "n0/X", "n0/Y", "n0/Y"};
+    for (int i = 0; i < 4; i++) c.w[i].gpu = gpu2[i], c.w[i].domain = dom[i];
+    add_dep(&c, "m", TSR_DEVICE_CUDA, 2, 1, 1, 4);
+    p = plan(&c);
+    a = p->pieces[0].worker, b = p->pieces[1].worker;
+    assert_string_equal(c.w[a].domain, "n0/Y");
+    assert_string_equal(c.w[b].domain, "n0/Y");
+    tsr_plan_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1151,6 +1185,7 @@ int main(void)
         cmocka_unit_test(test_a_held_piece_that_no_longer_fits_moves),
         cmocka_unit_test(test_a_tp_group_stays_inside_one_nvlink_domain),
         cmocka_unit_test(test_a_tp_group_takes_distinct_gpus_when_it_can),
+        cmocka_unit_test(test_a_node_and_a_domain_with_distinct_gpus_win),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
