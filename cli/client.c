@@ -110,8 +110,9 @@ int tsr_cli_request_text(const tsr_cli_t *cli, Tessera__ControlRequest__Kind kin
      * covers connecting and answering. */
     int64_t deadline = tsr_now_ms() + cli->timeout_ms;
     if (tsr_cli_send(cli, s, mon, &env, deadline) < 0) goto out;
-    /* A reload reads every new deployment's model files (a tokenizer.json can be tens of
-     * megabytes) before it answers: once sent, it is given RELOAD_ANSWER_MS. */
+    /* A reload reads every deployment's config.json (and the safetensors index) before it
+     * answers, which a slow disk can make long: once sent, it is given RELOAD_ANSWER_MS.
+     * (New tokenizers are read afterwards, off the coordinator's loop.) */
     int waited_ms = cli->timeout_ms;
     if (kind == TESSERA__CONTROL_REQUEST__KIND__RELOAD && waited_ms < RELOAD_ANSWER_MS) {
         deadline = tsr_now_ms() + RELOAD_ANSWER_MS;

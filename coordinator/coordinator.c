@@ -40,13 +40,28 @@ void tsr_tokref_drop(tsr_tokref_t **r_p)
     *r_p = NULL;
 }
 
+/* Whether dir has no tokenizer.json (a model for token ids only, no fault); then the
+ * reason goes into s's tok_error. */
+static bool tok_absent(tsr_dep_state_t *s, const char *dir)
+{
+    char *file = tsr_path_join(dir, "tokenizer.json");
+    bool present = file && access(file, F_OK) == 0;
+    free(file);
+    if (!present)
+        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
+                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
+    return !present;
+}
+
 /* Gives s the tokenizer t read from dir (taking it); a tokenizer that could not be
- * read (t NULL, the reason in err) is logged.  */
+ * read (t NULL, the reason in err) is logged, unless the file is simply not there (any
+ * more). */
 static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t *t,
                             const char *err)
 {
     s->tok_loading = false;
     if (!t) {
+        if (tok_absent(s, dir)) return;
         snprintf(s->tok_error, sizeof s->tok_error, "%s", err);
         s->tok_broken = true;
         tsr_warn("deployment %s takes token ids only: %s", s->name, err);
@@ -73,7 +88,8 @@ static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t
                  s->model.vocab_size);
 }
 
-#define TOK_LOADING_MSG "its tokenizer.json is still being read; try again in a moment"
+/* Why a deployment whose tokenizer is being read refuses text for now (clients see it). */
+#define TOK_LOADING_MSG "its tokenizer.json is being read; try again in a moment"
 
 /* The deployment's tokenizer: the one an old state read (or is reading) from the same
  * directory, else read now, or (later: true, a reload) marked to be read off the loop.
@@ -85,20 +101,13 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
     for (size_t j = 0; j < n_old; j++)
         if ((old[j].tok || old[j].tok_loading) && old[j].tok_dir &&
             !strcmp(old[j].tok_dir, dir) && !strcmp(old[j].name, s->name)) {
+            if (!(s->tok_dir = strdup(dir))) break;   /* out of memory: read it again */
             s->tok = tsr_tokref_hold(old[j].tok);
             s->tok_loading = old[j].tok_loading;
             snprintf(s->tok_error, sizeof s->tok_error, "%s", old[j].tok_error);
-            s->tok_dir = strdup(dir);
             return;
         }
-    char *file = tsr_path_join(dir, "tokenizer.json");
-    bool present = file && access(file, F_OK) == 0;
-    free(file);
-    if (!present) {  /* a model for token ids only: not a fault */
-        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
-                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
-        return;
-    }
+    if (tok_absent(s, dir)) return;
     if (later && (s->tok_dir = strdup(dir))) {
         s->tok_loading = true;
         snprintf(s->tok_error, sizeof s->tok_error, TOK_LOADING_MSG);
@@ -107,6 +116,12 @@ static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
     char err[600];
     tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
     dep_tok_install(s, dir, t, err);
+}
+
+void tsr_tok_refusal(const char *name, const char *why, bool loading, char *msg, size_t len)
+{
+    if (loading) snprintf(msg, len, "%s takes text prompts once %s", name, why);
+    else snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer (%s)", name, why);
 }
 
 /* Reads each deployment's config.json and checks its layout.  A deployment
@@ -897,11 +912,11 @@ static void tokloads_request(tsr_coord_t *c)
         tsr_dep_state_t *s = &c->deps[i];
         if (!s->tok_loading) continue;
         char err[600];
-        if (tsr_tokload_request(c->tokload, s->name, s->tok_dir, err, sizeof err) == 0) {
+        int rc = tsr_tokload_request(c->tokload, s->name, s->tok_dir, err, sizeof err);
+        if (rc == 0)
             tsr_info("deployment %s: reading %s/tokenizer.json off the loop", s->name,
                      s->tok_dir);
-            continue;
-        }
+        if (rc >= 0) continue;
         tsr_warn("deployment %s: %s; reading its tokenizer.json on the loop", s->name, err);
         tsr_tokenizer_t *t = tsr_tok_load(s->tok_dir, err, sizeof err);
         dep_tok_install(s, s->tok_dir, t, err);
@@ -944,6 +959,8 @@ static void reload_hold(void)
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 {
     reload_hold();
+    /* Reads already done are taken first: the new states then keep what they read. */
+    tokloads_collect(c);
     tsr_config_t *cfg = NULL;
     if (tsr_config_load(c->config_path, &cfg, err, errlen) < 0) return -1;
     /* The HTTP server was started with the old ones. */

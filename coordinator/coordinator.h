@@ -77,6 +77,9 @@ typedef struct tsr_tokreg {
 /* Copies deployment name's entry into *out, its tokenizer held for the caller (drop it
  * with tsr_tokref_drop(&out->tok)).  -1 when there is no such deployment. */
 int tsr_tokreg_get(tsr_tokreg_t *reg, const char *name, tsr_tokreg_entry_t *out);
+/* The refusal of a text prompt (or text output) by deployment name without a tokenizer:
+ * why is its tok_error; loading, whether its tokenizer.json is being read (retryable). */
+void tsr_tok_refusal(const char *name, const char *why, bool loading, char *msg, size_t len);
 
 typedef struct {
     char name[TSR_NAME_MAX + 1];

@@ -596,14 +596,9 @@ static unsigned encode_here(tsr_http_t *h, const char *model, const char *text,
     }
     unsigned st = 400;
     char *rendered = NULL, err[300];
-    if (!e.tok && e.tok_loading) {
-        snprintf(msg, len, "%s takes text once %s", model, e.tok_error);
-        st = 503;
-        goto out;
-    }
     if (!e.tok) {
-        snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer (%s)", model,
-                 e.tok_error);
+        tsr_tok_refusal(model, e.tok_error, e.tok_loading, msg, len);
+        if (e.tok_loading) st = 503;
         goto out;
     }
     if (messages) {

@@ -186,8 +186,8 @@ int main(int argc, char **argv)
             sd_notify(0, "READY=1");
         }
         int64_t now = tsr_now_ms();
-        /* The turn took long: the loop was busy (a reload that read a big tokenizer.json,
-         * a slow disk), and the heartbeats of that time wait in the socket.  They are
+        /* The turn took long: the loop was busy (a reload reading model files from a slow
+         * disk, an overloaded machine), and the heartbeats of that time wait in the socket.  They are
          * read (one more turn) before anyone is judged silent: a held loop is not a dead
          * worker.  (A process stopped in its poll reads them before this point.) */
         if (!held && now - woke > LOOP_LATE_MS) {

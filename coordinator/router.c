@@ -562,11 +562,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         return;
     }
     if ((text || q->want_text) && !ds->tok) {
-        if (ds->tok_loading)
-            snprintf(msg, sizeof msg, "%s takes text once %s", d->name, ds->tok_error);
-        else
-            snprintf(msg, sizeof msg, "%s takes token ids only: it has no usable tokenizer (%s)",
-                     d->name, ds->tok_error);
+        tsr_tok_refusal(d->name, ds->tok_error, ds->tok_loading, msg, sizeof msg);
         refuse_counted(c, d, rid, rid_len, ds->tok_loading ? "unavailable" : "invalid", msg);
         return;
     }

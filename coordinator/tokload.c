@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct tsr_tokload {
@@ -19,11 +20,37 @@ struct tsr_tokload {
     int pipe[2];                /* a byte in it: something waits in done */
 };
 
+static void job_free(tsr_tokjob_t *j)
+{
+    tsr_tok_destroy(&j->tok);
+    free(j->name);
+    free(j->dir);
+    free(j);
+}
+
 static void append(tsr_tokjob_t **list, tsr_tokjob_t *j)
 {
     while (*list) list = &(*list)->next;
     j->next = NULL;
     *list = j;
+}
+
+/* A test setting: TSR_TEST_TOKLOAD_HOLD_MS holds each read that long before it starts
+ * (at most 60 s; a stop ends the hold), so that tests see a read in progress for as long
+ * as they need whatever the machine's speed.  Returns false when stopped.  mu held. */
+static bool hold(tsr_tokload_t *l)
+{
+    const char *v = getenv("TSR_TEST_TOKLOAD_HOLD_MS");
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0) return !l->stop;
+    if (ms > 60000) ms = 60000;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &until) == 0) {}
+    return !l->stop;
 }
 
 static void *loader(void *arg)
@@ -36,6 +63,11 @@ static void *loader(void *arg)
         tsr_tokjob_t *j = l->todo;
         l->todo = j->next;
         l->running = j;
+        if (!hold(l)) {
+            l->running = NULL;
+            job_free(j);
+            break;
+        }
         bool skip = j->skipped;
         pthread_mutex_unlock(&l->mu);
         if (!skip) j->tok = tsr_tok_load(j->dir, j->err, sizeof j->err);
@@ -87,10 +119,7 @@ void tsr_tokjob_free(tsr_tokjob_t *jobs)
 {
     while (jobs) {
         tsr_tokjob_t *n = jobs->next;
-        tsr_tok_destroy(&jobs->tok);
-        free(jobs->name);
-        free(jobs->dir);
-        free(jobs);
+        job_free(jobs);
         jobs = n;
     }
 }
@@ -136,7 +165,7 @@ int tsr_tokload_request(tsr_tokload_t *l, const char *name, const char *dir, cha
     bool have = l->running && same(l->running, name, dir);
     for (tsr_tokjob_t *j = l->todo; j && !have; j = j->next) have = same(j, name, dir);
     pthread_mutex_unlock(&l->mu);
-    if (have) return 0;
+    if (have) return 1;
     tsr_tokjob_t *j = calloc(1, sizeof *j);
     if (j) {
         j->name = strdup(name);

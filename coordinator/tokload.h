@@ -25,12 +25,13 @@ typedef struct tsr_tokjob {
 /* A loader with its descriptor and no thread yet (that starts with the first load).
  * NULL: out of memory or descriptors. */
 tsr_tokload_t *tsr_tokload_new(void);
-/* Waits for the load in progress, if any, and frees everything. */
+/* Waits for the read in progress, if any (a tokenizer's parse cannot be cut short: up to
+ * seconds for one near the 64 MiB limit), and frees everything. */
 void tsr_tokload_destroy(tsr_tokload_t **self_p);
 /* Readable while finished loads wait to be taken. */
 int tsr_tokload_fd(const tsr_tokload_t *self);
-/* Queues the load of dir's tokenizer.json for deployment name; one already queued for
- * the same pair is not queued twice.  0, or -1 with the reason in err. */
+/* Queues the load of dir's tokenizer.json for deployment name: 0; one already queued or
+ * being read for the same pair is not queued twice: 1; -1 with the reason in err. */
 int tsr_tokload_request(tsr_tokload_t *self, const char *name, const char *dir, char *err,
                         size_t errlen);
 /* Marks the queued loads that want(arg, name, dir) no longer wants: they are skipped

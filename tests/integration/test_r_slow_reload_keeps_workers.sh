@@ -1,5 +1,5 @@
 # A reload that brings a model with a large tokenizer.json (32 MB here) reads it off the
-# loop: status right after shows it being read, a text prompt to that deployment is
+# loop (held 4 s longer by a test setting): status right after shows it being read, a text prompt to that deployment is
 # refused as "try again" (token ids are served), and then the new tokenizer is in.  The
 # reload also holds the loop for a second (the test setting TSR_TEST_RELOAD_HOLD_MS, as a
 # slow disk would), past worker_timeout_ms: no worker is declared dead, because the
@@ -34,7 +34,9 @@ yaml_head() {
 with_b() { yaml_head; printf '  - name: b\n    model: %s\n    max_seq_len: 128\n' "$1"; }
 
 with_b "$M" > "$T/d.yaml"
-TSR_TEST_RELOAD_HOLD_MS=1000 start_coord "$T/d.yaml"
+# TSR_TEST_TOKLOAD_HOLD_MS: every read off the loop waits 4 s before it starts, so the
+# checks made while the tokenizer is read find it so on any machine
+TSR_TEST_RELOAD_HOLD_MS=1000 TSR_TEST_TOKLOAD_HOLD_MS=4000 start_coord "$T/d.yaml"
 start_worker w0
 start_worker w1
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
@@ -59,7 +61,7 @@ tsr status > "$T/st.txt" 2>&1
 grep -q "until its tokenizer.json is read" "$T/st.txt" || fail "tessera status does not say: $(cat "$T/st.txt")"
 out=$(tsr generate b --prompt "hello there" --max-tokens 4 --ids 2>&1); rc=$?
 [ "$rc" = 3 ] || fail "a text prompt while the tokenizer is read: exit $rc ($out), want 3"
-echo "$out" | grep -q "still being read" || fail "the refusal does not say why: $out"
+echo "$out" | grep -q "tokenizer.json is being read" || fail "the refusal does not say why: $out"
 # over HTTP: 503 with Retry-After, the reason named
 http=$(python3 - "$HPORT" <<'PY'
 import json, sys, urllib.request, urllib.error
@@ -73,7 +75,7 @@ except urllib.error.HTTPError as e:
     print(e.code, e.headers.get("Retry-After"), json.load(e)["error"]["message"])
 PY
 )
-case "$http" in "503 1 "*"still being read"*) ;; *) fail "HTTP while the tokenizer is read: $http";; esac
+case "$http" in "503 1 "*"tokenizer.json is being read"*) ;; *) fail "HTTP while the tokenizer is read: $http";; esac
 wait_until 30 b_text ||
     fail "b's tokenizer never came in: $(tsr status 2>&1)"
 [ "$(b_field tokenizer_loading)" = null ] || fail "still loading after text_prompts"

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coordinator/tokload.h"
@@ -146,17 +147,21 @@ static bool not_c(void *arg, const char *name, const char *d)
 static void test_same_load_once_and_unwanted_skipped(void **state)
 {
     (void)state;
+    /* each read held 200 ms first: the later requests surely find the first in progress */
+    setenv("TSR_TEST_TOKLOAD_HOLD_MS", "200", 1);
     tsr_tokload_t *l = tsr_tokload_new();
     char err[200];
     assert_int_equal(tsr_tokload_request(l, "big", dir("big"), err, sizeof err), 0);
     assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
-    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 1);
+    assert_int_equal(tsr_tokload_request(l, "big", dir("big"), err, sizeof err), 1);
     assert_int_equal(tsr_tokload_request(l, "c", dir("small"), err, sizeof err), 0);
     assert_int_equal(tsr_tokload_pending(l), 3);
     int asked = 0;
     tsr_tokload_prune(l, not_c, &asked);
-    assert_true(asked >= 2);  /* b and c at least (big may be running already) */
+    assert_true(asked >= 2);  /* b and c at least (big may be being read already) */
     tsr_tokjob_t *all = take_all(l);
+    unsetenv("TSR_TEST_TOKLOAD_HOLD_MS");
     assert_int_equal(count(all), 3);
     int seen = 0;
     for (tsr_tokjob_t *j = all; j; j = j->next) {
@@ -182,7 +187,8 @@ static void test_same_load_once_and_unwanted_skipped(void **state)
 }
 
 /* A coordinator stopped while a large tokenizer is read waits for that read, then frees
- * it and what is queued behind it. */
+ * it and what is queued behind it; a stop during the test setting's hold ends the hold at
+ * once. */
 static void test_destroy_mid_load(void **state)
 {
     (void)state;
@@ -192,6 +198,18 @@ static void test_destroy_mid_load(void **state)
     assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
     tsr_tokload_destroy(&l);
     assert_null(l);
+    setenv("TSR_TEST_TOKLOAD_HOLD_MS", "30000", 1);
+    l = tsr_tokload_new();
+    assert_int_equal(tsr_tokload_request(l, "big", dir("big"), err, sizeof err), 0);
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    tsr_tokload_destroy(&l);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double took = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - t0;
+    unsetenv("TSR_TEST_TOKLOAD_HOLD_MS");
+    if (took > 5.0) fail_msg("destroy waited %.1f s for a held read", took);
     /* a loader that never started a thread */
     l = tsr_tokload_new();
     tsr_tokload_destroy(&l);
