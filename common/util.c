@@ -106,3 +106,20 @@ fail:
     close(fd);
     return NULL;
 }
+
+void tsr_file_id(const char *path, tsr_file_id_t *id)
+{
+    struct stat st;
+    memset(id, 0, sizeof *id);
+    if (stat(path, &st) < 0) return;
+    id->dev = (uint64_t)st.st_dev;
+    id->ino = (uint64_t)st.st_ino;
+    id->size = (uint64_t)st.st_size;
+    id->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+bool tsr_file_id_same(const tsr_file_id_t *a, const tsr_file_id_t *b)
+{
+    return (a->dev || a->ino) && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns;
+}

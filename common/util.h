@@ -2,7 +2,9 @@
 #ifndef TSR_UTIL_H
 #define TSR_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Writes a formatted message into err (no-op when err is NULL or errlen 0). */
 void tsr_set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -20,5 +22,17 @@ int tsr_open_regular(const char *path, char *err, size_t errlen);
  * bytes.  The buffer is NUL-terminated (not counted in *len); caller frees it.  NULL with
  * "PATH: why" in err. */
 char *tsr_read_regular(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* What tells one version of a file from another: device, inode, size and modification
+ * time (all 0: it could not be looked at). */
+typedef struct {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns;
+} tsr_file_id_t;
+
+/* Fills *id from path (stat, following links); all 0 when it cannot be looked at. */
+void tsr_file_id(const char *path, tsr_file_id_t *id);
+/* Whether a and b are the same version of a file (never for an id of all 0). */
+bool tsr_file_id_same(const tsr_file_id_t *a, const tsr_file_id_t *b);
 
 #endif

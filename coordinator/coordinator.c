@@ -53,11 +53,20 @@ static bool tok_absent(tsr_dep_state_t *s, const char *dir)
     return !present;
 }
 
+/* Warns when s's tokenizer knows ids its model does not (prompts with them are refused). */
+static void tok_vocab_check(const tsr_dep_state_t *s)
+{
+    int n = s->tok ? tsr_tok_vocab_size(s->tok->tok) : 0;
+    if (s->model_ok && n > s->model.vocab_size)
+        tsr_warn("deployment %s: the tokenizer has %d ids, the model's vocabulary %d; prompts "
+                 "with the others are refused", s->name, n, s->model.vocab_size);
+}
+
 /* Gives s the tokenizer t read from dir (taking it); a tokenizer that could not be
  * read (t NULL, the reason in err) is logged, unless the file is simply not there (any
  * more). */
 static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t *t,
-                            const char *err)
+                            const char *err, const tsr_file_id_t *file)
 {
     s->tok_loading = false;
     if (!t) {
@@ -81,41 +90,80 @@ static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t
     }
     s->tok_error[0] = '\0';
     s->tok->tok = t;
+    s->tok->file = *file;
     atomic_init(&s->tok->refs, 1);
-    if (s->model_ok && tsr_tok_vocab_size(t) > s->model.vocab_size)
-        tsr_warn("deployment %s: the tokenizer has %d ids, the model's vocabulary %d; prompts "
-                 "with the others are refused", s->name, tsr_tok_vocab_size(t),
-                 s->model.vocab_size);
+    tok_vocab_check(s);
 }
 
 /* Why a deployment whose tokenizer is being read refuses text for now (clients see it). */
 #define TOK_LOADING_MSG "its tokenizer.json is being read; try again in a moment"
 
-/* The deployment's tokenizer: the one an old state read (or is reading) from the same
- * directory, else read now, or (later: true, a reload) marked to be read off the loop.
- * None is not an error (requests then take token ids only); a file that is there but
- * cannot be used is logged. */
-static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *old,
-                          size_t n_old, bool later)
+static volatile sig_atomic_t *stop_flag;
+
+void tsr_coord_stop_flag(volatile sig_atomic_t *flag) { stop_flag = flag; }
+
+/* Reads dir's tokenizer.json into s now. */
+static void dep_tok_read(tsr_dep_state_t *s, const char *dir)
 {
-    for (size_t j = 0; j < n_old; j++)
-        if ((old[j].tok || old[j].tok_loading) && old[j].tok_dir &&
-            !strcmp(old[j].tok_dir, dir) && !strcmp(old[j].name, s->name)) {
-            if (!(s->tok_dir = strdup(dir))) break;   /* out of memory: read it again */
-            s->tok = tsr_tokref_hold(old[j].tok);
-            s->tok_loading = old[j].tok_loading;
-            snprintf(s->tok_error, sizeof s->tok_error, "%s", old[j].tok_error);
-            return;
+    char err[600], *file = tsr_path_join(dir, "tokenizer.json");
+    tsr_file_id_t id = {0};
+    if (file) tsr_file_id(file, &id);
+    free(file);
+    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
+    dep_tok_install(s, dir, t, err, &id);
+}
+
+/* Whether an earlier state's tokenizer serves s (from dir): one read or being read from
+ * the same directory by a deployment of this configuration (prev, n_prev; a directory is
+ * read once however many deployments use it), or by the same deployment before the
+ * reload (old, n_old) when its tokenizer.json has not changed since. */
+static bool dep_tok_share(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *prev,
+                          size_t n_prev, const tsr_dep_state_t *old, size_t n_old)
+{
+    const tsr_dep_state_t *from = NULL;
+    for (size_t k = 0; k < n_prev && !from; k++)
+        if ((prev[k].tok || prev[k].tok_loading) && prev[k].tok_dir &&
+            !strcmp(prev[k].tok_dir, dir))
+            from = &prev[k];
+    bool fresh = from != NULL;   /* this configuration's: its vocabulary not yet checked */
+    tsr_file_id_t now = {0};
+    for (size_t j = 0; j < n_old && !from; j++) {
+        if (!old[j].tok_dir || strcmp(old[j].tok_dir, dir) || strcmp(old[j].name, s->name))
+            continue;
+        if (old[j].tok_loading) {
+            from = &old[j];
+        } else if (old[j].tok) {
+            char *file = tsr_path_join(dir, "tokenizer.json");
+            if (file) tsr_file_id(file, &now);
+            free(file);
+            if (tsr_file_id_same(&old[j].tok->file, &now)) from = &old[j];
         }
-    if (tok_absent(s, dir)) return;
+    }
+    if (!from || !(s->tok_dir = strdup(dir))) return false;   /* out of memory: read it */
+    s->tok = tsr_tokref_hold(from->tok);
+    s->tok_loading = from->tok_loading;
+    snprintf(s->tok_error, sizeof s->tok_error, "%s", from->tok_error);
+    if (fresh) tok_vocab_check(s);
+    return true;
+}
+
+/* The deployment's tokenizer: an earlier state's (dep_tok_share), else read now, or
+ * (later: true, a reload) marked to be read off the loop.  None is not an error (requests
+ * then take token ids only); a file that is there but cannot be used is logged. */
+static void dep_tokenizer(tsr_dep_state_t *s, const char *dir, const tsr_dep_state_t *prev,
+                          size_t n_prev, const tsr_dep_state_t *old, size_t n_old, bool later)
+{
+    if (dep_tok_share(s, dir, prev, n_prev, old, n_old) || tok_absent(s, dir)) return;
     if (later && (s->tok_dir = strdup(dir))) {
         s->tok_loading = true;
         snprintf(s->tok_error, sizeof s->tok_error, TOK_LOADING_MSG);
         return;
     }
-    char err[600];
-    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
-    dep_tok_install(s, dir, t, err);
+    if (stop_flag && *stop_flag) {   /* stopping as it starts: not worth the wait */
+        snprintf(s->tok_error, sizeof s->tok_error, "not read: the coordinator is stopping");
+        return;
+    }
+    dep_tok_read(s, dir);
 }
 
 void tsr_tok_refusal(const char *name, const char *why, bool loading, char *msg, size_t len)
@@ -148,7 +196,7 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         } else {
             s->model_ok = true;
         }
-        dep_tokenizer(s, d->model_path, old, n_old, later);
+        dep_tokenizer(s, d->model_path, deps, i, old, n_old, later);
         /* Requests completed per replica, kept across a reload for the
          * replicas that remain. */
         s->n_completed = d->replicas;
@@ -897,15 +945,23 @@ static bool piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k)
 
 /* ---- tokenizers read off the loop ------------------------------------------ */
 
-static bool tok_wanted(void *arg, const char *name, const char *dir)
+/* A deployment waiting for dir's tokenizer.json, or -1. */
+static int tok_waiter(const tsr_coord_t *c, const char *dir)
 {
-    tsr_coord_t *c = arg;
-    int i = dep_index(c, name);
-    return i >= 0 && c->deps[i].tok_loading && !strcmp(c->deps[i].tok_dir, dir);
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (c->deps[i].tok_loading && !strcmp(c->deps[i].tok_dir, dir)) return (int)i;
+    return -1;
 }
 
-/* Asks the loader for the tokenizers the deployments wait for, and drops the queued
- * loads no deployment waits for any more.  One that cannot be queued is read here. */
+static bool tok_wanted(void *arg, const char *name, const char *dir)
+{
+    (void)name;
+    return tok_waiter(arg, dir) >= 0;
+}
+
+/* Asks the loader for the tokenizers the deployments wait for (one read a directory),
+ * and drops the queued loads no deployment waits for any more.  One that cannot be
+ * queued is read here. */
 static void tokloads_request(tsr_coord_t *c)
 {
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
@@ -918,24 +974,34 @@ static void tokloads_request(tsr_coord_t *c)
                      s->tok_dir);
         if (rc >= 0) continue;
         tsr_warn("deployment %s: %s; reading its tokenizer.json on the loop", s->name, err);
-        tsr_tokenizer_t *t = tsr_tok_load(s->tok_dir, err, sizeof err);
-        dep_tok_install(s, s->tok_dir, t, err);
+        dep_tok_read(s, s->tok_dir);
     }
     tsr_tokload_prune(c->tokload, tok_wanted, c);
 }
 
-/* Gives the deployments that wait for them the tokenizers the loader has read. */
+/* Gives the deployments that wait for them the tokenizers the loader has read: the
+ * first waiting for a directory takes it, the others hold it too. */
 static void tokloads_collect(tsr_coord_t *c)
 {
     tsr_tokjob_t *done = tsr_tokload_take(c->tokload);
     bool changed = false;
     for (tsr_tokjob_t *j = done; j; j = j->next) {
-        if (j->skipped || !tok_wanted(c, j->name, j->dir)) continue;
-        tsr_dep_state_t *s = &c->deps[dep_index(c, j->name)];
-        if (j->tok) tsr_info("deployment %s: tokenizer read (%d ids); text prompts are served",
-                             s->name, tsr_tok_vocab_size(j->tok));
-        dep_tok_install(s, j->dir, j->tok, j->err);
+        int first = j->skipped ? -1 : tok_waiter(c, j->dir);
+        if (first < 0) continue;
+        tsr_dep_state_t *s = &c->deps[first];
+        if (j->tok) tsr_info("%s/tokenizer.json read (%d ids): deployment %s serves text "
+                             "prompts", j->dir, tsr_tok_vocab_size(j->tok), s->name);
+        dep_tok_install(s, j->dir, j->tok, j->err, &j->file);
         j->tok = NULL;
+        for (int k; (k = tok_waiter(c, j->dir)) >= 0;) {
+            tsr_dep_state_t *o = &c->deps[k];
+            o->tok_loading = false;
+            o->tok = tsr_tokref_hold(s->tok);
+            o->tok_broken = s->tok_broken;
+            snprintf(o->tok_error, sizeof o->tok_error, "%s", s->tok_error);
+            if (s->tok) tsr_info("deployment %s serves text prompts too", o->name);
+            tok_vocab_check(o);
+        }
         changed = true;
     }
     tsr_tokjob_free(done);

@@ -8,6 +8,7 @@
 #define TSR_COORDINATOR_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,6 +49,7 @@ typedef struct {
 typedef struct {
     tsr_tokenizer_t *tok;
     atomic_int refs;
+    tsr_file_id_t file;         /* the tokenizer.json it was read from, as it was then */
 } tsr_tokref_t;
 
 /* One more holder of r (NULL-safe); returns r. */
@@ -233,6 +235,9 @@ typedef struct {
  * worker timeout.  Returns NULL with a message in err. */
 tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *err, size_t errlen);
 void tsr_coord_destroy(tsr_coord_t **self_p);
+/* A flag a signal handler sets: tsr_coord_new reads no more tokenizers once it is set
+ * (a coordinator told to stop while it starts does not read them all first). */
+void tsr_coord_stop_flag(volatile sig_atomic_t *flag);
 
 /* router.c: the leader (stage 0, tp rank 0) of deployment d's replica r when
  * every piece of it is ready in d's layout, else NULL. */

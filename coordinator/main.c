@@ -133,6 +133,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
 
+    tsr_coord_stop_flag(&stop_flag);
     tsr_coord_t *c = tsr_coord_new(path, grace, err, sizeof err);
     if (!c) {
         tsr_error("%s", err);

@@ -70,7 +70,12 @@ static void *loader(void *arg)
         }
         bool skip = j->skipped;
         pthread_mutex_unlock(&l->mu);
-        if (!skip) j->tok = tsr_tok_load(j->dir, j->err, sizeof j->err);
+        if (!skip) {
+            char *file = tsr_path_join(j->dir, "tokenizer.json");
+            if (file) tsr_file_id(file, &j->file);
+            free(file);
+            j->tok = tsr_tok_load(j->dir, j->err, sizeof j->err);
+        }
         pthread_mutex_lock(&l->mu);
         l->running = NULL;
         append(&l->done, j);
@@ -150,9 +155,9 @@ int tsr_tokload_fd(const tsr_tokload_t *self)
     return self->pipe[0];
 }
 
-static bool same(const tsr_tokjob_t *j, const char *name, const char *dir)
+static bool same(const tsr_tokjob_t *j, const char *dir)
 {
-    return !j->skipped && !strcmp(j->name, name) && !strcmp(j->dir, dir);
+    return !j->skipped && !strcmp(j->dir, dir);
 }
 
 int tsr_tokload_request(tsr_tokload_t *l, const char *name, const char *dir, char *err,
@@ -162,8 +167,8 @@ int tsr_tokload_request(tsr_tokload_t *l, const char *name, const char *dir, cha
     pthread_mutex_lock(&l->mu);
     /* One queued or being read for the same pair is read as late as this one would be:
      * what it finds is what the deployment gets. */
-    bool have = l->running && same(l->running, name, dir);
-    for (tsr_tokjob_t *j = l->todo; j && !have; j = j->next) have = same(j, name, dir);
+    bool have = l->running && same(l->running, dir);
+    for (tsr_tokjob_t *j = l->todo; j && !have; j = j->next) have = same(j, dir);
     pthread_mutex_unlock(&l->mu);
     if (have) return 1;
     tsr_tokjob_t *j = calloc(1, sizeof *j);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "common/tokenizer.h"
+#include "common/util.h"
 
 typedef struct tsr_tokload tsr_tokload_t;
 
@@ -18,6 +19,7 @@ typedef struct tsr_tokjob {
     char *name;                 /* the deployment that wants it */
     char *dir;                  /* its model directory */
     tsr_tokenizer_t *tok;       /* finished: the tokenizer, or NULL with err */
+    tsr_file_id_t file;         /* dir/tokenizer.json as it was just before the read */
     char err[600];
     bool skipped;               /* no longer wanted when its turn came: not read */
 } tsr_tokjob_t;
@@ -30,8 +32,9 @@ tsr_tokload_t *tsr_tokload_new(void);
 void tsr_tokload_destroy(tsr_tokload_t **self_p);
 /* Readable while finished loads wait to be taken. */
 int tsr_tokload_fd(const tsr_tokload_t *self);
-/* Queues the load of dir's tokenizer.json for deployment name: 0; one already queued or
- * being read for the same pair is not queued twice: 1; -1 with the reason in err. */
+/* Queues the load of dir's tokenizer.json, for deployment name (the first to ask): 0; one
+ * already queued or being read for the same directory is not queued twice: 1; -1 with
+ * the reason in err. */
 int tsr_tokload_request(tsr_tokload_t *self, const char *name, const char *dir, char *err,
                         size_t errlen);
 /* Marks the queued loads that want(arg, name, dir) no longer wants: they are skipped

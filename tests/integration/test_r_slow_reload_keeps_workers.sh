@@ -31,7 +31,11 @@ yaml_head() {
     printf '  http_endpoint: 127.0.0.1:%s\n' "$HPORT"
     printf 'deployments:\n  - name: a\n    model: %s\n    max_seq_len: 128\n' "$M"
 }
-with_b() { yaml_head; printf '  - name: b\n    model: %s\n    max_seq_len: 128\n' "$1"; }
+# with_b DIR [DIR2]: deployments a, b on DIR, and b2 on DIR2
+with_b() {
+    yaml_head; printf '  - name: b\n    model: %s\n    max_seq_len: 128\n' "$1"
+    [ -z "${2:-}" ] || printf '  - name: b2\n    model: %s\n    max_seq_len: 128\n' "$2"
+}
 
 with_b "$M" > "$T/d.yaml"
 # TSR_TEST_TOKLOAD_HOLD_MS: every read off the loop waits 4 s before it starts, so the
@@ -39,6 +43,7 @@ with_b "$M" > "$T/d.yaml"
 TSR_TEST_RELOAD_HOLD_MS=1000 TSR_TEST_TOKLOAD_HOLD_MS=4000 start_coord "$T/d.yaml"
 start_worker w0
 start_worker w1
+start_worker w2
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 want=$(tsr generate a --prompt-ids 1,2,3 --max-tokens 8 --ids) || fail "generate"
 tsr generate b --prompt "hello there" --max-tokens 4 --ids > /dev/null || fail "text generate"
@@ -46,7 +51,8 @@ deaths() { status_json | jget "d['coordinator']['stats']['deaths']"; }
 b_field() { status_json | jget "[x for x in d['deployments'] if x['name'] == 'b'][0].get('$1')"; }
 b_text() { [ "$(b_field text_prompts)" = true ]; }
 before=$(deaths)
-with_b "$T/big-tok" > "$T/d.yaml"
+# b and the new b2 share the big tokenizer's directory: it is read once for both
+with_b "$T/big-tok" "$T/big-tok" > "$T/d.yaml"
 t0=$(now_ms)
 tsr reload > "$T/reload.txt" 2>&1 || fail "reload: $(cat "$T/reload.txt")"
 took=$(( $(now_ms) - t0 ))
@@ -86,8 +92,25 @@ out=$(tsr generate b --prompt "qzqzqzqz" --max-tokens 2 --ids 2>&1) &&
     fail "b encoded with the old tokenizer: $out"
 echo "$out" | grep -q "outside the vocabulary" || fail "b's text prompt: $out"
 tsr generate a --prompt "qzqzqzqz" --max-tokens 2 --ids > /dev/null || fail "a's text prompt"
+out=$(tsr generate b2 --prompt "qzqzqzqz" --max-tokens 2 --ids 2>&1) &&
+    fail "b2 encoded with the old tokenizer: $out"
+reads=$(grep -c "reading $T/big-tok/tokenizer.json off the loop" "$T/coordinator.log")
+[ "$reads" = 1 ] || fail "the directory b and b2 share was read $reads times"
 [ "$(deaths)" = "$before" ] ||
     fail "a reload of $took ms declared workers dead: $(grep -h 'is dead' "$T/coordinator.log" | head -3)"
 [ "$(tsr generate a --prompt-ids 1,2,3 --max-tokens 8 --ids)" = "$want" ] || fail "a's tokens changed"
 ok "a reload that held the loop $took ms (worker_timeout_ms 300) declared no worker dead"
-ok "the reload's 32 MB tokenizer was read off the loop; text waited for it, then used it"
+ok "the reload's 32 MB tokenizer was read off the loop, once for the two deployments that share it; text waited for it, then used it"
+
+# A reload that changes nothing keeps the tokenizer; one after tokenizer.json was replaced
+# in place reads it again.
+tsr reload > "$T/reload.txt" 2>&1 || fail "reload: $(cat "$T/reload.txt")"
+[ "$(b_field tokenizer_loading)" = null ] || fail "an unchanged tokenizer.json is read again"
+cp "$M/tokenizer.json" "$T/big-tok/tokenizer.json.new"
+mv "$T/big-tok/tokenizer.json.new" "$T/big-tok/tokenizer.json"
+tsr reload > "$T/reload.txt" 2>&1 || fail "reload: $(cat "$T/reload.txt")"
+[ "$(b_field tokenizer_loading)" = true ] || fail "a tokenizer.json replaced in place is not read again"
+wait_until 30 b_text || fail "the replaced tokenizer never came in: $(tsr status 2>&1)"
+tsr generate b --prompt "qzqzqzqz" --max-tokens 2 --ids > /dev/null ||
+    fail "b still encodes with the tokenizer.json that was replaced"
+ok "a reload keeps an unchanged tokenizer and reads one replaced in place again"
