@@ -2469,6 +2469,47 @@ static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(v
     json_decref(root);
 }
 
+/* A coordinator told to stop while it starts (the flag a signal handler sets) reads no
+ * tokenizer.json: it exits after the read in progress instead of reading them all first.
+ * Without the flag the same configuration's tokenizer is read. */
+static void test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer(void **state)
+{
+    fx_t *fx = *state;
+    char saved[PATH_MAX], cmd[3 * PATH_MAX], err[512] = "";
+    memcpy(saved, model_dir, sizeof saved);
+    snprintf(cmd, sizeof cmd, "mkdir %s/tok && cp %s/config.json %s/tok/ && "
+             "cp %s/../../tokenizer/tokenizer.json %s/tok/", fx->dir, saved, fx->dir, saved,
+             fx->dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(model_dir, sizeof model_dir, "%s/tok", fx->dir);
+    char path[2][PATH_MAX + 16];
+    for (int stop = 0; stop < 2; stop++) {   /* endpoints of their own: inproc names linger */
+        char wep[64], cep[64];
+        snprintf(wep, sizeof wep, "inproc://stop-w-%d-%d", ++endpoint_seq, stop);
+        snprintf(cep, sizeof cep, "inproc://stop-c-%d-%d", endpoint_seq, stop);
+        snprintf(path[stop], sizeof path[stop], "%s/stop%d.yaml", fx->dir, stop);
+        write_yaml(path[stop], wep, cep, NULL);
+    }
+    memcpy(model_dir, saved, sizeof saved);
+    static volatile sig_atomic_t flag;
+    tsr_coord_stop_flag(&flag);
+    for (int stop = 0; stop < 2; stop++) {
+        flag = stop;
+        tsr_coord_t *c = tsr_coord_new(path[stop], 0, err, sizeof err);
+        if (!c) fail_msg("tsr_coord_new: %s", err);
+        tsr_dep_state_t *d = tsr_coord_dep(c, "tiny");
+        assert_non_null(d);
+        if (stop) {
+            assert_null(d->tok);
+            assert_non_null(strstr(d->tok_error, "stopping"));
+        } else {
+            assert_non_null(d->tok);
+        }
+        tsr_coord_destroy(&c);
+    }
+    tsr_coord_stop_flag(NULL);
+}
+
 /* Workers that registered the same PCI bus id share a GPU, and NCCL refuses a
  * communicator over one GPU twice: each TP group gets two GPUs (by name alone, the first
  * two workers, on one GPU, would form it). */
@@ -2901,6 +2942,7 @@ int main(void)
         T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
+        T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
         cmocka_unit_test(test_a_piece_leads_its_stage_tp_group_at_rank_0_even_alone),
         T(test_assignments_carry_the_peers_gpus_and_a_bad_bus_id_is_refused),
