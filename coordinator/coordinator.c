@@ -105,12 +105,20 @@ void tsr_coord_stop_flag(volatile sig_atomic_t *flag) { stop_flag = flag; }
 /* Reads dir's tokenizer.json into s now. */
 static void dep_tok_read(tsr_dep_state_t *s, const char *dir)
 {
-    char err[600], *file = tsr_path_join(dir, "tokenizer.json");
-    tsr_file_id_t id = {0};
-    if (file) tsr_file_id(file, &id);
-    free(file);
-    tsr_tokenizer_t *t = tsr_tok_load(dir, err, sizeof err);
+    char err[600];
+    tsr_file_id_t id;
+    tsr_tokenizer_t *t = tsr_tok_read_dir(dir, &id, err, sizeof err);
     dep_tok_install(s, dir, t, err, &id);
+}
+
+/* s takes what another state has of the same directory's tokenizer: a hold on it, or
+ * the read in progress, or the reason there is none. */
+static void dep_tok_take(tsr_dep_state_t *s, const tsr_dep_state_t *from)
+{
+    s->tok = tsr_tokref_hold(from->tok);
+    s->tok_loading = from->tok_loading;
+    s->tok_broken = from->tok_broken;
+    snprintf(s->tok_error, sizeof s->tok_error, "%s", from->tok_error);
 }
 
 /* Whether an earlier state's tokenizer serves s (from dir): one read or being read from
@@ -140,9 +148,7 @@ static bool dep_tok_share(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
         }
     }
     if (!from || !(s->tok_dir = strdup(dir))) return false;   /* out of memory: read it */
-    s->tok = tsr_tokref_hold(from->tok);
-    s->tok_loading = from->tok_loading;
-    snprintf(s->tok_error, sizeof s->tok_error, "%s", from->tok_error);
+    dep_tok_take(s, from);
     if (fresh) tok_vocab_check(s);
     return true;
 }
@@ -995,10 +1001,7 @@ static void tokloads_collect(tsr_coord_t *c)
         j->tok = NULL;
         for (int k; (k = tok_waiter(c, j->dir)) >= 0;) {
             tsr_dep_state_t *o = &c->deps[k];
-            o->tok_loading = false;
-            o->tok = tsr_tokref_hold(s->tok);
-            o->tok_broken = s->tok_broken;
-            snprintf(o->tok_error, sizeof o->tok_error, "%s", s->tok_error);
+            dep_tok_take(o, s);
             if (s->tok) tsr_info("deployment %s serves text prompts too", o->name);
             tok_vocab_check(o);
         }

@@ -20,6 +20,16 @@ struct tsr_tokload {
     int pipe[2];                /* a byte in it: something waits in done */
 };
 
+tsr_tokenizer_t *tsr_tok_read_dir(const char *dir, tsr_file_id_t *file, char *err,
+                                  size_t errlen)
+{
+    char *path = tsr_path_join(dir, "tokenizer.json");
+    memset(file, 0, sizeof *file);
+    if (path) tsr_file_id(path, file);
+    free(path);
+    return tsr_tok_load(dir, err, errlen);
+}
+
 static void job_free(tsr_tokjob_t *j)
 {
     tsr_tok_destroy(&j->tok);
@@ -70,12 +80,7 @@ static void *loader(void *arg)
         }
         bool skip = j->skipped;
         pthread_mutex_unlock(&l->mu);
-        if (!skip) {
-            char *file = tsr_path_join(j->dir, "tokenizer.json");
-            if (file) tsr_file_id(file, &j->file);
-            free(file);
-            j->tok = tsr_tok_load(j->dir, j->err, sizeof j->err);
-        }
+        if (!skip) j->tok = tsr_tok_read_dir(j->dir, &j->file, j->err, sizeof j->err);
         pthread_mutex_lock(&l->mu);
         l->running = NULL;
         append(&l->done, j);
@@ -202,9 +207,11 @@ tsr_tokjob_t *tsr_tokload_take(tsr_tokload_t *l)
     pthread_mutex_lock(&l->mu);
     tsr_tokjob_t *d = l->done;
     l->done = NULL;
-    /* Emptied under the lock: a load finishing now writes after, and is seen next. */
+    /* The pipe holds bytes only while done does (both change under the lock), so a tick
+     * with nothing done makes no system call.  Emptied under the lock: a load finishing
+     * now writes after, and is seen next. */
     char buf[64];
-    while (read(l->pipe[0], buf, sizeof buf) > 0) {}
+    while (d && read(l->pipe[0], buf, sizeof buf) > 0) {}
     pthread_mutex_unlock(&l->mu);
     return d;
 }

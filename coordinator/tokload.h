@@ -13,6 +13,12 @@
 
 typedef struct tsr_tokload tsr_tokload_t;
 
+/* Reads dir/tokenizer.json (tsr_tok_load), noting in *file the version it read: the file
+ * is looked at just before, so a change during the read shows as a change later.  NULL
+ * with the reason in err. */
+tsr_tokenizer_t *tsr_tok_read_dir(const char *dir, tsr_file_id_t *file, char *err,
+                                  size_t errlen);
+
 /* One load, asked for and then finished. */
 typedef struct tsr_tokjob {
     struct tsr_tokjob *next;
