@@ -221,13 +221,14 @@ demo: deps
 
 bench: deps
 	@./scripts/pyenv.sh > /dev/null
-	@$(MAKE) --no-print-directory $(PROGRAMS) $(BENCH_BIN)
+	@$(MAKE) --no-print-directory $(PROGRAMS) $(BENCH_BIN) $(FAKE_NCCL_WORKER)
 	@./bench/run.sh
 	@./bench/data.sh
 	@./bench/serve.sh
 	@./bench/tokenize.sh
 	@./bench/http.sh
 	@./bench/client_kill.sh
+	@./bench/wedge.sh
 	@./bench/chaos.sh
 	@./bench/chaos.sh --netns 300
 

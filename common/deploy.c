@@ -839,8 +839,11 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                   &d->matmul_dtype) < 0)
         return -1;
     path_key(kpath, path, "collective_timeout_ms");
-    if (v[13] && get_int_range(c, v[13], kpath, TSR_COLL_TIMEOUT_MS_MIN,
-                                TSR_COLL_TIMEOUT_MS_MAX, &d->collective_timeout_ms) < 0)
+    if (!v[13])
+        d->collective_timeout_ms = d->device == TSR_DEVICE_CUDA ? TSR_COLL_TIMEOUT_MS_CUDA_DEFAULT
+                                                                : TSR_COLL_TIMEOUT_MS_DEFAULT;
+    else if (get_int_range(c, v[13], kpath, TSR_COLL_TIMEOUT_MS_MIN, TSR_COLL_TIMEOUT_MS_MAX,
+                           &d->collective_timeout_ms) < 0)
         return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)

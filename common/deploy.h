@@ -14,7 +14,10 @@
  * while no deployment's value applies. */
 #define TSR_COLL_TIMEOUT_MS_MIN 100
 #define TSR_COLL_TIMEOUT_MS_MAX 3600000
-#define TSR_COLL_TIMEOUT_MS_DEFAULT 30000
+#define TSR_COLL_TIMEOUT_MS_DEFAULT 30000       /* device: cpu */
+#define TSR_COLL_TIMEOUT_MS_CUDA_DEFAULT 10000  /* device: cuda: a GPU step takes
+                                                   milliseconds, and a wedged rank is
+                                                   replaced within replay_wait_ms */
 
 /* The status document lists every known worker in one reply of at most
  * 64 MiB; at most ~4.5 KB each (escaped reasons), 10,000 fit. */

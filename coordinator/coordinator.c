@@ -703,6 +703,8 @@ static void rewire(tsr_coord_t *c, int di, int replica)
         else send_assign(c, w, di);
     }
     free(peers);
+    tsr_info("rewire %s replica %d (epoch %llu): %zu member(s) form its data plane again", d->name,
+             replica, (unsigned long long)c->epoch, n);
 }
 
 static int by_node(const void *a, const void *b)

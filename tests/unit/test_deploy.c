@@ -132,6 +132,8 @@ static void test_valid_file_loads_every_field_and_defaults(void **state)
     assert_int_equal(d->max_seq_len, 256);
     assert_int_equal(d->line, 8);
     assert_int_equal(d->column, 5);
+    /* cuda's own default: a GPU step takes milliseconds */
+    assert_int_equal(d->collective_timeout_ms, 10000);
 
     /* Second entry: everything but name and model is a default. */
     d = &cfg->deployments[1];
