@@ -101,6 +101,9 @@ void tsr_print_status(json_t *doc, int workers_only)
                                jint(r, "replica"), jint(s, "stage"), layers, jint(t, "tp"),
                                jstr(t, "worker"), jstr(t, "node"), jstr(t, "state"), pid, age, kv);
                         if (json_object_get(t, "reason")) printf("  %s", jstr(t, "reason"));
+                        /* its group's other ranks passed their deadline waiting for it */
+                        if (json_is_true(json_object_get(t, "waited_for")))
+                            printf("  (its group waited for it past the deadline)");
                         printf("\n");
                     }
                 }

@@ -91,9 +91,14 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
             }
     } else if (mending) {
         sum->state = ds->ever_ready ? "degraded" : "loading";
+        char waited[512];
+        int nw = tsr_coord_waited_for_text(c, d, mending->piece.key.replica, waited,
+                                           sizeof waited);
         snprintf(sum->message, sizeof sum->message,
-                 "%d of %d pieces ready; replica %d is being rewired after: %s", sum->ready,
-                 sum->total, mending->piece.key.replica, mending->reason);
+                 "%d of %d pieces ready; replica %d is being rewired after: %s%s%s%s", sum->ready,
+                 sum->total, mending->piece.key.replica, mending->reason,
+                 nw ? "; its tensor-parallel group waited for " : "", waited,
+                 nw ? ", which reported no failure" : "");
     } else {
         sum->state = ds->ever_ready ? "degraded" : "loading";
         snprintf(sum->message, sizeof sum->message, "%d of %d pieces ready", sum->ready,
@@ -285,6 +290,8 @@ static json_t *deployment_json(tsr_coord_t *c, size_t i, int64_t now)
                     json_object_set_new(rk, "queued", json_integer(w->queued));
                     json_object_set_new(rk, "running", json_integer(w->running));
                     if (w->reason[0]) json_object_set_new(rk, "reason", json_string(w->reason));
+                    /* its group's other ranks passed their deadline waiting for it */
+                    if (tsr_coord_waited_for(c, w)) json_object_set_new(rk, "waited_for", json_true());
                     rready += w->state == TSR_W_READY;
                 } else {
                     rk = json_pack("{s:i, s:n, s:s}", "tp", t, "worker", "state", "unplaced");

@@ -683,9 +683,45 @@ static void touch(touched_t *t, int di, int replica)
     t->replica[t->n++] = replica;
 }
 
+bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w)
+{
+    if (!w->has_piece || w->state != TSR_W_READY) return false;
+    size_t n;
+    tsr_worker_t *const *m =
+        tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
+    for (size_t i = 0; i < n; i++)
+        if (m[i] != w && m[i]->piece.key.stage == w->piece.key.stage &&
+            m[i]->piece.epoch == w->piece.epoch && m[i]->state == TSR_W_FAILED &&
+            m[i]->past_deadline)
+            return true;
+    return false;
+}
+
+int tsr_coord_waited_for_text(tsr_coord_t *c, const tsr_deployment_t *d, int replica, char *buf,
+                              size_t len)
+{
+    int count = 0;
+    size_t at = 0;
+    if (len) buf[0] = '\0';
+    for (int k = 0; k < d->pipeline * d->tensor; k++) {
+        tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, replica, d->tensor, d->pipeline, k);
+        if (!w || !tsr_coord_waited_for(c, w)) continue;
+        if (at < len)
+            at += (size_t)snprintf(buf + at, len - at, "%s%s (stage %d tp %d)", count ? ", " : "",
+                                   w->name, w->piece.key.stage, w->piece.key.tp);
+        count++;
+    }
+    return count;
+}
+
 static void rewire(tsr_coord_t *c, int di, int replica)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
+    char waited[512];
+    if (tsr_coord_waited_for_text(c, d, replica, waited, sizeof waited))
+        tsr_warn("deployment %s replica %d: its tensor-parallel group waited past "
+                 "collective_timeout_ms for %s, which reported no failure: the rank that stalled",
+                 d->name, replica, waited);
     tsr_requests_move_replica(c, d->name, replica, "the replica was rewired for a new plan");
     /* One peer list serves every member. */
     tsr_piece_key_t key = {.replica = replica, .tp_size = d->tensor, .pp_size = d->pipeline};
@@ -703,7 +739,7 @@ static void rewire(tsr_coord_t *c, int di, int replica)
         else send_assign(c, w, di);
     }
     free(peers);
-    tsr_info("rewire %s replica %d (epoch %llu): %zu member(s) form its data plane again", d->name,
+    tsr_info("rewire %s replica %d (epoch %llu): %zu member(s) form its data plane", d->name,
              replica, (unsigned long long)c->epoch, n);
 }
 
@@ -1368,6 +1404,7 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             if (w->state == TSR_W_FAILED) {
                 snprintf(w->reason, sizeof w->reason, "%s", r->reason);
                 w->retryable = r->retryable;
+                w->past_deadline = false;
                 schedule_retry(c, w, now);
             }
             /* Its replica was rewired in a newer epoch while it was cut off:
@@ -1633,6 +1670,7 @@ static void on_worker_msg(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, ts
                       env->failed->reason);
             w->state = TSR_W_FAILED;
             w->retryable = env->failed->retryable;
+            w->past_deadline = env->failed->retryable && env->failed->past_deadline;
             snprintf(w->reason, sizeof w->reason, "%s", env->failed->reason);
             /* Its replica serves nothing until it is rewired: its requests
              * resume on another one now rather than at their next error. */

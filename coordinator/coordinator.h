@@ -244,6 +244,16 @@ void tsr_coord_stop_flag(volatile sig_atomic_t *flag);
 tsr_worker_t *tsr_coord_ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r);
 /* The state of the deployment with that name, or NULL. */
 tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
+/* True when w's tensor-parallel group waited for it: w is ready while a
+ * member of its stage in the same epoch reported that a group operation
+ * passed its deadline (Failed.past_deadline).  The other ranks' failures
+ * name no one in a group of more than two; the one that reported nothing
+ * is the one they waited for. */
+bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w);
+/* "g1 (stage 0 tp 1), g5 (stage 1 tp 0)": the members of deployment d's
+ * replica their groups waited for, into buf ("" none); how many. */
+int tsr_coord_waited_for_text(tsr_coord_t *c, const tsr_deployment_t *d, int replica, char *buf,
+                              size_t len);
 /* Sends env to the worker at routing id rid on the workers socket; a send
  * that fails is counted (stats.sends_failed) and logged.  0 or -1. */
 int tsr_coord_send(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_env_t *env);

@@ -68,6 +68,8 @@ typedef struct {
     char reason[512];           /* why it failed or died */
     bool retryable;             /* its piece failed in the data plane (Failed.retryable):
                                    rewiring may mend it; a load error needs the operator */
+    bool past_deadline;         /* ...because its TP group waited past its deadline for the
+                                   other ranks (Failed.past_deadline) */
     char detail[128];           /* last progress report */
 
     uint64_t ready_seq;         /* the coordinator's count of READY transitions when this

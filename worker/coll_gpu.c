@@ -152,6 +152,10 @@ static void gpu_abort(tsr_comm_t *c, const char *why)
     c->ops->abort(c->inner, why);
 }
 static int gpu_rank(const tsr_comm_t *c) { return c->ops->rank(c->inner); }
+static bool gpu_past_deadline(const tsr_comm_t *c)
+{
+    return tsr_coll_past_deadline(c->ops, c->inner);
+}
 static int gpu_size(const tsr_comm_t *c) { return c->ops->size(c->inner); }
 
 static void gpu_destroy(tsr_comm_t **c_p)
@@ -178,4 +182,5 @@ const tsr_coll_ops_t tsr_coll_gpu = {
     .rank = gpu_rank,
     .size = gpu_size,
     .destroy = gpu_destroy,
+    .past_deadline = gpu_past_deadline,
 };

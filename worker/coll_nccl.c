@@ -25,6 +25,7 @@ struct tsr_comm {
     int (*cancelled)(void *arg);    /* the rendezvous's: a newer epoch ends a wait too */
     void *cancel_arg;
     bool failed;
+    bool past_deadline;         /* the first failure was an operation's deadline */
     char why[512];              /* the first failure: every later operation reports it */
     const char *pending;        /* the last operation issued and not yet settled, or NULL */
 };
@@ -205,6 +206,7 @@ static int wait_turn(tsr_comm_t *c, const char *what, int64_t deadline, int time
                  "NCCL %s (rank %d of %d, epoch %llu) did not complete within %d ms: %s "
                  "is dead or stalled",
                  what, c->rank, c->n, (unsigned long long)c->epoch, timeout_ms, who);
+        if (!c->failed) c->past_deadline = true;
         return fail(c, err, errlen, why);
     }
     return 0;
@@ -355,6 +357,7 @@ static void nccl_abort(tsr_comm_t *c, const char *why)
 }
 
 static int nccl_rank(const tsr_comm_t *c) { return c->rank; }
+static bool nccl_past_deadline(const tsr_comm_t *c) { return c->failed && c->past_deadline; }
 static int nccl_size(const tsr_comm_t *c) { return c->n; }
 
 static void nccl_destroy(tsr_comm_t **c_p)
@@ -380,4 +383,5 @@ const tsr_coll_ops_t tsr_coll_nccl = {
     .rank = nccl_rank,
     .size = nccl_size,
     .destroy = nccl_destroy,
+    .past_deadline = nccl_past_deadline,
 };

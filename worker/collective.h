@@ -137,7 +137,18 @@ typedef struct tsr_coll_ops {
     int (*rank)(const tsr_comm_t *c);
     int (*size)(const tsr_comm_t *c);
     void (*destroy)(tsr_comm_t **c_p);
+    /* True when c's first failure was an operation that passed its deadline
+     * waiting for the other ranks (not a closed connection, an error, a
+     * newer epoch or an abort): the coordinator names the ranks that did not
+     * report such a failure as the ones the group waited for.  Optional. */
+    bool (*past_deadline)(const tsr_comm_t *c);
 } tsr_coll_ops_t;
+
+/* ops->past_deadline(c) where the backend has one; false otherwise. */
+static inline bool tsr_coll_past_deadline(const tsr_coll_ops_t *ops, const tsr_comm_t *c)
+{
+    return ops && c && ops->past_deadline && ops->past_deadline(c);
+}
 
 /* ops->settle where the backend has one; 0 otherwise. */
 static inline int tsr_coll_settle(const tsr_coll_ops_t *ops, tsr_comm_t *c, int timeout_ms,

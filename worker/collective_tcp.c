@@ -539,6 +539,7 @@ struct tsr_comm {
     float *scratch;
     size_t scratch_cap;         /* floats */
     bool broken;
+    bool past_deadline;         /* the first failure was an operation's deadline */
     char broken_msg[256];
     /* The rendezvous's cancellation (a newer epoch, a stop): asked whenever
      * an operation has waited CANCEL_CHECK_MS without news, so a wait on a
@@ -1660,6 +1661,7 @@ static int run_xfers(tsr_comm_t *c, xfer_t *ops, int nops, bool eager, const opc
         int64_t left = x->deadline - now_ms();
         if (left <= 0) {
             xfer_timeout_msg(c, ops, nops, x, err, errlen);
+            if (!c->broken) c->past_deadline = true;
             return -1;
         }
         int wait = c->cancelled && left > CANCEL_CHECK_MS ? CANCEL_CHECK_MS : (int)left;
@@ -2026,6 +2028,8 @@ static void tcp_destroy(tsr_comm_t **c_p)
     *c_p = NULL;
 }
 
+static bool tcp_past_deadline(const tsr_comm_t *c) { return c->broken && c->past_deadline; }
+
 const tsr_coll_ops_t tsr_coll_tcp = {
     .name = "tcp",
     .mem = TSR_MEM_HOST,
@@ -2039,6 +2043,7 @@ const tsr_coll_ops_t tsr_coll_tcp = {
     .rank = tcp_rank,
     .size = tcp_size,
     .destroy = tcp_destroy,
+    .past_deadline = tcp_past_deadline,
 };
 
 /* ---- backend-independent helpers ------------------------------------------------ */

@@ -183,10 +183,13 @@ static void push_simple(tsr_executor_t *ex, tsr_event_kind_t kind, uint64_t epoc
 }
 
 /* The data plane broke (a peer, a connection, a deadline): the weights are
- * fine, so the coordinator rewires the replica. */
-static void push_data_plane_failure(tsr_executor_t *ex, uint64_t epoch, const char *text)
+ * fine, so the coordinator rewires the replica.  past_deadline: the stage's
+ * tensor-parallel group waited past its deadline for the other ranks. */
+static void push_data_plane_failure(tsr_executor_t *ex, uint64_t epoch, const char *text,
+                                    bool past_deadline)
 {
-    tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = epoch, .retryable = 1};
+    tsr_event_t ev = {.kind = TSR_EV_FAILED, .epoch = epoch, .retryable = 1,
+                      .past_deadline = past_deadline};
     snprintf(ev.text, sizeof ev.text, "%s", text ? text : "");
     push_event(ex, &ev);
 }
@@ -616,7 +619,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
             goto out;
         }
         snprintf(why, sizeof why, "data plane: %s", err);
-        if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why);
+        if (!io_should_stop(&ctx)) push_data_plane_failure(ex, j->epoch, why, false);
         goto out;
     }
     be->engine->set_comm(*eng, r.ops, r.tp, j->coll_ms);
@@ -638,7 +641,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         }
         if (!io_should_stop(&ctx)) {
             snprintf(why, sizeof why, "data plane: %s", err);
-            push_data_plane_failure(ex, j->epoch, why);
+            push_data_plane_failure(ex, j->epoch, why, tsr_coll_past_deadline(r.ops, r.tp));
         }
     }
 out:

@@ -30,6 +30,8 @@ typedef struct {
                                    request's or the weights'; rewiring or resuming may help.
                                    TOKEN: a TSR_FAIL_* value (worker/replica.h) */
     int fatal;                  /* FAILED: the device is lost and the worker exits */
+    int past_deadline;          /* FAILED: an operation of the piece's tensor-parallel group
+                                   passed its deadline waiting for the other ranks */
     char finish[16];
     char text[512];             /* progress detail, failure reason, request error */
     uint64_t group;             /* RENDEZVOUS: the group and its blob */

@@ -1379,6 +1379,8 @@ static void dead_peer_case(bool kill_it, bool ring)
          * left neighbour is rank 0, which stops on rank 2's failure. */
         if (!ring || r == 0)
             if (!strstr(g.k[r].err, "rank 2 (")) fail_msg("rank %d: %s", r, g.k[r].err);
+        /* a closed connection, not a deadline */
+        assert_false(tsr_coll_past_deadline(ops, g.k[r].comm));
     }
     pthread_barrier_destroy(&d.formed);
     pthread_barrier_destroy(&d.go);
@@ -1430,6 +1432,8 @@ static void test_a_silent_peer_fails_allreduce_within_the_timeout(void **state)
         if (!strstr(g.k[r].err, "rank 2 (") ||
             !strstr(g.k[r].err, "did not answer within 500 ms during allreduce"))
             fail_msg("rank %d: %s", r, g.k[r].err);
+        /* the coordinator names the rank that did not report this */
+        assert_true(tsr_coll_past_deadline(ops, g.k[r].comm));
     }
     group_close(&g);
     sem_destroy(&s.release);
@@ -2047,6 +2051,7 @@ static void test_an_operation_on_a_stalled_peer_ends_when_cancelled(void **state
     char err[256];
     assert_int_equal(ops->allreduce_sum(g.k[0].comm, f32_buf(&v, 1), 10000, err, sizeof err), -1);
     assert_non_null(strstr(err, "abandoned"));
+    assert_false(tsr_coll_past_deadline(ops, g.k[0].comm));
     group_close(&g);
     sem_destroy(&s.release);
 }

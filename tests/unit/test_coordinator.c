@@ -281,19 +281,26 @@ static void send_progress(fx_t *fx, int i, uint64_t epoch, const char *detail)
     send_env(fx->dealer[i], &env);
 }
 
-static void send_failed_as(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal,
-                           bool retryable)
+static void send_failed_full(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal,
+                             bool retryable, bool past_deadline)
 {
     Tessera__Failed f = TESSERA__FAILED__INIT;
     f.reason = (char *)reason;
     f.fatal = fatal;
     f.retryable = retryable;
+    f.past_deadline = past_deadline;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     env.worker = fx->name[i];
     env.epoch = epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_FAILED;
     env.failed = &f;
     send_env(fx->dealer[i], &env);
+}
+
+static void send_failed_as(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal,
+                           bool retryable)
+{
+    send_failed_full(fx, i, epoch, reason, fatal, retryable, false);
 }
 
 static void send_failed(fx_t *fx, int i, uint64_t epoch, const char *reason, bool fatal)
@@ -2550,6 +2557,61 @@ static void test_a_data_plane_failure_after_ready_is_degraded_not_failed(void **
     json_decref(root);
 }
 
+/* Whether worker i's rank is marked as the one its group waited for. */
+static bool waited_for(fx_t *fx, int i)
+{
+    json_t *root = status(fx);
+    bool w = json_is_true(json_object_get(rank_of(root, fx, i), "waited_for"));
+    json_decref(root);
+    return w;
+}
+
+/* A tensor-parallel group of four whose rank 2 stalls: its peers' failures cannot name it
+ * (NCCL says "one of the other 3 ranks"), but each reports that an operation passed its
+ * deadline (Failed.past_deadline), and the member of the stage that reported nothing is the
+ * one they waited for: status marks its rank and the message names its worker.  A failure
+ * that is not a deadline (a closed connection) marks no one, and a member that reported one
+ * is not marked; the rewire clears the mark. */
+static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 4\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);
+    cluster_up(fx);
+    pieces_ready(fx);
+    int m[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) m[fx->piece[i].tp_rank] = i;
+    for (int t = 0; t < 4; t++) assert_int_not_equal(m[t], -1);
+
+    send_failed_full(fx, m[0], fx->piece[m[0]].epoch,
+                     "data plane: connection to rank 2 (127.0.0.1:1) closed", false, true, false);
+    pump(fx);
+    for (int t = 0; t < 4; t++) assert_false(waited_for(fx, m[t]));
+
+    for (int t = 1; t < 4; t += 2)
+        send_failed_full(fx, m[t], fx->piece[m[t]].epoch,
+                         "data plane: NCCL all-reduce (rank 1 of 4, epoch 3) did not complete "
+                         "within 1000 ms: one of the other 3 ranks is dead or stalled",
+                         false, true, true);
+    pump(fx);
+    for (int t = 0; t < 4; t++) assert_int_equal(waited_for(fx, m[t]), t == 2);
+    json_t *root = status(fx);
+    const char *msg = json_string_value(
+        json_object_get(json_array_get(json_object_get(root, "deployments"), 0), "message"));
+    char want[128];
+    snprintf(want, sizeof want, "its tensor-parallel group waited for %s (stage 0 tp 2), which "
+             "reported no failure", fx->name[m[2]]);
+    if (!msg || !strstr(msg, want)) fail_msg("message: %s", msg ? msg : "(none)");
+    json_decref(root);
+
+    /* the rewire: every member forms again, no one is waited for */
+    fx->c->deps[0].retry_at_ms = tsr_now_ms();
+    tsr_coord_tick(fx->c, plan_time(fx));
+    pump(fx);
+    for (int t = 0; t < 4; t++) assert_false(waited_for(fx, m[t]));
+}
+
 /* The rewiring backoff starts over once the replica it mended is whole
  * again, even while another replica is down: a later fault there is a new
  * one, retried after 2 s, not after a backoff grown by unrelated faults. */
@@ -2940,6 +3002,7 @@ int main(void)
         T(test_a_lost_token_makes_the_request_resume_not_skip),
         T(test_a_mended_replica_resets_the_rewiring_backoff),
         T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
+        T(test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),

@@ -333,6 +333,8 @@ static void test_a_dead_peer_aborts_at_the_deadline_and_the_next_epoch_forms(voi
     assert_true(took >= 150 && took < 1000);
     assert_non_null(strstr(err, "did not complete within 150 ms"));
     assert_non_null(strstr(err, "rank 1 is dead or stalled"));
+    /* what the worker tells the coordinator, which names the rank that reported nothing */
+    assert_true(tsr_coll_past_deadline(&tsr_coll_nccl, ranks[0].comm));
     char err2[512];
     t0 = mono_ms();
     assert_int_equal(tsr_coll_nccl.broadcast(ranks[0].comm,
@@ -392,6 +394,7 @@ static void test_a_newer_epoch_abandons_a_waiting_operation(void **state)
     assert_int_equal(rc, -1);
     assert_true(done - f.at < 100);
     assert_non_null(strstr(err, "abandoned: a newer epoch"));
+    assert_false(tsr_coll_past_deadline(&tsr_coll_nccl, ranks[0].comm));
     for (int k = 0; k < 2; k++) tsr_coll_nccl.destroy(&ranks[k].comm);
 }
 
@@ -413,6 +416,7 @@ static void test_an_async_error_or_an_abort_fails_every_later_operation(void **s
                      -1);
     assert_true(mono_ms() - t0 < 1000);
     assert_non_null(strstr(err, "NCCL reported an error during all-reduce"));
+    assert_false(tsr_coll_past_deadline(&tsr_coll_nccl, ranks[0].comm));
 
     tsr_coll_nccl.abort(ranks[1].comm, "a newer epoch");
     assert_int_equal(tsr_coll_nccl.allreduce_sum(ranks[1].comm,
@@ -420,6 +424,7 @@ static void test_an_async_error_or_an_abort_fails_every_later_operation(void **s
                                                  5000, err, sizeof err),
                      -1);
     assert_string_equal(err, "a newer epoch");
+    assert_false(tsr_coll_past_deadline(&tsr_coll_nccl, ranks[1].comm));
     for (int k = 0; k < 2; k++) tsr_coll_nccl.destroy(&ranks[k].comm);
 }
 

@@ -147,6 +147,10 @@ static int staged_poll(tsr_comm_t *c, int peer, int timeout_ms, char *err, size_
 }
 static void staged_abort(tsr_comm_t *c, const char *why) { tsr_coll_tcp.abort(c->tcp, why); }
 static int staged_rank(const tsr_comm_t *c) { return tsr_coll_tcp.rank(c->tcp); }
+static bool staged_past_deadline(const tsr_comm_t *c)
+{
+    return tsr_coll_past_deadline(&tsr_coll_tcp, c->tcp);
+}
 static int staged_size(const tsr_comm_t *c) { return tsr_coll_tcp.size(c->tcp); }
 static void staged_destroy(tsr_comm_t **c_p)
 {
@@ -171,4 +175,5 @@ const tsr_coll_ops_t tsr_coll_staged = {
     .rank = staged_rank,
     .size = staged_size,
     .destroy = staged_destroy,
+    .past_deadline = staged_past_deadline,
 };
