@@ -48,11 +48,11 @@ run() (
     local gen=$! rc
     first_token_arrived
     local wedged
-    wedged=$(date '+%H:%M:%S.%3N')
+    wedged=$(date -u '+%H:%M:%S.%3N')   # the daemons log in UTC
     kill -USR1 "${WPID[$victim]}"
     wait "$gen"; rc=$?
     local ended
-    ended=$(date '+%H:%M:%S.%3N')
+    ended=$(date -u '+%H:%M:%S.%3N')
     local outcome="resumed, 200 tokens"
     # the watchdog may come after a failed request's end
     exited() { ! kill -0 "${WPID[$victim]}" 2> /dev/null; }

@@ -840,8 +840,7 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         return -1;
     path_key(kpath, path, "collective_timeout_ms");
     if (!v[13])
-        d->collective_timeout_ms = d->device == TSR_DEVICE_CUDA ? TSR_COLL_TIMEOUT_MS_CUDA_DEFAULT
-                                                                : TSR_COLL_TIMEOUT_MS_DEFAULT;
+        d->collective_timeout_ms = tsr_coll_timeout_default(d->device);
     else if (get_int_range(c, v[13], kpath, TSR_COLL_TIMEOUT_MS_MIN, TSR_COLL_TIMEOUT_MS_MAX,
                            &d->collective_timeout_ms) < 0)
         return -1;

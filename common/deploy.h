@@ -9,9 +9,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* collective_timeout_ms: its range and default.  The worker falls back on
- * the default for an assignment that carries none, and its watchdog uses it
- * while no deployment's value applies. */
+/* collective_timeout_ms: its range and defaults.  The worker falls back on
+ * the device's default for an assignment that carries none, and its
+ * watchdog uses the cpu one while no deployment's value applies. */
 #define TSR_COLL_TIMEOUT_MS_MIN 100
 #define TSR_COLL_TIMEOUT_MS_MAX 3600000
 #define TSR_COLL_TIMEOUT_MS_DEFAULT 30000       /* device: cpu */
@@ -29,6 +29,11 @@ typedef enum { TSR_DEVICE_CPU = 0, TSR_DEVICE_CUDA = 1 } tsr_device_t;
 
 /* "cpu" / "cuda"; never NULL. */
 const char *tsr_device_name(tsr_device_t d);
+/* collective_timeout_ms when a deployment sets none: by its device. */
+static inline int tsr_coll_timeout_default(tsr_device_t d)
+{
+    return d == TSR_DEVICE_CUDA ? TSR_COLL_TIMEOUT_MS_CUDA_DEFAULT : TSR_COLL_TIMEOUT_MS_DEFAULT;
+}
 /* 0 and *out set on success, -1 on an unknown name. */
 int tsr_device_parse(const char *s, tsr_device_t *out);
 
@@ -73,7 +78,8 @@ typedef struct {
                              256; 0: refuse when the batch is full */
     int collective_timeout_ms; /* the deadline of one tensor-parallel operation
                                   (all-reduce, all-gather), 100..3600000, default
-                                  30000; pipeline hand-offs and a step's tokens
+                                  10000 on cuda, 30000 on cpu (set at parse time,
+                                  tsr_coll_timeout_default); pipeline hand-offs and a step's tokens
                                   wait twice that.  A worker whose data plane
                                   does not let go of an epoch within it is stuck:
                                   it reports itself dead and exits */

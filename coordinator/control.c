@@ -95,7 +95,7 @@ static void dep_summarise(tsr_coord_t *c, size_t i, int64_t now, dep_summary_t *
         int nw = tsr_coord_waited_for_text(c, d, mending->piece.key.replica, waited,
                                            sizeof waited);
         snprintf(sum->message, sizeof sum->message,
-                 "%d of %d pieces ready; replica %d is being rewired after: %s%s%s%s", sum->ready,
+                 "%d of %d pieces ready; replica %d is being rewired after: %.400s%s%s%s", sum->ready,
                  sum->total, mending->piece.key.replica, mending->reason,
                  nw ? "; its tensor-parallel group waited for " : "", waited,
                  nw ? ", which reported no failure" : "");

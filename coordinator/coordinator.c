@@ -683,34 +683,60 @@ static void touch(touched_t *t, int di, int replica)
     t->replica[t->n++] = replica;
 }
 
-bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w)
+/* w, one of the replica's members m, is ready while every other member of
+ * its stage has reported a failure in its epoch, one at least that the
+ * group's operation passed its deadline.  Until all have, a member that is
+ * only slower to report is not told from the one they waited for. */
+static bool stage_waited_for(tsr_worker_t *const *m, size_t n, const tsr_worker_t *w)
 {
     if (!w->has_piece || w->state != TSR_W_READY) return false;
+    bool deadline = false;
+    for (size_t i = 0; i < n; i++) {
+        const tsr_worker_t *o = m[i];
+        if (o == w || o->piece.key.stage != w->piece.key.stage) continue;
+        if (o->piece.epoch != w->piece.epoch || o->state != TSR_W_FAILED) return false;
+        deadline |= o->past_deadline;
+    }
+    return deadline;
+}
+
+bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w)
+{
+    if (!w->has_piece) return false;
     size_t n;
     tsr_worker_t *const *m =
         tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
-    for (size_t i = 0; i < n; i++)
-        if (m[i] != w && m[i]->piece.key.stage == w->piece.key.stage &&
-            m[i]->piece.epoch == w->piece.epoch && m[i]->state == TSR_W_FAILED &&
-            m[i]->past_deadline)
-            return true;
-    return false;
+    if (!stage_waited_for(m, n, w)) return false;
+    /* In a pipeline a rank held up by a hand-off with its neighbour (the
+     * same tp rank in the stage before or after) looks the same to its own
+     * group: where that neighbour is gone or is itself waited for, which of
+     * the two held things up is not known, and neither is named. */
+    for (int s = w->piece.key.stage - 1; s <= w->piece.key.stage + 1; s += 2) {
+        if (s < 0 || s >= w->piece.key.pp_size) continue;
+        const tsr_worker_t *nb = NULL;
+        for (size_t i = 0; i < n && !nb; i++)
+            if (m[i]->piece.key.stage == s && m[i]->piece.key.tp == w->piece.key.tp) nb = m[i];
+        if (!nb || nb->piece.epoch != w->piece.epoch || stage_waited_for(m, n, nb)) return false;
+    }
+    return true;
 }
 
 int tsr_coord_waited_for_text(tsr_coord_t *c, const tsr_deployment_t *d, int replica, char *buf,
                               size_t len)
 {
+    enum { NAMED = 4 };   /* then "and N more": the text stays short */
     int count = 0;
     size_t at = 0;
     if (len) buf[0] = '\0';
     for (int k = 0; k < d->pipeline * d->tensor; k++) {
         tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, replica, d->tensor, d->pipeline, k);
         if (!w || !tsr_coord_waited_for(c, w)) continue;
-        if (at < len)
+        if (count < NAMED && at < len)
             at += (size_t)snprintf(buf + at, len - at, "%s%s (stage %d tp %d)", count ? ", " : "",
                                    w->name, w->piece.key.stage, w->piece.key.tp);
         count++;
     }
+    if (count > NAMED && at < len) snprintf(buf + at, len - at, " and %d more", count - NAMED);
     return count;
 }
 
@@ -720,7 +746,8 @@ static void rewire(tsr_coord_t *c, int di, int replica)
     char waited[512];
     if (tsr_coord_waited_for_text(c, d, replica, waited, sizeof waited))
         tsr_warn("deployment %s replica %d: its tensor-parallel group waited past "
-                 "collective_timeout_ms for %s, which reported no failure: the rank that stalled",
+                 "collective_timeout_ms for %s, which reported no failure while the group's "
+                 "other ranks did",
                  d->name, replica, waited);
     tsr_requests_move_replica(c, d->name, replica, "the replica was rewired for a new plan");
     /* One peer list serves every member. */
@@ -1170,8 +1197,9 @@ static bool pci_bus_id_ok(const char *s)
  * current deployments and nobody else holds it.  Returns NULL on success or
  * the reason it was not adopted. */
 static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
-                             char *why, size_t len)
+                             bool *resend, char *why, size_t len)
 {
+    *resend = false;
     int di = dep_index(c, a->deployment);
     if (di < 0) return "its deployment is not in the current configuration";
     const tsr_deployment_t *d = &c->cfg->deployments[di];
@@ -1187,6 +1215,13 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     Tessera__Assignment held = *a;
     held.kv_dtype = (uint32_t)tsr_kv_dtype_on(d->device, (int)a->kv_dtype);
     held.matmul_dtype = (uint32_t)tsr_kv_dtype_on(d->device, (int)a->matmul_dtype);
+    /* Keys the weights and the KV pool do not depend on are adopted and sent
+     * again (a rewire, which keeps the weights): a coordinator upgraded to
+     * another default, or a file edited meanwhile, reloads nothing for them. */
+    *resend = held.max_queue != (uint32_t)d->max_queue ||
+              held.collective_timeout_ms != (uint32_t)d->collective_timeout_ms;
+    held.max_queue = (uint32_t)d->max_queue;
+    held.collective_timeout_ms = (uint32_t)d->collective_timeout_ms;
     if (assignment_differs(d, &held, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */
@@ -1383,7 +1418,8 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
 
     if (r->assignment) {
         char why[256];
-        const char *no = try_adopt(c, w, r->assignment, why, sizeof why);
+        bool resend;
+        const char *no = try_adopt(c, w, r->assignment, &resend, why, sizeof why);
         /* Epochs only grow across restarts even when the layout changed and
          * nothing is adopted: a piece's epoch raises the coordinator's
          * (within the step a forged one is allowed). */
@@ -1404,17 +1440,18 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             if (w->state == TSR_W_FAILED) {
                 snprintf(w->reason, sizeof w->reason, "%s", r->reason);
                 w->retryable = r->retryable;
-                w->past_deadline = false;
+                w->past_deadline = r->retryable && r->past_deadline;
                 schedule_retry(c, w, now);
             }
             /* Its replica was rewired in a newer epoch while it was cut off:
              * the others formed (or wait to form) without it.  The replica
-             * is rewired again, with it. */
+             * is rewired again, with it; so is one whose max_queue or
+             * collective_timeout_ms the file now sets otherwise. */
             size_t n;
             tsr_worker_t *const *m =
                 tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
             for (size_t i = 0; i < n; i++) {
-                if (m[i]->piece.epoch == w->piece.epoch) continue;
+                if (m[i]->piece.epoch == w->piece.epoch && !resend) continue;
                 touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
                 c->dirty = true;
                 break;

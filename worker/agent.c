@@ -99,6 +99,7 @@ static void send_register(tsr_agent_t *a)
         if (a->state == TESSERA__WORKER_STATE__STATE_FAILED) {
             r.reason = a->reason;
             r.retryable = a->retryable;
+            r.past_deadline = a->past_deadline;
         }
     }
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -221,7 +222,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     if (tsr_agent_check_piece(&a->piece, err, sizeof err) < 0) {
         a->state = TESSERA__WORKER_STATE__STATE_FAILED;
         snprintf(a->reason, sizeof a->reason, "%s", err);
-        a->retryable = false;
+        a->retryable = a->past_deadline = false;
         tsr_error("cannot load %s r%u s%u t%u: %s", a->deployment, as->replica, as->stage,
                   as->tp_rank, err);
         send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false, false, false);
@@ -334,10 +335,11 @@ static void drain_executor(tsr_agent_t *a)
             a->state = TESSERA__WORKER_STATE__STATE_FAILED;
             snprintf(a->reason, sizeof a->reason, "%s", ev.text);
             a->retryable = ev.retryable && !ev.fatal;
+            a->past_deadline = ev.past_deadline && a->retryable;
             tsr_error("%s r%u s%u t%u failed: %s", a->deployment, a->piece.replica,
                       a->piece.stage, a->piece.tp_rank, ev.text);
             send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, ev.fatal, ev.retryable,
-                           ev.past_deadline && !ev.fatal);
+                           a->past_deadline);
         }
     }
 }

@@ -42,6 +42,7 @@ typedef struct {
     Tessera__Assignment piece;    /* strings point at the buffers above */
     char reason[512];
     bool retryable;               /* state failed: rewiring may mend it (Failed.retryable) */
+    bool past_deadline;           /* ...because its TP group passed a deadline (Failed.past_deadline) */
 
     tsr_executor_t *ex;           /* the data plane; NULL: only the config check (tests) */
 

@@ -69,7 +69,7 @@ typedef struct {
     /* The stage's TP communicator (NULL when tp_size is 1), replaced after
      * the replica is rewired for a new epoch; the weights and pool stay.
      * timeout_ms: the deadline of each of its operations (the deployment's
-     * collective_timeout_ms; <= 0: TSR_COLL_TIMEOUT_MS_DEFAULT). */
+     * collective_timeout_ms; <= 0: the engine device's default, tsr_coll_timeout_default). */
     void (*set_comm)(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t *tp,
                      int timeout_ms);
     /* The hidden state entering (0) or leaving (1) the piece: max_tokens rows

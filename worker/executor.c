@@ -802,13 +802,13 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->max_batch = (int)as->max_batch;
     j->prefill_chunk = (int)as->prefill_chunk;
     j->max_queue = (int)as->max_queue;
-    j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= TSR_COLL_TIMEOUT_MS_MAX
-                     ? (int)as->collective_timeout_ms
-                     : TSR_COLL_TIMEOUT_MS_DEFAULT;
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
     j->matmul_dtype = as->matmul_dtype > INT_MAX ? INT_MAX : (int)as->matmul_dtype;
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
+    j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= TSR_COLL_TIMEOUT_MS_MAX
+                     ? (int)as->collective_timeout_ms
+                     : tsr_coll_timeout_default(j->device);
     j->n_peers = as->n_peers < MAX_PEERS ? (int)as->n_peers : MAX_PEERS;
     for (int i = 0; i < j->n_peers; i++) {
         snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);

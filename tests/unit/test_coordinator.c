@@ -64,6 +64,7 @@ static bool reg_nccl;           /* the fake workers say they can use NCCL */
 static char *reg_links[8][2];   /* each fake worker's NVLink peers (NULL: none) */
 static const char *reg_reason;  /* a held failed piece: why, and whether rewiring may mend it */
 static bool reg_retryable;
+static bool reg_past_deadline;  /* ...and whether it was a deadline */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -212,6 +213,7 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     r.state = held_state;
     if (reg_reason) r.reason = (char *)reg_reason;
     r.retryable = reg_retryable;
+    r.past_deadline = reg_past_deadline;
     if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
     r.nccl = reg_nccl;
     r.nvlink_peers = reg_links[i];
@@ -951,6 +953,39 @@ static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void *
         tsr_env_free(&env);
         assert_false(tsr_registry_find(fx->c->reg, name)->has_piece);
     }
+}
+
+/* A piece given another collective_timeout_ms or max_queue (a coordinator
+ * whose default changed, a file edited while it was down) is adopted, not
+ * reloaded: the weights do not depend on them.  Its replica is then sent
+ * the file's values in a new epoch. */
+static void test_a_piece_with_another_timeout_or_queue_is_adopted_and_sent_the_files(void **state)
+{
+    fx_t *fx = *state;
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    a.collective_timeout_ms = 10000;
+    a.max_queue = 100;
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_true(w->has_piece);
+    assert_int_equal(w->piece.epoch, 7);
+
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
+    Tessera__Assignment *got = env->assign->assignment;
+    assert_true(got->epoch > 7);
+    assert_int_equal(got->stage, 1);
+    assert_int_equal(got->tp_rank, 1);
+    assert_int_equal(got->collective_timeout_ms, 30000);
+    assert_int_equal(got->max_queue, 256);
+    tsr_env_free(&env);
+    assert_true(w->has_piece);
 }
 
 /* ---- status document ------------------------------------------------------------------ */
@@ -2589,13 +2624,15 @@ static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing
     pump(fx);
     for (int t = 0; t < 4; t++) assert_false(waited_for(fx, m[t]));
 
-    for (int t = 1; t < 4; t += 2)
+    /* until every other member has reported, one only slower to report is not told apart */
+    for (int t = 1; t < 4; t += 2) {
         send_failed_full(fx, m[t], fx->piece[m[t]].epoch,
                          "data plane: NCCL all-reduce (rank 1 of 4, epoch 3) did not complete "
                          "within 1000 ms: one of the other 3 ranks is dead or stalled",
                          false, true, true);
-    pump(fx);
-    for (int t = 0; t < 4; t++) assert_int_equal(waited_for(fx, m[t]), t == 2);
+        pump(fx);
+        for (int u = 0; u < 4; u++) assert_int_equal(waited_for(fx, m[u]), t == 3 && u == 2);
+    }
     json_t *root = status(fx);
     const char *msg = json_string_value(
         json_object_get(json_array_get(json_object_get(root, "deployments"), 0), "message"));
@@ -2610,6 +2647,69 @@ static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing
     tsr_coord_tick(fx->c, plan_time(fx));
     pump(fx);
     for (int t = 0; t < 4; t++) assert_false(waited_for(fx, m[t]));
+}
+
+/* In a pipeline the mark is for a stage's own group: tp=2 pp=2, stage 1's
+ * rank 0 reports a deadline and its rank 1 is marked, stage 0 is not.  When
+ * stage 0's rank 1, the hand-off neighbour of stage 1's rank 1, is also
+ * one its group waited for, either may have held the other up (a rank
+ * blocked on a pipeline hand-off looks the same to its group): neither is
+ * marked. */
+static void test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    pieces_ready(fx);
+    int m[2][2] = {{-1, -1}, {-1, -1}};   /* [stage][tp] */
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) m[fx->piece[i].stage][fx->piece[i].tp_rank] = i;
+    send_failed_full(fx, m[1][0], fx->piece[m[1][0]].epoch, "data plane: deadline", false, true,
+                     true);
+    pump(fx);
+    assert_true(waited_for(fx, m[1][1]));
+    assert_false(waited_for(fx, m[0][0]));
+    assert_false(waited_for(fx, m[0][1]));
+    send_failed_full(fx, m[0][0], fx->piece[m[0][0]].epoch, "data plane: deadline", false, true,
+                     true);
+    pump(fx);
+    assert_false(waited_for(fx, m[1][1]));
+    assert_false(waited_for(fx, m[0][1]));
+}
+
+/* A coordinator restarted before it rewired learns of a deadline from the
+ * registrations (Register.past_deadline): the member of the stage that
+ * reported nothing is marked. */
+static void test_a_fresh_coordinator_marks_from_the_registrations(void **state)
+{
+    fx_t *fx = *state;
+    for (int k = 0; k < 4; k++) {
+        int s = k / 2, t = k % 2;
+        Tessera__Assignment a;
+        held_piece(&a, s ? 4 : 0, s ? 8 : 4);
+        a.stage = (uint32_t)s;
+        a.tp_rank = (uint32_t)t;
+        bool failed = s == 1 && t == 0;
+        reg_reason = failed ? "data plane: NCCL all-reduce (rank 0 of 2, epoch 7) did not "
+                              "complete within 30000 ms: rank 1 is dead or stalled"
+                            : NULL;
+        reg_retryable = reg_past_deadline = failed;
+        char name[8];
+        snprintf(name, sizeof name, "w%d", k);
+        send_register(fx, k, name, "node0", TSR_PROTOCOL_VERSION, &a,
+                      failed ? TESSERA__WORKER_STATE__STATE_FAILED
+                             : TESSERA__WORKER_STATE__STATE_READY);
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->adopted);
+        tsr_env_free(&env);
+    }
+    reg_reason = NULL;
+    reg_retryable = reg_past_deadline = false;
+    for (int k = 0; k < 4; k++) {
+        char name[8];
+        snprintf(name, sizeof name, "w%d", k);
+        assert_int_equal(tsr_coord_waited_for(fx->c, tsr_registry_find(fx->c->reg, name)), k == 3);
+    }
 }
 
 /* The rewiring backoff starts over once the replica it mended is whole
@@ -2992,6 +3092,7 @@ int main(void)
         T(test_a_fresh_coordinator_rewires_an_adopted_failed_piece),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
         T(test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys),
+        T(test_a_piece_with_another_timeout_or_queue_is_adopted_and_sent_the_files),
         T(test_status_json_has_the_documented_fields),
         T(test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat),
         T(test_a_heartbeat_with_a_nan_or_infinite_load_keeps_the_status_valid_json),
@@ -3003,6 +3104,8 @@ int main(void)
         T(test_a_mended_replica_resets_the_rewiring_backoff),
         T(test_a_data_plane_failure_after_ready_is_degraded_not_failed),
         T(test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing),
+        T(test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off),
+        T(test_a_fresh_coordinator_marks_from_the_registrations),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),

@@ -1605,7 +1605,7 @@ static void cuda_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t
 {
     e->ops = ops;
     e->tp = tp;
-    e->coll_ms = timeout_ms > 0 ? timeout_ms : TSR_COLL_TIMEOUT_MS_DEFAULT;
+    e->coll_ms = timeout_ms > 0 ? timeout_ms : TSR_COLL_TIMEOUT_MS_CUDA_DEFAULT;
 }
 
 static tsr_buf_t cuda_hidden(tsr_engine_t *e, int which)
