@@ -684,20 +684,24 @@ static void touch(touched_t *t, int di, int replica)
 }
 
 /* w, one of the replica's members m, is ready while every other member of
- * its stage has reported a failure in its epoch, one at least that the
- * group's operation passed its deadline.  Until all have, a member that is
- * only slower to report is not told from the one they waited for. */
+ * its stage (all tp_size - 1 of them: one dead or not yet registered holds
+ * no piece and is not among m) has reported a failure in its epoch, one at
+ * least that the group's operation passed its deadline.  Until all have, a
+ * member that is only slower to report is not told from the one they
+ * waited for. */
 static bool stage_waited_for(tsr_worker_t *const *m, size_t n, const tsr_worker_t *w)
 {
     if (!w->has_piece || w->state != TSR_W_READY) return false;
     bool deadline = false;
+    int reported = 0;
     for (size_t i = 0; i < n; i++) {
         const tsr_worker_t *o = m[i];
         if (o == w || o->piece.key.stage != w->piece.key.stage) continue;
         if (o->piece.epoch != w->piece.epoch || o->state != TSR_W_FAILED) return false;
         deadline |= o->past_deadline;
+        reported++;
     }
-    return deadline;
+    return deadline && reported == w->piece.key.tp_size - 1;
 }
 
 bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w)
@@ -1445,16 +1449,25 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             }
             /* Its replica was rewired in a newer epoch while it was cut off:
              * the others formed (or wait to form) without it.  The replica
-             * is rewired again, with it; so is one whose max_queue or
-             * collective_timeout_ms the file now sets otherwise. */
+             * is rewired again, with it. */
             size_t n;
             tsr_worker_t *const *m =
                 tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
+            bool whole_and_ready = n == (size_t)w->piece.key.tp_size * (size_t)w->piece.key.pp_size;
             for (size_t i = 0; i < n; i++) {
-                if (m[i]->piece.epoch == w->piece.epoch && !resend) continue;
+                whole_and_ready &= m[i]->piece.epoch == w->piece.epoch && m[i]->state == TSR_W_READY;
+                if (m[i]->piece.epoch == w->piece.epoch) continue;
                 touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
                 c->dirty = true;
                 break;
+            }
+            /* New keys for a replica that serves: sent once every member is
+             * back and ready (rewiring one still missing a member would stop
+             * it until then; a failed one is rewired, or sent its piece
+             * again, by its own path, with the file's keys). */
+            if (resend && whole_and_ready) {
+                touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+                c->dirty = true;
             }
         } else {
             tsr_info("worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",

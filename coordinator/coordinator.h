@@ -244,11 +244,13 @@ void tsr_coord_stop_flag(volatile sig_atomic_t *flag);
 tsr_worker_t *tsr_coord_ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r);
 /* The state of the deployment with that name, or NULL. */
 tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
-/* True when w's tensor-parallel group waited for it: w is ready while a
- * member of its stage in the same epoch reported that a group operation
- * passed its deadline (Failed.past_deadline).  The other ranks' failures
- * name no one in a group of more than two; the one that reported nothing
- * is the one they waited for. */
+/* True when w's tensor-parallel group waited for it: w is ready while every
+ * other member of its stage has reported a failure in the same epoch, one
+ * at least that a group operation passed its deadline (Failed.past_deadline),
+ * and its pipeline hand-off neighbours (the same tp rank in the adjacent
+ * stages) are there, in its epoch, and not so marked themselves.  The other
+ * ranks' failures name no one in a group of more than two; the one that
+ * reported nothing is the one they waited for. */
 bool tsr_coord_waited_for(tsr_coord_t *c, const tsr_worker_t *w);
 /* "g1 (stage 0 tp 1), g5 (stage 1 tp 0)": the members of deployment d's
  * replica their groups waited for, into buf ("" none); how many. */

@@ -24,3 +24,27 @@ wait_until 5 planned || fail "the new coordinator never planned"
 [ "$(status_json | jget "d['coordinator']['epoch'] >= $epoch_before")" = true ] || fail "epoch went backwards"
 grep -q "adopted worker" "$T/coordinator.log" || fail "no adoption logged"
 ok "re-attached in $took ms with the same placement"
+
+# A coordinator that comes back with another collective_timeout_ms (an
+# upgrade whose default changed, or the file edited while it was down)
+# adopts the pieces all the same, then rewires the replica with the file's
+# value once every member is back: a new epoch, the same placement, and no
+# weights loaded again (each worker's engine is made once).
+sed -i 's/^    max_seq_len: 256$/    max_seq_len: 256\n    collective_timeout_ms: 20000/' "$T/d.yaml"
+grep -q "collective_timeout_ms: 20000" "$T/d.yaml" || fail "could not edit the file"
+epoch_before=$(status_json | jget "d['coordinator']['epoch']")
+kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null
+start_coord "$T/d.yaml"
+names() { status_json | jget "sorted((w['name'], w['assignment'] and [w['assignment'][k] for k in ('deployment','replica','stage','tp')]) for w in d['workers'])"; }
+rewired() {
+    all_ready && [ "$(status_json | jget "d['deployments'][0]['collective_timeout_ms'] == 20000 and min(r['epoch'] for s in d['deployments'][0]['replica_list'][0]['stages'] for r in s['ranks']) > $epoch_before")" = true ]
+}
+wait_until 10 rewired || fail "the replica was not rewired with the new collective_timeout_ms: $(status_json | head -c 600)"
+[ "$(names)" = "$(echo "$before" | python3 -c 'import json,sys; print(json.dumps(sorted((n, a and a[:4]) for n, a in json.load(sys.stdin))))')" ] ||
+    fail "pieces moved: $(names)"
+for i in 0 1 2 3 4; do
+    n=$(grep -c "cpu engine: " "$T/w$i.log")
+    [ "$n" -le 1 ] || fail "w$i loaded its weights $n times"
+done
+grep -q "not adopted" "$T/coordinator.log" && fail "a piece was not adopted: $(grep 'not adopted' "$T/coordinator.log" | head -1)"
+ok "with collective_timeout_ms changed meanwhile: adopted, rewired in a new epoch with the file's value, no weights reloaded"

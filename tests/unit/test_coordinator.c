@@ -957,35 +957,45 @@ static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void *
 
 /* A piece given another collective_timeout_ms or max_queue (a coordinator
  * whose default changed, a file edited while it was down) is adopted, not
- * reloaded: the weights do not depend on them.  Its replica is then sent
- * the file's values in a new epoch. */
+ * reloaded: the weights do not depend on them.  Once every member of its
+ * replica is back and ready, the replica is sent the file's values in a new
+ * epoch; while one is missing it is left serving. */
 static void test_a_piece_with_another_timeout_or_queue_is_adopted_and_sent_the_files(void **state)
 {
     fx_t *fx = *state;
-    Tessera__Assignment a;
-    held_piece(&a, 4, 8);
-    a.collective_timeout_ms = 10000;
-    a.max_queue = 100;
-    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
-                  TESSERA__WORKER_STATE__STATE_READY);
-    pump(fx);
-    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
-    assert_true(env->register_reply->adopted);
-    tsr_env_free(&env);
-    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
-    assert_true(w->has_piece);
-    assert_int_equal(w->piece.epoch, 7);
-
+    for (int k = 0; k < 4; k++) {
+        int s = k / 2, t = k % 2;
+        Tessera__Assignment a;
+        held_piece(&a, s ? 4 : 0, s ? 8 : 4);
+        a.stage = (uint32_t)s;
+        a.tp_rank = (uint32_t)t;
+        a.collective_timeout_ms = 10000;
+        a.max_queue = 100;
+        char name[8];
+        snprintf(name, sizeof name, "w%d", k);
+        send_register(fx, k, name, "node0", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->adopted);
+        tsr_env_free(&env);
+        assert_int_equal(tsr_registry_find(fx->c->reg, name)->piece.epoch, 7);
+        if (k == 2) {   /* one member still missing: nothing is sent yet */
+            tsr_coord_tick(fx->c, tsr_now_ms());
+            for (int i = 0; i <= k; i++) expect_nothing(fx->dealer[i], 30);
+        }
+    }
     tsr_coord_tick(fx->c, tsr_now_ms());
-    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
-    Tessera__Assignment *got = env->assign->assignment;
-    assert_true(got->epoch > 7);
-    assert_int_equal(got->stage, 1);
-    assert_int_equal(got->tp_rank, 1);
-    assert_int_equal(got->collective_timeout_ms, 30000);
-    assert_int_equal(got->max_queue, 256);
-    tsr_env_free(&env);
-    assert_true(w->has_piece);
+    for (int k = 0; k < 4; k++) {
+        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_ASSIGN);
+        Tessera__Assignment *got = env->assign->assignment;
+        assert_true(got->epoch > 7);
+        assert_int_equal(got->stage, (uint32_t)(k / 2));
+        assert_int_equal(got->tp_rank, (uint32_t)(k % 2));
+        assert_int_equal(got->collective_timeout_ms, 30000);
+        assert_int_equal(got->max_queue, 256);
+        tsr_env_free(&env);
+    }
 }
 
 /* ---- status document ------------------------------------------------------------------ */
@@ -2676,6 +2686,46 @@ static void test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off(
     assert_false(waited_for(fx, m[0][1]));
 }
 
+/* A member gone (its worker declared dead: no piece, as one not yet
+ * registered) is not one that reported: with it missing, the member that
+ * has not reported yet is not marked.  tp=4: ranks 0 and 1 report a
+ * deadline, rank 3's worker dies; rank 2 stays unmarked. */
+static void test_no_mark_while_a_member_of_the_stage_is_gone(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 4\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);
+    cluster_up(fx);
+    pieces_ready(fx);
+    int m[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) m[fx->piece[i].tp_rank] = i;
+    for (int t = 0; t < 2; t++)
+        send_failed_full(fx, m[t], fx->piece[m[t]].epoch, "data plane: deadline", false, true,
+                         true);
+    send_failed(fx, m[3], fx->piece[m[3]].epoch, "fatal device error: ECC", true);
+    pump(fx);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[m[3]])->has_piece);
+    assert_false(waited_for(fx, m[2]));
+}
+
+/* tp=2 pp=2: stage 1's rank 1 is not marked while its hand-off neighbour,
+ * stage 0's rank 1, is gone (it may be what held rank 1 up). */
+static void test_no_mark_while_a_hand_off_neighbour_is_gone(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    pieces_ready(fx);
+    int p[2][2] = {{-1, -1}, {-1, -1}};   /* [stage][tp] */
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) p[fx->piece[i].stage][fx->piece[i].tp_rank] = i;
+    send_failed(fx, p[0][1], fx->piece[p[0][1]].epoch, "fatal device error: ECC", true);
+    send_failed_full(fx, p[1][0], fx->piece[p[1][0]].epoch, "data plane: deadline", false, true,
+                     true);
+    pump(fx);
+    assert_false(waited_for(fx, p[1][1]));
+}
+
 /* A coordinator restarted before it rewired learns of a deadline from the
  * registrations (Register.past_deadline): the member of the stage that
  * reported nothing is marked. */
@@ -3106,6 +3156,8 @@ int main(void)
         T(test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing),
         T(test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off),
         T(test_a_fresh_coordinator_marks_from_the_registrations),
+        T(test_no_mark_while_a_member_of_the_stage_is_gone),
+        T(test_no_mark_while_a_hand_off_neighbour_is_gone),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),
