@@ -955,6 +955,25 @@ static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void *
     }
 }
 
+/* The piece of stage s, tp rank t in the default tp=2 pp=2 layout, as a
+ * worker holding it since epoch 7 reports it. */
+static void held_piece_at(Tessera__Assignment *a, int s, int t)
+{
+    held_piece(a, s ? 4 : 0, s ? 8 : 4);
+    a->stage = (uint32_t)s;
+    a->tp_rank = (uint32_t)t;
+}
+
+/* Fake worker i registers holding a in state st; its piece must be adopted. */
+static void register_adopted(fx_t *fx, int i, Tessera__Assignment *a, Tessera__WorkerState st)
+{
+    send_register(fx, i, fx->name[i], "node0", TSR_PROTOCOL_VERSION, a, st);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->adopted);
+    tsr_env_free(&env);
+}
+
 /* A piece given another collective_timeout_ms or max_queue (a coordinator
  * whose default changed, a file edited while it was down) is adopted, not
  * reloaded: the weights do not depend on them.  Once every member of its
@@ -964,22 +983,12 @@ static void test_a_piece_with_another_timeout_or_queue_is_adopted_and_sent_the_f
 {
     fx_t *fx = *state;
     for (int k = 0; k < 4; k++) {
-        int s = k / 2, t = k % 2;
         Tessera__Assignment a;
-        held_piece(&a, s ? 4 : 0, s ? 8 : 4);
-        a.stage = (uint32_t)s;
-        a.tp_rank = (uint32_t)t;
+        held_piece_at(&a, k / 2, k % 2);
         a.collective_timeout_ms = 10000;
         a.max_queue = 100;
-        char name[8];
-        snprintf(name, sizeof name, "w%d", k);
-        send_register(fx, k, name, "node0", TSR_PROTOCOL_VERSION, &a,
-                      TESSERA__WORKER_STATE__STATE_READY);
-        pump(fx);
-        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
-        assert_true(env->register_reply->adopted);
-        tsr_env_free(&env);
-        assert_int_equal(tsr_registry_find(fx->c->reg, name)->piece.epoch, 7);
+        register_adopted(fx, k, &a, TESSERA__WORKER_STATE__STATE_READY);
+        assert_int_equal(tsr_registry_find(fx->c->reg, fx->name[k])->piece.epoch, 7);
         if (k == 2) {   /* one member still missing: nothing is sent yet */
             tsr_coord_tick(fx->c, tsr_now_ms());
             for (int i = 0; i <= k; i++) expect_nothing(fx->dealer[i], 30);
@@ -2602,6 +2611,32 @@ static void test_a_data_plane_failure_after_ready_is_degraded_not_failed(void **
     json_decref(root);
 }
 
+/* The cluster up and every piece ready, in layout lay (NULL: the fixture's
+ * tp=2 pp=2); at[stage * tp + tp rank] = the fake worker holding it. */
+static void ready_by_place(fx_t *fx, const char *lay, int *at, int pieces)
+{
+    if (lay) {
+        layout = lay;
+        reconfigure(fx, NULL);
+    }
+    cluster_up(fx);
+    pieces_ready(fx);
+    for (int k = 0; k < pieces; k++) at[k] = -1;
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i])
+            at[fx->piece[i].stage * (int)fx->piece[i].tp_size + fx->piece[i].tp_rank] = i;
+    for (int k = 0; k < pieces; k++) assert_int_not_equal(at[k], -1);
+}
+
+/* Fake worker i reports that its group's operation passed its deadline. */
+static void send_deadline(fx_t *fx, int i, const char *reason)
+{
+    send_failed_full(fx, i, fx->piece[i].epoch, reason ? reason : "data plane: deadline", false,
+                     true, true);
+}
+
+#define TP4 "      tensor: 4\n      pipeline: 1\n      replicas: 1\n"
+
 /* Whether worker i's rank is marked as the one its group waited for. */
 static bool waited_for(fx_t *fx, int i)
 {
@@ -2620,14 +2655,8 @@ static bool waited_for(fx_t *fx, int i)
 static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing(void **state)
 {
     fx_t *fx = *state;
-    layout = "      tensor: 4\n      pipeline: 1\n      replicas: 1\n";
-    reconfigure(fx, NULL);
-    cluster_up(fx);
-    pieces_ready(fx);
-    int m[4] = {-1, -1, -1, -1};
-    for (int i = 0; i < NW; i++)
-        if (fx->holds[i]) m[fx->piece[i].tp_rank] = i;
-    for (int t = 0; t < 4; t++) assert_int_not_equal(m[t], -1);
+    int m[4];
+    ready_by_place(fx, TP4, m, 4);
 
     send_failed_full(fx, m[0], fx->piece[m[0]].epoch,
                      "data plane: connection to rank 2 (127.0.0.1:1) closed", false, true, false);
@@ -2636,10 +2665,9 @@ static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing
 
     /* until every other member has reported, one only slower to report is not told apart */
     for (int t = 1; t < 4; t += 2) {
-        send_failed_full(fx, m[t], fx->piece[m[t]].epoch,
-                         "data plane: NCCL all-reduce (rank 1 of 4, epoch 3) did not complete "
-                         "within 1000 ms: one of the other 3 ranks is dead or stalled",
-                         false, true, true);
+        send_deadline(fx, m[t],
+                      "data plane: NCCL all-reduce (rank 1 of 4, epoch 3) did not complete "
+                      "within 1000 ms: one of the other 3 ranks is dead or stalled");
         pump(fx);
         for (int u = 0; u < 4; u++) assert_int_equal(waited_for(fx, m[u]), t == 3 && u == 2);
     }
@@ -2668,19 +2696,14 @@ static void test_the_rank_a_tp_group_waited_for_is_the_one_that_reported_nothing
 static void test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off(void **state)
 {
     fx_t *fx = *state;
-    cluster_up(fx);
-    pieces_ready(fx);
-    int m[2][2] = {{-1, -1}, {-1, -1}};   /* [stage][tp] */
-    for (int i = 0; i < NW; i++)
-        if (fx->holds[i]) m[fx->piece[i].stage][fx->piece[i].tp_rank] = i;
-    send_failed_full(fx, m[1][0], fx->piece[m[1][0]].epoch, "data plane: deadline", false, true,
-                     true);
+    int m[2][2];   /* [stage][tp] */
+    ready_by_place(fx, NULL, &m[0][0], 4);
+    send_deadline(fx, m[1][0], NULL);
     pump(fx);
     assert_true(waited_for(fx, m[1][1]));
     assert_false(waited_for(fx, m[0][0]));
     assert_false(waited_for(fx, m[0][1]));
-    send_failed_full(fx, m[0][0], fx->piece[m[0][0]].epoch, "data plane: deadline", false, true,
-                     true);
+    send_deadline(fx, m[0][0], NULL);
     pump(fx);
     assert_false(waited_for(fx, m[1][1]));
     assert_false(waited_for(fx, m[0][1]));
@@ -2693,16 +2716,9 @@ static void test_a_pipeline_marks_only_within_a_stage_and_not_across_a_hand_off(
 static void test_no_mark_while_a_member_of_the_stage_is_gone(void **state)
 {
     fx_t *fx = *state;
-    layout = "      tensor: 4\n      pipeline: 1\n      replicas: 1\n";
-    reconfigure(fx, NULL);
-    cluster_up(fx);
-    pieces_ready(fx);
-    int m[4] = {-1, -1, -1, -1};
-    for (int i = 0; i < NW; i++)
-        if (fx->holds[i]) m[fx->piece[i].tp_rank] = i;
-    for (int t = 0; t < 2; t++)
-        send_failed_full(fx, m[t], fx->piece[m[t]].epoch, "data plane: deadline", false, true,
-                         true);
+    int m[4];
+    ready_by_place(fx, TP4, m, 4);
+    for (int t = 0; t < 2; t++) send_deadline(fx, m[t], NULL);
     send_failed(fx, m[3], fx->piece[m[3]].epoch, "fatal device error: ECC", true);
     pump(fx);
     assert_false(tsr_registry_find(fx->c->reg, fx->name[m[3]])->has_piece);
@@ -2714,14 +2730,10 @@ static void test_no_mark_while_a_member_of_the_stage_is_gone(void **state)
 static void test_no_mark_while_a_hand_off_neighbour_is_gone(void **state)
 {
     fx_t *fx = *state;
-    cluster_up(fx);
-    pieces_ready(fx);
-    int p[2][2] = {{-1, -1}, {-1, -1}};   /* [stage][tp] */
-    for (int i = 0; i < NW; i++)
-        if (fx->holds[i]) p[fx->piece[i].stage][fx->piece[i].tp_rank] = i;
+    int p[2][2];   /* [stage][tp] */
+    ready_by_place(fx, NULL, &p[0][0], 4);
     send_failed(fx, p[0][1], fx->piece[p[0][1]].epoch, "fatal device error: ECC", true);
-    send_failed_full(fx, p[1][0], fx->piece[p[1][0]].epoch, "data plane: deadline", false, true,
-                     true);
+    send_deadline(fx, p[1][0], NULL);
     pump(fx);
     assert_false(waited_for(fx, p[1][1]));
 }
@@ -2733,33 +2745,22 @@ static void test_a_fresh_coordinator_marks_from_the_registrations(void **state)
 {
     fx_t *fx = *state;
     for (int k = 0; k < 4; k++) {
-        int s = k / 2, t = k % 2;
         Tessera__Assignment a;
-        held_piece(&a, s ? 4 : 0, s ? 8 : 4);
-        a.stage = (uint32_t)s;
-        a.tp_rank = (uint32_t)t;
-        bool failed = s == 1 && t == 0;
+        held_piece_at(&a, k / 2, k % 2);
+        bool failed = k == 2;   /* stage 1, tp 0 */
         reg_reason = failed ? "data plane: NCCL all-reduce (rank 0 of 2, epoch 7) did not "
                               "complete within 30000 ms: rank 1 is dead or stalled"
                             : NULL;
         reg_retryable = reg_past_deadline = failed;
-        char name[8];
-        snprintf(name, sizeof name, "w%d", k);
-        send_register(fx, k, name, "node0", TSR_PROTOCOL_VERSION, &a,
-                      failed ? TESSERA__WORKER_STATE__STATE_FAILED
-                             : TESSERA__WORKER_STATE__STATE_READY);
-        pump(fx);
-        tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
-        assert_true(env->register_reply->adopted);
-        tsr_env_free(&env);
+        register_adopted(fx, k, &a,
+                         failed ? TESSERA__WORKER_STATE__STATE_FAILED
+                                : TESSERA__WORKER_STATE__STATE_READY);
     }
     reg_reason = NULL;
     reg_retryable = reg_past_deadline = false;
-    for (int k = 0; k < 4; k++) {
-        char name[8];
-        snprintf(name, sizeof name, "w%d", k);
-        assert_int_equal(tsr_coord_waited_for(fx->c, tsr_registry_find(fx->c->reg, name)), k == 3);
-    }
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(tsr_coord_waited_for(fx->c, tsr_registry_find(fx->c->reg, fx->name[k])),
+                         k == 3);
 }
 
 /* The rewiring backoff starts over once the replica it mended is whole
