@@ -1449,23 +1449,21 @@ static void on_register(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, tsr_
             }
             /* Its replica was rewired in a newer epoch while it was cut off:
              * the others formed (or wait to form) without it.  The replica
-             * is rewired again, with it. */
+             * is rewired again, with it.  New keys for a replica that serves
+             * are sent once every member is back and ready (rewiring one
+             * still missing a member would stop it until then; a failed one
+             * is rewired, or sent its piece again, by its own path, with the
+             * file's keys). */
             size_t n;
             tsr_worker_t *const *m =
                 tsr_registry_replica(c->reg, w->piece.key.deployment, w->piece.key.replica, &n);
-            bool whole_and_ready = n == (size_t)w->piece.key.tp_size * (size_t)w->piece.key.pp_size;
+            bool behind = false,
+                 whole = n == (size_t)w->piece.key.tp_size * (size_t)w->piece.key.pp_size;
             for (size_t i = 0; i < n; i++) {
-                whole_and_ready &= m[i]->piece.epoch == w->piece.epoch && m[i]->state == TSR_W_READY;
-                if (m[i]->piece.epoch == w->piece.epoch) continue;
-                touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
-                c->dirty = true;
-                break;
+                behind |= m[i]->piece.epoch != w->piece.epoch;
+                whole &= m[i]->state == TSR_W_READY;
             }
-            /* New keys for a replica that serves: sent once every member is
-             * back and ready (rewiring one still missing a member would stop
-             * it until then; a failed one is rewired, or sent its piece
-             * again, by its own path, with the file's keys). */
-            if (resend && whole_and_ready) {
+            if (behind || (resend && whole)) {
                 touch(&c->lost, dep_index(c, w->piece.key.deployment), w->piece.key.replica);
                 c->dirty = true;
             }

@@ -109,8 +109,10 @@ static void send_register(tsr_agent_t *a)
     send_env(a, &env);
 }
 
+/* A Progress, Ready or Failed about the piece held; a Failed says what the
+ * agent's state says of it (retryable, past_deadline), and whether fatal. */
 static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, const char *text,
-                           bool fatal, bool retryable, bool past_deadline)
+                           bool fatal)
 {
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
     Tessera__Progress p = TESSERA__PROGRESS__INIT;
@@ -126,8 +128,8 @@ static void send_piece_msg(tsr_agent_t *a, Tessera__Envelope__BodyCase kind, con
     } else {
         f.reason = (char *)text;
         f.fatal = fatal;
-        f.retryable = retryable;
-        f.past_deadline = past_deadline;
+        f.retryable = a->retryable;
+        f.past_deadline = a->past_deadline;
         env.failed = &f;
     }
     send_env(a, &env);
@@ -215,8 +217,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,
              as->replica, as->stage, as->tp_rank, as->tp_size, as->layer_begin, as->layer_end,
              a->model_path, (unsigned long long)as->epoch);
-    send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, "checking config.json", false, false,
-                   false);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, "checking config.json", false);
 
     char err[512];
     if (tsr_agent_check_piece(&a->piece, err, sizeof err) < 0) {
@@ -225,7 +226,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
         a->retryable = a->past_deadline = false;
         tsr_error("cannot load %s r%u s%u t%u: %s", a->deployment, as->replica, as->stage,
                   as->tp_rank, err);
-        send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false, false, false);
+        send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, err, false);
         return;
     }
     if (a->ex) {
@@ -235,7 +236,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     }
     a->state = TESSERA__WORKER_STATE__STATE_READY;
     tsr_info("ready: %s r%u s%u t%u", a->deployment, as->replica, as->stage, as->tp_rank);
-    send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false, false, false);
+    send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
 }
 
 static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32_t token,
@@ -325,12 +326,12 @@ static void drain_executor(tsr_agent_t *a)
             send_offer(a, k - 1);
             a->next_offer_ms = tsr_now_ms() + 1000;
         } else if (ev.kind == TSR_EV_PROGRESS) {
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false, false, false);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_PROGRESS, ev.text, false);
         } else if (ev.kind == TSR_EV_READY) {
             a->state = TESSERA__WORKER_STATE__STATE_READY;
             tsr_info("ready: %s r%u s%u t%u (epoch %llu)", a->deployment, a->piece.replica,
                      a->piece.stage, a->piece.tp_rank, (unsigned long long)ev.epoch);
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false, false, false);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_READY, NULL, false);
         } else {
             a->state = TESSERA__WORKER_STATE__STATE_FAILED;
             snprintf(a->reason, sizeof a->reason, "%s", ev.text);
@@ -338,8 +339,7 @@ static void drain_executor(tsr_agent_t *a)
             a->past_deadline = ev.past_deadline && a->retryable;
             tsr_error("%s r%u s%u t%u failed: %s", a->deployment, a->piece.replica,
                       a->piece.stage, a->piece.tp_rank, ev.text);
-            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, ev.fatal, ev.retryable,
-                           a->past_deadline);
+            send_piece_msg(a, TESSERA__ENVELOPE__BODY_FAILED, ev.text, ev.fatal);
         }
     }
 }
