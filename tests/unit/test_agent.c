@@ -477,6 +477,29 @@ static void test_reset_keeping_assignment_reregisters_carrying_the_piece(void **
     assert_true(fx->a->has_piece);
 }
 
+/* A piece that failed because its tensor-parallel group passed a deadline
+ * is re-registered saying so (Register.past_deadline, with the reason and
+ * retryable), so that a restarted coordinator can name the rank the group
+ * waited for. */
+static void test_a_failed_piece_reregisters_with_its_reason_and_deadline(void **state)
+{
+    fx_t *fx = *state;
+    holding_epoch_5(fx);
+    fx->a->state = TESSERA__WORKER_STATE__STATE_FAILED;
+    snprintf(fx->a->reason, sizeof fx->a->reason, "data plane: NCCL all-reduce timed out");
+    fx->a->retryable = fx->a->past_deadline = true;
+    send_reset(fx, true);
+    step(fx, 30);
+    tsr_env_t *env = expect_kind(fx, TESSERA__ENVELOPE__BODY_REGISTER, true);
+    const Tessera__Register *r = env->register_;
+    assert_non_null(r->assignment);
+    assert_int_equal(r->state, TESSERA__WORKER_STATE__STATE_FAILED);
+    assert_string_equal(r->reason, "data plane: NCCL all-reduce timed out");
+    assert_true(r->retryable);
+    assert_true(r->past_deadline);
+    tsr_env_free(&env);
+}
+
 static void test_reset_dropping_assignment_reregisters_without_a_piece(void **state)
 {
     fx_t *fx = *state;
@@ -700,6 +723,7 @@ int main(void)
         T(test_assign_while_registering_is_ignored),
         T(test_unassign_makes_the_agent_idle),
         T(test_reset_keeping_assignment_reregisters_carrying_the_piece),
+        T(test_a_failed_piece_reregisters_with_its_reason_and_deadline),
         T(test_reset_dropping_assignment_reregisters_without_a_piece),
         T(test_reset_while_registering_is_ignored),
         T(test_silence_past_the_lease_detaches_and_reregisters_keeping_the_piece),
