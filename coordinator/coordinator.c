@@ -178,6 +178,25 @@ void tsr_tok_refusal(const char *name, const char *why, bool loading, char *msg,
     else snprintf(msg, len, "%s takes token ids only: it has no usable tokenizer (%s)", name, why);
 }
 
+static void touch(tsr_replica_set_t *t, int di, int replica);
+
+/* What a reloaded deployment (now at index di) keeps of its state before, for the
+ * replicas that remain: requests completed, whether it was ever ready, what the canary
+ * found (an unhealthy replica stays out of routing) and the rewiring backoff with the
+ * replicas it waits to rewire. */
+static void dep_keep(tsr_dep_state_t *s, int di, const tsr_dep_state_t *old)
+{
+    s->ever_ready = old->ever_ready;
+    int n = s->n_completed < old->n_completed ? s->n_completed : old->n_completed;
+    for (int r = 0; s->completed && old->completed && r < n; r++)
+        s->completed[r] = old->completed[r];
+    for (int r = 0; s->canary && old->canary && r < n; r++) s->canary[r] = old->canary[r];
+    s->retry_backoff_ms = old->retry_backoff_ms;
+    for (size_t t = 0; t < old->retry.n; t++)
+        if (old->retry.replica[t] < s->n_completed) touch(&s->retry, di, old->retry.replica[t]);
+    s->retry_at_ms = s->retry.n ? old->retry_at_ms : 0;
+}
+
 /* Reads each deployment's config.json and checks its layout.  A deployment
  * whose model cannot be read is kept but never placed; its status says why. */
 static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
@@ -208,13 +227,8 @@ static tsr_dep_state_t *deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old
         s->n_completed = d->replicas;
         s->completed = calloc((size_t)d->replicas, sizeof *s->completed);
         s->canary = calloc((size_t)d->replicas, sizeof *s->canary);
-        for (size_t j = 0; j < n_old; j++) {
-            if (strcmp(old[j].name, s->name)) continue;
-            s->ever_ready = old[j].ever_ready;
-            for (int r = 0; s->completed && old[j].completed && r < s->n_completed &&
-                            r < old[j].n_completed; r++)
-                s->completed[r] = old[j].completed[r];
-        }
+        for (size_t j = 0; j < n_old; j++)
+            if (!strcmp(old[j].name, s->name)) dep_keep(s, (int)i, &old[j]);
     }
     return deps;
 }
@@ -1169,17 +1183,31 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     /* Pieces that failed to load are tried again: the operator may have
      * fixed the model directory.  A piece whose layout the reload changed is
      * left to the planner, which replaces it. */
+    /* The failed ranks of one replica are retried in one epoch: they share its
+     * data-port secret and form together. */
     size_t n = tsr_registry_size(c->reg);
+    touched_t retried = {0};
+    uint64_t first = c->epoch + 1;
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state != TSR_W_FAILED || !w->has_piece) continue;
         int di = dep_index(c, w->piece.key.deployment);
         if (di < 0 || !piece_fits(c, di, &w->piece.key)) continue;
-        w->piece.epoch = ++c->epoch;
+        size_t t = 0;
+        while (t < retried.n && (retried.di[t] != di || retried.replica[t] != w->piece.key.replica))
+            t++;
+        if (t == retried.n) {
+            touch(&retried, di, w->piece.key.replica);
+            if (retried.n == t) continue;   /* out of memory: the next reload tries again */
+            c->epoch++;
+        }
+        w->piece.epoch = first + t;
         w->state = TSR_W_LOADING;
         w->reason[0] = '\0';
         send_assign(c, w, di);
     }
+    free(retried.di);
+    free(retried.replica);
     c->dirty = true;
     tsr_info("reloaded %s: %zu deployment(s)", c->config_path, cfg->n_deployments);
     return 0;

@@ -124,14 +124,16 @@ static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *
 }
 
 /* Ends request i early: the leader is told to drop it, and it is forgotten.  outcome:
- * what the metrics count it as ("cancelled", or "stop" for a client's stop string). */
+ * what the metrics count it as ("cancelled"; "stop" for a client's stop string; "failed"
+ * for one ended by the service, its deadline passed or its key removed, whose failure
+ * the caller has counted). */
 static void request_cancel_as(tsr_coord_t *c, size_t i, const char *reason, const char *outcome)
 {
     tsr_request_rec_t *q = &c->reqs[i];
     tsr_info("request %llu on %s replica %d cancelled after %d token(s): %s",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
     send_cancel(c, q, reason);
-    if (strcmp(outcome, "stop")) c->stats.requests_cancelled++;
+    if (!strcmp(outcome, "cancelled")) c->stats.requests_cancelled++;
     tsr_dep_metrics_t *mt = tsr_metrics_of(c, q->deployment);
     if (mt && !strcmp(outcome, "stop"))
         tsr_hist_observe(&mt->duration, (double)(tsr_now_ms() - q->started_ms) / 1000.0);
@@ -176,7 +178,7 @@ static void request_expire(tsr_coord_t *c, size_t i)
     q->fail_code = "failed";
     reply_json(c, q, false, msg, NULL);
     c->stats.requests_failed++;
-    request_cancel(c, i, reason);
+    request_cancel_as(c, i, reason, "failed");
 }
 
 int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
@@ -303,7 +305,7 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
         q->fail_code = "failed";
         reply_json(c, q, false, msg, NULL);
         c->stats.requests_failed++;
-        request_cancel(c, i, "the client's key was removed from the key store");
+        request_cancel_as(c, i, "the client's key was removed from the key store", "failed");
     }
 }
 

@@ -1227,6 +1227,38 @@ static void test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch(void
         if (i != h) expect_nothing(fx->dealer[i], 10);
 }
 
+/* Every rank of the replica failed (retryably): the reload retries them all in one
+ * new epoch, so they share one data-port secret and can form.  (Each once took an
+ * epoch of its own, E+1, E+2, ...: nothing formed until the forming deadline.) */
+static void test_reload_retries_a_replicas_failed_ranks_in_one_epoch(void **state)
+{
+    fx_t *fx = *state;
+    cluster_up(fx);
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) send_failed_as(fx, i, fx->piece[i].epoch, "peer closed", false, true);
+    pump(fx);
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i])
+            assert_int_equal(tsr_registry_find(fx->c->reg, fx->name[i])->state, TSR_W_FAILED);
+
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    uint64_t epoch = 0;
+    int resent = 0;
+    for (int i = 0; i < NW; i++) {
+        if (!fx->holds[i]) continue;
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+        uint64_t e = env->assign->assignment->epoch;
+        tsr_env_free(&env);
+        assert_true(e > fx->piece[i].epoch);
+        if (!epoch) epoch = e;
+        if (e != epoch) fail_msg("rank %d was retried in epoch %llu, another in %llu", i,
+                                 (unsigned long long)e, (unsigned long long)epoch);
+        resent++;
+    }
+    assert_int_equal(resent, 4);
+}
+
 /* The next tick that may plan: the last plan was at most a moment ago. */
 static int64_t plan_time(fx_t *fx)
 {
@@ -1552,8 +1584,19 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     assert_string_equal(env->worker, fx->name[leader]);
     tsr_env_free(&env);
     assert_int_equal(fx->c->n_reqs, 0);
+    /* A request the service ended is a failure, not a cancellation, in status and in
+     * /metrics (it was once counted both, and /metrics showed a timeout as cancelled). */
     assert_int_equal(fx->c->stats.requests_failed, 1);
-    assert_int_equal(fx->c->stats.requests_cancelled, 1);
+    assert_int_equal(fx->c->stats.requests_cancelled, 0);
+    tsr_dep_metrics_t *mt = tsr_metrics_of(fx->c, fx->c->cfg->deployments[0].name);
+    assert_non_null(mt);
+    assert_int_equal(mt->outcome[TSR_OUTCOME_FAILED], 1);
+    assert_int_equal(mt->outcome[TSR_OUTCOME_CANCELLED], 0);
+    char *text = tsr_coord_metrics_text(fx->c, tsr_now_ms());
+    assert_non_null(text);
+    assert_non_null(strstr(text, "outcome=\"failed\"} 1\n"));
+    assert_null(strstr(text, "outcome=\"cancelled\"} 1\n"));
+    free(text);
 
     /* A token that was already on its way is dropped, not forwarded. */
     send_token(fx, sampler(fx), id, 2, false);
@@ -1994,6 +2037,52 @@ static void test_an_unhealthy_replica_is_rewired_after_the_backoff(void **state)
         }
     }
     assert_int_equal(resent, 4);    /* the replica's four pieces */
+}
+
+/* A reload (the same file) keeps what the canary found and the rewiring backoff: the
+ * unhealthy replica still gets no requests and is rewired when its backoff ends, not
+ * sooner.  (A reload once dropped both: the replica got requests again.) */
+static void test_a_reload_keeps_an_unhealthy_replica_unhealthy_and_its_backoff(void **state)
+{
+    fx_t *fx = *state;
+    int64_t t;
+    int leader = canary_cluster(fx, &t);
+    tsr_coord_tick(fx->c, t + 100);
+    expect_canary(fx, leader);
+    tsr_coord_tick(fx->c, t + 160);     /* no token within 50 ms: unhealthy */
+    int64_t retry_at = fx->c->deps[0].retry_at_ms;
+    int backoff = fx->c->deps[0].retry_backoff_ms;
+    assert_int_equal(retry_at, t + 160 + 2000);
+
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    assert_int_equal(fx->c->deps[0].retry_at_ms, retry_at);
+    assert_int_equal(fx->c->deps[0].retry_backoff_ms, backoff);
+    json_t *root = status(fx);
+    json_t *dep = json_array_get(json_object_get(root, "deployments"), 0);
+    json_t *rep = json_array_get(json_object_get(dep, "replica_list"), 0);
+    assert_string_equal(json_string_value(json_object_get(rep, "state")), "unhealthy");
+    json_decref(root);
+
+    /* A request waits instead of going to the unhealthy replica. */
+    send_generate(fx, fx->ctl, 4, 0);
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    assert_true(env->control_reply->ok);
+    tsr_env_free(&env);
+    tsr_coord_tick(fx->c, t + 170);
+    while ((env = recv_env(fx->dealer[leader], TSR_WIRE_MAX_CONTROL, 50))) {
+        if (env->body_case == TESSERA__ENVELOPE__BODY_GENERATE)
+            assert_int_equal(env->generate->max_tokens, 1);  /* a canary, not the request */
+        tsr_env_free(&env);
+    }
+    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(fx->c->reqs[0].replica, -1);
+    /* The rewiring it waits for is still scheduled, in the reloaded state (the ticks
+     * are a planning gap apart: the reload's own plan ran at t + 170). */
+    uint64_t before = fx->c->epoch;
+    fx->c->deps[0].retry_at_ms = t + 175;
+    tsr_coord_tick(fx->c, t + 200);
+    assert_true(fx->c->epoch > before);
 }
 
 /* A busy replica that streams tokens skips its canary (its tokens show it
@@ -3180,6 +3269,8 @@ int main(void)
         T(test_reload_of_broken_yaml_is_refused_with_position_and_keeps_config),
         T(test_reload_that_changes_an_endpoint_is_refused),
         T(test_reload_retries_pieces_that_failed_to_load_with_a_new_epoch),
+        T(test_reload_retries_a_replicas_failed_ranks_in_one_epoch),
+        T(test_a_reload_keeps_an_unhealthy_replica_unhealthy_and_its_backoff),
         T(test_assign_carries_the_batching_keys_from_the_file),
         T(test_reload_that_changes_a_batching_key_resends_every_assignment),
         T(test_control_status_returns_ok_with_the_status_json),
