@@ -1097,9 +1097,12 @@ static void tokloads_collect(tsr_coord_t *c)
 /* ---- reload ---------------------------------------------------------------- */
 
 /* A test setting: TSR_TEST_RELOAD_HOLD_MS holds the loop that long in each reload (at
- * most 10 s), as a slow disk under the model directories would. */
+ * most 10 s), as a slow disk under the model directories would.  Test builds only. */
 static void reload_hold(void)
 {
+#ifndef TSR_TESTING
+    return;
+#endif
     const char *v = getenv("TSR_TEST_RELOAD_HOLD_MS");
     long ms = v ? strtol(v, NULL, 10) : 0;
     if (ms <= 0) return;

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+
 struct tsr_tokload {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -50,15 +52,14 @@ static void append(tsr_tokjob_t **list, tsr_tokjob_t *j)
  * as they need whatever the machine's speed.  Returns false when stopped.  mu held. */
 static bool hold(tsr_tokload_t *l)
 {
+#ifndef TSR_TESTING
+    return !l->stop;
+#endif
     const char *v = getenv("TSR_TEST_TOKLOAD_HOLD_MS");
     long ms = v ? strtol(v, NULL, 10) : 0;
     if (ms <= 0) return !l->stop;
     if (ms > 60000) ms = 60000;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    struct timespec until = tsr_monotonic_after_ms(ms);
     while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &until) == 0) {}
     return !l->stop;
 }
@@ -97,7 +98,7 @@ tsr_tokload_t *tsr_tokload_new(void)
     tsr_tokload_t *l = calloc(1, sizeof *l);
     if (!l) return NULL;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
+    tsr_cond_init_monotonic(&l->cv);
     if (pipe2(l->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);

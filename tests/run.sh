@@ -3,6 +3,7 @@
 # that start real processes on loopback), then prints one closing line
 # "N passed, N failed".  Exits non-zero when anything failed.
 #   tests/run.sh [unit|integration] [NAME-FILTER]
+#   tests/run.sh only NAME...      just these (unit binaries or integration scripts)
 set -u
 cd "$(dirname "$0")/.."
 export TSR_BIN="${TSR_BIN:-bin}" TSR_BUILD="${TSR_BUILD:-build}"
@@ -66,19 +67,34 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     esac
 fi
 
+# run_script NAME: runs tests/integration/NAME.sh (bounded), adds its count.
+run_script() {
+    local name=$1 start rc secs
+    start=$(date +%s.%N)
+    timeout 300 bash "tests/integration/$name.sh" > "/tmp/tsr-$name.log" 2>&1; rc=$?
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{print b - a}')
+    if [ $rc -eq 0 ]; then
+        passed=$((passed + 1)); printf '[ PASS ] %s (%.1fs)\n' "$name" "$secs"
+    else
+        failed=$((failed + 1)); failures+=("$name")
+        printf '[ FAIL ] %s (rc %d)\n' "$name" "$rc"
+        sed 's/^/    | /' "/tmp/tsr-$name.log" | tail -60
+    fi
+}
+
 if [ "$what" = all ] || [ "$what" = integration ]; then
     for t in tests/integration/test_*.sh; do
         case "$t" in *"$filter"*) ;; *) continue ;; esac
-        name=$(basename "$t" .sh)
-        start=$(date +%s.%N)
-        timeout 300 bash "$t" > "/tmp/tsr-$name.log" 2>&1; rc=$?
-        secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{print b - a}')
-        if [ $rc -eq 0 ]; then
-            passed=$((passed + 1)); printf '[ PASS ] %s (%.1fs)\n' "$name" "$secs"
-        else
-            failed=$((failed + 1)); failures+=("$name")
-            printf '[ FAIL ] %s (rc %d)\n' "$name" "$rc"
-            sed 's/^/    | /' "/tmp/tsr-$name.log" | tail -60
+        run_script "$(basename "$t" .sh)"
+    done
+fi
+
+if [ "$what" = only ]; then
+    shift
+    for name in "$@"; do
+        if [ -x "$TSR_BUILD/tests/$name" ]; then run_cmocka "$name" "$TSR_BUILD/tests/$name"
+        elif [ -f "tests/integration/$name.sh" ]; then run_script "$name"
+        else failed=$((failed + 1)); failures+=("$name"); echo "[ FAIL ] $name: no such test built"
         fi
     done
 fi

@@ -198,11 +198,13 @@ tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, 
                                          const void *secret, size_t secret_len, int timeout_ms,
                                          int (*cancelled)(void *arg), void *cancel_arg,
                                          char *err, size_t errlen);
-/* The same with a fixed, publicly known secret and no cancellation: for
- * tests only (anyone who reads this code could join such a group). */
+#ifdef TSR_TESTING
+/* The same with a fixed, publicly known secret and no cancellation: in test
+ * builds only (anyone who reads this code could join such a group). */
 tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                              int rank, int n, const char *const *endpoints, int timeout_ms,
                              char *err, size_t errlen);
+#endif
 /* Wakes every communicator being formed on l so it re-checks cancellation. */
 void tsr_tcp_listener_wake(tsr_tcp_listener_t *l);
 

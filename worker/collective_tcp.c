@@ -1225,7 +1225,8 @@ static void former_release(former_t *f)
     if (f->wake_fd >= 0) close(f->wake_fd);
 }
 
-/* The fixed secret of tsr_tcp_comm_new: tests only (collective.h). */
+#ifdef TSR_TESTING
+/* The fixed secret of tsr_tcp_comm_new: test builds only (collective.h). */
 static const uint8_t test_secret[32] = "tessera test secret, not secret";
 
 tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group, int rank,
@@ -1235,6 +1236,7 @@ tsr_comm_t *tsr_tcp_comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t gro
     return tsr_tcp_comm_new_cancellable(l, epoch, group, rank, n, endpoints, test_secret,
                                         sizeof test_secret, timeout_ms, NULL, NULL, err, errlen);
 }
+#endif
 
 void tsr_tcp_listener_wake(tsr_tcp_listener_t *l)
 {

@@ -40,7 +40,10 @@ static int probe_cuda(unsigned index, tsr_device_info_t *info, char *err, size_t
 {
     /* Tests on machines without a GPU: a stand-in device of this many MiB,
      * so placement and the "built without CUDA" refusal can be exercised. */
-    const char *fake = getenv("TSR_TEST_FAKE_CUDA_MIB");
+    const char *fake = NULL;
+#ifdef TSR_TESTING
+    fake = getenv("TSR_TEST_FAKE_CUDA_MIB");
+#endif
     if (fake && *fake) {
         char *end;
         unsigned long long mib = strtoull(fake, &end, 10);

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/piece.h"
 #include "common/slice.h"
@@ -224,17 +225,6 @@ int tsr_executor_pop_event(tsr_executor_t *ex, tsr_event_t *ev)
 
 /* ---- replica io (on the executor thread) ---------------------------------------- */
 
-/* The absolute time ms from now, for pthread_cond_timedwait. */
-static struct timespec deadline_in(int ms)
-{
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += ms / 1000;
-    dl.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
-    return dl;
-}
-
 typedef struct {
     tsr_executor_t *ex;
     uint64_t gen, epoch;
@@ -245,7 +235,7 @@ static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
 {
     run_ctx_t *c = arg;
     tsr_executor_t *ex = c->ex;
-    struct timespec dl = deadline_in(wait_ms);
+    struct timespec dl = tsr_monotonic_after_ms(wait_ms);
     pthread_mutex_lock(&ex->mu);
     while (!ex->requests.head && !ex->shutdown && ex->job_gen == c->gen)
         if (pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) == ETIMEDOUT) break;
@@ -356,7 +346,7 @@ static int io_exchange(void *arg, uint64_t group, const void *mine, size_t len, 
         push_event(ex, &ev);
         return 0;
     }
-    struct timespec dl = deadline_in(timeout_ms);
+    struct timespec dl = tsr_monotonic_after_ms(timeout_ms);
     int rc = -1;
     pthread_mutex_lock(&ex->mu);
     for (;;) {
@@ -713,8 +703,10 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
     if (!ex) return NULL;
     ex->job = calloc(1, sizeof *ex->job);
     ex->run_limit_ms = TSR_COLL_TIMEOUT_MS_DEFAULT;   /* idle: it takes its first job at once */
+#ifdef TSR_TESTING
     const char *solo = getenv("TSR_TEST_NCCL_SOLO");
     ex->nccl_solo = solo && !strcmp(solo, "1");
+#endif
     ex->listener = tsr_tcp_listen(bind_host, 0, err, errlen);
     if (!ex->job || !ex->listener || pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) goto fail;
     ex->pipe_r = fds[0];
@@ -725,7 +717,7 @@ tsr_executor_t *tsr_executor_new(const char *bind_host, const char *advertise_ho
     }
     snprintf(ex->endpoint, sizeof ex->endpoint, "%s", tsr_tcp_listener_endpoint(ex->listener));
     pthread_mutex_init(&ex->mu, NULL);
-    pthread_cond_init(&ex->cv, NULL);
+    tsr_cond_init_monotonic(&ex->cv);
     if (pthread_create(&ex->thread, NULL, executor_main, ex) != 0) {
         snprintf(err, errlen, "cannot start the data-plane thread");
         pthread_mutex_destroy(&ex->mu);
@@ -754,8 +746,8 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
     if (stuck) {
         /* It did not let go of its epoch; it will not see the stop either.
          * The process is exiting: leave it and what it may still touch. */
-        struct timespec dl = deadline_in(1000);
-        if (pthread_timedjoin_np(ex->thread, NULL, &dl) != 0) {
+        struct timespec dl = tsr_monotonic_after_ms(1000);
+        if (pthread_clockjoin_np(ex->thread, NULL, CLOCK_MONOTONIC, &dl) != 0) {
             tsr_warn("the data-plane thread is stuck: left running as the worker exits");
             *ex_p = NULL;
             return;

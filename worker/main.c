@@ -58,14 +58,17 @@ static void usage(FILE *f)
             "TESSERA_IDENTITY as above; under systemd, files in $CREDENTIALS_DIRECTORY\n"
             "(LoadCredential=) named IDENTITY.key and coordinator.pub take precedence\n"
             "over the key store's.  TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
-            "the worker may run on); TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
+            "the worker may run on).\n"
+#ifdef TSR_TESTING
+            "This is a test build: TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
             "GPU of that many MiB, for tests on machines without one (with\n"
             "TSR_TEST_FAKE_CUDA_BUS its PCI bus id, TSR_TEST_FAKE_CUDA_NVLINK its NVLink\n"
-            "peers' bus ids, comma-separated);\n"
-            "TSR_TEST_DEVICE_FAULT_AFTER=N, for tests of the exit path: the CPU engine\n"
+            "peers' bus ids, comma-separated); TSR_TEST_NCCL_SOLO=1 forms NCCL groups of\n"
+            "one; TSR_TEST_DEVICE_FAULT_AFTER=N, for tests of the exit path: the CPU engine\n"
             "fails as a GPU does on a fatal error from its Nth step on; the CUDA engine\n"
             "writes to an invalid address at its Nth step that carries tokens, a real\n"
-            "sticky error.\n"
+            "sticky error.  A release build (make) ignores these.\n"
+#endif
             "\n"
             "%s"
             "\n"
@@ -77,8 +80,12 @@ static void usage(FILE *f)
 #ifdef TSR_HAVE_CUDA
             "This worker was built with CUDA: --device cuda pieces run on the GPU\n"
             "(TSR_CUDA_GRAPHS=0 turns off decode graphs; TSR_CUDA_GEMV=0 multiplies small\n"
-            "batches with cuBLAS too; TSR_CUDA_DUMMY_WEIGHTS=SEED fills weights from a\n"
-            "seed instead of reading them, for benchmarks only).\n"
+            "batches with cuBLAS too"
+#ifdef TSR_TESTING
+            "; TSR_CUDA_DUMMY_WEIGHTS=SEED fills weights from a\n"
+            "seed instead of reading them, for benchmarks only"
+#endif
+            ").\n"
 #else
             "This worker was built without CUDA: it runs cpu pieces only.\n"
 #endif

@@ -24,9 +24,14 @@ grep -q -- "--device-index %i" "$W" || fail "instance is not the device index"
 # CURVE keys reach the sandboxed (DynamicUser) services as credentials under
 # the names the daemons look for (common/keys.h); the sd_notify run below
 # starts the worker the way the unit does.
-grep -qx "LoadCredential=coordinator.key:/etc/tessera/keys/coordinator.key" "$C" || fail "coordinator key not passed"
-grep -qx "LoadCredential=coordinator.pub:/etc/tessera/keys/coordinator.pub" "$W" || fail "coordinator.pub not passed"
-grep -qx "LoadCredential=tessera-identity.key:/etc/tessera/keys/%H.key" "$W" || fail "worker key not passed"
+# The paths follow SYSCONFDIR (they named /etc/tessera whatever it was).
+grep -qx "LoadCredential=coordinator.key:$P/etc/tessera/keys/coordinator.key" "$C" || fail "coordinator key not passed"
+grep -qx "LoadCredential=coordinator.pub:$P/etc/tessera/keys/coordinator.pub" "$W" || fail "coordinator.pub not passed"
+grep -qx "LoadCredential=tessera-identity.key:$P/etc/tessera/keys/%H.key" "$W" || fail "worker key not passed"
+grep -q "^ExecStart=$P/bin/tessera-coordinator $P/etc/tessera/deployment.yaml" "$C" || fail "coordinator unit: deployment file not under SYSCONFDIR"
+grep -qx "EnvironmentFile=-$P/etc/default/tessera-worker" "$W" || fail "worker unit: EnvironmentFile not under SYSCONFDIR"
+! grep -h '^[^#]' "$C" "$W" | sed "s|$P/etc||g" | grep -q "/etc/tessera\\|/etc/default\\|@SYSCONFDIR@\\|@PREFIX@" ||
+    fail "a unit names a path outside SYSCONFDIR, or a placeholder"
 grep -qx "Environment=TESSERA_IDENTITY=%H" "$W" || fail "worker identity not set"
 # Hardening: the sandbox lines are installed as written (README, "Running on
 # a real cluster"), and what only the coordinator can do without is only there.
@@ -118,6 +123,15 @@ wait_until 5 registered || fail "the worker with credentials did not register"
 kill -TERM "$WP"; wait "$WP"
 echo "coordinator watchdog pings so far with WatchdogSec=0.4s: $(grep -c "WATCHDOG=1" "$T/notify.txt")"
 kill -TERM "$CP"; wait "$CP"
+# make uninstall takes away what make install laid out, and leaves the key store.
+"$BIN/tessera" keys init "$P/etc/tessera/keys" > /dev/null 2>&1 || true
+make -s -C "$ROOT" uninstall PREFIX="$P" SYSCONFDIR="$P/etc" > "$T/uninstall.log" 2>&1 || fail "make uninstall: $(cat "$T/uninstall.log")"
+for f in bin/tessera bin/tessera-coordinator bin/tessera-worker \
+         lib/systemd/system/tessera-coordinator.service lib/systemd/system/tessera-worker@.service \
+         share/tessera share/doc/tessera; do
+    [ ! -e "$P/$f" ] || fail "make uninstall left $f"
+done
+[ -d "$P/etc/tessera/keys/allowed" ] || fail "make uninstall removed the key store"
 stopping() { grep -q "STOPPING=1" "$T/notify.txt" && grep -q "STOPPING=1" "$T/wnotify.txt"; }
 wait_until 2 stopping || fail "no STOPPING=1 from both: $(cat "$T/notify.txt") / $(cat "$T/wnotify.txt")"
 ok "install layout, unit contents, hardening and sd_notify READY/WATCHDOG/STOPPING"

@@ -22,6 +22,24 @@
 
 static char root[PATH_MAX];
 
+/* The wall clock as the code under test reads it (linked with --wrap=clock_gettime):
+ * wall_step_s is added to CLOCK_REALTIME, as an NTP or operator's step would. */
+static time_t wall_step_s;
+int __real_clock_gettime(clockid_t id, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t id, struct timespec *ts)
+{
+    int rc = __real_clock_gettime(id, ts);
+    if (!rc && id == CLOCK_REALTIME) ts->tv_sec += wall_step_s;
+    return rc;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    __real_clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 /* dir/tokenizer.json: a byte-level BPE of 256 ids plus `extra` filler tokens. */
 static void write_tokenizer(const char *dir, int extra)
 {
@@ -217,6 +235,28 @@ static void test_destroy_mid_load(void **state)
     tsr_tokload_destroy(&l);
 }
 
+/* The test setting's hold of 400 ms lasts 400 ms whatever the wall clock does: with
+ * the wall clock an hour behind (a step forward of the real one after the deadline was
+ * set) a deadline on it had passed at once.  Timed waits are on the monotonic clock. */
+static void test_a_wall_clock_step_neither_cuts_nor_stretches_the_hold(void **state)
+{
+    (void)state;
+    setenv("TSR_TEST_TOKLOAD_HOLD_MS", "400", 1);
+    wall_step_s = -3600;
+    tsr_tokload_t *l = tsr_tokload_new();
+    char err[200];
+    double t0 = mono_s();
+    assert_int_equal(tsr_tokload_request(l, "b", dir("small"), err, sizeof err), 0);
+    tsr_tokjob_t *all = take_all(l);
+    double took = mono_s() - t0;
+    wall_step_s = 0;
+    unsetenv("TSR_TEST_TOKLOAD_HOLD_MS");
+    assert_int_equal(count(all), 1);
+    tsr_tokjob_free(all);
+    tsr_tokload_destroy(&l);
+    if (took < 0.39) fail_msg("the 400 ms hold ended after %.0f ms", took * 1000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -224,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_missing_file_comes_back_with_its_reason),
         cmocka_unit_test(test_same_load_once_and_unwanted_skipped),
         cmocka_unit_test(test_destroy_mid_load),
+        cmocka_unit_test(test_a_wall_clock_step_neither_cuts_nor_stretches_the_hold),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,56 @@
+# The test settings are compiled into the test builds only: a release build (make,
+# what make install installs) ignores every TSR_TEST_* variable.  The same settings
+# are shown to work in the test build first, so the test would fail if the release
+# build honoured them.  TSR_RELEASE_BIN: the release build's binaries (make test
+# sets it; bin/ by default).
+source "$(dirname "$0")/lib.sh"
+REL="${TSR_RELEASE_BIN:-bin}"
+case "$REL" in /*) ;; *) REL="$ROOT/$REL" ;; esac
+for b in tessera-coordinator tessera-worker; do
+    [ -x "$REL/$b" ] || fail "no release build at $REL/$b (make builds it)"
+done
+[ "$REL" != "$BIN" ] || fail "TSR_RELEASE_BIN is the test build's own folder"
+"$BIN/tessera-worker" --help | grep -q "This is a test build" || fail "the tests run a build without the test settings"
+! "$REL/tessera-worker" --help | grep -q "TSR_TEST_" || fail "the release worker's help offers test settings"
+
+write_yaml "$T/d.yaml" 1 1 1
+start_coord "$T/d.yaml"
+
+# A stand-in GPU (TSR_TEST_FAKE_CUDA_MIB): the test build's worker registers one of
+# 16 GiB; the release worker looks for a real one (NVML) and reports no stand-in.
+TSR_TEST_FAKE_CUDA_MIB=16384 start_worker tgpu --device cuda
+registered() { [ "$(worker_field tgpu memory 2>/dev/null)" = $((16384 << 20)) ]; }
+wait_until 10 registered || fail "the test build ignored TSR_TEST_FAKE_CUDA_MIB"
+TSR_TEST_FAKE_CUDA_MIB=16384 WORKER_BIN="$REL/tessera-worker" start_worker rgpu --device cuda
+# It either exits (no GPU here) or registers its real GPU; never the stand-in.
+settled() {
+    ! kill -0 "${WPID[rgpu]}" 2> /dev/null ||
+        [ -n "$(worker_field rgpu memory 2> /dev/null)" ]
+}
+wait_until 20 settled || fail "the release worker neither exited nor registered"
+[ "$(worker_field rgpu memory 2> /dev/null)" != $((16384 << 20)) ] ||
+    fail "the release worker took TSR_TEST_FAKE_CUDA_MIB"
+grep -q "test stand-in" "$T/rgpu.log" && fail "the release worker made a stand-in GPU"
+echo "release worker: $(tail -1 "$T/rgpu.log")"
+
+# TSR_TEST_RELOAD_HOLD_MS holds a reload 10 s in the test build's coordinator; the
+# release coordinator answers at once.
+reload_ms() {
+    local t0; t0=$(now_ms)
+    tsr --timeout 20000 reload > /dev/null 2>&1 || fail "reload failed: $(tail -3 "$T/coordinator.log")"
+    echo $(( $(now_ms) - t0 ))
+}
+stop_coord() { kill -TERM "$COORD_PID"; wait "$COORD_PID" 2> /dev/null; }
+up() { status_json > /dev/null; }
+stop_coord
+TSR_TEST_RELOAD_HOLD_MS=10000 start_coord "$T/d.yaml"
+wait_until 10 up || fail "test coordinator did not start"
+held=$(reload_ms)
+[ "$held" -ge 9000 ] || fail "the test build's reload was not held ($held ms)"
+stop_coord
+TSR_TEST_RELOAD_HOLD_MS=10000 "$REL/tessera-coordinator" "$T/d.yaml" >> "$T/coordinator.log" 2>&1 &
+COORD_PID=$!; PIDS+=("$COORD_PID")
+wait_until 10 up || fail "release coordinator did not start"
+quick=$(reload_ms)
+[ "$quick" -lt 5000 ] || fail "the release coordinator held its reload $quick ms"
+ok "release build ignores TSR_TEST_* (stand-in GPU, reload hold); the test build honours them (reload $held ms vs $quick ms)"
