@@ -12,13 +12,20 @@
  * path of the field that is not supported.
  *
  * A loaded tokenizer is read-only except for a word cache behind a mutex, so any number
- * of threads may encode and decode with it at once. */
+ * of threads may encode and decode with it at once.
+ *
+ * This header is tokenizer.c's: loading and what a loaded tokenizer holds.  Encoding
+ * (tok_encode.h) and decoding (tok_decode.h) have their own, included here so that a
+ * caller needs this one. */
 #ifndef TSR_TOKENIZER_H
 #define TSR_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/tok_decode.h"
+#include "common/tok_encode.h"
 
 /* tokenizer.json (and tokenizer_config.json) at most: real ones are 2 to 35 MiB. */
 #define TSR_TOKENIZER_MAX_BYTES (64u * 1024u * 1024u)
@@ -36,40 +43,6 @@ tsr_tokenizer_t *tsr_tok_load_text(const char *tokenizer_json, size_t len,
                                    const char *name, char *err, size_t errlen);
 
 void tsr_tok_destroy(tsr_tokenizer_t **self_p);
-
-/* Encodes len bytes of UTF-8 text.  add_special applies the post-processor's template
- * (for Llama models: the bos token in front).  On success *ids (caller owns, free) holds
- * *n ids and 0 is returned; -1 with a message (invalid UTF-8 names the byte offset). */
-int tsr_tok_encode(const tsr_tokenizer_t *self, const char *text, size_t len,
-                   bool add_special, int32_t **ids, size_t *n, char *err, size_t errlen);
-
-/* The same, giving up (-1, "the text makes more than N tokens") once the ids pass
- * max_ids (0: no bound), so a long text costs no more than a bounded prompt. */
-int tsr_tok_encode_max(const tsr_tokenizer_t *self, const char *text, size_t len,
-                       bool add_special, size_t max_ids, int32_t **ids, size_t *n, char *err,
-                       size_t errlen);
-
-/* Decodes n ids the way the tokenizer's decoder does; ids outside the vocabulary are
- * skipped, as are special tokens when skip_special.  Invalid UTF-8 becomes U+FFFD.
- * Caller owns the NUL-terminated result (its length in *len when len is not NULL);
- * NULL only when out of memory. */
-char *tsr_tok_decode(const tsr_tokenizer_t *self, const int32_t *ids, size_t n,
-                     bool skip_special, size_t *len);
-
-/* Streaming decoder: text for ids as they arrive, never a broken UTF-8 character.  A
- * character split across tokens is held back until it is complete; the pieces pushed,
- * then flushed, concatenate to tsr_tok_decode of all the ids (unless 4,096 tokens in a
- * row never complete a character: then what is held is emitted as it stands). */
-typedef struct tsr_detok tsr_detok_t;
-
-/* Caller owns the result (tsr_detok_destroy); the tokenizer must outlive it. */
-tsr_detok_t *tsr_detok_new(const tsr_tokenizer_t *tok, bool skip_special);
-void tsr_detok_destroy(tsr_detok_t **self_p);
-/* Feeds one id.  *text points at the new text (owned by the decoder, valid until the next
- * call), *len its length, possibly 0.  -1 when out of memory. */
-int tsr_detok_push(tsr_detok_t *self, int32_t id, const char **text, size_t *len);
-/* Ends the stream: whatever is held back, with U+FFFD for an incomplete character. */
-int tsr_detok_flush(tsr_detok_t *self, const char **text, size_t *len);
 
 /* One past the largest id (model vocabulary and added tokens). */
 int32_t tsr_tok_vocab_size(const tsr_tokenizer_t *self);

@@ -1,4 +1,4 @@
-/* fuzz_tokenizer.c: common/tokenizer.c on arbitrary bytes.  The first byte picks:
+/* fuzz_tokenizer.c: common/tokenizer.h on arbitrary bytes.  The first byte picks:
  *   even: the rest is a tokenizer.json; one that loads encodes a few texts and decodes
  *         the ids it made and some that it did not;
  *   odd:  the rest is text for one of two fixed tokenizers (byte-level with the Llama 3
