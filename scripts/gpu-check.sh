@@ -10,7 +10,7 @@
 #                                   scripts/gpu-pack.sh makes all three)
 #
 # Checks, in order:
-#   1. the kernels' math on the host (build/tests/test_kmath)
+#   1. the kernels' math on the host (build/test/tests/test_kmath)
 #   2. the CUDA engine against the CPU engine on two BF16 checkpoints
 #      (head_dim 64 and 128), the first also without decode graphs and
 #      without the small-batch product kernel, then on an F16 and an F32
@@ -65,7 +65,9 @@ for lib in libcudart.so.13 libcublas.so.13 libnccl.so.2; do
     [ -n "$found" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")" &&
         echo "gpu-check: $lib from $(dirname "$found")"
 done
-B="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
+# The test build (build/test): the check uses its test settings (TSR_TEST_NCCL_SOLO,
+# TSR_TEST_DEVICE_FAULT_AFTER, TSR_CUDA_DUMMY_WEIGHTS), which a release build ignores.
+B="${TSR_BIN:-build/test/bin}" BUILD="${TSR_BUILD:-build/test}"
 T=$(mktemp -d)
 failed=0
 check() {   # check NAME COMMAND...: runs it, counts a failure
@@ -116,7 +118,8 @@ start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv || exit 1
 if [ -z "${TSR_BIN:-}" ]; then
     echo "=== build"
-    make -j"$(nproc)" all "$BUILD/tests/test_kmath" "$BUILD/bench/gpu_bench" > "$T/build.log" 2>&1 ||
+    make -j"$(nproc)" TESTING=1 BUILD="$BUILD" BIN="$B" all "$BUILD/tests/test_kmath" \
+        "$BUILD/bench/gpu_bench" > "$T/build.log" 2>&1 ||
         { tail -40 "$T/build.log"; echo "=== build: FAILED"; exit 1; }
 fi
 "$B/tessera-worker" --help | grep -q "built with CUDA" || { echo "the worker was built without CUDA"; exit 1; }

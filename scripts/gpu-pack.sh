@@ -10,13 +10,15 @@
 #   scripts/gpu-check.sh
 set -eu
 cd "$(dirname "$0")/.."
-make -j"$(nproc)" all build/tests/test_kmath build/bench/gpu_bench > /dev/null
+# The test build: the check uses its test settings (a release build ignores them).
+TB=build/test
+make -j"$(nproc)" TESTING=1 BUILD=$TB BIN=$TB/bin all $TB/tests/test_kmath $TB/bench/gpu_bench > /dev/null
 P=build/gpu-pack
 rm -rf "$P" build/gpu-pack.tar.xz
 mkdir -p "$P/bin" "$P/lib" "$P/tests" "$P/bench"
-cp bin/tessera bin/tessera-worker bin/tessera-coordinator "$P/bin/"
-cp build/tests/test_kmath "$P/tests/"
-cp build/bench/gpu_bench "$P/bench/"
+cp $TB/bin/tessera $TB/bin/tessera-worker $TB/bin/tessera-coordinator "$P/bin/"
+cp $TB/tests/test_kmath "$P/tests/"
+cp $TB/bench/gpu_bench "$P/bench/"
 for b in "$P"/bin/* "$P"/tests/* "$P"/bench/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart|libgcc_s|libstdc\+\+)\.so' |
     while read -r lib; do cp -L "$lib" "$P/lib/"; done

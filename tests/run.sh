@@ -6,7 +6,9 @@
 #   tests/run.sh only NAME...      just these (unit binaries or integration scripts)
 set -u
 cd "$(dirname "$0")/.."
-export TSR_BIN="${TSR_BIN:-bin}" TSR_BUILD="${TSR_BUILD:-build}"
+# The test build (make test makes it); the release build for the test that compares.
+export TSR_BIN="${TSR_BIN:-build/test/bin}" TSR_BUILD="${TSR_BUILD:-build/test}"
+export TSR_RELEASE_BIN="${TSR_RELEASE_BIN:-bin}"
 what="${1:-all}" filter="${2:-}"
 passed=0 failed=0 failures=()
 

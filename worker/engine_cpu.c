@@ -552,8 +552,10 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         goto out;
     }
     rope_tables(e);
+#ifdef TSR_TESTING
     const char *fault = getenv("TSR_TEST_DEVICE_FAULT_AFTER");
     e->fault_after = fault ? strtol(fault, NULL, 10) : 0;
+#endif
     *out = e;
     e = NULL;
     rc = 0;
@@ -1343,12 +1345,14 @@ static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
                     b->n_entries, s->max_seqs);
         return -1;
     }
+#ifdef TSR_TESTING
     if (e->fault_after > 0 && ++e->steps >= e->fault_after) {
         e->fatal = 1;
         tsr_set_err(err, errlen, "fatal device error: injected after %ld steps "
                     "(TSR_TEST_DEVICE_FAULT_AFTER)", e->fault_after);
         return -1;
     }
+#endif
     if (tsr_batch_prepare(s, e->kv, b, first_row, e->row_slot, e->row_pos, err, errlen) < 0)
         return -1;
     if (!b->n_tokens) return 0;

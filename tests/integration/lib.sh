@@ -3,7 +3,7 @@
 # on exit.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${TSR_BIN:-bin}"
+BIN="${TSR_BIN:-build/test/bin}"
 case "$BIN" in /*) ;; *) BIN="$ROOT/$BIN" ;; esac
 T="$(mktemp -d /tmp/tsr-it.XXXXXX)"
 PIDS=()
@@ -115,7 +115,7 @@ start_worker() {
 # row is the CPU engine over a fake NCCL (tests/integration/fake_nccl_worker.c;
 # make all-tests builds it), with a stand-in GPU of 4 GiB.
 use_fake_nccl_worker() {
-    WORKER_BIN="${TSR_BUILD:-build}/tests/tessera-worker-fake-nccl"
+    WORKER_BIN="${TSR_BUILD:-build/test}/tests/tessera-worker-fake-nccl"
     case "$WORKER_BIN" in /*) ;; *) WORKER_BIN="$ROOT/$WORKER_BIN" ;; esac
     [ -x "$WORKER_BIN" ] || fail "no $WORKER_BIN (make all-tests builds it)"
     export TSR_TEST_FAKE_CUDA_MIB=4096

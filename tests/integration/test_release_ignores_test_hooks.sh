@@ -11,6 +11,13 @@ for b in tessera-coordinator tessera-worker; do
 done
 [ "$REL" != "$BIN" ] || fail "TSR_RELEASE_BIN is the test build's own folder"
 "$BIN/tessera-worker" --help | grep -q "This is a test build" || fail "the tests run a build without the test settings"
+# No release binary so much as names a test setting (each is read under TSR_TESTING).
+for b in tessera-coordinator tessera-worker tessera; do
+    grep -c "TSR_TEST_\|TSR_CUDA_DUMMY_WEIGHTS" "$BIN/$b" > /dev/null || [ "$b" = tessera ] ||
+        fail "the test build's $b names no test setting: the check below would prove nothing"
+    ! grep -a -o "TSR_TEST_[A-Z_]*\|TSR_CUDA_DUMMY_WEIGHTS" "$REL/$b" | sort -u | grep . ||
+        fail "the release $b reads the test settings above"
+done
 ! "$REL/tessera-worker" --help | grep -q "TSR_TEST_" || fail "the release worker's help offers test settings"
 
 write_yaml "$T/d.yaml" 1 1 1

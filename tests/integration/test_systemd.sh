@@ -3,7 +3,7 @@
 # for GPUs and the sandbox; and the daemons really send READY=1 and WATCHDOG=1.
 source "$(dirname "$0")/lib.sh"
 P="$T/prefix"
-make -s -C "$ROOT" install PREFIX="$P" SYSCONFDIR="$P/etc" BIN="$BIN" BUILD="${TSR_BUILD:-build}" > "$T/install.log" 2>&1 || fail "make install: $(cat "$T/install.log")"
+make -s -C "$ROOT" install PREFIX="$P" SYSCONFDIR="$P/etc" BIN="$BIN" BUILD="${TSR_BUILD:-build/test}" > "$T/install.log" 2>&1 || fail "make install: $(cat "$T/install.log")"
 [ -d "$P/etc/tessera/keys/allowed" ] || fail "make install did not lay out the key store directory"
 grep -q "tessera keys init $P/etc/tessera/keys" "$T/install.log" || fail "make install gave no key hint: $(cat "$T/install.log")"
 for f in bin/tessera bin/tessera-coordinator bin/tessera-worker \

@@ -1003,7 +1003,10 @@ static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errl
 {
     loader_t ld = {};
     ld.e = e;
-    const char *dummy = getenv("TSR_CUDA_DUMMY_WEIGHTS");
+    const char *dummy = NULL;
+#ifdef TSR_TESTING
+    dummy = getenv("TSR_CUDA_DUMMY_WEIGHTS");
+#endif
     int rc = -1;
     if (dummy && *dummy) {
         ld.dummy = true;
@@ -1211,12 +1214,14 @@ static bool env_off(const char *name)
     return v && !strcmp(v, "0");
 }
 
+#ifdef TSR_TESTING
 /* The number `name` is set to (0 when unset). */
 static long env_long(const char *name)
 {
     const char *v = getenv(name);
     return v ? strtol(v, NULL, 10) : 0;
 }
+#endif
 
 static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
                      size_t errlen)
@@ -1287,7 +1292,9 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->vocab = m->vocab_size;
     e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
     e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
+#ifdef TSR_TESTING
     e->fault_after = env_long("TSR_TEST_DEVICE_FAULT_AFTER");
+#endif
     e->gemv_off = env_off("TSR_CUDA_GEMV");
     e->graphs_on = spec->tp_size == 1 && !env_off("TSR_CUDA_GRAPHS");
     tsr_vocab_range(m, spec->tp_rank, spec->tp_size, &e->v_begin, &e->v_end, &e->v_chunk);
@@ -1520,11 +1527,13 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     if (tsr_batch_prepare(s, e->kv, b, e->first_row, row_slot, row_pos, err, errlen) < 0) return -1;
     e->last_sampled = 0;
     if (!b->n_tokens) return 0;
+#ifdef TSR_TESTING
     if (e->fault_after > 0 && ++e->steps == e->fault_after) {
         tsr_warn("CUDA: injecting an illegal-address fault at step %ld (TSR_TEST_DEVICE_FAULT_AFTER)",
                  e->steps);
         k_fault<<<1, 1, 0, e->st>>>();
     }
+#endif
     if (s->stage == 0)
         for (int i = 0; i < b->n_tokens; i++)
             if (b->tokens[i] < 0 || b->tokens[i] >= e->vocab) {
