@@ -15,6 +15,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -43,6 +44,8 @@
 #define STATUS_WAIT_MS 5000          /* a status or metrics answer */
 #define TOKEN_WAIT_MS 300000         /* no word from the coordinator for this long: 504 */
 #define POLL_MS 100                  /* how often a waiting thread looks at its client */
+#define PROBE_MS 1000                /* how often a half-closed client is written to while
+                                        its answer is made (client_gone) */
 #define MAX_REPLY (64u << 20)        /* a reply from the coordinator (metrics can be large) */
 #define MAX_DISCARD (16u << 20)      /* a body past MAX_BODY read to answer 413, at most */
 #define IDLE_TIMEOUT_S 30            /* a connection that sends nothing for this long closes
@@ -202,17 +205,6 @@ static int bridge_call(const tsr_http_t *h, Tessera__ControlRequest__Kind kind,
     return rc;
 }
 
-/* Whether the client closed its connection (a read would see the end). */
-static bool client_gone(struct MHD_Connection *conn)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 /* ---- a generation ----------------------------------------------------------------- */
 
 typedef struct {
@@ -231,6 +223,9 @@ typedef struct {
     bool ended;                      /* finished, failed or cancelled: no more events */
     bool cancel_sent;
     int64_t looked_ms;               /* when gen_step last looked at the client */
+    bool http11;                     /* the client speaks HTTP/1.1 (it takes 1xx answers) */
+    bool responded;                  /* the response is queued: only the server writes now */
+    int64_t probed_ms;               /* when client_gone last wrote to a half-closed client */
     unsigned err_status;             /* a failure: its HTTP status */
     char err[700], err_code[32];
     /* stream */
@@ -238,6 +233,34 @@ typedef struct {
     size_t out_pos;
     bool role_sent, tail_sent;
 } gen_t;
+
+/* Whether the client went away.  The end of its request stream (a read sees EOF) is not
+ * that: a client may shut down its writing side and still read (shutdown(SHUT_WR)), and
+ * on the wire that FIN is the same as a close().  Only a write tells them apart: to a
+ * closed socket the client's kernel answers with a reset, seen here as POLLHUP or
+ * POLLERR.  While nothing is written yet (no status chosen), a client whose side ended
+ * is sent an interim "102 Processing" every PROBE_MS, which an HTTP/1.1 client takes
+ * before its answer (RFC 9110, 15.2); once the answer streams, its events are the writes.
+ * An HTTP/1.0 client must not be sent a 1xx: one that closes before its whole answer is
+ * found out only when the answer is written. */
+static bool client_gone(gen_t *g)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(g->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLOUT | POLLRDHUP};
+    if (poll(&p, 1, 0) < 0) return false;  /* interrupted: the next look sees it */
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+    /* POLLOUT: room for the probe whole, so that it cannot be cut in two. */
+    if (!(p.revents & POLLRDHUP) || !(p.revents & POLLOUT) || g->responded || !g->http11)
+        return false;
+    int64_t now = tsr_now_ms();
+    if (g->probed_ms && now - g->probed_ms < PROBE_MS) return false;
+    g->probed_ms = now;
+    static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    ssize_t n = send(p.fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
 
 static void gen_cancel(gen_t *g)
 {
@@ -330,7 +353,7 @@ static int gen_step(gen_t *g)
         int64_t now = tsr_now_ms();
         if (r == 0 || now - g->looked_ms >= POLL_MS) {
             g->looked_ms = now;
-            if (client_gone(g->conn)) {
+            if (client_gone(g)) {
                 tsr_env_free(&env);
                 gen_cancel(g);
                 g->ended = true;
@@ -631,8 +654,8 @@ out:
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
-static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, const char *body,
-                                size_t len, bool chat)
+static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, bool http11,
+                                const char *body, size_t len, bool chat)
 {
     char msg[600];
     json_error_t jerr;
@@ -654,6 +677,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
         return respond_error(conn, 500, "out of memory", NULL, NULL);
     }
     g->conn = conn;
+    g->http11 = http11;
     g->chat = chat;
     g->created = (long long)time(NULL);
     const char *bad = read_params(doc, chat, &q, g, msg, sizeof msg);
@@ -733,7 +757,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     tsr_env_t *env = NULL;
     int waited = 0, r;
     while ((r = bridge_recv(g->sock, POLL_MS, &env)) == 0 && (waited += POLL_MS) < STATUS_WAIT_MS)
-        if (client_gone(conn)) {
+        if (client_gone(g)) {
             rc = MHD_NO;  /* it left before the acceptance: nothing runs for it yet */
             goto out;
         }
@@ -774,6 +798,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
             rc = MHD_NO;
             goto out;
         }
+        g->responded = true;
         g = NULL;  /* the response owns it now */
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -1013,7 +1038,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return respond_error(conn, 413, msg, NULL, NULL);
     }
     if (completions || chat)
-        return generate(h, conn, cc->body.p ? cc->body.p : "", cc->body.len, chat);
+        return generate(h, conn, !strcmp(version, MHD_HTTP_VERSION_1_1),
+                        cc->body.p ? cc->body.p : "", cc->body.len, chat);
     if (!strcmp(url, "/v1/models")) return get_models(h, conn);
     if (!strcmp(url, "/health")) return get_health(h, conn);
     return get_metrics(h, conn);
