@@ -1,13 +1,14 @@
-/* http.c: the OpenAI-compatible HTTP API; see http.h.
+/* http.c: the HTTP server of the OpenAI-compatible API; see http.h.
  *
- * A generation request goes to the coordinator as a GENERATE control request with the
- * text, token ids or chat messages, and want_text; the coordinator encodes it, routes
- * it, and sends back the acceptance, then one reply per token carrying the text that
- * token completes.  This file turns those into OpenAI's JSON: one document, or
- * server-sent events.  It cuts the text at stop strings (and cancels the rest), and
- * cancels when the client's connection closes.  The response's status is chosen only
- * once the first token (or the failure) is in, so a full queue is a 503 even when
- * streaming. */
+ * Over libmicrohttpd, one thread per connection: the key and the request's framing are
+ * checked before its body is read; a generation's body is read into a GENERATE control
+ * request (openai.c), its text or chat prompt encoded here with the deployment's
+ * tokenizer, and sent to the coordinator's loop over the bridge.  The loop routes it and
+ * sends back the acceptance, then one reply per token carrying the text that token
+ * completes.  This file gathers those into one answer or server-sent events (the
+ * documents are openai.c's), cuts the text at stop strings (and cancels the rest), and
+ * cancels when the client goes away.  The response's status is chosen only once the
+ * first token (or the failure) is in, so a full queue is a 503 even when streaming. */
 #include "http.h"
 
 #include <arpa/inet.h>
@@ -15,34 +16,32 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 #include <zmq.h>
 
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "common/util.h"
 #include "common/wire.h"
+#include "coordinator/apikeys.h"
 #include "coordinator/chat.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/openai.h"
 
 #define MAX_BODY (1u << 20)          /* request bodies above this get 413 */
-#define MAX_STOPS 4
-#define MAX_STOP_LEN 256
 #define STATUS_WAIT_MS 5000          /* a status or metrics answer */
 #define TOKEN_WAIT_MS 300000         /* no word from the coordinator for this long: 504 */
 #define POLL_MS 100                  /* how often a waiting thread looks at its client */
+#define PROBE_MS 1000                /* how often a half-closed client is written to while
+                                        its answer is made (client_gone) */
 #define MAX_REPLY (64u << 20)        /* a reply from the coordinator (metrics can be large) */
 #define MAX_DISCARD (16u << 20)      /* a body past MAX_BODY read to answer 413, at most */
 #define IDLE_TIMEOUT_S 30            /* a connection that sends nothing for this long closes
@@ -111,24 +110,11 @@ static enum MHD_Result respond_json(struct MHD_Connection *conn, unsigned status
     return rc;
 }
 
-/* OpenAI's error document. */
-static json_t *error_doc(const char *message, const char *type, const char *param,
-                         const char *code)
-{
-    json_t *e = json_pack("{s:s, s:s}", "message", message, "type", type);
-    json_object_set_new(e, "param", param ? json_string(param) : json_null());
-    json_object_set_new(e, "code", code ? json_string(code) : json_null());
-    return json_pack("{s:o}", "error", e);
-}
-
 static enum MHD_Result respond_error(struct MHD_Connection *conn, unsigned status,
                                      const char *message, const char *param, const char *code)
 {
-    const char *type = status == 401 ? "authentication_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 503 ? "service_unavailable"
-                       : status >= 500 ? "server_error" : "invalid_request_error";
-    return respond_json(conn, status, error_doc(message, type, param, code),
+    return respond_json(conn, status,
+                        tsr_openai_error(message, tsr_openai_error_type(status), param, code),
                         status == 503 ? 1 : 0);
 }
 
@@ -202,35 +188,22 @@ static int bridge_call(const tsr_http_t *h, Tessera__ControlRequest__Kind kind,
     return rc;
 }
 
-/* Whether the client closed its connection (a read would see the end). */
-static bool client_gone(struct MHD_Connection *conn)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 /* ---- a generation ----------------------------------------------------------------- */
 
 typedef struct {
     struct MHD_Connection *conn;
     void *sock;
     uint64_t request_id;
-    bool chat, stream, include_usage;
-    char model[256], id[48];
-    long long created;
-    char *stops[MAX_STOPS];
-    size_t n_stops, max_stop;
+    tsr_openai_completion_t c;       /* what was asked for; what the documents say */
     tsr_sb_t text;                     /* all the text so far (cut at a stop string) */
     size_t sent;                     /* stream: text bytes already sent */
-    long long prompt_tokens, completion_tokens;
     const char *finish;              /* "stop", "length"; NULL while it runs */
     bool ended;                      /* finished, failed or cancelled: no more events */
     bool cancel_sent;
     int64_t looked_ms;               /* when gen_step last looked at the client */
+    bool http11;                     /* the client speaks HTTP/1.1 (it takes 1xx answers) */
+    bool responded;                  /* the response is queued: only the server writes now */
+    int64_t probed_ms;               /* when client_gone last wrote to a half-closed client */
     unsigned err_status;             /* a failure: its HTTP status */
     char err[700], err_code[32];
     /* stream */
@@ -238,6 +211,34 @@ typedef struct {
     size_t out_pos;
     bool role_sent, tail_sent;
 } gen_t;
+
+/* Whether the client went away.  The end of its request stream (a read sees EOF) is not
+ * that: a client may shut down its writing side and still read (shutdown(SHUT_WR)), and
+ * on the wire that FIN is the same as a close().  Only a write tells them apart: to a
+ * closed socket the client's kernel answers with a reset, seen here as POLLHUP or
+ * POLLERR.  While nothing is written yet (no status chosen), a client whose side ended
+ * is sent an interim "102 Processing" every PROBE_MS, which an HTTP/1.1 client takes
+ * before its answer (RFC 9110, 15.2); once the answer streams, its events are the writes.
+ * An HTTP/1.0 client must not be sent a 1xx: one that closes before its whole answer is
+ * found out only when the answer is written. */
+static bool client_gone(gen_t *g)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(g->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLOUT | POLLRDHUP};
+    if (poll(&p, 1, 0) < 0) return false;  /* interrupted: the next look sees it */
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+    /* POLLOUT: room for the probe whole, so that it cannot be cut in two. */
+    if (!(p.revents & POLLRDHUP) || !(p.revents & POLLOUT) || g->responded || !g->http11)
+        return false;
+    int64_t now = tsr_now_ms();
+    if (g->probed_ms && now - g->probed_ms < PROBE_MS) return false;
+    g->probed_ms = now;
+    static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    ssize_t n = send(p.fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
 
 static void gen_cancel(gen_t *g)
 {
@@ -266,7 +267,7 @@ static void gen_free(gen_t *g)
         if (answered || r < 0) break;
     }
     if (g->sock) zmq_close(g->sock);
-    for (size_t i = 0; i < g->n_stops; i++) free(g->stops[i]);
+    tsr_openai_clear(&g->c);
     free(g->text.p);
     free(g->out.p);
     free(g);
@@ -283,12 +284,12 @@ static void gen_fail(gen_t *g, unsigned status, const char *code, const char *ms
 /* After text grew from `before` bytes: the earliest stop string ends the text there. */
 static void check_stops(gen_t *g, size_t before)
 {
-    if (!g->n_stops) return;
-    size_t from = before >= g->max_stop ? before - g->max_stop + 1 : 0;
+    if (!g->c.n_stops) return;
+    size_t from = before >= g->c.max_stop ? before - g->c.max_stop + 1 : 0;
     size_t best = SIZE_MAX;
-    for (size_t k = 0; k < g->n_stops; k++) {
-        const char *hit = memmem(g->text.p + from, g->text.len - from, g->stops[k],
-                                 strlen(g->stops[k]));
+    for (size_t k = 0; k < g->c.n_stops; k++) {
+        const char *hit = memmem(g->text.p + from, g->text.len - from, g->c.stops[k],
+                                 strlen(g->c.stops[k]));
         if (hit && (size_t)(hit - g->text.p) < best) best = (size_t)(hit - g->text.p);
     }
     if (best == SIZE_MAX) return;
@@ -305,10 +306,10 @@ static size_t sendable(const gen_t *g)
 {
     if (g->ended) return g->text.len;
     size_t hold = 0;
-    for (size_t k = 0; k < g->n_stops; k++) {
-        size_t sl = strlen(g->stops[k]);
+    for (size_t k = 0; k < g->c.n_stops; k++) {
+        size_t sl = strlen(g->c.stops[k]);
         for (size_t l = sl - 1; l > hold; l--)
-            if (l <= g->text.len && !memcmp(g->text.p + g->text.len - l, g->stops[k], l)) {
+            if (l <= g->text.len && !memcmp(g->text.p + g->text.len - l, g->c.stops[k], l)) {
                 hold = l;
                 break;
             }
@@ -330,7 +331,7 @@ static int gen_step(gen_t *g)
         int64_t now = tsr_now_ms();
         if (r == 0 || now - g->looked_ms >= POLL_MS) {
             g->looked_ms = now;
-            if (client_gone(g->conn)) {
+            if (client_gone(g)) {
                 tsr_env_free(&env);
                 gen_cancel(g);
                 g->ended = true;
@@ -364,13 +365,13 @@ static int gen_step(gen_t *g)
             json_decref(doc);  /* the acceptance, a probe, our cancel's answer */
             continue;
         }
-        if (json_integer_value(json_object_get(doc, "index")) != g->completion_tokens) {
+        if (json_integer_value(json_object_get(doc, "index")) != g->c.completion_tokens) {
             json_decref(doc);
             gen_cancel(g);
             gen_fail(g, 500, NULL, "tokens were lost between the coordinator and this server");
             return 0;
         }
-        g->completion_tokens++;
+        g->c.completion_tokens++;
         json_t *t = json_object_get(doc, "text");
         size_t before = g->text.len;
         if (json_is_string(t) && hb_put(&g->text, json_string_value(t), json_string_length(t))) {
@@ -388,135 +389,6 @@ static int gen_step(gen_t *g)
         check_stops(g, before);
         return 0;
     }
-}
-
-/* ---- request bodies ---------------------------------------------------------------- */
-
-/* Reads the sampling and output fields shared by both endpoints into q and g.  NULL on
- * success, else the name of the field at fault with its problem in msg. */
-static const char *read_params(json_t *body, bool chat, Tessera__ControlRequest *q, gen_t *g,
-                               char *msg, size_t len)
-{
-    json_t *v;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (!model || !*model || strlen(model) > TSR_NAME_MAX)
-        return snprintf(msg, len, "model: expected the name of a deployment (at most %d "
-                        "characters)", TSR_NAME_MAX), "model";
-    snprintf(g->model, sizeof g->model, "%s", model);
-    q->max_tokens = chat ? 1000000 : 16;  /* chat: until eos or max_seq_len */
-    const char *mt = chat && json_object_get(body, "max_completion_tokens") ? "max_completion_tokens"
-                                                                           : "max_tokens";
-    if ((v = json_object_get(body, mt)) && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000)
-            return snprintf(msg, len, "%s: expected an integer from 1 to 1000000", mt), mt;
-        q->max_tokens = (uint32_t)json_integer_value(v);
-    }
-    double temperature = 1.0, top_p = 1.0;
-    if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 2))
-            return snprintf(msg, len, "temperature: expected a number from 0 to 2"), "temperature";
-        temperature = json_number_value(v);
-    }
-    if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1))
-            return snprintf(msg, len, "top_p: expected a number above 0, at most 1"), "top_p";
-        top_p = json_number_value(v);
-    }
-    q->temperature = (float)temperature;
-    q->top_p = tsr_wire_top_p(top_p);
-    if ((v = json_object_get(body, "seed")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) return snprintf(msg, len, "seed: expected an integer"), "seed";
-        q->seed = (uint64_t)json_integer_value(v);
-    } else if (getrandom(&q->seed, sizeof q->seed, 0) != (ssize_t)sizeof q->seed) {
-        q->seed = (uint64_t)time(NULL);
-    }
-    if ((v = json_object_get(body, "n")) && !json_is_null(v) &&
-        (!json_is_integer(v) || json_integer_value(v) != 1))
-        return snprintf(msg, len, "n: only 1 is supported"), "n";
-    static const char *const unsupported[] = {"logprobs", "echo", "best_of", "suffix",
-                                              "tools", "functions", "logit_bias"};
-    for (size_t k = 0; k < sizeof unsupported / sizeof unsupported[0]; k++) {
-        v = json_object_get(body, unsupported[k]);
-        if (v && !json_is_null(v) && !json_is_false(v) &&
-            !(!strcmp(unsupported[k], "best_of") && json_is_integer(v) && json_integer_value(v) == 1))
-            return snprintf(msg, len, "%s: is not supported", unsupported[k]), unsupported[k];
-    }
-    if ((v = json_object_get(body, "stop")) && !json_is_null(v)) {
-        json_t *one = json_is_string(v) ? v : NULL;
-        size_t n = one ? 1 : json_is_array(v) ? json_array_size(v) : 0;
-        if (!one && (!json_is_array(v) || n > MAX_STOPS))
-            return snprintf(msg, len, "stop: expected a string or a list of up to %d strings",
-                            MAX_STOPS), "stop";
-        for (size_t k = 0; k < n; k++) {
-            json_t *s = one ? one : json_array_get(v, k);
-            if (!json_is_string(s) || json_string_length(s) == 0 ||
-                json_string_length(s) > MAX_STOP_LEN ||
-                strlen(json_string_value(s)) != json_string_length(s))
-                return snprintf(msg, len, "stop: each stop must be a string of 1 to %d bytes",
-                                MAX_STOP_LEN), "stop";
-            g->stops[g->n_stops] = strdup(json_string_value(s));
-            if (!g->stops[g->n_stops]) return snprintf(msg, len, "out of memory"), "stop";
-            if (json_string_length(s) > g->max_stop) g->max_stop = json_string_length(s);
-            g->n_stops++;
-        }
-    }
-    if ((v = json_object_get(body, "stream")) && !json_is_null(v)) {
-        if (!json_is_boolean(v)) return snprintf(msg, len, "stream: expected true or false"), "stream";
-        g->stream = json_is_true(v);
-    }
-    json_t *so = json_object_get(body, "stream_options");
-    if (so && !json_is_null(so)) {
-        json_t *iu = json_is_object(so) ? json_object_get(so, "include_usage") : NULL;
-        if (!json_is_object(so) || (iu && !json_is_null(iu) && !json_is_boolean(iu)))
-            return snprintf(msg, len, "stream_options: expected an object whose include_usage "
-                            "is true or false"), "stream_options";
-        g->include_usage = json_is_true(iu);
-    }
-    return NULL;
-}
-
-/* ---- documents ------------------------------------------------------------------------ */
-
-static json_t *usage_doc(const gen_t *g)
-{
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)g->prompt_tokens,
-                     "completion_tokens", (json_int_t)g->completion_tokens, "total_tokens",
-                     (json_int_t)(g->prompt_tokens + g->completion_tokens));
-}
-
-static json_t *chunk_doc(const gen_t *g, const char *text, size_t len, const char *finish,
-                         bool role)
-{
-    json_t *choice;
-    if (g->chat) {
-        json_t *delta = json_object();
-        if (role) json_object_set_new(delta, "role", json_string("assistant"));
-        if (len || role) json_object_set_new(delta, "content", json_stringn(text, len));
-        choice = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", delta, "logprobs");
-    } else {
-        choice = json_pack("{s:i, s:s%, s:n}", "index", 0, "text", text, len, "logprobs");
-    }
-    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object",
-                     g->chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)g->created, "model", g->model, "choices", choice);
-}
-
-static json_t *whole_doc(const gen_t *g)
-{
-    json_t *choice;
-    if (g->chat)
-        choice = json_pack("{s:i, s:{s:s, s:s%}, s:n}", "index", 0, "message", "role",
-                           "assistant", "content", g->text.p ? g->text.p : "", g->text.len,
-                           "logprobs");
-    else
-        choice = json_pack("{s:i, s:s%, s:n}", "index", 0, "text", g->text.p ? g->text.p : "",
-                           g->text.len, "logprobs");
-    json_object_set_new(choice, "finish_reason", json_string(g->finish ? g->finish : "stop"));
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
-                     g->chat ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)g->created, "model", g->model, "choices", choice, "usage",
-                     usage_doc(g));
 }
 
 static int sse(gen_t *g, json_t *doc)
@@ -538,32 +410,28 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     while (g->out_pos == g->out.len) {
         g->out.len = g->out_pos = 0;
         if (g->tail_sent) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (g->chat && !g->role_sent) {
+        if (g->c.chat && !g->role_sent) {
             g->role_sent = true;
-            if (sse(g, chunk_doc(g, "", 0, NULL, true))) return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (sse(g, tsr_openai_chunk(&g->c, "", 0, NULL, true))) return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
         size_t upto = sendable(g);
         if (upto > g->sent) {
-            if (sse(g, chunk_doc(g, g->text.p + g->sent, upto - g->sent, NULL, false)))
+            if (sse(g, tsr_openai_chunk(&g->c, g->text.p + g->sent, upto - g->sent, NULL, false)))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             g->sent = upto;
             continue;
         }
         if (g->ended) {
             if (g->err_status) {
-                if (sse(g, error_doc(g->err, "server_error", NULL, g->err_code[0] ? g->err_code : NULL)))
+                if (sse(g, tsr_openai_error(g->err, "server_error", NULL,
+                                         g->err_code[0] ? g->err_code : NULL)))
                     return MHD_CONTENT_READER_END_WITH_ERROR;
             } else {
-                if (sse(g, chunk_doc(g, "", 0, g->finish ? g->finish : "stop", false)))
+                if (sse(g, tsr_openai_chunk(&g->c, "", 0, g->finish ? g->finish : "stop", false)))
                     return MHD_CONTENT_READER_END_WITH_ERROR;
-                if (g->include_usage) {
-                    json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
-                                          g->chat ? "chat.completion.chunk" : "text_completion",
-                                          "created", (json_int_t)g->created, "model", g->model,
-                                          "choices", "usage", usage_doc(g));
-                    if (sse(g, u)) return MHD_CONTENT_READER_END_WITH_ERROR;
-                }
+                if (g->c.include_usage && sse(g, tsr_openai_usage_chunk(&g->c)))
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
             }
             if (hb_put(&g->out, "data: [DONE]\n\n", 14)) return MHD_CONTENT_READER_END_WITH_ERROR;
             g->tail_sent = true;
@@ -631,8 +499,8 @@ out:
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
-static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, const char *body,
-                                size_t len, bool chat)
+static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, bool http11,
+                                const char *body, size_t len, bool chat)
 {
     char msg[600];
     json_error_t jerr;
@@ -645,66 +513,26 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     }
     gen_t *g = calloc(1, sizeof *g);
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
-    json_t *messages = NULL;         /* borrowed from doc */
-    const char *text = NULL;         /* borrowed from doc */
-    int32_t *ids = NULL;
+    tsr_openai_prompt_t prompt = {0};
+    const char *param = NULL;
     enum MHD_Result rc;
     if (!g) {
         json_decref(doc);
         return respond_error(conn, 500, "out of memory", NULL, NULL);
     }
     g->conn = conn;
-    g->chat = chat;
-    g->created = (long long)time(NULL);
-    const char *bad = read_params(doc, chat, &q, g, msg, sizeof msg);
-    if (!bad && chat) {
-        messages = json_object_get(doc, "messages");
-        if (!json_is_array(messages) || json_array_size(messages) == 0) {
-            bad = "messages";
-            snprintf(msg, sizeof msg, "messages: expected a non-empty list of messages");
-        }
-    } else if (!bad) {
-        json_t *p = json_object_get(doc, "prompt");
-        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-            p = json_array_get(p, 0);
-        if (json_is_string(p) && json_string_length(p) > 0 &&
-            strlen(json_string_value(p)) == json_string_length(p)) {
-            text = json_string_value(p);
-        } else if (json_is_array(p) && json_array_size(p) > 0) {
-            size_t n = json_array_size(p);
-            ids = malloc(n * sizeof *ids);
-            if (!ids) {
-                rc = respond_error(conn, 500, "out of memory", NULL, NULL);
-                goto out;
-            }
-            for (size_t k = 0; k < n; k++) {
-                json_t *x = json_array_get(p, k);
-                if (!json_is_integer(x) || json_integer_value(x) < 0 ||
-                    json_integer_value(x) > INT32_MAX) {
-                    bad = "prompt";
-                    snprintf(msg, sizeof msg, "prompt[%zu]: expected a token id (an integer "
-                             "from 0); a prompt is one string, a list of one string, or a "
-                             "list of token ids", k);
-                    break;
-                }
-                ids[k] = (int32_t)json_integer_value(x);
-            }
-            q.prompt = ids;
-            q.n_prompt = n;
-        } else {
-            bad = "prompt";
-            snprintf(msg, sizeof msg, "prompt: expected a non-empty string (without NUL) or a "
-                     "non-empty list of token ids");
-        }
-    }
-    if (bad) {
-        rc = respond_error(conn, 400, msg, bad, NULL);
+    g->http11 = http11;
+    g->c.created = (long long)time(NULL);
+    unsigned st = tsr_openai_read_request(doc, chat, &g->c, &prompt, &q, &param, msg, sizeof msg);
+    if (st) {
+        rc = respond_error(conn, st, msg, st == 400 ? param : NULL, NULL);
         goto out;
     }
     /* Text and chats are rendered and encoded here, in this connection's thread, so the
      * coordinator's loop gets token ids only. */
-    if (text || messages) {
-        unsigned st = encode_here(h, g->model, text, messages, &q, &ids, msg, sizeof msg);
+    if (prompt.text || prompt.messages) {
+        st = encode_here(h, g->c.model, prompt.text, prompt.messages, &q, &prompt.ids, msg,
+                         sizeof msg);
         if (st) {
             rc = respond_error(conn, st, msg, st == 404 ? "model" : chat ? "messages" : "prompt",
                                st == 404 ? "model_not_found" : NULL);
@@ -712,7 +540,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
         }
     }
     q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
-    q.deployment = g->model;
+    q.deployment = g->c.model;
     q.worker = "";
     q.want_text = true;
     {
@@ -733,7 +561,7 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     tsr_env_t *env = NULL;
     int waited = 0, r;
     while ((r = bridge_recv(g->sock, POLL_MS, &env)) == 0 && (waited += POLL_MS) < STATUS_WAIT_MS)
-        if (client_gone(conn)) {
+        if (client_gone(g)) {
             rc = MHD_NO;  /* it left before the acceptance: nothing runs for it yet */
             goto out;
         }
@@ -753,27 +581,28 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     json_t *ack = json_loads(env->control_reply->json, 0, NULL);
     tsr_env_free(&env);
     g->request_id = (uint64_t)json_integer_value(json_object_get(ack, "request_id"));
-    g->prompt_tokens = json_integer_value(json_object_get(ack, "prompt_tokens"));
+    g->c.prompt_tokens = json_integer_value(json_object_get(ack, "prompt_tokens"));
     json_decref(ack);
-    snprintf(g->id, sizeof g->id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+    snprintf(g->c.id, sizeof g->c.id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)g->request_id);
     /* The first token (or the failure) before any status goes out. */
-    while (!g->ended && g->completion_tokens == 0)
+    while (!g->ended && g->c.completion_tokens == 0)
         if (gen_step(g) < 0 && !g->err_status) {
             rc = MHD_NO;  /* the client left */
             goto out;
         }
-    if (g->err_status && g->completion_tokens == 0) {
+    if (g->err_status && g->c.completion_tokens == 0) {
         rc = respond_error(conn, g->err_status, g->err, NULL, g->err_code[0] ? g->err_code : NULL);
         goto out;
     }
-    if (g->stream) {
+    if (g->c.stream) {
         struct MHD_Response *resp =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, g, stream_free);
         if (!resp) {
             rc = MHD_NO;
             goto out;
         }
+        g->responded = true;
         g = NULL;  /* the response owns it now */
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -789,10 +618,10 @@ static enum MHD_Result generate(tsr_http_t *h, struct MHD_Connection *conn, cons
     if (g->err_status)
         rc = respond_error(conn, g->err_status, g->err, NULL, g->err_code[0] ? g->err_code : NULL);
     else
-        rc = respond_json(conn, MHD_HTTP_OK, whole_doc(g), 0);
+        rc = respond_json(conn, MHD_HTTP_OK, tsr_openai_whole(&g->c, g->text.p, g->text.len, g->finish), 0);
 out:
     gen_free(g);
-    free(ids);
+    free(prompt.ids);
     json_decref(doc);
     return rc;
 }
@@ -831,17 +660,9 @@ static enum MHD_Result get_models(tsr_http_t *h, struct MHD_Connection *conn)
 {
     json_t *st = deployments_doc(h);
     if (!st) return respond_error(conn, 504, "the coordinator did not answer", NULL, NULL);
-    json_t *data = json_array();
-    long long up = json_integer_value(json_object_get(st, "uptime_ms"));
-    size_t i;
-    json_t *d;
-    json_array_foreach(json_object_get(st, "deployments"), i, d)
-        json_array_append_new(data, json_pack("{s:O, s:s, s:I, s:s}", "id",
-                                              json_object_get(d, "name"), "object", "model",
-                                              "created", (json_int_t)(time(NULL) - up / 1000),
-                                              "owned_by", "tessera"));
+    json_t *doc = tsr_openai_models(st, (long long)time(NULL));
     json_decref(st);
-    return respond_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "object", "list", "data", data), 0);
+    return respond_json(conn, MHD_HTTP_OK, doc, 0);
 }
 
 static enum MHD_Result get_health(tsr_http_t *h, struct MHD_Connection *conn)
@@ -929,16 +750,7 @@ static bool authorized(const tsr_http_t *h, struct MHD_Connection *conn)
                                       strlen(MHD_HTTP_HEADER_AUTHORIZATION), &a, &alen) != MHD_YES ||
         !a || alen != strlen(a) || strncasecmp(a, "Bearer ", 7))  /* a NUL inside: no */
         return false;
-    a += 7;
-    size_t n = strlen(a);
-    bool ok = false;
-    for (size_t k = 0; k < h->n_keys; k++) {
-        size_t kn = strlen(h->keys[k]);
-        unsigned diff = (unsigned)(kn ^ n);
-        for (size_t i = 0; i < kn; i++) diff |= (unsigned char)h->keys[k][i] ^ (unsigned char)(i < n ? a[i] : 0);
-        ok |= diff == 0;
-    }
-    return ok;
+    return tsr_apikeys_match(h->keys, h->n_keys, a + 7);
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
@@ -1013,7 +825,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return respond_error(conn, 413, msg, NULL, NULL);
     }
     if (completions || chat)
-        return generate(h, conn, cc->body.p ? cc->body.p : "", cc->body.len, chat);
+        return generate(h, conn, !strcmp(version, MHD_HTTP_VERSION_1_1),
+                        cc->body.p ? cc->body.p : "", cc->body.len, chat);
     if (!strcmp(url, "/v1/models")) return get_models(h, conn);
     if (!strcmp(url, "/health")) return get_health(h, conn);
     return get_metrics(h, conn);
@@ -1031,70 +844,6 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
-int tsr_http_read_keys(const char *path, char ***keys, char *err, size_t errlen)
-{
-    struct stat st;
-    int fd = tsr_open_regular(path, err, errlen);
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
-    if (!f) {
-        if (fd >= 0) {
-            tsr_set_err(err, errlen, "%s: %s", path, strerror(errno));
-            close(fd);
-        }
-        return -1;
-    }
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077)) {
-        tsr_set_err(err, errlen, "%s: mode %03o lets others read the API keys; chmod 600 it", path,
-                    (unsigned)(st.st_mode & 0777));
-        fclose(f);
-        return -1;
-    }
-    char line[1024];
-    char **v = NULL;
-    int n = 0, lineno = 0;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            tsr_set_err(err, errlen, "%s:%d: the line is over %zu bytes", path, lineno,
-                        sizeof line - 2);
-            goto bad;
-        }
-        size_t l = strcspn(line, "\r\n");
-        line[l] = '\0';
-        char *s = line;
-        while (*s == ' ' || *s == '\t') s++;
-        l = strlen(s);
-        while (l && (s[l - 1] == ' ' || s[l - 1] == '\t')) s[--l] = '\0';
-        if (!*s || *s == '#') continue;
-        if (l < 16 || strpbrk(s, " \t")) {
-            tsr_set_err(err, errlen, "%s:%d: a key must be one word of at least 16 characters",
-                        path, lineno);
-            goto bad;
-        }
-        char **w = realloc(v, (size_t)(n + 1) * sizeof *w);
-        if (!w || !(w[n] = strdup(s))) {
-            if (w) v = w;
-            tsr_set_err(err, errlen, "out of memory");
-            goto bad;
-        }
-        v = w;
-        n++;
-    }
-    fclose(f);
-    if (n == 0) {
-        tsr_set_err(err, errlen, "%s: holds no key", path);
-        free(v);
-        return -1;
-    }
-    *keys = v;
-    return n;
-bad:
-    fclose(f);
-    for (int i = 0; i < n; i++) free(v[i]);
-    free(v);
-    return -1;
-}
-
 tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
                            struct tsr_tokreg *reg, const char *api_keys_file, char *err,
                            size_t errlen)
@@ -1109,7 +858,7 @@ tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
     pthread_mutex_init(&h->deployments.mu, NULL);
     pthread_mutex_init(&h->metrics.mu, NULL);
     if (api_keys_file) {
-        int n = tsr_http_read_keys(api_keys_file, &h->keys, err, errlen);
+        int n = tsr_apikeys_read(api_keys_file, &h->keys, err, errlen);
         if (n < 0) {
             free(h);
             return NULL;
@@ -1157,8 +906,7 @@ void tsr_http_stop(tsr_http_t **self_p)
     pthread_mutex_destroy(&h->deployments.mu);
     free(h->metrics.text);
     pthread_mutex_destroy(&h->metrics.mu);
-    for (size_t k = 0; k < h->n_keys; k++) free(h->keys[k]);
-    free(h->keys);
+    tsr_apikeys_free(&h->keys, h->n_keys);
     free(h);
     *self_p = NULL;
 }

@@ -10,7 +10,8 @@
  * thread talks to the coordinator's loop as a control client does, over an in-process
  * ZeroMQ endpoint bound on the control socket (the bridge), so the loop never waits on
  * HTTP.  With api keys, /v1/ wants "Authorization: Bearer KEY"; /health and /metrics
- * are open to whoever can reach the port. */
+ * are open to whoever can reach the port.  The OpenAI documents are openai.h's, the keys
+ * apikeys.h's. */
 #ifndef TSR_HTTP_H
 #define TSR_HTTP_H
 
@@ -22,17 +23,12 @@ struct tsr_tokreg;
 
 /* Starts serving on host:port.  bridge: the inproc endpoint of the coordinator's socket
  * for it.  reg: the deployments' tokenizers, with which prompts are encoded in the
- * connections' threads (it must outlive the server).  api_keys_file: bearer tokens, one
- * per line ('#' comments), owner-only permissions; NULL for none.  NULL with the reason
- * in err. */
+ * connections' threads (it must outlive the server).  api_keys_file: the bearer tokens
+ * (apikeys.h); NULL for none.  NULL with the reason in err. */
 tsr_http_t *tsr_http_start(const char *host, int port, const char *bridge,
                            struct tsr_tokreg *reg, const char *api_keys_file, char *err,
                            size_t errlen);
 /* Stops the server: open connections are closed.  Sets *self_p to NULL. */
 void tsr_http_stop(tsr_http_t **self_p);
-
-/* Reads an api keys file (exposed for tests).  Returns the number of keys (at least
- * one) and *keys (caller frees each and the array), or -1 with the reason. */
-int tsr_http_read_keys(const char *path, char ***keys, char *err, size_t errlen);
 
 #endif

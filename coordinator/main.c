@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "apikeys.h"
 #include "coordinator.h"
 #include "http.h"
 
@@ -105,13 +106,12 @@ int main(int argc, char **argv)
         }
         /* What a start would refuse (a missing file, one others can read). */
         char **keys = NULL;
-        int nk = cfg->api_keys_file ? tsr_http_read_keys(cfg->api_keys_file, &keys, err, sizeof err) : 0;
+        int nk = cfg->api_keys_file ? tsr_apikeys_read(cfg->api_keys_file, &keys, err, sizeof err) : 0;
         if (nk < 0) {
             fprintf(stderr, "%s\n", err);
             bad = 1;
         }
-        for (int i = 0; i < nk; i++) free(keys[i]);
-        free(keys);
+        tsr_apikeys_free(&keys, nk > 0 ? (size_t)nk : 0);
         if (!bad) printf("%s: valid, %zu deployment(s)\n", path, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return bad;

@@ -1,8 +1,9 @@
 """Drives Tessera's HTTP API with the official `openai` client (and plain HTTP where the
 client hides what is checked).  Run by tests/integration/test_w_http_api.sh, which starts
-a coordinator with http_endpoint and an API keys file, and workers for two deployments:
+a coordinator with http_endpoint and an API keys file, and workers for three deployments:
   text   tp=1, the model's tokenizer and chat template (model-init's), max_seq_len 400
   tight  the same model with max_batch 1 and max_queue 0 (a second request finds it full)
+  slow   a larger model (about 10 ms a token), max_seq_len 1000
 Environment: TSR_HTTP (base URL), TSR_KEY, TSR_BIN, TSR_CEP, TSR_MODEL, TSR_YAML.
 Prints one line per check and exits non-zero on the first failure."""
 import json
@@ -260,26 +261,38 @@ ok(code == 503 and headers.get("retry-after") == "1", "503 with Retry-After when
 first.close()
 
 # ---- a client that goes away cancels its request ------------------------------------------
-def raw_completion(model, stream, n):
-    """A completion of n tokens sent on a raw socket, which the caller closes."""
+def raw_completion(model, stream, n, version=b"1.1", half_close=False):
+    """A completion of n tokens sent on a raw socket, which the caller closes; half_close:
+    the socket's writing side is shut down once the request is sent."""
     s = socket.create_connection((BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])))
     req = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": n, "stream": stream,
                       "temperature": 0}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/" + version + b"\r\nHost: x\r\n" +
+              (b"Connection: close\r\n" if half_close else b"") +
+              b"Content-Type: application/json\r\n"
               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
               str(len(req)).encode() + b"\r\n\r\n" + req)
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
     return s
+
+
+def read_until(s, marker):
+    """What s sends until marker has come or the connection ends (marker None: until it
+    ends)."""
+    got = b""
+    while marker is None or marker not in got:
+        part = s.recv(4096)
+        if not part:
+            break
+        got += part
+    return got
 
 
 m0 = metrics()
 s = raw_completion("text", True, 350)
 s.settimeout(30)
-got = b""
-while b"data:" not in got:
-    part = s.recv(4096)
-    if not part:
-        break
-    got += part
+got = read_until(s, b"data:")
 ok(b"data:" in got, "a raw stream started")
 s.close()
 t0 = time.time()
@@ -311,6 +324,77 @@ ok(cancelled(m1) == cancelled(m0) + 1 and ended(m1, "slow") == ended(m0, "slow")
    "(%.0f ms, %d of its 900 tokens made)" % ((time.time() - t0) * 1000,
    metric(m1, "tessera_generated_tokens_total", deployment="slow") -
    metric(m0, "tessera_generated_tokens_total", deployment="slow")))
+
+# ---- a client that half-closes still gets its answer ------------------------------------------
+# A client may send its request, shut down its writing side (shutdown(SHUT_WR)) and still
+# read: that end of its request stream is not a client gone.
+def read_all(s):
+    """What s sends until the server closes; closes s."""
+    got = read_until(s, None)
+    s.close()
+    return got
+
+
+def answer_of(raw):
+    """(status, text, finish_reason, [DONE] seen) of a raw response, its 1xx skipped."""
+    while raw.startswith(b"HTTP/1.1 1"):
+        raw = raw.split(b"\r\n\r\n", 1)[1]
+    if not raw.startswith(b"HTTP/"):
+        return 0, None, None, False
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        plain = b""
+        while True:
+            size, _, rest = body.partition(b"\r\n")
+            n = int(size.split(b";")[0], 16)
+            if n == 0:
+                break
+            plain, body = plain + rest[:n], rest[n + 2:]
+        body = plain
+    status = int(head.split(b" ")[1])
+    if status != 200:
+        return status, None, None, False
+    if b"text/event-stream" not in head:
+        c = json.loads(body)["choices"][0]
+        return status, c["text"], c["finish_reason"], True
+    text, finish, done = "", None, False
+    for line in body.decode().split("\n"):
+        if line == "data: [DONE]":
+            done = True
+        elif line.startswith("data: "):
+            c = json.loads(line[6:])["choices"][0]
+            text, finish = text + c["text"], c["finish_reason"] or finish
+    return status, text, finish, done
+
+
+r = client.completions.create(model="text", prompt=PROMPT, max_tokens=200, temperature=0)
+whole = (200, r.choices[0].text, r.choices[0].finish_reason, True)
+for stream in (False, True):
+    for version in (b"1.1", b"1.0"):
+        s = raw_completion("text", stream, 200, version, half_close=True)
+        s.settimeout(60)
+        raw = read_all(s)
+        ok(answer_of(raw) == whole,
+           "HTTP/%s, half-closed after its request: the whole %s answer, got %r" %
+           (version.decode(), "streamed" if stream else "non-streamed", raw[:200]))
+
+# One that half-closes, reads the interim 102 that tells an HTTP/1.1 client its answer is
+# being made, and then closes: nothing is left unread, so its close sends nothing; the
+# server's next write to it finds it gone.
+m0 = metrics()
+s = raw_completion("slow", False, 900, half_close=True)
+s.settimeout(30)
+got = read_until(s, b"\r\n\r\n")
+ok(got.startswith(b"HTTP/1.1 102 "), "a half-closed HTTP/1.1 client waiting for a whole answer "
+   "is sent 102 Processing, got %r" % got[:100])
+s.close()
+t0 = time.time()
+while time.time() - t0 < 10 and cancelled(metrics()) <= cancelled(m0):
+    time.sleep(0.05)
+m1 = metrics()
+ok(cancelled(m1) == cancelled(m0) + 1 and ended(m1, "slow") == ended(m0, "slow"),
+   "a client that half-closed and then closed is noticed: its request cancelled (%.0f ms)" %
+   ((time.time() - t0) * 1000))
 
 # ---- 32 concurrent streams ----------------------------------------------------------------------
 results = [None] * 32

@@ -1,7 +1,7 @@
 # The OpenAI-compatible HTTP API, driven by the official `openai` Python client
 # (tests/http/test_api.py): completions and chat, streamed and not, equal to the CLI's
 # tokens decoded; stop strings; every error status; API keys; a closed connection
-# cancels; 32 concurrent streams; /metrics parsed by the Prometheus parser and counting
+# cancels, a half-closed one gets its answer; 32 concurrent streams; /metrics parsed by the Prometheus parser and counting
 # what was sent; /health.
 source "$(dirname "$0")/lib.sh"
 PY="$ROOT/build/pyenv/bin/python"

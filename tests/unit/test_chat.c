@@ -1,6 +1,6 @@
 /* test_chat.c: chat templates (coordinator/chat.c) written out by hand for each layout,
  * recognition from a model's Jinja template, the errors for messages a layout cannot
- * take; and the HTTP server's API keys file (coordinator/http.c). */
+ * take; and the HTTP API's keys file (coordinator/apikeys.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "coordinator/chat.h"
-#include "coordinator/http.h"
+#include "coordinator/apikeys.h"
 
 static char *render(tsr_chat_kind_t kind, const char *json, char *err)
 {
@@ -105,23 +105,23 @@ static void test_api_keys_file(void **state)
     snprintf(path, sizeof path, "%s/keys", dir);
     char **keys;
     write_keys(path, "# operators\n  first-key-0123456789  \n\nsecond-key-0123456789\n", 0600);
-    assert_int_equal(tsr_http_read_keys(path, &keys, err, sizeof err), 2);
+    assert_int_equal(tsr_apikeys_read(path, &keys, err, sizeof err), 2);
     assert_string_equal(keys[0], "first-key-0123456789");
     assert_string_equal(keys[1], "second-key-0123456789");
     free(keys[0]);
     free(keys[1]);
     free(keys);
     write_keys(path, "first-key-0123456789\n", 0644);  /* others may read it */
-    assert_int_equal(tsr_http_read_keys(path, &keys, err, sizeof err), -1);
+    assert_int_equal(tsr_apikeys_read(path, &keys, err, sizeof err), -1);
     assert_non_null(strstr(err, "chmod 600"));
     write_keys(path, "short\n", 0600);
-    assert_int_equal(tsr_http_read_keys(path, &keys, err, sizeof err), -1);
+    assert_int_equal(tsr_apikeys_read(path, &keys, err, sizeof err), -1);
     assert_non_null(strstr(err, ":1: a key must be one word of at least 16"));
     write_keys(path, "# nothing\n", 0600);
-    assert_int_equal(tsr_http_read_keys(path, &keys, err, sizeof err), -1);
+    assert_int_equal(tsr_apikeys_read(path, &keys, err, sizeof err), -1);
     assert_non_null(strstr(err, "holds no key"));
     unlink(path);
-    assert_int_equal(tsr_http_read_keys(path, &keys, err, sizeof err), -1);
+    assert_int_equal(tsr_apikeys_read(path, &keys, err, sizeof err), -1);
     rmdir(dir);
 }
 
