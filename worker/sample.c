@@ -25,8 +25,14 @@ static int cand_desc(const void *a, const void *b)
  * a time: the largest value that is not NaN, then its first id; one row of
  * a large vocabulary in a few microseconds instead of a compare and branch
  * per id.  Batch invariance is untouched: the answer is the scan's. */
-__attribute__((target_clones("avx2", "default"))) static int32_t argmax_first(const float *x,
-                                                                              int n)
+/* A ThreadSanitizer build has one version: TSan's runtime is not set up yet when
+ * the loader runs an ifunc resolver, and the instrumented resolver crashes. */
+#ifdef __SANITIZE_THREAD__
+#define ARGMAX_CLONES
+#else
+#define ARGMAX_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+ARGMAX_CLONES static int32_t argmax_first(const float *x, int n)
 {
     if (n <= 1 || isnan(x[0])) return 0;
     v8f mv = bcast8(x[0]);
