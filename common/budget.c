@@ -139,7 +139,8 @@ uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, 
     if (d->device == TSR_DEVICE_CUDA) {
         w = tsr_piece_weight_bytes(m, d, stage);
         r = cuda_reserve(m, d, stage);
-        k = (uint64_t)tsr_cuda_kv_blocks(m, d, stage, gpu_bytes) * tsr_cuda_block_bytes(m, d, stage);
+        k = (uint64_t)tsr_cuda_kv_blocks(m, d, stage, gpu_bytes) *
+            tsr_cuda_block_bytes(m, d, stage);
     }
     if (weights) *weights = w;
     if (kv) *kv = k;
