@@ -9,6 +9,9 @@
  * pool, attention over the pool, SwiGLU, and sampling with the CPU
  * engine's (seed, position) draw.
  *
+ * What it allocates on the device, and how much, is buffers.c's list, which
+ * tests/cuda/test_buffers.cu holds against the planner's budget.
+ *
  * A step uploads its metadata (tokens, row and tile tables, block tables)
  * in one copy, then runs on the engine's stream.  Decode-only steps of a
  * single-rank piece are replayed from CUDA graphs, one per batch-size
@@ -29,6 +32,7 @@ extern "C" {
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
+#include "worker/cuda/buffers.h"
 #include "worker/cuda/cuda.h"
 #include "worker/engine.h"
 #include "worker/kvpool.h"
@@ -155,7 +159,7 @@ struct tsr_engine {
     void *blas_ws;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;
-    int max_tiles, max_blocks_per_seq;
+    tsr_cuda_plan_t plan;           /* every device buffer and its size (buffers.c) */
     bf16_t *embed, *lm_head, *final_norm;
     layer_t *layers;                /* host array of device pointers */
     tsr_kvpool_t *kv;
@@ -174,7 +178,7 @@ struct tsr_engine {
     void *meta_h, *meta_d;
     cudaEvent_t meta_copied;    /* the stream has copied meta_h out: it may be refilled */
     size_t meta_fixed, meta_bytes;
-    meta_t mh, md;
+    tsr_cuda_meta_t mh, md;
     int32_t *sampled_h;
     int first_row[1024];
     int last_sampled;
@@ -304,9 +308,8 @@ static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errl
         return -1;
     }
     const size_t H = e->hidden, qw = (size_t)e->q_heads * e->head_dim,
-                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter,
-                 vrows = (size_t)(e->v_end - e->v_begin);
-    const bool first = e->spec.stage == 0, last = e->spec.stage == e->spec.pp_size - 1;
+                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter;
+    const tsr_cuda_buf_t *pb = e->plan.buf;
     for (int b = 0; b < 2 && !ld.dummy; b++) {
         if (cuda_fail(&e->fatal, cudaHostAlloc(&ld.pin[b], STAGE_BYTES, cudaHostAllocDefault),
                       "pinned staging buffer", err, errlen) < 0 ||
@@ -316,34 +319,36 @@ static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errl
             goto out;
         cudaEventRecord(ld.done[b], e->st);
     }
-    if (first) {
-        if (dalloc(e, (void **)&e->embed, vrows * H * 2, "the embedding", err, errlen) < 0 ||
+#define PLANNED(ptr, id) dalloc(e, (void **)&(ptr), pb[id].bytes, pb[id].what, err, errlen)
+    if (pb[TSR_CB_EMBED].count) {
+        if (PLANNED(e->embed, TSR_CB_EMBED) < 0 ||
             load_tensor(&ld, TSR_T_EMBED, 0, e->embed, err, errlen) < 0)
             goto out;
     }
-    if (last) {
-        if (dalloc(e, (void **)&e->final_norm, H * 2, "the final norm", err, errlen) < 0 ||
+    if (pb[TSR_CB_FINAL_NORM].count) {
+        if (PLANNED(e->final_norm, TSR_CB_FINAL_NORM) < 0 ||
             load_tensor(&ld, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
             goto out;
-        if (e->m.tie_word_embeddings && first) {
+        if (!pb[TSR_CB_LM_HEAD].count) {   /* tied, on the embedding's stage */
             e->lm_head = e->embed;
-        } else if (dalloc(e, (void **)&e->lm_head, vrows * H * 2, "the LM head", err, errlen) < 0 ||
+        } else if (PLANNED(e->lm_head, TSR_CB_LM_HEAD) < 0 ||
                    load_tensor(&ld, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
             goto out;
         }
     }
+#undef PLANNED
     for (int l = 0; l < e->n_layers; l++) {
         layer_t *L = &e->layers[l];
         int li = e->spec.layer_begin + l;
         char what[64];
         snprintf(what, sizeof what, "the weights of layer %d", li);
-        if (dalloc(e, (void **)&L->attn_norm, H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->mlp_norm, H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wqkv, (qw + 2 * kvw) * H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wo, H * qw * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wgu, 2 * I * H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wd, H * I * 2, what, err, errlen) < 0)
+#define PLANNED(ptr, id) dalloc(e, (void **)&(ptr), pb[id].bytes, what, err, errlen)
+        if (PLANNED(L->attn_norm, TSR_CB_ATTN_NORM) < 0 ||
+            PLANNED(L->mlp_norm, TSR_CB_MLP_NORM) < 0 || PLANNED(L->wqkv, TSR_CB_WQKV) < 0 ||
+            PLANNED(L->wo, TSR_CB_WO) < 0 || PLANNED(L->wgu, TSR_CB_WGU) < 0 ||
+            PLANNED(L->wd, TSR_CB_WD) < 0)
             goto out;
+#undef PLANNED
         if (load_tensor(&ld, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
             load_tensor(&ld, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
             load_tensor(&ld, TSR_T_Q, li, L->wqkv, err, errlen) ||
@@ -396,78 +401,47 @@ static void engine_free(tsr_engine_t *e)
     free(e);
 }
 
-/* Lays the metadata out in one buffer: fixed arrays, then the tables. */
-static void meta_layout(tsr_engine_t *e, char *base, meta_t *m)
-{
-    const size_t T = e->spec.max_tokens, S = e->spec.max_seqs, tiles = e->max_tiles;
-    size_t off = 0;
-#define TAKE(field, type, n) \
-    do { m->field = (type *)(base + off); off += ((n) * sizeof(type) + 15) & ~(size_t)15; } while (0)
-    TAKE(tokens, int32_t, T);
-    TAKE(row_pos, int32_t, T);
-    TAKE(row_tbl, int32_t, T);
-    TAKE(tile_row0, int32_t, tiles);
-    TAKE(tile_n, int32_t, tiles);
-    TAKE(tile_pos0, int32_t, tiles);
-    TAKE(tile_tbl, int32_t, tiles);
-    TAKE(samp_row, int32_t, S);
-    TAKE(samp_temp, float, S);
-    TAKE(samp_top_p, float, S);
-    TAKE(samp_seed, unsigned long long, S);
-    TAKE(samp_pos, unsigned long long, S);
-#undef TAKE
-    e->meta_fixed = off;
-    m->tables = (int32_t *)(base + off);
-    e->meta_bytes = off + (size_t)S * e->max_blocks_per_seq * sizeof(int32_t);
-}
-
+/* The buffers after the weights, as the plan lists them: the KV pool, the
+ * RoPE tables, the activations, logits and sampling, the metadata. */
 static int alloc_all(tsr_engine_t *e, char *err, size_t errlen)
 {
-    const tsr_piece_spec_t *s = &e->spec;
-    const size_t H = e->hidden, T = s->max_tokens, S = s->max_seqs, V = e->vocab,
-                 qw = (size_t)e->q_heads * e->head_dim, kvw = (size_t)e->kv_heads * e->head_dim,
-                 I = e->inter, half = e->head_dim / 2;
-    const bool last = s->stage == s->pp_size - 1;
-    const size_t pool = (size_t)e->n_layers * s->kv_blocks * TSR_KV_BLOCK * kvw;
-    e->kvbytes = 2 * pool * sizeof(bf16_t);
-    DALLOC(e->kpool, pool * 2, "the KV pool");
-    DALLOC(e->vpool, pool * 2, "the KV pool");
-    DALLOC(e->rope_cos, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
-    DALLOC(e->rope_sin, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
-    DALLOC(e->x, T * H * 4, "activations");
-    DALLOC(e->proj, T * H * 4, "activations");
-    DALLOC(e->hin, T * H * 4, "activations");
-    DALLOC(e->hout, T * H * 4, "activations");
-    DALLOC(e->qkv, T * (qw + 2 * kvw) * 4, "activations");
-    DALLOC(e->gu, T * 2 * I * 4, "activations");
-    DALLOC(e->h, T * H * 2, "activations");
-    DALLOC(e->att, T * qw * 2, "activations");
-    DALLOC(e->act, T * I * 2, "activations");
-    if (last) {
-        DALLOC(e->logits, S * e->v_chunk * 4, "logits");
-        DALLOC(e->gathered, (size_t)s->tp_size * S * e->v_chunk * 4, "logits");
-        DALLOC(e->w, S * V * 4, "sampling scratch");
-        DALLOC(e->w_sorted, S * V * 4, "sampling scratch");
-        DALLOC(e->ids, S * V * 4, "sampling scratch");
-        DALLOC(e->ids_sorted, S * V * 4, "sampling scratch");
-        DALLOC(e->seg_begin, S * 4, "sampling scratch");
-        DALLOC(e->seg_end, S * 4, "sampling scratch");
-        DALLOC(e->best, S * 4, "sampling scratch");
-        DALLOC(e->sampled_d, S * 4, "sampling scratch");
-        DALLOC(e->wsum, S * 8, "sampling scratch");
+    const tsr_cuda_plan_t *p = &e->plan;
+    const tsr_cuda_buf_t *pb = p->buf;
+    void **to[TSR_CB_COUNT] = {};
+    to[TSR_CB_KPOOL] = (void **)&e->kpool, to[TSR_CB_VPOOL] = (void **)&e->vpool;
+    to[TSR_CB_ROPE_COS] = (void **)&e->rope_cos, to[TSR_CB_ROPE_SIN] = (void **)&e->rope_sin;
+    to[TSR_CB_X] = (void **)&e->x, to[TSR_CB_PROJ] = (void **)&e->proj;
+    to[TSR_CB_HIN] = (void **)&e->hin, to[TSR_CB_HOUT] = (void **)&e->hout;
+    to[TSR_CB_QKV] = (void **)&e->qkv, to[TSR_CB_GU] = (void **)&e->gu;
+    to[TSR_CB_H] = (void **)&e->h, to[TSR_CB_ATT] = (void **)&e->att;
+    to[TSR_CB_ACT] = (void **)&e->act, to[TSR_CB_LOGITS] = (void **)&e->logits;
+    to[TSR_CB_GATHERED] = (void **)&e->gathered, to[TSR_CB_W] = (void **)&e->w;
+    to[TSR_CB_W_SORTED] = (void **)&e->w_sorted, to[TSR_CB_IDS] = (void **)&e->ids;
+    to[TSR_CB_IDS_SORTED] = (void **)&e->ids_sorted;
+    to[TSR_CB_SEG_BEGIN] = (void **)&e->seg_begin, to[TSR_CB_SEG_END] = (void **)&e->seg_end;
+    to[TSR_CB_BEST] = (void **)&e->best;
+    to[TSR_CB_SAMPLED] = (void **)&e->sampled_d, to[TSR_CB_WSUM] = (void **)&e->wsum;
+    for (int id = TSR_CB_KPOOL; id < TSR_CB_SORT_TMP; id++)
+        if (pb[id].count) DALLOC(*to[id], pb[id].bytes, pb[id].what);
+    e->kvbytes = pb[TSR_CB_KPOOL].bytes + pb[TSR_CB_VPOOL].bytes;
+    if (pb[TSR_CB_SORT_TMP].count) {   /* what cub asks for, on this device */
+        const size_t S = e->spec.max_seqs, V = e->vocab;
         size_t tmp = 0;
         tsr_kern_sort_desc(e->st, NULL, &tmp, e->w, e->w_sorted, e->ids, e->ids_sorted,
                            (int)(S * V), (int)S, e->seg_begin, e->seg_end);
         e->sort_tmp_bytes = tmp;
-        DALLOC(e->sort_tmp, tmp, "sampling scratch");
+        DALLOC(e->sort_tmp, tmp, pb[TSR_CB_SORT_TMP].what);
     }
-    meta_layout(e, NULL, &e->mh);
+    e->meta_fixed = p->meta_fixed;
+    e->meta_bytes = pb[TSR_CB_META].bytes;
     CK(cudaHostAlloc(&e->meta_h, e->meta_bytes, cudaHostAllocDefault));
     CK(cudaEventCreateWithFlags(&e->meta_copied, cudaEventDisableTiming));
-    DALLOC(e->meta_d, e->meta_bytes, "step metadata");
-    meta_layout(e, (char *)e->meta_h, &e->mh);
-    meta_layout(e, (char *)e->meta_d, &e->md);
-    CK(cudaHostAlloc((void **)&e->sampled_h, S * 4, cudaHostAllocDefault));
+    DALLOC(e->meta_d, e->meta_bytes, pb[TSR_CB_META].what);
+    tsr_cuda_meta_layout((char *)e->meta_h, e->spec.max_tokens, e->spec.max_seqs, p->max_tiles,
+                         p->max_blocks_per_seq, &e->mh, NULL);
+    tsr_cuda_meta_layout((char *)e->meta_d, e->spec.max_tokens, e->spec.max_seqs, p->max_tiles,
+                         p->max_blocks_per_seq, &e->md, NULL);
+    CK(cudaHostAlloc((void **)&e->sampled_h, (size_t)e->spec.max_seqs * 4, cudaHostAllocDefault));
     return 0;
 }
 
@@ -564,10 +538,15 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
         blas_fail(B.create(&e->blas), "cublasCreate", err, errlen) < 0 ||
         blas_fail(B.set_stream(e->blas, e->st), "cublasSetStream", err, errlen) < 0)
         goto fail;
+    if (tsr_cuda_plan(m, spec, &e->plan) < 0) {   /* tsr_model_check_piece passed: not reached */
+        tsr_set_err(err, errlen, "%s/config.json: the piece does not divide the model", dir);
+        goto fail;
+    }
     /* A workspace of our own, so the products can be captured in graphs. */
-    if (dalloc(e, &e->blas_ws, (size_t)32 << 20, "the cuBLAS workspace", err, errlen) < 0 ||
-        blas_fail(B.set_workspace(e->blas, e->blas_ws, (size_t)32 << 20), "cublasSetWorkspace",
-                  err, errlen) < 0)
+    if (dalloc(e, &e->blas_ws, e->plan.buf[TSR_CB_WORKSPACE].bytes,
+               e->plan.buf[TSR_CB_WORKSPACE].what, err, errlen) < 0 ||
+        blas_fail(B.set_workspace(e->blas, e->blas_ws, e->plan.buf[TSR_CB_WORKSPACE].bytes),
+                  "cublasSetWorkspace", err, errlen) < 0)
         goto fail;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -576,8 +555,6 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->inter = m->intermediate_size / spec->tp_size;
     e->n_layers = spec->layer_end - spec->layer_begin;
     e->vocab = m->vocab_size;
-    e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
-    e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
     e->fault_after = env_long("TSR_TEST_DEVICE_FAULT_AFTER");
     e->gemv_off = env_off("TSR_CUDA_GEMV");
     e->graphs_on = spec->tp_size == 1 && !env_off("TSR_CUDA_GRAPHS");
@@ -703,7 +680,7 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
 static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *row_pos_in,
                         int rows, int *tiles_out, int *ns_out)
 {
-    meta_t *m = &e->mh;
+    tsr_cuda_meta_t *m = &e->mh;
     int tiles = 0, ns = 0, tbl = 0;
     for (int i = 0; i < b->n_entries; i++) {
         const tsr_entry_t *en = &b->entries[i];
@@ -735,7 +712,7 @@ static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *ro
     }
     /* Padding up to a graph bucket: rows that touch nothing. */
     for (int r = b->n_tokens; r < rows; r++) m->tokens[r] = 0, m->row_pos[r] = -1, m->row_tbl[r] = 0;
-    for (int t = tiles; t < rows && t < e->max_tiles; t++) m->tile_n[t] = 0;
+    for (int t = tiles; t < rows && t < e->plan.max_tiles; t++) m->tile_n[t] = 0;
     *tiles_out = tiles;
     *ns_out = ns;
     return e->meta_fixed + (size_t)tbl * 4;

@@ -142,8 +142,8 @@ __global__ void k_add(float *x, const float *add, size_t n)
  * heads); a KV head's rotated k and its v go into the pool. */
 __global__ void k_rope_kv(float *__restrict__ qkv, bf16_t *__restrict__ kpool,
                           bf16_t *__restrict__ vpool, const float *__restrict__ cosv,
-                          const float *__restrict__ sinv, meta_t md, int l, int n_blocks, int qh,
-                          int kvh, int hd)
+                          const float *__restrict__ sinv, tsr_cuda_meta_t md, int l, int n_blocks,
+                          int qh, int kvh, int hd)
 {
     const int t = blockIdx.x, head = blockIdx.y, pos = md.row_pos[t], half = hd / 2;
     if (pos < 0) return;
@@ -174,8 +174,8 @@ __global__ void k_rope_kv(float *__restrict__ qkv, bf16_t *__restrict__ kpool,
 #define ATT_WARPS 4
 #define ATT_DPL 8           /* dimensions per lane: head_dim <= 256 */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-k_attention(bf16_t *att, const float *qkv, const bf16_t *kpool, const bf16_t *vpool, meta_t md,
-            int l, int n_blocks, int qh, int kvh, int hd, float scale)
+k_attention(bf16_t *att, const float *qkv, const bf16_t *kpool, const bf16_t *vpool,
+            tsr_cuda_meta_t md, int l, int n_blocks, int qh, int kvh, int hd, float scale)
 {
     __shared__ float ks[TSR_KV_BLOCK][256], vs[TSR_KV_BLOCK][256];
     const int tile = blockIdx.x, h = blockIdx.y, n = md.tile_n[tile];
@@ -265,8 +265,8 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 template <int HD, bool SPLIT>
 __global__ void __launch_bounds__(128)
 k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__restrict__ kpool,
-                const bf16_t *__restrict__ vpool, meta_t md, int l, int n_blocks, int qh, int kvh,
-                float scale, int chunks)
+                const bf16_t *__restrict__ vpool, tsr_cuda_meta_t md, int l, int n_blocks, int qh,
+                int kvh, float scale, int chunks)
 {
     /* SPLIT (a step of decodes, a tile's rows fit one warp): the four warps
      * share the same 16 rows and each takes a quarter of every key tile;
@@ -500,7 +500,7 @@ __device__ __forceinline__ float logit_at(const float *g, int S, int C, int s, i
  * the weights, their sum in id order, and the segment to sort when top_p
  * cuts (an empty one otherwise). */
 template <int THREADS>
-__global__ void __launch_bounds__(THREADS) k_sample_prep(const float *g, int S, int C, int V, meta_t md, int32_t *best,
+__global__ void __launch_bounds__(THREADS) k_sample_prep(const float *g, int S, int C, int V, tsr_cuda_meta_t md, int32_t *best,
                               float *w, int32_t *ids, double *wsum, int32_t *seg_begin,
                               int32_t *seg_end)
 {
@@ -581,7 +581,7 @@ __device__ int first_prefix(const float *p, int n, Pass pass,
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS) k_sample_pick(const float *w, const int32_t *ids, const float *w_sorted,
                               const int32_t *ids_sorted, const double *wsum, const int32_t *best,
-                              int V, meta_t md, int32_t *out)
+                              int V, tsr_cuda_meta_t md, int32_t *out)
 {
     typedef cub::BlockScan<double, THREADS> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
@@ -736,7 +736,7 @@ void tsr_kern_add(cudaStream_t st, float *x, const float *add, size_t n)
 }
 
 void tsr_kern_rope_kv(cudaStream_t st, int T, float *qkv, bf16_t *kpool, bf16_t *vpool,
-                      const float *cosv, const float *sinv, meta_t md, int l, int n_blocks,
+                      const float *cosv, const float *sinv, tsr_cuda_meta_t md, int l, int n_blocks,
                       int qh, int kvh, int hd)
 {
     const int threads = std::min(128, (hd / 2 + 31) / 32 * 32);   /* a thread a pair */
@@ -745,7 +745,7 @@ void tsr_kern_rope_kv(cudaStream_t st, int T, float *qkv, bf16_t *kpool, bf16_t 
 }
 
 void tsr_kern_attention(cudaStream_t st, int tiles, bool decode, bf16_t *att, const float *qkv,
-                        const bf16_t *kpool, const bf16_t *vpool, meta_t md, int l,
+                        const bf16_t *kpool, const bf16_t *vpool, tsr_cuda_meta_t md, int l,
                         int n_blocks, int qh, int kvh, int hd)
 {
     const int g = qh / kvh;
@@ -793,8 +793,8 @@ void tsr_kern_pad(cudaStream_t st, float *lg, int C, int vs, int rows)
     k_pad<<<grid_for((size_t)rows * (C - vs), 256), 256, 0, st>>>(lg, C, vs, rows);
 }
 
-void tsr_kern_sample_prep(cudaStream_t st, int rows, const float *g, int C, int V, meta_t md,
-                          int32_t *best, float *w, int32_t *ids, double *wsum,
+void tsr_kern_sample_prep(cudaStream_t st, int rows, const float *g, int C, int V,
+                          tsr_cuda_meta_t md, int32_t *best, float *w, int32_t *ids, double *wsum,
                           int32_t *seg_begin, int32_t *seg_end)
 {
     k_sample_prep<1024><<<rows, 1024, 0, st>>>(g, rows, C, V, md, best, w, ids, wsum, seg_begin,
@@ -812,7 +812,7 @@ cudaError_t tsr_kern_sort_desc(cudaStream_t st, void *tmp, size_t *tmp_bytes, co
 
 void tsr_kern_sample_pick(cudaStream_t st, int rows, const float *w, const int32_t *ids,
                           const float *w_sorted, const int32_t *ids_sorted, const double *wsum,
-                          const int32_t *best, int V, meta_t md, int32_t *out)
+                          const int32_t *best, int V, tsr_cuda_meta_t md, int32_t *out)
 {
     k_sample_pick<1024><<<rows, 1024, 0, st>>>(w, ids, w_sorted, ids_sorted, wsum, best, V, md,
                                                out);

@@ -14,23 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef uint16_t bf16_t;     /* raw BF16 bits; worker/kmath.h converts */
+extern "C" {
+#include "worker/cuda/buffers.h"   /* tsr_cuda_meta_t */
+}
 
-/* What a step's kernels read, uploaded in one copy: fixed-size arrays, then
- * the entries' block tables, ragged, sized per step. */
-typedef struct {
-    int32_t *tokens;         /* [T] stage 0 */
-    int32_t *row_pos;        /* [T] -1: a padding row */
-    int32_t *row_tbl;        /* [T] offset of the row's block table in tables */
-    int32_t *tile_row0;      /* [tiles] first row of each attention tile */
-    int32_t *tile_n;         /* [tiles] rows in it (0: padding) */
-    int32_t *tile_pos0;      /* [tiles] position of its first row */
-    int32_t *tile_tbl;       /* [tiles] offset of its block table */
-    int32_t *samp_row;       /* [S] the row each sampled entry is picked after */
-    float *samp_temp, *samp_top_p;
-    unsigned long long *samp_seed, *samp_pos;
-    int32_t *tables;         /* ragged block tables */
-} meta_t;
+typedef uint16_t bf16_t;     /* raw BF16 bits; worker/kmath.h converts */
 
 /* The largest head_dim the attention kernels take (and it must be even). */
 #define TSR_KERN_MAX_HEAD_DIM 256
@@ -59,13 +47,13 @@ void tsr_kern_add(cudaStream_t st, float *x, const float *add, size_t n);
 /* RoPE on the query and KV heads of T rows of qkv; each rotated key and
  * its value go into layer l of the pools at the row's position. */
 void tsr_kern_rope_kv(cudaStream_t st, int T, float *qkv, bf16_t *kpool, bf16_t *vpool,
-                      const float *cosv, const float *sinv, meta_t md, int l, int n_blocks,
+                      const float *cosv, const float *sinv, tsr_cuda_meta_t md, int l, int n_blocks,
                       int qh, int kvh, int hd);
 /* Causal attention of layer l over `tiles` tiles into att: on the tensor
  * cores for head_dim 64 and 128 (split over the keys in a step of decodes
  * whose query heads per KV head fit one warp), else an f32 kernel. */
 void tsr_kern_attention(cudaStream_t st, int tiles, bool decode, bf16_t *att, const float *qkv,
-                        const bf16_t *kpool, const bf16_t *vpool, meta_t md, int l,
+                        const bf16_t *kpool, const bf16_t *vpool, tsr_cuda_meta_t md, int l,
                         int n_blocks, int qh, int kvh, int hd);
 /* act[n] = SwiGLU of gu's gate and up halves (rows of 2 I). */
 void tsr_kern_swiglu(cudaStream_t st, bf16_t *act, const float *gu, int I, size_t n);
@@ -85,8 +73,8 @@ void tsr_kern_pad(cudaStream_t st, float *lg, int C, int vs, int rows);
  * first maximum into best; for a sampled (not greedy) row also its
  * weights w and ids, their sum wsum and the segment to sort when top_p
  * cuts. */
-void tsr_kern_sample_prep(cudaStream_t st, int rows, const float *g, int C, int V, meta_t md,
-                          int32_t *best, float *w, int32_t *ids, double *wsum,
+void tsr_kern_sample_prep(cudaStream_t st, int rows, const float *g, int C, int V,
+                          tsr_cuda_meta_t md, int32_t *best, float *w, int32_t *ids, double *wsum,
                           int32_t *seg_begin, int32_t *seg_end);
 /* Sorts the segments of (w, ids) by weight, descending, into (w_sorted,
  * ids_sorted) with cub; with tmp NULL, only sets *tmp_bytes to the
@@ -98,7 +86,7 @@ cudaError_t tsr_kern_sort_desc(cudaStream_t st, void *tmp, size_t *tmp_bytes, co
  * out. */
 void tsr_kern_sample_pick(cudaStream_t st, int rows, const float *w, const int32_t *ids,
                           const float *w_sorted, const int32_t *ids_sorted, const double *wsum,
-                          const int32_t *best, int V, meta_t md, int32_t *out);
+                          const int32_t *best, int V, tsr_cuda_meta_t md, int32_t *out);
 
 /* ---- tests -------------------------------------------------------------------------- */
 
