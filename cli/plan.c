@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "common/budget.h"
 #include "common/deploy.h"
 #include "common/modelcfg.h"
-#include "common/slice.h"
 #include "coordinator/planner.h"
 
 static void plan_usage(FILE *f)
@@ -177,11 +177,6 @@ int tsr_cmd_plan(int argc, char **argv)
                d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
                m->num_attention_heads, m->num_key_value_heads, d->model_path);
         bool gpu = d->device == TSR_DEVICE_CUDA;
-        /* What the engine holds, not what the checkpoint stores: the CPU
-         * engine keeps its weights in f32, or in bf16 with matmul_dtype
-         * bf16, whatever the file's type (a cuda piece's are costed below). */
-        tsr_model_info_t held = *m;
-        if (!gpu) held.dtype_bytes = tsr_kv_dtype_on(d->device, d->matmul_dtype) == TSR_KV_BF16 ? 2 : 4;
         printf("  %-7s %-5s %-9s %-3s %-20s %-8s", "REPLICA", "STAGE", "LAYERS", "TP", "WORKER",
                "NODE");
         if (gpu) printf(" %-6s", "LINK");
@@ -198,13 +193,12 @@ int tsr_cmd_plan(int argc, char **argv)
         for (size_t p = 0; p < plan->n_pieces; p++) {
             const tsr_piece_t *pc = &plan->pieces[p];
             if (pc->deployment != (int)i) continue;
-            uint64_t b = tsr_model_piece_bytes(&held, d->pipeline, pc->stage, d->tensor), kv = 0, rs = 0;
+            /* what the engine holds, not what the checkpoint stores */
+            uint64_t b = tsr_piece_weight_bytes(m, d, pc->stage), kv = 0, rs = 0;
             uint64_t total = b;
             if (gpu) {
-                tsr_piece_memory(m, d, pc->stage, 0, &b, NULL, &rs);
-                kv = (uint64_t)kv_blocks *
-                     tsr_kv_block_bytes(m, d->tensor, pc->layer_end - pc->layer_begin, 16,
-                                        tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
+                tsr_piece_memory(m, d, pc->stage, 0, NULL, NULL, &rs);
+                kv = (uint64_t)kv_blocks * tsr_cuda_block_bytes(m, d, pc->stage);
                 total = b + kv + rs;
             }
             if (b > maxb) maxb = b;
@@ -233,7 +227,7 @@ int tsr_cmd_plan(int argc, char **argv)
         } else {
             human(maxb, hb, sizeof hb);
             printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
-                   "and activations\n", hb, held.dtype_bytes);
+                   "and activations\n", hb, tsr_weight_elem_bytes(d));
         }
         if (plan->deps[i].short_by) {
             printf("  NOT PLACED: %s\n", tsr_plan_shortage_of(plan, i, ws, sb, sizeof sb));

@@ -1,6 +1,6 @@
 /* modelcfg.c: the few facts of a Hugging Face config.json the control plane
- * needs, plus the layout arithmetic built on them (stage splits, TP checks,
- * weight bytes per piece). */
+ * needs, plus the layout arithmetic built on them (stage splits, TP checks);
+ * what a piece weighs is common/budget.c's. */
 #include "modelcfg.h"
 
 #include <limits.h>
@@ -9,7 +9,6 @@
 #include <string.h>
 #include <jansson.h>
 
-#include "slice.h"
 #include "util.h"
 
 
@@ -454,36 +453,6 @@ void tsr_layer_split(int n_layers, int stages, int stage, int *begin, int *end)
      * first `extra` of them. */
     *begin = stage * base + (stage < extra ? stage : extra);
     *end = *begin + base + (stage < extra ? 1 : 0);
-}
-
-/* What tp rank 0 of the stage holds (rank 0 has the widest vocabulary
- * chunk), exactly as the engines load it: common/slice.c decides. */
-uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor)
-{
-    static const tsr_tensor_kind_t per_layer[] = {TSR_T_ATTN_NORM, TSR_T_MLP_NORM, TSR_T_Q,
-                                                  TSR_T_K, TSR_T_V, TSR_T_O, TSR_T_GATE,
-                                                  TSR_T_UP, TSR_T_DOWN};
-    tsr_slice_t sl;
-    uint64_t layer = 0, params = 0;
-    int begin, end;
-
-    if (stages <= 0 || tensor <= 0 || stage < 0 || stage >= stages ||
-        m->num_attention_heads <= 0)
-        return 0;
-    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
-        if (tsr_slice_of(m, per_layer[i], 0, tensor, &sl) < 0) return 0;
-        layer += (uint64_t)tsr_slice_elems(&sl);
-    }
-    tsr_layer_split(m->num_hidden_layers, stages, stage, &begin, &end);
-    params = (uint64_t)(end - begin) * layer;
-    for (int t = TSR_T_EMBED; t <= TSR_T_FINAL_NORM; t++) {
-        if (!tsr_stage_holds((tsr_tensor_kind_t)t, stage, stages)) continue;
-        /* A tied head is stage 0's embedding when both are on one stage. */
-        if (t == TSR_T_LM_HEAD && m->tie_word_embeddings && stages == 1) continue;
-        if (tsr_slice_of(m, (tsr_tensor_kind_t)t, 0, tensor, &sl) < 0) return 0;
-        params += (uint64_t)tsr_slice_elems(&sl);
-    }
-    return params * (uint64_t)m->dtype_bytes;
 }
 
 int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_path,

@@ -75,9 +75,4 @@ int tsr_model_load_for(const tsr_deployment_t *d, int index, const char *cfg_pat
  * [*begin, *end). */
 void tsr_layer_split(int n_layers, int stages, int stage, int *begin, int *end);
 
-/* Bytes of weights held by one piece (stage `stage` of `stages`, one of
- * `tensor` ranks): its layers' share plus the embedding on stage 0 and the
- * final norm and LM head on the last stage. */
-uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor);
-
 #endif

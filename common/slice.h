@@ -56,45 +56,4 @@ void tsr_vocab_range(const tsr_model_info_t *m, int tp_rank, int tp_size, int *b
 /* Elements of t held by (tp_rank of tp_size): (r1 - r0) * (c1 - c0). */
 int64_t tsr_slice_elems(const tsr_slice_t *s);
 
-/* KV cache blocks for a piece: every rank of a replica gets the same count,
- * so the leader's scheduler can plan with its own pool.  A block holds
- * block_positions positions of keys and values for every layer of the
- * piece; the budget is priced at the largest stage's layer count.
- * budget_bytes 0: enough for max_seqs sequences of max_seq_len positions.
- * row_bytes: what one position of one KV head takes, keys or values
- * (tsr_kv_row_bytes of the cache's type). */
-int tsr_kv_pool_blocks(const tsr_model_info_t *m, int tp_size, int pp_size,
-                       uint64_t budget_bytes, int max_seqs, int max_seq_len,
-                       int block_positions, int row_bytes);
-/* Bytes of one block of a piece with n_layers layers. */
-uint64_t tsr_kv_block_bytes(const tsr_model_info_t *m, int tp_size, int n_layers,
-                            int block_positions, int row_bytes);
-
-/* What a CUDA worker holds besides weights and KV cache, at least: its
- * context, cuBLAS's workspace and the engine's fixed buffers. */
-#define TSR_CUDA_CONTEXT_BYTES ((uint64_t)768 << 20)
-
-/* What one piece of stage `stage` of deployment d holds on its GPU, as the
- * CUDA engine allocates it: its weights in BF16, its KV pool in BF16, and
- * a reserve for the context, the step's activations and, on the last
- * stage, logits and sampling.  The pool is kv_cache_mib's; without it, what
- * gpu_memory_percent of a GPU of gpu_bytes leaves after weights and reserve,
- * at most max_batch sequences of max_seq_len (gpu_bytes 0: that most).  The
- * parts go to *weights, *kv and *reserve (each may be NULL).  0 for a cpu
- * deployment: CPU workers share their machine's memory, which the planner
- * does not divide. */
-uint64_t tsr_piece_memory(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
-                          uint64_t gpu_bytes, uint64_t *weights, uint64_t *kv, uint64_t *reserve);
-
-/* The least GPU memory a piece of that stage can run on: weights, reserve
- * and its KV budget (kv_cache_mib's, or one sequence of max_seq_len),
- * over gpu_memory_percent.  0 for a cpu deployment. */
-uint64_t tsr_piece_need(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage);
-
-/* KV blocks (16 positions) a cuda piece of that stage gets on a GPU of
- * gpu_bytes (see tsr_piece_memory); every rank of a replica must get the
- * same count, so the coordinator sends the least over the replica. */
-int tsr_cuda_kv_blocks(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage,
-                       uint64_t gpu_bytes);
-
 #endif

@@ -13,8 +13,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/budget.h"
 #include "common/log.h"
-#include "common/slice.h"
 #include "common/util.h"
 #include "health.h"
 #include "reconciler.h"
@@ -515,13 +515,11 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
         int b = tsr_cuda_kv_blocks(m, d, w->piece.key.stage, w->memory);
         if (blocks < 0 || b < blocks) blocks = b;
     }
-    int b0, e0;
-    tsr_layer_split(m->num_hidden_layers, d->pipeline, 0, &b0, &e0);
-    /* a member without room still gets one block: the planner moves it */
+    /* a member without room still gets one block: the planner moves it;
+     * the budget is priced at stage 0, the largest (tsr_kv_pool_blocks) */
     uint64_t fresh = blocks < 0 ? 0
                                 : (uint64_t)(blocks > 0 ? blocks : 1) *
-                                      tsr_kv_block_bytes(m, d->tensor, e0 - b0, 16,
-                                                         tsr_kv_row_bytes(TSR_KV_BF16, m->head_dim));
+                                      tsr_cuda_block_bytes(m, d, 0);
     if (held && (members < d->tensor * d->pipeline || !fresh || fresh >= held)) return held;
     return fresh;
 }

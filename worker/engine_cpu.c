@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/budget.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/slice.h"
@@ -496,7 +497,7 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
 
     const size_t S = (size_t)spec->max_seq_len, T = (size_t)spec->max_tokens,
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
-    size_t pool = (size_t)e->n_layers * spec->kv_blocks * TSR_KV_BLOCK * kvw;
+    size_t pool = (size_t)tsr_kv_pool_elems(m, spec->tp_size, e->n_layers, spec->kv_blocks);
     e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
     if (!e->kv) {   /* its tables grow with max_seq_len: say so */
         tsr_set_err(err, errlen, "out of memory for the KV block tables of %d sequences of "

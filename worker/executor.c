@@ -11,10 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/budget.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/piece.h"
-#include "common/slice.h"
 #include "worker/kvpool.h"
 
 #define MAX_PEERS 1024
@@ -516,12 +516,11 @@ static bool peers_complete(const job_t *j)
 static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model_info_t *m,
                        const tsr_engine_ops_t *eng, tsr_piece_spec_t *spec)
 {
-    int batch = j->max_batch > 0 ? j->max_batch : 32;
-    int chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
-    if (chunk > j->max_seq_len) chunk = j->max_seq_len;
+    int batch, tokens;
+    tsr_step_rows(j->max_batch, j->prefill_chunk, j->max_seq_len, &batch, &tokens);
     *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
-                               batch + chunk, 0, 0, ex->device_index, j->kv_dtype,
+                               tokens, 0, 0, ex->device_index, j->kv_dtype,
                                j->matmul_dtype};
     int row = tsr_kv_engine_row_bytes(eng, j->kv_dtype, m->head_dim);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,

@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#define TSR_KV_BLOCK 16  /* positions per block */
+#include "common/budget.h"  /* TSR_KV_BLOCK: positions per block */
 
 typedef struct tsr_kvpool tsr_kvpool_t;
 

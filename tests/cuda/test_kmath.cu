@@ -3,7 +3,7 @@
  * nvcc builds this as a host program, so it runs on machines without a
  * GPU (CI's).  The functions under test are worker/kmath.h's
  * __host__ __device__ ones, the very code the kernels in
- * worker/cuda/engine_cuda.cu call; around them the tests replay each
+ * worker/cuda/kernels.cu call; around them the tests replay each
  * kernel's decomposition (lanes, warps, tiles, block tables, scans) and
  * compare with the CPU engine's functions or a plain double reference. */
 #include <stdarg.h>

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/budget.h"
 #include "common/deploy.h"
 #include "common/log.h"
 #include "common/modelcfg.h"

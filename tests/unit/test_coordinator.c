@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/budget.h"
 #include "common/slice.h"
 #include "common/wire.h"
 #include "coordinator/coordinator.h"

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/deploy.h"
+#include "common/budget.h"
 #include "common/slice.h"
 #include "common/modelcfg.h"
 

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/budget.h"
 #include "replica_harness.h"
 
 #define STEPS 32

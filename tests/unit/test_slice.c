@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "common/budget.h"
 #include "common/slice.h"
 
 enum { HIDDEN = 64, HEADS = 8, KV_HEADS = 4, HEAD_DIM = 8, INTER = 128, VOCAB = 250, LAYERS = 8 };

@@ -3,24 +3,22 @@
  * The same piece, sharding and batch as the CPU engine (worker/engine_cpu.c)
  * behind the same table: weights and the KV block pool live in device
  * memory in BF16, hidden states and products accumulate in f32.  Products
- * are cuBLAS GEMMs (BF16 in, f32 out); everything else is a kernel here:
- * embedding gather, RMSNorm (fused with the residual add before it), RoPE
- * with the KV write into the paged pool, attention over the pool (one
- * kernel for prompt chunks and decodes: tiles of 16 query rows share each
- * 16-position K/V tile in shared memory, with an online softmax), SwiGLU,
- * and sampling with the CPU engine's (seed, position) draw.  The per-element
- * math is worker/kmath.h's, which tests/cuda/test_kmath.cu runs on the CPU.
+ * are cuBLAS GEMMs (BF16 in, f32 out), or a GEMV for a few rows; everything
+ * else is one of kernels.cu's kernels: embedding gather, RMSNorm (fused
+ * with the residual add before it), RoPE with the KV write into the paged
+ * pool, attention over the pool, SwiGLU, and sampling with the CPU
+ * engine's (seed, position) draw.
+ *
+ * What it allocates on the device, and how much, is buffers.c's list, which
+ * tests/cuda/test_buffers.cu holds against the planner's budget.
  *
  * A step uploads its metadata (tokens, row and tile tables, block tables)
  * in one copy, then runs on the engine's stream.  Decode-only steps of a
  * single-rank piece are replayed from CUDA graphs, one per batch-size
  * bucket, captured on first use. */
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
-#include <cub/cub.cuh>
 
-#include <algorithm>
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
@@ -34,12 +32,12 @@ extern "C" {
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
+#include "worker/cuda/buffers.h"
 #include "worker/cuda/cuda.h"
 #include "worker/engine.h"
 #include "worker/kvpool.h"
 }
-
-typedef uint16_t bf16_t;     /* raw BF16 bits; worker/kmath.h converts */
+#include "worker/cuda/kernels.cuh"
 
 #define NBUCKETS 12          /* graph buckets: 1, 2, 4, 8, 16, ..., 72 (tsr_k_graph_bucket) */
 #define STAGE_BYTES ((size_t)32 << 20)  /* each of the two pinned load buffers */
@@ -148,22 +146,6 @@ typedef struct {
     bf16_t *attn_norm, *mlp_norm, *wqkv, *wo, *wgu, *wd;
 } layer_t;
 
-/* What a step's kernels read, uploaded in one copy: fixed-size arrays, then
- * the entries' block tables, ragged, sized per step. */
-typedef struct {
-    int32_t *tokens;         /* [T] stage 0 */
-    int32_t *row_pos;        /* [T] -1: a padding row */
-    int32_t *row_tbl;        /* [T] offset of the row's block table in tables */
-    int32_t *tile_row0;      /* [tiles] first row of each attention tile */
-    int32_t *tile_n;         /* [tiles] rows in it (0: padding) */
-    int32_t *tile_pos0;      /* [tiles] position of its first row */
-    int32_t *tile_tbl;       /* [tiles] offset of its block table */
-    int32_t *samp_row;       /* [S] the row each sampled entry is picked after */
-    float *samp_temp, *samp_top_p;
-    unsigned long long *samp_seed, *samp_pos;
-    int32_t *tables;         /* ragged block tables */
-} meta_t;
-
 struct tsr_engine {
     tsr_model_info_t m;
     tsr_piece_spec_t spec;
@@ -177,7 +159,7 @@ struct tsr_engine {
     void *blas_ws;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
     int v_begin, v_end, v_chunk;
-    int max_tiles, max_blocks_per_seq;
+    tsr_cuda_plan_t plan;           /* every device buffer and its size (buffers.c) */
     bf16_t *embed, *lm_head, *final_norm;
     layer_t *layers;                /* host array of device pointers */
     tsr_kvpool_t *kv;
@@ -196,7 +178,7 @@ struct tsr_engine {
     void *meta_h, *meta_d;
     cudaEvent_t meta_copied;    /* the stream has copied meta_h out: it may be refilled */
     size_t meta_fixed, meta_bytes;
-    meta_t mh, md;
+    tsr_cuda_meta_t mh, md;
     int32_t *sampled_h;
     int first_row[1024];
     int last_sampled;
@@ -211,698 +193,12 @@ struct tsr_engine {
     uint64_t wbytes, kvbytes;
 };
 
-/* ---- kernels ------------------------------------------------------------------- */
-
-__device__ __forceinline__ float ld_bf16(const bf16_t *p) { return tsr_k_bf16_to_f32(*p); }
-
-__global__ void k_convert(bf16_t *dst, const void *src, size_t n, int dtype)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float f = dtype == TSR_DT_F32 ? ((const float *)src)[i]
-                                      : tsr_k_f16_to_f32(((const uint16_t *)src)[i]);
-        dst[i] = tsr_k_f32_to_bf16(f);
-    }
-}
-
-/* Benchmark weights from a seed: uniform in [-scale, scale), or 1 for norms. */
-__global__ void k_fill(bf16_t *dst, size_t n, unsigned long long seed, float scale)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = scale ? (float)(tsr_draw(seed, i) * 2.0 - 1.0) * scale : 1.0f;
-        dst[i] = tsr_k_f32_to_bf16(v);
-    }
-}
-
-/* Vocabulary-parallel lookup: rows this rank does not hold stay zero. */
-__global__ void k_embed(float *x, const bf16_t *embed, const int32_t *tokens, int H, int v_begin,
-                        int v_end)
-{
-    int t = blockIdx.x, id = tokens[t];
-    bool mine = id >= v_begin && id < v_end;
-    for (int j = threadIdx.x; j < H; j += blockDim.x)
-        x[(size_t)t * H + j] = mine ? ld_bf16(embed + (size_t)(id - v_begin) * H + j) : 0.0f;
-}
-
-/* x += add (when add is given), then out = RMSNorm(x) * w in BF16.  Row
- * blockIdx.x of out reads row rows[blockIdx.x] of x (rows NULL: the same).
- * A row of up to 16 * THREADS elements (a multiple of 4) is held in
- * registers, four elements a thread at a time, with the weights' loads
- * issued before the sum's reduction; longer or odd rows go element by
- * element through memory. */
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS)
-k_add_rmsnorm(bf16_t *__restrict__ out, float *__restrict__ x, const float *__restrict__ add,
-              const bf16_t *__restrict__ w, const int32_t *__restrict__ rows, int H, float eps)
-{
-    typedef cub::BlockReduce<double, THREADS> reduce_t;
-    constexpr int PER = 4;   /* float4s a thread holds */
-    __shared__ typename reduce_t::TempStorage tmp;
-    __shared__ float scale;
-    const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x;
-    float *xr = x + (size_t)r * H;
-    const float *ar = add ? add + (size_t)r * H : NULL;
-    bf16_t *orow = out + (size_t)blockIdx.x * H;
-    float ss = 0;
-    if (H % 4 == 0 && H <= 4 * PER * THREADS) {
-        float4 *x4 = (float4 *)xr;
-        const float4 *a4 = (const float4 *)ar;
-        const uint2 *w4 = (const uint2 *)w;
-        float4 v[PER];
-        uint2 wv[PER];
-        const int n4 = H / 4;
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int j = threadIdx.x + k * THREADS;
-            if (j < n4) {
-                v[k] = x4[j];
-                wv[k] = w4[j];
-                if (a4) {
-                    const float4 a = a4[j];
-                    v[k].x += a.x, v[k].y += a.y, v[k].z += a.z, v[k].w += a.w;
-                    x4[j] = v[k];
-                }
-                ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-            }
-        }
-        const double total = reduce_t(tmp).Sum((double)ss);
-        if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
-        __syncthreads();
-        const float sc = scale;
-        uint2 *o4 = (uint2 *)orow;
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int j = threadIdx.x + k * THREADS;
-            if (j < n4) {
-                const float w0 = tsr_k_bf16_to_f32((uint16_t)wv[k].x),
-                            w1 = tsr_k_bf16_to_f32(wv[k].x >> 16),
-                            w2 = tsr_k_bf16_to_f32((uint16_t)wv[k].y),
-                            w3 = tsr_k_bf16_to_f32(wv[k].y >> 16);
-                o4[j] = make_uint2(tsr_k_f32_to_bf16(w0 * (v[k].x * sc)) |
-                                       (uint32_t)tsr_k_f32_to_bf16(w1 * (v[k].y * sc)) << 16,
-                                   tsr_k_f32_to_bf16(w2 * (v[k].z * sc)) |
-                                       (uint32_t)tsr_k_f32_to_bf16(w3 * (v[k].w * sc)) << 16);
-            }
-        }
-        return;
-    }
-    for (int j = threadIdx.x; j < H; j += THREADS) {
-        float v = xr[j];
-        if (ar) xr[j] = v = v + ar[j];
-        ss += v * v;
-    }
-    const double total = reduce_t(tmp).Sum((double)ss);
-    if (threadIdx.x == 0) scale = tsr_k_rms_scale(total, H, eps);
-    __syncthreads();
-    const float sc = scale;
-    for (int j = threadIdx.x; j < H; j += THREADS)
-        orow[j] = tsr_k_f32_to_bf16(ld_bf16(w + j) * (xr[j] * sc));
-}
-
-__global__ void k_add(float *x, const float *add, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] += add[i];
-}
-
-/* RoPE on head blockIdx.y of row blockIdx.x (the query heads, then the KV
- * heads); a KV head's rotated k and its v go into the pool. */
-__global__ void k_rope_kv(float *__restrict__ qkv, bf16_t *__restrict__ kpool,
-                          bf16_t *__restrict__ vpool, const float *__restrict__ cosv,
-                          const float *__restrict__ sinv, meta_t md, int l, int n_blocks, int qh,
-                          int kvh, int hd)
-{
-    const int t = blockIdx.x, head = blockIdx.y, pos = md.row_pos[t], half = hd / 2;
-    if (pos < 0) return;
-    float *base = qkv + (size_t)t * (qh + 2 * kvh) * hd + (size_t)head * hd;
-    const float *c = cosv + (size_t)pos * half, *s = sinv + (size_t)pos * half;
-    if (head < qh) {
-        for (int j = threadIdx.x; j < half; j += blockDim.x)
-            tsr_k_rope_pair(&base[j], &base[j + half], c[j], s[j]);
-        return;
-    }
-    const int kh = head - qh;
-    const float *v = base + (size_t)kvh * hd;
-    const size_t off = tsr_k_kv_offset(md.tables + md.row_tbl[t], n_blocks, kvh, hd, l, pos, kh);
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        float a = base[j], b = base[j + half];
-        tsr_k_rope_pair(&a, &b, c[j], s[j]);
-        kpool[off + j] = tsr_k_f32_to_bf16(a);
-        kpool[off + j + half] = tsr_k_f32_to_bf16(b);
-        vpool[off + j] = tsr_k_f32_to_bf16(v[j]);
-        vpool[off + j + half] = tsr_k_f32_to_bf16(v[j + half]);
-    }
-}
-
-/* Causal attention of one tile (up to TSR_ATT_TILE query rows of one
- * entry) for one query head: 4 warps, each with up to 4 rows; a lane holds
- * head_dim / 32 dimensions of its rows' queries and accumulators.  Every
- * 16-position K/V tile is loaded once into shared memory for all rows. */
-#define ATT_WARPS 4
-#define ATT_DPL 8           /* dimensions per lane: head_dim <= 256 */
-__global__ void __launch_bounds__(ATT_WARPS * 32)
-k_attention(bf16_t *att, const float *qkv, const bf16_t *kpool, const bf16_t *vpool, meta_t md,
-            int l, int n_blocks, int qh, int kvh, int hd, float scale)
-{
-    __shared__ float ks[TSR_KV_BLOCK][256], vs[TSR_KV_BLOCK][256];
-    const int tile = blockIdx.x, h = blockIdx.y, n = md.tile_n[tile];
-    if (n <= 0) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kh = h / (qh / kvh);
-    const int row0 = md.tile_row0[tile], pos0 = md.tile_pos0[tile];
-    const int32_t *table = md.tables + md.tile_tbl[tile];
-    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd;
-    const int rows_per_warp = (TSR_ATT_TILE + ATT_WARPS - 1) / ATT_WARPS;
-    float q[rows_per_warp][ATT_DPL], acc[rows_per_warp][ATT_DPL];
-    tsr_osm_t sm[rows_per_warp];
-    for (int i = 0; i < rows_per_warp; i++) {
-        int r = warp + i * ATT_WARPS;
-        sm[i] = tsr_k_osm_init();
-        for (int j = 0; j < ATT_DPL; j++) {
-            int d = lane + 32 * j;
-            q[i][j] = r < n && d < hd ? qkv[(size_t)(row0 + r) * qkvw + (size_t)h * hd + d] : 0.0f;
-            acc[i][j] = 0.0f;
-        }
-    }
-    const int visible_max = pos0 + n;     /* the last row sees this many positions */
-    for (int b0 = 0; b0 < visible_max; b0 += TSR_KV_BLOCK) {
-        const int np = min(TSR_KV_BLOCK, visible_max - b0);
-        size_t base = tsr_k_kv_offset(table, n_blocks, kvh, hd, l, b0, kh);
-        __syncthreads();
-        for (int i = threadIdx.x; i < np * hd; i += blockDim.x) {
-            ks[i / hd][i % hd] = ld_bf16(kpool + base + i);
-            vs[i / hd][i % hd] = ld_bf16(vpool + base + i);
-        }
-        __syncthreads();
-        for (int i = 0; i < rows_per_warp; i++) {
-            int r = warp + i * ATT_WARPS;
-            if (r >= n) break;
-            int visible = pos0 + r + 1;
-            for (int p = 0; p < np && b0 + p < visible; p++) {
-                float part = 0;
-                for (int j = 0; j < ATT_DPL; j++) {
-                    int d = lane + 32 * j;
-                    if (d < hd) part += q[i][j] * ks[p][d];
-                }
-                for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-                float w, c = tsr_k_osm_push(&sm[i], part * scale, &w);
-                for (int j = 0; j < ATT_DPL; j++) {
-                    int d = lane + 32 * j;
-                    if (d < hd) acc[i][j] = acc[i][j] * c + w * vs[p][d];
-                }
-            }
-        }
-    }
-    for (int i = 0; i < rows_per_warp; i++) {
-        int r = warp + i * ATT_WARPS;
-        if (r >= n) break;
-        for (int j = 0; j < ATT_DPL; j++) {
-            int d = lane + 32 * j;
-            if (d < hd)
-                att[(size_t)(row0 + r) * qh * hd + (size_t)h * hd + d] =
-                    tsr_k_f32_to_bf16(acc[i][j] / sm[i].l);
-        }
-    }
-}
-
-/* Causal attention on the tensor cores (mma.sync m16n8k16, BF16 in, f32
- * accumulate), flash-style: one block takes a tile of up to TSR_ATT_TILE
- * positions of an entry for the query heads that share KV head kh (up to
- * TSR_ATT_ROWS (position, head) rows, tsr_k_gqa_row), so each K/V tile is
- * read once for the whole group.  Per tile of ATT_KEYS keys, loaded into
- * shared memory (K as rows, V transposed), each warp computes its 16 rows'
- * scores S = Q K^T, updates the online softmax, and adds P V, with P taken
- * straight from S's registers.  Q and P are rounded to BF16 for the
- * products; scores, softmax and sums stay f32. */
-#define ATT_KEYS 64
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <int HD, bool SPLIT>
-__global__ void __launch_bounds__(128)
-k_attention_mma(bf16_t *att, const float *__restrict__ qkv, const bf16_t *__restrict__ kpool,
-                const bf16_t *__restrict__ vpool, meta_t md, int l, int n_blocks, int qh, int kvh,
-                float scale, int chunks)
-{
-    /* SPLIT (a step of decodes, a tile's rows fit one warp): the four warps
-     * share the same 16 rows and each takes a quarter of every key tile;
-     * their partial softmax states are merged at the end */
-    constexpr int KP = HD + 8, VP = ATT_KEYS + 8, VEC = HD / 8, NT = SPLIT ? 2 : ATT_KEYS / 8;
-    static_assert(128 % ATT_KEYS == 0 && VEC % (128 / ATT_KEYS) == 0, "the K/V tile's loads");
-    static_assert(!SPLIT || ATT_KEYS == 4 * 16, "a split warp takes 16 keys of a tile");
-    static_assert(!SPLIT || 4 * 16 * (HD + 2) * 4 <= (ATT_KEYS * KP + HD * VP) * 2,
-                  "the warps' partial states fit in the tiles' memory");
-    __shared__ __align__(16) bf16_t smem[ATT_KEYS * KP + HD * VP];
-    bf16_t *const ks = smem;                     /* [key][dim], rows padded */
-    bf16_t *const vt = smem + ATT_KEYS * KP;     /* [dim][key], rows padded */
-    const int tile = blockIdx.x, n = md.tile_n[tile];
-    if (n <= 0) return;
-    const int g = qh / kvh, kh = blockIdx.y / chunks, rows = n * g;
-    const int r_begin = (blockIdx.y % chunks) * TSR_ATT_ROWS;
-    if (r_begin >= rows) return;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = md.tile_row0[tile], pos0 = md.tile_pos0[tile];
-    const int32_t *table = md.tables + md.tile_tbl[tile];
-    const size_t qkvw = (size_t)(qh + 2 * kvh) * HD;
-    const int wr = r_begin + (SPLIT ? 0 : warp * 16);   /* the warp's first row */
-    const int t0 = SPLIT ? 2 * warp : 0;                 /* its first key tile of 8 */
-    const bool active = wr < rows;
-    /* this lane's two rows (C elements 0-1 and 2-3): validity, the row of
-     * the step it belongs to, its position and its query head */
-    bool rv[2];
-    int rrow[2], rpos[2], rhead[2];
-    for (int i = 0; i < 2; i++) {
-        int r, c, po, ho;
-        tsr_k_mma_c(lane, 2 * i, &r, &c);
-        rv[i] = wr + r < rows;
-        tsr_k_gqa_row(rv[i] ? wr + r : 0, g, &po, &ho);
-        rrow[i] = row0 + po;
-        rpos[i] = pos0 + po;
-        rhead[i] = kh * g + ho;
-    }
-    /* Q as A operands, one per 16 dimensions: elements (2j, 2j+1) are the
-     * row of C pair j / 2 (A's rows are C's rows) at adjacent dims */
-    uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int r, c;
-            tsr_k_mma_a(lane, 2 * j, &r, &c);
-            const int i = r >= 8;
-            float2 v = make_float2(0.0f, 0.0f);
-            if (rv[i])
-                v = *(const float2 *)(qkv + (size_t)rrow[i] * qkvw + (size_t)rhead[i] * HD +
-                                      kk * 16 + c);
-            qa[kk][j] = pack_bf16x2(v.x, v.y);
-        }
-    float o[HD / 8][4];
-#pragma unroll
-    for (int t = 0; t < HD / 8; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
-    const int visible_max = pos0 + n;
-    for (int k0 = 0; k0 < visible_max; k0 += ATT_KEYS) {
-        __syncthreads();   /* the last tile's readers are done */
-        /* 16-byte vectors.  A thread keeps one key (consecutive threads,
-         * consecutive keys, so a warp's transposed V stores fall in
-         * different banks) and takes every other (128 / ATT_KEYS) vector
-         * of it: one block-table lookup, then all its loads in flight. */
-        {
-            constexpr int STRIDE = 128 / ATT_KEYS, PER = VEC / STRIDE;
-            const int key = threadIdx.x % ATT_KEYS, c0 = threadIdx.x / ATT_KEYS, pos = k0 + key;
-            uint4 kv4[PER], vv4[PER];
-            if (pos < visible_max) {   /* past it: zeros, never a stale NaN times 0 */
-                const size_t off = tsr_k_kv_offset(table, n_blocks, kvh, HD, l, pos, kh);
-#pragma unroll
-                for (int j = 0; j < PER; j++) {
-                    kv4[j] = *(const uint4 *)(kpool + off + (c0 + STRIDE * j) * 8);
-                    vv4[j] = *(const uint4 *)(vpool + off + (c0 + STRIDE * j) * 8);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < PER; j++) kv4[j] = vv4[j] = make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int j = 0; j < PER; j++) {
-                const int c = c0 + STRIDE * j;
-                *(uint4 *)(ks + key * KP + c * 8) = kv4[j];
-                const bf16_t *vh = (const bf16_t *)&vv4[j];
-#pragma unroll
-                for (int d = 0; d < 8; d++) vt[(c * 8 + d) * VP + key] = vh[d];
-            }
-        }
-        __syncthreads();
-        if (!active) continue;
-        float sc[NT][4];
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
-            int kb, nb;
-            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): dim kb, key (t0 + t) * 8 + nb */
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const bf16_t *kr = ks + ((t0 + t) * 8 + nb) * KP + kk * 16 + kb;
-                mma_bf16(sc[t], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-            }
-        }
-        /* scale and mask: a key after the row's position, or a padding row */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r, c;
-                tsr_k_mma_c(lane, e, &r, &c);
-                const int i = e >> 1, key = k0 + (t0 + t) * 8 + c;
-                sc[t][e] = rv[i] && key <= rpos[i] ? sc[t][e] * scale : -INFINITY;
-                mx[i] = fmaxf(mx[i], sc[t][e]);
-            }
-        /* the online softmax, per row over the 4 lanes that hold it */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float mnew = fmaxf(m[i], mx[i]), base = mnew == -INFINITY ? 0.0f : mnew;
-            const float c = expf(m[i] - base);
-            m[i] = mnew;
-            lsum[i] *= c;
-#pragma unroll
-            for (int t = 0; t < HD / 8; t++) o[t][2 * i] *= c, o[t][2 * i + 1] *= c;
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-#pragma unroll
-                for (int e = 2 * i; e < 2 * i + 2; e++) {
-                    sc[t][e] = expf(sc[t][e] - base);
-                    lsum[i] += sc[t][e];
-                }
-        }
-        /* O += P V: the C registers of key tiles 2kk and 2kk + 1 are the A
-         * operand of keys [16kk, 16kk + 16) */
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                                    pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                                    pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-            int kb, nb;
-            tsr_k_mma_b(lane, 0, &kb, &nb);   /* (k, n): key 16kk + kb, dim t * 8 + nb */
-#pragma unroll
-            for (int t = 0; t < HD / 8; t++) {
-                const bf16_t *vr = vt + (t * 8 + nb) * VP + (t0 / 2 + kk) * 16 + kb;
-                mma_bf16(o[t], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
-            }
-        }
-    }
-    if (!active) return;
-    if constexpr (SPLIT) {   /* merge the four warps' states of the same 16 rows */
-        float *po = (float *)smem, *pm = po + 4 * 16 * HD, *pl = pm + 4 * 16;
-        __syncthreads();   /* every warp is done with the tiles */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float sum = lsum[i];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            int r, c;
-            tsr_k_mma_c(lane, 2 * i, &r, &c);
-            if (c == 0) pm[warp * 16 + r] = m[i], pl[warp * 16 + r] = sum;
-#pragma unroll
-            for (int t = 0; t < HD / 8; t++) {
-                po[(warp * 16 + r) * HD + t * 8 + c] = o[t][2 * i];
-                po[(warp * 16 + r) * HD + t * 8 + c + 1] = o[t][2 * i + 1];
-            }
-        }
-        __syncthreads();
-        for (int x = threadIdx.x; x < 16 * HD; x += blockDim.x) {
-            const int r = x / HD, d = x % HD;
-            if (wr + r >= rows) continue;
-            tsr_osm_t st = tsr_k_osm_init();
-            float acc = 0.0f;
-            for (int w = 0; w < 4; w++) {
-                const tsr_osm_t part = {pm[w * 16 + r], pl[w * 16 + r]};
-                float ca, cb;
-                tsr_k_osm_merge(&st, part, &ca, &cb);
-                acc = acc * ca + po[(w * 16 + r) * HD + d] * cb;
-            }
-            int pof, hof;
-            tsr_k_gqa_row(wr + r, g, &pof, &hof);
-            att[(size_t)(row0 + pof) * qh * HD + (size_t)(kh * g + hof) * HD + d] =
-                tsr_k_f32_to_bf16(acc / st.l);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float sum = lsum[i];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (!rv[i]) continue;
-            int r, c;
-            tsr_k_mma_c(lane, 2 * i, &r, &c);
-            bf16_t *out = att + (size_t)rrow[i] * qh * HD + (size_t)rhead[i] * HD + c;
-#pragma unroll
-            for (int t = 0; t < HD / 8; t++)
-                *(uint32_t *)(out + t * 8) =
-                    pack_bf16x2(o[t][2 * i] / sum, o[t][2 * i + 1] / sum);
-        }
-    }
-}
-
-__global__ void k_swiglu(bf16_t *act, const float *gu, int I, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t t = i / I, k = i % I;
-        const float *g = gu + t * 2 * I;
-        act[i] = tsr_k_f32_to_bf16(tsr_k_swiglu(g[k], g[I + k]));
-    }
-}
-
-/* The injected fault: a write to an address no allocation has. */
-__global__ void k_fault(void) { *(volatile int *)(uintptr_t)16 = 1; }
-
-/* Pads each row of logits past this rank's vocabulary with -inf. */
-__global__ void k_pad(float *lg, int C, int vs, int rows)
-{
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * (C - vs); i += gridDim.x * blockDim.x)
-        lg[(size_t)(i / (C - vs)) * C + vs + i % (C - vs)] = -INFINITY;
-}
-
-/* The logit of token i of sampled row s in the gathered [tp][S][C] layout. */
-__device__ __forceinline__ float logit_at(const float *g, int S, int C, int s, int i)
-{
-    return g[((size_t)(i / C) * S + s) * C + i % C];
-}
-
-/* Per sampled row: the first maximum; for a sampled (not greedy) row also
- * the weights, their sum in id order, and the segment to sort when top_p
- * cuts (an empty one otherwise). */
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) k_sample_prep(const float *g, int S, int C, int V, meta_t md, int32_t *best,
-                              float *w, int32_t *ids, double *wsum, int32_t *seg_begin,
-                              int32_t *seg_end)
-{
-    typedef cub::BlockReduce<cub::KeyValuePair<int, float>, THREADS> argmax_t;
-    typedef cub::BlockReduce<double, THREADS> sum_t;
-    __shared__ union {
-        typename argmax_t::TempStorage a;
-        typename sum_t::TempStorage s;
-    } tmp;
-    __shared__ int b;
-    const int s = blockIdx.x;
-    cub::KeyValuePair<int, float> m(0, -INFINITY);
-    for (int i = threadIdx.x; i < V; i += THREADS) {
-        float v = logit_at(g, S, C, s, i);
-        if (v > m.value) m = cub::KeyValuePair<int, float>(i, v);  /* first max per thread */
-    }
-    /* The first maximum over threads: larger value, then smaller id. */
-    struct first_max {
-        __device__ cub::KeyValuePair<int, float> operator()(const cub::KeyValuePair<int, float> &x,
-                                                            const cub::KeyValuePair<int, float> &y) const
-        {
-            if (x.value != y.value) return x.value > y.value ? x : y;
-            return x.key < y.key ? x : y;
-        }
-    };
-    cub::KeyValuePair<int, float> r = argmax_t(tmp.a).Reduce(m, first_max());
-    /* worker/sample.c compares each logit with the best so far: a NaN
-     * first logit wins, any other NaN never does */
-    if (threadIdx.x == 0) best[s] = b = isnan(logit_at(g, S, C, s, 0)) ? 0 : r.key;
-    __syncthreads();
-    seg_begin[s] = seg_end[s] = s * V;
-    if (tsr_k_greedy(md.samp_temp[s])) return;
-    const float mx = logit_at(g, S, C, s, b), temp = md.samp_temp[s];
-    double dpart = 0;
-    for (int i = threadIdx.x; i < V; i += THREADS) {
-        float p = tsr_k_sample_weight(logit_at(g, S, C, s, i), mx, temp);
-        w[(size_t)s * V + i] = p;
-        ids[(size_t)s * V + i] = i;
-        dpart += p;
-    }
-    __syncthreads();
-    double total = sum_t(tmp.s).Sum(dpart);
-    if (threadIdx.x == 0) {
-        wsum[s] = total;
-        if (tsr_k_top_p_cuts(md.samp_top_p[s])) seg_end[s] = (s + 1) * V;
-    }
-}
-
-/* The first of candidates [0, n) of p whose inclusive prefix sum passes
- * pass(prefix, weight), scanned THREADS at a time with a block scan; n
- * when none does.  Every thread of the block calls it and gets the answer;
- * tmp and found are the caller's shared memory. */
-template <int THREADS, typename Pass>
-__device__ int first_prefix(const float *p, int n, Pass pass,
-                            typename cub::BlockScan<double, THREADS>::TempStorage &tmp, int &found)
-{
-    __syncthreads();   /* found's last readers are done */
-    if (threadIdx.x == 0) found = n;
-    double run = 0;
-    for (int t0 = 0; t0 < n; t0 += THREADS) {
-        int i = t0 + threadIdx.x;
-        double v = i < n ? p[i] : 0.0, incl, total;
-        __syncthreads();
-        cub::BlockScan<double, THREADS>(tmp).InclusiveSum(v, incl, total);
-        if (i < n && pass(incl + run, p[i])) atomicMin(&found, i);
-        __syncthreads();
-        if (found < n) break;
-        run += total;
-    }
-    __syncthreads();
-    int f = found;
-    __syncthreads();   /* everyone has read it before it is written again */
-    return f;
-}
-
-/* Walks a row's candidates (sorted when top_p cuts, else in id order) in
- * tiles of THREADS with a block scan: first the cut, then the draw. */
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) k_sample_pick(const float *w, const int32_t *ids, const float *w_sorted,
-                              const int32_t *ids_sorted, const double *wsum, const int32_t *best,
-                              int V, meta_t md, int32_t *out)
-{
-    typedef cub::BlockScan<double, THREADS> scan_t;
-    __shared__ typename scan_t::TempStorage tmp;
-    __shared__ int found;
-    __shared__ double found_sum;
-    const int s = blockIdx.x;
-    if (tsr_k_greedy(md.samp_temp[s])) {
-        if (threadIdx.x == 0) out[s] = best[s];
-        return;
-    }
-    const bool cut = tsr_k_top_p_cuts(md.samp_top_p[s]);
-    const float *p = (cut ? w_sorted : w) + (size_t)s * V;
-    const int32_t *id = (cut ? ids_sorted : ids) + (size_t)s * V;
-    int k = V;
-    double keep = wsum[s];
-    /* 1. the cut: the smallest k >= 1 whose prefix reaches top_p * sum */
-    if (cut) {
-        const double goal = md.samp_top_p[s] * wsum[s];
-        int f = first_prefix<THREADS>(p, V, [=](double prefix, float) { return prefix >= goal; },
-                                      tmp, found);
-        k = f + 1 < V ? f + 1 : V;
-        /* keep = prefix(k), summed sequentially like the CPU */
-        if (threadIdx.x == 0) {
-            double acc = 0;
-            for (int i = 0; i < k; i++) acc += p[i];
-            found_sum = acc;
-        }
-        __syncthreads();
-        keep = found_sum;
-    }
-    /* 2. the draw: the first candidate whose prefix passes r */
-    const double r = tsr_draw(md.samp_seed[s], md.samp_pos[s]) * keep;
-    int f = first_prefix<THREADS>(p, k, [=](double prefix, float w) { return r < prefix && w > 0; },
-                                  tmp, found);
-    if (threadIdx.x == 0) out[s] = f < k ? id[f] : best[s];
-}
-
-/* ---- helpers ------------------------------------------------------------------- */
-
-static int grid_for(size_t n, int threads)
-{
-    size_t g = (n + threads - 1) / threads;
-    return g > 4096 ? 4096 : g < 1 ? 1 : (int)g;
-}
-
-/* The same product for a few rows of x (a small decode batch), where it is
- * a pass over the weights that cuBLAS's GEMM kernels read at well under
- * the memory's rate for the smaller matrices: a block of GEMV_WARPS warps
- * takes GEMV_ROWS rows of w, each warp one stretch of their columns, its
- * lanes 16-byte pieces of it in turn (a lane's loads of several pieces in
- * flight together); the x rows come through the caches; the sums are
- * reduced by shuffles within a warp, then through shared memory.  NT rows
- * of x. */
-#define GEMV_ROWS 4
-#define GEMV_WARPS 8
-#define GEMV_MAX_T 4
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float f[8])
-{
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(u[i] << 16);
-        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    }
-}
-
-template <int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv(float *__restrict__ y, int ldy, const bf16_t *__restrict__ x, const bf16_t *__restrict__ w,
-       int in, int out)
-{
-    __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = blockIdx.x * GEMV_ROWS;
-    int vbeg, vend;
-    tsr_k_gemv_span(in / 8, GEMV_WARPS, warp, &vbeg, &vend);
-    float acc[GEMV_ROWS][NT] = {};
-    const uint4 *wr[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-        wr[r] = (const uint4 *)(w + (size_t)(r0 + r < out ? r0 + r : r0) * in);
-#pragma unroll 4
-    for (int v = vbeg + lane; v < vend; v += 32) {
-        uint4 wv[GEMV_ROWS], xv[NT];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) wv[r] = __ldg(wr[r] + v);
-#pragma unroll
-        for (int t = 0; t < NT; t++) xv[t] = __ldg((const uint4 *)(x + (size_t)t * in) + v);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float xf[8];
-            bf16x8_to_f32(xv[t], xf);
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
-                float wf[8];
-                bf16x8_to_f32(wv[r], wf);
-#pragma unroll
-                for (int k = 0; k < 8; k++) acc[r][t] = fmaf(wf[k], xf[k], acc[r][t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float a = acc[r][t];
-#pragma unroll
-            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-            if (lane == 0) red[warp][r * NT + t] = a;
-        }
-    __syncthreads();
-    if (threadIdx.x < GEMV_ROWS * NT) {
-        const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-        float a = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GEMV_WARPS; k++) a += red[k][threadIdx.x];
-        if (r0 + r < out) y[(size_t)t * ldy + r0 + r] = a;
-    }
-}
-
 /* y[T][ldy] (f32) = x[T][in] (BF16) * w[out][in]^T (BF16). */
 static int gemm(tsr_engine_t *e, float *y, int ldy, const bf16_t *x, const bf16_t *w, int T, int in,
                 int out, char *err, size_t errlen)
 {
-    if (T <= GEMV_MAX_T && in % 8 == 0 && !e->gemv_off) {
-        const int blocks = (out + GEMV_ROWS - 1) / GEMV_ROWS, th = GEMV_WARPS * 32;
-        switch (T) {
-        case 1: k_gemv<1><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
-        case 2: k_gemv<2><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
-        case 3: k_gemv<3><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
-        default: k_gemv<4><<<blocks, th, 0, e->st>>>(y, ldy, x, w, in, out); break;
-        }
+    if (tsr_kern_gemv_fits(T, in) && !e->gemv_off) {
+        tsr_kern_gemv(e->st, y, ldy, x, w, T, in, out);
         return cuda_fail(&e->fatal, cudaGetLastError(), "gemv", err, errlen);
     }
     const float one = 1.0f, zero = 0.0f;
@@ -964,8 +260,8 @@ static int load_tensor(loader_t *ld, tsr_tensor_kind_t t, int li, bf16_t *dst, c
     if (!n) return 0;
     if (ld->dummy) {
         bool norm = t == TSR_T_FINAL_NORM || t == TSR_T_ATTN_NORM || t == TSR_T_MLP_NORM;
-        k_fill<<<grid_for(n, 256), 256, 0, e->st>>>(dst, n, ld->dummy_seed + (uint64_t)t * 1000003u + li,
-                                                  norm ? 0.0f : 0.02f);
+        tsr_kern_fill(e->st, dst, n, ld->dummy_seed + (uint64_t)t * 1000003u + li,
+                      norm ? 0.0f : 0.02f);
         LAUNCHED("fill");
         return 0;
     }
@@ -991,7 +287,7 @@ static int load_tensor(loader_t *ld, tsr_tensor_kind_t t, int li, bf16_t *dst, c
             CK(cudaMemcpyAsync(out, ld->pin[b], cnt * 2, cudaMemcpyHostToDevice, e->st));
         } else {
             CK(cudaMemcpyAsync(ld->dev[b], ld->pin[b], cnt * es, cudaMemcpyHostToDevice, e->st));
-            k_convert<<<grid_for(cnt, 256), 256, 0, e->st>>>(out, ld->dev[b], cnt, ten->dtype);
+            tsr_kern_convert(e->st, out, ld->dev[b], cnt, ten->dtype);
             LAUNCHED("convert");
         }
         CK(cudaEventRecord(ld->done[b], e->st));
@@ -1015,9 +311,8 @@ static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errl
         return -1;
     }
     const size_t H = e->hidden, qw = (size_t)e->q_heads * e->head_dim,
-                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter,
-                 vrows = (size_t)(e->v_end - e->v_begin);
-    const bool first = e->spec.stage == 0, last = e->spec.stage == e->spec.pp_size - 1;
+                 kvw = (size_t)e->kv_heads * e->head_dim, I = e->inter;
+    const tsr_cuda_buf_t *pb = e->plan.buf;
     for (int b = 0; b < 2 && !ld.dummy; b++) {
         if (cuda_fail(&e->fatal, cudaHostAlloc(&ld.pin[b], STAGE_BYTES, cudaHostAllocDefault),
                       "pinned staging buffer", err, errlen) < 0 ||
@@ -1027,34 +322,36 @@ static int load_weights(tsr_engine_t *e, const char *dir, char *err, size_t errl
             goto out;
         cudaEventRecord(ld.done[b], e->st);
     }
-    if (first) {
-        if (dalloc(e, (void **)&e->embed, vrows * H * 2, "the embedding", err, errlen) < 0 ||
+#define PLANNED(ptr, id) dalloc(e, (void **)&(ptr), pb[id].bytes, pb[id].what, err, errlen)
+    if (pb[TSR_CB_EMBED].count) {
+        if (PLANNED(e->embed, TSR_CB_EMBED) < 0 ||
             load_tensor(&ld, TSR_T_EMBED, 0, e->embed, err, errlen) < 0)
             goto out;
     }
-    if (last) {
-        if (dalloc(e, (void **)&e->final_norm, H * 2, "the final norm", err, errlen) < 0 ||
+    if (pb[TSR_CB_FINAL_NORM].count) {
+        if (PLANNED(e->final_norm, TSR_CB_FINAL_NORM) < 0 ||
             load_tensor(&ld, TSR_T_FINAL_NORM, 0, e->final_norm, err, errlen) < 0)
             goto out;
-        if (e->m.tie_word_embeddings && first) {
+        if (!pb[TSR_CB_LM_HEAD].count) {   /* tied, on the embedding's stage */
             e->lm_head = e->embed;
-        } else if (dalloc(e, (void **)&e->lm_head, vrows * H * 2, "the LM head", err, errlen) < 0 ||
+        } else if (PLANNED(e->lm_head, TSR_CB_LM_HEAD) < 0 ||
                    load_tensor(&ld, TSR_T_LM_HEAD, 0, e->lm_head, err, errlen) < 0) {
             goto out;
         }
     }
+#undef PLANNED
     for (int l = 0; l < e->n_layers; l++) {
         layer_t *L = &e->layers[l];
         int li = e->spec.layer_begin + l;
         char what[64];
         snprintf(what, sizeof what, "the weights of layer %d", li);
-        if (dalloc(e, (void **)&L->attn_norm, H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->mlp_norm, H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wqkv, (qw + 2 * kvw) * H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wo, H * qw * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wgu, 2 * I * H * 2, what, err, errlen) < 0 ||
-            dalloc(e, (void **)&L->wd, H * I * 2, what, err, errlen) < 0)
+#define PLANNED(ptr, id) dalloc(e, (void **)&(ptr), pb[id].bytes, what, err, errlen)
+        if (PLANNED(L->attn_norm, TSR_CB_ATTN_NORM) < 0 ||
+            PLANNED(L->mlp_norm, TSR_CB_MLP_NORM) < 0 || PLANNED(L->wqkv, TSR_CB_WQKV) < 0 ||
+            PLANNED(L->wo, TSR_CB_WO) < 0 || PLANNED(L->wgu, TSR_CB_WGU) < 0 ||
+            PLANNED(L->wd, TSR_CB_WD) < 0)
             goto out;
+#undef PLANNED
         if (load_tensor(&ld, TSR_T_ATTN_NORM, li, L->attn_norm, err, errlen) ||
             load_tensor(&ld, TSR_T_MLP_NORM, li, L->mlp_norm, err, errlen) ||
             load_tensor(&ld, TSR_T_Q, li, L->wqkv, err, errlen) ||
@@ -1107,79 +404,47 @@ static void engine_free(tsr_engine_t *e)
     free(e);
 }
 
-/* Lays the metadata out in one buffer: fixed arrays, then the tables. */
-static void meta_layout(tsr_engine_t *e, char *base, meta_t *m)
-{
-    const size_t T = e->spec.max_tokens, S = e->spec.max_seqs, tiles = e->max_tiles;
-    size_t off = 0;
-#define TAKE(field, type, n) \
-    do { m->field = (type *)(base + off); off += ((n) * sizeof(type) + 15) & ~(size_t)15; } while (0)
-    TAKE(tokens, int32_t, T);
-    TAKE(row_pos, int32_t, T);
-    TAKE(row_tbl, int32_t, T);
-    TAKE(tile_row0, int32_t, tiles);
-    TAKE(tile_n, int32_t, tiles);
-    TAKE(tile_pos0, int32_t, tiles);
-    TAKE(tile_tbl, int32_t, tiles);
-    TAKE(samp_row, int32_t, S);
-    TAKE(samp_temp, float, S);
-    TAKE(samp_top_p, float, S);
-    TAKE(samp_seed, unsigned long long, S);
-    TAKE(samp_pos, unsigned long long, S);
-#undef TAKE
-    e->meta_fixed = off;
-    m->tables = (int32_t *)(base + off);
-    e->meta_bytes = off + (size_t)S * e->max_blocks_per_seq * sizeof(int32_t);
-}
-
+/* The buffers after the weights, as the plan lists them: the KV pool, the
+ * RoPE tables, the activations, logits and sampling, the metadata. */
 static int alloc_all(tsr_engine_t *e, char *err, size_t errlen)
 {
-    const tsr_piece_spec_t *s = &e->spec;
-    const size_t H = e->hidden, T = s->max_tokens, S = s->max_seqs, V = e->vocab,
-                 qw = (size_t)e->q_heads * e->head_dim, kvw = (size_t)e->kv_heads * e->head_dim,
-                 I = e->inter, half = e->head_dim / 2;
-    const bool last = s->stage == s->pp_size - 1;
-    const size_t pool = (size_t)e->n_layers * s->kv_blocks * TSR_KV_BLOCK * kvw;
-    e->kvbytes = 2 * pool * sizeof(bf16_t);
-    DALLOC(e->kpool, pool * 2, "the KV pool");
-    DALLOC(e->vpool, pool * 2, "the KV pool");
-    DALLOC(e->rope_cos, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
-    DALLOC(e->rope_sin, (size_t)s->max_seq_len * half * 4, "the RoPE tables");
-    DALLOC(e->x, T * H * 4, "activations");
-    DALLOC(e->proj, T * H * 4, "activations");
-    DALLOC(e->hin, T * H * 4, "activations");
-    DALLOC(e->hout, T * H * 4, "activations");
-    DALLOC(e->qkv, T * (qw + 2 * kvw) * 4, "activations");
-    DALLOC(e->gu, T * 2 * I * 4, "activations");
-    DALLOC(e->h, T * H * 2, "activations");
-    DALLOC(e->att, T * qw * 2, "activations");
-    DALLOC(e->act, T * I * 2, "activations");
-    if (last) {
-        DALLOC(e->logits, S * e->v_chunk * 4, "logits");
-        DALLOC(e->gathered, (size_t)s->tp_size * S * e->v_chunk * 4, "logits");
-        DALLOC(e->w, S * V * 4, "sampling scratch");
-        DALLOC(e->w_sorted, S * V * 4, "sampling scratch");
-        DALLOC(e->ids, S * V * 4, "sampling scratch");
-        DALLOC(e->ids_sorted, S * V * 4, "sampling scratch");
-        DALLOC(e->seg_begin, S * 4, "sampling scratch");
-        DALLOC(e->seg_end, S * 4, "sampling scratch");
-        DALLOC(e->best, S * 4, "sampling scratch");
-        DALLOC(e->sampled_d, S * 4, "sampling scratch");
-        DALLOC(e->wsum, S * 8, "sampling scratch");
+    const tsr_cuda_plan_t *p = &e->plan;
+    const tsr_cuda_buf_t *pb = p->buf;
+    void **to[TSR_CB_COUNT] = {};
+    to[TSR_CB_KPOOL] = (void **)&e->kpool, to[TSR_CB_VPOOL] = (void **)&e->vpool;
+    to[TSR_CB_ROPE_COS] = (void **)&e->rope_cos, to[TSR_CB_ROPE_SIN] = (void **)&e->rope_sin;
+    to[TSR_CB_X] = (void **)&e->x, to[TSR_CB_PROJ] = (void **)&e->proj;
+    to[TSR_CB_HIN] = (void **)&e->hin, to[TSR_CB_HOUT] = (void **)&e->hout;
+    to[TSR_CB_QKV] = (void **)&e->qkv, to[TSR_CB_GU] = (void **)&e->gu;
+    to[TSR_CB_H] = (void **)&e->h, to[TSR_CB_ATT] = (void **)&e->att;
+    to[TSR_CB_ACT] = (void **)&e->act, to[TSR_CB_LOGITS] = (void **)&e->logits;
+    to[TSR_CB_GATHERED] = (void **)&e->gathered, to[TSR_CB_W] = (void **)&e->w;
+    to[TSR_CB_W_SORTED] = (void **)&e->w_sorted, to[TSR_CB_IDS] = (void **)&e->ids;
+    to[TSR_CB_IDS_SORTED] = (void **)&e->ids_sorted;
+    to[TSR_CB_SEG_BEGIN] = (void **)&e->seg_begin, to[TSR_CB_SEG_END] = (void **)&e->seg_end;
+    to[TSR_CB_BEST] = (void **)&e->best;
+    to[TSR_CB_SAMPLED] = (void **)&e->sampled_d, to[TSR_CB_WSUM] = (void **)&e->wsum;
+    for (int id = TSR_CB_KPOOL; id < TSR_CB_SORT_TMP; id++)
+        if (pb[id].count) DALLOC(*to[id], pb[id].bytes, pb[id].what);
+    e->kvbytes = pb[TSR_CB_KPOOL].bytes + pb[TSR_CB_VPOOL].bytes;
+    if (pb[TSR_CB_SORT_TMP].count) {   /* what cub asks for, on this device */
+        const size_t S = e->spec.max_seqs, V = e->vocab;
         size_t tmp = 0;
-        cub::DeviceSegmentedRadixSort::SortPairsDescending(
-            (void *)NULL, tmp, e->w, e->w_sorted, e->ids, e->ids_sorted, (int)(S * V), (int)S,
-            e->seg_begin, e->seg_end, 0, 32, e->st);
+        tsr_kern_sort_desc(e->st, NULL, &tmp, e->w, e->w_sorted, e->ids, e->ids_sorted,
+                           (int)(S * V), (int)S, e->seg_begin, e->seg_end);
         e->sort_tmp_bytes = tmp;
-        DALLOC(e->sort_tmp, tmp, "sampling scratch");
+        DALLOC(e->sort_tmp, tmp, pb[TSR_CB_SORT_TMP].what);
     }
-    meta_layout(e, NULL, &e->mh);
+    e->meta_fixed = p->meta_fixed;
+    e->meta_bytes = pb[TSR_CB_META].bytes;
     CK(cudaHostAlloc(&e->meta_h, e->meta_bytes, cudaHostAllocDefault));
     CK(cudaEventCreateWithFlags(&e->meta_copied, cudaEventDisableTiming));
-    DALLOC(e->meta_d, e->meta_bytes, "step metadata");
-    meta_layout(e, (char *)e->meta_h, &e->mh);
-    meta_layout(e, (char *)e->meta_d, &e->md);
-    CK(cudaHostAlloc((void **)&e->sampled_h, S * 4, cudaHostAllocDefault));
+    DALLOC(e->meta_d, e->meta_bytes, pb[TSR_CB_META].what);
+    tsr_cuda_meta_layout((char *)e->meta_h, e->spec.max_tokens, e->spec.max_seqs, p->max_tiles,
+                         p->max_blocks_per_seq, &e->mh, NULL);
+    tsr_cuda_meta_layout((char *)e->meta_d, e->spec.max_tokens, e->spec.max_seqs, p->max_tiles,
+                         p->max_blocks_per_seq, &e->md, NULL);
+    CK(cudaHostAlloc((void **)&e->sampled_h, (size_t)e->spec.max_seqs * 4, cudaHostAllocDefault));
     return 0;
 }
 
@@ -1250,9 +515,9 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     }
     const tsr_model_info_t *m = &e->m;
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0) goto fail;
-    if (m->head_dim > 32 * ATT_DPL || m->head_dim % 2) {
+    if (m->head_dim > TSR_KERN_MAX_HEAD_DIM || m->head_dim % 2) {
         tsr_set_err(err, errlen, "%s/config.json: head_dim %d is not supported by the CUDA engine "
-                    "(even, at most %d)", dir, m->head_dim, 32 * ATT_DPL);
+                    "(even, at most %d)", dir, m->head_dim, TSR_KERN_MAX_HEAD_DIM);
         goto fail;
     }
     if (spec->max_seq_len < 1 || spec->max_seqs < 1 || spec->max_seqs > 1024 ||
@@ -1278,10 +543,15 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
         blas_fail(B.create(&e->blas), "cublasCreate", err, errlen) < 0 ||
         blas_fail(B.set_stream(e->blas, e->st), "cublasSetStream", err, errlen) < 0)
         goto fail;
+    if (tsr_cuda_plan(m, spec, &e->plan) < 0) {   /* tsr_model_check_piece passed: not reached */
+        tsr_set_err(err, errlen, "%s/config.json: the piece does not divide the model", dir);
+        goto fail;
+    }
     /* A workspace of our own, so the products can be captured in graphs. */
-    if (dalloc(e, &e->blas_ws, (size_t)32 << 20, "the cuBLAS workspace", err, errlen) < 0 ||
-        blas_fail(B.set_workspace(e->blas, e->blas_ws, (size_t)32 << 20), "cublasSetWorkspace",
-                  err, errlen) < 0)
+    if (dalloc(e, &e->blas_ws, e->plan.buf[TSR_CB_WORKSPACE].bytes,
+               e->plan.buf[TSR_CB_WORKSPACE].what, err, errlen) < 0 ||
+        blas_fail(B.set_workspace(e->blas, e->blas_ws, e->plan.buf[TSR_CB_WORKSPACE].bytes),
+                  "cublasSetWorkspace", err, errlen) < 0)
         goto fail;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -1290,8 +560,6 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->inter = m->intermediate_size / spec->tp_size;
     e->n_layers = spec->layer_end - spec->layer_begin;
     e->vocab = m->vocab_size;
-    e->max_tiles = spec->max_seqs + spec->max_tokens / TSR_ATT_TILE + 1;
-    e->max_blocks_per_seq = tsr_kv_blocks_for(spec->max_seq_len);
 #ifdef TSR_TESTING
     e->fault_after = env_long("TSR_TEST_DEVICE_FAULT_AFTER");
 #endif
@@ -1333,61 +601,36 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
     return e->ops->allreduce_sum(e->tp, b, e->coll_ms, err, errlen);
 }
 
-/* Attention of layer l over `tiles` tiles: on the tensor cores for the
- * head sizes they are built for (split over the keys in a step of decodes
- * whose query heads a KV head fit one warp), else the f32 kernel. */
-static int attention(tsr_engine_t *e, int l, int tiles, bool decode, char *err, size_t errlen)
-{
-    const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, g = qh / kvh;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const bool split = decode && g <= 16;
-    const int chunks = split ? 1 : tsr_k_gqa_chunks(TSR_ATT_TILE, g);
-    const dim3 grid(tiles, kvh * chunks);
-#define ATT_MMA(HD, SPLIT)                                                                       \
-    k_attention_mma<HD, SPLIT><<<grid, 128, 0, e->st>>>(e->att, e->qkv, e->kpool, e->vpool,      \
-                                                        e->md, l, e->spec.kv_blocks, qh, kvh,    \
-                                                        scale, chunks)
-    if (hd == 128 && split) ATT_MMA(128, true);
-    else if (hd == 128) ATT_MMA(128, false);
-    else if (hd == 64 && split) ATT_MMA(64, true);
-    else if (hd == 64) ATT_MMA(64, false);
-#undef ATT_MMA
-    else
-        k_attention<<<dim3(tiles, qh), ATT_WARPS * 32, 0, e->st>>>(
-            e->att, e->qkv, e->kpool, e->vpool, e->md, l, e->spec.kv_blocks, qh, kvh, hd, scale);
-    LAUNCHED("attention");
-    return 0;
-}
-
 /* The layers, from x (filled) to x; T rows, tiles attention tiles. */
 static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t errlen)
 {
     const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads, I = e->inter;
     const size_t qw = (size_t)qh * hd, qkvw = qw + 2 * (size_t)kvh * hd;
     const float eps = e->m.rms_norm_eps;
-    const int rope_threads = std::min(128, (hd / 2 + 31) / 32 * 32);   /* a thread a pair */
     for (int l = 0; l < e->n_layers; l++) {
         const layer_t *L = &e->layers[l];
         /* attention (the previous layer's MLP output is added here) */
-        k_add_rmsnorm<512><<<T, 512, 0, e->st>>>(e->h, e->x, l ? e->proj : NULL, L->attn_norm,
-                                                 NULL, H, eps);
+        tsr_kern_add_rmsnorm(e->st, T, e->h, e->x, l ? e->proj : NULL, L->attn_norm, NULL, H,
+                             eps);
         if (gemm(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw, err, errlen) < 0) return -1;
-        k_rope_kv<<<dim3(T, qh + kvh), rope_threads, 0, e->st>>>(
-            e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md, l, e->spec.kv_blocks, qh,
-            kvh, hd);
-        if (attention(e, l, tiles, T == tiles, err, errlen) < 0) return -1;
+        tsr_kern_rope_kv(e->st, T, e->qkv, e->kpool, e->vpool, e->rope_cos, e->rope_sin, e->md, l,
+                         e->spec.kv_blocks, qh, kvh, hd);
+        /* a step of decodes has one tile a row */
+        tsr_kern_attention(e->st, tiles, T == tiles, e->att, e->qkv, e->kpool, e->vpool, e->md, l,
+                           e->spec.kv_blocks, qh, kvh, hd);
+        LAUNCHED("attention");
         if (gemm(e, e->proj, H, e->att, L->wo, T, (int)qw, H, err, errlen) < 0) return -1;
         if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
         /* SwiGLU MLP */
-        k_add_rmsnorm<512><<<T, 512, 0, e->st>>>(e->h, e->x, e->proj, L->mlp_norm, NULL, H, eps);
+        tsr_kern_add_rmsnorm(e->st, T, e->h, e->x, e->proj, L->mlp_norm, NULL, H, eps);
         if (gemm(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I, err, errlen) < 0) return -1;
-        k_swiglu<<<grid_for((size_t)T * I, 256), 256, 0, e->st>>>(e->act, e->gu, I, (size_t)T * I);
+        tsr_kern_swiglu(e->st, e->act, e->gu, I, (size_t)T * I);
         if (gemm(e, e->proj, H, e->act, L->wd, T, I, H, err, errlen) < 0) return -1;
         if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;
         LAUNCHED("layer kernels");
     }
     if (e->n_layers)
-        k_add<<<grid_for((size_t)T * H, 256), 256, 0, e->st>>>(e->x, e->proj, (size_t)T * H);
+        tsr_kern_add(e->st, e->x, e->proj, (size_t)T * H);
     LAUNCHED("residual add");
     return 0;
 }
@@ -1397,11 +640,11 @@ static int layers_forward(tsr_engine_t *e, int T, int tiles, char *err, size_t e
 static int logits_forward(tsr_engine_t *e, int ns, char *err, size_t errlen)
 {
     const int H = e->hidden, C = e->v_chunk, tp = e->spec.tp_size, vs = e->v_end - e->v_begin;
-    k_add_rmsnorm<512><<<ns, 512, 0, e->st>>>(e->h, e->x, NULL, e->final_norm, e->md.samp_row, H,
-                                              e->m.rms_norm_eps);
+    tsr_kern_add_rmsnorm(e->st, ns, e->h, e->x, NULL, e->final_norm, e->md.samp_row, H,
+                         e->m.rms_norm_eps);
     float *lg = tp > 1 ? e->logits : e->gathered;
     if (vs > 0 && gemm(e, lg, C, e->h, e->lm_head, ns, H, vs, err, errlen) < 0) return -1;
-    if (vs < C) k_pad<<<grid_for((size_t)ns * (C - vs), 256), 256, 0, e->st>>>(lg, C, vs, ns);
+    if (vs < C) tsr_kern_pad(e->st, lg, C, vs, ns);
     LAUNCHED("logits");
     return 0;
 }
@@ -1422,17 +665,16 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
             any_cut |= !tsr_k_greedy(e->mh.samp_temp[s]) && tsr_k_top_p_cuts(e->mh.samp_top_p[s]);
             s++;
         }
-    k_sample_prep<1024><<<rows, 1024, 0, e->st>>>(e->gathered, rows, C, V, e->md, e->best, e->w,
-                                                e->ids, e->wsum, e->seg_begin, e->seg_end);
+    tsr_kern_sample_prep(e->st, rows, e->gathered, C, V, e->md, e->best, e->w, e->ids, e->wsum,
+                         e->seg_begin, e->seg_end);
     LAUNCHED("sampling");
     if (any_cut) {
         size_t tmp = e->sort_tmp_bytes;
-        CK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-            e->sort_tmp, tmp, e->w, e->w_sorted, e->ids, e->ids_sorted, rows * V, rows, e->seg_begin,
-            e->seg_end, 0, 32, e->st));
+        CK(tsr_kern_sort_desc(e->st, e->sort_tmp, &tmp, e->w, e->w_sorted, e->ids, e->ids_sorted,
+                              rows * V, rows, e->seg_begin, e->seg_end));
     }
-    k_sample_pick<1024><<<rows, 1024, 0, e->st>>>(e->w, e->ids, e->w_sorted, e->ids_sorted, e->wsum,
-                                                e->best, V, e->md, e->sampled_d);
+    tsr_kern_sample_pick(e->st, rows, e->w, e->ids, e->w_sorted, e->ids_sorted, e->wsum, e->best,
+                         V, e->md, e->sampled_d);
     LAUNCHED("sampling");
     CK(cudaMemcpyAsync(e->sampled_h, e->sampled_d, (size_t)ns * 4, cudaMemcpyDeviceToHost, e->st));
     if (stream_wait(e, "sampling", err, errlen) < 0) return -1;
@@ -1445,7 +687,7 @@ static int sample_forward(tsr_engine_t *e, const tsr_batch_t *b, int rows, int n
 static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *row_pos_in,
                         int rows, int *tiles_out, int *ns_out)
 {
-    meta_t *m = &e->mh;
+    tsr_cuda_meta_t *m = &e->mh;
     int tiles = 0, ns = 0, tbl = 0;
     for (int i = 0; i < b->n_entries; i++) {
         const tsr_entry_t *en = &b->entries[i];
@@ -1477,7 +719,7 @@ static size_t meta_fill(tsr_engine_t *e, const tsr_batch_t *b, const int32_t *ro
     }
     /* Padding up to a graph bucket: rows that touch nothing. */
     for (int r = b->n_tokens; r < rows; r++) m->tokens[r] = 0, m->row_pos[r] = -1, m->row_tbl[r] = 0;
-    for (int t = tiles; t < rows && t < e->max_tiles; t++) m->tile_n[t] = 0;
+    for (int t = tiles; t < rows && t < e->plan.max_tiles; t++) m->tile_n[t] = 0;
     *tiles_out = tiles;
     *ns_out = ns;
     return e->meta_fixed + (size_t)tbl * 4;
@@ -1489,7 +731,7 @@ static int forward(tsr_engine_t *e, int rows, int tiles, int ns_rows, char *err,
 {
     const tsr_piece_spec_t *s = &e->spec;
     if (s->stage == 0) {
-        k_embed<<<rows, 256, 0, e->st>>>(e->x, e->embed, e->md.tokens, e->hidden, e->v_begin, e->v_end);
+        tsr_kern_embed(e->st, rows, e->x, e->embed, e->md.tokens, e->hidden, e->v_begin, e->v_end);
         LAUNCHED("embedding");
         if (allreduce(e, e->x, (size_t)rows * e->hidden, err, errlen) < 0) return -1;
     } else {
@@ -1531,7 +773,7 @@ static int step_run(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     if (e->fault_after > 0 && ++e->steps == e->fault_after) {
         tsr_warn("CUDA: injecting an illegal-address fault at step %ld (TSR_TEST_DEVICE_FAULT_AFTER)",
                  e->steps);
-        k_fault<<<1, 1, 0, e->st>>>();
+        tsr_kern_fault(e->st);
     }
 #endif
     if (s->stage == 0)
