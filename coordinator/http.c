@@ -35,7 +35,7 @@
 #include "common/util.h"
 #include "common/wire.h"
 #include "coordinator/chat.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/tokref.h"
 
 #define MAX_BODY (1u << 20)          /* request bodies above this get 413 */
 #define MAX_STOPS 4

@@ -25,7 +25,8 @@
 
 #include "common/log.h"
 #include "common/wire.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/loop.h"
+#include "coordinator/status.h"
 
 #define NW 5
 

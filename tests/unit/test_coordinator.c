@@ -24,7 +24,14 @@
 #include "common/log.h"
 #include "common/slice.h"
 #include "common/wire.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/depview.h"
+#include "coordinator/loop.h"
+#include "coordinator/reply.h"
+#include "coordinator/router.h"
+#include "coordinator/status.h"
+#include "coordinator/waited.h"
+#include "coordinator/deptok.h"
+#include "coordinator/reload.h"
 
 #define NW 5            /* fake workers: four pieces (tp 2 x pp 2) and a spare */
 #define TIMEOUT_MS 1000
