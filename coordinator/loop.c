@@ -80,6 +80,11 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
 {
     tsr_coord_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
+    if (!(c->place = tsr_placement_new())) {
+        snprintf(err, errlen, "out of memory");
+        free(c);
+        return NULL;
+    }
     if (tsr_state_open(c, config_path, err, errlen) < 0 || bind_sockets(c, err, errlen) < 0) {
         tsr_coord_destroy(&c);
         return NULL;
@@ -102,6 +107,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     /* Each layer frees what it owns, the upper ones first. */
     tsr_requests_clear(c);
     tsr_metrics_free(&c->metrics);
+    tsr_placement_destroy(&c->place);
     tsr_state_close(c);
     free(c);
     *self_p = NULL;
@@ -124,7 +130,8 @@ static void declare_dead(tsr_coord_t *c, tsr_worker_t *w, int64_t now, const cha
 {
     if (w->has_piece) {
         tsr_requests_fail_replica(c, w->piece.key.deployment, w->piece.key.replica, why);
-        tsr_replica_set_add(&c->lost, tsr_coord_dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+        tsr_coord_mark_lost(c, tsr_coord_dep_index(c, w->piece.key.deployment),
+                            w->piece.key.replica);
     }
     tsr_health_mark_dead(c->reg, w, now, why);
     c->stats.deaths++;
@@ -305,7 +312,8 @@ static void on_dead(tsr_worker_t *w, void *arg)
         snprintf(why, sizeof why, "worker %s (stage %d tp %d) stopped answering", w->name,
                  w->piece.key.stage, w->piece.key.tp);
         tsr_requests_fail_replica(c, w->piece.key.deployment, w->piece.key.replica, why);
-        tsr_replica_set_add(&c->lost, tsr_coord_dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+        tsr_coord_mark_lost(c, tsr_coord_dep_index(c, w->piece.key.deployment),
+                            w->piece.key.replica);
     }
     c->stats.deaths++;
     c->dirty = true;

@@ -17,6 +17,49 @@
 #include "topology.h"
 #include "waited.h"
 
+struct tsr_placement {
+    tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
+    tsr_replica_set_t rewiring; /* replicas the plan just made rewires: the requests
+                                   layer moves their requests off (at the epoch they ran
+                                   in), then tsr_coord_rewire_marked rewires them */
+};
+
+tsr_placement_t *tsr_placement_new(void) { return calloc(1, sizeof(tsr_placement_t)); }
+
+void tsr_placement_destroy(tsr_placement_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    tsr_replica_set_free(&(*self_p)->lost);
+    tsr_replica_set_free(&(*self_p)->rewiring);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+void tsr_coord_mark_lost(tsr_coord_t *c, int di, int replica)
+{
+    tsr_replica_set_add(&c->place->lost, di, replica);
+}
+
+void tsr_coord_lost_renumber(tsr_coord_t *c, const tsr_config_t *next)
+{
+    tsr_replica_set_t *lost = &c->place->lost;
+    size_t kept = 0;
+    for (size_t t = 0; t < lost->n; t++) {
+        int ni = -1;
+        if (lost->di[t] >= 0 && (size_t)lost->di[t] < c->cfg->n_deployments) {
+            const char *name = c->cfg->deployments[lost->di[t]].name;
+            for (size_t k = 0; k < next->n_deployments; k++)
+                if (!strcmp(next->deployments[k].name, name)) ni = (int)k;
+        }
+        if (ni < 0) continue;
+        lost->di[kept] = ni;
+        lost->replica[kept++] = lost->replica[t];
+    }
+    lost->n = kept;
+}
+
+const tsr_replica_set_t *tsr_coord_rewiring(const tsr_coord_t *c) { return &c->place->rewiring; }
+
 /* Logs the members of a replica about to be rewired that its group waited for. */
 static void warn_waited(tsr_coord_t *c, const tsr_deployment_t *d, int replica)
 {
@@ -53,8 +96,9 @@ static void rewire(tsr_coord_t *c, int di, int replica)
 
 void tsr_coord_rewire_marked(tsr_coord_t *c)
 {
-    for (size_t t = 0; t < c->rewiring.n; t++) rewire(c, c->rewiring.di[t], c->rewiring.replica[t]);
-    c->rewiring.n = 0;
+    tsr_replica_set_t *m = &c->place->rewiring;
+    for (size_t t = 0; t < m->n; t++) rewire(c, m->di[t], m->replica[t]);
+    m->n = 0;
 }
 
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms)
@@ -138,7 +182,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
 
     size_t na = tsr_reconcile_actions(plan, pw, k, acts);
     /* Epochs never wrap: at the cap nothing more is planned, loudly. */
-    if ((na > 0 || c->lost.n > 0) && c->epoch >= TSR_EPOCH_MAX) {
+    if ((na > 0 || c->place->lost.n > 0) && c->epoch >= TSR_EPOCH_MAX) {
         tsr_error("plan epoch %llu is at its limit %llu: no new plan can be made; restart "
                   "the workers and the coordinator",
                   (unsigned long long)c->epoch, (unsigned long long)TSR_EPOCH_MAX);
@@ -146,7 +190,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     }
     if (na > 0) c->epoch++;
     /* The replicas this plan changes (empty: the last plan's were rewired). */
-    tsr_replica_set_t *touched = &c->rewiring;
+    tsr_replica_set_t *touched = &c->place->rewiring, *lost = &c->place->lost;
     for (size_t i = 0; i < na; i++) {
         tsr_worker_t *w = ws[acts[i].worker];
         if (acts[i].kind == TSR_ACT_UNASSIGN) {
@@ -186,11 +230,11 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     /* A replica that lost a worker is rewired even when nobody replaces it:
      * its survivors stop waiting on the dead peer and hold their weights
      * until the replica is whole again. */
-    for (size_t t = 0; t < c->lost.n; t++) {
+    for (size_t t = 0; t < lost->n; t++) {
         if (!na && t == 0) c->epoch++;
-        tsr_replica_set_add(touched, c->lost.di[t], c->lost.replica[t]);
+        tsr_replica_set_add(touched, lost->di[t], lost->replica[t]);
     }
-    c->lost.n = 0;
+    lost->n = 0;
     /* Every replica that changed is rewired as a whole in the new epoch
      * (tsr_coord_rewire_marked, once its requests have moved off). */
     for (size_t t = 0; t < touched->n; t++)
@@ -269,7 +313,8 @@ void tsr_coord_run_retries(tsr_coord_t *c, int64_t now)
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
         tsr_dep_state_t *ds = &c->deps[i];
         if (!ds->retry_at_ms || now < ds->retry_at_ms) continue;
-        for (size_t t = 0; t < ds->retry.n; t++) tsr_replica_set_add(&c->lost, (int)i, ds->retry.replica[t]);
+        for (size_t t = 0; t < ds->retry.n; t++)
+            tsr_coord_mark_lost(c, (int)i, ds->retry.replica[t]);
         ds->retry.n = 0;
         ds->retry_at_ms = 0;
         c->dirty = true;

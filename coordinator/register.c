@@ -285,7 +285,8 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
                 whole &= m[i]->state == TSR_W_READY;
             }
             if (behind || (resend && whole)) {
-                tsr_replica_set_add(&c->lost, tsr_coord_dep_index(c, w->piece.key.deployment), w->piece.key.replica);
+                tsr_coord_mark_lost(c, tsr_coord_dep_index(c, w->piece.key.deployment),
+                                    w->piece.key.replica);
                 c->dirty = true;
             }
         } else {

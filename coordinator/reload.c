@@ -12,6 +12,7 @@
 #include "assign.h"
 #include "common/log.h"
 #include "deptok.h"
+#include "placement.h"
 
 /* A test setting: TSR_TEST_RELOAD_HOLD_MS holds the loop that long in each reload (at
  * most 10 s), as a slow disk under the model directories would. */
@@ -68,19 +69,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
     }
     /* Replicas already waiting to be rewired keep waiting, under the new
      * configuration's numbering. */
-    size_t kept = 0;
-    for (size_t t = 0; t < c->lost.n; t++) {
-        int ni = -1;
-        if (c->lost.di[t] >= 0 && (size_t)c->lost.di[t] < c->cfg->n_deployments) {
-            const char *name = c->cfg->deployments[c->lost.di[t]].name;
-            for (size_t k = 0; k < cfg->n_deployments; k++)
-                if (!strcmp(cfg->deployments[k].name, name)) ni = (int)k;
-        }
-        if (ni < 0) continue;
-        c->lost.di[kept] = ni;
-        c->lost.replica[kept++] = c->lost.replica[t];
-    }
-    c->lost.n = kept;
+    tsr_coord_lost_renumber(c, cfg);
     /* A deployment that keeps its layout but changes its model, max_seq_len
      * or batching keys keeps its placement; its replicas are rewired so every
      * worker loads the new model, resizes its KV cache or rebuilds its
@@ -89,7 +78,7 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         const tsr_deployment_t *nd = &cfg->deployments[i];
         const tsr_deployment_t *od = tsr_config_find(c->cfg, nd->name);
         if (!od || !tsr_assignment_changed(od, nd)) continue;
-        for (int r = 0; r < nd->replicas; r++) tsr_replica_set_add(&c->lost, (int)i, r);
+        for (int r = 0; r < nd->replicas; r++) tsr_coord_mark_lost(c, (int)i, r);
     }
     tsr_deps_free(c->deps, c->cfg->n_deployments);
     tsr_config_destroy(&c->cfg);

@@ -278,8 +278,9 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
 
 void tsr_requests_follow_moves(tsr_coord_t *c)
 {
-    for (size_t t = 0; t < c->rewiring.n; t++)
-        interrupt_replica(c, c->cfg->deployments[c->rewiring.di[t]].name, c->rewiring.replica[t],
+    const tsr_replica_set_t *m = tsr_coord_rewiring(c);
+    for (size_t t = 0; t < m->n; t++)
+        interrupt_replica(c, c->cfg->deployments[m->di[t]].name, m->replica[t],
                           "the replica was rewired for a new plan", false);
 }
 

@@ -132,8 +132,6 @@ void tsr_state_close(tsr_coord_t *c)
     c->config_path = NULL;
     tsr_tokreg_clear(&c->tokreg);
     pthread_mutex_destroy(&c->tokreg.mu);
-    tsr_replica_set_free(&c->lost);
-    tsr_replica_set_free(&c->rewiring);
 }
 
 void tsr_replica_set_free(tsr_replica_set_t *t)

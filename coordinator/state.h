@@ -1,7 +1,7 @@
 /* state.h: the coordinator's shared state (state.c) and the lookups every layer uses.
  *
  * The layers, top to bottom, and what each owns in tsr_coord_t:
- *   loop (loop.c)            the sockets, the tick's clocks (next_scan_ms, last_plan_ms,
+ *   loop (loop.c)            the sockets, the tick's clocks (next_scan_ms, now_ms,
  *                            probe_due_ms, last_probe_ms) and the dispatch of messages;
  *   control (control.c ...)  nothing: it reads through const pointers (depview.c,
  *                            status.c, metrics_text.c) and calls the layers below;
@@ -9,8 +9,8 @@
  *                            and the canary state of each replica (deps[].canary);
  *   metrics (metrics.c)      metrics (tsr_metrics_free frees it);
  *   placement (placement.c, register.c, reload.c)
- *                            epoch (it only grows), dirty, plan_after_ms, lost, rewiring,
- *                            and the retry fields of deps[];
+ *                            epoch (it only grows), dirty, plan_after_ms, last_plan_ms,
+ *                            place (its own, opaque) and the retry fields of deps[];
  *   state (this file, assign.c, deptok.c, the registry)
  *                            config_path, cfg, deps, reg, sec, zap, tokreg, tokload,
  *                            ready_seq, send_warned_ms.
@@ -121,10 +121,9 @@ typedef struct tsr_coord {
     uint64_t epoch;             /* plan epoch; only grows */
     bool dirty;
     int64_t plan_after_ms;      /* no planning before this: workers re-attach first */
-    tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
-    tsr_replica_set_t rewiring; /* replicas the plan just made rewires: the requests
-                                   layer moves their requests off (at the epoch they ran
-                                   in), then tsr_coord_rewire_marked rewires them */
+    int64_t last_plan_ms;
+    struct tsr_placement *place; /* the replicas to rewire (placement.h: only placement.c
+                                    reads and writes it) */
     /* metrics */
     tsr_metrics_t metrics;      /* per deployment name, in order of first use */
     /* requests (router.c) */
@@ -140,7 +139,6 @@ typedef struct tsr_coord {
     int64_t started_ms;
     int64_t next_scan_ms;
     int64_t now_ms;             /* the clock of the tick in progress */
-    int64_t last_plan_ms;
     int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
 } tsr_coord_t;
 
@@ -149,7 +147,7 @@ typedef struct tsr_coord {
  * (before any socket: ZeroMQ lets any CURVE client in while none is bound).  c is
  * zeroed memory.  -1 with the reason in err; tsr_state_close frees what was made. */
 int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen);
-/* Frees everything tsr_state_open made, and the placement sets (not c). */
+/* Frees everything tsr_state_open made (not c). */
 void tsr_state_close(tsr_coord_t *c);
 
 /* Reads each deployment's config.json and checks its layout, and finds its tokenizer
