@@ -1,5 +1,5 @@
-/* test_coordinator.c: a real coordinator (coordinator/coordinator.c and
- * coordinator/control.c) driven in-process.  Fake workers and a fake CLI are
+/* test_coordinator.c: a real coordinator (coordinator/loop.c and the layers
+ * below it, control.c included) driven in-process.  Fake workers and a fake CLI are
  * DEALER sockets on inproc endpoints in the same ZeroMQ context; the test
  * drains the coordinator's sockets and calls its tick itself, passing the
  * time in, so nothing here waits on a real timer. */
