@@ -298,7 +298,7 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
      * clients of the requests in flight are asked (tick), at most every
      * PROBE_GAP_MS, and those that are gone have their requests cancelled. */
     while (c->cmon && tsr_sock_monitor_event(c->cmon) == ZMQ_EVENT_DISCONNECTED) {
-        tsr_debug("a client disconnected; probing %zu request(s)", c->n_reqs);
+        tsr_debug("a client disconnected; probing %zu request(s)", tsr_requests_count(c));
         if (!c->probe_due_ms) c->probe_due_ms = c->last_probe_ms + PROBE_GAP_MS;
     }
 }

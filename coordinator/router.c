@@ -345,6 +345,8 @@ static int64_t replica_progress_ms(const tsr_coord_t *c, const tsr_deployment_t 
     return all > last ? all : last;
 }
 
+size_t tsr_requests_count(const tsr_coord_t *c) { return c->n_reqs; }
+
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;

@@ -87,6 +87,8 @@ void tsr_requests_probe_clients(tsr_coord_t *c);
 /* Ends every request whose client's key is no longer allowed: the client is
  * told why, once, and the leader is sent a Cancel. */
 void tsr_requests_drop_keys(tsr_coord_t *c);
+/* Requests in flight, all deployments. */
+size_t tsr_requests_count(const tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
 /* Ends the request id that client from sent (ControlRequest CANCEL); stopped: the

@@ -5,8 +5,10 @@
  *                            probe_due_ms, last_probe_ms) and the dispatch of messages;
  *   control (control.c ...)  nothing: it reads through const pointers (depview.c,
  *                            status.c, metrics_text.c) and calls the layers below;
- *   requests (router.c)      reqs, n_reqs, cap_reqs (tsr_requests_clear frees them),
- *                            and the canary state of each replica (deps[].canary);
+ *   requests (router.c)      reqs, n_reqs, cap_reqs (tsr_requests_clear frees them;
+ *                            the others count them with tsr_requests_count and
+ *                            tsr_requests_in_flight), and the canary state of each
+ *                            replica (deps[].canary: the others only read it);
  *   metrics (metrics.c)      metrics (tsr_metrics_free frees it);
  *   placement (placement.c, register.c, reload.c)
  *                            epoch (it only grows), dirty, plan_after_ms, last_plan_ms,

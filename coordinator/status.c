@@ -212,7 +212,7 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
                         json_integer((json_int_t)st->requests_cancelled));
     json_object_set_new(stats, "replies_dropped", json_integer((json_int_t)st->replies_dropped));
     json_object_set_new(stats, "tokens", json_integer((json_int_t)st->tokens));
-    json_object_set_new(stats, "in_flight", json_integer((json_int_t)c->n_reqs));
+    json_object_set_new(stats, "in_flight", json_integer((json_int_t)tsr_requests_count(c)));
     json_object_set_new(stats, "identity_dropped", json_integer((json_int_t)st->identity_dropped));
     json_object_set_new(stats, "workers_forgotten",
                         json_integer((json_int_t)st->workers_forgotten));
