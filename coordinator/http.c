@@ -33,8 +33,8 @@
 #include "common/wire.h"
 #include "coordinator/apikeys.h"
 #include "coordinator/chat.h"
-#include "coordinator/coordinator.h"
 #include "coordinator/openai.h"
+#include "coordinator/tokref.h"
 
 #define MAX_BODY (1u << 20)          /* request bodies above this get 413 */
 #define STATUS_WAIT_MS 5000          /* a status or metrics answer */

@@ -16,7 +16,9 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "apikeys.h"
-#include "coordinator.h"
+#include "deptok.h"
+#include "loop.h"
+#include "reload.h"
 #include "http.h"
 
 /* How long a turn of the loop may take before the next one judges no one (see the loop). */

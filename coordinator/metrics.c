@@ -1,25 +1,23 @@
-/* metrics.c: what GET /metrics reports, in the Prometheus text format: requests by
+/* metrics.c: what GET /metrics reports, recorded as requests end: requests by
  * deployment and outcome, prompt and generated tokens, histograms of time to first
- * token, inter-token latency and request duration (kept here, fed by the router), and
- * gauges read from the registry and the deployments when the text is asked for. */
-#include <math.h>
-#include <stdarg.h>
+ * token, inter-token latency and request duration (fed by the router).  The document
+ * is metrics_text.c's. */
+#include "metrics.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator.h"
-#include "common/strbuf.h"
-
-static const double BOUNDS[TSR_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                0.25,  0.5,    1,     2.5,  5,     10,  30};
-static const char *const OUTCOMES[] = {"stop", "length", "failed", "cancelled", "refused"};
+const double tsr_hist_bounds[TSR_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                 0.1,   0.25,   0.5,   1,    2.5,   5,
+                                                 10,    30};
+const char *const tsr_outcome_names[5] = {"stop", "length", "failed", "cancelled", "refused"};
 
 void tsr_hist_observe(tsr_hist_t *h, double seconds)
 {
     if (!(seconds >= 0)) seconds = 0;
     for (int i = 0; i < TSR_HIST_BUCKETS; i++)
-        if (seconds <= BOUNDS[i]) {
+        if (seconds <= tsr_hist_bounds[i]) {
             h->le[i]++;
             break;
         }
@@ -27,164 +25,29 @@ void tsr_hist_observe(tsr_hist_t *h, double seconds)
     h->sum += seconds;
 }
 
-tsr_dep_metrics_t *tsr_metrics_of(tsr_coord_t *c, const char *deployment)
+tsr_dep_metrics_t *tsr_metrics_of(tsr_metrics_t *ms, const char *deployment)
 {
-    for (size_t i = 0; i < c->n_metrics; i++)
-        if (!strcmp(c->metrics[i].name, deployment)) return &c->metrics[i];
-    tsr_dep_metrics_t *m = realloc(c->metrics, (c->n_metrics + 1) * sizeof *m);
+    for (size_t i = 0; i < ms->n; i++)
+        if (!strcmp(ms->v[i].name, deployment)) return &ms->v[i];
+    tsr_dep_metrics_t *m = realloc(ms->v, (ms->n + 1) * sizeof *m);
     if (!m) return NULL;
-    c->metrics = m;
-    m = &c->metrics[c->n_metrics++];
+    ms->v = m;
+    m = &ms->v[ms->n++];
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", deployment);
     return m;
 }
 
-void tsr_metrics_outcome(tsr_coord_t *c, const char *deployment, const char *outcome)
+void tsr_metrics_outcome(tsr_metrics_t *ms, const char *deployment, const char *outcome)
 {
-    tsr_dep_metrics_t *m = tsr_metrics_of(c, deployment);
-    for (size_t k = 0; m && k < sizeof OUTCOMES / sizeof OUTCOMES[0]; k++)
-        if (!strcmp(outcome, OUTCOMES[k])) m->outcome[k]++;
+    tsr_dep_metrics_t *m = tsr_metrics_of(ms, deployment);
+    for (size_t k = 0; m && k < sizeof tsr_outcome_names / sizeof tsr_outcome_names[0]; k++)
+        if (!strcmp(outcome, tsr_outcome_names[k])) m->outcome[k]++;
 }
 
-static void family(tsr_sb_t *o, const char *name, const char *type, const char *help)
+void tsr_metrics_free(tsr_metrics_t *ms)
 {
-    tsr_sb_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* Names in the registry are [A-Za-z0-9._-] (checked at registration and load), so
- * label values need no escaping; this escapes anyway, as the format asks. */
-static const char *esc(const char *s, char *buf, size_t len)
-{
-    size_t k = 0;
-    for (; *s && k + 3 < len; s++) {
-        if (*s == '\\' || *s == '"') buf[k++] = '\\', buf[k++] = *s;
-        else if (*s == '\n') buf[k++] = '\\', buf[k++] = 'n';
-        else buf[k++] = *s;
-    }
-    buf[k] = '\0';
-    return buf;
-}
-
-static void histogram(tsr_sb_t *o, const char *name, const char *help, tsr_coord_t *c,
-                      size_t which)
-{
-    family(o, name, "histogram", help);
-    char e[2 * TSR_NAME_MAX + 8];
-    for (size_t i = 0; i < c->n_metrics; i++) {
-        const tsr_dep_metrics_t *m = &c->metrics[i];
-        const tsr_hist_t *h = which == 0 ? &m->ttft : which == 1 ? &m->itl : &m->duration;
-        uint64_t cum = 0;
-        esc(m->name, e, sizeof e);
-        for (int b = 0; b < TSR_HIST_BUCKETS; b++) {
-            cum += h->le[b];
-            tsr_sb_printf(o, "%s_bucket{deployment=\"%s\",le=\"%g\"} %llu\n", name, e, BOUNDS[b],
-                (unsigned long long)cum);
-        }
-        tsr_sb_printf(o, "%s_bucket{deployment=\"%s\",le=\"+Inf\"} %llu\n", name, e,
-            (unsigned long long)h->count);
-        tsr_sb_printf(o, "%s_sum{deployment=\"%s\"} %.6f\n", name, e, h->sum);
-        tsr_sb_printf(o, "%s_count{deployment=\"%s\"} %llu\n", name, e, (unsigned long long)h->count);
-    }
-}
-
-char *tsr_coord_metrics_text(tsr_coord_t *c, int64_t now_ms)
-{
-    tsr_sb_t o = {0};
-    tsr_sb_puts(&o, "");
-    char e[2 * TSR_NAME_MAX + 8], w[2 * TSR_NAME_MAX + 8];
-
-    family(&o, "tessera_requests_total", "counter",
-           "Generation requests that ended, by deployment and outcome (stop: end of sequence "
-           "or a stop string, length: max_tokens or max_seq_len).");
-    for (size_t i = 0; i < c->n_metrics; i++)
-        for (size_t k = 0; k < sizeof OUTCOMES / sizeof OUTCOMES[0]; k++)
-            tsr_sb_printf(&o, "tessera_requests_total{deployment=\"%s\",outcome=\"%s\"} %llu\n",
-                esc(c->metrics[i].name, e, sizeof e), OUTCOMES[k],
-                (unsigned long long)c->metrics[i].outcome[k]);
-    family(&o, "tessera_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
-    for (size_t i = 0; i < c->n_metrics; i++)
-        tsr_sb_printf(&o, "tessera_prompt_tokens_total{deployment=\"%s\"} %llu\n",
-            esc(c->metrics[i].name, e, sizeof e), (unsigned long long)c->metrics[i].prompt_tokens);
-    family(&o, "tessera_generated_tokens_total", "counter", "Tokens delivered to clients.");
-    for (size_t i = 0; i < c->n_metrics; i++)
-        tsr_sb_printf(&o, "tessera_generated_tokens_total{deployment=\"%s\"} %llu\n",
-            esc(c->metrics[i].name, e, sizeof e),
-            (unsigned long long)c->metrics[i].generated_tokens);
-    histogram(&o, "tessera_time_to_first_token_seconds",
-              "From a request's arrival to its first token.", c, 0);
-    histogram(&o, "tessera_inter_token_latency_seconds",
-              "Between two tokens of one request, as delivered.", c, 1);
-    histogram(&o, "tessera_request_duration_seconds",
-              "From a request's arrival to its last token.", c, 2);
-
-    family(&o, "tessera_deployment_state", "gauge",
-           "1 for the state each deployment is in (ready, loading, degraded, waiting, failed).");
-    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
-        const char *st = tsr_coord_dep_state(c, i, now_ms);
-        static const char *const states[] = {"ready", "loading", "degraded", "waiting", "failed"};
-        for (size_t k = 0; k < 5; k++)
-            tsr_sb_printf(&o, "tessera_deployment_state{deployment=\"%s\",state=\"%s\"} %d\n",
-                esc(c->cfg->deployments[i].name, e, sizeof e), states[k], !strcmp(st, states[k]));
-    }
-
-    /* Per worker: pieces' queues, batches and KV pools; counts by state. */
-    size_t n = tsr_registry_size(c->reg);
-    uint64_t by_state[TSR_W_DEAD + 1] = {0};
-    family(&o, "tessera_replica_queued_requests", "gauge",
-           "Requests waiting at a replica's leader.");
-    for (size_t k = 0; k < n; k++) {
-        tsr_worker_t *x = tsr_registry_at(c->reg, k);
-        if (x->state <= TSR_W_DEAD) by_state[x->state]++;
-    }
-    for (int running = 0; running < 2; running++) {
-        if (running)
-            family(&o, "tessera_replica_running_sequences", "gauge",
-                   "Sequences in a replica's running batch.");
-        for (size_t i = 0; i < c->cfg->n_deployments; i++) {
-            const tsr_deployment_t *d = &c->cfg->deployments[i];
-            for (int r = 0; r < d->replicas; r++) {
-                /* the replica's leader: stage 0, tp rank 0 */
-                tsr_worker_t *x = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
-                if (!x) continue;
-                tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\"} %u\n",
-                    running ? "tessera_replica_running_sequences" : "tessera_replica_queued_requests",
-                    esc(d->name, e, sizeof e), r, running ? x->running : x->queued);
-            }
-        }
-    }
-    for (int used = 1; used >= 0; used--) {
-        const char *name = used ? "tessera_kv_blocks_used" : "tessera_kv_blocks_total";
-        family(&o, name, "gauge", used ? "KV cache blocks in use, per piece."
-                                       : "KV cache blocks in the pool, per piece.");
-        for (size_t k = 0; k < n; k++) {
-            tsr_worker_t *x = tsr_registry_at(c->reg, k);
-            if (x->state == TSR_W_DEAD || !x->has_piece) continue;
-            tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %u\n",
-                name, esc(x->piece.key.deployment, e, sizeof e), x->piece.key.replica, x->piece.key.stage,
-                x->piece.key.tp, esc(x->name, w, sizeof w),
-                used ? x->kv_blocks_used : x->kv_blocks_total);
-        }
-    }
-    family(&o, "tessera_workers", "gauge", "Registered workers by state.");
-    for (int s = 0; s <= TSR_W_DEAD; s++)
-        tsr_sb_printf(&o, "tessera_workers{state=\"%s\"} %llu\n", tsr_wstate_name((tsr_wstate_t)s),
-            (unsigned long long)by_state[s]);
-    family(&o, "tessera_heartbeats_total", "counter", "Worker heartbeats received.");
-    tsr_sb_printf(&o, "tessera_heartbeats_total %llu\n", (unsigned long long)c->stats.heartbeats);
-    family(&o, "tessera_registrations_total", "counter", "Worker registrations accepted.");
-    tsr_sb_printf(&o, "tessera_registrations_total %llu\n", (unsigned long long)c->stats.registrations);
-    family(&o, "tessera_worker_deaths_total", "counter",
-           "Workers declared dead (missed heartbeats or a removed key).");
-    tsr_sb_printf(&o, "tessera_worker_deaths_total %llu\n", (unsigned long long)c->stats.deaths);
-    family(&o, "tessera_requests_replayed_total", "counter",
-           "Request attempts resumed on another replica after a failure.");
-    tsr_sb_printf(&o, "tessera_requests_replayed_total %llu\n", (unsigned long long)c->stats.requests_replayed);
-    family(&o, "tessera_plan_epoch", "gauge", "The plan epoch (grows with every new plan).");
-    tsr_sb_printf(&o, "tessera_plan_epoch %llu\n", (unsigned long long)c->epoch);
-    if (o.oom) {
-        free(o.p);
-        return NULL;
-    }
-    return o.p;
+    free(ms->v);
+    ms->v = NULL;
+    ms->n = 0;
 }

@@ -1,6 +1,6 @@
 /* reconciler.h: the difference between the desired plan and what the
  * workers hold, as a list of actions.  Computing the actions is pure (tested
- * without sockets); coordinator.c applies them, and is the only code that
+ * without sockets); placement.c applies them, and is the only code that
  * does. */
 #ifndef TSR_RECONCILER_H
 #define TSR_RECONCILER_H

@@ -239,3 +239,13 @@ tsr_worker_t *tsr_registry_at_slot(tsr_registry_t *self, const char *deployment,
     }
     return NULL;
 }
+
+tsr_worker_t *tsr_registry_ready_leader(tsr_registry_t *self, const tsr_deployment_t *d, int r)
+{
+    int slots = d->tensor * d->pipeline;
+    for (int k = 0; k < slots; k++) {
+        tsr_worker_t *w = tsr_registry_at_slot(self, d->name, r, d->tensor, d->pipeline, k);
+        if (!w || w->state != TSR_W_READY) return NULL;
+    }
+    return tsr_registry_at_slot(self, d->name, r, d->tensor, d->pipeline, 0);
+}

@@ -127,4 +127,8 @@ tsr_worker_t *tsr_registry_holder(tsr_registry_t *self, const tsr_piece_key_t *k
 tsr_worker_t *tsr_registry_at_slot(tsr_registry_t *self, const char *deployment, int replica,
                                    int tp_size, int pp_size, int slot);
 
+/* The leader (stage 0, tp rank 0) of deployment d's replica r when every piece
+ * of it is ready in d's layout, else NULL. */
+tsr_worker_t *tsr_registry_ready_leader(tsr_registry_t *self, const tsr_deployment_t *d, int r);
+
 #endif

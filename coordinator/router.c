@@ -26,7 +26,9 @@
 #include <zmq.h>
 
 #include "common/log.h"
-#include "coordinator.h"
+#include "router.h"
+#include "assign.h"
+#include "placement.h"
 
 #define MAX_TOKENS_LIMIT 1000000
 #define TIMEOUT_MS_LIMIT 86400000u  /* a day */
@@ -52,7 +54,8 @@ static int reply_json(tsr_coord_t *c, tsr_request_rec_t *q, bool ok, const char 
     return rc;
 }
 
-void tsr_request_free(tsr_request_rec_t *q)
+/* Frees what a request record owns (its ids, its text decoder and tokenizer hold). */
+static void request_free(tsr_request_rec_t *q)
 {
     free(q->ids);
     q->ids = NULL;
@@ -62,7 +65,7 @@ void tsr_request_free(tsr_request_rec_t *q)
 
 static void request_remove(tsr_coord_t *c, size_t i)
 {
-    tsr_request_free(&c->reqs[i]);
+    request_free(&c->reqs[i]);
     c->reqs[i] = c->reqs[--c->n_reqs];
 }
 
@@ -83,7 +86,7 @@ static void request_fail_as(tsr_coord_t *c, size_t i, const char *code, const ch
     reply_json(c, q, false, msg, NULL);  /* a client that left needs no answer */
     c->stats.requests_failed++;
     /* Refused for load (a full queue) or for its own size: not a failure of the service. */
-    tsr_metrics_outcome(c, q->deployment, !strcmp(code, "failed") ? "failed" : "refused");
+    tsr_metrics_outcome(&c->metrics, q->deployment, !strcmp(code, "failed") ? "failed" : "refused");
     request_remove(c, i);
 }
 
@@ -134,10 +137,10 @@ static void request_cancel_as(tsr_coord_t *c, size_t i, const char *reason, cons
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
     send_cancel(c, q, reason);
     if (!strcmp(outcome, "cancelled")) c->stats.requests_cancelled++;
-    tsr_dep_metrics_t *mt = tsr_metrics_of(c, q->deployment);
+    tsr_dep_metrics_t *mt = tsr_metrics_of(&c->metrics, q->deployment);
     if (mt && !strcmp(outcome, "stop"))
         tsr_hist_observe(&mt->duration, (double)(tsr_now_ms() - q->started_ms) / 1000.0);
-    tsr_metrics_outcome(c, q->deployment, outcome);
+    tsr_metrics_outcome(&c->metrics, q->deployment, outcome);
     request_remove(c, i);
 }
 
@@ -146,22 +149,21 @@ static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
     request_cancel_as(c, i, reason, "cancelled");
 }
 
-void tsr_router_cancel(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, uint64_t id,
-                       bool stopped)
+void tsr_router_cancel(tsr_coord_t *c, const tsr_client_t *from, uint64_t id, bool stopped)
 {
     for (size_t i = 0; i < c->n_reqs; i++) {
         tsr_request_rec_t *q = &c->reqs[i];
         /* Only the client that sent a request may end it. */
-        if (q->id != id || q->sock != c->reply_sock || q->rid_len != rid_len ||
-            memcmp(q->rid, rid, rid_len))
+        if (q->id != id || q->sock != from->sock || q->rid_len != from->rid_len ||
+            memcmp(q->rid, from->rid, from->rid_len))
             continue;
         if (stopped) request_cancel_as(c, i, "the client's stop string came", "stop");
         else request_cancel(c, i, "the client cancelled it");
-        tsr_control_reply(c, rid, rid_len, true, NULL, "{\"cancelled\":true}");
+        tsr_control_answer(c, from, true, NULL, NULL, "{\"cancelled\":true}");
         return;
     }
-    tsr_control_reply_code(c, rid, rid_len, false, "not_found", "no such request of this client "
-                           "in flight (it may have ended)", NULL);
+    tsr_control_answer(c, from, false, "not_found", "no such request of this client in flight "
+                       "(it may have ended)", NULL);
 }
 
 /* Request i passed its deadline: the client is told, the replica's leader cancels it. */
@@ -276,10 +278,20 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
     interrupt_replica(c, deployment, replica, why, true);
 }
 
-void tsr_requests_move_replica(tsr_coord_t *c, const char *deployment, int replica,
-                               const char *why)
+void tsr_requests_follow_moves(tsr_coord_t *c)
 {
-    interrupt_replica(c, deployment, replica, why, false);
+    const tsr_replica_set_t *m = tsr_coord_rewiring(c);
+    for (size_t t = 0; t < m->n; t++)
+        interrupt_replica(c, c->cfg->deployments[m->di[t]].name, m->replica[t],
+                          "the replica was rewired for a new plan", false);
+}
+
+void tsr_requests_clear(tsr_coord_t *c)
+{
+    for (size_t i = 0; i < c->n_reqs; i++) request_free(&c->reqs[i]);
+    free(c->reqs);
+    c->reqs = NULL;
+    c->n_reqs = c->cap_reqs = 0;
 }
 
 void tsr_requests_probe_clients(tsr_coord_t *c)
@@ -335,6 +347,8 @@ static int64_t replica_progress_ms(const tsr_coord_t *c, const tsr_deployment_t 
     return all > last ? all : last;
 }
 
+size_t tsr_requests_count(const tsr_coord_t *c) { return c->n_reqs; }
+
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;
@@ -342,16 +356,6 @@ int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int rep
         n += !strcmp(c->reqs[i].deployment, deployment) &&
              (replica < 0 || c->reqs[i].replica == replica);
     return n;
-}
-
-tsr_worker_t *tsr_coord_ready_leader(tsr_coord_t *c, const tsr_deployment_t *d, int r)
-{
-    int slots = d->tensor * d->pipeline;
-    for (int k = 0; k < slots; k++) {
-        tsr_worker_t *w = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, k);
-        if (!w || w->state != TSR_W_READY) return NULL;
-    }
-    return tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
 }
 
 /* A request id nobody can guess from the ones they saw (63 random bits, so
@@ -384,7 +388,7 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
     int replica = -1, best = 0;
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = canary_of(c, d->name, r);
-        if (r == avoid || (k && k->unhealthy) || !tsr_coord_ready_leader(c, d, r)) continue;
+        if (r == avoid || (k && k->unhealthy) || !tsr_registry_ready_leader(c->reg, d, r)) continue;
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
@@ -402,7 +406,7 @@ static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
 static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r)
 {
     tsr_request_rec_t *q = &c->reqs[i];
-    tsr_worker_t *leader = tsr_coord_ready_leader(c, d, r);
+    tsr_worker_t *leader = tsr_registry_ready_leader(c->reg, d, r);
     uint64_t wid;
     do wid = new_request_id(c);
     while (wid && wid == q->id);
@@ -469,7 +473,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
 static bool replica_recovered(tsr_coord_t *c, const tsr_deployment_t *d, int r,
                               const tsr_request_rec_t *q)
 {
-    const tsr_worker_t *l = tsr_coord_ready_leader(c, d, r);
+    const tsr_worker_t *l = tsr_registry_ready_leader(c->reg, d, r);
     if (!l) return false;
     if (l->piece.epoch != q->avoid_epoch) return true;
     if (tsr_now_ms() - q->waiting_since_ms >= RECOVERY_GRACE_MS) return true;
@@ -528,21 +532,20 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
 }
 
 /* code: "not_found", "invalid" or "unavailable" (ControlReply.code). */
-static void refuse(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, const char *code,
-                   const char *msg)
+static void refuse(tsr_coord_t *c, const tsr_client_t *from, const char *code, const char *msg)
 {
-    tsr_control_reply_code(c, rid, rid_len, false, code, msg, NULL);
+    tsr_control_answer(c, from, false, code, msg, NULL);
 }
 
 /* A refusal of a request for deployment d, counted in its metrics. */
-static void refuse_counted(tsr_coord_t *c, const tsr_deployment_t *d, const uint8_t *rid,
-                           size_t rid_len, const char *code, const char *msg)
+static void refuse_counted(tsr_coord_t *c, const tsr_deployment_t *d, const tsr_client_t *from,
+                           const char *code, const char *msg)
 {
-    tsr_metrics_outcome(c, d->name, "refused");
-    refuse(c, rid, rid_len, code, msg);
+    tsr_metrics_outcome(&c->metrics, d->name, "refused");
+    refuse(c, from, code, msg);
 }
 
-void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
+void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
                          const Tessera__ControlRequest *q)
 {
     char msg[512];
@@ -551,7 +554,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         if (!strcmp(c->cfg->deployments[i].name, q->deployment)) di = (int)i;
     if (di < 0) {
         snprintf(msg, sizeof msg, "no deployment named '%s'", q->deployment);
-        refuse(c, rid, rid_len, "not_found", msg);
+        refuse(c, from, "not_found", msg);
         return;
     }
     const tsr_deployment_t *d = &c->cfg->deployments[di];
@@ -559,13 +562,13 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     const tsr_model_info_t *m = &ds->model;
     bool text = q->prompt_text && q->prompt_text[0];
     if (text && q->n_prompt) {
-        refuse_counted(c, d, rid, rid_len, "invalid", "give the prompt as text or as token ids, "
+        refuse_counted(c, d, from, "invalid", "give the prompt as text or as token ids, "
                        "not both");
         return;
     }
     if ((text || q->want_text) && !ds->tok) {
         tsr_tok_refusal(d->name, ds->tok_error, ds->tok_loading, msg, sizeof msg);
-        refuse_counted(c, d, rid, rid_len, ds->tok_loading ? "unavailable" : "invalid", msg);
+        refuse_counted(c, d, from, ds->tok_loading ? "unavailable" : "invalid", msg);
         return;
     }
     /* The prompt's ids: as sent, or the text's; then the tokens a resumed client has. */
@@ -577,7 +580,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
         if (tsr_tok_encode_max(ds->tok->tok, q->prompt_text, strlen(q->prompt_text), true,
                                (size_t)d->max_seq_len, &pids, &n_pids, err, sizeof err)) {
             snprintf(msg, sizeof msg, "the prompt: %s", err);
-            refuse_counted(c, d, rid, rid_len, "invalid", msg);
+            refuse_counted(c, d, from, "invalid", msg);
             return;
         }
     }
@@ -670,10 +673,10 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
     memset(rec, 0, sizeof *rec);
     rec->id = id;
-    memcpy(rec->rid, rid, rid_len);
-    rec->rid_len = rid_len;
-    snprintf(rec->key_id, sizeof rec->key_id, "%s", c->msg_key);
-    rec->sock = c->reply_sock;
+    memcpy(rec->rid, from->rid, from->rid_len);
+    rec->rid_len = from->rid_len;
+    snprintf(rec->key_id, sizeof rec->key_id, "%s", from->key_id);
+    rec->sock = from->sock;
     snprintf(rec->deployment, sizeof rec->deployment, "%s", d->name);
     rec->replica = -1;
     rec->avoid = rec->avoid_replica = -1;
@@ -690,13 +693,13 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
     rec->timeout_ms = q->timeout_ms;
     rec->deadline_ms = q->timeout_ms ? rec->started_ms + q->timeout_ms : 0;
     c->stats.requests++;
-    tsr_dep_metrics_t *mt = tsr_metrics_of(c, d->name);
+    tsr_dep_metrics_t *mt = tsr_metrics_of(&c->metrics, d->name);
     if (mt) mt->prompt_tokens += n_pids;
 
     /* Tell the client at once that the request is on its way, so it can
      * tell a missing coordinator from a slow prefill.  A client that has
      * already left costs the replica nothing. */
-    tsr_worker_t *leader = replica >= 0 ? tsr_coord_ready_leader(c, d, replica) : NULL;
+    tsr_worker_t *leader = replica >= 0 ? tsr_registry_ready_leader(c->reg, d, replica) : NULL;
     json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b, s:I}", "request_id", (json_int_t)rec->id,
                             "replica", replica, "leader", leader ? leader->name : "",
                             "accepted", 1, "queued", replica < 0, "prompt_tokens",
@@ -718,7 +721,7 @@ void tsr_router_generate(tsr_coord_t *c, const uint8_t *rid, size_t rid_len,
 refused:
     if (text) free(pids);
     free(ids);
-    refuse_counted(c, d, rid, rid_len, code, msg);
+    refuse_counted(c, d, from, code, msg);
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
@@ -807,7 +810,7 @@ int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now)
         tsr_dep_state_t *ds = &c->deps[i];
         for (int r = 0; ds->canary && r < ds->n_completed && r < d->replicas; r++) {
             tsr_canary_t *k = &ds->canary[r];
-            tsr_worker_t *leader = tsr_coord_ready_leader(c, d, r);
+            tsr_worker_t *leader = tsr_registry_ready_leader(c->reg, d, r);
             if (!leader) {  /* being placed, loaded or rewired */
                 k->wid = 0;
                 k->unhealthy = false;
@@ -967,7 +970,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     json_decref(doc);
     c->stats.tokens++;
     int64_t now = tsr_now_ms();
-    tsr_dep_metrics_t *mt = tsr_metrics_of(c, q->deployment);
+    tsr_dep_metrics_t *mt = tsr_metrics_of(&c->metrics, q->deployment);
     if (mt) {
         mt->generated_tokens++;
         if (index == 0) tsr_hist_observe(&mt->ttft, (double)(now - q->started_ms) / 1000.0);
@@ -979,7 +982,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
         tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
         if (ds && ds->completed && q->replica < ds->n_completed) ds->completed[q->replica]++;
         if (mt) tsr_hist_observe(&mt->duration, (double)(now - q->started_ms) / 1000.0);
-        tsr_metrics_outcome(c, q->deployment, !strcmp(t->finish_reason, "eos") ? "stop" : "length");
+        tsr_metrics_outcome(&c->metrics, q->deployment, !strcmp(t->finish_reason, "eos") ? "stop" : "length");
         request_remove(c, i);
     }
     else if (sent == TSR_REPLY_GONE) request_cancel(c, i, "the client went away");

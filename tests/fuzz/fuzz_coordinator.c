@@ -1,5 +1,5 @@
-/* fuzz_coordinator.c: the coordinator's message handlers (coordinator.c's
- * worker messages, control.c's requests, router.c's tokens) driven in
+/* fuzz_coordinator.c: the coordinator's message handlers (loop.c's and
+ * register.c's worker messages, control.c's requests, router.c's tokens) driven in
  * process, as tests/unit/test_coordinator.c drives them: a real coordinator on
  * inproc endpoints, fake workers and a fake CLI as DEALER sockets.
  *
@@ -25,7 +25,8 @@
 
 #include "common/log.h"
 #include "common/wire.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/loop.h"
+#include "coordinator/status.h"
 
 #define NW 5
 

@@ -1,5 +1,5 @@
-/* test_coordinator.c: a real coordinator (coordinator/coordinator.c and
- * coordinator/control.c) driven in-process.  Fake workers and a fake CLI are
+/* test_coordinator.c: a real coordinator (coordinator/loop.c and the layers
+ * below it, control.c included) driven in-process.  Fake workers and a fake CLI are
  * DEALER sockets on inproc endpoints in the same ZeroMQ context; the test
  * drains the coordinator's sockets and calls its tick itself, passing the
  * time in, so nothing here waits on a real timer. */
@@ -25,7 +25,15 @@
 #include "common/budget.h"
 #include "common/slice.h"
 #include "common/wire.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/depview.h"
+#include "coordinator/loop.h"
+#include "coordinator/metrics_text.h"
+#include "coordinator/reply.h"
+#include "coordinator/router.h"
+#include "coordinator/status.h"
+#include "coordinator/waited.h"
+#include "coordinator/deptok.h"
+#include "coordinator/reload.h"
 
 #define NW 5            /* fake workers: four pieces (tp 2 x pp 2) and a spare */
 #define TIMEOUT_MS 1000
@@ -1589,7 +1597,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
      * /metrics (it was once counted both, and /metrics showed a timeout as cancelled). */
     assert_int_equal(fx->c->stats.requests_failed, 1);
     assert_int_equal(fx->c->stats.requests_cancelled, 0);
-    tsr_dep_metrics_t *mt = tsr_metrics_of(fx->c, fx->c->cfg->deployments[0].name);
+    tsr_dep_metrics_t *mt = tsr_metrics_of(&fx->c->metrics, fx->c->cfg->deployments[0].name);
     assert_non_null(mt);
     assert_int_equal(mt->outcome[TSR_OUTCOME_FAILED], 1);
     assert_int_equal(mt->outcome[TSR_OUTCOME_CANCELLED], 0);

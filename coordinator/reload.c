@@ -1,0 +1,123 @@
+/* reload.c: rereading the configuration while serving.  A reload that cannot be
+ * applied changes nothing; one that can keeps every placement it can, and rewires
+ * the replicas whose keys changed. */
+#include "reload.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "assign.h"
+#include "common/log.h"
+#include "deptok.h"
+#include "placement.h"
+
+/* A test setting: TSR_TEST_RELOAD_HOLD_MS holds the loop that long in each reload (at
+ * most 10 s), as a slow disk under the model directories would.  Test builds only. */
+static void reload_hold(void)
+{
+#ifndef TSR_TESTING
+    return;
+#endif
+    const char *v = getenv("TSR_TEST_RELOAD_HOLD_MS");
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0) return;
+    if (ms > 10000) ms = 10000;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
+
+int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
+{
+    reload_hold();
+    /* Reads already done are taken first: the new states then keep what they read. */
+    tsr_deptok_collect(c);
+    tsr_config_t *cfg = NULL;
+    if (tsr_config_load(c->config_path, &cfg, err, errlen) < 0) return -1;
+    /* The HTTP server was started with the old ones. */
+    bool same_http = !cfg->http_endpoint == !c->cfg->http_endpoint &&
+                     (!cfg->http_endpoint || !strcmp(cfg->http_endpoint, c->cfg->http_endpoint)) &&
+                     !cfg->api_keys_file == !c->cfg->api_keys_file &&
+                     (!cfg->api_keys_file || !strcmp(cfg->api_keys_file, c->cfg->api_keys_file));
+    if (strcmp(cfg->workers_endpoint, c->cfg->workers_endpoint) ||
+        strcmp(cfg->control_endpoint, c->cfg->control_endpoint) || !same_http) {
+        snprintf(err, errlen, "%s: changing coordinator endpoints (http_endpoint and "
+                 "api_keys_file included) needs a restart", c->config_path);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
+    if (cfg->security_none != c->cfg->security_none || strcmp(cfg->keys_dir, c->cfg->keys_dir)) {
+        snprintf(err, errlen, "%s: changing coordinator.security or keys_dir needs a restart "
+                              "(keys added to or removed from the store apply at once)",
+                 c->config_path);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
+    tsr_dep_state_t *deps = tsr_deps_build(cfg, c->deps, c->cfg->n_deployments, true);
+    if (!deps) {
+        tsr_config_destroy(&cfg);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* A reload that would take a running deployment down because its model
+     * cannot be read is refused: the old plan keeps serving. */
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        if (deps[i].model_ok) continue;
+        snprintf(err, errlen, "%s", deps[i].model_error);
+        tsr_deps_free(deps, cfg->n_deployments);
+        tsr_config_destroy(&cfg);
+        return -1;
+    }
+    /* Replicas already waiting to be rewired keep waiting, under the new
+     * configuration's numbering. */
+    tsr_coord_lost_renumber(c, cfg);
+    /* A deployment that keeps its layout but changes its model, max_seq_len
+     * or batching keys keeps its placement; its replicas are rewired so every
+     * worker loads the new model, resizes its KV cache or rebuilds its
+     * scheduler. */
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        const tsr_deployment_t *nd = &cfg->deployments[i];
+        const tsr_deployment_t *od = tsr_config_find(c->cfg, nd->name);
+        if (!od || !tsr_assignment_changed(od, nd)) continue;
+        for (int r = 0; r < nd->replicas; r++) tsr_coord_mark_lost(c, (int)i, r);
+    }
+    tsr_deps_free(c->deps, c->cfg->n_deployments);
+    tsr_config_destroy(&c->cfg);
+    c->cfg = cfg;
+    c->deps = deps;
+    tsr_deptok_request(c);
+    tsr_deptok_publish(c);
+    /* Pieces that failed to load are tried again: the operator may have
+     * fixed the model directory.  A piece whose layout the reload changed is
+     * left to the planner, which replaces it. */
+    /* The failed ranks of one replica are retried in one epoch: they share its
+     * data-port secret and form together. */
+    size_t n = tsr_registry_size(c->reg);
+    tsr_replica_set_t retried = {0};
+    uint64_t first = c->epoch + 1;
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state != TSR_W_FAILED || !w->has_piece) continue;
+        int di = tsr_coord_dep_index(c, w->piece.key.deployment);
+        if (di < 0 || !tsr_coord_piece_fits(c, di, &w->piece.key)) continue;
+        size_t t = 0;
+        while (t < retried.n && (retried.di[t] != di || retried.replica[t] != w->piece.key.replica))
+            t++;
+        if (t == retried.n) {
+            tsr_replica_set_add(&retried, di, w->piece.key.replica);
+            if (retried.n == t) continue;   /* out of memory: the next reload tries again */
+            c->epoch++;
+        }
+        w->piece.epoch = first + t;
+        w->state = TSR_W_LOADING;
+        w->reason[0] = '\0';
+        tsr_send_assign(c, w, di);
+    }
+    free(retried.di);
+    free(retried.replica);
+    c->dirty = true;
+    tsr_info("reloaded %s: %zu deployment(s)", c->config_path, cfg->n_deployments);
+    return 0;
+}

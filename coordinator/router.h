@@ -1,0 +1,109 @@
+/* router.h: generation requests (router.c): routing to a ready replica, replay on
+ * another after a failure, the canary, cancellation.  The request table in
+ * tsr_coord_t (reqs, n_reqs) is this layer's: only router.c writes it, and
+ * tsr_requests_clear frees it. */
+#ifndef TSR_ROUTER_H
+#define TSR_ROUTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "common/tokenizer.h"
+#include "reply.h"
+#include "state.h"
+
+/* A generation request in flight.  It is kept until its last token is
+ * delivered: when its replica fails it is resumed on another from the
+ * prompt and the tokens delivered so far (router.c). */
+typedef struct tsr_request_rec {
+    uint64_t id;                /* the client's request id */
+    uint64_t wid;               /* the current attempt's id at the workers: a new one per
+                                   attempt, so a broken attempt's late tokens are dropped */
+    uint8_t rid[256];           /* the client's routing id on the control socket */
+    size_t rid_len;
+    char deployment[TSR_NAME_MAX + 1];
+    int replica;                /* -1: waiting for a ready replica to resume it */
+    char leader[TSR_NAME_MAX + 1];  /* the worker it was sent to: Cancel goes there */
+    uint64_t epoch;             /* the leader's piece epoch when it was sent */
+    int n_tokens;               /* tokens delivered to the client */
+    int base;                   /* tokens delivered when this attempt started (its index 0) */
+    int replays;                /* attempts after the first, for a failure */
+    int fruitless;              /* of those, the ones in a row since an attempt that
+                                   progressed (router.c): bounded by max_replays */
+    bool repeat_free;           /* the last interruption was a repeat of the fault
+                                   before it, not counted */
+    int64_t waiting_since_ms;   /* replica -1: since when */
+    int avoid;                  /* the replica whose error interrupted it (-1: none): the
+                                   next attempt goes elsewhere when it can, and back
+                                   there only after it is rewired */
+    int avoid_replica;          /* the replica that failed its last attempt (kept) */
+    uint64_t avoid_epoch;       /* that replica's leader epoch when it failed */
+    uint64_t avoid_seq;         /* the coordinator's ready_seq when it failed */
+    bool wait_recovery;         /* failed twice there in one epoch: wait for it to recover */
+    char why[256];              /* what interrupted the last attempt */
+    /* What a replay needs: the prompt followed by every delivered token. */
+    int32_t *ids;
+    int n_prompt, cap_ids;
+    uint32_t max_tokens;
+    float temperature, top_p;
+    uint64_t seed;
+    int64_t started_ms;
+    uint32_t timeout_ms;        /* the client's deadline; 0: none */
+    int64_t deadline_ms;        /* started_ms + timeout_ms; 0: none */
+    bool reply_dropped;         /* a reply was lost to a full client queue (warned once) */
+    char key_id[TSR_KEY_ID_MAX];  /* the client's CURVE key id ("" without CURVE) */
+    tsr_tokref_t *tok;          /* want_text: the tokenizer held for it, and its decoder */
+    tsr_detok_t *detok;
+    const char *fail_code;      /* ControlReply.code of its failure ("failed", "unavailable") */
+    void *sock;                 /* the socket its client is on (control or HTTP bridge) */
+    int64_t last_token_ms;      /* when its last token was delivered (inter-token latency) */
+    /* On the coordinator's tick clock (c->now_ms), for the canary's "busy
+     * but silent" test: when its current attempt was sent to a replica, and
+     * when a token of it last arrived. */
+    int64_t attempt_ms, progress_ms;
+} tsr_request_rec_t;
+
+void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
+                         const Tessera__ControlRequest *q);
+/* A TokenEvent from worker w (already matched to its connection): a token is
+ * taken only from the last stage, tp rank 0, of the request's replica, an
+ * error from any member of it; anything else is dropped and counted. */
+void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *env);
+/* Replica `replica` of deployment broke: its requests are resumed elsewhere (within
+ * coordinator.max_replays), or fail with why. */
+void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
+                               const char *why);
+/* The replicas a new plan rewires (c->rewiring, marked by placement, not yet given
+ * their new epoch): their requests resume elsewhere without it counting against
+ * max_replays, since nothing failed; their leaders are told to drop them in the epoch
+ * they ran in.  Leaves the marks to placement. */
+void tsr_requests_follow_moves(tsr_coord_t *c);
+/* Sends a canary to every idle ready replica that is due one, and marks a
+ * replica whose canary got no token in time unhealthy.  Returns when it next
+ * needs to run (0: never). */
+int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now_ms);
+/* Sends each request's client a no-op reply; a request whose client is gone
+ * (the reply fails as unroutable) is cancelled at its leader. */
+void tsr_requests_probe_clients(tsr_coord_t *c);
+/* Ends every request whose client's key is no longer allowed: the client is
+ * told why, once, and the leader is sent a Cancel. */
+void tsr_requests_drop_keys(tsr_coord_t *c);
+/* Requests in flight, all deployments. */
+size_t tsr_requests_count(const tsr_coord_t *c);
+/* Requests in flight on a deployment's replica (replica < 0: all). */
+int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica);
+/* Ends the request id that client from sent (ControlRequest CANCEL); stopped: the
+ * client's stop string ended it (counted as finished, outcome "stop"). */
+void tsr_router_cancel(tsr_coord_t *c, const tsr_client_t *from, uint64_t id, bool stopped);
+/* Frees every request record and the table (the coordinator is going away: nobody
+ * is answered). */
+void tsr_requests_clear(tsr_coord_t *c);
+/* Fails every request whose deadline is at or before now_ms (the client gets
+ * the reason, the leader a Cancel).  Returns the earliest deadline still
+ * ahead, or 0 when no request has one. */
+int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms);
+/* Resumes the requests waiting for a replica on ready ones; fails those that
+ * waited coordinator.replay_wait_ms.  Returns when it next needs to run (0:
+ * nothing waits). */
+int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms);
+
+#endif

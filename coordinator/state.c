@@ -1,0 +1,186 @@
+/* state.c: the coordinator's shared state: the configuration, each deployment's
+ * state (its model, tokenizer, shortage, retries, counts), the registry, the key
+ * store, and the lookups every layer uses.  Opening it reads the configuration and
+ * every model; closing it frees what it opened (the requests layer frees its own
+ * table first, see loop.c). */
+#include "state.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/slice.h"
+#include "deptok.h"
+
+/* Reads each deployment's config.json and checks its layout.  A deployment
+ * whose model cannot be read is kept but never placed; its status says why. */
+/* What a reloaded deployment (now at index di) keeps of its state before, for the
+ * replicas that remain: requests completed, whether it was ever ready, what the canary
+ * found (an unhealthy replica stays out of routing) and the rewiring backoff with the
+ * replicas it waits to rewire. */
+static void dep_keep(tsr_dep_state_t *s, int di, const tsr_dep_state_t *old)
+{
+    s->ever_ready = old->ever_ready;
+    int n = s->n_completed < old->n_completed ? s->n_completed : old->n_completed;
+    for (int r = 0; s->completed && old->completed && r < n; r++)
+        s->completed[r] = old->completed[r];
+    for (int r = 0; s->canary && old->canary && r < n; r++) s->canary[r] = old->canary[r];
+    s->retry_backoff_ms = old->retry_backoff_ms;
+    for (size_t t = 0; t < old->retry.n; t++)
+        if (old->retry.replica[t] < s->n_completed)
+            tsr_replica_set_add(&s->retry, di, old->retry.replica[t]);
+    s->retry_at_ms = s->retry.n ? old->retry_at_ms : 0;
+}
+
+tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
+                                   size_t n_old, bool later)
+{
+    tsr_dep_state_t *deps = calloc(cfg->n_deployments ? cfg->n_deployments : 1, sizeof *deps);
+    if (!deps) return NULL;
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        tsr_deployment_t *d = &cfg->deployments[i];
+        /* Workers get the model directory as an absolute path: they do not
+         * share the coordinator's working directory. */
+        char *real = realpath(d->model_path, NULL);
+        if (real) {
+            free(d->model_path);
+            d->model_path = real;
+        }
+        tsr_dep_state_t *s = &deps[i];
+        snprintf(s->name, sizeof s->name, "%s", d->name);
+        char err[1024];
+        if (tsr_model_load_for(d, (int)i, cfg->path, &s->model, err, sizeof err) < 0) {
+            snprintf(s->model_error, sizeof s->model_error, "%s", err);
+        } else {
+            s->model_ok = true;
+        }
+        tsr_deptok_choose(s, d->model_path, deps, i, old, n_old, later);
+        /* Requests completed per replica, kept across a reload for the
+         * replicas that remain. */
+        s->n_completed = d->replicas;
+        s->completed = calloc((size_t)d->replicas, sizeof *s->completed);
+        s->canary = calloc((size_t)d->replicas, sizeof *s->canary);
+        for (size_t j = 0; j < n_old; j++)
+            if (!strcmp(old[j].name, s->name)) dep_keep(s, (int)i, &old[j]);
+    }
+    return deps;
+}
+
+void tsr_deps_free(tsr_dep_state_t *deps, size_t n)
+{
+    for (size_t i = 0; deps && i < n; i++) {
+        free(deps[i].retry.di);
+        free(deps[i].retry.replica);
+        free(deps[i].completed);
+        free(deps[i].canary);
+        tsr_tokref_drop(&deps[i].tok);
+        free(deps[i].tok_dir);
+    }
+    free(deps);
+}
+
+int tsr_coord_dep_index(const tsr_coord_t *c, const char *name)
+{
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (!strcmp(c->cfg->deployments[i].name, name)) return (int)i;
+    return -1;
+}
+
+tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name)
+{
+    int i = tsr_coord_dep_index(c, name);
+    return i < 0 ? NULL : &c->deps[i];
+}
+
+int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen)
+{
+    c->config_path = strdup(config_path);
+    pthread_mutex_init(&c->tokreg.mu, NULL);
+    if (!(c->tokload = tsr_tokload_new())) {
+        snprintf(err, errlen, "cannot start the tokenizer loader: out of memory or descriptors");
+        return -1;
+    }
+    if (tsr_config_load(config_path, &c->cfg, err, errlen) < 0) return -1;
+    c->deps = tsr_deps_build(c->cfg, NULL, 0, false);
+    if (c->deps) tsr_deptok_publish(c);
+    c->reg = tsr_registry_new();
+    if (!c->deps || !c->reg) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (!c->deps[i].model_ok) tsr_error("deployment %s will not be placed: %s",
+                                            c->deps[i].name, c->deps[i].model_error);
+    if (c->cfg->security_none) return 0;
+    char e[512];
+    /* The handler must be bound before the sockets: ZeroMQ lets any
+     * CURVE client in while no ZAP handler is bound. */
+    if (tsr_security_server(c->cfg->keys_dir, &c->sec, e, sizeof e) < 0) {
+        snprintf(err, errlen,
+                 "coordinator.security is curve and its key pair cannot be read: %s "
+                 "(create a key store with `tessera keys init %s`, or set "
+                 "coordinator.security: none with loopback endpoints)",
+                 e, c->cfg->keys_dir);
+        return -1;
+    }
+    if (!(c->zap = tsr_zap_start(c->cfg->keys_dir, e, sizeof e))) {
+        snprintf(err, errlen, "coordinator.keys_dir: %s", e);
+        return -1;
+    }
+    c->zap_generation = tsr_zap_generation(c->zap);
+    return 0;
+}
+
+void tsr_state_close(tsr_coord_t *c)
+{
+    tsr_zap_stop(&c->zap);
+    tsr_tokload_destroy(&c->tokload);
+    memset(&c->sec, 0, sizeof c->sec);
+    tsr_registry_destroy(&c->reg);
+    tsr_deps_free(c->deps, c->cfg ? c->cfg->n_deployments : 0);
+    c->deps = NULL;
+    tsr_config_destroy(&c->cfg);
+    free(c->config_path);
+    c->config_path = NULL;
+    tsr_tokreg_clear(&c->tokreg);
+    pthread_mutex_destroy(&c->tokreg.mu);
+}
+
+void tsr_replica_set_free(tsr_replica_set_t *t)
+{
+    free(t->di);
+    free(t->replica);
+    memset(t, 0, sizeof *t);
+}
+
+void tsr_replica_set_add(tsr_replica_set_t *t, int di, int replica)
+{
+    if (di < 0) return;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->di[i] == di && t->replica[i] == replica) return;
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 8;
+        int *a = realloc(t->di, cap * sizeof *a), *b = a ? realloc(t->replica, cap * sizeof *b) : NULL;
+        if (a) t->di = a;
+        if (!a || !b) return;
+        t->replica = b;
+        t->cap = cap;
+    }
+    t->di[t->n] = di;
+    t->replica[t->n++] = replica;
+}
+
+/* True when k (with its layout) is one of deployment di's pieces under the
+ * current configuration. */
+bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    if (!c->deps[di].model_ok || k->tp_size != d->tensor || k->pp_size != d->pipeline ||
+        k->replica < 0 || k->replica >= d->replicas || k->stage < 0 || k->stage >= d->pipeline ||
+        k->tp < 0 || k->tp >= d->tensor)
+        return false;
+    int b, e;
+    tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, k->stage, &b, &e);
+    return k->layer_begin == b && k->layer_end == e;
+}

@@ -1,0 +1,171 @@
+/* state.h: the coordinator's shared state (state.c) and the lookups every layer uses.
+ *
+ * The layers, top to bottom, and what each owns in tsr_coord_t:
+ *   loop (loop.c)            the sockets, the tick's clocks (next_scan_ms, now_ms,
+ *                            probe_due_ms, last_probe_ms) and the dispatch of messages;
+ *   control (control.c ...)  nothing: it reads through const pointers (depview.c,
+ *                            status.c, metrics_text.c) and calls the layers below;
+ *   requests (router.c)      reqs, n_reqs, cap_reqs (tsr_requests_clear frees them;
+ *                            the others count them with tsr_requests_count and
+ *                            tsr_requests_in_flight), and the canary state of each
+ *                            replica (deps[].canary: the others only read it);
+ *   metrics (metrics.c)      metrics (tsr_metrics_free frees it);
+ *   placement (placement.c, register.c, reload.c)
+ *                            epoch (it only grows), dirty, plan_after_ms, last_plan_ms,
+ *                            place (its own, opaque) and the retry fields of deps[];
+ *   state (this file, assign.c, deptok.c, the registry)
+ *                            config_path, cfg, deps, reg, sec, zap, tokreg, tokload,
+ *                            ready_seq, send_warned_ms.
+ * stats holds every layer's counters; each layer counts its own.  A layer writes only
+ * its own fields; calls go down only (tests/integration/test_no_call_cycles.sh checks
+ * that no two files call each other, directly or round a circle). */
+#ifndef TSR_STATE_H
+#define TSR_STATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "common/deploy.h"
+#include "common/keys.h"
+#include "common/modelcfg.h"
+#include "common/wire.h"
+#include "metrics.h"
+#include "registry.h"
+#include "tokload.h"
+#include "tokref.h"
+#include "zap.h"
+
+/* The most an adopted piece may raise the plan epoch: far more plans than a
+ * cluster makes between coordinator restarts, far less than TSR_EPOCH_MAX. */
+#define TSR_EPOCH_ADOPT_STEP (1ull << 24)
+
+/* A set of (deployment index, replica) pairs. */
+typedef struct {
+    int *di, *replica;
+    size_t n, cap;
+} tsr_replica_set_t;
+
+/* Adds (di, replica) unless it is there (di < 0: nothing); out of memory drops it. */
+void tsr_replica_set_add(tsr_replica_set_t *t, int di, int replica);
+/* Frees what the set holds and empties it. */
+void tsr_replica_set_free(tsr_replica_set_t *t);
+
+/* What the canary knows of one replica: a one-token request sent when the
+ * replica is idle, every canary_interval_ms (router.c). */
+typedef struct {
+    int64_t next_ms;            /* when the next canary is due */
+    int64_t sent_ms;            /* when the one in flight was sent */
+    uint64_t wid;               /* its id at the workers (0: none in flight) */
+    char leader[TSR_NAME_MAX + 1];
+    uint64_t epoch;
+    bool unhealthy;             /* its last canary failed: no requests go to it */
+    char why[256];
+} tsr_canary_t;
+
+typedef struct {
+    char name[TSR_NAME_MAX + 1];
+    bool model_ok;
+    tsr_tokref_t *tok;          /* its model directory's tokenizer.json (NULL: none) */
+    char tok_error[600];        /* why there is none */
+    bool tok_broken;            /* a tokenizer.json is there but cannot be used (a fault;
+                                   none at all is a model for token ids only) */
+    char *tok_dir;              /* the directory it was (or is being) read from */
+    bool tok_loading;           /* tok_dir's tokenizer.json is being read off the loop (a
+                                   reload's new model): text requests wait for it */
+    tsr_model_info_t model;
+    char model_error[1024];
+    bool ever_ready;            /* was fully ready once: a gap now is "degraded" */
+    int short_by;               /* workers of its device kind the last plan lacked */
+    uint64_t short_memory;      /* when memory was the cause: bytes one piece needs */
+    char shortage[256];         /* the planner's text for it ("" when nothing lacks) */
+    /* Data-plane failures are retried by rewiring the replica, with backoff
+     * (2 s, doubling to 60 s, reset once the deployment is ready again). */
+    int64_t retry_at_ms;        /* 0: nothing scheduled */
+    int retry_backoff_ms;
+    tsr_replica_set_t retry;    /* replicas to rewire at retry_at_ms */
+    uint64_t *completed;        /* requests finished by each replica (n_completed of them;
+                                   NULL when out of memory) */
+    int n_completed;
+    tsr_canary_t *canary;       /* one per replica (n_completed of them; NULL: none) */
+} tsr_dep_state_t;
+
+typedef struct {
+    uint64_t requests, requests_failed, requests_cancelled, replies_dropped, tokens;
+    uint64_t messages, heartbeats, registrations, refused, stale_dropped, bad_messages,
+        plans, assigns, unassigns, deaths, control_requests;
+    uint64_t identity_dropped;  /* a message whose worker name is not its connection's */
+    uint64_t workers_forgotten; /* dead workers dropped after dead_worker_ttl_s or at the cap */
+    uint64_t key_dropped;       /* a message from a connection whose key was removed */
+    uint64_t requests_replayed; /* attempts resumed on another replica after a failure */
+    uint64_t orphans_cancelled; /* Cancels sent for tokens of requests nobody waits for */
+    uint64_t sends_failed;      /* messages to workers that could not be queued */
+    uint64_t canaries, canaries_failed;
+    uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
+} tsr_coord_stats_t;
+
+struct tsr_request_rec;     /* router.h */
+
+typedef struct tsr_coord {
+    /* state */
+    char *config_path;
+    tsr_config_t *cfg;
+    tsr_dep_state_t *deps;      /* one per cfg->deployments */
+    tsr_registry_t *reg;
+    uint64_t ready_seq;         /* counts workers becoming ready (tsr_worker_t.ready_seq) */
+    tsr_security_t sec;         /* the coordinator's key pair (sec.curve 0: security none) */
+    tsr_zap_t *zap;             /* who may connect (NULL without CURVE) */
+    uint64_t zap_generation;    /* the allowed set the live sessions were checked against */
+    int64_t send_warned_ms;     /* the last warning about a failed send */
+    tsr_tokreg_t tokreg;        /* the deployments' tokenizers, for the HTTP threads */
+    tsr_tokload_t *tokload;     /* reads a reload's new tokenizers off the loop */
+    tsr_coord_stats_t stats;
+    /* placement */
+    uint64_t epoch;             /* plan epoch; only grows */
+    bool dirty;
+    int64_t plan_after_ms;      /* no planning before this: workers re-attach first */
+    int64_t last_plan_ms;
+    struct tsr_placement *place; /* the replicas to rewire (placement.h: only placement.c
+                                    reads and writes it) */
+    /* metrics */
+    tsr_metrics_t metrics;      /* per deployment name, in order of first use */
+    /* requests (router.c) */
+    struct tsr_request_rec *reqs;   /* in flight */
+    size_t n_reqs, cap_reqs;
+    /* loop */
+    void *wsock;                /* ROUTER, workers endpoint */
+    void *csock;                /* ROUTER, control endpoint */
+    void *cmon;                 /* the control socket's disconnections */
+    char bridge[64];            /* the HTTP server's inproc endpoint ("" without
+                                   http_endpoint) and its ROUTER (plain, in-process) */
+    void *bsock;
+    int64_t started_ms;
+    int64_t next_scan_ms;
+    int64_t now_ms;             /* the clock of the tick in progress */
+    int64_t probe_due_ms, last_probe_ms;  /* when to ask the clients next (0: no need) */
+} tsr_coord_t;
+
+/* Reads the configuration and every deployment's model and tokenizer, makes the
+ * registry and, with CURVE, reads the key pair and binds the key store's handler
+ * (before any socket: ZeroMQ lets any CURVE client in while none is bound).  c is
+ * zeroed memory.  -1 with the reason in err; tsr_state_close frees what was made. */
+int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen);
+/* Frees everything tsr_state_open made (not c). */
+void tsr_state_close(tsr_coord_t *c);
+
+/* Reads each deployment's config.json and checks its layout, and finds its tokenizer
+ * (deptok.h; later: a reload, which reads new ones off the loop).  What the old states
+ * (n_old of them, by name) had is carried over where it still applies.  NULL when out
+ * of memory; free with tsr_deps_free. */
+tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old, size_t n_old,
+                                bool later);
+void tsr_deps_free(tsr_dep_state_t *deps, size_t n);
+
+/* The index in cfg->deployments of the deployment with that name, or -1. */
+int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
+/* The state of the deployment with that name, or NULL. */
+tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
+/* True when k (with its layout) is one of deployment di's pieces under the
+ * current configuration. */
+bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k);
+
+#endif
