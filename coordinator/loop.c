@@ -22,6 +22,7 @@
 #include "relay.h"
 #include "replan.h"
 #include "reply.h"
+#include "canary.h"
 #include "router.h"
 
 #define PLAN_MIN_GAP_MS 20
@@ -223,7 +224,7 @@ static void on_worker_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *e
         }
         break;
     case TESSERA__ENVELOPE__BODY_TOKEN_EVENT:
-        tsr_router_token(c, w, env);
+        if (!tsr_canary_token(c, w, env->token_event)) tsr_router_token(c, w, env);
         break;
     default:
         c->stats.bad_messages++;

@@ -1,5 +1,5 @@
 /* router.h: generation requests (router.c): routing to a ready replica, replay on
- * another after a failure, the canary, cancellation.  The request table in
+ * another after a failure, cancellation.  The request table in
  * tsr_coord_t (reqs, n_reqs) is this layer's: only router.c writes it, and
  * tsr_requests_clear frees it. */
 #ifndef TSR_ROUTER_H
@@ -77,10 +77,20 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
  * max_replays, since nothing failed; their leaders are told to drop them in the epoch
  * they ran in.  Leaves the marks to placement. */
 void tsr_requests_follow_moves(tsr_coord_t *c);
-/* Sends a canary to every idle ready replica that is due one, and marks a
- * replica whose canary got no token in time unhealthy.  Returns when it next
- * needs to run (0: never). */
-int64_t tsr_canary_tick(tsr_coord_t *c, int64_t now_ms);
+/* The last sign of life of replica r of d while requests are on it: the latest
+ * token, the latest attempt sent to it, or the latest time every member of its
+ * current layout had been seen to finish a forward step (their heartbeats' counts):
+ * steps show it computes when no token comes (prompt chunks sample none).  0 when no
+ * request is on it (the canary's "busy but silent" test). */
+int64_t tsr_requests_progress_ms(const tsr_coord_t *c, const tsr_deployment_t *d, int replica);
+/* A worker-side request id nobody can guess from the ones they saw (63 random bits,
+ * so it stays a positive JSON integer), unique among the requests in flight.  0 when
+ * the kernel has no random bytes to give. */
+uint64_t tsr_requests_new_id(const tsr_coord_t *c);
+/* Tells the worker named leader, while it still holds its piece of that epoch, to
+ * drop sequence id.  0 sent, -1 not (no such leader any more, or the send failed). */
+int tsr_requests_cancel_at(tsr_coord_t *c, const char *leader, uint64_t epoch, uint64_t id,
+                           const char *reason);
 /* Sends each request's client a no-op reply; a request whose client is gone
  * (the reply fails as unroutable) is cancelled at its leader. */
 void tsr_requests_probe_clients(tsr_coord_t *c);

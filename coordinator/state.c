@@ -93,6 +93,12 @@ tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name)
     return i < 0 ? NULL : &c->deps[i];
 }
 
+tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r)
+{
+    tsr_dep_state_t *ds = tsr_coord_dep(c, deployment);
+    return ds && ds->canary && r >= 0 && r < ds->n_completed ? &ds->canary[r] : NULL;
+}
+
 int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen)
 {
     c->config_path = strdup(config_path);

@@ -164,6 +164,9 @@ void tsr_deps_free(tsr_dep_state_t *deps, size_t n);
 int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
 /* The state of the deployment with that name, or NULL. */
 tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
+/* The canary state of replica r of the deployment with that name, or NULL
+ * (canary.c keeps it; the router reads whether the replica is unhealthy). */
+tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r);
 /* True when k (with its layout) is one of deployment di's pieces under the
  * current configuration. */
 bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k);
