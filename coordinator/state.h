@@ -5,10 +5,11 @@
  *                            probe_due_ms, last_probe_ms) and the dispatch of messages;
  *   control (control.c ...)  nothing: it reads through const pointers (depview.c,
  *                            status.c, metrics_text.c) and calls the layers below;
- *   requests (router.c)      reqs, n_reqs, cap_reqs (tsr_requests_clear frees them;
- *                            the others count them with tsr_requests_count and
- *                            tsr_requests_in_flight), and the canary state of each
- *                            replica (deps[].canary: the others only read it);
+ *   requests (router.c, canary.c)
+ *                            reqs, n_reqs, cap_reqs, router.c's (tsr_requests_clear
+ *                            frees them; the others count them with tsr_requests_count
+ *                            and tsr_requests_in_flight), and the canary state of each
+ *                            replica, canary.c's (deps[].canary: the others only read it);
  *   metrics (metrics.c)      metrics (tsr_metrics_free frees it);
  *   placement (placement.c, register.c, reload.c)
  *                            epoch (it only grows), dirty, plan_after_ms, last_plan_ms,
@@ -51,7 +52,7 @@ void tsr_replica_set_add(tsr_replica_set_t *t, int di, int replica);
 void tsr_replica_set_free(tsr_replica_set_t *t);
 
 /* What the canary knows of one replica: a one-token request sent when the
- * replica is idle, every canary_interval_ms (router.c). */
+ * replica is idle, every canary_interval_ms (canary.c). */
 typedef struct {
     int64_t next_ms;            /* when the next canary is due */
     int64_t sent_ms;            /* when the one in flight was sent */
