@@ -18,17 +18,23 @@
 # compiles in the test settings (TSR_TEST_* variables, the fixed-secret TCP
 # group): only the test builds have it, so a release binary ignores them.
 
-BUILD    ?= build
-BIN      ?= bin
 PREFIX   ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR  ?= $(PREFIX)/lib/systemd/system
 SANITIZE ?=
+TSAN     ?=
 WERROR   ?= 0
 TESTING  ?= 0
-# The test builds: their own folders, so that their objects (compiled with the
-# test settings) never mix with the release build's.
+# The test builds have folders of their own, so that their objects (compiled with
+# the test settings) never mix with the release build's: a plain `make TESTING=1`
+# builds in build/test too.
 TEST_BUILD ?= build/test
+ifeq ($(TESTING),1)
+BUILD    ?= $(TEST_BUILD)
+BIN      ?= $(TEST_BUILD)/bin
+endif
+BUILD    ?= build
+BIN      ?= bin
 
 PKGS     := libczmq libzmq yaml-0.1 libprotobuf-c jansson libsystemd libcrypto libpcre2-8 \
             libmicrohttpd
@@ -47,6 +53,10 @@ TSR_LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 ifneq ($(SANITIZE),)
 TSR_CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 TSR_LDFLAGS += -fsanitize=address,undefined
+endif
+ifneq ($(TSAN),)
+TSR_CFLAGS  += -fsanitize=thread
+TSR_LDFLAGS += -fsanitize=thread
 endif
 ALL_CFLAGS  = $(TSR_CFLAGS) $(CFLAGS)
 ALL_LDFLAGS = $(TSR_LDFLAGS) $(LDFLAGS)
@@ -223,12 +233,15 @@ integration:
 	@$(MAKE) --no-print-directory $(TEST_VARS) all-tests
 	@$(TEST_ENV) ./tests/run.sh integration
 
+# Like make test, these build the release programs too: the test that they ignore the
+# test settings runs beside the others (TSR_RELEASE_BIN).
 asan: deps
 	@./scripts/pyenv.sh > /dev/null
+	@$(MAKE) --no-print-directory WERROR=1 $(PROGRAMS)
 	@$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin SANITIZE=1 TESTING=1 WERROR=1 \
 	  all-tests
 	@ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
+	  TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
 
 # `make CUDA=0 test` (as on a machine without the toolkit) in a folder of its
 # own, so that it and the CUDA build's objects never mix: every test, a cuda
@@ -237,10 +250,11 @@ asan: deps
 # the CUDA build's tests.
 cpu-only: deps
 	@./scripts/pyenv.sh > /dev/null
+	@$(MAKE) --no-print-directory WERROR=1 $(PROGRAMS)
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin TESTING=1 WERROR=1 \
 	  all-tests
 	@build/nocuda/bin/tessera-worker --help | grep -q "built without CUDA"
-	@CUDA=0 TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
+	@CUDA=0 TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
 
 # ThreadSanitizer (CI runs it): the unit tests of the threaded code (the worker's
 # agent, executor, replica, collectives and pool; the coordinator and its tokenizer
@@ -252,7 +266,7 @@ TSAN_UNIT  ?= test_agent test_collective test_executor test_replica test_schedul
 TSAN_INTEG ?= test_h_generate test_i_concurrent_requests test_j_peer_dies_during_generation
 tsan: deps
 	@./scripts/pyenv.sh > /dev/null
-	@CFLAGS="-O1 -g -fsanitize=thread" LDFLAGS="-fsanitize=thread" $(MAKE) --no-print-directory \
+	@$(MAKE) --no-print-directory CFLAGS="-O1 -g" TSAN=1 \
 	  CUDA=0 BUILD=build/tsan BIN=build/tsan/bin TESTING=1 WERROR=1 all \
 	  $(patsubst %,build/tsan/tests/%,$(TSAN_UNIT))
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp exitcode=66 halt_on_error=1" \

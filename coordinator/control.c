@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "depview.h"
 #include "metrics_text.h"
+#include "placement.h"
 #include "reload.h"
 #include "replan.h"
 #include "router.h"
@@ -28,7 +29,7 @@ static void handle_drain(tsr_coord_t *c, const tsr_client_t *from, const char *n
     }
     if (!drain) {
         w->drained = false;
-        c->dirty = true;
+        tsr_coord_mark_dirty(c);
         snprintf(msg, sizeof msg, "{\"worker\":\"%s\",\"drained\":false}", w->name);
         tsr_control_answer(c, from, true, NULL, NULL, msg);
         return;

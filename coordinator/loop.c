@@ -25,7 +25,6 @@
 #include "canary.h"
 #include "router.h"
 
-#define PLAN_MIN_GAP_MS 20
 
 /* Clients are asked whether they are still there at most this often. */
 #define PROBE_GAP_MS 100
@@ -90,9 +89,8 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
         return NULL;
     }
     c->started_ms = tsr_now_ms();
-    c->plan_after_ms =
-        c->started_ms + (adopt_grace_ms < 0 ? c->cfg->worker_timeout_ms : adopt_grace_ms);
-    c->dirty = true;
+    tsr_coord_plan_after(
+        c, c->started_ms + (adopt_grace_ms < 0 ? c->cfg->worker_timeout_ms : adopt_grace_ms));
     return c;
 }
 
@@ -135,7 +133,7 @@ static void declare_dead(tsr_coord_t *c, tsr_worker_t *w, int64_t now, const cha
     }
     tsr_health_mark_dead(c->reg, w, now, why);
     c->stats.deaths++;
-    c->dirty = true;
+    tsr_coord_mark_dirty(c);
 }
 
 static void on_worker_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *env, int64_t now)
@@ -316,7 +314,7 @@ static void on_dead(tsr_worker_t *w, void *arg)
                             w->piece.key.replica);
     }
     c->stats.deaths++;
-    c->dirty = true;
+    tsr_coord_mark_dirty(c);
     if (w->has_piece)
         tsr_error("worker %s on %s is dead (no heartbeat for %lld ms); its piece %s r%d s%d t%d "
                   "will move",
@@ -362,15 +360,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
             c->reg, now_ms - (int64_t)c->cfg->dead_worker_ttl_s * 1000);
         c->next_scan_ms = now_ms + scan;
     }
-    /* Plans at most every PLAN_MIN_GAP_MS: a burst of registrations
-     * becomes one plan, not one per message. */
-    int64_t due = c->plan_after_ms > c->last_plan_ms + PLAN_MIN_GAP_MS
-                      ? c->plan_after_ms : c->last_plan_ms + PLAN_MIN_GAP_MS;
-    if (c->dirty && now_ms >= due) {
-        c->dirty = false;
-        c->last_plan_ms = now_ms;
-        tsr_coord_plan(c, now_ms);
-    }
+    if (tsr_coord_plan_ready(c, now_ms)) tsr_coord_plan(c, now_ms);
     if (c->probe_due_ms && now_ms >= c->probe_due_ms) {
         c->probe_due_ms = 0;
         c->last_probe_ms = now_ms;
@@ -382,7 +372,8 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     int64_t canary = tsr_canary_tick(c, now_ms);
     if (canary && (!deadline || canary < deadline)) deadline = canary;
     int64_t next = c->next_scan_ms;
-    if (c->dirty && due < next) next = due;
+    int64_t due = tsr_coord_plan_due(c);
+    if (due && due < next) next = due;
     if (deadline && deadline < next) next = deadline;
     if (c->probe_due_ms && c->probe_due_ms < next) next = c->probe_due_ms;
     int64_t wait = next - now_ms;

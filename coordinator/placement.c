@@ -101,6 +101,34 @@ void tsr_coord_rewire_marked(tsr_coord_t *c)
     m->n = 0;
 }
 
+/* Plans at most this often: a burst of registrations becomes one plan, not one per
+ * message. */
+#define PLAN_MIN_GAP_MS 20
+
+void tsr_coord_mark_dirty(tsr_coord_t *c) { c->dirty = true; }
+
+void tsr_coord_plan_after(tsr_coord_t *c, int64_t plan_after_ms)
+{
+    c->plan_after_ms = plan_after_ms;
+    c->dirty = true;
+}
+
+int64_t tsr_coord_plan_due(const tsr_coord_t *c)
+{
+    if (!c->dirty) return 0;
+    int64_t gap = c->last_plan_ms + PLAN_MIN_GAP_MS;
+    return c->plan_after_ms > gap ? c->plan_after_ms : gap;
+}
+
+bool tsr_coord_plan_ready(tsr_coord_t *c, int64_t now_ms)
+{
+    int64_t due = tsr_coord_plan_due(c);
+    if (!due || now_ms < due) return false;
+    c->dirty = false;
+    c->last_plan_ms = now_ms;
+    return true;
+}
+
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms)
 {
     if (now_ms < c->plan_after_ms) {

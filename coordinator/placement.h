@@ -34,6 +34,19 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
 /* Whether planning may run now (past plan_after_ms); when not, leaves it to the tick
  * (dirty). */
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms);
+/* Something that may change the placement happened (a worker came, died or was
+ * drained): the tick plans. */
+void tsr_coord_mark_dirty(tsr_coord_t *c);
+/* No plan before plan_after_ms (a fresh coordinator lets its workers re-attach
+ * first); the first tick after it plans. */
+void tsr_coord_plan_after(tsr_coord_t *c, int64_t plan_after_ms);
+/* For the tick: true when a plan is wanted and due now (past plan_after_ms, and
+ * PLAN_MIN_GAP_MS after the last, so a burst of registrations becomes one plan); it is
+ * then counted as made.  The caller plans (tsr_coord_plan). */
+bool tsr_coord_plan_ready(tsr_coord_t *c, int64_t now_ms);
+/* When the tick should next look: the time a wanted plan is due, or 0 when none is
+ * wanted. */
+int64_t tsr_coord_plan_due(const tsr_coord_t *c);
 /* Rewires every replica in c->rewiring as a whole in the current epoch (its members
  * form new communicators from the new peer list; the ones that kept their piece keep
  * their weights), and empties the set. */

@@ -18,15 +18,14 @@
  * most 10 s), as a slow disk under the model directories would.  Test builds only. */
 static void reload_hold(void)
 {
-#ifndef TSR_TESTING
-    return;
-#endif
+#ifdef TSR_TESTING
     const char *v = getenv("TSR_TEST_RELOAD_HOLD_MS");
     long ms = v ? strtol(v, NULL, 10) : 0;
     if (ms <= 0) return;
     if (ms > 10000) ms = 10000;
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+#endif
 }
 
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)

@@ -5,12 +5,13 @@
 #include <errno.h>
 #include <stdio.h>
 
-
+#ifdef TSR_TESTING
 int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                       const char *error, const char *json)
 {
     return tsr_control_send(c, c->csock, rid, rid_len, ok, NULL, error, json);
 }
+#endif
 
 int tsr_control_answer(tsr_coord_t *c, const tsr_client_t *to, bool ok, const char *code,
                        const char *error, const char *json)

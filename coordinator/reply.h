@@ -27,10 +27,14 @@ enum {
                                    reply is lost, the client is still there */
     TSR_REPLY_GONE = -2,        /* the client disconnected (EHOSTUNREACH) */
 };
+#ifdef TSR_TESTING
 /* Sends one ControlReply to the client at routing id rid on the control socket; json
- * is the reply's document text (NULL for none).  Returns one of TSR_REPLY_*. */
+ * is the reply's document text (NULL for none).  Returns one of TSR_REPLY_*.  Test
+ * builds only: the coordinator answers a client through tsr_control_answer, on the
+ * socket the client came from. */
 int tsr_control_reply(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, bool ok,
                       const char *error, const char *json);
+#endif
 /* The same to client `to`, on the socket it came from, with ControlReply.code set
  * (NULL: none). */
 int tsr_control_answer(tsr_coord_t *c, const tsr_client_t *to, bool ok, const char *code,

@@ -52,15 +52,14 @@ static void append(tsr_tokjob_t **list, tsr_tokjob_t *j)
  * as they need whatever the machine's speed.  Returns false when stopped.  mu held. */
 static bool hold(tsr_tokload_t *l)
 {
-#ifndef TSR_TESTING
-    return !l->stop;
-#endif
+#ifdef TSR_TESTING
     const char *v = getenv("TSR_TEST_TOKLOAD_HOLD_MS");
     long ms = v ? strtol(v, NULL, 10) : 0;
     if (ms <= 0) return !l->stop;
     if (ms > 60000) ms = 60000;
     struct timespec until = tsr_monotonic_after_ms(ms);
     while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &until) == 0) {}
+#endif
     return !l->stop;
 }
 

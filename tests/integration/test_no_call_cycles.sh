@@ -29,5 +29,11 @@ cc -c "$T/c.c" -o "$T/obj/y/c.o" || fail "cc c.c"
 ok "the check finds a planted circle and passes a chain"
 
 [ -d "$OBJ/coordinator" ] && [ -d "$OBJ/common" ] || fail "no objects under $OBJ (run make first)"
+# every source file's object is there to be looked at
+for d in coordinator common; do
+    for f in "$ROOT"/$d/*.c; do
+        [ -f "$OBJ/$d/$(basename "${f%.c}").o" ] || fail "no object for $d/$(basename "$f") under $OBJ"
+    done
+done
 "$CHECK" --src "$ROOT" "$OBJ/coordinator" "$OBJ/common" > "$T/tree.txt" || fail "$(cat "$T/tree.txt")"
 ok "$(cat "$T/tree.txt")"

@@ -11,6 +11,9 @@ for b in tessera-coordinator tessera-worker; do
 done
 [ "$REL" != "$BIN" ] || fail "TSR_RELEASE_BIN is the test build's own folder"
 "$BIN/tessera-worker" --help | grep -q "This is a test build" || fail "the tests run a build without the test settings"
+# The TCP group with the fixed, published secret is in test builds only.
+nm "$BIN/tessera-worker" | grep -qw tsr_tcp_comm_new || fail "the test build's worker has no tsr_tcp_comm_new: the check below would prove nothing"
+! nm "$REL/tessera-worker" | grep -qw tsr_tcp_comm_new || fail "the release worker has the fixed-secret tsr_tcp_comm_new"
 # No release binary so much as names a test setting (each is read under TSR_TESTING).
 for b in tessera-coordinator tessera-worker tessera; do
     grep -c "TSR_TEST_\|TSR_CUDA_DUMMY_WEIGHTS" "$BIN/$b" > /dev/null || [ "$b" = tessera ] ||
