@@ -105,6 +105,12 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         while (t < retried.n && (retried.di[t] != di || retried.replica[t] != w->piece.key.replica))
             t++;
         if (t == retried.n) {
+            if (c->epoch >= TSR_EPOCH_MAX) {    /* epochs never wrap (placement.c) */
+                tsr_error("plan epoch %llu is at its limit: failed pieces are not retried; "
+                          "restart the workers and the coordinator",
+                          (unsigned long long)c->epoch);
+                break;
+            }
             tsr_replica_set_add(&retried, di, w->piece.key.replica);
             if (retried.n == t) continue;   /* out of memory: the next reload tries again */
             c->epoch++;
