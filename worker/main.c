@@ -35,13 +35,14 @@ static void usage(FILE *f)
             "  -n, --name NAME        worker name, unique in the cluster\n"
             "                         (default HOSTNAME-KINDINDEX, e.g. gpu01-cuda3)\n"
             "      --node NODE        node name used to keep tensor-parallel groups on one\n"
-            "                         machine (default: the host name)\n"
+            "                         machine (default $TESSERA_NODE, else the host name)\n"
             "      --memory-mib MIB   override the device memory it reports\n"
             "      --data-address ADDR  address its peers use to reach its data port\n"
-            "                         (default 127.0.0.1 when the coordinator is on\n"
-            "                         loopback, else the host name)\n"
-            "      --data-bind ADDR   address the data port listens on (default: the data\n"
-            "                         address; 0.0.0.0 listens on every interface)\n"
+            "                         (default $TESSERA_DATA_ADDRESS, else 127.0.0.1 when\n"
+            "                         the coordinator is on loopback, else the host name)\n"
+            "      --data-bind ADDR   address the data port listens on (default\n"
+            "                         $TESSERA_DATA_BIND, else the data address; 0.0.0.0\n"
+            "                         listens on every interface)\n"
             "      --keys DIR         key store with this worker's key pair (IDENTITY.key)\n"
             "                         and the coordinator's public key (coordinator.pub)\n"
             "                         (default $TESSERA_KEYS, else /etc/tessera/keys)\n"
@@ -54,8 +55,8 @@ static void usage(FILE *f)
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
             "\n"
-            "environment: TESSERA_COORDINATOR_WORKERS, TESSERA_KEYS and\n"
-            "TESSERA_IDENTITY as above; under systemd, files in $CREDENTIALS_DIRECTORY\n"
+            "environment: TESSERA_COORDINATOR_WORKERS, TESSERA_NODE, TESSERA_DATA_ADDRESS,\n"
+            "TESSERA_DATA_BIND, TESSERA_KEYS and TESSERA_IDENTITY as above (empty: unset); under systemd, files in $CREDENTIALS_DIRECTORY\n"
             "(LoadCredential=) named IDENTITY.key and coordinator.pub take precedence\n"
             "over the key store's.  TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
             "the worker may run on).\n"
@@ -105,13 +106,24 @@ static int parse_uint(const char *opt, const char *s, unsigned long max, unsigne
     return 0;
 }
 
+/* getenv, with an empty value taken as unset. */
+static const char *env_or_null(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *ep = getenv("TESSERA_COORDINATOR_WORKERS");
     /* first: a log line to a closed pipe (a stopped `tessera local`, a log reader gone)
      * must not end the process before it reaches its own handlers */
     signal(SIGPIPE, SIG_IGN);
-    const char *name = NULL, *node = NULL, *data_addr = NULL, *data_bind = NULL;
+    /* What a machine's workers share, from the environment (the unit's EnvironmentFile);
+     * a flag wins.  "" counts as unset. */
+    const char *name = NULL, *node = env_or_null("TESSERA_NODE"),
+               *data_addr = env_or_null("TESSERA_DATA_ADDRESS"),
+               *data_bind = env_or_null("TESSERA_DATA_BIND");
     const char *keys = getenv("TESSERA_KEYS"), *identity = getenv("TESSERA_IDENTITY");
     tsr_device_t kind = TSR_DEVICE_CPU;
     unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;

@@ -3,7 +3,7 @@
 # for GPUs and the sandbox; and the daemons really send READY=1 and WATCHDOG=1.
 source "$(dirname "$0")/lib.sh"
 P="$T/prefix"
-make -s -C "$ROOT" install PREFIX="$P" SYSCONFDIR="$P/etc" BIN="$BIN" BUILD="${TSR_BUILD:-build/test}" > "$T/install.log" 2>&1 || fail "make install: $(cat "$T/install.log")"
+make -s -C "$ROOT" install TESTING=1 PREFIX="$P" SYSCONFDIR="$P/etc" BIN="$BIN" BUILD="${TSR_BUILD:-build/test}" > "$T/install.log" 2>&1 || fail "make install: $(cat "$T/install.log")"
 [ -d "$P/etc/tessera/keys/allowed" ] || fail "make install did not lay out the key store directory"
 grep -q "tessera keys init $P/etc/tessera/keys" "$T/install.log" || fail "make install gave no key hint: $(cat "$T/install.log")"
 for f in bin/tessera bin/tessera-coordinator bin/tessera-worker \
@@ -106,7 +106,7 @@ CP=$!; PIDS+=("$CP")
 mkdir -m 0700 "$T/cred"
 cp "$KEYS/wnhost.key" "$T/cred/tessera-identity.key"; cp "$KEYS/coordinator.pub" "$T/cred/"
 NOTIFY_SOCKET="$T/wnotify.sock" WATCHDOG_USEC=400000 CREDENTIALS_DIRECTORY="$T/cred" \
-    TESSERA_IDENTITY=wnhost TESSERA_KEYS= \
+    TESSERA_IDENTITY=wnhost TESSERA_KEYS= TESSERA_NODE=rack7 TESSERA_DATA_ADDRESS=127.0.0.2 \
     bash -c 'export WATCHDOG_PID=$$; exec "$0" --coordinator "$1" --name wnhost-cpu0' \
     "$BIN/tessera-worker" "$WEP" >> "$T/wn.log" 2>&1 &
 WP=$!; PIDS+=("$WP")
@@ -120,6 +120,11 @@ notified() {
 wait_until 4 notified || fail "READY=1 and four WATCHDOG=1 not seen: $(cat "$T/notify.txt") / $(cat "$T/wnotify.txt")"
 registered() { case "$(worker_field wnhost-cpu0 state 2>/dev/null)" in idle|loading|ready) return 0;; esac; return 1; }
 wait_until 5 registered || fail "the worker with credentials did not register"
+# The unit's EnvironmentFile can set the node and the data address (and more options).
+[ "$(worker_field wnhost-cpu0 node)" = rack7 ] || fail "TESSERA_NODE not taken: node $(worker_field wnhost-cpu0 node)"
+case "$(worker_field wnhost-cpu0 data_endpoint)" in 127.0.0.2:*) ;;
+    *) fail "TESSERA_DATA_ADDRESS not taken: $(worker_field wnhost-cpu0 data_endpoint)" ;; esac
+grep -q '^ExecStart=.* \$TESSERA_WORKER_OPTIONS$' "$W" || fail "the worker unit takes no TESSERA_WORKER_OPTIONS"
 kill -TERM "$WP"; wait "$WP"
 echo "coordinator watchdog pings so far with WatchdogSec=0.4s: $(grep -c "WATCHDOG=1" "$T/notify.txt")"
 kill -TERM "$CP"; wait "$CP"
