@@ -167,14 +167,16 @@ $(FAKE_NCCL_WORKER): tests/integration/fake_nccl_worker.c $(BUILD)/obj/worker/ma
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) $(WORKER_LIBS) -o $@
 # bench_pool measures the worker's thread pool, so it links that one object,
 # against OpenBLAS (which nothing else links).
-$(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
+$(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c worker/matmul_f32.c worker/cpu_kernels.c)
 $(BUILD)/bench/bench_pool: CFLAGS += $(shell pkg-config --cflags openblas 2>/dev/null)
 $(BUILD)/bench/bench_pool: LDLIBS += $(shell pkg-config --libs openblas 2>/dev/null)
 # matmul_bf16 measures the bf16 products alone.
-$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c)
+$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c worker/matmul_f32.c \
+                                      worker/cpu_kernels.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
-                                      worker/batch.c worker/sample.c worker/matmul_bf16.c)
+                                      worker/batch.c worker/sample.c worker/matmul_bf16.c \
+                                      worker/matmul_f32.c worker/cpu_kernels.c)
 
 # ---- tests ----------------------------------------------------------------
 test: deps
@@ -285,7 +287,8 @@ fuzz-build: $(FUZZ_BIN)
 # worker/simd.h) are gcc's (clang 14 refuses them), so those objects are
 # gcc's and uninstrumented: neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
-$(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+$(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c \
+                worker/matmul_f32.c worker/cpu_kernels.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@

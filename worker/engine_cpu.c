@@ -25,14 +25,16 @@
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
+#include "worker/cpu_kernels.h"
 #include "worker/cpu_pool.h"
 #include "worker/simd.h"
 #include "worker/engine.h"
 #include "worker/kvpool.h"
 #include "worker/kmath.h"
 #include "worker/matmul_bf16.h"
+#include "worker/matmul_f32.h"
 
-/* Matrices are packed in panels of 16 rows: f32 (worker/cpu_pool.h), or
+/* Matrices are packed in panels of 16 rows: f32 (worker/matmul_f32.h), or
  * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h); the shapes below are
  * the logical [rows, cols]. */
 typedef struct {
@@ -90,7 +92,7 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* Products go through tsr_pool_matmul (worker/cpu_pool.c) or, with bf16
+/* Products go through tsr_pool_matmul (worker/matmul_f32.c) or, with bf16
  * weights, tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant,
  * on the pool's threads. */
 static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const void *w, int T,
@@ -231,7 +233,7 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
 }
 
 /* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
- * packed matrix wp[out, in] (worker/cpu_pool.h), a block of rows at a
+ * packed matrix wp[out, in] (worker/matmul_f32.h), a block of rows at a
  * time, so no second copy of a large matrix is ever held.  The slice must
  * have in columns and fit in rows [row0, out). */
 static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, void *wp,
@@ -322,7 +324,7 @@ static void *alloc_w(size_t bytes, int *bad)
     return p;
 }
 
-/* A packed matrix of out rows of `in` columns, f32 (worker/cpu_pool.h)
+/* A packed matrix of out rows of `in` columns, f32 (worker/matmul_f32.h)
  * or bf16 (worker/matmul_bf16.h), its padding zeroed. */
 static void *alloc_packed(const tsr_engine_t *e, int out, int in, int *bad)
 {
