@@ -176,7 +176,8 @@ $(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c wo
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
                                       worker/batch.c worker/sample.c worker/matmul_bf16.c \
-                                      worker/matmul_f32.c worker/cpu_kernels.c)
+                                      worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
+                                      worker/attention_cpu.c)
 
 # ---- tests ----------------------------------------------------------------
 test: deps
@@ -288,7 +289,8 @@ fuzz-build: $(FUZZ_BIN)
 # gcc's and uninstrumented: neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
 $(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c \
-                worker/matmul_f32.c worker/cpu_kernels.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+                worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
+                worker/attention_cpu.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@
