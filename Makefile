@@ -200,16 +200,19 @@ $(FAKE_NCCL_WORKER): tests/integration/fake_nccl_worker.c $(BUILD)/obj/worker/ma
                      $(WORKER_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) $^ $(ALL_LDLIBS) $(WORKER_LIBS) -o $@
-# bench_pool measures the worker's thread pool, so it links that one object,
-# against OpenBLAS (which nothing else links).
-$(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c)
+# bench_pool measures the worker's thread pool and the f32 products on it, so it
+# links those objects alone, against OpenBLAS (which nothing else links).
+$(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c worker/matmul_f32.c worker/cpu_kernels.c)
 $(BUILD)/bench/bench_pool: TSR_CFLAGS += $(shell pkg-config --cflags openblas 2>/dev/null)
 $(BUILD)/bench/bench_pool: TSR_LDLIBS += $(shell pkg-config --libs openblas 2>/dev/null)
 # matmul_bf16 measures the bf16 products alone.
-$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c)
+$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c worker/matmul_f32.c \
+                                      worker/cpu_kernels.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
-                                      worker/batch.c worker/sample.c worker/matmul_bf16.c)
+                                      worker/batch.c worker/sample.c worker/matmul_bf16.c \
+                                      worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
+                                      worker/attention_cpu.c)
 
 # ---- tests ----------------------------------------------------------------
 # `make test` builds the release programs (bin/, warnings as errors) and the test
@@ -354,13 +357,15 @@ fuzz: deps
 
 fuzz-build: $(FUZZ_BIN)
 # The worker agent and data-port targets link the worker.  The CPU vector
-# kernels (the engine, the pool's products, AMX's and greedy sampling:
-# worker/simd.h) are gcc's (clang 14 refuses them), so those objects are
+# kernels (the engine, its attention and KV rows, the f32 and bf16 products,
+# the kernel chooser and greedy sampling: worker/simd.h) are gcc's (clang 14 refuses them), so those objects are
 # gcc's and uninstrumented: neither target runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
-$(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
+$(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c \
+                worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
+                worker/attention_cpu.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
-	$(CC) -O2 -g -std=gnu11 -D_GNU_SOURCE -DTSR_TESTING -I. -I$(BUILD)/gen \
+	$(CC) -O2 -g -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DTSR_TESTING -I. -I$(BUILD)/gen \
 	  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -MMD -MP -c $< -o $@
 # Kept between runs: they are not intermediate files.
 .SECONDARY: $(FUZZ_LIB_OBJ) $(FUZZ_WORKER_OBJ)

@@ -1,5 +1,6 @@
 /* bench_pool.c: matrix products of a decode step, multithreaded OpenBLAS
- * against the CPU engine's thread pool (worker/cpu_pool.c).
+ * against the CPU engine's thread pool and its f32 products
+ * (worker/cpu_pool.c, worker/matmul_f32.c).
  *   bench_pool [--threads N] [--seconds S]
  *
  * The step is a small f32 Llama's projections, back to back: 12 layers of
@@ -25,7 +26,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "worker/cpu_kernels.h"
 #include "worker/cpu_pool.h"
+#include "worker/matmul_f32.h"
 
 enum { HIDDEN = 768, KV_DIM = 256, INTER = 2048, LAYERS = 12, MATS = 4, MAX_T = 32 };
 

@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "common/util.h"
-#include "worker/cpu_pool.h"
+#include "worker/cpu_kernels.h"
 #include "worker/engine.h"
 #include "worker/matmul_bf16.h"
 

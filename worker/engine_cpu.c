@@ -8,12 +8,12 @@
  *
  * One step runs every token row of a batch together: each weight matrix is
  * read once per step whatever the number of sequences in it.  q, k and v
- * are one fused matrix, gate and up another.  The products run on one pool
- * of threads for the whole step (worker/cpu_pool.h) with a kernel whose
- * every output is one multiply-add chain in a fixed order, so a sequence's
- * numbers do not depend on what it was batched with. */
-#include <immintrin.h>
-#include <float.h>
+ * are one fused matrix, gate and up another.  The products
+ * (worker/matmul_f32.h, worker/matmul_bf16.h) and attention
+ * (worker/attention_cpu.h, over the KV cache of worker/kv_format.h) run on
+ * one pool of threads for the whole step (worker/cpu_pool.h), each output
+ * computed in a fixed order, so a sequence's numbers do not depend on what
+ * it was batched with. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,14 +26,18 @@
 #include "common/safetensors.h"
 #include "common/slice.h"
 #include "common/util.h"
+#include "worker/attention_cpu.h"
+#include "worker/cpu_kernels.h"
 #include "worker/cpu_pool.h"
-#include "worker/simd.h"
 #include "worker/engine.h"
-#include "worker/kvpool.h"
 #include "worker/kmath.h"
+#include "worker/kv_format.h"
+#include "worker/kvpool.h"
 #include "worker/matmul_bf16.h"
+#include "worker/matmul_f32.h"
+#include "worker/simd.h"
 
-/* Matrices are packed in panels of 16 rows: f32 (worker/cpu_pool.h), or
+/* Matrices are packed in panels of 16 rows: f32 (worker/matmul_f32.h), or
  * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h); the shapes below are
  * the logical [rows, cols]. */
 typedef struct {
@@ -43,15 +47,6 @@ typedef struct {
     void *wgu;                      /* [2 * inter, H]: gate rows, then up rows */
     void *wd;                       /* [H, inter]: this rank's columns */
 } layer_t;
-
-/* What the KV pools hold (kv_dtype): f32, bf16, or int8 with a scale per
- * row of one head (a scale pool beside each). */
-enum { KV_F32 = 0, KV_BF16 = 1, KV_I8 = 2, KV_I8_AVX2 = 3 };
-/* KV_I8_AVX2 is KV_I8 for the kernels built for AVX2 (att_task_for), which
- * widen int8 with AVX2's own instruction; the pools hold the same. */
-static inline int kv_is_i8(int kt) { return kt >= KV_I8; }
-
-static inline size_t kv_esize(int kt) { return kt == KV_F32 ? 4 : kt == KV_BF16 ? 2 : 1; }
 
 struct tsr_engine {
     tsr_model_info_t m;
@@ -66,11 +61,8 @@ struct tsr_engine {
     void *lm_head;                  /* [v_end - v_begin, H], last stage, packed */
     float *final_norm;              /* [H], last stage */
     layer_t *layers;
-    tsr_kvpool_t *kv;
-    void *kpool, *vpool;            /* [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK][head_dim] */
-    float *kscale, *vscale;         /* kv_dtype int8: [n_layers][kv_blocks][kv_heads][TSR_KV_BLOCK],
-                                       each row's scale (at its element offset / head_dim) */
-    int kv_kind;                    /* what the pools hold: KV_F32, KV_BF16, KV_I8 */
+    tsr_kvpool_t *kv;               /* the KV blocks' tables */
+    tsr_kvf_cache_t kvc;            /* the KV cache: its pools, in kv_dtype's format */
     int mm_bf16;                    /* weights in bf16 panels (matmul_dtype bf16), else f32 */
     uint16_t *xb;                   /* bf16 products: a step's rows of x rounded */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
@@ -91,7 +83,7 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* Products go through tsr_pool_matmul (worker/cpu_pool.c) or, with bf16
+/* Products go through tsr_pool_matmul (worker/matmul_f32.c) or, with bf16
  * weights, tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant,
  * on the pool's threads. */
 static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const void *w, int T,
@@ -156,6 +148,49 @@ static void rmsnorm_row(float *out, const float *x, const float *w, int H, float
 {
     if (tsr_cpu_kernels() != TSR_KERNELS_PLAIN) rmsnorm_fma(out, x, w, H, eps);
     else rmsnorm_plain(out, x, w, H, eps);
+}
+
+/* SwiGLU of n elements: gate * sigmoid(gate) * up, the sigmoid from
+ * z = exp(-|gate|) (exp8 takes x <= 0): 1 / (1 + z) for gate >= 0, z / (1 +
+ * z) below.  In vectors, as the scalar expf per element was most of the
+ * MLP's time outside the products; the last n % 8 through the same vector
+ * code, from a padded copy, so every element is computed alike. */
+static inline __attribute__((always_inline)) v8f swiglu8(v8f g, v8f u)
+{
+    const v8i neg = g < bcast8(0.0f);
+    const v8f a = (v8f)((v8i)g & ~(v8i)bcast8(-0.0f));          /* |g| */
+    const v8f z = exp8(-a), one = bcast8(1.0f);
+    const v8f num = (v8f)((neg & (v8i)z) | (~neg & (v8i)one));
+    return g * (num / (one + z)) * u;
+}
+
+static inline __attribute__((always_inline)) void swiglu_body(float *a, const float *g,
+                                                              const float *u, int n)
+{
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const v8f r = swiglu8(load8(g + k), load8(u + k));
+        memcpy(a + k, &r, sizeof r);
+    }
+    if (k < n) {
+        float gp[8] = {0}, up[8] = {0}, r[8];
+        memcpy(gp, g + k, (size_t)(n - k) * sizeof(float));
+        memcpy(up, u + k, (size_t)(n - k) * sizeof(float));
+        const v8f v = swiglu8(load8(gp), load8(up));
+        memcpy(r, &v, sizeof v);
+        memcpy(a + k, r, (size_t)(n - k) * sizeof(float));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void swiglu_fma(float *a, const float *g,
+                                                          const float *u, int n)
+{
+    swiglu_body(a, g, u, n);
+}
+
+static void swiglu_plain(float *a, const float *g, const float *u, int n)
+{
+    swiglu_body(a, g, u, n);
 }
 
 /* Row-wise work of a step (the residual add and RMSNorm, RoPE and the KV
@@ -232,7 +267,7 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
 }
 
 /* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
- * packed matrix wp[out, in] (worker/cpu_pool.h), a block of rows at a
+ * packed matrix wp[out, in] (worker/matmul_f32.h), a block of rows at a
  * time, so no second copy of a large matrix is ever held.  The slice must
  * have in columns and fit in rows [row0, out). */
 static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, void *wp,
@@ -323,7 +358,7 @@ static void *alloc_w(size_t bytes, int *bad)
     return p;
 }
 
-/* A packed matrix of out rows of `in` columns, f32 (worker/cpu_pool.h)
+/* A packed matrix of out rows of `in` columns, f32 (worker/matmul_f32.h)
  * or bf16 (worker/matmul_bf16.h), its padding zeroed. */
 static void *alloc_packed(const tsr_engine_t *e, int out, int in, int *bad)
 {
@@ -393,8 +428,8 @@ static void engine_free(tsr_engine_t *e)
     }
     free(e->layers);
     if (e->lm_head != e->embed) free(e->lm_head);
-    free(e->embed), free(e->final_norm), free(e->kpool), free(e->vpool);
-    free(e->kscale), free(e->vscale);
+    free(e->embed), free(e->final_norm), free(e->kvc.k), free(e->kvc.v);
+    free(e->kvc.kscale), free(e->kvc.vscale);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
     free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
@@ -435,9 +470,9 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16 | 1u << TSR_KV_INT8,
                            "CPU", err, errlen) < 0)
         goto out;
-    e->kv_kind = spec->kv_dtype == TSR_KV_BF16   ? KV_BF16
-                 : spec->kv_dtype == TSR_KV_INT8 ? KV_I8
-                                                 : KV_F32;
+    e->kvc.kind = spec->kv_dtype == TSR_KV_BF16   ? TSR_KVF_BF16
+                  : spec->kv_dtype == TSR_KV_INT8 ? TSR_KVF_I8
+                                                  : TSR_KVF_F32;
     if (tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16,
                              "CPU", "multiply in", err, errlen) < 0)
         goto out;
@@ -504,12 +539,17 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
                     "max_seq_len %d", spec->max_seqs, spec->max_seq_len);
         goto out;
     }
-    const size_t esize = kv_esize(e->kv_kind), nscale = e->kv_kind == KV_I8 ? pool / e->head_dim : 0;
-    e->kpool = alloc_lazy(pool * esize, &bad);
-    e->vpool = alloc_lazy(pool * esize, &bad);
+    e->kvc.heads = e->kv_heads;
+    e->kvc.head_dim = e->head_dim;
+    e->kvc.blocks = spec->kv_blocks;
+    e->kvc.table = e->kv;
+    const size_t esize = tsr_kvf_esize(e->kvc.kind),
+                 nscale = e->kvc.kind == TSR_KVF_I8 ? pool / e->head_dim : 0;
+    e->kvc.k = alloc_lazy(pool * esize, &bad);
+    e->kvc.v = alloc_lazy(pool * esize, &bad);
     if (nscale) {
-        e->kscale = alloc_lazy(nscale * sizeof(float), &bad);
-        e->vscale = alloc_lazy(nscale * sizeof(float), &bad);
+        e->kvc.kscale = alloc_lazy(nscale * sizeof(float), &bad);
+        e->kvc.vscale = alloc_lazy(nscale * sizeof(float), &bad);
     }
     e->kvbytes = 2 * (pool * esize + nscale * sizeof(float));
     int rope_bad = 0;
@@ -582,613 +622,6 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
     return tsr_coll_settle(e->ops, e->tp, e->coll_ms, err, errlen);
 }
 
-/* A block holds, per KV head, its 16 positions one after another, so the
- * attention of one head reads contiguous memory.  The element offset of
- * position pos of slot, KV head 0 (the next head is TSR_KV_BLOCK * head_dim
- * further on), in either pool. */
-static inline size_t kv_off(const tsr_engine_t *e, int l, int slot, int pos)
-{
-    const size_t kvw = (size_t)e->kv_heads * e->head_dim;
-    int32_t block = tsr_kvpool_table(e->kv, slot)[pos / TSR_KV_BLOCK];
-    return ((size_t)l * e->spec.kv_blocks + block) * TSR_KV_BLOCK * kvw +
-           (size_t)(pos % TSR_KV_BLOCK) * e->head_dim;
-}
-
-/* The pools' elements, f32, bf16 (the top half of an f32's bits, so
- * widening puts zeros below it) or int8 (the integer, as a float: the
- * row's scale is applied to its score and to its weight, not to each
- * element).  The kind kt is a constant at every call site: the kernels are
- * compiled once per element type (att_task_for).
- *
- * A bf16 row keeps each full 16 of its head_dim in the order 0-3, 8-11,
- * 4-7, 12-15 (kv_store), because interleaving 16 stored elements with
- * zeros, 128 bits at a time (one vpunpcklwd and one vpunpckhwd), then gives
- * dimensions 0-7 and 8-15 in order: two instructions for 16 elements.  The
- * rest of a row (8, then one at a time) is in order. */
-typedef unsigned short v8u16 __attribute__((vector_size(16)));
-typedef unsigned short v16u16 __attribute__((vector_size(32)));
-typedef unsigned int v8u __attribute__((vector_size(32)));
-
-/* 8 int8 elements as floats: one sign extension and one conversion.  Not
- * always_inline: GCC inlines it into the AVX2 kernels only (a target
- * mismatch elsewhere), and only they call it (KV_I8_AVX2). */
-static inline __attribute__((target("avx2"))) v8f i8_load8_avx2(const signed char *p)
-{
-    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* Elements [i, i + 16) of a row's full 16 (i a multiple of 16). */
-static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int kt);
-
-static inline __attribute__((always_inline)) void kv_load16(const void *p, size_t i, int kt,
-                                                            v8f *lo, v8f *hi)
-{
-    if (kt != KV_BF16) {
-        *lo = kv_load8(p, i, kt), *hi = kv_load8(p, i + 8, kt);
-        return;
-    }
-    const v16u16 zero = {0}, first = {0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27},
-                 second = {4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31};
-    v16u16 x;
-    memcpy(&x, (const uint16_t *)p + i, sizeof x);
-    *lo = (v8f)__builtin_shuffle(zero, x, first);
-    *hi = (v8f)__builtin_shuffle(zero, x, second);
-}
-
-/* Elements [i, i + 8) past a row's full 16s. */
-static inline __attribute__((always_inline)) v8f kv_load8(const void *p, size_t i, int kt)
-{
-    if (kt == KV_F32) return load8((const float *)p + i);
-    if (kt == KV_I8_AVX2) return i8_load8_avx2((const signed char *)p + i);
-    if (kt == KV_I8) {   /* the portable kernels: one at a time */
-        v8f r;
-        for (int k = 0; k < 8; k++) r[k] = ((const signed char *)p)[i + (size_t)k];
-        return r;
-    }
-    v8u16 h;
-    memcpy(&h, (const uint16_t *)p + i, sizeof h);
-    return (v8f)(__builtin_convertvector(h, v8u) << 16);
-}
-
-static inline __attribute__((always_inline)) float kv_load1(const void *p, size_t i, int kt)
-{
-    return kt == KV_BF16 ? tsr_k_bf16_to_f32(((const uint16_t *)p)[i])
-           : kv_is_i8(kt) ? (float)((const signed char *)p)[i]
-                         : ((const float *)p)[i];
-}
-
-/* The first m (<= 8) of 8 elements of a finite row as int8: x / scale
- * rounded to nearest, ties to even (adding and taking away 1.5 * 2^23 does
- * that for |v| < 2^22: nearbyintf without a libm call), clamped to +-127 (a
- * subnormal row's scale is inexact enough to pass it). */
-static inline __attribute__((always_inline)) void i8_store8(signed char *d, v8f x, float scale,
-                                                            int m)
-{
-    const v8f magic = bcast8(0x1.8p23f), lo = bcast8(-127.0f), hi = bcast8(127.0f);
-    v8f v = (x / bcast8(scale) + magic) - magic;
-    const v8i ge = v >= lo, le = v <= hi;
-    v = (v8f)((ge & (v8i)v) | (~ge & (v8i)lo));
-    v = (v8f)((le & (v8i)v) | (~le & (v8i)hi));
-    /* to 8 bytes with two saturating packs (SSE2, so either build): GCC
-     * narrowed a vector conversion one element at a time */
-    const v8i q = __builtin_convertvector(v, v8i);
-    __m128i q0, q1;
-    memcpy(&q0, &q, sizeof q0);
-    memcpy(&q1, (const char *)&q + sizeof q0, sizeof q1);
-    const __m128i b = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_setzero_si128());
-    memcpy(d, &b, (size_t)m);
-}
-
-/* |x| of 8 elements into the running maximum m; fin keeps the lanes that
- * have seen only finite values (NaN too fails a <= FLT_MAX). */
-static inline __attribute__((always_inline)) void i8_absmax8(v8f x, v8f *m, v8i *fin)
-{
-    const v8f a = (v8f)((v8i)x & ~(v8i)bcast8(-0.0f));
-    *fin &= a <= bcast8(FLT_MAX);
-    const v8i gt = a > *m;
-    *m = (v8f)((gt & (v8i)a) | (~gt & (v8i)*m));
-}
-
-/* A row of n elements as int8 at d and its scale at *scale (kv_store):
- * max |x| 8 lanes at a time (the maximum is exact in any order), then
- * i8_store8; the last n % 8 go through both from one zero-padded copy
- * (zeros change neither the maximum nor finiteness).  Built twice, in this
- * file's base target and for AVX2: the same operations, so the same bits;
- * the base build's 8-lane vectors are pairs of 4, and its scalar maximum
- * was 6 % of a 32-sequence serving step. */
-static inline __attribute__((always_inline)) void i8_row_body(signed char *d, float *scale,
-                                                              const float *x, int n)
-{
-    const int full = n & ~7;
-    float pad[8] = {0};
-    memcpy(pad, x + full, (size_t)(n - full) * sizeof(float));
-    v8f m = bcast8(0.0f);
-    v8i fin = ~(v8i){0};
-    for (int i = 0; i < full; i += 8) i8_absmax8(load8(x + i), &m, &fin);
-    if (full < n) i8_absmax8(load8(pad), &m, &fin);
-    float amax = 0;
-    int finite = 1;
-    for (int k = 0; k < 8; k++) {
-        amax = m[k] > amax ? m[k] : amax;
-        finite &= fin[k] != 0;
-    }
-    if (!finite || amax == 0) {   /* NaN or inf: the row reads back as NaN, as the reference's */
-        memset(d, 0, (size_t)n);
-        *scale = finite ? 0 : NAN;
-        return;
-    }
-    const float sc = amax / 127.0f;
-    for (int i = 0; i < full; i += 8) i8_store8(d + i, load8(x + i), sc, 8);
-    if (full < n) i8_store8(d + full, load8(pad), sc, n - full);
-    *scale = sc;
-}
-
-static void i8_row_plain(signed char *d, float *scale, const float *x, int n)
-{
-    i8_row_body(d, scale, x, n);
-}
-
-__attribute__((target("avx2"))) static void i8_row_avx2(signed char *d, float *scale,
-                                                        const float *x, int n)
-{
-    i8_row_body(d, scale, x, n);
-}
-
-/* A row of n elements (one head's) into the pool at element offset off;
- * in bf16 when the pool is (the CUDA engine's rounding), its full 16s in
- * kv_load16's order; in int8 as round-half-even(x / scale) with scale =
- * max |x| / 127 (in f32, tests/reference/llama_ref.py's round_int8),
- * stored at scales[off / n]; a row with a NaN or an infinity as zeros with
- * a NaN scale. */
-static inline void kv_store(const tsr_engine_t *e, void *pool, float *scales, size_t off,
-                            const float *x, int n)
-{
-    if (e->kv_kind == KV_F32) {
-        memcpy((float *)pool + off, x, (size_t)n * sizeof(float));
-        return;
-    }
-    if (e->kv_kind == KV_I8) {
-        (tsr_cpu_kernels() != TSR_KERNELS_PLAIN ? i8_row_avx2 : i8_row_plain)(
-            (signed char *)pool + off, &scales[off / (size_t)n], x, n);
-        return;
-    }
-    uint16_t *d = (uint16_t *)pool + off, r[n];
-    tsr_bf16_round_row(r, x, n);
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {                /* quarters 0, 2, 1, 3 */
-        memcpy(d + i, r + i, 8);
-        memcpy(d + i + 4, r + i + 8, 8);
-        memcpy(d + i + 8, r + i + 4, 8);
-        memcpy(d + i + 12, r + i + 12, 8);
-    }
-    memcpy(d + i, r + i, (size_t)(n - i) * sizeof *d);
-}
-
-/* Bytes from an element offset. */
-static inline const void *kv_ptr(const void *pool, size_t off, int kt)
-{
-    return (const char *)pool + off * kv_esize(kt);
-}
-
-/* Attention work is cut into (entry, query head, 16 rows) tasks, so a long
- * prompt chunk spreads over the threads like the decodes around it. */
-#define ATT_ROWS 16
-
-typedef struct {
-    tsr_engine_t *e;
-    const tsr_batch_t *b;
-    const int *first_row;       /* per entry: its first row */
-    const int *first_task;      /* per entry: its first task; [n_entries] = the total */
-    int l;
-} att_job_t;
-
-/* Scores of q against the 4 keys at k (rows of hd floats), over the
- * first hd & ~7 dimensions, half-reduced: lanes 0-3 hold each key's sum of
- * its vector lanes 0-3, lanes 4-7 that of lanes 4-7 (att_scores finishes
- * them).  The four multiply-add chains run side by side. */
-static inline __attribute__((always_inline)) v8f dot4_part(const float *q, const void *k,
-                                                           size_t hd, int kt)
-{
-    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    size_t d = 0;
-    for (; d + 16 <= hd; d += 16) {
-        const v8f x = load8(q + d), y = load8(q + d + 8);
-        v8f l0, h0, l1, h1, l2, h2, l3, h3;
-        kv_load16(k, d, kt, &l0, &h0), kv_load16(k, hd + d, kt, &l1, &h1);
-        kv_load16(k, 2 * hd + d, kt, &l2, &h2), kv_load16(k, 3 * hd + d, kt, &l3, &h3);
-        a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
-        a0 += y * h0, a1 += y * h1, a2 += y * h2, a3 += y * h3;
-    }
-    if (d + 8 <= hd) {
-        const v8f x = load8(q + d);
-        a0 += x * kv_load8(k, d, kt), a1 += x * kv_load8(k, hd + d, kt);
-        a2 += x * kv_load8(k, 2 * hd + d, kt), a3 += x * kv_load8(k, 3 * hd + d, kt);
-    }
-    return hadd8(hadd8(a0, a1), hadd8(a2, a3));
-}
-
-/* dot4_part for two query rows at once, each key line loaded once for
- * both; every sum is formed exactly as dot4_part forms it. */
-static inline __attribute__((always_inline)) void dot4x2_part(const float *q0, const float *q1,
-                                                              const void *k, size_t hd, int kt,
-                                                              v8f *out0, v8f *out1)
-{
-    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    size_t d = 0;
-    /* a key at a time (14 vector registers), each accumulator in the same
-     * order as dot4_part's: the 8 dimensions of d, then those of d + 8 */
-#define KEY16(j, aj, bj)                                                                          \
-    do {                                                                                          \
-        v8f l, h;                                                                                 \
-        kv_load16(k, (j) * hd + d, kt, &l, &h);                                                 \
-        aj += x * l, bj += y * l;                                                                 \
-        aj += x2 * h, bj += y2 * h;                                                               \
-    } while (0)
-    for (; d + 16 <= hd; d += 16) {
-        const v8f x = load8(q0 + d), x2 = load8(q0 + d + 8), y = load8(q1 + d),
-                  y2 = load8(q1 + d + 8);
-        KEY16(0, a0, b0);
-        KEY16(1, a1, b1);
-        KEY16(2, a2, b2);
-        KEY16(3, a3, b3);
-    }
-#undef KEY16
-    if (d + 8 <= hd) {
-        const v8f x = load8(q0 + d), y = load8(q1 + d);
-        const v8f l0 = kv_load8(k, d, kt), l1 = kv_load8(k, hd + d, kt),
-                  l2 = kv_load8(k, 2 * hd + d, kt), l3 = kv_load8(k, 3 * hd + d, kt);
-        a0 += x * l0, a1 += x * l1, a2 += x * l2, a3 += x * l3;
-        b0 += y * l0, b1 += y * l1, b2 += y * l2, b3 += y * l3;
-    }
-    *out0 = hadd8(hadd8(a0, a1), hadd8(a2, a3));
-    *out1 = hadd8(hadd8(b0, b1), hadd8(b2, b3));
-}
-
-/* The 8 scores of two dot4_part results (keys 0-3, keys 4-7), each
- * ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) over its vector lanes,
- * then the dimensions past hd & ~7 added one by one.  The same for every
- * row whatever its neighbours, so rows taken in pairs and alone agree. */
-static inline __attribute__((always_inline)) v8f att_scores(v8f lo, v8f hi, const float *q,
-                                                            const void *k, int hd, int kt)
-{
-    const v8i first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
-    v8f s = __builtin_shuffle(lo, hi, first) + __builtin_shuffle(lo, hi, second);
-    for (int d = hd & ~7; d < hd; d++)
-        for (int p = 0; p < 8; p++) s[p] = fmaf(q[d], kv_load1(k, (size_t)p * hd + d, kt), s[p]);
-    return s;
-}
-
-/* One row's running attention for one head: the softmax state and the
- * accumulator (hd floats, in v8f; the last hd % 8 in tail). */
-typedef struct {
-    tsr_osm_t st;
-    float tail[8];
-} att_row_t;
-
-/* A block's scores s[0..1] (positions 0-7, 8-15; those from np on are
- * not the sequence's and count for nothing) turned into weights
- * exp(score - max) in sc, merged into the row's running softmax
- * (worker/kmath.h's tsr_k_osm_merge); the accumulator then becomes
- * ca * acc + cb * (sum of weight * value).  All in vectors: the scalar
- * exponentials were most of attention's time at decode. */
-static inline __attribute__((always_inline)) void att_weights(const v8f *s, int np, float scale,
-                                                              float *sc, att_row_t *r, float *ca,
-                                                              float *cb)
-{
-    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    const v8i in0 = lane < np, in1 = lane + 8 < np;
-    const v8f ninf = bcast8(-INFINITY);
-    v8f s0 = s[0] * bcast8(scale), s1 = s[1] * bcast8(scale);
-    s0 = (v8f)((in0 & (v8i)s0) | (~in0 & (v8i)ninf));
-    s1 = (v8f)((in1 & (v8i)s1) | (~in1 & (v8i)ninf));
-    v8i gt = s1 > s0;
-    v8f mx = (v8f)((gt & (v8i)s1) | (~gt & (v8i)s0));
-    float m = mx[0];
-    for (int k = 1; k < 8; k++) m = mx[k] > m ? mx[k] : m;
-    const v8f w0 = (v8f)(in0 & (v8i)exp8(s0 - bcast8(m))),
-              w1 = (v8f)(in1 & (v8i)exp8(s1 - bcast8(m)));
-    memcpy(sc, &w0, sizeof w0);
-    memcpy(sc + 8, &w1, sizeof w1);
-    tsr_osm_t bs = {m, hsum8(w0 + w1)};
-    tsr_k_osm_merge(&r->st, bs, ca, cb);
-}
-
-/* The values of a block weighted by sc into a row, columns [d, hd): 32 at
- * a time in registers, then 8, then one. */
-static inline __attribute__((always_inline)) void att_values(const float *sc, const void *vb,
-                                                             int kt, int np, int hd, int d,
-                                                             float ca, float cb, att_row_t *r,
-                                                             v8f *acc)
-{
-    const int hd8 = hd & ~7, hd16 = hd & ~15;
-    const v8f cav = bcast8(ca), cbv = bcast8(cb);
-    for (; d + 32 <= hd16; d += 32) {
-        v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (int p = 0; p < np; p++) {
-            const size_t v = (size_t)p * hd + d;
-            const v8f wv = bcast8(sc[p]);
-            v8f l0, h0, l1, h1;
-            kv_load16(vb, v, kt, &l0, &h0), kv_load16(vb, v + 16, kt, &l1, &h1);
-            s0 += wv * l0, s1 += wv * h0, s2 += wv * l1, s3 += wv * h1;
-        }
-        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
-        acc[d / 8 + 1] = acc[d / 8 + 1] * cav + s1 * cbv;
-        acc[d / 8 + 2] = acc[d / 8 + 2] * cav + s2 * cbv;
-        acc[d / 8 + 3] = acc[d / 8 + 3] * cav + s3 * cbv;
-    }
-    for (; d + 16 <= hd16; d += 16) {
-        v8f s0 = {0}, s1 = {0};
-        for (int p = 0; p < np; p++) {
-            const v8f wv = bcast8(sc[p]);
-            v8f l, h;
-            kv_load16(vb, (size_t)p * hd + d, kt, &l, &h);
-            s0 += wv * l, s1 += wv * h;
-        }
-        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
-        acc[d / 8 + 1] = acc[d / 8 + 1] * cav + s1 * cbv;
-    }
-    if (d + 8 <= hd8) {
-        v8f s0 = {0};
-        for (int p = 0; p < np; p++) s0 += bcast8(sc[p]) * kv_load8(vb, (size_t)p * hd + d, kt);
-        acc[d / 8] = acc[d / 8] * cav + s0 * cbv;
-        d += 8;
-    }
-    for (; d < hd; d++) {
-        float s0 = 0;
-        for (int p = 0; p < np; p++) s0 = fmaf(sc[p], kv_load1(vb, (size_t)p * hd + d, kt), s0);
-        r->tail[d - hd8] = fmaf(s0, cb, r->tail[d - hd8] * ca);
-    }
-}
-
-/* An int8 block's row scales: the keys' onto the 8 scores s (keys 8g to
- * 8g + 7), and the values' onto the softmax weights sc (16), into wv: the
- * weights att_values takes.  Nothing for the other kinds (wv is sc). */
-static inline __attribute__((always_inline)) v8f key_scale(v8f s, const float *ks, int g, int kt)
-{
-    return kv_is_i8(kt) ? s * load8(ks + 8 * g) : s;
-}
-
-static inline __attribute__((always_inline)) const float *value_weights(const float *sc,
-                                                                       const float *vs, int kt,
-                                                                       float *wv)
-{
-    if (!kv_is_i8(kt)) return sc;
-    const v8f w0 = load8(sc) * load8(vs), w1 = load8(sc + 8) * load8(vs + 8);
-    memcpy(wv, &w0, sizeof w0);
-    memcpy(wv + 8, &w1, sizeof w1);
-    return wv;
-}
-
-/* Takes np cached positions (keys kb, values vb: np rows of hd, in a block
- * of TSR_KV_BLOCK; for int8 their row scales ks, vs) into a row's state:
- * the block's scores (all 16 keys are read, those from np on are masked),
- * att_weights, att_values. */
-static inline __attribute__((always_inline)) void att_block(const float *q, const void *kb,
-                                                            const void *vb, const float *ks,
-                                                            const float *vs, int kt, int np,
-                                                            int hd, float scale, att_row_t *r,
-                                                            v8f *acc)
-{
-    _Static_assert(TSR_KV_BLOCK == 16, "att_block scores blocks of 16 positions");
-    float sc[TSR_KV_BLOCK], wv[TSR_KV_BLOCK], ca, cb;
-    const size_t h = (size_t)hd;
-    v8f s[2];
-    for (int g = 0; g < 2; g++) {
-        const void *k0 = kv_ptr(kb, 8 * g * h, kt), *k4 = kv_ptr(kb, (8 * g + 4) * h, kt);
-        s[g] = key_scale(
-            att_scores(dot4_part(q, k0, h, kt), dot4_part(q, k4, h, kt), q, k0, hd, kt), ks, g,
-            kt);
-    }
-    att_weights(s, np, scale, sc, r, &ca, &cb);
-    att_values(value_weights(sc, vs, kt, wv), vb, kt, np, hd, 0, ca, cb, r, acc);
-}
-
-/* att_block of a whole block for two rows of a prompt, with bits equal to
- * two att_block calls: each key and value line is loaded once for both
- * rows, which halves what a long prompt's attention reads from the cache
- * hierarchy (it reads every earlier position once per row). */
-static inline __attribute__((always_inline)) void att_block2(const float *q0, const float *q1,
-                                                             const void *kb, const void *vb,
-                                                             const float *ks, const float *vs,
-                                                             int kt, int hd, float scale,
-                                                             att_row_t *r0, v8f *acc0,
-                                                             att_row_t *r1, v8f *acc1)
-{
-    enum { NP = TSR_KV_BLOCK };
-    float sc0[NP], sc1[NP], wv0[NP], wv1[NP], ca0, cb0, ca1, cb1;
-    const size_t h = (size_t)hd;
-    v8f s0[2], s1[2];
-    for (int g = 0; g < 2; g++) {
-        v8f lo0, lo1, hi0, hi1;
-        const void *k0 = kv_ptr(kb, 8 * g * h, kt), *k4 = kv_ptr(kb, (8 * g + 4) * h, kt);
-        dot4x2_part(q0, q1, k0, h, kt, &lo0, &lo1);
-        dot4x2_part(q0, q1, k4, h, kt, &hi0, &hi1);
-        s0[g] = key_scale(att_scores(lo0, hi0, q0, k0, hd, kt), ks, g, kt);
-        s1[g] = key_scale(att_scores(lo1, hi1, q1, k0, hd, kt), ks, g, kt);
-    }
-    att_weights(s0, NP, scale, sc0, r0, &ca0, &cb0);
-    att_weights(s1, NP, scale, sc1, r1, &ca1, &cb1);
-    const float *w0p = value_weights(sc0, vs, kt, wv0), *w1p = value_weights(sc1, vs, kt, wv1);
-    const int hd8 = hd & ~7;
-    const v8f ca0v = bcast8(ca0), cb0v = bcast8(cb0), ca1v = bcast8(ca1), cb1v = bcast8(cb1);
-    int d = 0;
-    for (; d + 16 <= hd8; d += 16) {
-        v8f s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
-        for (int p = 0; p < NP; p++) {
-            const v8f w0 = bcast8(w0p[p]), w1 = bcast8(w1p[p]);
-            v8f v0, v1;
-            kv_load16(vb, (size_t)p * hd + d, kt, &v0, &v1);
-            s0 += w0 * v0, s1 += w0 * v1, t0 += w1 * v0, t1 += w1 * v1;
-        }
-        acc0[d / 8] = acc0[d / 8] * ca0v + s0 * cb0v;
-        acc0[d / 8 + 1] = acc0[d / 8 + 1] * ca0v + s1 * cb0v;
-        acc1[d / 8] = acc1[d / 8] * ca1v + t0 * cb1v;
-        acc1[d / 8 + 1] = acc1[d / 8 + 1] * ca1v + t1 * cb1v;
-    }
-    att_values(w0p, vb, kt, NP, hd, d, ca0, cb0, r0, acc0);
-    att_values(w1p, vb, kt, NP, hd, d, ca1, cb1, r1, acc1);
-}
-
-static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
-{
-    r->st = tsr_k_osm_init();
-    memset(r->tail, 0, sizeof r->tail);
-    memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
-}
-
-static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float *out)
-{
-    const int hd8 = hd & ~7;
-    for (int d = 0; d < hd8; d += 8)
-        for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / r->st.l;
-    for (int d = hd8; d < hd; d++) out[d] = r->tail[d - hd8] / r->st.l;
-}
-
-/* Asks for a block's keys and values of one head: two 4 KiB runs
- * elsewhere in the pool, where the hardware's stream prefetch does not
- * follow (a block table, page-sized runs), so asked for while the block
- * before computes they are there when it is done.  Into L2 (locality 1,
- * prefetcht2, which AMD's cores fill into L2): 32 sequences
- * at context 400 took 38-42 ms a step against 40-62 ms with the lines
- * asked into L1 (bench/engine_step, alternating runs, 2-core EPYC VM). */
-static inline __attribute__((always_inline)) void kv_prefetch(const tsr_engine_t *e, int l,
-                                                               int slot, int pos, size_t run,
-                                                               int kt)
-{
-    const size_t off = kv_off(e, l, slot, pos) + run;
-    const char *kn = kv_ptr(e->kpool, off, kt), *vn = kv_ptr(e->vpool, off, kt);
-    for (size_t i = 0; i < (size_t)TSR_KV_BLOCK * e->head_dim * kv_esize(kt); i += 64)
-        __builtin_prefetch(kn + i, 0, 1), __builtin_prefetch(vn + i, 0, 1);
-    if (kv_is_i8(kt))   /* the block's 16 scales: one line each */
-        __builtin_prefetch(e->kscale + off / e->head_dim, 0, 1),
-            __builtin_prefetch(e->vscale + off / e->head_dim, 0, 1);
-}
-
-/* Causal grouped-query attention of some rows of one entry for one query
- * head, over its sequence's cached positions block by block.  Rows go in
- * pairs through the blocks both see whole (att_block2), then one by one
- * through the rest (att_block), in block order either way, so a row's
- * result depends on that row alone, bit for bit, whatever its neighbours
- * (test_engine_cpu).  Compiled twice, for AVX2 with FMA and for any x86-64
- * (att_task_for picks), as the products are. */
-static inline __attribute__((always_inline)) void att_task_body(void *arg, int t, int kt)
-{
-    const att_job_t *j = arg;
-    tsr_engine_t *e = j->e;
-    int ei = 0;
-    while (j->first_task[ei + 1] <= t) ei++;
-    const int qh = e->q_heads, kvh = e->kv_heads, hd = e->head_dim, group = qh / kvh, B = TSR_KV_BLOCK;
-    const tsr_entry_t *en = &j->b->entries[ei];
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
-    const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, run = (size_t)(h / group) * B * hd;  /* kv_off */
-    const int r1 = en->n < r0 + ATT_ROWS ? en->n : r0 + ATT_ROWS;
-    v8f acc[2][64];
-    att_row_t rs[2];
-    /* an int8 block's key and value scales (tsr_engine_t.kscale) */
-#define KV_SCALES(off)                                                                            \
-    kv_is_i8(kt) ? e->kscale + (off) / (size_t)hd : NULL,                                         \
-        kv_is_i8(kt) ? e->vscale + (off) / (size_t)hd : NULL
-    for (int r = r0; r < r1;) {
-        const int pair = r + 1 < r1, visible = en->pos + r + 1;   /* row r + 1 sees one more */
-        const float *q[2];
-        for (int k = 0; k <= pair; k++) {
-            q[k] = e->qkv + ((size_t)j->first_row[ei] + r + k) * qkvw + (size_t)h * hd;
-            att_row_init(&rs[k], acc[k], hd);
-        }
-        int b0 = 0;
-        if (pair)
-            for (; b0 + B <= visible; b0 += B) {
-                kv_prefetch(e, j->l, en->slot, b0 + B, run, kt);   /* row r + 1 sees b0 + B */
-                const size_t off = kv_off(e, j->l, en->slot, b0) + run;
-                att_block2(q[0], q[1], kv_ptr(e->kpool, off, kt), kv_ptr(e->vpool, off, kt),
-                           KV_SCALES(off), kt, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
-            }
-        for (int k = 0; k <= pair; k++) {
-            const int vis = visible + k;
-            /* two blocks ahead: 32 sequences at context 400 with bf16 KV and
-             * bf16 products took 16.3-16.6 ms a step against 16.7-16.9 ms
-             * one block ahead (three alternating runs, 2-core Xeon VM; on
-             * the EPYC VM two or three ahead were within noise) */
-            if (b0 + B < vis) kv_prefetch(e, j->l, en->slot, b0 + B, run, kt);
-            for (int c0 = b0; c0 < vis; c0 += B) {
-                if (c0 + 2 * B < vis) kv_prefetch(e, j->l, en->slot, c0 + 2 * B, run, kt);
-                const size_t off = kv_off(e, j->l, en->slot, c0) + run;
-                att_block(q[k], kv_ptr(e->kpool, off, kt), kv_ptr(e->vpool, off, kt),
-                          KV_SCALES(off), kt, vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k],
-                          acc[k]);
-            }
-            att_row_out(&rs[k], acc[k], hd,
-                        e->att + ((size_t)j->first_row[ei] + r + k) * qh * hd + (size_t)h * hd);
-        }
-        r += 1 + pair;
-    }
-#undef KV_SCALES
-}
-
-#define ATT_TASK(name, target, kt)                                                               \
-    target static void name(void *arg, int t) { att_task_body(arg, t, kt); }
-ATT_TASK(att_task_fma, __attribute__((target("avx2,fma"))), KV_F32)
-ATT_TASK(att_task_fma_bf16, __attribute__((target("avx2,fma"))), KV_BF16)
-ATT_TASK(att_task_fma_i8, __attribute__((target("avx2,fma"))), KV_I8_AVX2)
-ATT_TASK(att_task_plain, , KV_F32)
-ATT_TASK(att_task_plain_bf16, , KV_BF16)
-ATT_TASK(att_task_plain_i8, , KV_I8)
-#undef ATT_TASK
-
-/* The attention kernel this CPU runs for a pool of kind kt: one choice for
- * the process, so every step of every sequence computes the same way. */
-static void (*att_task_for(int kt))(void *, int)
-{
-    static void (*const fma[])(void *, int) = {att_task_fma, att_task_fma_bf16, att_task_fma_i8};
-    static void (*const plain[])(void *, int) = {att_task_plain, att_task_plain_bf16,
-                                                 att_task_plain_i8};
-    return tsr_cpu_kernels() != TSR_KERNELS_PLAIN ? fma[kt] : plain[kt];
-}
-
-/* SwiGLU of n elements: gate * sigmoid(gate) * up, the sigmoid from
- * z = exp(-|gate|) (exp8 takes x <= 0): 1 / (1 + z) for gate >= 0, z / (1 +
- * z) below.  In vectors, as the scalar expf per element was most of the
- * MLP's time outside the products; the last n % 8 through the same vector
- * code, from a padded copy, so every element is computed alike. */
-static inline __attribute__((always_inline)) v8f swiglu8(v8f g, v8f u)
-{
-    const v8i neg = g < bcast8(0.0f);
-    const v8f a = (v8f)((v8i)g & ~(v8i)bcast8(-0.0f));          /* |g| */
-    const v8f z = exp8(-a), one = bcast8(1.0f);
-    const v8f num = (v8f)((neg & (v8i)z) | (~neg & (v8i)one));
-    return g * (num / (one + z)) * u;
-}
-
-static inline __attribute__((always_inline)) void swiglu_body(float *a, const float *g,
-                                                              const float *u, int n)
-{
-    int k = 0;
-    for (; k + 8 <= n; k += 8) {
-        const v8f r = swiglu8(load8(g + k), load8(u + k));
-        memcpy(a + k, &r, sizeof r);
-    }
-    if (k < n) {
-        float gp[8] = {0}, up[8] = {0}, r[8];
-        memcpy(gp, g + k, (size_t)(n - k) * sizeof(float));
-        memcpy(up, u + k, (size_t)(n - k) * sizeof(float));
-        const v8f v = swiglu8(load8(gp), load8(up));
-        memcpy(r, &v, sizeof v);
-        memcpy(a + k, r, (size_t)(n - k) * sizeof(float));
-    }
-}
-
-__attribute__((target("avx2,fma"))) static void swiglu_fma(float *a, const float *g,
-                                                          const float *u, int n)
-{
-    swiglu_body(a, g, u, n);
-}
-
-static void swiglu_plain(float *a, const float *g, const float *u, int n)
-{
-    swiglu_body(a, g, u, n);
-}
-
 static void swiglu_task(void *arg, int i)
 {
     const rows_job_t *j = arg;
@@ -1212,12 +645,7 @@ static void rope_kv_task(void *arg, int i)
         float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
         rope_row(e, q, qh, e->row_pos[t]);
         rope_row(e, k, kvh, e->row_pos[t]);
-        const size_t off = kv_off(e, j->l, e->row_slot[t], e->row_pos[t]);
-        for (int h = 0; h < kvh; h++) {
-            const size_t o = off + (size_t)h * TSR_KV_BLOCK * hd;
-            kv_store(e, e->kpool, e->kscale, o, k + (size_t)h * hd, hd);
-            kv_store(e, e->vpool, e->vscale, o, v + (size_t)h * hd, hd);
-        }
+        tsr_kvf_write(&e->kvc, j->l, e->row_slot[t], e->row_pos[t], k, v);
     }
 }
 
@@ -1234,12 +662,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw);
     tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
                  &(rows_job_t){e, NULL, NULL, T, l});
-    int first_task[b->n_entries + 1];
-    first_task[0] = 0;
-    for (int i = 0; i < b->n_entries; i++)
-        first_task[i + 1] = first_task[i] + qh * ((b->entries[i].n + ATT_ROWS - 1) / ATT_ROWS);
-    att_job_t aj = {e, b, first_row, first_task, l};
-    tsr_pool_for(e->pool, first_task[b->n_entries], att_task_for(e->kv_kind), &aj);
+    tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att);
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
 

@@ -26,7 +26,9 @@
 #include <unistd.h>
 #endif
 
+#include "worker/cpu_kernels.h"
 #include "worker/kmath.h"
+#include "worker/matmul_f32.h"
 
 #define KDEPTH 32                   /* bf16 columns per A tile row */
 #define GROUP 4                     /* panels per pass (C tiles) */

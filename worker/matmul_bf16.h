@@ -19,10 +19,11 @@
  * output depends on its own row of x alone, whatever T and the other rows
  * are (batch invariance, test_matmul_bf16).
  *
- * Layout: panels of 16 rows of W[out, in] (as TSR_PANEL), each holding
- * pairs of columns: wb[((p * kp + j) * 16 + r) * 2 + e] = bf16(W[16p + r][2j
- * + e]) with kp = tsr_bf16_in_padded(in) / 2, zero past in and past out.
- * One 1 KiB block of a panel (16 pairs of columns) is one AMX B tile. */
+ * Layout: panels of 16 rows of W[out, in] (TSR_PANEL, worker/matmul_f32.h),
+ * each holding pairs of columns: wb[((p * kp + j) * 16 + r) * 2 + e] =
+ * bf16(W[16p + r][2j + e]) with kp = tsr_bf16_in_padded(in) / 2, zero past
+ * in and past out.  One 1 KiB block of a panel (16 pairs of columns) is one
+ * AMX B tile. */
 #ifndef TSR_MATMUL_BF16_H
 #define TSR_MATMUL_BF16_H
 

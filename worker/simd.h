@@ -1,6 +1,7 @@
 /* simd.h: the 8-float vectors the CPU kernels are written with (GCC vector
  * extensions; AVX2 where the function is compiled for it, two SSE halves
- * elsewhere).  Header-only, for worker/cpu_pool.c, worker/engine_cpu.c and
+ * elsewhere).  Header-only, for the CPU kernels: worker/matmul_f32.c,
+ * worker/engine_cpu.c, worker/attention_cpu.c, worker/kv_format.c and
  * worker/sample.c (gcc's alone: the fuzz build compiles them with gcc). */
 #ifndef TSR_SIMD_H
 #define TSR_SIMD_H

@@ -135,7 +135,7 @@ static void test_kv_offset_matches_cpu_layout(void **state)
             for (int pos = 0; pos < n_pos; pos++)
                 for (int kh = 0; kh < kvh; kh++) {
                     size_t off = tsr_k_kv_offset(t, n_blocks, kvh, hd, l, pos, kh);
-                    /* engine_cpu.c's kv_off, written out */
+                    /* kv_format.h's tsr_kvf_off, written out */
                     size_t cpu = ((size_t)l * n_blocks + t[pos / TSR_KV_BLOCK]) * TSR_KV_BLOCK * kvh * hd +
                                  (size_t)(pos % TSR_KV_BLOCK) * hd + (size_t)kh * TSR_KV_BLOCK * hd;
                     assert_int_equal(off, cpu);

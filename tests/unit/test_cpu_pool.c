@@ -16,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "worker/cpu_kernels.h"
 #include "worker/cpu_pool.h"
+#include "worker/matmul_f32.h"
 
 #define SENTINEL 12345.0f
 
