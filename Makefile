@@ -358,8 +358,9 @@ fuzz: deps
 fuzz-build: $(FUZZ_BIN)
 # The worker agent and data-port targets link the worker.  The CPU vector
 # kernels (the engine, its attention and KV rows, the f32 and bf16 products,
-# the kernel chooser and greedy sampling: worker/simd.h) are gcc's (clang 14 refuses them), so those objects are
-# gcc's and uninstrumented: neither target runs them.
+# the kernel chooser and greedy sampling: worker/simd.h) are gcc's (clang 14
+# refuses them), so those objects are gcc's and uninstrumented: neither target
+# runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
 $(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c \
                 worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
