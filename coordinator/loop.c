@@ -79,8 +79,9 @@ tsr_coord_t *tsr_coord_new(const char *config_path, int adopt_grace_ms, char *er
 {
     tsr_coord_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    if (!(c->place = tsr_placement_new())) {
+    if (!(c->place = tsr_placement_new()) || !(c->requests = tsr_requests_new())) {
         snprintf(err, errlen, "out of memory");
+        tsr_placement_destroy(&c->place);
         free(c);
         return NULL;
     }
@@ -103,7 +104,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
     tsr_sock_close(&c->csock);
     tsr_sock_close(&c->bsock);
     /* Each layer frees what it owns, the upper ones first. */
-    tsr_requests_clear(c);
+    tsr_requests_destroy(&c->requests);
     tsr_metrics_free(&c->metrics);
     tsr_placement_destroy(&c->place);
     tsr_state_close(c);

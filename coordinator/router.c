@@ -30,6 +30,12 @@
 #include "assign.h"
 #include "placement.h"
 
+/* The requests in flight: this layer's alone (tsr_coord_t.requests). */
+struct tsr_requests {
+    tsr_request_rec_t *v;
+    size_t n, cap;
+};
+
 #define MAX_TOKENS_LIMIT 1000000
 #define TIMEOUT_MS_LIMIT 86400000u  /* a day */
 
@@ -65,15 +71,15 @@ static void request_free(tsr_request_rec_t *q)
 
 static void request_remove(tsr_coord_t *c, size_t i)
 {
-    request_free(&c->reqs[i]);
-    c->reqs[i] = c->reqs[--c->n_reqs];
+    request_free(&c->requests->v[i]);
+    c->requests->v[i] = c->requests->v[--c->requests->n];
 }
 
 /* code: the ControlReply code ("failed", "unavailable"). */
 static void request_fail_as(tsr_coord_t *c, size_t i, const char *code, const char *why)
 {
     char msg[768];
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     q->fail_code = code;
     if (q->replica >= 0)
         snprintf(msg, sizeof msg, "request %llu on %s replica %d failed after %d token(s): %s",
@@ -139,7 +145,7 @@ static void send_cancel(tsr_coord_t *c, const tsr_request_rec_t *q, const char *
  * the caller has counted). */
 static void request_cancel_as(tsr_coord_t *c, size_t i, const char *reason, const char *outcome)
 {
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     tsr_info("request %llu on %s replica %d cancelled after %d token(s): %s",
              (unsigned long long)q->id, q->deployment, q->replica, q->n_tokens, reason);
     send_cancel(c, q, reason);
@@ -158,8 +164,8 @@ static void request_cancel(tsr_coord_t *c, size_t i, const char *reason)
 
 void tsr_router_cancel(tsr_coord_t *c, const tsr_client_t *from, uint64_t id, bool stopped)
 {
-    for (size_t i = 0; i < c->n_reqs; i++) {
-        tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = 0; i < c->requests->n; i++) {
+        tsr_request_rec_t *q = &c->requests->v[i];
         /* Only the client that sent a request may end it. */
         if (q->id != id || q->sock != from->sock || q->rid_len != from->rid_len ||
             memcmp(q->rid, from->rid, from->rid_len))
@@ -176,7 +182,7 @@ void tsr_router_cancel(tsr_coord_t *c, const tsr_client_t *from, uint64_t id, bo
 /* Request i passed its deadline: the client is told, the replica's leader cancels it. */
 static void request_expire(tsr_coord_t *c, size_t i)
 {
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     char msg[512], reason[64], where[TSR_NAME_MAX + 64];
     if (q->replica >= 0) snprintf(where, sizeof where, "%s replica %d", q->deployment, q->replica);
     else snprintf(where, sizeof where, "%s, waiting for a ready replica", q->deployment);
@@ -193,8 +199,8 @@ static void request_expire(tsr_coord_t *c, size_t i)
 int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
 {
     int64_t next = 0;
-    for (size_t i = c->n_reqs; i-- > 0;) {
-        tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = c->requests->n; i-- > 0;) {
+        tsr_request_rec_t *q = &c->requests->v[i];
         if (!q->deadline_ms) continue;
         if (q->deadline_ms > now_ms) {
             if (!next || q->deadline_ms < next) next = q->deadline_ms;
@@ -225,7 +231,7 @@ int64_t tsr_requests_expire(tsr_coord_t *c, int64_t now_ms)
  * counted, once. */
 static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool counts)
 {
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     const int max = c->cfg->max_replays;
     const bool progressed = q->replica >= 0 && q->n_tokens - q->base >= PROGRESS_TOKENS;
     /* Failed again by the replica that failed it last, in the same epoch. */
@@ -274,8 +280,8 @@ static void request_interrupt(tsr_coord_t *c, size_t i, const char *why)
 static void interrupt_replica(tsr_coord_t *c, const char *deployment, int replica,
                               const char *why, bool counts)
 {
-    for (size_t i = c->n_reqs; i-- > 0;)
-        if (!strcmp(c->reqs[i].deployment, deployment) && c->reqs[i].replica == replica)
+    for (size_t i = c->requests->n; i-- > 0;)
+        if (!strcmp(c->requests->v[i].deployment, deployment) && c->requests->v[i].replica == replica)
             request_interrupt_as(c, i, why, counts);
 }
 
@@ -293,18 +299,27 @@ void tsr_requests_follow_moves(tsr_coord_t *c)
                           "the replica was rewired for a new plan", false);
 }
 
-void tsr_requests_clear(tsr_coord_t *c)
+tsr_requests_t *tsr_requests_new(void) { return calloc(1, sizeof(tsr_requests_t)); }
+
+void tsr_requests_destroy(tsr_requests_t **self_p)
 {
-    for (size_t i = 0; i < c->n_reqs; i++) request_free(&c->reqs[i]);
-    free(c->reqs);
-    c->reqs = NULL;
-    c->n_reqs = c->cap_reqs = 0;
+    if (!self_p || !*self_p) return;
+    tsr_requests_t *t = *self_p;
+    for (size_t i = 0; i < t->n; i++) request_free(&t->v[i]);
+    free(t->v);
+    free(t);
+    *self_p = NULL;
+}
+
+const tsr_request_rec_t *tsr_requests_at(const tsr_coord_t *c, size_t i)
+{
+    return i < c->requests->n ? &c->requests->v[i] : NULL;
 }
 
 void tsr_requests_probe_clients(tsr_coord_t *c)
 {
-    for (size_t i = c->n_reqs; i-- > 0;) {
-        tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = c->requests->n; i-- > 0;) {
+        tsr_request_rec_t *q = &c->requests->v[i];
         json_t *doc = json_pack("{s:I, s:b}", "request_id", (json_int_t)q->id, "alive", 1);
         int sent = reply_json(c, q, true, NULL, doc);
         json_decref(doc);
@@ -314,8 +329,8 @@ void tsr_requests_probe_clients(tsr_coord_t *c)
 
 void tsr_requests_drop_keys(tsr_coord_t *c)
 {
-    for (size_t i = c->n_reqs; i-- > 0;) {
-        tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = c->requests->n; i-- > 0;) {
+        tsr_request_rec_t *q = &c->requests->v[i];
         if (!c->zap || q->sock == c->bsock || tsr_zap_allowed(c->zap, q->key_id)) continue;
         char msg[300], name[TSR_NAME_MAX + 1];
         snprintf(msg, sizeof msg, "request %llu ended after %d token(s): the key '%s' was "
@@ -331,8 +346,8 @@ void tsr_requests_drop_keys(tsr_coord_t *c)
 int64_t tsr_requests_progress_ms(const tsr_coord_t *c, const tsr_deployment_t *d, int replica)
 {
     int64_t last = 0;
-    for (size_t i = 0; i < c->n_reqs; i++) {
-        const tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = 0; i < c->requests->n; i++) {
+        const tsr_request_rec_t *q = &c->requests->v[i];
         if (q->replica != replica || strcmp(q->deployment, d->name)) continue;
         int64_t t = q->progress_ms > q->attempt_ms ? q->progress_ms : q->attempt_ms;
         if (t > last) last = t;
@@ -349,14 +364,14 @@ int64_t tsr_requests_progress_ms(const tsr_coord_t *c, const tsr_deployment_t *d
     return all > last ? all : last;
 }
 
-size_t tsr_requests_count(const tsr_coord_t *c) { return c->n_reqs; }
+size_t tsr_requests_count(const tsr_coord_t *c) { return c->requests->n; }
 
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;
-    for (size_t i = 0; i < c->n_reqs; i++)
-        n += !strcmp(c->reqs[i].deployment, deployment) &&
-             (replica < 0 || c->reqs[i].replica == replica);
+    for (size_t i = 0; i < c->requests->n; i++)
+        n += !strcmp(c->requests->v[i].deployment, deployment) &&
+             (replica < 0 || c->requests->v[i].replica == replica);
     return n;
 }
 
@@ -368,8 +383,8 @@ uint64_t tsr_requests_new_id(const tsr_coord_t *c)
         id &= (1ull << 63) - 1;
         if (!id) continue;
         size_t i;
-        for (i = 0; i < c->n_reqs && c->reqs[i].id != id && c->reqs[i].wid != id; i++) {}
-        if (i == c->n_reqs) return id;
+        for (i = 0; i < c->requests->n && c->requests->v[i].id != id && c->requests->v[i].wid != id; i++) {}
+        if (i == c->requests->n) return id;
     }
 }
 
@@ -397,7 +412,7 @@ static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
  * under a new worker-side id.  A send that fails interrupts it again. */
 static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r)
 {
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     tsr_worker_t *leader = tsr_registry_ready_leader(c->reg, d, r);
     uint64_t wid;
     do wid = tsr_requests_new_id(c);
@@ -479,8 +494,8 @@ static bool replica_recovered(tsr_coord_t *c, const tsr_deployment_t *d, int r,
 int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
 {
     int64_t next = 0;
-    for (size_t i = c->n_reqs; i-- > 0;) {
-        tsr_request_rec_t *q = &c->reqs[i];
+    for (size_t i = c->requests->n; i-- > 0;) {
+        tsr_request_rec_t *q = &c->requests->v[i];
         if (q->replica >= 0) continue;
         const tsr_deployment_t *d = tsr_config_find(c->cfg, q->deployment);
         if (!d) {
@@ -621,24 +636,24 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
         code = "unavailable";
         goto refused;
     }
-    if (c->n_reqs == c->cap_reqs) {
-        size_t cap = c->cap_reqs ? c->cap_reqs * 2 : 16;
-        tsr_request_rec_t *a = realloc(c->reqs, cap * sizeof *a);
+    if (c->requests->n == c->requests->cap) {
+        size_t cap = c->requests->cap ? c->requests->cap * 2 : 16;
+        tsr_request_rec_t *a = realloc(c->requests->v, cap * sizeof *a);
         if (!a) {
             snprintf(msg, sizeof msg, "coordinator out of memory");
             code = "unavailable";
             goto refused;
         }
-        c->reqs = a;
-        c->cap_reqs = cap;
+        c->requests->v = a;
+        c->requests->cap = cap;
     }
     /* A client resuming after a coordinator restart keeps its request's id,
      * unless another request in flight has it. */
     uint64_t id = 0;
     if (q->n_resume && q->request_id) {
         id = q->request_id;
-        for (size_t i = 0; i < c->n_reqs && id; i++)
-            if (c->reqs[i].id == id) id = 0;
+        for (size_t i = 0; i < c->requests->n && id; i++)
+            if (c->requests->v[i].id == id) id = 0;
     }
     if (!id) id = tsr_requests_new_id(c);
     /* Room for the prompt and the first tokens; it grows as tokens come. */
@@ -662,7 +677,7 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
         size_t plen;
         tsr_detok_push(detok, q->resume[k], &piece, &plen);
     }
-    tsr_request_rec_t *rec = &c->reqs[c->n_reqs++];
+    tsr_request_rec_t *rec = &c->requests->v[c->requests->n++];
     memset(rec, 0, sizeof *rec);
     rec->id = id;
     memcpy(rec->rid, from->rid, from->rid_len);
@@ -700,11 +715,11 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
     json_decref(ack);
     if (sent == TSR_REPLY_GONE) {
         tsr_info("request %llu: the client left before it was sent", (unsigned long long)rec->id);
-        request_remove(c, c->n_reqs - 1);
+        request_remove(c, c->requests->n - 1);
         return;
     }
     if (replica >= 0) {
-        send_attempt(c, c->n_reqs - 1, d, replica);
+        send_attempt(c, c->requests->n - 1, d, replica);
         return;
     }
     rec->waiting_since_ms = now;
@@ -739,9 +754,9 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
 {
     const Tessera__TokenEvent *t = env->token_event;
     size_t i;
-    for (i = 0; i < c->n_reqs; i++)
-        if (c->reqs[i].replica >= 0 && c->reqs[i].wid == t->request_id) break;
-    if (i == c->n_reqs) {
+    for (i = 0; i < c->requests->n; i++)
+        if (c->requests->v[i].replica >= 0 && c->requests->v[i].wid == t->request_id) break;
+    if (i == c->requests->n) {
         c->stats.stale_dropped++;  /* finished, failed or resumed already */
         /* A sequence nobody waits for (a previous coordinator's request, an
          * attempt that was given up) would run to its end: tell its
@@ -751,7 +766,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
             cancel_orphan(c, w, t->request_id);
         return;
     }
-    tsr_request_rec_t *q = &c->reqs[i];
+    tsr_request_rec_t *q = &c->requests->v[i];
     if (!token_sender_ok(w, q, t->error[0] != '\0')) {
         c->stats.identity_dropped++;
         tsr_debug("dropped a %s for request %llu from %s, which does not serve it",

@@ -1,7 +1,7 @@
 /* router.h: generation requests (router.c): routing to a ready replica, replay on
- * another after a failure, cancellation.  The request table in
- * tsr_coord_t (reqs, n_reqs) is this layer's: only router.c writes it, and
- * tsr_requests_clear frees it. */
+ * another after a failure, cancellation.  The request table (tsr_coord_t.requests) is
+ * this layer's alone: opaque to the others, who count it (tsr_requests_count,
+ * tsr_requests_in_flight). */
 #ifndef TSR_ROUTER_H
 #define TSR_ROUTER_H
 
@@ -104,9 +104,15 @@ int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int rep
 /* Ends the request id that client from sent (ControlRequest CANCEL); stopped: the
  * client's stop string ended it (counted as finished, outcome "stop"). */
 void tsr_router_cancel(tsr_coord_t *c, const tsr_client_t *from, uint64_t id, bool stopped);
+/* An empty request table; NULL when out of memory.  The coordinator owns it
+ * (tsr_requests_destroy). */
+tsr_requests_t *tsr_requests_new(void);
 /* Frees every request record and the table (the coordinator is going away: nobody
- * is answered). */
-void tsr_requests_clear(tsr_coord_t *c);
+ * is answered); sets *self_p to NULL. */
+void tsr_requests_destroy(tsr_requests_t **self_p);
+/* Request i of the table (0 .. tsr_requests_count - 1), read-only; NULL past the end
+ * (tests and views look, only this file writes). */
+const tsr_request_rec_t *tsr_requests_at(const tsr_coord_t *c, size_t i);
 /* Fails every request whose deadline is at or before now_ms (the client gets
  * the reason, the leader a Cancel).  Returns the earliest deadline still
  * ahead, or 0 when no request has one. */

@@ -6,10 +6,10 @@
  *   control (control.c ...)  nothing: it reads through const pointers (depview.c,
  *                            status.c, metrics_text.c) and calls the layers below;
  *   requests (router.c, canary.c)
- *                            reqs, n_reqs, cap_reqs, router.c's (tsr_requests_clear
- *                            frees them; the others count them with tsr_requests_count
- *                            and tsr_requests_in_flight), and the canary state of each
- *                            replica, canary.c's (deps[].canary: the others only read it);
+ *                            requests, router.c's (opaque: the others count it with
+ *                            tsr_requests_count and tsr_requests_in_flight), and the
+ *                            canary state of each replica, canary.c's (deps[].canary:
+ *                            the others only read it);
  *   metrics (metrics.c)      metrics (tsr_metrics_free frees it);
  *   placement (placement.c, register.c, reload.c)
  *                            epoch (it only grows), dirty, plan_after_ms, last_plan_ms,
@@ -104,7 +104,7 @@ typedef struct {
     uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
 } tsr_coord_stats_t;
 
-struct tsr_request_rec;     /* router.h */
+typedef struct tsr_requests tsr_requests_t;    /* the request table (router.c) */
 
 typedef struct tsr_coord {
     /* state */
@@ -129,9 +129,8 @@ typedef struct tsr_coord {
                                     reads and writes it) */
     /* metrics */
     tsr_metrics_t metrics;      /* per deployment name, in order of first use */
-    /* requests (router.c) */
-    struct tsr_request_rec *reqs;   /* in flight */
-    size_t n_reqs, cap_reqs;
+    /* requests */
+    tsr_requests_t *requests;   /* in flight (router.c's, opaque) */
     /* loop */
     void *wsock;                /* ROUTER, workers endpoint */
     void *csock;                /* ROUTER, control endpoint */

@@ -1,6 +1,7 @@
 # The README's source tree names every source file under its own folder: each .c, .cu,
 # .h, .sh, .py and .proto of the code folders appears by name in the lines of its
-# folder's entry (a header as itself or through the .c beside it, "x.c + .h").
+# folder's entry (a header as itself or through the .c beside it: "x.c + .h", or an
+# entry that says "a .h beside each .c").
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 tree=$(sed -n '/^## Source tree/,/^## /p' README.md | sed -n '/^```$/,/^```$/p')
@@ -34,6 +35,9 @@ for f in $(git ls-files common coordinator worker cli proto scripts bench system
     grep -qwF "$b" <<< "$lines" && continue
     case "$b" in
         *.h) grep -qF "${b%.h}.c + .h" <<< "$lines" && continue
+             # a folder whose entry says every .c has its .h
+             grep -qF "a .h beside each .c" <<< "$lines" && grep -qwF "${b%.h}.c" <<< "$lines" &&
+                 continue
              grep -qF "${b%.h}.cu + .h" <<< "$lines" && continue ;;
     esac
     missing+=("$f")

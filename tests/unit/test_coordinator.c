@@ -1557,9 +1557,9 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     fx_t *fx = *state;
     int leader = cluster_ready(fx);
     uint64_t id = start_request(fx, fx->ctl, leader, 500);
-    assert_int_equal(fx->c->n_reqs, 1);
-    int64_t deadline = fx->c->reqs[0].deadline_ms;
-    assert_int_equal(deadline, fx->c->reqs[0].started_ms + 500);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    int64_t deadline = tsr_requests_at(fx->c, 0)->deadline_ms;
+    assert_int_equal(deadline, tsr_requests_at(fx->c, 0)->started_ms + 500);
     for (uint32_t k = 0; k < 2; k++) send_token(fx, sampler(fx), id, k, false);
     pump(fx);
     for (int k = 0; k < 2; k++) {
@@ -1572,7 +1572,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
      * no later than the deadline. */
     int wait = tsr_coord_tick(fx->c, deadline - 100);
     assert_true(wait <= 100);
-    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
     expect_nothing(fx->ctl, 10);
     expect_nothing(fx->dealer[leader], 10);
 
@@ -1592,7 +1592,7 @@ static void test_a_request_past_its_deadline_fails_and_is_cancelled_at_the_leade
     assert_int_equal(env->epoch, fx->piece[leader].epoch);
     assert_string_equal(env->worker, fx->name[leader]);
     tsr_env_free(&env);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
     /* A request the service ended is a failure, not a cancellation, in status and in
      * /metrics (it was once counted both, and /metrics showed a timeout as cancelled). */
     assert_int_equal(fx->c->stats.requests_failed, 1);
@@ -1618,9 +1618,9 @@ static void test_a_request_without_a_deadline_never_expires(void **state)
     fx_t *fx = *state;
     int leader = cluster_ready(fx);
     start_request(fx, fx->ctl, leader, 0);
-    assert_int_equal(fx->c->reqs[0].deadline_ms, 0);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->deadline_ms, 0);
     assert_int_equal(tsr_requests_expire(fx->c, tsr_now_ms() + 86400000), 0);
-    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
     expect_nothing(fx->dealer[leader], 10);
 }
 
@@ -1651,7 +1651,7 @@ static void test_a_client_that_goes_away_mid_stream_gets_its_request_cancelled(v
     assert_int_equal(cancel->cancel->request_id, id);
     assert_non_null(strstr(cancel->cancel->reason, "client"));
     tsr_env_free(&cancel);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
     assert_int_equal(fx->c->stats.requests_cancelled, 1);
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
@@ -1672,8 +1672,8 @@ static void test_a_slow_client_is_not_taken_for_a_gone_one(void **state)
     tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
     uint64_t id = env->generate->request_id;
     tsr_env_free(&env);
-    assert_int_equal(fx->c->n_reqs, 1);
-    const tsr_request_rec_t *q = &fx->c->reqs[0];
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    const tsr_request_rec_t *q = tsr_requests_at(fx->c, 0);
     int rc = TSR_REPLY_SENT;
     for (int k = 0; k < 400000 && rc == TSR_REPLY_SENT; k++)
         rc = tsr_control_reply(fx->c, q->rid, q->rid_len, true, NULL, "{}");
@@ -1682,8 +1682,8 @@ static void test_a_slow_client_is_not_taken_for_a_gone_one(void **state)
     send_token(fx, sampler(fx), id, 0, false);
     pump(fx);
     assert_int_equal(fx->c->stats.replies_dropped, 1);
-    assert_int_equal(fx->c->n_reqs, 1);  /* still running */
-    assert_int_equal(fx->c->reqs[0].n_tokens, 1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);  /* still running */
+    assert_int_equal(tsr_requests_at(fx->c, 0)->n_tokens, 1);
     assert_int_equal(fx->c->stats.requests_cancelled, 0);
     expect_nothing(fx->dealer[leader], 20);
     zmq_close(client);
@@ -1708,7 +1708,7 @@ static void expect_generate_refused(fx_t *fx, int leader, uint32_t max_tokens,
         fail_msg("'%s' lacks '%s'", env->control_reply->error, detail);
     tsr_env_free(&env);
     expect_nothing(fx->dealer[leader], 10);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
 }
 
 static void test_max_tokens_and_timeout_out_of_range_are_refused(void **state)
@@ -1741,7 +1741,7 @@ static void test_tokens_only_from_the_last_stage_errors_only_from_the_replica(vo
     pump(fx);
     expect_nothing(fx->ctl, 20);
     assert_int_equal(fx->c->stats.identity_dropped, 3);
-    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
     /* The last stage's token reaches the client. */
     send_token(fx, sampler(fx), id, 0, false);
     pump(fx);
@@ -1756,7 +1756,7 @@ static void test_tokens_only_from_the_last_stage_errors_only_from_the_replica(vo
     assert_false(env->control_reply->ok);
     assert_non_null(strstr(env->control_reply->error, "queue is full"));
     tsr_env_free(&env);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
 }
 
 static void test_request_ids_are_random_not_sequential(void **state)
@@ -1883,8 +1883,8 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     tsr_coord_tick(fx->c, tsr_now_ms());
     /* Not failed: waiting for a replica, the old attempt cancelled. */
     expect_nothing(fx->ctl, 10);
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, -1);
     assert_int_equal(fx->c->stats.requests_replayed, 1);
     tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
     assert_int_equal(env->cancel->request_id, wid1);
@@ -1924,7 +1924,7 @@ static void test_a_request_whose_replica_breaks_is_resumed_from_its_delivered_to
     expect_client_token(fx, 2, 40);
     expect_client_token(fx, 3, 41);
     expect_nothing(fx->ctl, 10);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
     assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
@@ -1979,8 +1979,8 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
         env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_CANCEL);
         tsr_env_free(&env);
     }
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, -1);
     json_t *root = status(fx);
     json_t *dep = json_array_get(json_object_get(root, "deployments"), 0);
     assert_string_equal(json_string_value(json_object_get(dep, "state")), "degraded");
@@ -2000,7 +2000,7 @@ static void test_a_silent_replica_is_found_by_its_canary(void **state)
     assert_int_equal(env->generate->max_tokens, 4);
     assert_int_equal(env->generate->n_prompt, 3);
     tsr_env_free(&env);
-    assert_int_equal(fx->c->reqs[0].replica, 0);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, 0);
     assert_int_equal(fx->c->stats.canaries_failed, 1);
     root = status(fx);
     dep = json_array_get(json_object_get(root, "deployments"), 0);
@@ -2084,8 +2084,8 @@ static void test_a_reload_keeps_an_unhealthy_replica_unhealthy_and_its_backoff(v
             assert_int_equal(env->generate->max_tokens, 1);  /* a canary, not the request */
         tsr_env_free(&env);
     }
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, -1);
     /* The rewiring it waits for is still scheduled, in the reloaded state (the ticks
      * are a planning gap apart: the reload's own plan ran at t + 170). */
     uint64_t before = fx->c->epoch;
@@ -2149,8 +2149,8 @@ static void test_a_busy_replica_that_stops_streaming_is_found_by_its_canary(void
         tsr_env_free(&env);
     }
     assert_int_equal(fx->c->stats.canaries_failed, 1);
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replica, -1);  /* waiting for a healthy replica */
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, -1);  /* waiting for a healthy replica */
     json_t *root = status(fx);
     json_t *rep = json_array_get(
         json_object_get(json_array_get(json_object_get(root, "deployments"), 0), "replica_list"), 0);
@@ -2325,19 +2325,19 @@ static void test_a_replica_that_fails_a_request_twice_is_waited_for(void **state
     pump(fx);
     tsr_coord_tick(fx->c, tsr_now_ms());
     assert_null(next_generate(fx, leader));   /* the second: it waits */
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replica, -1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, -1);
     /* The second failure, there in the same epoch with no token between, is
      * the same fault: counted once. */
-    assert_int_equal(fx->c->reqs[0].replays, 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replays, 1);
     /* The replica recovers (a piece fails and is ready again): resumed. */
     wid = recover_replica(fx, leader);
     assert_int_equal(fx->c->stats.requests_failed, 0);
     /* Only one repeat goes free: a third failure there counts. */
     send_token_error_as(fx, leader, wid, why, true);
     pump(fx);
-    assert_int_equal(fx->c->n_reqs, 1);
-    assert_int_equal(fx->c->reqs[0].replays, 2);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replays, 2);
 }
 
 /* The attempt after a replica's error goes to another replica while one is
@@ -2366,7 +2366,7 @@ static void test_the_next_attempt_avoids_the_replica_that_failed_it(void **state
     assert_int_equal(e->cancel->request_id, wid);
     tsr_env_free(&e);
     expect_nothing(fx->dealer[lead[0]], 10);
-    assert_int_equal(fx->c->reqs[0].replica, 1);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replica, 1);
 }
 
 /* A member cut off long enough to be declared dead comes back with its old
@@ -2991,10 +2991,10 @@ static void test_max_replays_counts_the_resumptions_since_the_last_progress(void
         wid = break_after(fx, lead, last, k % 2, wid, 2);
         if (!wid) fail_msg("break %d after two new tokens was not resumed", k + 1);
     }
-    assert_int_equal(fx->c->reqs[0].replays, 4);
-    assert_int_equal(fx->c->reqs[0].n_tokens, 8);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->replays, 4);
+    assert_int_equal(tsr_requests_at(fx->c, 0)->n_tokens, 8);
     assert_int_equal(break_after(fx, lead, last, 0, wid, 2), 0);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
     expect_failure(fx, "resumed 4 time(s) in all, 4 times coordinator.max_replays 1");
 
     /* One token, as a prefill gives, is no progress: the second such
@@ -3003,7 +3003,7 @@ static void test_max_replays_counts_the_resumptions_since_the_last_progress(void
     wid = break_after(fx, lead, last, 0, wid, 1);
     assert_true(wid != 0);
     assert_int_equal(break_after(fx, lead, last, 1, wid, 1), 0);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
     expect_failure(fx, "resumed 1 time(s) in a row without progress, coordinator.max_replays 1");
 }
 
@@ -3036,7 +3036,7 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
     pump(fx);
     tsr_coord_tick(fx->c, tsr_now_ms());
     assert_null(next_generate(fx, leader));
-    assert_int_equal(fx->c->n_reqs, 1);
+    assert_int_equal(tsr_requests_count(fx->c), 1);
     wid = recover_replica(fx, leader);
     while ((e = recv_env(fx->ctl, TSR_WIRE_MAX_WORKER, 50))) tsr_env_free(&e);  /* "resumed" */
     /* The third is one too many. */
@@ -3046,7 +3046,7 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
     assert_false(e->control_reply->ok);
     assert_non_null(strstr(e->control_reply->error, "coordinator.max_replays 1"));
     tsr_env_free(&e);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
 
     /* A refusal fails at once. */
     wid = start_request(fx, fx->ctl, leader, 0);
@@ -3072,7 +3072,7 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
     assert_non_null(strstr(e->control_reply->error, "failed after 1 token(s)"));
     assert_non_null(strstr(e->control_reply->error, "no replica could take it within 0 ms"));
     tsr_env_free(&e);
-    assert_int_equal(fx->c->n_reqs, 0);
+    assert_int_equal(tsr_requests_count(fx->c), 0);
 }
 
 /* Attack 5: a held piece at epoch 2^64-1 wrapped the coordinator's epoch. */
