@@ -51,15 +51,18 @@ static void usage(FILE *f)
             "                         environment, a worker whose key is not in the default\n"
             "                         store connects without CURVE (coordinator.security:\n"
             "                         none)\n"
-            "      --protocol-version N  claim another protocol version (for tests)\n"
+#ifdef TSR_TESTING
+            "      --protocol-version N  claim another protocol version (test builds only)\n"
+#endif
             "  -v, --verbose          debug logging\n"
             "  -h, --help             this text\n"
             "\n"
             "environment: TESSERA_COORDINATOR_WORKERS, TESSERA_NODE, TESSERA_DATA_ADDRESS,\n"
-            "TESSERA_DATA_BIND, TESSERA_KEYS and TESSERA_IDENTITY as above (empty: unset); under systemd, files in $CREDENTIALS_DIRECTORY\n"
-            "(LoadCredential=) named IDENTITY.key and coordinator.pub take precedence\n"
-            "over the key store's.  TSR_THREADS caps the CPU engine's threads (default: every CPU\n"
-            "the worker may run on).\n"
+            "TESSERA_DATA_BIND, TESSERA_KEYS and TESSERA_IDENTITY as above (empty: unset);\n"
+            "under systemd, files in $CREDENTIALS_DIRECTORY (LoadCredential=) named\n"
+            "IDENTITY.key and coordinator.pub take precedence over the key store's.\n"
+            "TSR_THREADS caps the CPU engine's threads (default: every CPU the worker may\n"
+            "run on).\n"
 #ifdef TSR_TESTING
             "This is a test build: TSR_TEST_FAKE_CUDA_MIB makes --device cuda a stand-in\n"
             "GPU of that many MiB, for tests on machines without one (with\n"
@@ -132,7 +135,10 @@ int main(int argc, char **argv)
         {"coordinator", required_argument, 0, 'c'}, {"device", required_argument, 0, 'd'},
         {"device-index", required_argument, 0, 'i'}, {"name", required_argument, 0, 'n'},
         {"node", required_argument, 0, 'N'},         {"memory-mib", required_argument, 0, 'm'},
-        {"protocol-version", required_argument, 0, 'P'}, {"verbose", no_argument, 0, 'v'},
+#ifdef TSR_TESTING
+        {"protocol-version", required_argument, 0, 'P'},
+#endif
+        {"verbose", no_argument, 0, 'v'},
         {"data-address", required_argument, 0, 'A'}, {"data-bind", required_argument, 0, 'B'},
         {"keys", required_argument, 0, 'K'},         {"identity", required_argument, 0, 'I'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
@@ -150,7 +156,9 @@ int main(int argc, char **argv)
         case 'n': name = optarg; break;
         case 'N': node = optarg; break;
         case 'm': if (parse_uint("--memory-mib", optarg, 1ul << 40, &mem_mib) < 0) return 1; break;
+#ifdef TSR_TESTING
         case 'P': if (parse_uint("--protocol-version", optarg, 1000000, &proto) < 0) return 1; break;
+#endif
         case 'A': data_addr = optarg; break;
         case 'B': data_bind = optarg; break;
         case 'K': keys = optarg; break;
@@ -180,8 +188,14 @@ int main(int argc, char **argv)
         name = defname;
     }
     if (!tsr_name_ok(name) || !tsr_name_ok(node)) {
-        fprintf(stderr, "tessera-worker: --name '%s' and --node '%s' must be 1 to %d of "
-                        "A-Z a-z 0-9 . _ - : @\n", name, node, TSR_NAME_MAX);
+        bool bad_name = !tsr_name_ok(name);
+        const char *what = bad_name ? "--name" : getenv("TESSERA_NODE") == node ? "TESSERA_NODE"
+                                                                               : "--node";
+        /* %.*s and no raw control characters: the value may be anything */
+        const char *v = bad_name ? name : node;
+        size_t n = strcspn(v, "\r\n");
+        fprintf(stderr, "tessera-worker: %s '%.*s%s' must be 1 to %d of A-Z a-z 0-9 . _ - : @\n",
+                what, (int)(n > 64 ? 64 : n), v, n > 64 || v[n] ? "..." : "", TSR_NAME_MAX);
         return 1;
     }
 

@@ -21,7 +21,9 @@ for b in tessera-coordinator tessera-worker tessera; do
     ! grep -a -o "TSR_TEST_[A-Z_]*\|TSR_CUDA_DUMMY_WEIGHTS" "$REL/$b" | sort -u | grep . ||
         fail "the release $b reads the test settings above"
 done
-! "$REL/tessera-worker" --help | grep -q "TSR_TEST_" || fail "the release worker's help offers test settings"
+! "$REL/tessera-worker" --help | grep -q "TSR_TEST_\|protocol-version" || fail "the release worker's help offers test settings"
+"$BIN/tessera-worker" --help | grep -q -- "--protocol-version" || fail "the test build offers no --protocol-version"
+! "$REL/tessera-worker" --protocol-version 99 --help > /dev/null 2>&1 || fail "the release worker takes --protocol-version"
 
 write_yaml "$T/d.yaml" 1 1 1
 start_coord "$T/d.yaml"

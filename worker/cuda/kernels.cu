@@ -480,8 +480,10 @@ __global__ void k_swiglu(bf16_t *act, const float *gu, int I, size_t n)
     }
 }
 
-/* The injected fault: a write to an address no allocation has. */
+#ifdef TSR_TESTING
+/* The injected fault: a write to an address no allocation has (test builds only). */
 __global__ void k_fault(void) { *(volatile int *)(uintptr_t)16 = 1; }
+#endif
 
 /* Pads each row of logits past this rank's vocabulary with -inf. */
 __global__ void k_pad(float *lg, int C, int vs, int rows)
@@ -818,7 +820,9 @@ void tsr_kern_sample_pick(cudaStream_t st, int rows, const float *w, const int32
                                                out);
 }
 
+#ifdef TSR_TESTING
 void tsr_kern_fault(cudaStream_t st)
 {
     k_fault<<<1, 1, 0, st>>>();
 }
+#endif

@@ -90,8 +90,10 @@ void tsr_kern_sample_pick(cudaStream_t st, int rows, const float *w, const int32
 
 /* ---- tests -------------------------------------------------------------------------- */
 
+#ifdef TSR_TESTING
 /* A write to an address no allocation has: a real sticky device error
- * (TSR_TEST_DEVICE_FAULT_AFTER). */
+ * (TSR_TEST_DEVICE_FAULT_AFTER; test builds only). */
 void tsr_kern_fault(cudaStream_t st);
+#endif
 
 #endif
