@@ -121,6 +121,8 @@ struct tsr_executor {
     uint64_t run_epoch;             /* the running job's epoch */
     int64_t last_watch_ms;          /* the agent's previous look (0: none yet) */
     bool stuck;                     /* the watchdog fired: destroy does not wait for it */
+    bool exited;                    /* the thread has returned (mu; cv is signalled): a
+                                       stuck one is joined only then */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
     uint64_t steps;                 /* forward steps finished, every piece this process held
@@ -689,6 +691,10 @@ out:
     if (eng) be.engine->destroy(&eng);
     free(loaded);
     free(job);
+    pthread_mutex_lock(&ex->mu);
+    ex->exited = true;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
     return NULL;
 }
 
@@ -744,16 +750,21 @@ void tsr_executor_destroy(tsr_executor_t **ex_p)
     tsr_tcp_listener_wake(ex->listener);
     if (stuck) {
         /* It did not let go of its epoch; it will not see the stop either.
-         * The process is exiting: leave it and what it may still touch. */
+         * The process is exiting: give it a second (on the monotonic clock, and
+         * as a wait on its own exit, which every join interceptor sees), else
+         * leave it and what it may still touch. */
         struct timespec dl = tsr_monotonic_after_ms(1000);
-        if (pthread_clockjoin_np(ex->thread, NULL, CLOCK_MONOTONIC, &dl) != 0) {
+        pthread_mutex_lock(&ex->mu);
+        while (!ex->exited && pthread_cond_timedwait(&ex->cv, &ex->mu, &dl) != ETIMEDOUT) {}
+        bool exited = ex->exited;
+        pthread_mutex_unlock(&ex->mu);
+        if (!exited) {
             tsr_warn("the data-plane thread is stuck: left running as the worker exits");
             *ex_p = NULL;
             return;
         }
-    } else {
-        pthread_join(ex->thread, NULL);
     }
+    pthread_join(ex->thread, NULL);
     fail_queued(ex, 0, "worker shutting down");
     tsr_event_t ev;
     while (tsr_executor_pop_event(ex, &ev)) {}
