@@ -74,6 +74,10 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
+            size_t wi;
+            json_t *wn;
+            json_array_foreach(json_object_get(d, "warnings"), wi, wn)
+                printf("  warning: %s\n", json_string_value(wn));
             if (json_is_string(json_object_get(d, "tokenizer_error")))
                 printf("  token ids only: its tokenizer cannot be used: %s\n",
                        jstr(d, "tokenizer_error"));

@@ -18,6 +18,33 @@ int tsr_dep_piece_slot(const tsr_deployment_t *d, int r, int s, int t)
     return (r * d->pipeline + s) * d->tensor + t;
 }
 
+const char *tsr_span_name(tsr_span_t span)
+{
+    return span == TSR_SPAN_NODES ? "nodes" : span == TSR_SPAN_NVLINK ? "nvlink_domains" : "none";
+}
+
+/* A group left across nodes by a failover stays so (the planner moves no ready
+ * piece back), and every layer's all-reduce then crosses the network: status and
+ * /metrics say so.  A GPU without NVLink beside one with it counts as another
+ * domain; a node whose GPUs have none has no domains to span. */
+tsr_span_t tsr_dep_group_span(const tsr_deployment_t *d, const tsr_dep_summary_t *sum, int r,
+                              int s)
+{
+    const tsr_worker_t *first = NULL;
+    tsr_span_t span = TSR_SPAN_NONE;
+    for (int t = 0; sum->at && t < d->tensor; t++) {
+        const tsr_worker_t *w = sum->at[tsr_dep_piece_slot(d, r, s, t)];
+        if (!w) continue;
+        if (!first) {
+            first = w;
+            continue;
+        }
+        if (strcmp(w->node, first->node)) return TSR_SPAN_NODES;
+        if (strcmp(w->nvlink_domain, first->nvlink_domain)) span = TSR_SPAN_NVLINK;
+    }
+    return span;
+}
+
 void tsr_dep_summarise(const tsr_coord_t *c, size_t i, int64_t now, tsr_dep_summary_t *sum)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[i];
@@ -48,6 +75,12 @@ void tsr_dep_summarise(const tsr_coord_t *c, size_t i, int64_t now, tsr_dep_summ
         }
         if (w->state == TSR_W_FAILED && w->retryable && !mending) mending = w;
     }
+    for (int r = 0; sum->at && d->tensor > 1 && r < d->replicas; r++)
+        for (int s = 0; s < d->pipeline; s++) {
+            tsr_span_t span = tsr_dep_group_span(d, sum, r, s);
+            sum->spanning_nodes += span == TSR_SPAN_NODES;
+            sum->spanning_nvlink += span == TSR_SPAN_NVLINK;
+        }
     /* A missing piece is the cause; failures of its peers follow from it. */
     if (sum->placed < sum->total) {
         sum->state = ds->ever_ready ? "degraded" : "waiting";

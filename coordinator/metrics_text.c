@@ -94,6 +94,20 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
                 esc(c->cfg->deployments[i].name, e, sizeof e), states[k], !strcmp(st, states[k]));
     }
 
+    family(&o, "tessera_tp_groups_spanning", "gauge",
+           "Tensor-parallel groups whose ranks sit on more than one node (across=\"nodes\") "
+           "or in more than one NVLink domain of a node (across=\"nvlink_domains\").");
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        tsr_dep_summary_t sum;
+        tsr_dep_summarise(c, i, now_ms, &sum);
+        free(sum.at);
+        esc(c->cfg->deployments[i].name, e, sizeof e);
+        tsr_sb_printf(&o, "tessera_tp_groups_spanning{deployment=\"%s\",across=\"nodes\"} %d\n", e,
+            sum.spanning_nodes);
+        tsr_sb_printf(&o, "tessera_tp_groups_spanning{deployment=\"%s\",across=\"nvlink_domains\"} %d\n",
+            e, sum.spanning_nvlink);
+    }
+
     /* Per worker: pieces' queues, batches and KV pools; counts by state. */
     size_t n = tsr_registry_size(c->reg);
     uint64_t by_state[TSR_W_DEAD + 1] = {0};

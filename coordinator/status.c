@@ -94,6 +94,38 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
     tsr_sb_puts(b, "}");
 }
 
+/* Where w sits, as far as a group spanning `span` is concerned. */
+static const char *place_of(const tsr_worker_t *w, tsr_span_t span)
+{
+    if (span == TSR_SPAN_NODES) return w->node;
+    return w->nvlink_domain[0] ? w->nvlink_domain : "(no NVLink)";
+}
+
+/* "replica 0 stage 1: its tensor-parallel group spans nodes node1, node2: ..." */
+static json_t *span_warning(const tsr_deployment_t *d, const tsr_dep_summary_t *sum, int r, int s,
+                            tsr_span_t span)
+{
+    tsr_sb_t b = {0};
+    tsr_sb_printf(&b, "replica %d stage %d: its tensor-parallel group spans %s", r, s,
+                  span == TSR_SPAN_NODES ? "nodes" : "NVLink domains");
+    int named = 0;
+    for (int t = 0; t < d->tensor; t++) {
+        const tsr_worker_t *w = sum->at[tsr_dep_piece_slot(d, r, s, t)];
+        if (!w) continue;
+        bool seen = false;  /* each place once, in rank order */
+        for (int u = 0; u < t && !seen; u++) {
+            const tsr_worker_t *x = sum->at[tsr_dep_piece_slot(d, r, s, u)];
+            seen = x && !strcmp(place_of(x, span), place_of(w, span));
+        }
+        if (!seen) tsr_sb_printf(&b, "%s%s", named++ ? ", " : " ", place_of(w, span));
+    }
+    tsr_sb_puts(&b, span == TSR_SPAN_NODES ? ": every layer's all-reduce crosses the network"
+                                           : ": every layer's all-reduce crosses PCIe");
+    json_t *j = json_string(b.oom || !b.p ? "its tensor-parallel group spans places" : b.p);
+    free(b.p);
+    return j;
+}
+
 static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[i];
@@ -134,6 +166,9 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
             json_object_set_new(needs, "memory_bytes", json_integer((json_int_t)c->deps[i].short_memory));
         json_object_set_new(o, "needs", needs);
     }
+    json_object_set_new(o, "tp_groups_spanning_nodes", json_integer(sum.spanning_nodes));
+    json_object_set_new(o, "tp_groups_spanning_nvlink_domains", json_integer(sum.spanning_nvlink));
+    json_t *warnings = json_array();
     json_t *reps = json_array();
     for (int r = 0; r < d->replicas && sum.at; r++) {
         json_t *stages = json_array();
@@ -165,8 +200,11 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
                 }
                 json_array_append_new(ranks, rk);
             }
-            json_array_append_new(stages, json_pack("{s:i, s:[i,i], s:o}", "stage", s, "layers",
-                                                    b, e, "ranks", ranks));
+            tsr_span_t span = tsr_dep_group_span(d, &sum, r, s);
+            json_array_append_new(stages, json_pack("{s:i, s:[i,i], s:o, s:s}", "stage", s,
+                                                    "layers", b, e, "ranks", ranks, "tp_span",
+                                                    tsr_span_name(span)));
+            if (span != TSR_SPAN_NONE) json_array_append_new(warnings, span_warning(d, &sum, r, s, span));
         }
         const char *rs = rready == d->pipeline * d->tensor ? "ready" : "not ready";
         const tsr_dep_state_t *ds = &c->deps[i];
@@ -180,6 +218,7 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
         json_array_append_new(reps, rep);
     }
     json_object_set_new(o, "replica_list", reps);
+    json_object_set_new(o, "warnings", warnings);
     json_object_set_new(o, "in_flight", json_integer(tsr_requests_in_flight(c, d->name, -1)));
     free(sum.at);
     return o;

@@ -34,6 +34,7 @@
 #include "coordinator/waited.h"
 #include "coordinator/deptok.h"
 #include "coordinator/reload.h"
+#include "cli/cli.h"
 
 #define NW 5            /* fake workers: four pieces (tp 2 x pp 2) and a spare */
 #define TIMEOUT_MS 1000
@@ -2628,6 +2629,141 @@ static void test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups(v
     json_decref(root);
 }
 
+/* Worker i is past its lease: the next ticks declare it dead and plan around it. */
+static void expire_worker(fx_t *fx, int i)
+{
+    int64_t now = scan_time(fx);
+    tsr_registry_find(fx->c->reg, fx->name[i])->last_seen_ms = now - TIMEOUT_MS - 1;
+    tsr_coord_tick(fx->c, now);
+    tsr_coord_tick(fx->c, plan_time(fx));
+}
+
+/* Deployment "tiny"'s status, with its tensor-parallel groups' spans read out: the
+ * deployment's counts, the stages' tp_span fields and the warnings must agree. */
+static void expect_spans(fx_t *fx, int nodes, int nvlink, const char *place_a,
+                         const char *place_b)
+{
+    json_t *root = status(fx);
+    json_t *d = json_array_get(json_object_get(root, "deployments"), 0);
+    assert_int_equal(json_integer_value(json_object_get(d, "tp_groups_spanning_nodes")), nodes);
+    assert_int_equal(json_integer_value(json_object_get(d, "tp_groups_spanning_nvlink_domains")),
+                     nvlink);
+    int seen_nodes = 0, seen_nvlink = 0;
+    size_t ri, si;
+    json_t *r, *st;
+    json_array_foreach(json_object_get(d, "replica_list"), ri, r)
+        json_array_foreach(json_object_get(r, "stages"), si, st) {
+            const char *span = json_string_value(json_object_get(st, "tp_span"));
+            assert_non_null(span);
+            seen_nodes += !strcmp(span, "nodes");
+            seen_nvlink += !strcmp(span, "nvlink_domains");
+        }
+    assert_int_equal(seen_nodes, nodes);
+    assert_int_equal(seen_nvlink, nvlink);
+    json_t *warnings = json_object_get(d, "warnings");
+    assert_int_equal(json_array_size(warnings), nodes + nvlink);
+    if (place_a) {
+        const char *w = json_string_value(json_array_get(warnings, 0));
+        if (!strstr(w, place_a) || !strstr(w, place_b))
+            fail_msg("warning '%s' names not both '%s' and '%s'", w, place_a, place_b);
+    }
+    /* `tessera status` prints each warning under its deployment */
+    char text_path[PATH_MAX];
+    snprintf(text_path, sizeof text_path, "%s/status.txt", fx->dir);
+    fflush(stdout);
+    int saved = dup(1);
+    FILE *out = fopen(text_path, "w");
+    assert_non_null(out);
+    dup2(fileno(out), 1);
+    tsr_print_status(root, 0);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(out);
+    char printed[8192] = "";
+    out = fopen(text_path, "r");
+    assert_non_null(out);
+    printed[fread(printed, 1, sizeof printed - 1, out)] = '\0';
+    fclose(out);
+    const char *line = strstr(printed, "  warning: replica ");
+    assert_int_equal(line != NULL, nodes + nvlink > 0);
+    json_decref(root);
+
+    char *text = tsr_coord_metrics_text(fx->c, tsr_now_ms());
+    assert_non_null(text);
+    char want[160];
+    snprintf(want, sizeof want, "tessera_tp_groups_spanning{deployment=\"tiny\",across=\"nodes\"} %d\n",
+             nodes);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want,
+             "tessera_tp_groups_spanning{deployment=\"tiny\",across=\"nvlink_domains\"} %d\n", nvlink);
+    assert_non_null(strstr(text, want));
+    free(text);
+}
+
+/* Two nodes of two workers and a spare on a third: each tp=2 group is placed on one
+ * node.  When a worker dies the spare takes its place beside the survivor on the
+ * other node: status, its text and /metrics say that group spans nodes A and C. */
+static void test_a_tp_group_left_across_nodes_by_a_failover_is_shown(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    static const char *node[NW] = {"nodeA", "nodeA", "nodeB", "nodeB", "nodeC"};
+    for (int i = 0; i < NW; i++)
+        send_register(fx, i, fx->name[i], node[i], TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[4])->has_piece);
+    expect_spans(fx, 0, 0, NULL, NULL);
+
+    expire_worker(fx, 0);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[4])->has_piece);
+    expect_spans(fx, 1, 0, "nodeA", "nodeC");
+
+    /* w0 is back, idle: draining the outlier sends its piece home to nodeA */
+    tsr_env_t *env;
+    while ((env = recv_env(fx->dealer[0], TSR_WIRE_MAX_WORKER, 20)))  /* what the dead one got */
+        tsr_env_free(&env);
+    send_register(fx, 0, fx->name[0], "nodeA", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    tsr_env_free(&env);
+    env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[4]);
+    assert_true(env->control_reply->ok);
+    tsr_env_free(&env);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
+    expect_spans(fx, 0, 0, NULL, NULL);
+}
+
+/* The same on one node of GPUs: w0+w2 and w1+w3 are NVLink domains, w4 has no
+ * NVLink.  When w0 dies, w4 joins w2: that group spans NVLink domains. */
+static void test_a_tp_group_left_across_nvlink_domains_is_shown(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    static const char *bus[NW] = {"0000:10:00.0", "0000:11:00.0", "0000:12:00.0",
+                                  "0000:13:00.0", "0000:14:00.0"};
+    static char b0[] = "0000:10:00.0", b2[] = "0000:12:00.0", sw[] = "0000:f0:00.0";
+    reg_links[0][0] = b2;
+    reg_links[2][0] = b0;
+    reg_links[1][0] = reg_links[3][0] = sw;
+    register_on_gpus(fx, bus);
+    expect_spans(fx, 0, 0, NULL, NULL);
+
+    expire_worker(fx, 0);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[4])->has_piece);
+    expect_spans(fx, 0, 1, "n/nvl:0000:12:00.0", "(no NVLink)");
+}
+
 /* A coordinator told to stop while it starts (the flag a signal handler sets) reads no
  * tokenizer.json: it exits after the read in progress instead of reading them all first.
  * Without the flag the same configuration's tokenizer is read. */
@@ -3258,6 +3394,8 @@ int main(void)
         T(test_no_mark_while_a_member_of_the_stage_is_gone),
         T(test_no_mark_while_a_hand_off_neighbour_is_gone),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
+        T(test_a_tp_group_left_across_nodes_by_a_failover_is_shown),
+        T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),
         T(test_a_rendezvous_blob_is_relayed_to_the_replicas_members_in_its_epoch),
