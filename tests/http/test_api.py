@@ -6,6 +6,7 @@ a coordinator with http_endpoint and an API keys file, and workers for three dep
   slow   a larger model (about 10 ms a token), max_seq_len 1000
   sp     a model with a SentencePiece-style tokenizer (Metaspace, byte fallback) built by
          tests/tokenizer/build_tokenizers.py, and its [INST] chat template
+  wide   a model of 4,096 ids beside the 1,024-id shipped tokenizer: refused at load
 Environment: TSR_HTTP (base URL), TSR_KEY, TSR_BIN, TSR_CEP, TSR_MODEL, TSR_SP_MODEL,
 TSR_YAML.
 Prints one line per check and exits non-zero on the first failure."""
@@ -95,7 +96,7 @@ def ended(m, dep):
 
 
 # ---- models and health ------------------------------------------------------------
-ok(sorted(m.id for m in client.models.list()) == ["slow", "sp", "text", "tight"], "/v1/models lists the deployments")
+ok(sorted(m.id for m in client.models.list()) == ["slow", "sp", "text", "tight", "wide"], "/v1/models lists the deployments")
 st, _, body = http("GET", "/health", key=None)
 ok(st == 200 and json.loads(body)["status"] == "ok", "/health is 200 while every deployment is ready")
 
@@ -187,6 +188,18 @@ def continues_the_prompt():
 
 
 continues_the_prompt()
+
+# ---- a tokenizer that does not cover the model: no text, with the reason --------------
+for fn in (lambda: client.completions.create(model="wide", prompt="hello", max_tokens=4),
+           lambda: client.completions.create(model="wide", prompt=[1, 2, 3], max_tokens=4),
+           lambda: client.chat.completions.create(model="wide", max_tokens=4, messages=[
+               {"role": "user", "content": "hello"}])):
+    try:
+        fn()
+        ok(False, "wide: a tokenizer of 1,024 ids answers for a model of 4,096")
+    except openai.APIStatusError as e:
+        ok(400 <= e.status_code < 600 and "tokens for 1024 of the model's 4096 ids" in e.message,
+           "wide: refused with the reason (%d %s)" % (e.status_code, e.message))
 
 # ---- stop strings ------------------------------------------------------------------------
 text = want
@@ -485,7 +498,7 @@ ok(d("tessera_time_to_first_token_seconds_count", deployment="text") == 5 and
    d("tessera_inter_token_latency_seconds_count", deployment="text") ==
    sum(x.usage.completion_tokens - 1 for x in sent), "the histograms saw every request and token")
 ok(metric(m1, "tessera_deployment_state", deployment="text", state="ready") == 1 and
-   metric(m1, "tessera_workers", state="ready") == 4 and metric(m1, "tessera_plan_epoch") >= 1,
+   metric(m1, "tessera_workers", state="ready") == 5 and metric(m1, "tessera_plan_epoch") >= 1,
    "deployment states, workers by state and the plan epoch")
 
 # A flood of scrapes costs the coordinator's loop one metrics text every 250 ms: for a

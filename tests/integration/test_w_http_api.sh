@@ -2,9 +2,10 @@
 # (tests/http/test_api.py): completions and chat, streamed and not, equal to the CLI's
 # tokens decoded; with a SentencePiece-style tokenizer, prompt + completion text equal to
 # the reference library's decode of all the ids (HTTP and `tessera generate --prompt`);
-# stop strings; every error status; API keys; a closed connection cancels, a half-closed
-# one gets its answer; 32 concurrent streams; /metrics parsed by the Prometheus parser
-# and counting what was sent; /health.
+# a tokenizer that does not cover its model refused with the reason; stop strings; every
+# error status; API keys; a closed connection cancels, a half-closed one gets its answer;
+# 32 concurrent streams; /metrics parsed by the Prometheus parser and counting what was
+# sent; /health.
 source "$(dirname "$0")/lib.sh"
 PY="$ROOT/build/pyenv/bin/python"
 [ -x "$PY" ] || fail "no $PY: run scripts/pyenv.sh (make test does)"
@@ -26,6 +27,11 @@ M4="$T/sp-model"
 "$BIN/tessera" model-init "$M4" --hidden 64 --intermediate 128 --layers 2 --heads 4 \
     --kv-heads 2 --vocab "$SPV" --max-pos 512 --seed 5 --no-tokenizer > /dev/null || fail "model-init"
 cp "$T/tok/sp-metaspace/tokenizer.json" "$T/tok/sp-metaspace/tokenizer_config.json" "$M4/"
+# A model wider than the shipped tokenizer, with it copied in (as an older model-init did)
+MW="$T/wide-model"
+"$BIN/tessera" model-init "$MW" --hidden 64 --intermediate 128 --layers 2 --heads 4 \
+    --kv-heads 2 --vocab 4096 --max-pos 512 --seed 5 > /dev/null 2>&1 || fail "model-init"
+cp "$M2/tokenizer.json" "$M2/tokenizer_config.json" "$MW/"
 HPORT=$(free_port)
 KEY="tsr-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 echo "$KEY" > "$T/api-keys"
@@ -46,10 +52,13 @@ deployments:
   - name: sp
     model: $M4
     max_seq_len: 400
+  - name: wide
+    model: $MW
+    max_seq_len: 400
 YAML
 } > "$T/d.yaml"
 start_coord "$T/d.yaml"
-for i in 0 1 2 3; do start_worker "w$i"; done
+for i in 0 1 2 3 4; do start_worker "w$i"; done
 wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 TSR_HTTP="http://127.0.0.1:$HPORT" TSR_KEY="$KEY" TSR_BIN="$BIN" TSR_CEP="$CEP" TSR_MODEL="$M2" TSR_SP_MODEL="$M4" \
     TSR_YAML="$T/d.yaml" "$PY" "$ROOT/tests/http/test_api.py" || fail "the HTTP API test failed"

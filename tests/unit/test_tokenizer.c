@@ -319,6 +319,26 @@ static void test_completion_after_a_byte_run(void **state)
     tsr_tok_destroy(&t);
 }
 
+/* ---- whether a tokenizer covers a model's vocabulary --------------------------------- */
+
+/* A model's ids each need a token, or they decode to nothing: a tokenizer of 258 ids
+ * covers a model of 258, and one padded by up to a sixteenth (270), not one of 300 or
+ * 32,000 (model-init's shipped tokenizer beside --vocab 32000 gave empty text). */
+static void test_covers_the_model_vocabulary(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();   /* ids 0 to 257 */
+    char err[256] = "";
+    assert_int_equal(tsr_tok_covers(t, 258, err, sizeof err), 0);
+    assert_int_equal(tsr_tok_covers(t, 100, err, sizeof err), 0);   /* ids past it: refused as prompts */
+    assert_int_equal(tsr_tok_covers(t, 270, err, sizeof err), 0);
+    assert_int_equal(tsr_tok_covers(t, 300, err, sizeof err), -1);
+    assert_non_null(strstr(err, "258 of the model's 300 ids"));
+    assert_int_equal(tsr_tok_covers(t, 32000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "258 of the model's 32000 ids"));
+    tsr_tok_destroy(&t);
+}
+
 /* ---- errors name the file and the JSON path ---------------------------------------- */
 
 static void expect_error(const char *json, const char *path)
@@ -430,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_sentencepiece_byte_fallback),
         cmocka_unit_test(test_completion_continues_the_prompt),
         cmocka_unit_test(test_completion_after_a_byte_run),
+        cmocka_unit_test(test_covers_the_model_vocabulary),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_threads_agree),
     };
