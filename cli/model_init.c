@@ -23,6 +23,7 @@
 #include "cli.h"
 #include "common/util.h"
 #include "common/safetensors.h"
+#include "common/tokenizer.h"
 
 #define MI_CHUNK 65536 /* elements generated and written per step */
 
@@ -69,7 +70,8 @@ static void mi_usage(FILE *f)
             "  --shards N          split the weights over N files (default 1)\n"
             "  --no-tokenizer      write no tokenizer.json (by default the small byte-level\n"
             "                      tokenizer the repository ships, 1,024 ids, is written\n"
-            "                      when --vocab is at least 1024)\n"
+            "                      when its ids cover --vocab: 1024 to 1092; else none,\n"
+            "                      and model-init says so)\n"
             "  --force             overwrite an existing checkpoint in DIR\n");
 }
 
@@ -648,7 +650,6 @@ out:
 /* configs/tokenizer/, compiled in (the Makefile makes build/gen/shipped_tokenizer.c). */
 extern const unsigned char tsr_shipped_tokenizer[], tsr_shipped_tokenizer_config[];
 extern const unsigned long tsr_shipped_tokenizer_len, tsr_shipped_tokenizer_config_len;
-#define SHIPPED_TOKENIZER_IDS 1024
 
 static int write_file(const char *dir, const char *name, const unsigned char *data, size_t len)
 {
@@ -665,17 +666,51 @@ static int write_file(const char *dir, const char *name, const unsigned char *da
     return rc;
 }
 
-/* The shipped tokenizer, when its ids fit the vocabulary; else none (an old one is
- * removed, so that a directory never pairs weights with a tokenizer they do not fit). */
+/* Removes DIR/name, if there. */
+static void remove_file(const char *dir, const char *name)
+{
+    char *path = tsr_path_join(dir, name);
+    if (path) unlink(path);
+    free(path);
+}
+
+/* Whether the shipped tokenizer fits a model of m->vocab ids: it covers them
+ * (tsr_tok_covers, as the coordinator asks at load) and has none past them.  Else why
+ * not, in why. */
+static bool shipped_fits(const mi_opts_t *m, char *why, size_t len)
+{
+    char err[300];
+    tsr_tokenizer_t *t = tsr_tok_load_text((const char *)tsr_shipped_tokenizer,
+                                           tsr_shipped_tokenizer_len,
+                                           (const char *)tsr_shipped_tokenizer_config,
+                                           tsr_shipped_tokenizer_config_len, "tokenizer.json",
+                                           err, sizeof err);
+    bool fits = false;
+    if (!t) snprintf(why, len, "the shipped tokenizer cannot be read: %s", err);
+    else if (tsr_tok_vocab_size(t) > m->vocab)
+        snprintf(why, len, "the shipped tokenizer has %d ids, more than --vocab %d",
+                 tsr_tok_vocab_size(t), m->vocab);
+    else if (tsr_tok_covers(t, m->vocab, err, sizeof err) < 0)
+        snprintf(why, len, "the shipped tokenizer has %d ids, too few for --vocab %d",
+                 tsr_tok_vocab_size(t), m->vocab);
+    else fits = true;
+    tsr_tok_destroy(&t);
+    return fits;
+}
+
+/* The shipped tokenizer, when it fits the vocabulary; else none, said on stderr (an old
+ * one is removed, so that a directory never pairs weights with a tokenizer they do not
+ * fit: generated ids it has no token for would decode to nothing). */
 static int write_tokenizer(const mi_opts_t *m)
 {
-    if (m->no_tokenizer || m->vocab < SHIPPED_TOKENIZER_IDS) {
-        char *a = tsr_path_join(m->dir, "tokenizer.json");
-        char *b = tsr_path_join(m->dir, "tokenizer_config.json");
-        if (a) unlink(a);
-        if (b) unlink(b);
-        free(a);
-        free(b);
+    char why[400];
+    if (m->no_tokenizer || !shipped_fits(m, why, sizeof why)) {
+        remove_file(m->dir, "tokenizer.json");
+        remove_file(m->dir, "tokenizer_config.json");
+        if (!m->no_tokenizer)
+            fprintf(stderr, "tessera model-init: %s: no tokenizer.json: %s; the model takes "
+                    "token ids only (copy in a tokenizer.json whose ids cover %d for text)\n",
+                    m->dir, why, m->vocab);
         return 0;
     }
     if (write_file(m->dir, "tokenizer.json", tsr_shipped_tokenizer, tsr_shipped_tokenizer_len) < 0 ||

@@ -22,7 +22,8 @@ static void usage(FILE *f)
             "--keep-special.  --jsonl reads one JSON object per line from stdin and answers\n"
             "each with one line: {\"text\": S, \"special\": B} gives {\"ids\": [...]};\n"
             "{\"ids\": [...], \"skip_special\": B} gives {\"text\": S, \"stream\": [pieces]},\n"
-            "the pieces a streaming decoder emits; a bad line gives {\"error\": S}.\n");
+            "the pieces a streaming decoder emits, and with \"after\": [ids] (a prompt) the\n"
+            "text the ids add to the prompt's; a bad line gives {\"error\": S}.\n");
 }
 
 /* "1,2,3" into ids (caller frees). */
@@ -66,29 +67,33 @@ static json_t *jsonl_answer(const tsr_tokenizer_t *tok, json_t *in)
         return json_pack("{so}", "ids", arr);
     }
     if (!json_is_array(ids)) return json_pack("{ss}", "error", "neither \"text\" nor \"ids\"");
-    size_t n = json_array_size(ids);
-    int32_t *v = malloc((n ? n : 1) * sizeof *v);
+    json_t *after = json_object_get(in, "after");
+    size_t n = json_array_size(ids), n_ctx = json_array_size(after);
+    int32_t *v = malloc((n + n_ctx + 1) * sizeof *v), *ctx = v + n;
     if (!v) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = json_array_get(ids, i);
+    for (size_t i = 0; i < n + n_ctx; i++) {
+        json_t *x = i < n ? json_array_get(ids, i) : json_array_get(after, i - n);
         json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
         v[i] = id >= 0 && id <= INT32_MAX ? (int32_t)id : -1;
     }
-    size_t bad = first_unknown(tok, v, n);
-    if (bad < n) {
+    size_t bad = first_unknown(tok, v, n + n_ctx);
+    if (bad < n + n_ctx) {
         free(v);
-        snprintf(err, sizeof err, "ids[%zu]: not a token id of the tokenizer's vocabulary "
-                 "(0 to %d)", bad, tsr_tok_vocab_size(tok) - 1);
+        snprintf(err, sizeof err, "%s[%zu]: not a token id of the tokenizer's vocabulary "
+                 "(0 to %d)", bad < n ? "ids" : "after", bad < n ? bad : bad - n,
+                 tsr_tok_vocab_size(tok) - 1);
         return json_pack("{ss}", "error", err);
     }
     json_t *skip = json_object_get(in, "skip_special");
     bool skip_special = skip ? json_is_true(skip) : true;
     size_t len;
-    char *s = tsr_tok_decode(tok, v, n, skip_special, &len);
+    char *s = after ? tsr_tok_decode_after(tok, ctx, n_ctx, v, n, skip_special, &len)
+                    : tsr_tok_decode(tok, v, n, skip_special, &len);
     json_t *stream = json_array();
     tsr_detok_t *d = tsr_detok_new(tok, skip_special);
     const char *piece;
     size_t plen;
+    if (d && tsr_detok_prime(d, ctx, n_ctx) < 0) tsr_detok_destroy(&d);
     for (size_t i = 0; d && i <= n; i++) {
         int rc = i < n ? tsr_detok_push(d, v[i], &piece, &plen) : tsr_detok_flush(d, &piece, &plen);
         if (rc) break;

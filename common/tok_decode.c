@@ -3,11 +3,22 @@
  * Decoding runs the decoder chain over token strings.  The streaming decoder decodes a
  * short window of recent tokens and emits what the newest one adds, holding it back
  * while it ends in an incomplete character (U+FFFD) or, for byte-fallback tokenizers,
- * while a run of <0xNN> byte tokens may still go on: such a run decodes as a whole. */
+ * while a run of <0xNN> byte tokens may still go on: such a run decodes as a whole.
+ *
+ * The text is what the ids add to the text before them, never what they read as alone:
+ * a SentencePiece decoder drops the word space of the first token it sees (Metaspace,
+ * Strip), so a completion decoded on its own loses the space between the prompt's last
+ * word and its first.  A decoder primed with the prompt (tsr_detok_prime) starts with the
+ * prompt's last tokens in its window, emitted already. */
 #include "common/tok_decode.h"
 
 #include "common/tok_tables.h"
 #include "common/utf8.h"
+
+/* Kept tokens of a prompt a primed decoder starts from (more when they end in a
+ * byte-fallback run, which decodes as a whole): enough for any decoder here, whose
+ * output depends on the token before and on the characters a few bytes hold. */
+#define PRIME_TOKENS 8
 
 /* Tokens the streaming decoder holds at most.  A character split across tokens, or a
  * byte-fallback run, is held until it is complete; past this many tokens (only garbage
@@ -210,10 +221,10 @@ struct tsr_detok {
     bool skip_special;
     int32_t *win;                    /* DETOK_MAX_WINDOW + 1 ids */
     size_t n;                        /* ids in the window */
+    size_t n_prefix;                 /* the first of them, whose text is out already */
     size_t next_try;                 /* a long window that ends incomplete is decoded again
                                         only when it has doubled: linear, not quadratic */
-    buf_t prefix;                    /* decode of win[0] when emitted_one, else empty */
-    bool has_prefix;
+    buf_t prefix;                    /* decode of win[0..n_prefix) */
     buf_t full, emit;
 };
 
@@ -248,6 +259,14 @@ static bool ends_incomplete(const buf_t *b)
     return b->len >= 3 && !memcmp(b->p + b->len - 3, "\xEF\xBF\xBD", 3);
 }
 
+/* Forgets the window: the next id starts a text. */
+static void detok_reset(tsr_detok_t *d)
+{
+    d->n = d->n_prefix = 0;
+    d->prefix.len = 0;
+    d->next_try = 0;
+}
+
 /* Emits what the window adds to its prefix; keeps the window's last id as the next
  * prefix.  force: emit even when the text ends incomplete. */
 static int detok_emit(tsr_detok_t *d, bool force, const char **text, size_t *len)
@@ -256,7 +275,7 @@ static int detok_emit(tsr_detok_t *d, bool force, const char **text, size_t *len
     if (buf_put(&d->emit, "", 0)) return -1;
     *text = d->emit.p;
     *len = 0;
-    if (d->n == 0 || (d->has_prefix && d->n == 1)) return 0;
+    if (d->n == d->n_prefix) return 0;
     if (!force && d->n < d->next_try) return 0;
     if (decode_into(d->tok, d->win, d->n, &d->full)) return -1;
     if (!force && ends_incomplete(&d->full)) {
@@ -264,14 +283,20 @@ static int detok_emit(tsr_detok_t *d, bool force, const char **text, size_t *len
         return 0;
     }
     d->next_try = 0;
-    size_t p = d->has_prefix ? d->prefix.len : 0;
-    if (p > d->full.len || memcmp(d->full.p, d->prefix.p ? d->prefix.p : "", p) != 0)
-        p = 0;  /* cannot happen with the supported decoders; never drop text */
-    if (buf_put(&d->emit, d->full.p + p, d->full.len - p)) return -1;
+    size_t p = d->prefix.len;
+    if (p <= d->full.len && memcmp(d->full.p, d->prefix.p ? d->prefix.p : "", p) == 0) {
+        if (buf_put(&d->emit, d->full.p + p, d->full.len - p)) return -1;
+    } else {
+        /* The prefix reads differently now: a prompt's byte-fallback run that the new
+         * ids go on into an invalid one (or a window cut at its limit).  The new ids'
+         * own text then, never the prompt's again. */
+        if (decode_into(d->tok, d->win + d->n_prefix, d->n - d->n_prefix, &d->full) ||
+            buf_put(&d->emit, d->full.p, d->full.len))
+            return -1;
+    }
     d->win[0] = d->win[d->n - 1];
-    d->n = 1;
+    d->n = d->n_prefix = 1;
     if (decode_into(d->tok, d->win, 1, &d->prefix)) return -1;
-    d->has_prefix = true;
     *text = d->emit.p;
     *len = d->emit.len;
     return 0;
@@ -289,19 +314,67 @@ int tsr_detok_push(tsr_detok_t *d, int32_t id, const char **text, size_t *len)
     bool in_run = d->tok->dec_bytefallback && (d->tok->flags[id] & F_BYTE);
     if (in_run && d->n < DETOK_MAX_WINDOW) return 0;
     int rc = detok_emit(d, d->n >= DETOK_MAX_WINDOW, text, len);
-    if (rc || d->n >= DETOK_MAX_WINDOW) {  /* out of memory: start over rather than overrun */
-        d->n = 0;
-        d->has_prefix = false;
-        d->next_try = 0;
-    }
+    if (rc || d->n >= DETOK_MAX_WINDOW) detok_reset(d);  /* out of memory: start over
+                                                            rather than overrun */
     return rc;
 }
 
 int tsr_detok_flush(tsr_detok_t *d, const char **text, size_t *len)
 {
     int rc = detok_emit(d, true, text, len);
-    d->n = 0;
-    d->has_prefix = false;
-    d->next_try = 0;
+    detok_reset(d);
     return rc;
 }
+
+int tsr_detok_prime(tsr_detok_t *d, const int32_t *context, size_t n)
+{
+    /* From PRIME_TOKENS kept ids before the end, or further back to the token before a
+     * byte-fallback run they are in, as if the whole prompt had been streamed. */
+    size_t s = n, kept = 0;
+    while (s > 0 && kept < DETOK_MAX_WINDOW / 2) {
+        int32_t id = context[--s];
+        if (!token_kept(d->tok, id, d->skip_special)) continue;
+        kept++;
+        if (kept >= PRIME_TOKENS && !(d->tok->dec_bytefallback && (d->tok->flags[id] & F_BYTE)))
+            break;
+    }
+    detok_reset(d);
+    const char *text;
+    size_t len;
+    for (size_t i = s; i < n; i++)
+        if (tsr_detok_push(d, context[i], &text, &len)) return -1;
+    /* What is still held and reads complete (a byte run that may have gone on) is the
+     * prompt's text too; a character the prompt leaves incomplete stays held, and comes
+     * whole with the first ids that complete it. */
+    if (d->n > d->n_prefix) {
+        if (decode_into(d->tok, d->win, d->n, &d->full)) return -1;
+        if (!ends_incomplete(&d->full)) {
+            d->prefix.len = 0;
+            if (buf_put(&d->prefix, d->full.p, d->full.len)) return -1;
+            d->n_prefix = d->n;
+        }
+    }
+    return 0;
+}
+
+char *tsr_tok_decode_after(const tsr_tokenizer_t *t, const int32_t *context, size_t n_context,
+                           const int32_t *ids, size_t n, bool skip_special, size_t *len)
+{
+    tsr_detok_t *d = tsr_detok_new(t, skip_special);
+    buf_t out = {0};
+    int rc = d && !buf_put(&out, "", 0) ? tsr_detok_prime(d, context, n_context) : -1;
+    for (size_t i = 0; i <= n && !rc; i++) {
+        const char *piece;
+        size_t plen;
+        rc = i < n ? tsr_detok_push(d, ids[i], &piece, &plen) : tsr_detok_flush(d, &piece, &plen);
+        if (!rc) rc = buf_put(&out, piece, plen);
+    }
+    tsr_detok_destroy(&d);
+    if (rc) {
+        free(out.p);
+        return NULL;
+    }
+    if (len) *len = out.len;
+    return out.p;
+}
+

@@ -932,6 +932,22 @@ void tsr_tok_destroy(tsr_tokenizer_t **self_p)
 
 /* ---- accessors ---------------------------------------------------------------------- */
 
+/* A model's ids the tokenizer has no token for decode to nothing, so a few are allowed
+ * only: some models pad their embedding past their tokenizer (to a multiple of 64, 128
+ * or more), and a trained model never generates a padding id. */
+#define TOK_PADDING_DIV 16
+
+int tsr_tok_covers(const tsr_tokenizer_t *t, int32_t model_vocab, char *err, size_t errlen)
+{
+    int32_t have = 0;
+    for (int32_t i = 0; i < model_vocab && i < t->n_ids; i++) have += t->text[i] != NULL;
+    if (model_vocab - have <= model_vocab / TOK_PADDING_DIV) return 0;
+    tsr_set_err(err, errlen, "has tokens for %d of the model's %d ids (its vocab_size): the "
+                "others would decode to nothing (at most a sixteenth may lack one, as padding)",
+                have, model_vocab);
+    return -1;
+}
+
 int32_t tsr_tok_vocab_size(const tsr_tokenizer_t *t)
 {
     return t->n_ids;

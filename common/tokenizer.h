@@ -46,6 +46,12 @@ void tsr_tok_destroy(tsr_tokenizer_t **self_p);
 
 /* One past the largest id (model vocabulary and added tokens). */
 int32_t tsr_tok_vocab_size(const tsr_tokenizer_t *self);
+/* Whether the tokenizer covers a model of model_vocab ids (its config.json's vocab_size):
+ * a token (of the model's vocabulary or an added one) for each id below it, but at most a
+ * sixteenth of them, which a model padded past its tokenizer has none for.  Ids the
+ * tokenizer has past model_vocab do not matter here (prompts with them are refused).  0,
+ * or -1 with the reason in err ("has tokens for 1024 of the model's 32000 ids ..."). */
+int tsr_tok_covers(const tsr_tokenizer_t *self, int32_t model_vocab, char *err, size_t errlen);
 /* The id of a token's exact text, or -1. */
 int32_t tsr_tok_token_id(const tsr_tokenizer_t *self, const char *content);
 /* A token's text (NULL for an id outside the vocabulary); *len its length. */

@@ -11,6 +11,12 @@
 #include "common/log.h"
 #include "common/util.h"
 
+/* What goes between dir and a file's name in a message. */
+static const char *sep(const char *dir)
+{
+    return dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "";
+}
+
 /* Whether dir has no tokenizer.json (a model for token ids only, no fault); then the
  * reason goes into s's tok_error. */
 static bool tok_absent(tsr_dep_state_t *s, const char *dir)
@@ -20,15 +26,29 @@ static bool tok_absent(tsr_dep_state_t *s, const char *dir)
     free(file);
     if (!present)
         snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json does not exist", dir,
-                 dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "");
+                 sep(dir));
     return !present;
 }
 
-/* Warns when s's tokenizer knows ids its model does not (prompts with them are refused). */
-static void tok_vocab_check(const tsr_dep_state_t *s)
+/* Whether s's tokenizer fits its model.  One without tokens for the model's ids is let
+ * go, as a file that cannot be used is (the deployment takes token ids only, and status
+ * says why): the text of the ids it cannot decode would come back empty.  One that knows
+ * ids the model does not is kept (prompts with them are refused), with a warning when
+ * warn. */
+static void tok_vocab_check(tsr_dep_state_t *s, bool warn)
 {
-    int n = s->tok ? tsr_tok_vocab_size(s->tok->tok) : 0;
-    if (s->model_ok && n > s->model.vocab_size)
+    if (!s->tok || !s->model_ok) return;
+    char why[300];
+    if (tsr_tok_covers(s->tok->tok, s->model.vocab_size, why, sizeof why) < 0) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s%stokenizer.json %s", s->tok_dir,
+                 sep(s->tok_dir), why);
+        s->tok_broken = true;
+        tsr_tokref_drop(&s->tok);
+        tsr_warn("deployment %s takes token ids only: %s", s->name, s->tok_error);
+        return;
+    }
+    int n = tsr_tok_vocab_size(s->tok->tok);
+    if (warn && n > s->model.vocab_size)
         tsr_warn("deployment %s: the tokenizer has %d ids, the model's vocabulary %d; prompts "
                  "with the others are refused", s->name, n, s->model.vocab_size);
 }
@@ -63,7 +83,7 @@ static void dep_tok_install(tsr_dep_state_t *s, const char *dir, tsr_tokenizer_t
     s->tok->tok = t;
     s->tok->file = *file;
     atomic_init(&s->tok->refs, 1);
-    tok_vocab_check(s);
+    tok_vocab_check(s, true);
 }
 
 /* Why a deployment whose tokenizer is being read refuses text for now (clients see it). */
@@ -120,7 +140,8 @@ static bool dep_tok_share(tsr_dep_state_t *s, const char *dir, const tsr_dep_sta
     }
     if (!from || !(s->tok_dir = strdup(dir))) return false;   /* out of memory: read it */
     dep_tok_take(s, from);
-    if (fresh) tok_vocab_check(s);
+    /* the model may have changed under a kept tokenizer */
+    tok_vocab_check(s, fresh);
     return true;
 }
 
@@ -211,15 +232,16 @@ void tsr_deptok_collect(tsr_coord_t *c)
         int first = j->skipped ? -1 : tok_waiter(c, j->dir);
         if (first < 0) continue;
         tsr_dep_state_t *s = &c->deps[first];
-        if (j->tok) tsr_info("%s/tokenizer.json read (%d ids): deployment %s serves text "
-                             "prompts", j->dir, tsr_tok_vocab_size(j->tok), s->name);
+        int ids = j->tok ? tsr_tok_vocab_size(j->tok) : 0;
         dep_tok_install(s, j->dir, j->tok, j->err, &j->file);
+        if (s->tok) tsr_info("%s/tokenizer.json read (%d ids): deployment %s serves text "
+                             "prompts", j->dir, ids, s->name);
         j->tok = NULL;
         for (int k; (k = tok_waiter(c, j->dir)) >= 0;) {
             tsr_dep_state_t *o = &c->deps[k];
             dep_tok_take(o, s);
-            if (s->tok) tsr_info("deployment %s serves text prompts too", o->name);
-            tok_vocab_check(o);
+            tok_vocab_check(o, true);
+            if (o->tok) tsr_info("deployment %s serves text prompts too", o->name);
         }
         changed = true;
     }

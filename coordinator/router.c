@@ -659,7 +659,10 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
     /* Room for the prompt and the first tokens; it grows as tokens come. */
     int cap_ids = (int)total + 64;
     ids = id ? malloc((size_t)cap_ids * sizeof *ids) : NULL;
+    /* The text is what the tokens add to the prompt's: a SentencePiece tokenizer's first
+     * word keeps its space (prompt text + completion text = the decode of all the ids). */
     tsr_detok_t *detok = q->want_text ? tsr_detok_new(ds->tok->tok, true) : NULL;
+    if (detok && tsr_detok_prime(detok, pids, n_pids) < 0) tsr_detok_destroy(&detok);
     if (!ids || (q->want_text && !detok)) {
         tsr_detok_destroy(&detok);
         snprintf(msg, sizeof msg, "%s", id ? "coordinator out of memory"

@@ -4,7 +4,11 @@ a coordinator with http_endpoint and an API keys file, and workers for three dep
   text   tp=1, the model's tokenizer and chat template (model-init's), max_seq_len 400
   tight  the same model with max_batch 1 and max_queue 0 (a second request finds it full)
   slow   a larger model (about 10 ms a token), max_seq_len 1000
-Environment: TSR_HTTP (base URL), TSR_KEY, TSR_BIN, TSR_CEP, TSR_MODEL, TSR_YAML.
+  sp     a model with a SentencePiece-style tokenizer (Metaspace, byte fallback) built by
+         tests/tokenizer/build_tokenizers.py, and its [INST] chat template
+  wide   a model of 4,096 ids beside the 1,024-id shipped tokenizer: refused at load
+Environment: TSR_HTTP (base URL), TSR_KEY, TSR_BIN, TSR_CEP, TSR_MODEL, TSR_SP_MODEL,
+TSR_YAML.
 Prints one line per check and exits non-zero on the first failure."""
 import json
 import os
@@ -19,9 +23,11 @@ import urllib.request
 import openai
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
 
 BASE, KEY, BIN = os.environ["TSR_HTTP"], os.environ["TSR_KEY"], os.environ["TSR_BIN"]
 CEP, MODEL, YAML = os.environ["TSR_CEP"], os.environ["TSR_MODEL"], os.environ["TSR_YAML"]
+SP_MODEL = os.environ["TSR_SP_MODEL"]
 PROMPT = "Tessera serves sharded models: ça marche, 日本語も."
 client = OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
@@ -41,8 +47,8 @@ def run(*args):
     return p.stdout
 
 
-def cli_ids(prompt, n):
-    return [int(x) for x in run("--coordinator", CEP, "generate", "text", "--prompt", prompt,
+def cli_ids(prompt, n, dep="text"):
+    return [int(x) for x in run("--coordinator", CEP, "generate", dep, "--prompt", prompt,
                                 "--max-tokens", str(n), "--ids").split()]
 
 
@@ -90,7 +96,7 @@ def ended(m, dep):
 
 
 # ---- models and health ------------------------------------------------------------
-ok(sorted(m.id for m in client.models.list()) == ["slow", "text", "tight"], "/v1/models lists the deployments")
+ok(sorted(m.id for m in client.models.list()) == ["slow", "sp", "text", "tight", "wide"], "/v1/models lists the deployments")
 st, _, body = http("GET", "/health", key=None)
 ok(st == 200 and json.loads(body)["status"] == "ok", "/health is 200 while every deployment is ready")
 
@@ -134,6 +140,66 @@ cs = list(client.chat.completions.create(model="text", messages=msgs, max_tokens
 ok(cs[0].choices[0].delta.role == "assistant" and
    "".join(x.choices[0].delta.content or "" for x in cs) == c.choices[0].message.content,
    "streamed chat deltas concatenate to the answer")
+
+# ---- the completion continues the prompt (SentencePiece: the first word's space) ----------
+# The reference library's decode of the prompt's ids and the completion's together is the
+# prompt followed by the completion's text: for /v1/completions (text or ids, streamed or
+# not) and `tessera generate --prompt`.  A chat's answer is what its ids add to the
+# decode of the rendered conversation, the same rule.
+def continues_the_prompt():
+    sp = Tokenizer.from_file(SP_MODEL + "/tokenizer.json")
+    alone_differs = 0
+    for p in ("Once upon a time", "The coordinator plans", "ça marche", "Tessera serves text",
+              "one two three"):
+        pids = sp.encode(p).ids
+        ok(sp.decode(pids, skip_special_tokens=True) == p, "sp: %r encodes and decodes back" % p)
+        ids = cli_ids(p, 12, "sp")
+        want = sp.decode(pids + ids, skip_special_tokens=True)
+        alone_differs += sp.decode(ids, skip_special_tokens=True) != want[len(p):]
+        r = client.completions.create(model="sp", prompt=p, max_tokens=12, temperature=0)
+        ok(p + r.choices[0].text == want,
+           "sp: prompt + completion text = the reference decode of all the ids (%r + %r, want %r; "
+           "ids %s)" % (p, r.choices[0].text, want, pids + ids))
+        chunks = list(client.completions.create(model="sp", prompt=p, max_tokens=12, temperature=0,
+                                                stream=True))
+        ok(p + "".join(c.choices[0].text for c in chunks) == want, "sp: streamed, too")
+        r = client.completions.create(model="sp", prompt=pids, max_tokens=12, temperature=0)
+        ok(p + r.choices[0].text == want, "sp: a prompt of ids, too")
+        out = subprocess.run([BIN + "/tessera", "--coordinator", CEP, "generate", "sp", "--prompt",
+                              p, "--max-tokens", "12"], capture_output=True, timeout=120,
+                             check=True).stdout.decode()   # bytes: a "\r\n" stays one
+        ok(out.endswith("\n") and p + out[:-1] == want,
+           "sp: `tessera generate --prompt` prints the same text (%r)" % out)
+    ok(alone_differs > 0, "sp: some completions read differently decoded on their own (%d of 5): "
+       "the case checked here" % alone_differs)
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    rendered = "[INST] Tell me a story [/INST]"   # mistral's layout, from the [INST] template
+    rids, cids = sp.encode(rendered).ids, cli_ids(rendered, 12, "sp")
+    head, whole = (sp.decode(x, skip_special_tokens=True) for x in (rids, rids + cids))
+    ok(whole.startswith(head), "sp: the rendered chat's text begins the decode with the answer")
+    c = client.chat.completions.create(model="sp", messages=msgs, max_tokens=12, temperature=0)
+    ok(c.choices[0].message.content == whole[len(head):],
+       "sp: the chat answer is what its ids add to the conversation's text (%r)"
+       % c.choices[0].message.content)
+    cs = list(client.chat.completions.create(model="sp", messages=msgs, max_tokens=12,
+                                             temperature=0, stream=True))
+    ok("".join(x.choices[0].delta.content or "" for x in cs) == c.choices[0].message.content,
+       "sp: streamed chat deltas concatenate to it")
+
+
+continues_the_prompt()
+
+# ---- a tokenizer that does not cover the model: no text, with the reason --------------
+for fn in (lambda: client.completions.create(model="wide", prompt="hello", max_tokens=4),
+           lambda: client.completions.create(model="wide", prompt=[1, 2, 3], max_tokens=4),
+           lambda: client.chat.completions.create(model="wide", max_tokens=4, messages=[
+               {"role": "user", "content": "hello"}])):
+    try:
+        fn()
+        ok(False, "wide: a tokenizer of 1,024 ids answers for a model of 4,096")
+    except openai.APIStatusError as e:
+        ok(400 <= e.status_code < 600 and "tokens for 1024 of the model's 4096 ids" in e.message,
+           "wide: refused with the reason (%d %s)" % (e.status_code, e.message))
 
 # ---- stop strings ------------------------------------------------------------------------
 text = want
@@ -432,7 +498,7 @@ ok(d("tessera_time_to_first_token_seconds_count", deployment="text") == 5 and
    d("tessera_inter_token_latency_seconds_count", deployment="text") ==
    sum(x.usage.completion_tokens - 1 for x in sent), "the histograms saw every request and token")
 ok(metric(m1, "tessera_deployment_state", deployment="text", state="ready") == 1 and
-   metric(m1, "tessera_workers", state="ready") == 3 and metric(m1, "tessera_plan_epoch") >= 1,
+   metric(m1, "tessera_workers", state="ready") == 5 and metric(m1, "tessera_plan_epoch") >= 1,
    "deployment states, workers by state and the plan epoch")
 
 # A flood of scrapes costs the coordinator's loop one metrics text every 250 ms: for a

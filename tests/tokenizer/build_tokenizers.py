@@ -3,6 +3,7 @@
 SentencePiece-style BPE ones (legacy Prepend/Replace normalizers, and Metaspace).
 
     python build_tokenizers.py OUT_DIR     -> OUT_DIR/{llama3,gpt2,sp-legacy,sp-metaspace}/
+    python build_tokenizers.py OUT_DIR sp  -> the two SentencePiece-style ones only
 """
 import json
 import os
@@ -93,11 +94,13 @@ def sentencepiece(out, training):
                                "chat_template": "{{ bos_token }}[INST]"})
 
 
-def main_into(out):
+def main_into(out, which=("byte-level", "sp")):
     training = corpus.training_text()
-    byte_level(out, training)
-    sentencepiece(out, training)
+    if "byte-level" in which:
+        byte_level(out, training)
+    if "sp" in which:
+        sentencepiece(out, training)
 
 
 if __name__ == "__main__":
-    main_into(sys.argv[1])
+    main_into(sys.argv[1], sys.argv[2:] or ("byte-level", "sp"))

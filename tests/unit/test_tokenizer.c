@@ -157,16 +157,24 @@ static void test_stream_holds_split_character(void **state)
 
 /* ---- a SentencePiece-style tokenizer with byte fallback ---------------------------- */
 
-static tsr_tokenizer_t *sentencepiece(void)
+/* Llama 2's layout (legacy: the Prepend and Replace normalizers, the Replace, ByteFallback,
+ * Fuse, Strip decoders), or with metaspace the Metaspace pre-tokenizer and decoder. */
+static tsr_tokenizer_t *sentencepiece_as(bool metaspace)
 {
     char j[16384];
-    size_t n = (size_t)snprintf(j, sizeof j, "{\"normalizer\": {\"type\": \"Sequence\", "
+    const char *legacy = "\"normalizer\": {\"type\": \"Sequence\", "
         "\"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\\u2581\"}, {\"type\": "
         "\"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]}, "
         "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", "
         "\"pattern\": {\"String\": \"\\u2581\"}, \"content\": \" \"}, {\"type\": "
         "\"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", "
-        "\"start\": 1, \"stop\": 0}]}, \"post_processor\": {\"type\": \"TemplateProcessing\", "
+        "\"start\": 1, \"stop\": 0}]}";
+    const char *meta = "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": "
+        "\"\\u2581\", \"prepend_scheme\": \"first\", \"split\": false}, \"decoder\": "
+        "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": "
+        "\"first\", \"split\": false}";
+    size_t n = (size_t)snprintf(j, sizeof j, "{%s, \"post_processor\": ", metaspace ? meta : legacy);
+    n += (size_t)snprintf(j + n, sizeof j - n, "{\"type\": \"TemplateProcessing\", "
         "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": "
         "{\"id\": \"A\", \"type_id\": 0}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", "
         "\"ids\": [1], \"tokens\": [\"<s>\"]}}}, \"added_tokens\": [{\"id\": 1, \"content\": "
@@ -181,6 +189,11 @@ static tsr_tokenizer_t *sentencepiece(void)
     tsr_tokenizer_t *t = tsr_tok_load_text(j, strlen(j), cfg, strlen(cfg), "sp", err, sizeof err);
     if (!t) fail_msg("%s", err);
     return t;
+}
+
+static tsr_tokenizer_t *sentencepiece(void)
+{
+    return sentencepiece_as(false);
 }
 
 static void test_sentencepiece_byte_fallback(void **state)
@@ -212,6 +225,117 @@ static void test_sentencepiece_byte_fallback(void **state)
     assert_string_equal(flush(d), "\xef\xbf\xbd\xef\xbf\xbd");
     tsr_detok_destroy(&d);
     free(ids);
+    tsr_tok_destroy(&t);
+}
+
+/* ---- text in the context of the ids before it (a prompt) ---------------------------- */
+
+/* What ids add after ctx, by tsr_tok_decode_after and by a primed streaming decoder: the
+ * two must agree.  Caller frees. */
+static char *after(const tsr_tokenizer_t *t, const int32_t *ctx, size_t n_ctx,
+                   const int32_t *ids, size_t n)
+{
+    size_t len;
+    char *s = tsr_tok_decode_after(t, ctx, n_ctx, ids, n, true, &len);
+    assert_non_null(s);
+    assert_int_equal(strlen(s), len);
+    tsr_detok_t *d = tsr_detok_new(t, true);
+    assert_int_equal(tsr_detok_prime(d, ctx, n_ctx), 0);
+    char streamed[256] = "";
+    for (size_t i = 0; i <= n; i++) {
+        const char *p;
+        size_t plen;
+        assert_int_equal(i < n ? tsr_detok_push(d, ids[i], &p, &plen) : tsr_detok_flush(d, &p, &plen), 0);
+        strncat(streamed, p, plen);
+    }
+    tsr_detok_destroy(&d);
+    assert_string_equal(streamed, s);
+    return s;
+}
+
+#define AFTER(t, ctx, ids) after(t, ctx, sizeof ctx / sizeof ctx[0], ids, sizeof ids / sizeof ids[0])
+
+/* The first token after a prompt keeps its word's space: the prompt's text and the
+ * completion's concatenate to the decode of all the ids (Llama 2's "Once upon a time"
+ * went on "iPhone", not " iPhone", when the completion was decoded on its own). */
+static void test_completion_continues_the_prompt(void **state)
+{
+    (void)state;
+    for (int meta = 0; meta < 2; meta++) {
+        tsr_tokenizer_t *t = sentencepiece_as(meta);
+        int32_t ctx[] = {1, 261, 261}, ids[] = {261, 260, 261};
+        char *s = AFTER(t, ctx, ids);
+        assert_string_equal(s, " aa a");
+        int32_t all[] = {1, 261, 261, 261, 260, 261};
+        char *whole = tsr_tok_decode(t, all, 6, true, NULL), *head = tsr_tok_decode(t, ctx, 3, true, NULL);
+        assert_string_equal(whole, "a a aa a");
+        assert_string_equal(head, "a a");
+        free(whole);
+        free(head);
+        free(s);
+        /* No context, or one of special tokens only (skipped): the start of the text. */
+        s = tsr_tok_decode_after(t, NULL, 0, ids, 3, true, NULL);
+        assert_string_equal(s, "aa a");
+        free(s);
+        int32_t bos[] = {1};
+        s = AFTER(t, bos, ids);
+        assert_string_equal(s, "aa a");
+        free(s);
+        tsr_tok_destroy(&t);
+    }
+}
+
+/* A prompt that ends in a byte-fallback run: a complete character is the prompt's and is
+ * not repeated; one the prompt leaves incomplete comes whole with the completion; a run
+ * the completion goes on into invalid bytes gives the completion's own text, never the
+ * prompt's again. */
+static void test_completion_after_a_byte_run(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = sentencepiece();
+    int32_t done[] = {261, 3 + 0xE4, 3 + 0xB8, 3 + 0xAD}, ids[] = {261, 3 + 0xE4, 3 + 0xB8, 3 + 0xAD};
+    char *s = AFTER(t, done, ids);
+    assert_string_equal(s, " a\xe4\xb8\xad");
+    free(s);
+    int32_t cut[] = {261, 3 + 0xE4, 3 + 0xB8}, rest[] = {3 + 0xAD, 261};
+    s = AFTER(t, cut, rest);
+    assert_string_equal(s, "\xe4\xb8\xad a");
+    free(s);
+    int32_t bad[] = {3 + 0xFF, 261};
+    s = AFTER(t, done, bad);
+    assert_string_equal(s, "\xef\xbf\xbd a");
+    free(s);
+    /* Byte-level: bytes go on across the boundary as they are. */
+    tsr_tokenizer_t *b = byte_level();
+    int32_t bctx[] = {256, 0xE4, 0xB8}, bids[] = {0xAD, 'c'};
+    s = AFTER(b, bctx, bids);
+    assert_string_equal(s, "\xe4\xb8\xad" "c");
+    free(s);
+    int32_t bctx2[] = {256, 0xE4, 0xB8, 0xAD};
+    s = AFTER(b, bctx2, bids);
+    assert_string_equal(s, "\xef\xbf\xbd" "c");  /* a stray continuation byte */
+    free(s);
+    tsr_tok_destroy(&b);
+    tsr_tok_destroy(&t);
+}
+
+/* ---- whether a tokenizer covers a model's vocabulary --------------------------------- */
+
+/* A model's ids each need a token, or they decode to nothing: a tokenizer of 258 ids
+ * covers a model of 258, and one padded by up to a sixteenth (270), not one of 300 or
+ * 32,000 (model-init's shipped tokenizer beside --vocab 32000 gave empty text). */
+static void test_covers_the_model_vocabulary(void **state)
+{
+    (void)state;
+    tsr_tokenizer_t *t = byte_level();   /* ids 0 to 257 */
+    char err[256] = "";
+    assert_int_equal(tsr_tok_covers(t, 258, err, sizeof err), 0);
+    assert_int_equal(tsr_tok_covers(t, 100, err, sizeof err), 0);   /* ids past it: refused as prompts */
+    assert_int_equal(tsr_tok_covers(t, 270, err, sizeof err), 0);
+    assert_int_equal(tsr_tok_covers(t, 300, err, sizeof err), -1);
+    assert_non_null(strstr(err, "258 of the model's 300 ids"));
+    assert_int_equal(tsr_tok_covers(t, 32000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "258 of the model's 32000 ids"));
     tsr_tok_destroy(&t);
 }
 
@@ -324,6 +448,9 @@ int main(void)
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_stream_holds_split_character),
         cmocka_unit_test(test_sentencepiece_byte_fallback),
+        cmocka_unit_test(test_completion_continues_the_prompt),
+        cmocka_unit_test(test_completion_after_a_byte_run),
+        cmocka_unit_test(test_covers_the_model_vocabulary),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_threads_agree),
     };
