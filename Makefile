@@ -10,6 +10,8 @@
 #   make bench      control-plane, data-plane and serving benchmarks (bench/)
 #   make install    PREFIX=/usr/local: binaries, systemd units, example configs
 #   make uninstall  removes what make install laid out (not the key store)
+#   make systemd-check  as root: the units under a real systemd in a Debian container
+#                   (scripts/systemd-check.sh; SYSTEMD_CHECK_FLAGS=--rebuild)
 #   make fuzz       libFuzzer targets (tests/fuzz/, clang), each for FUZZ_SECONDS
 #
 # CFLAGS, LDFLAGS, LDLIBS and NVCCFLAGS given on the command line or in the
@@ -120,7 +122,7 @@ BENCH_BIN    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 PROGRAMS := $(BIN)/tessera-coordinator $(BIN)/tessera-worker $(BIN)/tessera
 
 .PHONY: all deps test unit integration asan cpu-only tsan demo bench install uninstall clean fuzz \
-        fuzz-build fuzz-corpus
+        fuzz-build fuzz-corpus systemd-check
 all: $(PROGRAMS) build/models/demo/config.json
 
 # The demo's model: a small random Llama checkpoint (configs/demo.yaml).
@@ -279,6 +281,10 @@ tsan: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@./scripts/demo.sh
+
+# It builds its own CUDA=0 release (build/systemd-check) and installs that.
+systemd-check:
+	@./scripts/systemd-check.sh $(SYSTEMD_CHECK_FLAGS)
 
 # The release programs serve the benchmarks; the wedged-rank one needs the test
 # build's fake-NCCL worker and its test settings.

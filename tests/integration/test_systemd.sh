@@ -47,7 +47,7 @@ for line in DynamicUser=yes UMask=0077 ProtectSystem=strict ProtectHome=yes Priv
     done
 done
 for line in PrivateDevices=yes PrivateUsers=yes ProcSubset=pid MemoryDenyWriteExecute=yes \
-            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" "SystemCallFilter=~@privileged @resources"; do
+            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK" "SystemCallFilter=~@privileged @resources"; do
     grep -qx -- "$line" "$C" || fail "coordinator unit: hardening line $line missing"
 done
 # The GPU stack needs the devices, /proc/driver/nvidia and JIT memory.
@@ -55,6 +55,9 @@ for line in PrivateDevices=yes ProcSubset=pid MemoryDenyWriteExecute=yes; do
     ! grep -qx -- "$line" "$W" || fail "worker unit: $line would lock out the GPU"
 done
 grep -qx "DevicePolicy=closed" "$W" || fail "worker unit: devices not closed by default"
+# video exists on every Debian system (render only with udev: a group that is
+# missing stops the unit from starting, status 216/GROUP).
+grep -qx "SupplementaryGroups=video" "$W" || fail "worker unit: groups other than video: $(grep SupplementaryGroups "$W")"
 grep -qx "SystemCallFilter=~@privileged" "$W" || fail "worker unit: @privileged not filtered"
 if command -v systemd-analyze > /dev/null; then
     systemd-analyze verify "$C" "$W" > "$T/verify.log" 2>&1 || fail "systemd-analyze: $(cat "$T/verify.log")"
