@@ -246,6 +246,7 @@ static int add_pre(tsr_tokenizer_t *t, json_t *o, const char *path, char *err, s
             return fail(t, err, errlen, "out of memory"), -1;
         if (jbool(o, "use_regex", true)) {
             pre_t sp = {.kind = PRE_SPLIT};
+            snprintf(sp.where, sizeof sp.where, "%s (ByteLevel's pattern)", path);
             sp.re = compile_re(t, GPT2_SPLIT, sizeof GPT2_SPLIT - 1, path, err, errlen);
             if (!sp.re) return -1;
             if (push_pre(t, sp)) {
@@ -271,6 +272,7 @@ static int add_pre(tsr_tokenizer_t *t, json_t *o, const char *path, char *err, s
         const char *re = json_is_object(pat) ? jstr(pat, "Regex", &n) : NULL;
         const char *lit = json_is_object(pat) ? jstr(pat, "String", &n) : NULL;
         snprintf(sub, sizeof sub, "%s.pattern", path);
+        snprintf(p.where, sizeof p.where, "%s", sub);
         if (re) {
             p.re = compile_re(t, re, n, sub, err, errlen);
         } else if (lit && n > 0) {
