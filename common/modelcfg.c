@@ -9,6 +9,7 @@
 #include <string.h>
 #include <jansson.h>
 
+#include "modelfile.h"
 #include "util.h"
 
 
@@ -365,17 +366,15 @@ int tsr_model_info_load(const char *dir, tsr_model_info_t *out, char *err, size_
         goto out;
     }
     size_t len = 0;
-    char *text = tsr_read_regular(path, TSR_MODEL_CONFIG_MAX_BYTES, &len, err, errlen);
+    char *text = tsr_model_read(dir, "config.json", TSR_MODEL_CONFIG_MAX_BYTES, &len, err,
+                                errlen);
     if (text == NULL)
         goto out;
     root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     if (root == NULL) {
-        if (jerr.line > 0)
-            tsr_set_err(err, errlen, "%s:%d:%d: invalid JSON: %s", path, jerr.line,
-                    jerr.column, jerr.text);
-        else
-            tsr_set_err(err, errlen, "%s: %s", path, jerr.text);
+        tsr_set_err(err, errlen, "%s:%d:%d: invalid JSON (byte %d): %s", path, jerr.line,
+                    jerr.column, jerr.position, tsr_json_error_what(&jerr));
         goto out;
     }
     if (!json_is_object(root)) {

@@ -6,6 +6,7 @@
  * download or a hand-edited header fails at open with a message naming the
  * file and the tensor, never later as a short read or a wrong weight. */
 #include "safetensors.h"
+#include "modelfile.h"
 #include "util.h"
 
 #include <errno.h>
@@ -387,9 +388,12 @@ int tsr_st_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, cons
     }
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | buf[i];
+    /* The length is not shown: in a file that is not a checkpoint its 8 bytes are
+     * whatever the file starts with. */
     if (hlen > TSR_ST_MAX_HEADER || hlen > file_size - 8) {
-        tsr_set_err(err, errlen, "%s: header length %llu is larger than %s (%llu bytes)", fname,
-                (unsigned long long)hlen, hlen > TSR_ST_MAX_HEADER ? "the limit" : "the file",
+        tsr_set_err(err, errlen, "%s: the header length (bytes 0 to 7) is larger than %s (%llu "
+                "bytes): not a safetensors file, or a truncated one", fname,
+                hlen > TSR_ST_MAX_HEADER ? "the limit" : "the file",
                 hlen > TSR_ST_MAX_HEADER ? (unsigned long long)TSR_ST_MAX_HEADER
                                          : (unsigned long long)file_size);
         goto out;
@@ -403,8 +407,8 @@ int tsr_st_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, cons
     c.data_size = file_size - c.data_start;
     root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {
-        tsr_set_err(err, errlen, "%s: header is not valid JSON: %s (at byte %d)", fname, jerr.text,
-                jerr.position);
+        tsr_set_err(err, errlen, "%s: header is not valid JSON at byte %d of the file: %s",
+                fname, 8 + jerr.position, tsr_json_error_what(&jerr));
         goto out;
     }
     rc = parse_root(&c, root, out, n_out);
@@ -501,7 +505,7 @@ static int add_file(tsr_st_t *st, const char *name, char *err, size_t errlen)
         free(path);
         return -1;
     }
-    fd = tsr_open_regular(path, err, errlen);  /* a FIFO would block the load for ever */
+    fd = tsr_model_open(st->dir, name, err, errlen);  /* a FIFO would block the load for ever */
     if (fd < 0) {
         free(path);
         return -1;
@@ -546,12 +550,13 @@ static int plain_name(const char *s)
            strcmp(s, "..") != 0;
 }
 
-static int load_index_json(const char *path, json_t **wm_out, json_t **root_out,
-                           char *err, size_t errlen)
+static int load_index_json(const char *dir, const char *path, json_t **wm_out,
+                           json_t **root_out, char *err, size_t errlen)
 {
     json_error_t jerr;
     size_t len = 0;
-    char *text = tsr_read_regular(path, TSR_ST_INDEX_MAX_BYTES, &len, err, errlen);
+    char *text = tsr_model_read(dir, "model.safetensors.index.json", TSR_ST_INDEX_MAX_BYTES,
+                                &len, err, errlen);
     if (text == NULL)
         return -1;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -559,8 +564,8 @@ static int load_index_json(const char *path, json_t **wm_out, json_t **root_out,
     free(text);
 
     if (root == NULL) {
-        tsr_set_err(err, errlen, "%s: %s%s", path, jerr.line > 0 ? "invalid JSON: " : "",
-                jerr.text);
+        tsr_set_err(err, errlen, "%s:%d:%d: invalid JSON (byte %d): %s", path, jerr.line,
+                jerr.column, jerr.position, tsr_json_error_what(&jerr));
         return -1;
     }
     *root_out = root;
@@ -646,7 +651,7 @@ static int open_index(tsr_st_t *st, const char *ipath, char *err, size_t errlen)
     json_t *root = NULL, *wm = NULL;
     int rc = -1;
 
-    if (load_index_json(ipath, &wm, &root, err, errlen) < 0 ||
+    if (load_index_json(st->dir, ipath, &wm, &root, err, errlen) < 0 ||
         open_index_files(st, ipath, wm, err, errlen) < 0 ||
         sort_tensors(st, err, errlen) < 0 || check_weight_map(st, ipath, wm, err, errlen) < 0)
         goto out;

@@ -20,6 +20,20 @@
 #define CACHE_MAX_WORD 256           /* longer words are not cached */
 #define CACHE_MAX_PROBE 16           /* slots looked at per lookup: a word beyond is uncached */
 
+/* The pattern-matching budget of one encode call, in PCRE2's match-limit units (about
+ * one per byte of ordinary text; JIT or not, a unit costs a few nanoseconds to a few
+ * tens).  PCRE2's own limit holds per match only, so a pattern that backtracks
+ * exponentially within it, over many short runs, once cost 90 times a single run.
+ * Each match is first allowed MATCH_FIRST units, then twice as many until it ends or
+ * the budget is spent; the units it was allowed are charged, so what a text may cost
+ * is bounded by its length (the retries at most double it).  Ordinary text under the
+ * Llama 3 and GPT-2 patterns is charged 1 to 15 units a byte (a long run of spaces is
+ * the most a single match needs: 8192 for 5,000); 256 a byte and a floor of 2^20
+ * leave room beyond that, and hold a pathological pattern to milliseconds. */
+#define MATCH_FLOOR (1u << 20)
+#define MATCH_PER_BYTE 256u
+#define MATCH_FIRST 64u
+
 /* ---- the BPE model ------------------------------------------------------------ */
 
 /* Scratch for one encode call. */
@@ -32,6 +46,9 @@ typedef struct {
     size_t sym_cap;
     size_t max_ids;                  /* stop past this many ids (0: no bound) */
     bool over;                       /* ... and it was passed */
+    pcre2_match_context *mctx;       /* the per-match limit, within ... */
+    uint64_t match_left;             /* ... what is left of the budget */
+    const pre_t *spent;              /* the Split pattern that went past it */
 } enc_t;
 
 static int enc_grow(enc_t *e, size_t n)
@@ -218,19 +235,40 @@ static int model_word(const tsr_tokenizer_t *tc, enc_t *e, const char *w, size_t
 static int pretok(const tsr_tokenizer_t *t, enc_t *e, size_t stage, const char *s, size_t n,
                   bool first);
 
-/* Runs re over s, handing every match and every gap between matches to the next stage. */
-static int split_re(const tsr_tokenizer_t *t, enc_t *e, size_t stage, pcre2_code *re,
-                    const char *s, size_t n, bool first)
+/* One pcre2_match from `at` within what is left of the encode call's budget: the
+ * match's result, or PCRE2_ERROR_MATCHLIMIT with e->spent set once the budget is gone. */
+static int match_budgeted(enc_t *e, const pre_t *p, pcre2_match_data *md, const char *s,
+                          size_t n, size_t at)
 {
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    for (uint64_t allow = MATCH_FIRST;; allow *= 2) {
+        uint64_t lim = allow < e->match_left ? allow : e->match_left;
+        pcre2_set_match_limit(e->mctx, (uint32_t)(lim < UINT32_MAX ? lim : UINT32_MAX));
+        int m = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, e->mctx);
+        if (m == PCRE2_ERROR_JIT_STACKLIMIT)
+            m = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
+                            e->mctx);
+        if (m != PCRE2_ERROR_MATCHLIMIT || lim == e->match_left) {
+            e->match_left -= lim;
+            if (m == PCRE2_ERROR_MATCHLIMIT) e->spent = p;
+            return m;
+        }
+    }
+}
+
+/* Runs the stage's pattern over s, handing every match and every gap between matches to
+ * the next stage. */
+static int split_re(const tsr_tokenizer_t *t, enc_t *e, size_t stage, const char *s, size_t n,
+                    bool first)
+{
+    const pre_t *p = &t->pres[stage];
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(p->re, NULL);
     if (!md) return -1;
     int rc = 0;
     size_t last = 0, at = 0;
     while (at <= n && !rc) {
-        int m = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, NULL);
-        if (m == PCRE2_ERROR_JIT_STACKLIMIT)
-            m = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
-        if (m < 0) break;  /* no more matches (or a match limit: the rest is one piece) */
+        int m = match_budgeted(e, p, md, s, n, at);
+        if (e->spent) rc = -1;
+        if (m < 0) break;  /* no more matches (or another PCRE2 limit: the rest is one piece) */
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) {  /* empty: no piece; step one character */
@@ -255,7 +293,7 @@ static int pretok(const tsr_tokenizer_t *t, enc_t *e, size_t stage, const char *
     const pre_t *p = &t->pres[stage];
     buf_t *b = &e->stage[stage];
     b->len = 0;
-    if (p->kind == PRE_SPLIT) return split_re(t, e, stage, p->re, s, n, first);
+    if (p->kind == PRE_SPLIT) return split_re(t, e, stage, s, n, first);
     if (p->kind == PRE_METASPACE) {
         /* Whether it starts with the replacement once spaces are replaced. */
         bool starts = s[0] == ' ' || (n >= p->repl_len && !memcmp(s, p->repl, p->repl_len));
@@ -398,7 +436,8 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
         return -1;
     }
     ids_t out = {0};
-    enc_t e = {.out = &out, .max_ids = max_ids};
+    enc_t e = {.out = &out, .max_ids = max_ids,
+               .match_left = MATCH_FLOOR + (uint64_t)MATCH_PER_BYTE * len};
     /* Every token covers at most max_token_bytes of the text (unless one can absorb any
      * length): a text longer than the bound cannot fit and is not looked at. */
     if (max_ids && !t->unbounded_tokens && !t->shrinking_norm &&
@@ -410,7 +449,8 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
     buf_t nb = {0}, tmp = {0};
     int rc = -1;
     e.stage = calloc(t->n_pres + 1, sizeof *e.stage);
-    if (!e.stage || find_added(t, &t->raw_set, text, len, &raw)) goto oom;
+    e.mctx = pcre2_match_context_create(NULL);
+    if (!e.stage || !e.mctx || find_added(t, &t->raw_set, text, len, &raw)) goto oom;
     size_t tmpl_seq = 0;
     if (add_special && t->tmpl) {
         while (t->tmpl[tmpl_seq] >= 0)
@@ -450,11 +490,21 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
     rc = 0;
     goto out;
 oom:
-    if (e.over) tsr_set_err(err, errlen, "the text makes more than %zu tokens", max_ids);
-    else tsr_set_err(err, errlen, "out of memory");
+    if (e.over)
+        tsr_set_err(err, errlen, "the text makes more than %zu tokens", max_ids);
+    else if (e.spent)
+        tsr_set_err(err, errlen,
+                    "the tokenizer's pattern %s needs more matching work for these %zu bytes "
+                    "than an encode may take (%llu units; a pattern that backtracks "
+                    "heavily on this text)",
+                    e.spent->where, len,
+                    (unsigned long long)(MATCH_FLOOR + (uint64_t)MATCH_PER_BYTE * len));
+    else
+        tsr_set_err(err, errlen, "out of memory");
 out:
     for (size_t i = 0; e.stage && i <= t->n_pres; i++) free(e.stage[i].p);
     free(e.stage);
+    pcre2_match_context_free(e.mctx);
     free(e.sym_id);
     free(e.sym_prev);
     free(e.sym_next);

@@ -68,6 +68,7 @@ typedef struct {
     int scheme;
     bool split;                      /* metaspace: split on the replacement */
     pcre2_code *re;                  /* split pattern (owned) */
+    char where[96];                  /* split: the pattern's place in the file, for errors */
 } pre_t;
 
 typedef struct {

@@ -7,12 +7,14 @@
  * matched in their normalized form. */
 #include "common/tokenizer.h"
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "common/modelfile.h"
 #include "common/tok_tables.h"
 #include "common/utf8.h"
 #include "common/util.h"
@@ -246,6 +248,7 @@ static int add_pre(tsr_tokenizer_t *t, json_t *o, const char *path, char *err, s
             return fail(t, err, errlen, "out of memory"), -1;
         if (jbool(o, "use_regex", true)) {
             pre_t sp = {.kind = PRE_SPLIT};
+            snprintf(sp.where, sizeof sp.where, "%s (ByteLevel's pattern)", path);
             sp.re = compile_re(t, GPT2_SPLIT, sizeof GPT2_SPLIT - 1, path, err, errlen);
             if (!sp.re) return -1;
             if (push_pre(t, sp)) {
@@ -271,6 +274,7 @@ static int add_pre(tsr_tokenizer_t *t, json_t *o, const char *path, char *err, s
         const char *re = json_is_object(pat) ? jstr(pat, "Regex", &n) : NULL;
         const char *lit = json_is_object(pat) ? jstr(pat, "String", &n) : NULL;
         snprintf(sub, sizeof sub, "%s.pattern", path);
+        snprintf(p.where, sizeof p.where, "%s", sub);
         if (re) {
             p.re = compile_re(t, re, n, sub, err, errlen);
         } else if (lit && n > 0) {
@@ -774,8 +778,9 @@ static int load_config(tsr_tokenizer_t *t, const char *text, size_t len, char *e
     json_error_t jerr;
     json_t *cfg = json_loadb(text, len, 0, &jerr);
     if (!json_is_object(cfg)) {
-        tsr_set_err(err, errlen, "%s: tokenizer_config.json, line %d: %s", t->name, jerr.line,
-                    cfg ? "not a JSON object" : jerr.text);
+        tsr_set_err(err, errlen, "%s: tokenizer_config.json, line %d, column %d (byte %d): %s",
+                    t->name, jerr.line, jerr.column, jerr.position,
+                    cfg ? "not a JSON object" : tsr_json_error_what(&jerr));
         json_decref(cfg);
         return -1;
     }
@@ -820,7 +825,8 @@ tsr_tokenizer_t *tsr_tok_load_text(const char *tokenizer_json, size_t len,
     root = json_loadb(tokenizer_json, len, 0, &jerr);
     if (!json_is_object(root)) {
         if (root) fail(t, err, errlen, "not a JSON object");
-        else fail(t, err, errlen, "line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
+        else fail(t, err, errlen, "line %d, column %d (byte %d): invalid JSON: %s", jerr.line,
+                  jerr.column, jerr.position, tsr_json_error_what(&jerr));
         goto out;
     }
     json_t *trunc = json_object_get(root, "truncation"), *pad = json_object_get(root, "padding");
@@ -874,9 +880,12 @@ tsr_tokenizer_t *tsr_tok_load(const char *dir, char *err, size_t errlen)
         tsr_set_err(err, errlen, "out of memory");
         goto out;
     }
-    if (!(text = tsr_read_regular(path, TSR_TOKENIZER_MAX_BYTES, &len, err, errlen))) goto out;
-    if (access(cpath, F_OK) == 0 &&
-        !(ctext = tsr_read_regular(cpath, TSR_TOKENIZER_MAX_BYTES, &clen, err, errlen)))
+    if (!(text = tsr_model_read(dir, "tokenizer.json", TSR_TOKENIZER_MAX_BYTES, &len, err,
+                                errlen)))
+        goto out;
+    if (faccessat(AT_FDCWD, cpath, F_OK, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !(ctext = tsr_model_read(dir, "tokenizer_config.json", TSR_TOKENIZER_MAX_BYTES, &clen,
+                                 err, errlen)))
         goto out;
     t = tsr_tok_load_text(text, len, ctext, clen, path, err, errlen);
 out:

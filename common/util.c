@@ -60,7 +60,11 @@ int tsr_open_regular(const char *path, char *err, size_t errlen)
 char *tsr_read_regular(const char *path, size_t max, size_t *len, char *err, size_t errlen)
 {
     int fd = tsr_open_regular(path, err, errlen);
-    if (fd < 0) return NULL;
+    return fd < 0 ? NULL : tsr_read_fd(fd, path, max, len, err, errlen);
+}
+
+char *tsr_read_fd(int fd, const char *path, size_t max, size_t *len, char *err, size_t errlen)
+{
     struct stat sb;
     char *buf = NULL;
     size_t n = 0, cap;

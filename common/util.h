@@ -23,6 +23,10 @@ int tsr_open_regular(const char *path, char *err, size_t errlen);
  * "PATH: why" in err. */
 char *tsr_read_regular(const char *path, size_t max, size_t *len, char *err, size_t errlen);
 
+/* The same from an fd opened by tsr_open_regular (or tsr_model_open), which it closes;
+ * path names the file in errors. */
+char *tsr_read_fd(int fd, const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
 /* What tells one version of a file from another: device, inode, size and modification
  * time (all 0: it could not be looked at). */
 typedef struct {

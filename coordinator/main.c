@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/modelfile.h"
 #include "common/wire.h"
 #include "apikeys.h"
 #include "deptok.h"
@@ -47,6 +48,10 @@ static void usage(FILE *f)
             "  --adopt-grace-ms MS   wait this long after start before planning, so\n"
             "                        workers of a previous coordinator can re-attach with\n"
             "                        their pieces (default: coordinator.worker_timeout_ms)\n"
+            "  --allow-model-links-outside\n"
+            "                        follow links in a model directory that lead out of\n"
+            "                        it (a Hugging Face cache snapshot's); by default\n"
+            "                        such a file is refused\n"
             "  --check               validate the file (and each model's config.json)\n"
             "                        and exit: 0 when valid\n"
             "  -v, --verbose         debug logging (or TESSERA_LOG_LEVEL=debug)\n"
@@ -61,6 +66,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     static const struct option opts[] = {{"adopt-grace-ms", required_argument, 0, 'g'},
                                          {"check", no_argument, 0, 'c'},
+                                         {"allow-model-links-outside", no_argument, 0, 'L'},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -78,6 +84,7 @@ int main(int argc, char **argv)
             break;
         }
         case 'c': check = 1; break;
+        case 'L': tsr_model_links_outside(true); break;
         case 'v': level = TSR_LOG_DEBUG; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

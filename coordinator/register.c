@@ -53,9 +53,11 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     if (tsr_assignment_differs(d, &held, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */
-    if (a->epoch > TSR_EPOCH_MAX || a->epoch > c->epoch + TSR_EPOCH_ADOPT_STEP) {
-        snprintf(why, len, "its epoch %llu is more than %llu ahead of the coordinator's %llu",
-                 (unsigned long long)a->epoch, (unsigned long long)TSR_EPOCH_ADOPT_STEP,
+    if (a->epoch > c->epoch && a->epoch > TSR_EPOCH_ADOPT_MAX) {
+        snprintf(why, len,
+                 "its epoch %llu is over %llu, the most a registration may raise the "
+                 "coordinator's epoch (%llu) to",
+                 (unsigned long long)a->epoch, (unsigned long long)TSR_EPOCH_ADOPT_MAX,
                  (unsigned long long)c->epoch);
         return why;
     }
@@ -246,11 +248,11 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
         bool resend;
         const char *no = try_adopt(c, w, r->assignment, &resend, why, sizeof why);
         /* Epochs only grow across restarts even when the layout changed and
-         * nothing is adopted: a piece's epoch raises the coordinator's
-         * (within the step a forged one is allowed). */
+         * nothing is adopted: a piece's epoch raises the coordinator's, up to
+         * the bound that keeps repeated forged registrations from moving it
+         * towards TSR_EPOCH_MAX. */
         uint64_t e = r->assignment->epoch;
-        if (no && e > c->epoch && e <= TSR_EPOCH_MAX && e <= c->epoch + TSR_EPOCH_ADOPT_STEP)
-            c->epoch = e;
+        if (no && e > c->epoch && e <= TSR_EPOCH_ADOPT_MAX) c->epoch = e;
         if (!no) {
             rep.adopted = true;
             w->state = r->state == TESSERA__WORKER_STATE__STATE_READY     ? TSR_W_READY

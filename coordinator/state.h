@@ -36,9 +36,13 @@
 #include "tokref.h"
 #include "zap.h"
 
-/* The most an adopted piece may raise the plan epoch: far more plans than a
- * cluster makes between coordinator restarts, far less than TSR_EPOCH_MAX. */
-#define TSR_EPOCH_ADOPT_STEP (1ull << 24)
+/* The highest plan epoch a registering worker's piece may raise the
+ * coordinator's to, adopted or not.  A coordinator starts at epoch 0 and
+ * learns its predecessor's from the pieces its workers hold; far more plans
+ * than a cluster makes, far less than TSR_EPOCH_MAX.  A bound on the epoch,
+ * not on each raise: registrations repeated with ever higher epochs would
+ * otherwise push it up a step at a time until no plan could be made. */
+#define TSR_EPOCH_ADOPT_MAX (1ull << 24)
 
 /* A set of (deployment index, replica) pairs. */
 typedef struct {

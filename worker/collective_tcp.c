@@ -342,16 +342,29 @@ typedef struct {
     size_t secret_len;
 } stash_t;
 
+/* The secret of an epoch this worker formed communicators for. */
+typedef struct {
+    uint64_t epoch;
+    uint8_t secret[SECRET_MAX];
+    size_t len;                 /* 0: unused */
+} known_t;
+
+#define KNOWN_MAX 2             /* the epoch being formed and the one before */
+
 struct former;
 
 struct tsr_tcp_listener {
     int fd;
     int port;
     char endpoint[EP_MAX];
-    pthread_mutex_t mu;         /* guards stash, nstash and formers */
+    pthread_mutex_t mu;         /* guards stash, nstash, formers and known */
     stash_t stash[STASH_MAX];
     int nstash;
     struct former *formers;     /* tsr_tcp_comm_new calls running on it now */
+    /* A handshake of another epoch is answered (stale, early) only when it
+     * proves one of these: to anyone else every refusal looks alike, so a
+     * stranger cannot learn the epoch from the port (issue 38, item 12). */
+    known_t known[KNOWN_MAX];
 };
 
 static bool is_wildcard(const char *host)
@@ -452,10 +465,33 @@ void tsr_tcp_listener_destroy(tsr_tcp_listener_t **l_p)
     tsr_tcp_listener_t *l = *l_p;
     for (int i = 0; i < l->nstash; i++) close(l->stash[i].fd);
     OPENSSL_cleanse(l->stash, sizeof l->stash);
+    OPENSSL_cleanse(l->known, sizeof l->known);
     close(l->fd);
     pthread_mutex_destroy(&l->mu);
     free(l);
     *l_p = NULL;
+}
+
+/* Keeps the secret of the epoch now formed, in place of the oldest known
+ * (an epoch older than both is not kept). */
+static void known_put(tsr_tcp_listener_t *l, uint64_t epoch, const uint8_t *secret, size_t len)
+{
+    pthread_mutex_lock(&l->mu);
+    known_t *k = NULL;
+    for (int i = 0; i < KNOWN_MAX; i++) {
+        known_t *o = &l->known[i];
+        if (o->len && o->epoch == epoch) {
+            k = o;
+            break;
+        }
+        if (!k || !o->len || (k->len && o->epoch < k->epoch)) k = o;
+    }
+    if (k->epoch == epoch || !k->len || k->epoch < epoch) {
+        k->epoch = epoch;
+        memcpy(k->secret, secret, len);
+        k->len = len;
+    }
+    pthread_mutex_unlock(&l->mu);
 }
 
 /* A newer epoch retires the old plan: its half-formed links are useless. */
@@ -784,18 +820,39 @@ static uint32_t stash_put(former_t *f, int fd, const hs_t *h, const pending_t *p
     return st;
 }
 
+/* Whether the handshake proves a secret this rank may answer it under:
+ * this epoch's for this epoch, or any epoch's it formed for another epoch
+ * (a peer of the replica that is behind, or ahead with a secret it shared).
+ * Every known secret is tried, so the work does not tell which matched. */
+static bool hs_proven(former_t *f, const hs_t *h, const pending_t *pd)
+{
+    const uint8_t *nc = pd->hs + HS_BODY, *mac = nc + NONCE_LEN;
+    bool mine = mac_ok(f->secret, f->secret_len, 'C', pd->hs, pd->nonce, nc, 0, mac), other = false;
+    pthread_mutex_lock(&f->l->mu);
+    for (int i = 0; i < KNOWN_MAX; i++) {
+        const known_t *k = &f->l->known[i];
+        if (k->len && mac_ok(k->secret, k->len, 'C', pd->hs, pd->nonce, nc, 0, mac)) other = true;
+    }
+    pthread_mutex_unlock(&f->l->mu);
+    return h->epoch == f->me.epoch ? mine : mine || other;
+}
+
 /* A complete handshake arrived on an accepted connection: take it for
  * this communicator, stash it for another one of this epoch, or refuse
  * it.  Nothing from another epoch is kept: we cannot check its proof (the
  * secret is per epoch), so holding it would let a stranger fill the stash
- * (issue 7, attack 3).  A connector that is ahead retries. */
+ * (issue 7, attack 3).  The proof is checked before the epoch: a handshake
+ * that proves no secret this rank knows is refused alike at every epoch,
+ * with no number in the ack, and only a proven peer learns that it is
+ * stale or early.  A connector that is ahead (its secret not known here
+ * yet) is refused so and retries. */
 static void judge_handshake(former_t *f, int fd, const pending_t *pd)
 {
     hs_t h;
     uint32_t st = ACK_OK;
     uint64_t detail = 0;
     uint8_t c2a[KEY_LEN], a2c[KEY_LEN];
-    const uint8_t *nc = pd->hs + HS_BODY, *mac = nc + NONCE_LEN;
+    const uint8_t *nc = pd->hs + HS_BODY;
     hs_unpack(pd->hs, &h);
     if (h.magic != HS_MAGIC) {
         snprintf(f->refused, sizeof f->refused,
@@ -805,12 +862,13 @@ static void judge_handshake(former_t *f, int fd, const pending_t *pd)
     }
     if (h.version != PROTO_VERSION) {
         st = ACK_VERSION, detail = PROTO_VERSION;
+    } else if (!hs_proven(f, &h, pd)) {
+        st = ACK_AUTH;
     } else if (h.epoch < f->me.epoch) {
         st = ACK_STALE, detail = f->me.epoch;
     } else if (h.epoch > f->me.epoch) {
         st = ACK_EARLY, detail = f->me.epoch;
-    } else if (!mac_ok(f->secret, f->secret_len, 'C', pd->hs, pd->nonce, nc, 0, mac) ||
-               !derive_keys(f->secret, f->secret_len, pd->hs, pd->nonce, nc, c2a, a2c)) {
+    } else if (!derive_keys(f->secret, f->secret_len, pd->hs, pd->nonce, nc, c2a, a2c)) {
         st = ACK_AUTH;
     } else if (h.group == f->me.group) {
         st = judge_mine(f, &h, &detail);
@@ -1043,6 +1101,14 @@ static int read_ack(former_t *f, int j, int64_t now, char *err, size_t errlen)
     }
     if (status == ACK_EARLY) {
         retry_later(f, j, now, "it is still forming an older epoch");
+        return 0;
+    }
+    /* The acceptor may still be forming an older epoch, whose secret is not
+     * ours: it cannot tell us from a stranger, so we try again. */
+    if (status == ACK_AUTH) {
+        retry_later(f, j, now, "the handshake does not prove the replica's secret there (it "
+                               "may still be forming an older epoch, or was given another "
+                               "secret)");
         return 0;
     }
     if (status != ACK_OK) {
@@ -1292,6 +1358,7 @@ tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, 
     }
     for (int j = 0; j < rank; j++) f.out[j] = (outgoing_t){.fd = -1, .backoff = RETRY_MIN_MS};
     stash_drop_older(l, epoch);
+    known_put(l, epoch, secret, secret_len);
     if (form_run(&f, err, errlen)) goto out;
     ret = c;
     c = NULL;                   /* transferred */

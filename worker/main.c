@@ -12,6 +12,7 @@
 
 #include "common/deploy.h"
 #include "common/log.h"
+#include "common/modelfile.h"
 #include "worker/engine.h"
 #include "worker/agent.h"
 
@@ -51,6 +52,9 @@ static void usage(FILE *f)
             "                         environment, a worker whose key is not in the default\n"
             "                         store connects without CURVE (coordinator.security:\n"
             "                         none)\n"
+            "      --allow-model-links-outside  follow links in a model directory that\n"
+            "                         lead out of it (a Hugging Face cache snapshot's); by\n"
+            "                         default such a file is refused\n"
 #ifdef TSR_TESTING
             "      --protocol-version N  claim another protocol version (test builds only)\n"
 #endif
@@ -141,6 +145,7 @@ int main(int argc, char **argv)
         {"verbose", no_argument, 0, 'v'},
         {"data-address", required_argument, 0, 'A'}, {"data-bind", required_argument, 0, 'B'},
         {"keys", required_argument, 0, 'K'},         {"identity", required_argument, 0, 'I'},
+        {"allow-model-links-outside", no_argument, 0, 'L'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "c:d:i:n:vh", opts, NULL)) != -1) {
@@ -163,6 +168,7 @@ int main(int argc, char **argv)
         case 'B': data_bind = optarg; break;
         case 'K': keys = optarg; break;
         case 'I': identity = optarg; break;
+        case 'L': tsr_model_links_outside(true); break;
         case 'v': level = TSR_LOG_DEBUG; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 1;

@@ -106,6 +106,7 @@ struct rank_ctx {
     int (*cancelled)(void *arg);    /* via_create: the rendezvous's cancellation */
     void *cancel_arg;
     body_fn body;
+    const uint8_t *secret;      /* start_rank: 32 bytes to form with (NULL: comm_new's) */
     void *arg;                  /* the test's shared state */
     tsr_comm_t *comm;
     int rc;                     /* 0: forming and body succeeded */
@@ -1489,6 +1490,13 @@ static void put64(uint8_t *p, uint64_t v)
     put32(p + 4, (uint32_t)v);
 }
 
+static uint64_t get64(const uint8_t *p)
+{
+    uint32_t hi, lo;
+    memcpy(&hi, p, 4), memcpy(&lo, p + 4, 4);
+    return (uint64_t)ntohl(hi) << 32 | ntohl(lo);
+}
+
 /* The data port's wire format as a stranger sees it (collective_tcp.c):
  * the acceptor's challenge (magic, version, nonce), the connector's
  * handshake (36 bytes, its nonce, its HMAC) and the ack (magic, status,
@@ -1498,8 +1506,9 @@ static void put64(uint8_t *p, uint64_t v)
 #define T_HS_LEN (T_HS_BODY + 16 + 32)
 #define T_ACK_LEN 48
 #define T_HDR_LEN 32
-#define ACK_STALE 2
 #define ACK_AUTH 8
+/* The detail of the last ack raw_join_with read (an epoch, a group size). */
+static uint64_t last_ack_detail;
 /* tsr_tcp_comm_new's fixed secret (tests only). */
 static const uint8_t COMM_NEW_SECRET[32] = "tessera test secret, not secret";
 
@@ -1556,6 +1565,7 @@ static int raw_join_with(const char *ep, uint64_t epoch, uint64_t group, uint32_
     memcpy(&magic, ack, 4), memcpy(status, ack + 4, 4);
     assert_int_equal(ntohl(magic), 0x54535243);
     *status = ntohl(*status);
+    last_ack_detail = get64(ack + 8);
     return fd;
 }
 
@@ -1663,22 +1673,106 @@ static const uint8_t WRONG_SECRET[32] = "not the replica's secret at all";
 static void *comm_new_thread(void *arg)
 {
     rank_ctx_t *k = arg;
-    k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS, k->err,
-                               sizeof k->err);
+    if (k->secret)
+        k->comm = tsr_tcp_comm_new_cancellable(k->l, k->epoch, k->group, k->rank, k->n, k->eps,
+                                               k->secret, 32, FORM_MS, NULL, NULL, k->err,
+                                               sizeof k->err);
+    else
+        k->comm = tsr_tcp_comm_new(k->l, k->epoch, k->group, k->rank, k->n, k->eps, FORM_MS,
+                                   k->err, sizeof k->err);
     k->rc = !k->comm ? -1 : k->body ? k->body(k) : 0;
     return NULL;
 }
 
-static void start_rank(group_t *g, int r, uint64_t epoch, const char **eps, body_fn body)
+/* secret: 32 bytes, or NULL for tsr_tcp_comm_new's fixed one. */
+static void start_rank_with(group_t *g, int r, uint64_t epoch, const char **eps, body_fn body,
+                            const uint8_t *secret)
 {
     g->k[r] = (rank_ctx_t){.rank = r, .n = g->n, .epoch = epoch, .group = 1, .l = g->l[r],
-                           .eps = eps, .body = body, .rc = -1};
+                           .eps = eps, .body = body, .secret = secret, .rc = -1};
     assert_int_equal(pthread_create(&g->th[r], NULL, comm_new_thread, &g->k[r]), 0);
 }
 
+static void start_rank(group_t *g, int r, uint64_t epoch, const char **eps, body_fn body)
+{
+    start_rank_with(g, r, epoch, eps, body, NULL);
+}
+
+/* Issue 38, item 12: a handshake of another epoch was answered STALE or
+ * EARLY with the rank's own epoch before its proof was looked at, so a
+ * stranger learnt the current epoch.  A handshake proven with no secret the
+ * rank knows gets the same answer at every epoch, carrying no number; the
+ * honest rank then joins. */
+static void test_a_stranger_learns_no_epoch_from_the_data_port(void **state)
+{
+    (void)state;
+    group_t g;
+    uint32_t st;
+    group_open(&g, 2);
+    start_rank(&g, 0, 7, g.eps, sync_body);
+    const uint64_t epochs[] = {0, 6, 7, 8, 1ull << 40};
+    for (size_t i = 0; i < sizeof epochs / sizeof epochs[0]; i++) {
+        int fd = raw_join_with(g.eps[0], epochs[i], 1, 1, 2, WRONG_SECRET, &st);
+        if (st != ACK_AUTH || last_ack_detail != 0)
+            fail_msg("a stranger's handshake for epoch %llu got status %u, detail %llu",
+                     (unsigned long long)epochs[i], st, (unsigned long long)last_ack_detail);
+        close(fd);
+    }
+    start_rank(&g, 1, 7, g.eps, sync_body);
+    for (int r = 0; r < 2; r++) pthread_join(g.th[r], NULL);
+    group_expect_ok(&g);
+    group_close(&g);
+}
+
+/* Peers of adjacent epochs, each holding its epoch's own secret as the
+ * coordinator gives them out: a rank behind is told at once that it is
+ * stale (the acceptor remembers the secret of the epoch it formed before),
+ * and a rank ahead, whose secret the acceptor cannot know yet, is refused
+ * without a number and keeps trying until the acceptor forms its epoch. */
+static void test_peers_of_adjacent_epochs_are_told_or_retry(void **state)
+{
+    (void)state;
+    static const uint8_t s7[32] = "the secret of epoch seven......", s8[32] = "the secret of epoch eight......",
+                         s9[32] = "the secret of epoch nine.......";
+    group_t g;
+    char err[512];
+    group_open(&g, 2);
+    start_rank_with(&g, 0, 7, g.eps, sync_body, s7);
+    start_rank_with(&g, 1, 7, g.eps, sync_body, s7);
+    for (int r = 0; r < 2; r++) pthread_join(g.th[r], NULL);
+    group_expect_ok(&g);
+    for (int r = 0; r < 2; r++) ops->destroy(&g.k[r].comm);
+
+    /* Rank 0 forms epoch 8; rank 1, still in 7, is told so at once. */
+    start_rank_with(&g, 0, 8, g.eps, sync_body, s8);
+    int64_t t0 = now_ms();
+    tsr_comm_t *stale = tsr_tcp_comm_new_cancellable(g.l[1], 7, 1, 1, 2, g.eps, s7, sizeof s7,
+                                                     FORM_MS, NULL, NULL, err, sizeof err);
+    assert_null(stale);
+    assert_true(now_ms() - t0 < 1000);
+    if (!strstr(err, "epoch 7 is older than its epoch 8")) fail_msg("stale rank: %s", err);
+    start_rank_with(&g, 1, 8, g.eps, sync_body, s8);
+    for (int r = 0; r < 2; r++) pthread_join(g.th[r], NULL);
+    group_expect_ok(&g);
+    for (int r = 0; r < 2; r++) ops->destroy(&g.k[r].comm);
+
+    /* Rank 1 is in epoch 9 while rank 0 still forms 8: refused, it retries
+     * and joins once rank 0 forms 9. */
+    start_rank_with(&g, 1, 9, g.eps, sync_body, s9);
+    tsr_comm_t *old = tsr_tcp_comm_new_cancellable(g.l[0], 8, 1, 0, 2, g.eps, s8, sizeof s8, 500,
+                                                   NULL, NULL, err, sizeof err);
+    assert_null(old);
+    if (!strstr(err, "refused a connection from rank 1 (epoch 9")) fail_msg("rank 0: %s", err);
+    start_rank_with(&g, 0, 9, g.eps, sync_body, s9);
+    for (int r = 0; r < 2; r++) pthread_join(g.th[r], NULL);
+    group_expect_ok(&g);
+    group_close(&g);
+}
+
 /* A stranger without the replica's secret is refused, whether it speaks the
- * protocol by hand or through this very code with another secret; the
- * honest rank then joins and the group works. */
+ * protocol by hand or through this very code with another secret (which
+ * keeps trying until its own deadline, as a rank ahead of the acceptor's
+ * epoch must); the honest rank then joins and the group works. */
 static void test_a_stranger_without_the_secret_cannot_join(void **state)
 {
     (void)state;
@@ -1693,7 +1787,7 @@ static void test_a_stranger_without_the_secret_cannot_join(void **state)
     tsr_tcp_listener_t *sl = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err);
     assert_non_null(sl);
     tsr_comm_t *stranger = tsr_tcp_comm_new_cancellable(sl, 1, 1, 1, 2, g.eps, WRONG_SECRET,
-                                                        sizeof WRONG_SECRET, FORM_MS, NULL,
+                                                        sizeof WRONG_SECRET, 500, NULL,
                                                         NULL, err, sizeof err);
     assert_null(stranger);
     if (!strstr(err, "does not prove the replica's secret")) fail_msg("stranger: %s", err);
@@ -1827,7 +1921,7 @@ static void test_a_flipped_bit_in_a_frame_is_detected(void **state)
 }
 
 /* A handshake recorded on the wire is refused when replayed: in a later
- * epoch (stale), and in the same epoch on a new connection (the
+ * epoch, and in the same epoch on a new connection (the
  * acceptor's nonce differs, so the proof does not match). */
 static void test_a_replayed_handshake_is_refused(void **state)
 {
@@ -1850,7 +1944,9 @@ static void test_a_replayed_handshake_is_refused(void **state)
 
     start_rank(&g, 0, 6, g.eps, NULL);
     int fd = raw_connect(g.eps[0]);
-    assert_int_equal(raw_handshake(fd, px.rec), ACK_STALE);
+    /* Its proof covers the old connection's nonce, so it proves nothing
+     * here: refused as a stranger's, not told it is stale (issue 38). */
+    assert_int_equal(raw_handshake(fd, px.rec), ACK_AUTH);
     close(fd);
     /* An honest rank 1 of epoch 6 still joins. */
     int ok = raw_join(g.eps[0], 6, 1, 1, 2, &st);
@@ -2092,6 +2188,8 @@ int main(void)
         cmocka_unit_test(test_a_stranger_without_the_secret_cannot_join),
         cmocka_unit_test(test_a_flipped_bit_in_a_frame_is_detected),
         cmocka_unit_test(test_a_replayed_handshake_is_refused),
+        cmocka_unit_test(test_a_stranger_learns_no_epoch_from_the_data_port),
+        cmocka_unit_test(test_peers_of_adjacent_epochs_are_told_or_retry),
         cmocka_unit_test(test_twenty_idle_connections_do_not_block_forming),
         cmocka_unit_test(test_an_idle_connection_is_dropped_after_two_seconds),
         cmocka_unit_test(test_forming_can_be_cancelled_before_the_timeout),

@@ -3215,7 +3215,7 @@ static void test_replays_are_bounded_and_refusals_are_not_replayed(void **state)
 static void test_an_adopted_piece_cannot_wrap_or_leap_the_epoch(void **state)
 {
     fx_t *fx = *state;
-    uint64_t bad[] = {UINT64_MAX, TSR_EPOCH_MAX + 1, TSR_EPOCH_ADOPT_STEP + 1};
+    uint64_t bad[] = {UINT64_MAX, TSR_EPOCH_MAX + 1, TSR_EPOCH_ADOPT_MAX + 1};
     for (int k = 0; k < 3; k++) {
         Tessera__Assignment a;
         held_piece(&a, 4, 8);
@@ -3226,21 +3226,60 @@ static void test_an_adopted_piece_cannot_wrap_or_leap_the_epoch(void **state)
         tsr_env_t *env = expect_kind(fx->dealer[k], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
         assert_true(env->register_reply->accepted);
         assert_false(env->register_reply->adopted);
-        assert_non_null(strstr(env->register_reply->reason, "ahead of the coordinator"));
+        assert_non_null(strstr(env->register_reply->reason, "the most a registration may raise"));
         tsr_env_free(&env);
         assert_int_equal(fx->c->epoch, 0);
     }
-    /* Within the step it is adopted, as after a coordinator restart. */
+    /* Up to the bound it is adopted, as after a coordinator restart. */
     Tessera__Assignment a;
     held_piece(&a, 4, 8);
-    a.epoch = TSR_EPOCH_ADOPT_STEP;
+    a.epoch = TSR_EPOCH_ADOPT_MAX;
     send_register(fx, 3, fx->name[3], "node0", TSR_PROTOCOL_VERSION, &a,
                   TESSERA__WORKER_STATE__STATE_READY);
     pump(fx);
     tsr_env_t *env = expect_kind(fx->dealer[3], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
     assert_true(env->register_reply->adopted);
     tsr_env_free(&env);
-    assert_int_equal(fx->c->epoch, TSR_EPOCH_ADOPT_STEP);
+    assert_int_equal(fx->c->epoch, TSR_EPOCH_ADOPT_MAX);
+}
+
+/* A key holder registering a name of its own again and again from one
+ * connection, each time holding a piece at the coordinator's epoch + 2^24,
+ * raised the plan epoch 2^24 each time (2,000 registrations: past 2^34)
+ * until at 2^53 no plan could be made.  Registrations raise the epoch to at
+ * most TSR_EPOCH_ADOPT_MAX in all, adopted pieces or not, and plans go on. */
+static void test_registrations_cannot_ratchet_the_epoch(void **state)
+{
+    fx_t *fx = *state;
+    for (int k = 0; k < 200; k++) {
+        /* odd k: a layer split the deployment does not have (not adopted);
+         * even k: the piece stage 1 tp 1, adopted each time */
+        Tessera__Assignment a;
+        held_piece(&a, 4, k % 2 ? 7 : 8);
+        a.epoch = fx->c->epoch + TSR_EPOCH_ADOPT_MAX;
+        send_register(fx, 4, fx->name[4], "node4", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[4], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    assert_true(fx->c->epoch <= TSR_EPOCH_ADOPT_MAX);
+    /* The others register and are given the remaining pieces in a new epoch. */
+    uint64_t before = fx->c->epoch;
+    for (int i = 0; i < 3; i++) {
+        send_register(fx, i, fx->name[i], "node0", TSR_PROTOCOL_VERSION, NULL, 0);
+        pump(fx);
+        tsr_env_t *rep = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        tsr_env_free(&rep);
+    }
+    tsr_coord_tick(fx->c, tsr_now_ms());
+    tsr_env_t *env = recv_env(fx->dealer[0], TSR_WIRE_MAX_WORKER, 500);
+    assert_non_null(env);
+    assert_int_equal(env->body_case, TESSERA__ENVELOPE__BODY_ASSIGN);
+    assert_true(env->assign->assignment->epoch > before);
+    assert_true(env->assign->assignment->epoch < TSR_EPOCH_MAX);
+    tsr_env_free(&env);
 }
 
 /* Attack 11: a control request over the size limit, or with a name over its
@@ -3433,6 +3472,7 @@ int main(void)
         T(test_tokens_only_from_the_last_stage_errors_only_from_the_replica),
         T(test_request_ids_are_random_not_sequential),
         T(test_an_adopted_piece_cannot_wrap_or_leap_the_epoch),
+        T(test_registrations_cannot_ratchet_the_epoch),
         T(test_an_oversized_control_request_is_answered_with_the_limit),
         T(test_workers_are_capped_and_dead_ones_forgotten),
 #undef T

@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "common/modelcfg.h"
+#include "common/modelfile.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 
@@ -538,7 +539,9 @@ static void test_model_files_must_be_regular_and_bounded(void **state)
     assert_non_null(strstr(err, "config.json: not a regular file (a directory)"));
     assert_int_equal(rmdir(at(dir, "config.json")), 0);
     assert_int_equal(symlink("/dev/zero", at(dir, "config.json")), 0);
+    tsr_model_links_outside(true);  /* a link out of the directory is refused before */
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), -1);
+    tsr_model_links_outside(false);
     assert_non_null(strstr(err, "config.json: not a regular file (a device)"));
     unlink(at(dir, "config.json"));
     write_bytes(dir, "config.json", "{}", 2);   /* made sparse: no disk is spent */
@@ -555,6 +558,92 @@ static void test_model_files_must_be_regular_and_bounded(void **state)
     assert_null(tsr_tok_load(dir, err, sizeof err));
     assert_non_null(strstr(err, "tokenizer.json: too large"));
     rm_dir(dir);
+}
+
+/* err must not hold a byte of the secret file's text. */
+static void expect_no_secret(const char *err)
+{
+    if (strstr(err, "root") || strstr(err, "SECRET") || strstr(err, "19000"))
+        fail_msg("the message quotes the file: %s", err);
+}
+
+/* Issue 38, item 10: tokenizer.json -> /etc/shadow put "'[' or '{' expected near 'root'"
+ * into status, which every API key reads: links were followed out of the model
+ * directory, and the parser's message quoted the file.  Each file a model is read from
+ * (config.json, tokenizer.json, tokenizer_config.json, model.safetensors, its index) is
+ * refused when a link leads it out of the directory, naming the file; links inside are
+ * followed, also when the directory itself is reached through one; and with links out
+ * allowed, a file that is not what it should be is described by its place, none of its
+ * bytes quoted (the header length of a safetensors file is its first 8 bytes). */
+static void test_links_out_of_the_model_directory_are_refused_and_never_quoted(void **state)
+{
+    char *dir = make_tmpdir(), *out = make_tmpdir();
+    static const char secret[] = "root:SECRET$6$hash:19000:0:99999:7:::\n";
+    static const char tok[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+                              "\"merges\": []}}";
+    char err[1024], real[600], link[600], num[32];
+    tsr_model_info_t m;
+    tsr_st_t *st = NULL;
+    tsr_tokenizer_t *t;
+    uint64_t hlen = 0;
+
+    (void)state;
+    write_bytes(out, "secret", secret, sizeof secret - 1);
+    snprintf(real, sizeof real, "%s/secret", out);
+    assert_int_equal(model_init(dir, SMALL, NULL), 0);
+    write_bytes(dir, "tok.json", tok, sizeof tok - 1);
+
+    /* Inside the directory a link is followed, also through a linked directory. */
+    assert_int_equal(rename(at(dir, "config.json"), at(dir, "config-real.json")), 0);
+    assert_int_equal(symlink("config-real.json", at(dir, "config.json")), 0);
+    assert_int_equal(symlink("tok.json", at(dir, "tokenizer.json")), 0);
+    assert_int_equal(rename(at(dir, "model.safetensors"), at(dir, "model-real.safetensors")), 0);
+    assert_int_equal(symlink("model-real.safetensors", at(dir, "model.safetensors")), 0);
+    snprintf(link, sizeof link, "%s/model", out);
+    assert_int_equal(symlink(dir, link), 0);
+    if (tsr_model_info_load(link, &m, err, sizeof err) < 0) fail_msg("%s", err);
+    if (tsr_st_open(link, &st, err, sizeof err) < 0) fail_msg("%s", err);
+    tsr_st_close(&st);
+    t = tsr_tok_load(link, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    tsr_tok_destroy(&t);
+
+    /* Out of it, each file is refused by name; allowed out, nothing is quoted. */
+    static const char *const names[] = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                                        "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        unlink(at(dir, names[i]));
+        assert_int_equal(symlink(real, at(dir, names[i])), 0);
+        for (int allow = 0; allow < 2; allow++) {
+            tsr_model_links_outside(allow);
+            err[0] = '\0';
+            int rc = i == 0   ? tsr_model_info_load(dir, &m, err, sizeof err)
+                     : i < 3 ? (t = tsr_tok_load(dir, err, sizeof err)) ? 0 : -1
+                             : tsr_st_open(dir, &st, err, sizeof err);
+            tsr_model_links_outside(false);
+            assert_int_equal(rc, -1);
+            if (!strstr(err, allow ? names[i] : at(dir, names[i])))
+                fail_msg("%s: the message does not name the file: %s", names[i], err);
+            if (!allow && !strstr(err, "leads out of the model directory"))
+                fail_msg("%s: followed out of the directory: %s", names[i], err);
+            expect_no_secret(err);
+        }
+        unlink(at(dir, names[i]));
+        if (i == 0) assert_int_equal(symlink("config-real.json", at(dir, names[i])), 0);
+        if (i == 1) assert_int_equal(symlink("tok.json", at(dir, names[i])), 0);
+        if (i == 3) assert_int_equal(symlink("model-real.safetensors", at(dir, names[i])), 0);
+    }
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (uint8_t)secret[i];
+    snprintf(num, sizeof num, "%llu", (unsigned long long)hlen);
+    tsr_model_links_outside(true);
+    unlink(at(dir, "model.safetensors"));
+    assert_int_equal(symlink(real, at(dir, "model.safetensors")), 0);
+    assert_int_equal(tsr_st_open(dir, &st, err, sizeof err), -1);
+    tsr_model_links_outside(false);
+    if (strstr(err, num)) fail_msg("the header length shows the file's first bytes: %s", err);
+    unlink(link);
+    rm_dir(dir);
+    rm_dir(out);
 }
 
 /* A NaN or infinite weight is a damaged checkpoint: each read refuses it, naming the
@@ -609,7 +698,7 @@ static void test_file_cut_in_the_header_is_reported(void **state)
 
     (void)state;
     write_bytes(dir, "model.safetensors", b, 20); /* length prefix + 12 header bytes */
-    expect_open_error(dir, at(dir, "model.safetensors: header length"),
+    expect_open_error(dir, at(dir, "model.safetensors: the header length"),
                       "is larger than the file (20 bytes)", NULL);
     write_bytes(dir, "model.safetensors", b, 5);  /* not even the length prefix */
     expect_open_error(dir, at(dir, "model.safetensors: truncated"), NULL);
@@ -653,12 +742,12 @@ static void test_header_length_larger_than_file_is_reported(void **state)
     b[0] = 0x00;
     b[1] = 0x10; /* 4096-byte header in a 64-byte file */
     write_bytes(dir, "model.safetensors", b, sizeof b);
-    expect_open_error(dir, at(dir, "model.safetensors: header length 4096 is larger than "
-                                   "the file (64 bytes)"), NULL);
+    expect_open_error(dir, at(dir, "model.safetensors: the header length (bytes 0 to 7) is "
+                                   "larger than the file (64 bytes)"), NULL);
     b[1] = 0;
     b[4] = 1; /* 4 GiB: over the limit, never allocated */
     write_bytes(dir, "model.safetensors", b, sizeof b);
-    expect_open_error(dir, "header length 4294967296 is larger than the limit", NULL);
+    expect_open_error(dir, "the header length (bytes 0 to 7) is larger than the limit", NULL);
     rm_dir(dir);
 }
 
@@ -1243,6 +1332,7 @@ int main(void)
         cmocka_unit_test(test_model_config_refusals_name_the_field),
         cmocka_unit_test(test_model_init_config_loads_back),
         cmocka_unit_test(test_model_files_must_be_regular_and_bounded),
+        cmocka_unit_test(test_links_out_of_the_model_directory_are_refused_and_never_quoted),
         cmocka_unit_test(test_a_weight_that_is_not_finite_is_refused),
         cmocka_unit_test(test_model_init_rejects_bad_arguments_and_overwrites),
     };
