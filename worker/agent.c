@@ -209,6 +209,8 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     a->piece.peers = NULL;
     a->piece.n_peer_devices = 0;
     a->piece.peer_devices = NULL;
+    a->piece.n_peer_workers = a->piece.n_peer_nodes = 0;
+    a->piece.peer_workers = a->piece.peer_nodes = NULL;
     /* The replica's secret too: it points into the message being freed, and
      * a re-registration must not send it back over the wire. */
     a->piece.data_secret = (ProtobufCBinaryData){0, NULL};

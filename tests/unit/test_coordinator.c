@@ -371,6 +371,8 @@ static void cluster_up(fx_t *fx)
         fx->piece[i].n_peers = 0;
         fx->piece[i].peer_devices = NULL;
         fx->piece[i].n_peer_devices = 0;
+        fx->piece[i].peer_workers = fx->piece[i].peer_nodes = NULL;
+        fx->piece[i].n_peer_workers = fx->piece[i].n_peer_nodes = 0;
         fx->piece[i].data_secret = (ProtobufCBinaryData){0, NULL};
         assert_int_equal(env->epoch, env->assign->assignment->epoch);
         tsr_env_free(&env);
@@ -731,6 +733,26 @@ static void test_worker_silent_past_timeout_is_dead_and_its_heartbeat_gets_reset
     assert_int_equal(w->state, TSR_W_DEAD);  /* a heartbeat does not revive it */
 }
 
+/* Each slot of a's peer list names its holder's worker and node (cluster_up
+ * registers worker i on node i), so that a worker's messages about a peer
+ * can say which worker on which machine; the receiver holds its own slot. */
+static void expect_peers_named(fx_t *fx, const Tessera__Assignment *a)
+{
+    assert_int_equal(a->n_peer_workers, a->n_peers);
+    assert_int_equal(a->n_peer_nodes, a->n_peers);
+    for (size_t k = 0; k < a->n_peers; k++) {
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, a->peer_workers[k]);
+        assert_non_null(w);
+        assert_string_equal(a->peers[k], w->data_endpoint);
+        int i = 0;
+        while (i < NW && strcmp(fx->name[i], w->name)) i++;
+        char node[16];
+        snprintf(node, sizeof node, "node%d", i);
+        assert_string_equal(a->peer_nodes[k], node);
+    }
+    assert_string_equal(a->peer_workers[a->stage * a->tp_size + a->tp_rank], fx->name[fx->spare]);
+}
+
 static void expect_piece_moved_to_spare(fx_t *fx, int from)
 {
     tsr_env_t *env = expect_kind(fx->dealer[fx->spare], TESSERA__ENVELOPE__BODY_ASSIGN);
@@ -741,6 +763,7 @@ static void expect_piece_moved_to_spare(fx_t *fx, int from)
     assert_int_equal(a->layer_end, fx->piece[from].layer_end);
     assert_true(a->epoch > fx->piece[from].epoch);
     assert_int_equal(a->n_peers, 4);
+    expect_peers_named(fx, a);
     uint64_t epoch = a->epoch;
     tsr_env_free(&env);
     tsr_worker_t *s = tsr_registry_find(fx->c->reg, fx->name[fx->spare]);
