@@ -114,6 +114,11 @@ int main(int argc, char **argv)
             bad = 1;
         }
         tsr_apikeys_free(&keys, nk > 0 ? (size_t)nk : 0);
+        tsr_security_t sec;
+        if (!cfg->security_none && tsr_coord_server_keys(cfg, &sec, err, sizeof err) < 0) {
+            fprintf(stderr, "%s\n", err);
+            bad = 1;
+        }
         if (!bad) printf("%s: valid, %zu deployment(s)\n", path, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return bad;
