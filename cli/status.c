@@ -305,6 +305,7 @@ int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
     if (bad || done) return bad;
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__RELOAD, NULL, &doc);
+    if (rc == 3) fprintf(stderr, "tessera: %s\n", TSR_CLI_RELOAD_REFUSED);
     if (rc) return rc;
     printf("reloaded: %lld deployment(s), epoch %lld\n", jint(doc, "deployments"), jint(doc, "epoch"));
     json_decref(doc);
