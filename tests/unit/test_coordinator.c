@@ -891,6 +891,59 @@ static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **sta
     assert_int_equal(w->piece.epoch, 7);
 }
 
+/* Runs fn(fx) with the log at INFO into a file; returns how many lines hold
+ * needle. */
+static int log_lines_with(fx_t *fx, void (*fn)(fx_t *), const char *needle)
+{
+    char path[] = "/tmp/tsr-test-log.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    tsr_log_init("test", TSR_LOG_INFO);
+    fn(fx);
+    fflush(stderr);
+    tsr_log_init("test", TSR_LOG_ERROR + 1);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
+    fclose(f);
+    unlink(path);
+    return n;
+}
+
+/* The registrations a worker queued while its link was down, delivered at
+ * once when it comes back. */
+static void register_three_times(fx_t *fx)
+{
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    for (int i = 0; i < 3; i++)
+        send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+    for (int got = 0; got < 3; got++) {
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->adopted);
+        tsr_env_free(&env);
+    }
+}
+
+static void test_a_burst_of_the_same_registration_is_logged_once(void **state)
+{
+    fx_t *fx = *state;
+    assert_int_equal(log_lines_with(fx, register_three_times, "adopted worker w0"), 1);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_true(w->has_piece);
+    assert_int_equal(w->state, TSR_W_READY);
+}
+
 /* A coordinator that restarts between a piece's failure report and the
  * rewiring it would have done: the worker registers holding the failed
  * piece, with its reason and whether rewiring may mend it.  A data-plane
@@ -3261,6 +3314,7 @@ int main(void)
         T(test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves),
         T(test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status),
         T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
+        T(test_a_burst_of_the_same_registration_is_logged_once),
         T(test_a_fresh_coordinator_rewires_an_adopted_failed_piece),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
         T(test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys),
