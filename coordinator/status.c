@@ -227,6 +227,10 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
     json_object_set_new(stats, "rendezvous_relayed",
                         json_integer((json_int_t)st->rendezvous_relayed));
     json_t *coord = json_object_get(root, "coordinator");
+    /* Before the first plan after a start, workers of a previous coordinator
+     * re-attach with their pieces: how much of that grace is left. */
+    json_object_set_new(coord, "grace_left_ms",
+                        json_integer(now < c->plan_after_ms ? (json_int_t)(c->plan_after_ms - now) : 0));
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {
         tsr_zap_stats_t zs;
