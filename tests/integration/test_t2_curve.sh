@@ -47,6 +47,25 @@ status_json | jget "[w['name'] for w in d['workers']]" | grep -q intruder && fai
 kill "$I1" "$I2"
 ok "a plain worker and an unknown key cannot register"
 
+# 2b. A worker whose coordinator.pub is not the coordinator's (an allowed
+#     key of its own): its CURVE handshake never completes, and the worker
+#     says that this is the likely cause, not only that the coordinator is
+#     silent, and which lease it is going by.
+"$BIN/tessera" keys add "$KEYS" wrongpub > /dev/null || fail "keys add wrongpub"
+"$BIN/tessera" keys init "$T/other" > /dev/null || fail "keys init other"
+mkdir "$T/wp"; cp -p "$KEYS/wrongpub.key" "$T/other/coordinator.pub" "$T/wp/"
+"$BIN/tessera-worker" --coordinator "$WEP" --name wrongpub --keys "$T/wp" > "$T/wrongpub.log" 2>&1 &
+I3=$!; PIDS+=("$I3")
+told() { grep -q "coordinator.pub" "$T/wrongpub.log"; }
+wait_until 10 told || fail "a worker with a wrong coordinator.pub does not name it: $(cat "$T/wrongpub.log")"
+grep -q "handshake" "$T/wrongpub.log" || fail "the CURVE handshake is not named: $(cat "$T/wrongpub.log")"
+silent() { grep -q "no word from the coordinator" "$T/wrongpub.log"; }
+wait_until 5 silent || fail "the worker never noticed the silence: $(cat "$T/wrongpub.log")"
+grep "no word from the coordinator" "$T/wrongpub.log" | grep -q "this worker's default" ||
+    fail "the silence message does not say its lease is the worker's default (never registered): $(grep 'no word' "$T/wrongpub.log")"
+kill "$I3"
+ok "a wrong coordinator.pub on a worker is named as the likely cause"
+
 # 3. Removing a client's key ends its stream; removing a worker's key cuts
 #    the worker off (its piece moves to the spare); both within a second.
 "$BIN/tessera" keys add "$KEYS" cli2 > /dev/null || fail "keys add cli2"
