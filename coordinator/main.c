@@ -171,10 +171,11 @@ int main(int argc, char **argv)
                c->cfg->n_deployments, (int)getpid());
 
     /* The tokenizer loader's descriptor wakes the loop when a reload's new tokenizer is in. */
-    zmq_pollitem_t items[5] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
+    zmq_pollitem_t items[6] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
                                {NULL, tsr_tokload_fd(c->tokload), ZMQ_POLLIN, 0}};
     int n_items = 3;
     if (c->cmon) items[n_items++] = (zmq_pollitem_t){c->cmon, 0, ZMQ_POLLIN, 0};
+    if (c->wmon) items[n_items++] = (zmq_pollitem_t){c->wmon, 0, ZMQ_POLLIN, 0};
     if (c->bsock) items[n_items++] = (zmq_pollitem_t){c->bsock, 0, ZMQ_POLLIN, 0};
     int timeout = 0;
     bool held = false;

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include "common/deploy.h"
 #include "common/keys.h"
+#include "common/log.h"
 #include "common/modelcfg.h"
 #include "common/wire.h"
 #include "metrics.h"
@@ -102,6 +103,8 @@ typedef struct {
     uint64_t sends_failed;      /* messages to workers that could not be queued */
     uint64_t canaries, canaries_failed;
     uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
+    uint64_t handshakes_failed; /* refused by ZeroMQ before the key check: a client
+                                   without CURVE, a handshake that cannot be read */
 } tsr_coord_stats_t;
 
 typedef struct tsr_requests tsr_requests_t;    /* the request table (router.c) */
@@ -134,7 +137,11 @@ typedef struct tsr_coord {
     /* loop */
     void *wsock;                /* ROUTER, workers endpoint */
     void *csock;                /* ROUTER, control endpoint */
-    void *cmon;                 /* the control socket's disconnections */
+    void *cmon;                 /* the control socket's disconnections and, with CURVE,
+                                   handshakes ZeroMQ refused */
+    void *wmon;                 /* with CURVE: the workers socket's refused handshakes */
+    tsr_log_limit_t hs_log[2][3];  /* those refusals' log lines: by endpoint (workers,
+                                      control) and cause (no CURVE, unreadable, other) */
     char bridge[64];            /* the HTTP server's inproc endpoint ("" without
                                    http_endpoint) and its ROUTER (plain, in-process) */
     void *bsock;

@@ -238,7 +238,9 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
         json_object_set_new(coord, "keys_dir", json_string(c->cfg->keys_dir));
         json_object_set_new(coord, "allowed_keys", json_integer((json_int_t)zs.keys));
         json_object_set_new(stats, "handshakes_accepted", json_integer((json_int_t)zs.accepted));
-        json_object_set_new(stats, "handshakes_refused", json_integer((json_int_t)zs.refused));
+        /* the key handler's refusals and those ZeroMQ made before it */
+        json_object_set_new(stats, "handshakes_refused",
+                            json_integer((json_int_t)(zs.refused + st->handshakes_failed)));
     }
     if (!workers_only) {
         json_t *deps = json_array();
