@@ -40,6 +40,10 @@ int tsr_cli_send(const tsr_cli_t *cli, void *s, void *mon, tsr_env_t *env, int64
  * longer count towards calling it a refusal. */
 void tsr_cli_heard(void);
 
+/* What a refused reload leaves as it was, said after the reason. */
+#define TSR_CLI_RELOAD_REFUSED \
+    "not reloaded: the coordinator keeps its running configuration (fix the file, then reload again)"
+
 /* Sends one control request; on success returns 0 and *out (caller owns,
  * json_decref) with the reply's JSON document (NULL when it has none).  On
  * failure prints the reason to stderr and returns 1 (no answer) or 3 (the

@@ -216,7 +216,8 @@ int tsr_cli_handshake_failed(const tsr_cli_t *cli, void *mon, int *event)
                     cli->sec.curve ? cli->sec.dir : "no keys: plain ZeroMQ");
             return 1;
         }
-        *event = ev;
+        /* the last event that can mean the coordinator went away */
+        if (ev != ZMQ_EVENT_CONNECTED && ev != ZMQ_EVENT_HANDSHAKE_SUCCEEDED) *event = ev;
     }
     return 0;
 }

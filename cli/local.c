@@ -86,7 +86,17 @@ static int ensure_keys(const char *dir, int workers)
     return 0;
 }
 
-static pid_t spawn(char *const argv[], const char *log_dir, const char *name)
+/* What a worker would take from the environment that belongs to the caller,
+ * not to a worker of this cluster: the caller's own key name (a CLI user's
+ * TESSERA_IDENTITY=cli would make every worker present the CLI's key and be
+ * refused), key store and data addresses.  The cluster gives each worker
+ * its own (its key is named after it: the worker's default identity). */
+static const char *const caller_only_env[] = {"TESSERA_IDENTITY", "TESSERA_KEYS",
+                                             "TESSERA_DATA_ADDRESS", "TESSERA_DATA_BIND",
+                                             "TESSERA_NODE"};
+
+/* worker: clear caller_only_env in the child before it runs argv. */
+static pid_t spawn(char *const argv[], const char *log_dir, const char *name, bool worker)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -109,6 +119,8 @@ static pid_t spawn(char *const argv[], const char *log_dir, const char *name)
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    for (size_t i = 0; worker && i < sizeof caller_only_env / sizeof *caller_only_env; i++)
+        unsetenv(caller_only_env[i]);
     execv(argv[0], argv);
     fprintf(stderr, "tessera local: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -203,7 +215,7 @@ int tsr_cmd_local(int argc, char **argv)
      * for: a short grace lets the first registrations arrive before planning. */
     char *cargv[] = {coord_bin, "--adopt-grace-ms", "300", (char *)path, NULL};
     snprintf(kids[nk].name, sizeof kids[nk].name, "coordinator");
-    kids[nk].pid = spawn(cargv, log_dir, "coordinator");
+    kids[nk].pid = spawn(cargv, log_dir, "coordinator", false);
     nk++;
     for (int i = 0; i < workers; i++) {
         char name[64], node[64];
@@ -212,7 +224,7 @@ int tsr_cmd_local(int argc, char **argv)
         char *wargv[] = {worker_bin, "--coordinator", wep, "--name", name, "--node", node,
                          curve ? "--keys" : NULL, keys, NULL};
         snprintf(kids[nk].name, sizeof kids[nk].name, "worker %s", name);
-        kids[nk].pid = spawn(wargv, log_dir, name);
+        kids[nk].pid = spawn(wargv, log_dir, name, true);
         nk++;
     }
     fprintf(stderr,

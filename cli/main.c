@@ -79,6 +79,9 @@ int main(int argc, char **argv)
             char err[1024];
             if (tsr_config_load(optarg, &cfg, err, sizeof err) < 0) {
                 fprintf(stderr, "%s\n", err);
+                /* Nothing reached the coordinator: a reload changed nothing. */
+                if (optind < argc && !strcmp(argv[optind], "reload"))
+                    fprintf(stderr, "tessera: %s\n", TSR_CLI_RELOAD_REFUSED);
                 return 1;
             }
             tsr_connect_endpoint(cfg->control_endpoint, ep_buf, sizeof ep_buf);

@@ -64,8 +64,14 @@ void tsr_print_status(json_t *doc, int workers_only)
         if (!strcmp(jstr(w, "state"), "dead")) dead++;
         else alive++;
     }
-    printf("coordinator  epoch %lld  uptime %llds  workers %zu alive, %zu dead\n",
-           jint(co, "epoch"), jint(co, "uptime_ms") / 1000, alive, dead);
+    /* Epoch 0 is no plan yet: nothing planned or adopted. */
+    char epoch[48] = "no plan yet", grace[64] = "";
+    if (jint(co, "epoch") > 0) snprintf(epoch, sizeof epoch, "epoch %lld", jint(co, "epoch"));
+    if (jint(co, "grace_left_ms") > 0)
+        snprintf(grace, sizeof grace, "  adopting workers (grace %.1f s left)",
+                 (double)jint(co, "grace_left_ms") / 1000.0);
+    printf("coordinator  %s%s  uptime %llds  workers %zu alive, %zu dead\n", epoch, grace,
+           jint(co, "uptime_ms") / 1000, alive, dead);
 
     if (!workers_only) {
         json_t *d;
@@ -309,6 +315,7 @@ int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
     if (bad || done) return bad;
     json_t *doc = NULL;
     int rc = tsr_cli_request(cli, TESSERA__CONTROL_REQUEST__KIND__RELOAD, NULL, &doc);
+    if (rc == 3) fprintf(stderr, "tessera: %s\n", TSR_CLI_RELOAD_REFUSED);
     if (rc) return rc;
     printf("reloaded: %lld deployment(s), epoch %lld\n", jint(doc, "deployments"), jint(doc, "epoch"));
     json_decref(doc);

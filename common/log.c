@@ -46,6 +46,18 @@ void tsr_log(int level, const char *fmt, ...)
             (long)(tv.tv_usec / 1000), names[level], log_component, msg);
 }
 
+bool tsr_log_limit_pass(tsr_log_limit_t *l, int64_t now_ms, int64_t gap_ms, uint64_t *held)
+{
+    if (l->last_ms && now_ms - l->last_ms < gap_ms) {
+        l->held++;
+        return false;
+    }
+    *held = l->held;
+    l->held = 0;
+    l->last_ms = now_ms ? now_ms : 1;
+    return true;
+}
+
 int64_t tsr_now_ms(void)
 {
     struct timespec ts;

@@ -84,10 +84,13 @@ void *tsr_sock_dealer(const char *endpoint, int immediate, char *err, size_t err
 /* The same, as a CURVE client with sec's key pair towards sec->server_pub
  * when sec->curve; plain when sec is NULL or curve 0.  With mon, *mon gets
  * a monitor (set up before connecting) of TSR_SOCK_EVENTS; close it with
- * tsr_sock_monitor_close before the socket. */
+ * tsr_sock_monitor_close before the socket.  (CONNECTED and
+ * HANDSHAKE_SUCCEEDED tell a handshake that never completes, as with a
+ * wrong coordinator.pub, from a coordinator that is not there.) */
 #define TSR_SOCK_EVENTS                                                                    \
     (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                      \
-     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |              \
+     ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
 void *tsr_sock_dealer_sec(const char *endpoint, int immediate, const struct tsr_security *sec,
                           void **mon, char *err, size_t errlen);
 /* What a failed handshake event (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL or

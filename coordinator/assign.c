@@ -207,24 +207,27 @@ bool tsr_assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *
 
 /* The data endpoints of every piece of key's replica in key's layout,
  * indexed by slot ("" where a piece has no holder yet), followed by their
- * GPUs' PCI bus ids in the same order: 2 * *n_out entries.  Caller frees. */
+ * GPUs' PCI bus ids, their worker names and their nodes in the same order:
+ * TSR_PEER_LISTS * *n_out entries.  Caller frees. */
 char **tsr_replica_peers(tsr_coord_t *c, const tsr_piece_key_t *key, size_t *n_out)
 {
     size_t n = (size_t)key->tp_size * (size_t)key->pp_size;
-    char **peers = calloc(n ? 2 * n : 1, sizeof *peers);
+    char **peers = calloc(n ? TSR_PEER_LISTS * n : 1, sizeof *peers);
     if (!peers) return NULL;
     for (size_t k = 0; k < n; k++) {
         tsr_worker_t *o = tsr_registry_at_slot(c->reg, key->deployment, key->replica,
                                                key->tp_size, key->pp_size, (int)k);
         peers[k] = o ? o->data_endpoint : "";
         peers[n + k] = o ? o->nccl_device : "";
+        peers[2 * n + k] = o ? o->name : "";
+        peers[3 * n + k] = o ? o->node : "";
     }
     *n_out = n;
     return peers;
 }
 
-/* Sends w its piece with the replica's peer list (tsr_replica_peers': endpoints,
- * then devices); peers NULL: look them up. */
+/* Sends w its piece with the replica's peer lists (tsr_replica_peers': endpoints,
+ * devices, worker names, nodes); peers NULL: look them up. */
 void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers,
                               size_t n_peers)
 {
@@ -236,6 +239,10 @@ void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers
     a.n_peers = a.peers ? n_peers : 0;
     a.peer_devices = a.peers ? a.peers + n_peers : NULL;
     a.n_peer_devices = a.n_peers;
+    a.peer_workers = a.peers ? a.peers + 2 * n_peers : NULL;
+    a.n_peer_workers = a.n_peers;
+    a.peer_nodes = a.peers ? a.peers + 3 * n_peers : NULL;
+    a.n_peer_nodes = a.n_peers;
     Tessera__Assign as = TESSERA__ASSIGN__INIT;
     as.assignment = &a;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;

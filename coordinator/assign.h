@@ -25,9 +25,10 @@ const char *tsr_assignment_differs(const tsr_deployment_t *d, const Tessera__Ass
  * changing its layout: they must be sent their pieces again. */
 bool tsr_assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *nd);
 /* The data endpoints of every piece of key's replica in key's layout, indexed by slot
- * ("" where a piece has no holder yet), followed by their GPUs' PCI bus ids in the
- * same order: 2 * *n_out entries (the strings are the registry's).  Caller frees the
- * array; NULL when out of memory. */
+ * ("" where a piece has no holder yet), followed by their GPUs' PCI bus ids, their
+ * worker names and their nodes in the same order: TSR_PEER_LISTS * *n_out entries
+ * (the strings are the registry's).  Caller frees the array; NULL when out of memory. */
+#define TSR_PEER_LISTS 4
 char **tsr_replica_peers(tsr_coord_t *c, const tsr_piece_key_t *key, size_t *n_out);
 /* Sends w its piece (deployment index di) in w->piece.epoch with the replica's peer
  * list (tsr_replica_peers'); peers NULL: looked up.  Records the KV budget sent. */

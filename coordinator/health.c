@@ -14,6 +14,11 @@ bool tsr_health_mark_dead(tsr_registry_t *reg, tsr_worker_t *w, int64_t now_ms, 
     w->dead_since_ms = now_ms;
     tsr_registry_clear_piece(reg, w);
     snprintf(w->reason, sizeof w->reason, "%s", reason);
+    /* What it last reported was its process's: shown on a dead worker it
+     * reads as a KV cache, a queue and a load that no longer exist. */
+    w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
+    w->load = 0;
+    w->weight_bytes = w->kv_bytes = 0;
     return true;
 }
 

@@ -13,7 +13,8 @@
 /* True when a worker last heard from at last_seen_ms is overdue at now_ms. */
 bool tsr_health_overdue(int64_t last_seen_ms, int64_t now_ms, int timeout_ms);
 
-/* Marks w dead at now_ms with reason (copied), dropping its piece.  Returns
+/* Marks w dead at now_ms with reason (copied), dropping its piece and the
+ * figures it last reported (KV blocks, queue, load, bytes held).  Returns
  * true if it was alive before. */
 bool tsr_health_mark_dead(tsr_registry_t *reg, tsr_worker_t *w, int64_t now_ms, const char *reason);
 

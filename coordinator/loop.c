@@ -62,7 +62,12 @@ static int bind_sockets(tsr_coord_t *c, char *err, size_t errlen)
             return -1;
         }
     }
-    c->cmon = tsr_sock_monitor(c->csock, ZMQ_EVENT_DISCONNECTED);
+    /* With CURVE, ZeroMQ turns away a plain client, or one whose handshake
+     * cannot be read (its coordinator.pub is not ours), before the key
+     * handler sees it: only these monitors see those refusals. */
+    int refused = c->sec.curve ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL : 0;
+    c->cmon = tsr_sock_monitor(c->csock, ZMQ_EVENT_DISCONNECTED | refused);
+    if (refused) c->wmon = tsr_sock_monitor(c->wsock, refused);
     /* A reply to a client that went away fails (EHOSTUNREACH) instead of
      * vanishing, and one to a slow client fails with EAGAIN: the router
      * cancels a request whose client left, never one that reads slowly. */
@@ -99,6 +104,7 @@ void tsr_coord_destroy(tsr_coord_t **self_p)
 {
     if (!self_p || !*self_p) return;
     tsr_coord_t *c = *self_p;
+    if (c->wsock) tsr_sock_monitor_close(c->wsock, &c->wmon);
     tsr_sock_close(&c->wsock);
     if (c->csock) tsr_sock_monitor_close(c->csock, &c->cmon);
     tsr_sock_close(&c->csock);
@@ -285,6 +291,37 @@ static void on_control_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *
     tsr_control_handle(c, from, env);
 }
 
+#define HANDSHAKE_LOG_GAP_MS 10000  /* a refused client retries every second or so */
+
+/* A handshake ZeroMQ refused on one of the endpoints (protocol error code
+ * value): counted, and logged at most every HANDSHAKE_LOG_GAP_MS per
+ * endpoint and cause. */
+static void handshake_refused(tsr_coord_t *c, int which, const char *channel, uint32_t value)
+{
+    c->stats.handshakes_failed++;
+    int cause = value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 0
+                : value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC    ? 1
+                                                                    : 2;
+    uint64_t held;
+    if (!tsr_log_limit_pass(&c->hs_log[which][cause], tsr_now_ms(), HANDSHAKE_LOG_GAP_MS, &held))
+        return;
+    char why[256], more[96] = "";
+    if (cause == 0)
+        snprintf(why, sizeof why, "the client does not use CURVE (a worker or CLI without "
+                 "keys: --keys, TESSERA_KEYS)");
+    else if (cause == 1)
+        snprintf(why, sizeof why, "its CURVE handshake cannot be read: the client's "
+                 "coordinator.pub is not this coordinator's (%s/coordinator.pub)",
+                 c->cfg->keys_dir);
+    else
+        snprintf(why, sizeof why, "handshake protocol error 0x%x (not a Tessera client?)",
+                 (unsigned)value);
+    if (held)
+        snprintf(more, sizeof more, "; %llu more refused there since the last such line",
+                 (unsigned long long)held);
+    tsr_warn("refused a connection on the %s endpoint: %s%s", channel, why, more);
+}
+
 void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
 {
     drain_one(c, c->wsock, "workers", TSR_WIRE_MAX_WORKER, budget, on_worker_msg);
@@ -297,10 +334,18 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
     /* A client connection closed: whose it was ZeroMQ does not say, so the
      * clients of the requests in flight are asked (tick), at most every
      * PROBE_GAP_MS, and those that are gone have their requests cancelled. */
-    while (c->cmon && tsr_sock_monitor_event(c->cmon) == ZMQ_EVENT_DISCONNECTED) {
+    int ev;
+    uint32_t value;
+    while (c->cmon && (ev = tsr_sock_monitor_event_v(c->cmon, &value)) >= 0) {
+        if (ev != ZMQ_EVENT_DISCONNECTED) {
+            handshake_refused(c, 1, "control", value);
+            continue;
+        }
         tsr_debug("a client disconnected; probing %zu request(s)", tsr_requests_count(c));
         if (!c->probe_due_ms) c->probe_due_ms = c->last_probe_ms + PROBE_GAP_MS;
     }
+    while (c->wmon && (ev = tsr_sock_monitor_event_v(c->wmon, &value)) >= 0)
+        handshake_refused(c, 0, "workers", value);
 }
 
 static void on_dead(tsr_worker_t *w, void *arg)

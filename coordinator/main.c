@@ -121,6 +121,11 @@ int main(int argc, char **argv)
             bad = 1;
         }
         tsr_apikeys_free(&keys, nk > 0 ? (size_t)nk : 0);
+        tsr_security_t sec;
+        if (!cfg->security_none && tsr_coord_server_keys(cfg, &sec, err, sizeof err) < 0) {
+            fprintf(stderr, "%s\n", err);
+            bad = 1;
+        }
         if (!bad) printf("%s: valid, %zu deployment(s)\n", path, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return bad;
@@ -173,10 +178,11 @@ int main(int argc, char **argv)
                c->cfg->n_deployments, (int)getpid());
 
     /* The tokenizer loader's descriptor wakes the loop when a reload's new tokenizer is in. */
-    zmq_pollitem_t items[5] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
+    zmq_pollitem_t items[6] = {{c->wsock, 0, ZMQ_POLLIN, 0}, {c->csock, 0, ZMQ_POLLIN, 0},
                                {NULL, tsr_tokload_fd(c->tokload), ZMQ_POLLIN, 0}};
     int n_items = 3;
     if (c->cmon) items[n_items++] = (zmq_pollitem_t){c->cmon, 0, ZMQ_POLLIN, 0};
+    if (c->wmon) items[n_items++] = (zmq_pollitem_t){c->wmon, 0, ZMQ_POLLIN, 0};
     if (c->bsock) items[n_items++] = (zmq_pollitem_t){c->bsock, 0, ZMQ_POLLIN, 0};
     int timeout = 0;
     bool held = false;

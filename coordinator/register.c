@@ -3,6 +3,7 @@
 #include "register.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,29 @@
 #include "assign.h"
 #include "common/log.h"
 #include "placement.h"
+
+/* Registrations a worker queued while its link was down arrive together
+ * when it comes back (3 to 5 in one millisecond): each is handled, but the
+ * same line for the same worker within this long is logged once. */
+#define REG_NOTE_QUIET_MS 1000
+
+static void reg_note(tsr_worker_t *w, int64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void reg_note(tsr_worker_t *w, int64_t now, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (const char *p = msg; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    bool again = h == w->reg_note && now - w->reg_note_ms < REG_NOTE_QUIET_MS;
+    w->reg_note = h;
+    w->reg_note_ms = now;
+    if (again) tsr_debug("%s (again)", msg);
+    else tsr_info("%s", msg);
+}
 
 /* "" or up to 31 of 0-9 a-f A-F : . (what NVML writes). */
 static bool pci_bus_id_ok(const char *s)
@@ -258,7 +282,7 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
             w->state = r->state == TESSERA__WORKER_STATE__STATE_READY     ? TSR_W_READY
                        : r->state == TESSERA__WORKER_STATE__STATE_FAILED ? TSR_W_FAILED
                                                                          : TSR_W_LOADING;
-            tsr_info("adopted worker %s with %s r%d s%d t%d (epoch %llu, %s)", w->name,
+            reg_note(w, now, "adopted worker %s with %s r%d s%d t%d (epoch %llu, %s)", w->name,
                      w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp,
                      (unsigned long long)w->piece.epoch, tsr_wstate_name(w->state));
             if (w->state == TSR_W_READY) tsr_coord_note_ready(c, w);
@@ -292,14 +316,14 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
                 c->dirty = true;
             }
         } else {
-            tsr_info("worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",
+            reg_note(w, now, "worker %s registered; its piece %s r%u s%u t%u was not adopted: %s",
                      w->name, r->assignment->deployment, r->assignment->replica,
                      r->assignment->stage, r->assignment->tp_rank, no);
             snprintf(reason, sizeof reason, "%s", no);
             rep.reason = reason;
         }
     } else {
-        tsr_info("worker %s registered%s: node %s, %s %u, %.1f GiB, pid %u, version %s",
+        reg_note(w, now, "worker %s registered%s: node %s, %s %u, %.1f GiB, pid %u, version %s",
                  w->name, known ? " again" : "", w->node, tsr_device_name(w->device),
                  w->device_index, (double)w->memory / (1u << 30), w->pid, w->version);
     }

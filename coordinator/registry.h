@@ -75,6 +75,8 @@ typedef struct {
     uint64_t ready_seq;         /* the coordinator's count of READY transitions when this
                                    worker last became ready */
     int64_t registered_ms;      /* monotonic */
+    uint64_t reg_note;          /* the last registration line logged for it (a hash) and */
+    int64_t reg_note_ms;        /* when: a burst of the same one is logged once */
     int64_t last_seen_ms;       /* monotonic, last message of any kind */
     int64_t dead_since_ms;
     int64_t last_ack_ms;        /* last heartbeat ack sent */

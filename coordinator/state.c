@@ -99,6 +99,18 @@ tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r)
     return ds && ds->canary && r >= 0 && r < ds->n_completed ? &ds->canary[r] : NULL;
 }
 
+int tsr_coord_server_keys(const tsr_config_t *cfg, tsr_security_t *sec, char *err, size_t errlen)
+{
+    char e[512];
+    if (tsr_security_server(cfg->keys_dir, sec, e, sizeof e) == 0) return 0;
+    snprintf(err, errlen,
+             "coordinator.security is curve and its key pair cannot be read: %s "
+             "(create a key store with `tessera keys init %s`, or set "
+             "coordinator.security: none with loopback endpoints)",
+             e, cfg->keys_dir);
+    return -1;
+}
+
 int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen)
 {
     c->config_path = strdup(config_path);
@@ -122,14 +134,7 @@ int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t er
     char e[512];
     /* The handler must be bound before the sockets: ZeroMQ lets any
      * CURVE client in while no ZAP handler is bound. */
-    if (tsr_security_server(c->cfg->keys_dir, &c->sec, e, sizeof e) < 0) {
-        snprintf(err, errlen,
-                 "coordinator.security is curve and its key pair cannot be read: %s "
-                 "(create a key store with `tessera keys init %s`, or set "
-                 "coordinator.security: none with loopback endpoints)",
-                 e, c->cfg->keys_dir);
-        return -1;
-    }
+    if (tsr_coord_server_keys(c->cfg, &c->sec, err, errlen) < 0) return -1;
     if (!(c->zap = tsr_zap_start(c->cfg->keys_dir, e, sizeof e))) {
         snprintf(err, errlen, "coordinator.keys_dir: %s", e);
         return -1;

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include "common/deploy.h"
 #include "common/keys.h"
+#include "common/log.h"
 #include "common/modelcfg.h"
 #include "common/wire.h"
 #include "metrics.h"
@@ -106,6 +107,8 @@ typedef struct {
     uint64_t sends_failed;      /* messages to workers that could not be queued */
     uint64_t canaries, canaries_failed;
     uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
+    uint64_t handshakes_failed; /* refused by ZeroMQ before the key check: a client
+                                   without CURVE, a handshake that cannot be read */
 } tsr_coord_stats_t;
 
 typedef struct tsr_requests tsr_requests_t;    /* the request table (router.c) */
@@ -138,7 +141,11 @@ typedef struct tsr_coord {
     /* loop */
     void *wsock;                /* ROUTER, workers endpoint */
     void *csock;                /* ROUTER, control endpoint */
-    void *cmon;                 /* the control socket's disconnections */
+    void *cmon;                 /* the control socket's disconnections and, with CURVE,
+                                   handshakes ZeroMQ refused */
+    void *wmon;                 /* with CURVE: the workers socket's refused handshakes */
+    tsr_log_limit_t hs_log[2][3];  /* those refusals' log lines: by endpoint (workers,
+                                      control) and cause (no CURVE, unreadable, other) */
     char bridge[64];            /* the HTTP server's inproc endpoint ("" without
                                    http_endpoint) and its ROUTER (plain, in-process) */
     void *bsock;
@@ -153,6 +160,10 @@ typedef struct tsr_coord {
  * (before any socket: ZeroMQ lets any CURVE client in while none is bound).  c is
  * zeroed memory.  -1 with the reason in err; tsr_state_close frees what was made. */
 int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen);
+/* Reads cfg's coordinator key pair into *sec as a start does (a secret key
+ * file others can read is refused): 0, or -1 with the reason in err.  A
+ * start and --check both come here, so --check passes what a start takes. */
+int tsr_coord_server_keys(const tsr_config_t *cfg, tsr_security_t *sec, char *err, size_t errlen);
 /* Frees everything tsr_state_open made (not c). */
 void tsr_state_close(tsr_coord_t *c);
 

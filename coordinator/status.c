@@ -266,6 +266,10 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
     json_object_set_new(stats, "rendezvous_relayed",
                         json_integer((json_int_t)st->rendezvous_relayed));
     json_t *coord = json_object_get(root, "coordinator");
+    /* Before the first plan after a start, workers of a previous coordinator
+     * re-attach with their pieces: how much of that grace is left. */
+    json_object_set_new(coord, "grace_left_ms",
+                        json_integer(now < c->plan_after_ms ? (json_int_t)(c->plan_after_ms - now) : 0));
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {
         tsr_zap_stats_t zs;
@@ -273,7 +277,9 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
         json_object_set_new(coord, "keys_dir", json_string(c->cfg->keys_dir));
         json_object_set_new(coord, "allowed_keys", json_integer((json_int_t)zs.keys));
         json_object_set_new(stats, "handshakes_accepted", json_integer((json_int_t)zs.accepted));
-        json_object_set_new(stats, "handshakes_refused", json_integer((json_int_t)zs.refused));
+        /* the key handler's refusals and those ZeroMQ made before it */
+        json_object_set_new(stats, "handshakes_refused",
+                            json_integer((json_int_t)(zs.refused + st->handshakes_failed)));
     }
     if (!workers_only) {
         json_t *deps = json_array();

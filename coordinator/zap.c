@@ -31,7 +31,10 @@ struct tsr_zap {
     uint64_t accepted, refused;
     struct timespec mtime;
     int64_t loaded_ms;
+    tsr_log_limit_t refusals;    /* the handler thread's own */
 };
+
+#define REFUSAL_LOG_GAP_MS 10000  /* a refused stranger retries every second or so */
 
 static struct timespec dir_mtime(const char *dir)
 {
@@ -150,11 +153,20 @@ static void answer(tsr_zap_t *z)
             status = "200";
             text = "OK";
         } else {
-            char addr[64] = "";
+            char addr[64] = "", z85[41];
             size_t al = zmq_msg_size(&f[3]) < sizeof addr - 1 ? zmq_msg_size(&f[3]) : sizeof addr - 1;
             memcpy(addr, zmq_msg_data(&f[3]), al);
-            tsr_debug("refused a connection from %s: its key is not in %s/allowed",
-                      addr, z->dir);
+            uint64_t held;
+            if (tsr_log_limit_pass(&z->refusals, tsr_now_ms(), REFUSAL_LOG_GAP_MS, &held)) {
+                char more[96] = "";
+                if (held)
+                    snprintf(more, sizeof more, "; %llu more refused since the last such line",
+                             (unsigned long long)held);
+                zmq_z85_encode(z85, zmq_msg_data(&f[6]), 32);
+                tsr_warn("refused a connection from %s: its key %s is not in %s/allowed (a "
+                         "removed key, or one never added: `tessera keys add`)%s",
+                         addr, z85, z->dir, more);
+            }
         }
     } else {
         pthread_mutex_lock(&z->mu);

@@ -209,6 +209,8 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     a->piece.peers = NULL;
     a->piece.n_peer_devices = 0;
     a->piece.peer_devices = NULL;
+    a->piece.n_peer_workers = a->piece.n_peer_nodes = 0;
+    a->piece.peer_workers = a->piece.peer_nodes = NULL;
     /* The replica's secret too: it points into the message being freed, and
      * a re-registration must not send it back over the wire. */
     a->piece.data_secret = (ProtobufCBinaryData){0, NULL};
@@ -358,6 +360,7 @@ static void on_register_reply(tsr_agent_t *a, const tsr_env_t *env, int64_t now)
     a->register_backoff_ms = REGISTER_BACKOFF_MIN_MS;
     if (r->heartbeat_interval_ms) a->hb_interval_ms = (int)r->heartbeat_interval_ms;
     if (r->lease_ms) a->lease_ms = (int)r->lease_ms;
+    a->registered_once = true;
     a->next_hb_ms = now;
     if (a->has_piece && !r->adopted) drop_piece(a, r->reason[0] ? r->reason : "not adopted");
     tsr_info("registered with coordinator at %s%s (heartbeat %d ms, lease %d ms)", a->endpoint,
@@ -436,6 +439,11 @@ static void on_message(tsr_agent_t *a, tsr_env_t *env, int64_t now)
 }
 
 #define HANDSHAKE_RETRY_MS 1000
+#define HANDSHAKES_CUT_MAX 3
+#define CURVE_NEVER_COMPLETED                                                                 \
+    "the CURVE handshake never completed (the coordinator closed it each time): likely a "  \
+    "wrong coordinator.pub (it must be the coordinator's current public key, from its key " \
+    "store), or a server that is not a Tessera coordinator on that port"
 
 /* Says why the coordinator will not talk to us (a key it does not allow,
  * CURVE on one side only), once per cause and then every 10 s: the worker
@@ -445,7 +453,18 @@ static void watch_handshakes(tsr_agent_t *a, int64_t now)
     int ev;
     uint32_t value = 0;
     while (a->mon && (ev = tsr_sock_monitor_event_v(a->mon, &value)) >= 0) {
+        if (ev == ZMQ_EVENT_CONNECTED) a->tcp_connected = true;
+        if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            a->handshake_ok = true;
+            a->handshakes_cut = 0;
+        }
         const char *why = tsr_handshake_failure(ev, value);
+        /* A CURVE server closes, without a word, the handshake of a client
+         * that does not have its public key: several in a row and never one
+         * completed is that, not a restart. */
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL &&
+            ++a->handshakes_cut >= HANDSHAKES_CUT_MAX && !a->handshake_ok && a->identity[0])
+            why = CURVE_NEVER_COMPLETED;
         /* A handshake cut short (the coordinator restarting) is retried
          * like a refusal, without an alarm. */
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && !a->reconnect_at_ms)
@@ -463,6 +482,25 @@ static void watch_handshakes(tsr_agent_t *a, int64_t now)
         a->handshake_why = why;
         a->handshake_logged_ms = now;
     }
+}
+
+/* What the connection's events say about a silence before the first
+ * registration ("" when they say nothing more). */
+static void silence_cause(const tsr_agent_t *a, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (a->registered_once) return;
+    if (a->handshake_why)
+        snprintf(out, len, "it refused the connection: %s", a->handshake_why);
+    else if (!a->tcp_connected)
+        snprintf(out, len, "nothing accepted a connection there (is the coordinator running, "
+                 "and is that its workers endpoint?)");
+    else if (!a->handshake_ok && a->identity[0])
+        snprintf(out, len, "%s (identity '%s', keys in %s)", CURVE_NEVER_COMPLETED,
+                 a->identity, a->keys_dir);
+    else if (!a->handshake_ok)
+        snprintf(out, len, "the handshake never completed: does the coordinator use CURVE "
+                 "(coordinator.security) while this worker has no keys?");
 }
 
 int tsr_agent_step(tsr_agent_t *a, int64_t now)
@@ -514,10 +552,17 @@ int tsr_agent_step(tsr_agent_t *a, int64_t now)
     }
     if (!a->detached && now - a->last_heard_ms > a->lease_ms) {
         a->detached = true;
-        tsr_warn("no word from the coordinator for %lld ms (lease %d ms): %s, taking no new "
-                 "work until it is back",
-                 (long long)(now - a->last_heard_ms), a->lease_ms,
-                 a->has_piece ? "keeping my piece" : "idle");
+        char lease[96], cause[512];
+        if (a->registered_once)
+            snprintf(lease, sizeof lease, "lease %d ms, the coordinator's", a->lease_ms);
+        else
+            snprintf(lease, sizeof lease, "lease %d ms: this worker's default until a "
+                     "coordinator answers", a->lease_ms);
+        silence_cause(a, cause, sizeof cause);
+        tsr_warn("no word from the coordinator at %s for %lld ms (%s): %s, taking no new "
+                 "work until it is back%s%s",
+                 a->endpoint, (long long)(now - a->last_heard_ms), lease,
+                 a->has_piece ? "keeping my piece" : "idle", cause[0] ? "; " : "", cause);
     }
     /* A silent coordinator may have restarted without our connection
      * noticing; registering again is harmless and re-attaches us. */

@@ -67,6 +67,10 @@ typedef struct {
     const char *handshake_why;    /* the last failure logged, and when */
     int64_t handshake_logged_ms;
     int64_t reconnect_at_ms;      /* connect again then (0: not planned) */
+    bool tcp_connected;           /* a TCP connection to the coordinator was made */
+    bool handshake_ok;            /* ...and a handshake on one completed */
+    uint32_t handshakes_cut;      /* handshakes closed by the far end since the last success */
+    bool registered_once;         /* lease_ms is the coordinator's, not the default */
     int exit_code;                /* set with stop */
     bool stop;
 } tsr_agent_t;

@@ -69,6 +69,9 @@ typedef struct {
     /* Optional (GPU groups): each member's GPU, its PCI bus id ("" unknown),
      * in rank order; ranks that share one cannot share an NCCL group. */
     const char *const *devices;
+    /* Optional: each member's "worker NAME on node NODE" ("" unknown), in
+     * rank order, for the messages that name a peer. */
+    const char *const *names;
     /* Optional: passes a backend's own rendezvous blob through the
      * coordinator.  Rank 0 publishes (mine set: returns at once); then
      * every rank, rank 0 too, receives the blob the coordinator relayed for

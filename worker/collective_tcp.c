@@ -84,6 +84,7 @@ static const bool data_plain = false;
 #endif
 
 #define EP_MAX 300              /* "host:port"; a DNS name is at most 253 */
+#define WHO_MAX (EP_MAX + 300)  /* a peer's worker and node names, then its endpoint */
 #define STASH_MAX 32            /* connections waiting for another communicator */
 #define PENDING_MAX 16          /* accepted connections still sending their handshake */
 #define PENDING_MS 2000         /* ... each of which is dropped after this long */
@@ -541,6 +542,10 @@ typedef struct {
 typedef struct {
     int fd;
     char endpoint[EP_MAX];
+    /* How messages name this peer: "worker NAME on node NODE, host:port"
+     * when the rendezvous named it (an operator knows workers, not
+     * addresses), else its endpoint. */
+    char who[WHO_MAX];
     uint64_t tx_seq, rx_seq;    /* frames sent and received on this connection */
     EVP_CIPHER_CTX *tx_gcm, *rx_gcm; /* this connection's keys, one per direction */
     uint8_t *txbuf;             /* the sealed frame being sent, kept between calls */
@@ -1115,7 +1120,7 @@ static int read_ack(former_t *f, int j, int64_t now, char *err, size_t errlen)
         char why[200];
         ack_describe(status, detail, &f->me, why, sizeof why);
         snprintf(err, errlen, "rank %d (%s) refused rank %d of group %llu, epoch %llu: %s", j,
-                 f->c->peers[j].endpoint, f->c->rank, (unsigned long long)f->me.group,
+                 f->c->peers[j].who, f->c->rank, (unsigned long long)f->me.group,
                  (unsigned long long)f->me.epoch, why);
         return -1;
     }
@@ -1154,7 +1159,7 @@ static void form_timeout_msg(const former_t *f, char *err, size_t errlen)
     if (first < c->rank) {
         const outgoing_t *o = &f->out[first];
         snprintf(what, sizeof what, "could not connect to rank %d (%s): %s", first,
-                 c->peers[first].endpoint,
+                 c->peers[first].who,
                  o->st == OUT_ACK          ? "no answer to the handshake"
                  : o->st == OUT_CHAL       ? "no challenge after connecting"
                  : o->st == OUT_CONNECTING ? "the connection did not complete"
@@ -1162,7 +1167,7 @@ static void form_timeout_msg(const former_t *f, char *err, size_t errlen)
                                            : "no attempt finished");
     } else {
         snprintf(what, sizeof what, "rank %d (%s) did not connect", first,
-                 c->peers[first].endpoint);
+                 c->peers[first].who);
     }
     snprintf(err, errlen,
              "group %llu epoch %llu rank %d: %s within %d ms (%d of %d peers missing)%s%s",
@@ -1316,11 +1321,29 @@ void tsr_tcp_listener_wake(tsr_tcp_listener_t *l)
  * first is not held up.  What this cannot fix: two workers each waiting to
  * *accept* the other in different groups.  Forming every group in one
  * order on all workers (as by ascending group id) never meets that. */
+static tsr_comm_t *comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group, int rank,
+                            int n, const char *const *endpoints, const char *const *names,
+                            const void *secret, size_t secret_len, int timeout_ms,
+                            int (*cancelled)(void *arg), void *cancel_arg, char *err,
+                            size_t errlen);
+
 tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group,
                                          int rank, int n, const char *const *endpoints,
                                          const void *secret, size_t secret_len, int timeout_ms,
                                          int (*cancelled)(void *arg), void *cancel_arg,
                                          char *err, size_t errlen)
+{
+    return comm_new(l, epoch, group, rank, n, endpoints, NULL, secret, secret_len, timeout_ms,
+                    cancelled, cancel_arg, err, errlen);
+}
+
+/* names: NULL, or each member's "worker NAME on node NODE" ("" unknown),
+ * put before its endpoint wherever a message names it. */
+static tsr_comm_t *comm_new(tsr_tcp_listener_t *l, uint64_t epoch, uint64_t group, int rank,
+                            int n, const char *const *endpoints, const char *const *names,
+                            const void *secret, size_t secret_len, int timeout_ms,
+                            int (*cancelled)(void *arg), void *cancel_arg, char *err,
+                            size_t errlen)
 {
     tsr_comm_t *c = NULL, *ret = NULL;
     if (check_args(l, rank, n, endpoints, secret ? secret_len : 0, err, errlen)) return NULL;
@@ -1332,7 +1355,14 @@ tsr_comm_t *tsr_tcp_comm_new_cancellable(tsr_tcp_listener_t *l, uint64_t epoch, 
     c->cancel_arg = cancel_arg;
     if (n == 1) return c;
     for (int p = 0; p < n; p++)
-        if (p != rank) snprintf(c->peers[p].endpoint, EP_MAX, "%s", endpoints[p]);
+        if (p != rank) {
+            peer_t *pe = &c->peers[p];
+            snprintf(pe->endpoint, EP_MAX, "%s", endpoints[p]);
+            if (names && names[p] && names[p][0])
+                snprintf(pe->who, sizeof pe->who, "%.280s, %s", names[p], pe->endpoint);
+            else
+                snprintf(pe->who, sizeof pe->who, "%s", pe->endpoint);
+        }
 
     former_t f = {.l = l, .c = c, .timeout_ms = timeout_ms, .cancelled = cancelled,
                   .cancel_arg = cancel_arg, .secret = secret, .secret_len = secret_len};
@@ -1405,7 +1435,7 @@ static int xfer_send(tsr_comm_t *c, xfer_t *op, int peer, uint32_t kind, const v
     }
     if (!seal(pe->tx_gcm, seq, op->hdr, src, len, pe->txbuf)) {
         snprintf(err, errlen, "sealing a %zu-byte frame to rank %d (%s) failed", len, peer,
-                 pe->endpoint);
+                 pe->who);
         return -1;
     }
     op->src = pe->txbuf;
@@ -1420,7 +1450,7 @@ static void xfer_recv(xfer_t *op, int peer, uint32_t kind, void *dst, size_t len
 
 static int closed_msg(const tsr_comm_t *c, int p, const opctx_t *x, char *err, size_t errlen)
 {
-    snprintf(err, errlen, "connection to rank %d (%s) closed during %s", p, c->peers[p].endpoint,
+    snprintf(err, errlen, "connection to rank %d (%s) closed during %s", p, c->peers[p].who,
              x->what);
     return -1;
 }
@@ -1449,7 +1479,7 @@ static int tx_pump(tsr_comm_t *c, xfer_t *op, const opctx_t *x, char *err, size_
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         if (errno == EPIPE || errno == ECONNRESET) return closed_msg(c, op->peer, x, err, errlen);
         snprintf(err, errlen, "sending to rank %d (%s) failed during %s: %s", op->peer,
-                 pe->endpoint, x->what, strerror(errno));
+                 pe->who, x->what, strerror(errno));
         return -1;
     }
     op->complete = true;
@@ -1471,7 +1501,7 @@ static int read_some(tsr_comm_t *c, int p, uint8_t *dst, size_t want, size_t *go
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         if (errno == ECONNRESET) return closed_msg(c, p, x, err, errlen);
         snprintf(err, errlen, "receiving from rank %d (%s) failed during %s: %s", p,
-                 c->peers[p].endpoint, x->what, strerror(errno));
+                 c->peers[p].who, x->what, strerror(errno));
         return -1;
     }
     return 1;
@@ -1491,14 +1521,14 @@ static int rx_check_header(tsr_comm_t *c, int p, const opctx_t *x, char *err, si
         snprintf(err, errlen,
                  "rank %d (%s) sent a frame with bad magic 0x%08x during %s: not a Tessera peer, "
                  "or the stream is out of step",
-                 p, pe->endpoint, magic, x->what);
+                 p, pe->who, magic, x->what);
         return -1;
     }
     if (epoch != c->epoch || seq != pe->rx_seq) {
         snprintf(err, errlen,
                  "rank %d (%s) sent frame %llu of epoch %llu during %s; expected frame %llu of "
                  "epoch %llu",
-                 p, pe->endpoint, (unsigned long long)seq, (unsigned long long)epoch, x->what,
+                 p, pe->who, (unsigned long long)seq, (unsigned long long)epoch, x->what,
                  (unsigned long long)pe->rx_seq, (unsigned long long)c->epoch);
         return -1;
     }
@@ -1516,7 +1546,7 @@ static int rx_unseal(tsr_comm_t *c, int p, const opctx_t *x, char *err, size_t e
     snprintf(err, errlen,
              "rank %d (%s) sent frame %llu (%llu bytes) that fails its integrity check during %s: "
              "altered on the way, or not sent by that rank",
-             p, pe->endpoint, (unsigned long long)rx->seq, (unsigned long long)rx->len, x->what);
+             p, pe->who, (unsigned long long)rx->seq, (unsigned long long)rx->len, x->what);
     return -1;
 }
 
@@ -1528,13 +1558,13 @@ static int rx_place_op(tsr_comm_t *c, int p, xfer_t *op, const opctx_t *x, char 
         snprintf(err, errlen,
                  "rank %d (%s) sent %s data where %s data was expected during %s: the ranks "
                  "disagree on the order of operations",
-                 p, c->peers[p].endpoint, kind_name(rx->kind), kind_name(op->kind), x->what);
+                 p, c->peers[p].who, kind_name(rx->kind), kind_name(op->kind), x->what);
         return -1;
     }
     if (rx->len != (uint64_t)op->len) {
         snprintf(err, errlen, "rank %d (%s) sent a %llu-byte message where %zu bytes were "
                  "expected during %s",
-                 p, c->peers[p].endpoint, (unsigned long long)rx->len, op->len, x->what);
+                 p, c->peers[p].who, (unsigned long long)rx->len, op->len, x->what);
         return -1;
     }
     rx->dst = op->dst;
@@ -1614,7 +1644,7 @@ static int recv_from_inbox(tsr_comm_t *c, xfer_t *op, const opctx_t *x, char *er
     if (op->kind != K_P2P || m->len != op->len) {
         snprintf(err, errlen, "rank %d (%s) sent a %zu-byte %s message where %zu bytes of %s "
                  "data were expected during %s",
-                 op->peer, pe->endpoint, m->len, kind_name(K_P2P), op->len, kind_name(op->kind),
+                 op->peer, pe->who, m->len, kind_name(K_P2P), op->len, kind_name(op->kind),
                  x->what);
         return -1;
     }
@@ -1668,7 +1698,7 @@ static void xfer_timeout_msg(const tsr_comm_t *c, const xfer_t *ops, int nops,
         return;
     }
     snprintf(err, errlen, "rank %d (%s) did not %s within %d ms during %s", stuck->peer,
-             c->peers[stuck->peer].endpoint, stuck->is_send ? "take its data" : "answer",
+             c->peers[stuck->peer].who, stuck->is_send ? "take its data" : "answer",
              x->timeout_ms, x->what);
 }
 
@@ -1679,7 +1709,7 @@ static int xfer_serve(tsr_comm_t *c, xfer_t *ops, int p, short rev, bool eager,
     bool hup = rev & (POLLERR | POLLHUP | POLLNVAL);
     if (rev & POLLNVAL) {
         snprintf(err, errlen, "connection to rank %d (%s) is not open during %s", p,
-                 c->peers[p].endpoint, x->what);
+                 c->peers[p].who, x->what);
         return -1;
     }
     if (s >= 0 && !ops[s].complete && (rev & POLLOUT || hup) &&
@@ -2070,9 +2100,9 @@ static int tcp_create(void *ctx, const tsr_rendezvous_t *rv, tsr_comm_t **out, c
                  rv->n);
         goto out;
     }
-    *out = tsr_tcp_comm_new_cancellable(x->listener, rv->epoch, rv->group, rv->rank, rv->n, eps,
-                                        rv->secret, rv->secret_len, rv->timeout_ms, rv->cancelled,
-                                        rv->cancel_arg, err, errlen);
+    *out = comm_new(x->listener, rv->epoch, rv->group, rv->rank, rv->n, eps, rv->names,
+                    rv->secret, rv->secret_len, rv->timeout_ms, rv->cancelled, rv->cancel_arg,
+                    err, errlen);
     rc = *out ? 0 : -1;
 out:
     free(eps);

@@ -39,6 +39,7 @@ typedef struct {
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
     char devices[MAX_PEERS][TSR_NAME_MAX + 40];  /* each peer's "node/bus id" ("" no NCCL) */
+    char names[MAX_PEERS][2 * TSR_NAME_MAX + 20];  /* "worker W on node N" ("" unknown) */
     uint64_t groups[MAIL_MAX];      /* the tensor groups this piece forms (tp, prev, next) */
     int n_groups;
     uint8_t secret[64];         /* the replica's data-port secret for this epoch */
@@ -424,14 +425,17 @@ static tsr_comm_t *form(const tsr_coll_ctx_t *cctx, const tsr_coll_ops_t *ops, c
         snprintf(err, errlen, "out of memory for a rendezvous");
         return NULL;
     }
-    const char *devices[MAX_PEERS];
+    const char *devices[MAX_PEERS], *names[MAX_PEERS];
     for (int i = 0; i < n; i++) {
         len += (size_t)sprintf(blob + len, "%s\n", j->peers[members[i]]);
         devices[i] = j->devices[members[i]];
+        names[i] = j->names[members[i]];
     }
-    tsr_rendezvous_t rv = {j->epoch, group_id(j, kind, a, b), rank, n, blob, len,
-                           FORM_TIMEOUT_MS, form_cancelled, ctx, j->secret, j->secret_len,
-                           devices, io_exchange, ctx};
+    tsr_rendezvous_t rv = {.epoch = j->epoch, .group = group_id(j, kind, a, b), .rank = rank,
+                           .n = n, .blob = blob, .blob_len = len, .timeout_ms = FORM_TIMEOUT_MS,
+                           .cancelled = form_cancelled, .cancel_arg = ctx, .secret = j->secret,
+                           .secret_len = j->secret_len, .devices = devices, .names = names,
+                           .exchange = io_exchange, .exchange_arg = ctx};
     if (ops->create((void *)cctx, &rv, &c, err, errlen) < 0) c = NULL;
     free(blob);
     return c;
@@ -791,6 +795,17 @@ void tsr_executor_bytes(tsr_executor_t *ex, uint64_t *weights, uint64_t *kv)
     pthread_mutex_unlock(&ex->mu);
 }
 
+/* "worker W on node N" for peer i of as, or "" when the coordinator did
+ * not say (an older one) or the slot has no holder. */
+static void peer_name(const Tessera__Assignment *as, int i, char *out, size_t len)
+{
+    const char *w = i < (int)as->n_peer_workers ? as->peer_workers[i] : "";
+    const char *node = i < (int)as->n_peer_nodes ? as->peer_nodes[i] : "";
+    if (!w || !*w) out[0] = '\0';
+    else if (!node || !*node) snprintf(out, len, "worker %.128s", w);
+    else snprintf(out, len, "worker %.128s on node %.128s", w, node);
+}
+
 void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
 {
     pthread_mutex_lock(&ex->mu);
@@ -816,6 +831,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
         snprintf(j->peers[i], sizeof j->peers[i], "%s", as->peers[i]);
         snprintf(j->devices[i], sizeof j->devices[i], "%s",
                  i < (int)as->n_peer_devices ? as->peer_devices[i] : "");
+        peer_name(as, i, j->names[i], sizeof j->names[i]);
     }
     /* the groups whose relayed blobs it takes; those of an older epoch go */
     int tp = j->key.tp_size, st = j->key.stage, t = j->key.tp;

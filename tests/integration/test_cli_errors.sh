@@ -60,6 +60,17 @@ sed "s|^coordinator:|coordinator:\n  http_endpoint: 127.0.0.1:8000\n  api_keys_f
 grep -q "api.keys: mode 644" "$T/e.txt" || fail "$(cat "$T/e.txt")"
 chmod 600 "$T/api.keys"
 "$BIN/tessera-coordinator" --check "$T/k.yaml" > /dev/null 2> "$T/e.txt" || fail "check with a private keys file: $(cat "$T/e.txt")"
+# ...and a coordinator secret key others can read, with the start's own words.
+chmod 644 "$KEYS/coordinator.key"
+"$BIN/tessera-coordinator" --check "$T/d.yaml" > /dev/null 2> "$T/e.txt"; rc=$?
+"$BIN/tessera-coordinator" "$T/d.yaml" > /dev/null 2> "$T/s.txt"; src=$?
+chmod 600 "$KEYS/coordinator.key"
+[ $rc = 1 ] || fail "--check passed a coordinator.key of mode 0644 (exit $rc)"
+[ $src = 1 ] || fail "a start with a coordinator.key of mode 0644 exited $src"
+grep -q "coordinator.key.*0644" "$T/e.txt" || fail "--check does not name the key file and its mode: $(cat "$T/e.txt")"
+grep -qF "$(cat "$T/e.txt")" "$T/s.txt" || fail "--check and the start refuse differently:
+check: $(cat "$T/e.txt")
+start: $(cat "$T/s.txt")"
 # A coordinator whose model directory lacks config.json still starts, and
 # status says why that deployment is not placed.
 write_yaml "$T/m.yaml" 1 1 1 tiny "$T/nomodel"

@@ -48,3 +48,24 @@ for i in 0 1 2 3 4; do
 done
 grep -q "not adopted" "$T/coordinator.log" && fail "a piece was not adopted: $(grep 'not adopted' "$T/coordinator.log" | head -1)"
 ok "with collective_timeout_ms changed meanwhile: adopted, rewired in a new epoch with the file's value, no weights reloaded"
+
+# During the adoption grace the status says so, and the epoch it shows is
+# the adopted one (none adopted yet: no plan, not "epoch 0").
+epoch_before=$(status_json | jget "d['coordinator']['epoch']")
+kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null
+start_coord "$T/d.yaml" --adopt-grace-ms 4000
+answers() { tsr status > "$T/st.txt" 2>&1; }
+wait_until 2 answers || fail "the restarted coordinator does not answer: $(cat "$T/st.txt")"
+head -1 "$T/st.txt" | grep -Eq "adopting workers \(grace [0-9.]+ s left\)" ||
+    fail "status during the grace does not say it is adopting workers: $(head -1 "$T/st.txt")"
+head -1 "$T/st.txt" | grep -q "epoch 0 " && fail "status during the grace shows epoch 0: $(head -1 "$T/st.txt")"
+wait_until 3 all_ready || fail "not ready again during the grace"
+tsr status > "$T/st.txt" 2>&1
+head -1 "$T/st.txt" | grep -Eq "epoch $epoch_before .*adopting workers|adopting workers.*epoch $epoch_before " ||
+    fail "status with every piece adopted does not show the adopted epoch $epoch_before during the grace: $(head -1 "$T/st.txt")"
+[ "$(status_json | jget "d['coordinator']['grace_left_ms'] > 0")" = true ] ||
+    fail "status --json gives no grace_left_ms during the grace"
+graced() { [ "$(status_json | jget "d['coordinator']['planning']")" = true ]; }
+wait_until 6 graced || fail "the grace never ended"
+tsr status | head -1 | grep -q "adopting" && fail "status still says adopting after the grace: $(tsr status | head -1)"
+ok "during the adoption grace status says so, with the adopted epoch"

@@ -22,4 +22,9 @@ ref $ref"
 replayed=$(status_json | jget "d['coordinator']['stats']['requests_replayed']")
 [ "$replayed" -ge 1 ] || fail "the request was not replayed (stats.requests_replayed $replayed)"
 [ "$(piece_holder 0 1 1)" != "$victim" ] || fail "the victim still holds its piece"
+# The survivors' failure reports name the dead peer by worker and node, not
+# by address alone.
+grep -Eq "failed: .*rank [0-9]+ \(worker $victim on node [^,]+, [^)]+\)" "$T/coordinator.log" \
+    || fail "no failure report names the dead peer as worker $victim on its node:
+$(grep -E 'reports .* failed' "$T/coordinator.log" | head -3)"
 ok "a request caught by a dead peer resumed on the rewired replica ($took ms) with the reference's 250 tokens"

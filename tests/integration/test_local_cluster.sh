@@ -51,6 +51,19 @@ tsr generate tiny --prompt-ids 1,2,3 --max-tokens 4 --ids > /dev/null || fail "n
 kill -TERM "$(cat "$T/lp.pid")"
 ok "local: its output pipe closed, every process lives and serves"
 
+# The caller's own key name (TESSERA_IDENTITY, as a CLI user sets it) and
+# data address are not its workers': each worker gets its own identity.
+write_yaml "$T/i.yaml" 1 1 1
+TESSERA_IDENTITY=cli TESSERA_DATA_ADDRESS=192.0.2.1 "$BIN/tessera" local "$T/i.yaml" --workers 2 \
+    --log-dir "$T/logs-id" > "$T/local-id.out" 2>&1 &
+LPID=$!; PIDS+=("$LPID")
+wait_until 10 all_ready || fail "with TESSERA_IDENTITY=cli set, the local cluster is not ready:
+$(tsr workers 2>&1; tail -3 "$T"/logs-id/local-*.log)"
+kill -TERM "$LPID"
+gone() { ! kill -0 "$LPID" 2>/dev/null; }
+wait_until 7 gone || fail "tessera local did not exit on SIGTERM"
+ok "local: the caller's TESSERA_IDENTITY and TESSERA_DATA_ADDRESS do not reach its workers"
+
 # --log-dir that is not a directory is refused, naming it.
 touch "$T/not-a-dir"
 "$BIN/tessera" local "$T/d.yaml" --log-dir "$T/not-a-dir" > "$T/local3.out" 2>&1

@@ -36,6 +36,13 @@ sed -i 's/tensor: 1/tensor: one/' "$T/d.yaml"
 tsr reload 2> "$T/err.txt"; rc=$?
 [ "$rc" = 3 ] || fail "bad reload exited $rc"
 grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].parallel.tensor" "$T/err.txt" || fail "bad reload message: $(cat "$T/err.txt")"
+grep -q "keeps its running configuration" "$T/err.txt" || fail "a refused reload does not say the running configuration is kept: $(cat "$T/err.txt")"
+# The same file named with --config cannot even be read for the endpoint:
+# the operator is told nothing was sent and nothing changed.
+"$BIN/tessera" --config "$T/d.yaml" reload 2> "$T/err2.txt"; rc=$?
+[ "$rc" = 1 ] || fail "reload with a bad --config file exited $rc"
+grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].parallel.tensor" "$T/err2.txt" || fail "bad --config message: $(cat "$T/err2.txt")"
+grep -q "keeps its running configuration" "$T/err2.txt" || fail "a reload with a bad --config file does not say the running configuration is kept: $(cat "$T/err2.txt")"
 all_ready || fail "a refused reload disturbed the running deployment"
 [ "$(status_json | jget "d['deployments'][0]['replicas']")" = 2 ] || fail "old configuration lost"
 

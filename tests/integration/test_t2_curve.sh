@@ -32,9 +32,19 @@ for who in plain mallory; do
 done
 ok "a plain client and an unknown key get no answer on the control endpoint"
 
-# 2. The workers endpoint: neither can register a worker.
+# 2. The workers endpoint: neither can register a worker.  ZeroMQ turns a
+#    plain client away before the key check; it is counted and logged all
+#    the same, once however often it retries.
+refused_before=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
 TESSERA_KEYS= "$BIN/tessera-worker" --coordinator "$WEP" --name intruder > "$T/intruder.log" 2>&1 &
 I1=$!; PIDS+=("$I1")
+refused_plain() {
+    local n; n=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
+    [ "$n" -ge $((refused_before + 3)) ]
+}
+wait_until 10 refused_plain || fail "a plain worker's handshakes are not counted as refused"
+n=$(grep -c "refused .*workers endpoint.*does not use CURVE" "$T/coordinator.log")
+[ "$n" = 1 ] || fail "a plain worker retrying was logged $n times on the workers endpoint, expected once: $(grep -i refused "$T/coordinator.log")"
 "$BIN/tessera-worker" --coordinator "$WEP" --name intruder2 --keys "$T/mk" --identity mallory \
     > "$T/intruder2.log" 2>&1 &
 I2=$!; PIDS+=("$I2")
@@ -43,9 +53,31 @@ refused_more() {
     [ "$n" -ge $((refused_before + 4)) ]
 }
 wait_until 10 refused_more || fail "the strangers' handshakes were not refused"
+grep -q "is not in .*allowed" "$T/coordinator.log" || fail "the unknown key's refusal is not logged"
 status_json | jget "[w['name'] for w in d['workers']]" | grep -q intruder && fail "a stranger registered"
 kill "$I1" "$I2"
 ok "a plain worker and an unknown key cannot register"
+
+# 2b. A worker whose coordinator.pub is not the coordinator's (an allowed
+#     key of its own): its CURVE handshake never completes, and the worker
+#     says that this is the likely cause, not only that the coordinator is
+#     silent, and which lease it is going by.
+"$BIN/tessera" keys add "$KEYS" wrongpub > /dev/null || fail "keys add wrongpub"
+"$BIN/tessera" keys init "$T/other" > /dev/null || fail "keys init other"
+mkdir "$T/wp"; cp -p "$KEYS/wrongpub.key" "$T/other/coordinator.pub" "$T/wp/"
+"$BIN/tessera-worker" --coordinator "$WEP" --name wrongpub --keys "$T/wp" > "$T/wrongpub.log" 2>&1 &
+I3=$!; PIDS+=("$I3")
+told() { grep -q "coordinator.pub" "$T/wrongpub.log"; }
+wait_until 10 told || fail "a worker with a wrong coordinator.pub does not name it: $(cat "$T/wrongpub.log")"
+grep -q "handshake" "$T/wrongpub.log" || fail "the CURVE handshake is not named: $(cat "$T/wrongpub.log")"
+silent() { grep -q "no word from the coordinator" "$T/wrongpub.log"; }
+wait_until 5 silent || fail "the worker never noticed the silence: $(cat "$T/wrongpub.log")"
+grep "no word from the coordinator" "$T/wrongpub.log" | grep -q "this worker's default" ||
+    fail "the silence message does not say its lease is the worker's default (never registered): $(grep 'no word' "$T/wrongpub.log")"
+kill "$I3"
+grep -q "refused .*workers endpoint.*coordinator.pub is not this coordinator's" "$T/coordinator.log" ||
+    fail "the coordinator does not log the unreadable handshake: $(grep -i refused "$T/coordinator.log")"
+ok "a wrong coordinator.pub on a worker is named as the likely cause, on both sides"
 
 # 3. Removing a client's key ends its stream; removing a worker's key cuts
 #    the worker off (its piece moves to the spare); both within a second.

@@ -103,6 +103,7 @@ struct rank_ctx {
     tsr_tcp_listener_t *l;
     const char **eps;
     bool via_create;            /* form through ops->create and a blob */
+    const char *const *names;   /* via_create: the members' worker names (NULL none) */
     int (*cancelled)(void *arg);    /* via_create: the rendezvous's cancellation */
     void *cancel_arg;
     body_fn body;
@@ -118,6 +119,7 @@ struct rank_ctx {
 typedef struct {
     int n;
     bool via_create;
+    const char *const *names;
     int (*cancelled)(void *arg);
     void *cancel_arg;
     tsr_tcp_listener_t *l[MAXR];
@@ -155,7 +157,7 @@ static void *rank_main(void *arg)
         tsr_rendezvous_t rv = {.epoch = k->epoch, .group = k->group, .rank = k->rank, .n = k->n,
                                .blob = blob, .timeout_ms = FORM_MS, .secret = SECRET,
                                .secret_len = sizeof SECRET, .cancelled = k->cancelled,
-                               .cancel_arg = k->cancel_arg};
+                               .cancel_arg = k->cancel_arg, .names = k->names};
         rv.blob_len = make_blob(blob, sizeof blob, k->eps, k->n);
         if (ops->create(&(tsr_coll_ctx_t){.listener = k->l}, &rv, &k->comm, k->err, sizeof k->err)) k->comm = NULL;
     } else {
@@ -170,7 +172,8 @@ static void group_start(group_t *g, int rank, body_fn body, void *arg)
 {
     rank_ctx_t *k = &g->k[rank];
     *k = (rank_ctx_t){.rank = rank, .n = g->n, .epoch = 1, .group = 1, .l = g->l[rank],
-                      .eps = g->eps, .via_create = g->via_create, .cancelled = g->cancelled,
+                      .eps = g->eps, .via_create = g->via_create, .names = g->names,
+                      .cancelled = g->cancelled,
                       .cancel_arg = g->cancel_arg, .body = body, .arg = arg, .rc = -1};
     assert_int_equal(pthread_create(&g->th[rank], NULL, rank_main, k), 0);
 }
@@ -877,6 +880,41 @@ static void test_a_send_is_not_failed_by_another_rank_that_closed(void **state)
     group_run(&g, closed_bystander_body, &closed);
     group_expect_ok(&g);
     assert_true(g.k[0].op_ms < 100);
+    group_close(&g);
+    sem_destroy(&closed);
+}
+
+/* A peer that went away is named the way an operator knows it: its worker
+ * and node (from the rendezvous), then its address. */
+static int closed_peer_named_body(rank_ctx_t *k)
+{
+    sem_t *closed = k->arg;
+    uint8_t b[8];
+    if (k->rank == 1) {
+        ops->destroy(&k->comm);
+        sem_post(closed);
+        return 0;
+    }
+    sem_wait(closed);
+    if (p2p_recv(k, 1, b, sizeof b, OP_MS) == 0)
+        return body_fail(k, "a recv from a closed rank succeeded");
+    char want[128];
+    snprintf(want, sizeof want, "rank 1 (worker w-one on node n-one, %s)", k->eps[1]);
+    return strstr(k->err, want) && strstr(k->err, "closed") ? 0 : -1;
+}
+
+static void test_a_closed_peer_is_named_by_worker_and_node(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"worker w-zero on node n-zero", "worker w-one on node n-one"};
+    group_t g;
+    sem_t closed;
+    sem_init(&closed, 0, 0);
+    group_open(&g, 2);
+    g.via_create = true;
+    g.names = names;
+    group_run(&g, closed_peer_named_body, &closed);
+    group_expect_ok(&g);
     group_close(&g);
     sem_destroy(&closed);
 }
@@ -2170,6 +2208,7 @@ int main(void)
         cmocka_unit_test(test_group_with_two_sends_to_one_peer_is_refused),
         cmocka_unit_test(test_recv_of_a_different_length_than_sent_fails),
         cmocka_unit_test(test_a_send_is_not_failed_by_another_rank_that_closed),
+        cmocka_unit_test(test_a_closed_peer_is_named_by_worker_and_node),
         cmocka_unit_test(test_poll_says_when_a_message_waits_and_times_out_when_none),
         cmocka_unit_test(test_poll_on_a_closed_peer_returns_at_once),
         cmocka_unit_test(test_after_abort_every_operation_fails_at_once_with_the_reason),

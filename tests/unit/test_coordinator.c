@@ -372,6 +372,8 @@ static void cluster_up(fx_t *fx)
         fx->piece[i].n_peers = 0;
         fx->piece[i].peer_devices = NULL;
         fx->piece[i].n_peer_devices = 0;
+        fx->piece[i].peer_workers = fx->piece[i].peer_nodes = NULL;
+        fx->piece[i].n_peer_workers = fx->piece[i].n_peer_nodes = 0;
         fx->piece[i].data_secret = (ProtobufCBinaryData){0, NULL};
         assert_int_equal(env->epoch, env->assign->assignment->epoch);
         tsr_env_free(&env);
@@ -732,6 +734,26 @@ static void test_worker_silent_past_timeout_is_dead_and_its_heartbeat_gets_reset
     assert_int_equal(w->state, TSR_W_DEAD);  /* a heartbeat does not revive it */
 }
 
+/* Each slot of a's peer list names its holder's worker and node (cluster_up
+ * registers worker i on node i), so that a worker's messages about a peer
+ * can say which worker on which machine; the receiver holds its own slot. */
+static void expect_peers_named(fx_t *fx, const Tessera__Assignment *a)
+{
+    assert_int_equal(a->n_peer_workers, a->n_peers);
+    assert_int_equal(a->n_peer_nodes, a->n_peers);
+    for (size_t k = 0; k < a->n_peers; k++) {
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, a->peer_workers[k]);
+        assert_non_null(w);
+        assert_string_equal(a->peers[k], w->data_endpoint);
+        int i = 0;
+        while (i < NW && strcmp(fx->name[i], w->name)) i++;
+        char node[16];
+        snprintf(node, sizeof node, "node%d", i);
+        assert_string_equal(a->peer_nodes[k], node);
+    }
+    assert_string_equal(a->peer_workers[a->stage * a->tp_size + a->tp_rank], fx->name[fx->spare]);
+}
+
 static void expect_piece_moved_to_spare(fx_t *fx, int from)
 {
     tsr_env_t *env = expect_kind(fx->dealer[fx->spare], TESSERA__ENVELOPE__BODY_ASSIGN);
@@ -742,6 +764,7 @@ static void expect_piece_moved_to_spare(fx_t *fx, int from)
     assert_int_equal(a->layer_end, fx->piece[from].layer_end);
     assert_true(a->epoch > fx->piece[from].epoch);
     assert_int_equal(a->n_peers, 4);
+    expect_peers_named(fx, a);
     uint64_t epoch = a->epoch;
     tsr_env_free(&env);
     tsr_worker_t *s = tsr_registry_find(fx->c->reg, fx->name[fx->spare]);
@@ -867,6 +890,59 @@ static void test_fresh_coordinator_adopts_a_piece_matching_the_layout(void **sta
     expect_nothing(fx->dealer[0], 30);
     assert_true(w->has_piece);
     assert_int_equal(w->piece.epoch, 7);
+}
+
+/* Runs fn(fx) with the log at INFO into a file; returns how many lines hold
+ * needle. */
+static int log_lines_with(fx_t *fx, void (*fn)(fx_t *), const char *needle)
+{
+    char path[] = "/tmp/tsr-test-log.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    tsr_log_init("test", TSR_LOG_INFO);
+    fn(fx);
+    fflush(stderr);
+    tsr_log_init("test", TSR_LOG_ERROR + 1);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
+    fclose(f);
+    unlink(path);
+    return n;
+}
+
+/* The registrations a worker queued while its link was down, delivered at
+ * once when it comes back. */
+static void register_three_times(fx_t *fx)
+{
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    for (int i = 0; i < 3; i++)
+        send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a,
+                      TESSERA__WORKER_STATE__STATE_READY);
+    for (int got = 0; got < 3; got++) {
+        pump(fx);
+        tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->adopted);
+        tsr_env_free(&env);
+    }
+}
+
+static void test_a_burst_of_the_same_registration_is_logged_once(void **state)
+{
+    fx_t *fx = *state;
+    assert_int_equal(log_lines_with(fx, register_three_times, "adopted worker w0"), 1);
+    tsr_worker_t *w = tsr_registry_find(fx->c->reg, "w0");
+    assert_true(w->has_piece);
+    assert_int_equal(w->state, TSR_W_READY);
 }
 
 /* A coordinator that restarts between a piece's failure report and the
@@ -3413,6 +3489,7 @@ int main(void)
         T(test_fatal_failure_kills_the_worker_at_once_and_its_piece_moves),
         T(test_nonfatal_failure_marks_worker_failed_and_deployment_failed_in_status),
         T(test_fresh_coordinator_adopts_a_piece_matching_the_layout),
+        T(test_a_burst_of_the_same_registration_is_logged_once),
         T(test_a_fresh_coordinator_rewires_an_adopted_failed_piece),
         T(test_fresh_coordinator_does_not_adopt_a_wrong_layer_range),
         T(test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys),

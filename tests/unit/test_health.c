@@ -296,6 +296,31 @@ static void test_mark_dead_copies_reason_and_is_idempotent(void **state)
     tsr_registry_destroy(&reg);
 }
 
+/* A dead worker's figures were its process's: status must not go on
+ * showing the KV cache, queue or load it last reported as if current. */
+static void test_mark_dead_clears_the_live_figures(void **state)
+{
+    (void)state;
+    tsr_registry_t *reg = tsr_registry_new();
+    tsr_worker_t *w = add(reg, "w", 100, "d", 1);
+    w->kv_blocks_used = 12;
+    w->kv_blocks_total = 64;
+    w->queued = 3;
+    w->running = 2;
+    w->load = 0.75f;
+    w->weight_bytes = 1000;
+    w->kv_bytes = 2000;
+    assert_true(tsr_health_mark_dead(reg, w, 5, "gone"));
+    assert_int_equal(w->kv_blocks_used, 0);
+    assert_int_equal(w->kv_blocks_total, 0);
+    assert_int_equal(w->queued, 0);
+    assert_int_equal(w->running, 0);
+    assert_true(w->load == 0.0f);
+    assert_int_equal(w->weight_bytes, 0);
+    assert_int_equal(w->kv_bytes, 0);
+    tsr_registry_destroy(&reg);
+}
+
 static void test_mark_dead_truncates_an_overlong_reason_safely(void **state)
 {
     (void)state;
@@ -546,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_death_is_declared_within_one_heartbeat_after_timeout),
         cmocka_unit_test(test_scan_interval_is_a_quarter_heartbeat_but_at_least_5ms),
         cmocka_unit_test(test_mark_dead_copies_reason_and_is_idempotent),
+        cmocka_unit_test(test_mark_dead_clears_the_live_figures),
         cmocka_unit_test(test_mark_dead_truncates_an_overlong_reason_safely),
         cmocka_unit_test(test_registry_upsert_creates_once_and_find_returns_it),
         cmocka_unit_test(test_registry_alive_counts_workers_not_dead),
