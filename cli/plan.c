@@ -9,13 +9,14 @@
 #include "common/budget.h"
 #include "common/deploy.h"
 #include "common/modelcfg.h"
+#include "coordinator/layout.h"
 #include "coordinator/planner.h"
 
 static void plan_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
-            "                    [--nvlink K]\n"
+            "                    [--nvlink K] [--explain [--mem-gbs X] [--gflops X]]\n"
             "\n"
             "Validates the deployment file and each model's config.json, then prints where\n"
             "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
@@ -35,6 +36,18 @@ static void plan_usage(FILE *f)
             "                   as with NVSwitch; 1: no NVLink); a tensor-parallel group\n"
             "                   goes inside one domain when one has room.  The LINK column\n"
             "                   names each cuda piece's domain\n"
+            "  --explain        also, per deployment, the ways it could be cut (tensor x\n"
+            "                   pipeline): memory per device against what a device has,\n"
+            "                   whether it fits or by how much it misses, the estimated ms\n"
+            "                   per token (one sequence) and tokens/s (max_batch sequences),\n"
+            "                   the replicas the cluster's devices hold, whether the file's\n"
+            "                   layout fits and why not, and the cut the rule (the fewest\n"
+            "                   devices that fit, then the fastest per token) would choose\n"
+            "                   (GPU memory: --gpu-memory's, else 80 GiB, an H100's)\n"
+            "  --mem-gbs X      memory bandwidth of a device for the estimates, GB/s\n"
+            "                   (default: 3350 for cuda, an H100 SXM's; 20 for a cpu worker)\n"
+            "  --gflops X       matrix-product rate of a device, GFLOP/s (default: 989000 for\n"
+            "                   cuda, an H100 SXM's dense BF16; 200 for a cpu worker)\n"
             "exit status: 0 placed, 1 a bad file, 2 bad arguments, 3 not everything placed\n");
 }
 
@@ -51,19 +64,107 @@ static int parse_pos(const char *opt, const char *s, int *out)
     return 0;
 }
 
+static int parse_rate(const char *opt, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*end || !*s || !(v > 0) || v > 1e9) {
+        fprintf(stderr, "tessera plan: %s: expected a positive number up to 1e9, got '%s'\n", opt,
+                s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 static void human(uint64_t b, char *buf, size_t len)
 {
     if (b >= (1ull << 30)) snprintf(buf, len, "%.2f GiB", (double)b / (1ull << 30));
     else snprintf(buf, len, "%.2f MiB", (double)b / (1ull << 20));
 }
 
+/* One candidate's row of --explain. */
+static void explain_row(const tsr_layout_t *c, const char *mark)
+{
+    char need[32], fit[48];
+    human(c->need, need, sizeof need);
+    if (!c->valid) snprintf(fit, sizeof fit, "no: %.40s", c->invalid);
+    else if (!c->have) snprintf(fit, sizeof fit, "(unchecked)");
+    else if (c->fits) snprintf(fit, sizeof fit, "yes");
+    else {
+        char by[32];
+        human(c->need - c->have, by, sizeof by);
+        snprintf(fit, sizeof fit, "no: %s short", by);
+    }
+    printf("  %-2s %3d %3d %7d %12s  %-24s %-8s %9.2f %11.0f %8d %11.0f\n", mark, c->tensor,
+           c->pipeline, c->tensor * c->pipeline, need, fit, tsr_link_name(c->link), c->ms_token,
+           c->tok_s, c->replicas, c->tok_s_all);
+}
+
+/* --explain: the ways deployment d could be cut on devs, its own among them, and the
+ * cut the rule would choose.  For each tensor size, the pipeline depths up to the
+ * first that fits and one more (the rest only use more devices for less). */
+static void explain_deployment(const tsr_model_info_t *m, const tsr_deployment_t *d,
+                               const tsr_devices_t *devs)
+{
+    size_t n = tsr_layout_candidates(m, d, devs, NULL, 0);
+    tsr_layout_t *c = calloc(n ? n : 1, sizeof *c);
+    if (!c) {
+        fprintf(stderr, "tessera plan: out of memory for %zu candidates\n", n);
+        return;
+    }
+    tsr_layout_candidates(m, d, devs, c, n);
+    char have[32], why[512];
+    human(devs->memory, have, sizeof have);
+    printf("  ways to cut it over %d %s device(s), %d per node, %s each; estimates at %.0f "
+           "GB/s and %.0f GFLOP/s a device, %d positions of context:\n",
+           devs->devices, tsr_device_name(d->device), devs->per_node,
+           devs->memory ? have : "memory unchecked", devs->mem_gbs, devs->gflops,
+           d->max_seq_len / 2 > 0 ? d->max_seq_len / 2 : 1);
+    printf("  %-2s %3s %3s %7s %12s  %-24s %-8s %9s %11s %8s %11s\n", "", "TP", "PP", "DEVICES",
+           "NEED/DEVICE", "FITS", "LINK", "MS/TOKEN", "TOK/S/REPL", "REPLICAS", "TOK/S ALL");
+    int k = tsr_layout_choose(c, n, 0, why, sizeof why);
+    bool own_listed = false;
+    for (size_t i = 0; i < n; i++) {
+        bool own = c[i].tensor == d->tensor && c[i].pipeline == d->pipeline;
+        bool shown = own || (int)i == k || c[i].pipeline == 1 ||
+                     (i > 0 && c[i - 1].tensor == c[i].tensor && !c[i - 1].fits) ||
+                     (i > 1 && c[i - 2].tensor == c[i].tensor && !c[i - 2].fits);
+        if (!shown) continue;
+        own_listed |= own;
+        explain_row(&c[i], own && (int)i == k ? "=*" : own ? "=" : (int)i == k ? "*" : "");
+    }
+    tsr_layout_t mine;
+    tsr_layout_of(m, d, devs, d->tensor, d->pipeline, &mine);
+    if (!own_listed) explain_row(&mine, "=");
+    printf("  (= the file's layout, * the rule's choice)\n");
+    char need[32], by[32];
+    human(mine.need, need, sizeof need);
+    if (!mine.valid)
+        printf("  the file's tp %d x pp %d cannot be placed: %s\n", d->tensor, d->pipeline,
+               mine.invalid);
+    else if (!mine.fits) {
+        human(mine.need - mine.have, by, sizeof by);
+        printf("  the file's tp %d x pp %d does not fit: it needs %s per device, %s more than "
+               "the %s each has\n", d->tensor, d->pipeline, need, by, have);
+    } else
+        printf("  the file's tp %d x pp %d fits: %s per device, about %.2f ms per token\n",
+               d->tensor, d->pipeline, need, mine.ms_token);
+    printf("  %s: %s\n", k >= 0 ? "the rule would choose" : "nothing to choose", why);
+    free(c);
+}
+
 int tsr_cmd_plan(int argc, char **argv)
 {
-    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0, nvlink = 0;
+    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0, nvlink = 0, explain = 0;
+    double mem_gbs = 0, gflops = 0;
     static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
                                          {"per-node", required_argument, 0, 'g'},
                                          {"gpu-memory", required_argument, 0, 'm'},
                                          {"nvlink", required_argument, 0, 'l'},
+                                         {"explain", no_argument, 0, 'x'},
+                                         {"mem-gbs", required_argument, 0, 'b'},
+                                         {"gflops", required_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -74,6 +175,9 @@ int tsr_cmd_plan(int argc, char **argv)
         case 'g': if (parse_pos("--per-node", optarg, &per_node) < 0) return 2; break;
         case 'm': if (parse_pos("--gpu-memory", optarg, &gpu_gib) < 0) return 2; break;
         case 'l': if (parse_pos("--nvlink", optarg, &nvlink) < 0) return 2; break;
+        case 'x': explain = 1; break;
+        case 'b': if (parse_rate("--mem-gbs", optarg, &mem_gbs) < 0) return 2; break;
+        case 'f': if (parse_rate("--gflops", optarg, &gflops) < 0) return 2; break;
         case 'h': plan_usage(stdout); return 0;
         default: plan_usage(stderr); return 2;
         }
@@ -232,6 +336,27 @@ int tsr_cmd_plan(int argc, char **argv)
         if (plan->deps[i].short_by) {
             printf("  NOT PLACED: %s\n", tsr_plan_shortage_of(plan, i, ws, sb, sizeof sb));
             short_total += plan->deps[i].short_by;
+        }
+        if (explain) {
+            /* the devices of its kind the deployments before it leave */
+            int before = 0;
+            for (size_t j = 0; j < i; j++)
+                if (cfg->deployments[j].device == d->device)
+                    before += cfg->deployments[j].replicas * cfg->deployments[j].pipeline *
+                              cfg->deployments[j].tensor;
+            tsr_devices_t devs = {
+                .devices = nodes * per[d->device] - before, .per_node = per[d->device],
+                .per_domain = gpu ? (nvlink ? nvlink : per[d->device]) : 0,
+                /* a GPU's memory must be known to choose: an H100's unless given */
+                .memory = gpu ? (uint64_t)(gpu_gib ? gpu_gib : 80) << 30 : 0,
+                .mem_gbs = mem_gbs ? mem_gbs : gpu ? 3350 : 20,
+                .gflops = gflops ? gflops : gpu ? 989000 : 200,
+                /* all-reduce bandwidth and latency: NVLink, within a node (PCIe, or
+                 * loopback between cpu workers), the network (100 Gb/s, 10 Gb/s) */
+                .link_gbs = {0, 450, gpu ? 25 : 2, gpu ? 12.5 : 1.25},
+                .link_us = {0, 10, gpu ? 20 : 50, gpu ? 50 : 100}};
+            if (devs.devices < 0) devs.devices = 0;
+            explain_deployment(m, d, &devs);
         }
     }
     size_t idle = 0;

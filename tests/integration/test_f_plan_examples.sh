@@ -39,9 +39,24 @@ grep -q "NOT PLACED: needs 16 more cuda workers: stage 1 needs 28.1 GiB per cuda
     fail "no memory refusal: $(grep NOT "$T/m.txt")"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 80 > /dev/null || fail "a plan on 80 GiB GPUs failed"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory x 2> /dev/null; [ $? = 2 ] || fail "--gpu-memory x accepted"
+# --explain: the ways to cut each deployment, the file's among them, and the rule's
+# choice (the fewest devices that fit): the 70B model of the example misses one
+# 80 GiB GPU by 85 GiB, and three stages are the fewest devices it fits on; on 24 GiB
+# GPUs the file's tp 8 x pp 2 says by how much it misses.
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --explain > "$T/x.txt" || fail "plan --explain failed"
+awk '/^deployment llama-70b/,/^deployment llama-8b/' "$T/x.txt" > "$T/x70.txt"
+grep -qE "^ +1 +1 +1 +165.19 GiB +no: 85.19 GiB short" "$T/x70.txt" || fail "no tp 1 row: $(cat "$T/x70.txt")"
+grep -qE "^ +\* +1 +3 +3 " "$T/x70.txt" || fail "tp 1 x pp 3 not marked: $(cat "$T/x70.txt")"
+grep -q "the rule would choose: tp 1 x pp 3: the fewest devices a replica fits on (3)" "$T/x70.txt" ||
+    fail "no choice: $(cat "$T/x70.txt")"
+grep -q "the file's tp 8 x pp 2 fits: 28.10 GiB per device" "$T/x70.txt" || fail "own layout: $(cat "$T/x70.txt")"
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --explain --gpu-memory 24 > "$T/x24.txt"
+grep -q "the file's tp 8 x pp 2 does not fit: it needs 28.10 GiB per device, 4.10 GiB more than the 24.00 GiB each has" "$T/x24.txt" ||
+    fail "no miss: $(cat "$T/x24.txt")"
+"$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --explain --mem-gbs 0 2> /dev/null; [ $? = 2 ] || fail "--mem-gbs 0 accepted"
 # A bad file names its line and column.
 printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tensor: two}\n' > "$T/bad.yaml"
 "$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
 [ "$rc" = 1 ] || fail "bad file exited $rc"
 grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
-ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported"
+ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported; --explain lists the cuts, the file's and the rule's choice"
