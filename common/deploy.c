@@ -625,22 +625,47 @@ static char *resolve_model(const char *file, const char *model)
     return p;
 }
 
+static bool is_auto(const yaml_node_t *n)
+{
+    return n->type == YAML_SCALAR_NODE && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           !strcmp((const char *)n->data.scalar.value, "auto");
+}
+
+/* parallel: auto, or a mapping of tensor, pipeline and replicas, each a positive
+ * integer or auto. */
 static int parse_parallel(pctx_t *c, yaml_node_t *n, const char *path,
                           tsr_deployment_t *d)
 {
     static const char *const keys[] = { "tensor", "pipeline", "replicas" };
     int *dst[3] = { &d->tensor, &d->pipeline, &d->replicas };
+    bool *autos[3] = { &d->auto_tensor, &d->auto_pipeline, &d->auto_replicas };
     yaml_node_t *v[3];
     char kpath[PATH_MAX_LEN];
     size_t i;
 
+    if (is_auto(n)) {
+        d->auto_tensor = d->auto_pipeline = d->auto_replicas = true;
+        return 0;
+    }
+    if (n->type == YAML_SCALAR_NODE) {
+        char q[QUOTE_MAX + 8];
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "expected auto or a mapping of tensor, pipeline and replicas, got '%s'",
+             q);
+        return -1;
+    }
     if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 3, v) < 0)
         return -1;
     for (i = 0; i < 3; i++) {
         path_key(kpath, path, keys[i]);
-        if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
+        if (v[i] && is_auto(v[i]))
+            *autos[i] = true;
+        else if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
             return -1;
     }
+    /* a chosen cut leaves its replicas to be chosen too, unless they are given */
+    if ((d->auto_tensor || d->auto_pipeline) && !v[2])
+        d->auto_replicas = true;
     return 0;
 }
 

@@ -238,7 +238,7 @@ static tsr_comm_t *h_group(h_rank_t *k, const char *kind, uint64_t gid, int rank
     for (int i = 0; i < n; i++) len += (size_t)sprintf(blob + len, "%s\n", k->eps[members[i]]);
     static const uint8_t secret[32] = "replica harness data secret....";
     tsr_rendezvous_t rv = {1, gid, rank, n, blob, len, 20000, NULL, NULL, secret,
-                           sizeof secret, NULL, NULL, NULL};
+                           sizeof secret, NULL, NULL, NULL, NULL};
     tsr_comm_t *c = NULL;
     tsr_coll_ctx_t ctx = {.listener = k->ls[k->idx]};
     if (tsr_coll_tcp.create(&ctx, &rv, &c, k->run->err[k->idx], sizeof k->run->err[0]) < 0) {
