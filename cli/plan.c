@@ -163,7 +163,7 @@ static void explain_deployment(const tsr_model_info_t *m, const tsr_deployment_t
            d->max_seq_len / 2 > 0 ? d->max_seq_len / 2 : 1);
     printf("  %-2s %3s %3s %7s %12s  %-24s %-8s %9s %11s %8s %11s\n", "", "TP", "PP", "DEVICES",
            "NEED/DEVICE", "FITS", "LINK", "MS/TOKEN", "TOK/S/REPL", "REPLICAS", "TOK/S ALL");
-    int k = tsr_layout_choose(c, n, 0, why, sizeof why);
+    int k = tsr_layout_choose(c, n, d->latency_target_ms, why, sizeof why);
     bool own_listed = false;
     for (size_t i = 0; i < n; i++) {
         bool own = c[i].tensor == d->tensor && c[i].pipeline == d->pipeline;

@@ -70,6 +70,8 @@ typedef struct {
      * until it has, the fields above hold 1.  Replicas are auto when tensor or
      * pipeline is and replicas is not given. */
     bool auto_tensor, auto_pipeline, auto_replicas;
+    double latency_target_ms;  /* latency_target_ms_per_token: an auto cut must meet it by
+                                  the estimate (coordinator/layout.c); 0: none */
     int max_seq_len;      /* default 2048 */
     /* Batching and memory, sent to every piece with its assignment. */
     int max_batch;        /* sequences in one step, 1..1024, default 32 */

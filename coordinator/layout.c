@@ -243,7 +243,7 @@ int tsr_layout_choose_auto(const tsr_model_info_t *m, const tsr_deployment_t *d,
             tsr_layout_of(m, d, devs, t, p, &cand[n]);
             if (cand[n].valid) n++;
         }
-    int k = tsr_layout_choose(cand, n, 0, why, why_len);
+    int k = tsr_layout_choose(cand, n, d->latency_target_ms, why, why_len);
     if (k < 0 && !n)
         snprintf(why, why_len, "no cut of it can be placed on the %d %s device(s) free for it",
                  devs->devices, tsr_device_name(d->device));

@@ -76,6 +76,7 @@ static void note_choice(tsr_dep_state_t *ds, const tsr_deployment_t *d)
     ds->chose.tensor = d->tensor;
     ds->chose.pipeline = d->pipeline;
     ds->chose.replicas = d->replicas;
+    ds->chose.latency_target_ms = d->latency_target_ms;
 }
 
 /* Chooses deployment i's cut over devs (its fixed dimensions kept).  True when

@@ -50,6 +50,7 @@ static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_s
     if (!old->layout_chosen || !old->model_ok || !s->model_ok ||
         old->chose.auto_tensor != d->auto_tensor || old->chose.auto_pipeline != d->auto_pipeline ||
         old->chose.auto_replicas != d->auto_replicas || old->chose.device != (int)d->device ||
+        old->chose.latency_target_ms != d->latency_target_ms ||
         (!d->auto_tensor && old->chose.tensor != d->tensor) ||
         (!d->auto_pipeline && old->chose.pipeline != d->pipeline) ||
         !same_shape(&old->model, &s->model))

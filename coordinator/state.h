@@ -102,6 +102,7 @@ typedef struct {
     struct {                    /* what was chosen, for a reload that keeps it */
         bool auto_tensor, auto_pipeline, auto_replicas;
         int device, tensor, pipeline, replicas;
+        double latency_target_ms;
     } chose;
 } tsr_dep_state_t;
 

@@ -2942,6 +2942,24 @@ static void test_tensor_auto_cuts_the_model_as_little_as_the_gpus_need(void **st
     }
 }
 
+/* A latency target no cut meets by the estimate leaves the deployment waiting, saying
+ * how fast the fastest would be. */
+static void test_auto_with_a_latency_target_no_cut_meets_waits(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    latency_target_ms_per_token: 0.000001\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    register_two_nodes(fx);
+    assert_int_equal(holders_of(fx, 1, 1), 0);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_string_equal(json_string_value(json_object_get(dj, "state")), "waiting");
+    assert_non_null(strstr(json_string_value(json_object_get(dj, "message")),
+                           "no cut meets 0.00 ms per token: the fastest that fits"));
+    json_decref(root);
+}
+
 static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
 {
     fx_t *fx = *state;
@@ -3676,6 +3694,7 @@ int main(void)
         T(test_parallel_auto_on_cpu_gives_every_worker_a_replica),
         T(test_tensor_auto_cuts_the_model_as_little_as_the_gpus_need),
         T(test_auto_with_gpus_too_small_waits_and_says_why),
+        T(test_auto_with_a_latency_target_no_cut_meets_waits),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),

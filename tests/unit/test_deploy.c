@@ -288,6 +288,13 @@ static void test_parallel_auto_and_its_keys(void **state)
     d = &cfg->deployments[0];
     assert_true(!d->auto_tensor && !d->auto_pipeline && d->auto_replicas);
     tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: auto\n    latency_target_ms_per_token: 7.5\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    assert_true(cfg->deployments[0].latency_target_ms == 7.5);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    latency_target_ms_per_token: 0\n", head);
+    expect_error(y, "demo.yaml:5:34: deployments[0].latency_target_ms_per_token: ",
+                 "above 0 and at most 1000000, got '0'");
     snprintf(y, sizeof y, "%s    parallel: automatic\n", head);
     expect_error(y, "demo.yaml:5:15: deployments[0].parallel: ",
                  "expected auto or a mapping of tensor, pipeline and replicas, got 'automatic'");
