@@ -83,6 +83,46 @@ static void human(uint64_t b, char *buf, size_t len)
     else snprintf(buf, len, "%.2f MiB", (double)b / (1ull << 20));
 }
 
+/* The devices of the described cluster a deployment of `kind` may use: `free` of
+ * them, `per_node` a node (each node one NVLink domain of `nvlink` GPUs, or all of
+ * its own), GPUs of gpu_gib (80, an H100's, when not given), and the rates. */
+static tsr_devices_t described(tsr_device_t kind, int free, int per_node, int gpu_gib, int nvlink,
+                               double mem_gbs, double gflops)
+{
+    bool gpu = kind == TSR_DEVICE_CUDA;
+    tsr_devices_t v = {.devices = free > 0 ? free : 0, .per_node = per_node,
+                       .per_domain = gpu ? (nvlink ? nvlink : per_node) : 0,
+                       .memory = gpu ? (uint64_t)(gpu_gib ? gpu_gib : 80) << 30 : 0};
+    tsr_devices_defaults(&v, kind);
+    if (mem_gbs) v.mem_gbs = mem_gbs;
+    if (gflops) v.gflops = gflops;
+    return v;
+}
+
+/* A deployment with parallel auto (or one dimension auto): its cut chosen over
+ * `free` devices, replicas auto as many as they hold; said on stdout. */
+static void choose_auto(const tsr_model_info_t *m, tsr_deployment_t *d, int free, int per_node,
+                        int gpu_gib, int nvlink, double mem_gbs, double gflops)
+{
+    tsr_devices_t devs = described(d->device, free, per_node, gpu_gib, nvlink, mem_gbs, gflops);
+    tsr_layout_t cut = {.tensor = d->tensor, .pipeline = d->pipeline};
+    char why[256] = "";
+    if ((d->auto_tensor || d->auto_pipeline) &&
+        tsr_layout_choose_auto(m, d, &devs, &cut, why, sizeof why) < 0) {
+        printf("deployment %s: parallel auto: its layout cannot be chosen: %s\n", d->name, why);
+        return;
+    }
+    d->tensor = cut.tensor;
+    d->pipeline = cut.pipeline;
+    if (d->auto_replicas) {
+        int r = devs.devices / (d->tensor * d->pipeline);
+        d->replicas = r > 0 ? r : 1;
+    }
+    printf("deployment %s: parallel auto: tp %d x pp %d x %d replica(s) over %d %s device(s)%s%s\n",
+           d->name, d->tensor, d->pipeline, d->replicas, devs.devices, tsr_device_name(d->device),
+           why[0] ? ": " : "", why);
+}
+
 /* One candidate's row of --explain. */
 static void explain_row(const tsr_layout_t *c, const char *mark)
 {
@@ -123,7 +163,7 @@ static void explain_deployment(const tsr_model_info_t *m, const tsr_deployment_t
            d->max_seq_len / 2 > 0 ? d->max_seq_len / 2 : 1);
     printf("  %-2s %3s %3s %7s %12s  %-24s %-8s %9s %11s %8s %11s\n", "", "TP", "PP", "DEVICES",
            "NEED/DEVICE", "FITS", "LINK", "MS/TOKEN", "TOK/S/REPL", "REPLICAS", "TOK/S ALL");
-    int k = tsr_layout_choose(c, n, 0, why, sizeof why);
+    int k = tsr_layout_choose(c, n, d->latency_target_ms, why, sizeof why);
     bool own_listed = false;
     for (size_t i = 0; i < n; i++) {
         bool own = c[i].tensor == d->tensor && c[i].pipeline == d->pipeline;
@@ -214,11 +254,6 @@ int tsr_cmd_plan(int argc, char **argv)
         }
         layers[i] = models[i].num_hidden_layers;
         need[d->device] += d->replicas * d->pipeline * d->tensor;
-        if (d->device == TSR_DEVICE_CUDA) {
-            if (!(mem[i] = calloc((size_t)d->pipeline, sizeof *mem[i]))) goto out;
-            for (int s = 0; s < d->pipeline; s++)
-                mem[i][s] = tsr_piece_need(&models[i], d, s);
-        }
     }
 
     /* The described cluster: `nodes` nodes, each with per-node workers of
@@ -232,6 +267,21 @@ int tsr_cmd_plan(int argc, char **argv)
         }
     }
     if (!nodes) nodes = 1;
+    /* Auto layouts are chosen over the described cluster as the coordinator chooses
+     * over its workers (the deployments before take their devices first). */
+    int used[2] = {0, 0};
+    for (size_t i = 0; i < nd; i++) {
+        tsr_deployment_t *d = &cfg->deployments[i];
+        if (d->auto_tensor || d->auto_pipeline || d->auto_replicas)
+            choose_auto(&models[i], d, nodes * per[d->device] - used[d->device], per[d->device],
+                        gpu_gib, nvlink, mem_gbs, gflops);
+        used[d->device] += d->replicas * d->pipeline * d->tensor;
+        if (d->device == TSR_DEVICE_CUDA) {
+            if (!(mem[i] = calloc((size_t)d->pipeline, sizeof *mem[i]))) goto out;
+            for (int s = 0; s < d->pipeline; s++)
+                mem[i][s] = tsr_piece_need(&models[i], d, s);
+        }
+    }
     size_t nw = 0;
     for (int k = 0; k < 2; k++) if (need[k]) nw += (size_t)nodes * (size_t)per[k];
     ws = calloc(nw ? nw : 1, sizeof *ws);
@@ -344,18 +394,8 @@ int tsr_cmd_plan(int argc, char **argv)
                 if (cfg->deployments[j].device == d->device)
                     before += cfg->deployments[j].replicas * cfg->deployments[j].pipeline *
                               cfg->deployments[j].tensor;
-            tsr_devices_t devs = {
-                .devices = nodes * per[d->device] - before, .per_node = per[d->device],
-                .per_domain = gpu ? (nvlink ? nvlink : per[d->device]) : 0,
-                /* a GPU's memory must be known to choose: an H100's unless given */
-                .memory = gpu ? (uint64_t)(gpu_gib ? gpu_gib : 80) << 30 : 0,
-                .mem_gbs = mem_gbs ? mem_gbs : gpu ? 3350 : 20,
-                .gflops = gflops ? gflops : gpu ? 989000 : 200,
-                /* all-reduce bandwidth and latency: NVLink, within a node (PCIe, or
-                 * loopback between cpu workers), the network (100 Gb/s, 10 Gb/s) */
-                .link_gbs = {0, 450, gpu ? 25 : 2, gpu ? 12.5 : 1.25},
-                .link_us = {0, 10, gpu ? 20 : 50, gpu ? 50 : 100}};
-            if (devs.devices < 0) devs.devices = 0;
+            tsr_devices_t devs = described(d->device, nodes * per[d->device] - before,
+                                           per[d->device], gpu_gib, nvlink, mem_gbs, gflops);
             explain_deployment(m, d, &devs);
         }
     }

@@ -80,6 +80,9 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
+            if (json_is_object(json_object_get(d, "parallel_auto")) &&
+                json_is_true(json_object_get(d, "layout_chosen")))
+                printf("  layout auto: %s\n", jstr(d, "layout_reason"));
             size_t wi;
             json_t *wn;
             json_array_foreach(json_object_get(d, "warnings"), wi, wn)

@@ -254,6 +254,26 @@ static int get_posint(pctx_t *c, yaml_node_t *n, const char *path, int *out)
     return get_int_range(c, n, path, 1, INT_MAX, out);
 }
 
+/* A plain number of milliseconds, above 0 and at most 10^6 (decimals allowed). */
+static int get_ms(pctx_t *c, yaml_node_t *n, const char *path, double *out)
+{
+    char q[QUOTE_MAX + 8], *end;
+    if (n->type != YAML_SCALAR_NODE) {
+        fail(c, n, path, "expected a number of milliseconds, got %s", node_kind(n));
+        return -1;
+    }
+    quote_value(n, q, sizeof q);
+    const char *s = (const char *)n->data.scalar.value;
+    double v = strtod(s, &end);
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE || !*s || *end || !(v > 0) || v > 1e6) {
+        fail(c, n, path, "expected a number of milliseconds above 0 and at most 1000000, got '%s'",
+             q);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 /* Copies a scalar's text; an embedded NUL (possible with "\0" in double
  * quotes) would silently truncate it, so it is refused. */
 static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
@@ -625,22 +645,47 @@ static char *resolve_model(const char *file, const char *model)
     return p;
 }
 
+static bool is_auto(const yaml_node_t *n)
+{
+    return n->type == YAML_SCALAR_NODE && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           !strcmp((const char *)n->data.scalar.value, "auto");
+}
+
+/* parallel: auto, or a mapping of tensor, pipeline and replicas, each a positive
+ * integer or auto. */
 static int parse_parallel(pctx_t *c, yaml_node_t *n, const char *path,
                           tsr_deployment_t *d)
 {
     static const char *const keys[] = { "tensor", "pipeline", "replicas" };
     int *dst[3] = { &d->tensor, &d->pipeline, &d->replicas };
+    bool *autos[3] = { &d->auto_tensor, &d->auto_pipeline, &d->auto_replicas };
     yaml_node_t *v[3];
     char kpath[PATH_MAX_LEN];
     size_t i;
 
+    if (is_auto(n)) {
+        d->auto_tensor = d->auto_pipeline = d->auto_replicas = true;
+        return 0;
+    }
+    if (n->type == YAML_SCALAR_NODE) {
+        char q[QUOTE_MAX + 8];
+        quote_value(n, q, sizeof q);
+        fail(c, n, path, "expected auto or a mapping of tensor, pipeline and replicas, got '%s'",
+             q);
+        return -1;
+    }
     if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 3, v) < 0)
         return -1;
     for (i = 0; i < 3; i++) {
         path_key(kpath, path, keys[i]);
-        if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
+        if (v[i] && is_auto(v[i]))
+            *autos[i] = true;
+        else if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
             return -1;
     }
+    /* a chosen cut leaves its replicas to be chosen too, unless they are given */
+    if ((d->auto_tensor || d->auto_pipeline) && !v[2])
+        d->auto_replicas = true;
     return 0;
 }
 
@@ -781,14 +826,15 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                         "max_seq_len", "max_batch", "prefill_chunk",
                                         "kv_cache_mib", "max_queue", "gpu_memory_percent",
                                         "chat_template", "kv_dtype", "matmul_dtype",
-                                        "collective_timeout_ms" };
+                                        "collective_timeout_ms",
+                                        "latency_target_ms_per_token" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[14];
+    yaml_node_t *v[15];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 14, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 15, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -843,6 +889,9 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         d->collective_timeout_ms = tsr_coll_timeout_default(d->device);
     else if (get_int_range(c, v[13], kpath, TSR_COLL_TIMEOUT_MS_MIN, TSR_COLL_TIMEOUT_MS_MAX,
                            &d->collective_timeout_ms) < 0)
+        return -1;
+    path_key(kpath, path, "latency_target_ms_per_token");
+    if (v[14] && get_ms(c, v[14], kpath, &d->latency_target_ms) < 0)
         return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)

@@ -65,6 +65,13 @@ typedef struct {
     int tensor;           /* parallel.tensor, default 1 */
     int pipeline;         /* parallel.pipeline, default 1 */
     int replicas;         /* parallel.replicas, default 1 */
+    /* `parallel: auto`, or `tensor: auto` / `pipeline: auto` / `replicas: auto`: the
+     * coordinator chooses that dimension from the workers (coordinator/resolve.c);
+     * until it has, the fields above hold 1.  Replicas are auto when tensor or
+     * pipeline is and replicas is not given. */
+    bool auto_tensor, auto_pipeline, auto_replicas;
+    double latency_target_ms;  /* latency_target_ms_per_token: an auto cut must meet it by
+                                  the estimate (coordinator/layout.c); 0: none */
     int max_seq_len;      /* default 2048 */
     /* Batching and memory, sent to every piece with its assignment. */
     int max_batch;        /* sequences in one step, 1..1024, default 32 */

@@ -57,6 +57,12 @@ void tsr_dep_summarise(const tsr_coord_t *c, size_t i, int64_t now, tsr_dep_summ
         snprintf(sum->message, sizeof sum->message, "%s", ds->model_error);
         return;
     }
+    if (!ds->layout_chosen) {  /* an auto layout not chosen yet: nothing is placed */
+        sum->state = "waiting";
+        snprintf(sum->message, sizeof sum->message, "%s", ds->layout_why[0] ? ds->layout_why
+                 : "its layout is chosen at the first plan");
+        return;
+    }
     const char *failure = NULL;
     tsr_worker_t *failed_w = NULL, *mending = NULL;
     int slots = d->pipeline * d->tensor;

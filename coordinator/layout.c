@@ -3,10 +3,22 @@
 #include "layout.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/budget.h"
 #include "common/slice.h"
+
+void tsr_devices_defaults(tsr_devices_t *v, tsr_device_t kind)
+{
+    bool gpu = kind == TSR_DEVICE_CUDA;
+    v->mem_gbs = gpu ? 3350 : 20;
+    v->gflops = gpu ? 989000 : 200;
+    const double gbs[4] = {0, 450, gpu ? 25 : 2, gpu ? 12.5 : 1.25};
+    const double us[4] = {0, 10, gpu ? 20 : 50, gpu ? 50 : 100};
+    memcpy(v->link_gbs, gbs, sizeof gbs);
+    memcpy(v->link_us, us, sizeof us);
+}
 
 const char *tsr_link_name(tsr_link_t link)
 {
@@ -138,7 +150,7 @@ void tsr_layout_of(const tsr_model_info_t *m, const tsr_deployment_t *d,
     double step = step_seconds(m, &dd, devs, c.link, handoff, seqs, context);
     c.tok_s = step > 0 ? seqs / step : 0;
     c.replicas = c.valid ? devs->devices / (t * p) : 0;
-    if (d->replicas > 0 && c.replicas > d->replicas) c.replicas = d->replicas;
+    if (!d->auto_replicas && d->replicas > 0 && c.replicas > d->replicas) c.replicas = d->replicas;
     c.tok_s_all = c.tok_s * c.replicas;
     *out = c;
 }
@@ -210,4 +222,32 @@ int tsr_layout_choose(const tsr_layout_t *c, size_t n, double latency_ms, char *
         snprintf(why, why_len, "no cut can be placed: %s", n ? c[n - 1].invalid : "no devices");
     }
     return best;
+}
+
+int tsr_layout_choose_auto(const tsr_model_info_t *m, const tsr_deployment_t *d,
+                           const tsr_devices_t *devs, tsr_layout_t *out, char *why,
+                           size_t why_len)
+{
+    int most_t = devs->per_node > 1 ? devs->per_node : 1;
+    int t0 = d->auto_tensor ? 1 : d->tensor, t1 = d->auto_tensor ? most_t : d->tensor;
+    int p0 = d->auto_pipeline ? 1 : d->pipeline;
+    int p1 = d->auto_pipeline ? m->num_hidden_layers : d->pipeline;
+    size_t cap = (size_t)(t1 - t0 + 1) * (size_t)(p1 - p0 + 1), n = 0;
+    tsr_layout_t *cand = calloc(cap ? cap : 1, sizeof *cand);
+    if (!cand) {
+        snprintf(why, why_len, "out of memory");
+        return -1;
+    }
+    for (int t = t0; t <= t1; t++)
+        for (int p = p0; p <= p1; p++) {
+            tsr_layout_of(m, d, devs, t, p, &cand[n]);
+            if (cand[n].valid) n++;
+        }
+    int k = tsr_layout_choose(cand, n, d->latency_target_ms, why, why_len);
+    if (k < 0 && !n)
+        snprintf(why, why_len, "no cut of it can be placed on the %d %s device(s) free for it",
+                 devs->devices, tsr_device_name(d->device));
+    if (k >= 0) *out = cand[k];
+    free(cand);
+    return k >= 0 ? 0 : -1;
 }

@@ -67,6 +67,21 @@ size_t tsr_layout_candidates(const tsr_model_info_t *m, const tsr_deployment_t *
 int tsr_layout_choose(const tsr_layout_t *c, size_t n, double latency_ms, char *why,
                       size_t why_len);
 
+/* The cut of a deployment whose tensor or pipeline (or both) is auto: the
+ * rule above over the cuts that keep its fixed dimension, at most a node's
+ * devices in a tensor group.  0 with the cut in *out, or -1; why gets the
+ * reason either way. */
+int tsr_layout_choose_auto(const tsr_model_info_t *m, const tsr_deployment_t *d,
+                           const tsr_devices_t *devs, tsr_layout_t *out, char *why,
+                           size_t why_len);
+
+/* The rates the estimates assume for a device of kind `kind` (memory
+ * bandwidth, product rate, links), leaving the counts and memory alone: an
+ * H100 SXM's published figures for cuda (3,350 GB/s, 989 TFLOP/s dense BF16,
+ * NVLink 450 GB/s, PCIe 25 GB/s, a 100 Gb/s network), and for a cpu worker
+ * 20 GB/s, 200 GFLOP/s, loopback 2 GB/s and a 10 Gb/s network. */
+void tsr_devices_defaults(tsr_devices_t *v, tsr_device_t kind);
+
 /* "nvlink", "node", "network" or "-" (a group of one). */
 const char *tsr_link_name(tsr_link_t link);
 

@@ -11,6 +11,7 @@
 
 #include "assign.h"
 #include "common/log.h"
+#include "resolve.h"
 #include "common/budget.h"
 #include "planner.h"
 #include "reconciler.h"
@@ -166,8 +167,10 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     /* What one piece of each stage needs on its GPU (cuda deployments). */
     need = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *need);
     if (!need) goto out;
+    tsr_coord_resolve_layouts(c);
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
-        if (!c->deps[i].model_ok) continue;
+        /* an auto layout not chosen yet is not planned (status says why) */
+        if (!c->deps[i].model_ok || !c->deps[i].layout_chosen) continue;
         const tsr_deployment_t *d = &c->cfg->deployments[i];
         if (d->device == TSR_DEVICE_CUDA) {
             uint64_t *st = calloc((size_t)d->pipeline, sizeof *st);

@@ -10,6 +10,7 @@
 
 #include "assign.h"
 #include "common/log.h"
+#include "resolve.h"
 #include "placement.h"
 
 /* Registrations a worker queued while its link was down arrive together
@@ -59,6 +60,7 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     if (d->device != w->device) return "device kind does not match the deployment";
     tsr_piece_key_t key;
     tsr_piece_from_wire(&key, a);
+    tsr_coord_adopt_layout(c, di, &key);
     if (!tsr_coord_piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
     /* Not adopted: it is assigned again with the configuration's keys.  An

@@ -33,6 +33,60 @@ static void dep_keep(tsr_dep_state_t *s, int di, const tsr_dep_state_t *old)
     s->retry_at_ms = s->retry.n ? old->retry_at_ms : 0;
 }
 
+/* Two models cut alike: what a layout's memory and validity depend on. */
+static bool same_shape(const tsr_model_info_t *a, const tsr_model_info_t *b)
+{
+    return a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
+           a->num_hidden_layers == b->num_hidden_layers &&
+           a->num_attention_heads == b->num_attention_heads &&
+           a->num_key_value_heads == b->num_key_value_heads && a->vocab_size == b->vocab_size &&
+           a->dtype_bytes == b->dtype_bytes && a->head_dim == b->head_dim &&
+           a->tie_word_embeddings == b->tie_word_embeddings;
+}
+
+/* The layout old chose for the same deployment, when nothing it depends on changed. */
+static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_state_t *old)
+{
+    if (!old->layout_chosen || !old->model_ok || !s->model_ok ||
+        old->chose.auto_tensor != d->auto_tensor || old->chose.auto_pipeline != d->auto_pipeline ||
+        old->chose.auto_replicas != d->auto_replicas || old->chose.device != (int)d->device ||
+        old->chose.latency_target_ms != d->latency_target_ms ||
+        (!d->auto_tensor && old->chose.tensor != d->tensor) ||
+        (!d->auto_pipeline && old->chose.pipeline != d->pipeline) ||
+        !same_shape(&old->model, &s->model))
+        return;
+    d->tensor = old->chose.tensor;
+    d->pipeline = old->chose.pipeline;
+    if (d->auto_replicas) d->replicas = old->chose.replicas;
+    s->layout_chosen = true;
+    s->chose = old->chose;
+    snprintf(s->layout_why, sizeof s->layout_why, "%s", old->layout_why);
+}
+
+int tsr_dep_set_replicas(tsr_dep_state_t *ds, tsr_deployment_t *d, int n)
+{
+    if (n == d->replicas || n < 1) return 0;
+    uint64_t *done = calloc((size_t)n, sizeof *done);
+    tsr_canary_t *can = calloc((size_t)n, sizeof *can);
+    if (!done || !can) {
+        free(done);
+        free(can);
+        return -1;
+    }
+    for (int r = 0; r < ds->n_completed && r < n; r++) {
+        if (ds->completed) done[r] = ds->completed[r];
+        if (ds->canary) can[r] = ds->canary[r];
+    }
+    free(ds->completed);
+    free(ds->canary);
+    ds->completed = done;
+    ds->canary = can;
+    ds->n_completed = n;
+    d->replicas = n;
+    ds->chose.replicas = n;
+    return 0;
+}
+
 tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
                                    size_t n_old, bool later)
 {
@@ -56,6 +110,11 @@ tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
             s->model_ok = true;
         }
         tsr_deptok_choose(s, d->model_path, deps, i, old, n_old, later);
+        /* An auto layout is chosen from the workers (resolve.c); a reload that
+         * keeps the deployment's model, device and auto keys keeps the choice. */
+        s->layout_chosen = !d->auto_tensor && !d->auto_pipeline;
+        for (size_t j = 0; j < n_old && !s->layout_chosen; j++)
+            if (!strcmp(old[j].name, s->name)) keep_layout(s, d, &old[j]);
         /* Requests completed per replica, kept across a reload for the
          * replicas that remain. */
         s->n_completed = d->replicas;

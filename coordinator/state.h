@@ -93,6 +93,17 @@ typedef struct {
                                    NULL when out of memory) */
     int n_completed;
     tsr_canary_t *canary;       /* one per replica (n_completed of them; NULL: none) */
+    /* An auto layout (parallel: auto, tensor/pipeline/replicas: auto), chosen from the
+     * workers by resolve.c: until it is, the deployment is not planned. */
+    bool layout_chosen;         /* tensor and pipeline are known (given, or chosen) */
+    bool replicas_settled;      /* auto replicas were planned once: from then on they only
+                                   grow (a failure must not take a replica away) */
+    char layout_why[320];       /* how they were chosen, or why they cannot be yet */
+    struct {                    /* what was chosen, for a reload that keeps it */
+        bool auto_tensor, auto_pipeline, auto_replicas;
+        int device, tensor, pipeline, replicas;
+        double latency_target_ms;
+    } chose;
 } tsr_dep_state_t;
 
 typedef struct {
@@ -184,6 +195,10 @@ tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
 tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r);
 /* True when k (with its layout) is one of deployment di's pieces under the
  * current configuration. */
+/* Gives deployment d (state ds) n replicas (n >= 1): the per-replica counts follow
+ * (those of replicas that remain are kept).  Only resolve.c changes an auto
+ * deployment's count so.  -1 when out of memory (nothing changes). */
+int tsr_dep_set_replicas(tsr_dep_state_t *ds, tsr_deployment_t *d, int n);
 bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k);
 
 #endif

@@ -166,6 +166,14 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
             json_object_set_new(needs, "memory_bytes", json_integer((json_int_t)c->deps[i].short_memory));
         json_object_set_new(o, "needs", needs);
     }
+    /* parallel: auto (or one dimension auto): what was chosen and why, or why not yet */
+    if (d->auto_tensor || d->auto_pipeline || d->auto_replicas) {
+        json_object_set_new(o, "parallel_auto",
+                            json_pack("{s:b, s:b, s:b}", "tensor", d->auto_tensor, "pipeline",
+                                      d->auto_pipeline, "replicas", d->auto_replicas));
+        json_object_set_new(o, "layout_chosen", json_boolean(c->deps[i].layout_chosen));
+        json_object_set_new(o, "layout_reason", json_string(c->deps[i].layout_why));
+    }
     json_object_set_new(o, "tp_groups_spanning_nodes", json_integer(sum.spanning_nodes));
     json_object_set_new(o, "tp_groups_spanning_nvlink_domains", json_integer(sum.spanning_nvlink));
     json_t *warnings = json_array();

@@ -54,9 +54,17 @@ grep -q "the file's tp 8 x pp 2 fits: 28.10 GiB per device" "$T/x70.txt" || fail
 grep -q "the file's tp 8 x pp 2 does not fit: it needs 28.10 GiB per device, 4.10 GiB more than the 24.00 GiB each has" "$T/x24.txt" ||
     fail "no miss: $(cat "$T/x24.txt")"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --explain --mem-gbs 0 2> /dev/null; [ $? = 2 ] || fail "--mem-gbs 0 accepted"
+# parallel: auto: the 70B model on 40 GiB GPUs, two nodes of four, is cut tp 4 (a node's
+# tensor group, faster than tp 2 x pp 2) and the eight GPUs hold two replicas.
+printf 'version: 1\ndeployments:\n  - name: big\n    model: %s\n    device: cuda\n    parallel: auto\n' \
+    "$ROOT/configs/models/llama-3.1-70b" > "$T/auto.yaml"
+"$BIN/tessera" plan "$T/auto.yaml" --nodes 2 --per-node 4 --gpu-memory 40 > "$T/auto.txt" || fail "auto plan: $(cat "$T/auto.txt")"
+grep -q "^deployment big: parallel auto: tp 4 x pp 1 x 2 replica(s) over 8 cuda device(s)" "$T/auto.txt" ||
+    fail "auto choice: $(head -3 "$T/auto.txt")"
+grep -q "^deployment big: cuda, tp 4 x pp 1 x 2 replica(s) = 8 piece(s)" "$T/auto.txt" || fail "auto plan rows: $(cat "$T/auto.txt")"
 # A bad file names its line and column.
 printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tensor: two}\n' > "$T/bad.yaml"
 "$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
 [ "$rc" = 1 ] || fail "bad file exited $rc"
 grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
-ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported; --explain lists the cuts, the file's and the rule's choice"
+ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported; --explain lists the cuts, the file's and the rule's choice; parallel: auto chosen"

@@ -2840,6 +2840,186 @@ static void test_a_tp_group_left_across_nvlink_domains_is_shown(void **state)
     expect_spans(fx, 0, 1, "n/nvl:0000:12:00.0", "(no NVLink)");
 }
 
+/* ---- auto layouts ------------------------------------------------------------------ */
+
+/* Registers the five fake workers on nodes "a" (w0, w1) and "b" (w2..w4), checks each
+ * is accepted, and plans. */
+static void register_two_nodes(fx_t *fx)
+{
+    for (int i = 0; i < NW; i++)
+        send_register(fx, i, fx->name[i], i < 2 ? "a" : "b", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+}
+
+/* How many workers hold a piece of tp_size t and pp_size p. */
+static int holders_of(fx_t *fx, int t, int p)
+{
+    int n = 0;
+    for (int i = 0; i < NW; i++) {
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
+        n += w->has_piece && w->piece.key.tp_size == t && w->piece.key.pp_size == p;
+    }
+    return n;
+}
+
+static json_t *dep_status(fx_t *fx, json_t **root)
+{
+    *root = status(fx);
+    return json_array_get(json_object_get(*root, "deployments"), 0);
+}
+
+/* parallel auto on cpu workers (memory not divided): the model fits one, so tensor 1
+ * pipeline 1, and every worker is a replica; status says it was chosen and why.  A
+ * reload of the same file keeps the choice and moves nothing. */
+static void test_parallel_auto_on_cpu_gives_every_worker_a_replica(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure(fx, NULL);
+    register_two_nodes(fx);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 1);
+    assert_int_equal(d->pipeline, 1);
+    assert_int_equal(d->replicas, NW);
+    assert_int_equal(holders_of(fx, 1, 1), NW);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_true(json_is_true(json_object_get(dj, "layout_chosen")));
+    assert_true(json_is_true(json_object_get(json_object_get(dj, "parallel_auto"), "tensor")));
+    assert_non_null(strstr(json_string_value(json_object_get(dj, "layout_reason")),
+                           "fewest devices a replica fits on (1)"));
+    assert_int_equal(json_integer_value(json_object_get(dj, "replicas")), NW);
+    json_decref(root);
+
+    uint64_t epoch = fx->c->epoch;
+    char err[512];
+    assert_int_equal(tsr_coord_reload(fx->c, err, sizeof err), 0);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, NW);
+    assert_int_equal(holders_of(fx, 1, 1), NW);
+    assert_int_equal(fx->c->epoch, epoch);
+}
+
+/* Five GPUs on two nodes whose memory holds half the model's weights and not all:
+ * tensor auto (pipeline 1) gives tensor 2 inside a node, and replicas auto two of
+ * them, one GPU left a spare.  GPUs too small for any cut leave the deployment
+ * waiting, with the reason, and nothing placed. */
+static void test_tensor_auto_cuts_the_model_as_little_as_the_gpus_need(void **state)
+{
+    fx_t *fx = *state;
+    dep_device = "cuda";
+    reg_cuda = true;
+    layout = "      tensor: auto\n      pipeline: 1\n";
+    reconfigure(fx, NULL);
+    tsr_model_info_t m;
+    char err[512];
+    assert_int_equal(tsr_model_info_load(model_dir, &m, err, sizeof err), 0);
+    tsr_deployment_t dd = fx->c->cfg->deployments[0];
+    dd.tensor = 2;
+    dd.pipeline = 1;
+    uint64_t need2 = tsr_piece_need(&m, &dd, 0);
+    dd.tensor = 1;
+    uint64_t need1 = tsr_piece_need(&m, &dd, 0);
+    assert_true(need2 < need1);
+    for (int i = 0; i < NW; i++) reg_memory[i] = need2 + (need1 - need2) / 2;
+    register_two_nodes(fx);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->pipeline, 1);
+    assert_int_equal(d->replicas, 2);
+    assert_int_equal(holders_of(fx, 2, 1), 4);
+    for (int r = 0; r < 2; r++) {  /* each group on one node */
+        tsr_worker_t *a = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 0);
+        tsr_worker_t *b = tsr_registry_at_slot(fx->c->reg, "tiny", r, 2, 1, 1);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_string_equal(a->node, b->node);
+    }
+}
+
+/* A latency target no cut meets by the estimate leaves the deployment waiting, saying
+ * how fast the fastest would be. */
+static void test_auto_with_a_latency_target_no_cut_meets_waits(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    latency_target_ms_per_token: 0.000001\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    register_two_nodes(fx);
+    assert_int_equal(holders_of(fx, 1, 1), 0);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_string_equal(json_string_value(json_object_get(dj, "state")), "waiting");
+    assert_non_null(strstr(json_string_value(json_object_get(dj, "message")),
+                           "no cut meets 0.00 ms per token: the fastest that fits"));
+    json_decref(root);
+}
+
+static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
+{
+    fx_t *fx = *state;
+    dep_device = "cuda";
+    reg_cuda = true;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure(fx, NULL);
+    for (int i = 0; i < NW; i++) reg_memory[i] = 1u << 20;  /* 1 MiB GPUs */
+    register_two_nodes(fx);
+    assert_int_equal(holders_of(fx, 1, 1) + holders_of(fx, 2, 1), 0);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_string_equal(json_string_value(json_object_get(dj, "state")), "waiting");
+    assert_false(json_is_true(json_object_get(dj, "layout_chosen")));
+    const char *msg = json_string_value(json_object_get(dj, "message"));
+    assert_non_null(strstr(msg, "cannot be chosen yet"));
+    assert_non_null(strstr(msg, "where each has 0.00 GiB"));
+    json_decref(root);
+}
+
+/* A restarted coordinator with an auto layout takes the cut its workers still hold
+ * (adopting their pieces) rather than choosing anew: tp 2 x pp 2 here, where its own
+ * rule would give tp 1; a piece of replica 3 makes room for four replicas, and the
+ * first plan trims the ones no one holds. */
+static void test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure(fx, NULL);
+    fx->c->plan_after_ms = tsr_now_ms() + 60000;  /* the re-attach grace of a restart */
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a, TESSERA__WORKER_STATE__STATE_READY);
+    a.replica = 3;
+    send_register(fx, 1, "w1", "node0", TSR_PROTOCOL_VERSION, &a, TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    for (int i = 0; i < 2; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->adopted);
+        tsr_env_free(&env);
+    }
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->pipeline, 2);
+    assert_int_equal(d->replicas, 4);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_non_null(strstr(json_string_value(json_object_get(dj, "layout_reason")),
+                           "taken from the pieces the workers held"));
+    json_decref(root);
+    /* w1 is gone by the end of the grace: replica 3 is trimmed, replica 0 stays
+     * (w0 holds it); the other three workers cannot hold a second replica */
+    tsr_registry_find(fx->c->reg, "w1")->state = TSR_W_DEAD;
+    for (int i = 2; i < NW; i++)
+        send_register(fx, i, fx->name[i], "node1", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    fx->c->plan_after_ms = tsr_now_ms();
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_int_equal(d->replicas, 1);
+    assert_true(tsr_registry_find(fx->c->reg, "w0")->has_piece);
+}
+
 /* A coordinator told to stop while it starts (the flag a signal handler sets) reads no
  * tokenizer.json: it exits after the read in progress instead of reading them all first.
  * Without the flag the same configuration's tokenizer is read. */
@@ -3511,6 +3691,11 @@ int main(void)
         T(test_no_mark_while_a_hand_off_neighbour_is_gone),
         T(test_nvlink_domains_come_from_registrations_and_hold_the_tp_groups),
         T(test_a_tp_group_left_across_nodes_by_a_failover_is_shown),
+        T(test_parallel_auto_on_cpu_gives_every_worker_a_replica),
+        T(test_tensor_auto_cuts_the_model_as_little_as_the_gpus_need),
+        T(test_auto_with_gpus_too_small_waits_and_says_why),
+        T(test_auto_with_a_latency_target_no_cut_meets_waits),
+        T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),

@@ -258,6 +258,50 @@ static void test_device_names_round_trip(void **state)
 
 /* ---- bad input ---------------------------------------------------------- */
 
+/* parallel: auto chooses all three; tensor or pipeline auto alone leaves replicas to
+ * be chosen too unless they are given; anything else where auto may stand is named. */
+static void test_parallel_auto_and_its_keys(void **state)
+{
+    (void)state;
+    static const char head[] = "version: 1\ndeployments:\n  - name: a\n    model: m\n";
+    char y[512];
+    snprintf(y, sizeof y, "%s    parallel: auto\n", head);
+    tsr_config_t *cfg = parse_ok(y, "demo.yaml");
+    const tsr_deployment_t *d = &cfg->deployments[0];
+    assert_true(d->auto_tensor && d->auto_pipeline && d->auto_replicas);
+    assert_int_equal(d->tensor, 1);  /* until the coordinator chooses */
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: {tensor: auto, pipeline: 2}\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    d = &cfg->deployments[0];
+    assert_true(d->auto_tensor && !d->auto_pipeline && d->auto_replicas);
+    assert_int_equal(d->pipeline, 2);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: {pipeline: auto, replicas: 3}\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    d = &cfg->deployments[0];
+    assert_true(!d->auto_tensor && d->auto_pipeline && !d->auto_replicas);
+    assert_int_equal(d->replicas, 3);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: {tensor: 2, replicas: auto}\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    d = &cfg->deployments[0];
+    assert_true(!d->auto_tensor && !d->auto_pipeline && d->auto_replicas);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: auto\n    latency_target_ms_per_token: 7.5\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    assert_true(cfg->deployments[0].latency_target_ms == 7.5);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    latency_target_ms_per_token: 0\n", head);
+    expect_error(y, "demo.yaml:5:34: deployments[0].latency_target_ms_per_token: ",
+                 "above 0 and at most 1000000, got '0'");
+    snprintf(y, sizeof y, "%s    parallel: automatic\n", head);
+    expect_error(y, "demo.yaml:5:15: deployments[0].parallel: ",
+                 "expected auto or a mapping of tensor, pipeline and replicas, got 'automatic'");
+    snprintf(y, sizeof y, "%s    parallel: {tensor: \"auto\"}\n", head);
+    expect_error(y, "demo.yaml:5:24: deployments[0].parallel.tensor: ", "quoted string 'auto'");
+}
+
 static void test_syntax_error_reports_libyaml_problem_and_position(void **state)
 {
     (void)state;
@@ -1128,6 +1172,7 @@ int main(void)
         cmocka_unit_test(test_relative_model_path_resolved_against_yaml_dir),
         cmocka_unit_test(test_load_reads_file_and_resolves_against_its_dir),
         cmocka_unit_test(test_device_names_round_trip),
+        cmocka_unit_test(test_parallel_auto_and_its_keys),
         cmocka_unit_test(test_syntax_error_reports_libyaml_problem_and_position),
         cmocka_unit_test(test_missing_version_is_rejected),
         cmocka_unit_test(test_version_2_is_rejected),
