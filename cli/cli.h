@@ -58,7 +58,10 @@ int tsr_cmd_status(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_workers(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_drain(const tsr_cli_t *cli, int argc, char **argv, int drain);
-int tsr_cmd_plan(int argc, char **argv);
+int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv);
+/* `tessera plan FILE --diff`: what a reload of FILE would do to the running cluster
+ * (cli/plan_diff.c).  0, 1 (an error, no answer) or 3 (refused). */
+int tsr_plan_diff(const tsr_cli_t *cli, const char *path);
 int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv);
 int tsr_cmd_local(int argc, char **argv);
 /* `tessera keys init|add|remove|list` (cli/keys.c). */

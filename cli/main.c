@@ -1,5 +1,6 @@
 /* tessera: the command-line interface. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,10 @@ static void usage(FILE *f)
             "  status [--json] [--wait-ready S]   deployments, pieces and workers\n"
             "  workers [--json]                   registered workers\n"
             "  plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB] [--nvlink K]\n"
-            "                                     dry run of the placement (no coordinator)\n"
+            "       [--explain] [--diff]          dry run of the placement (no coordinator);\n"
+            "                                     --explain: the ways to cut each deployment;\n"
+            "                                     --diff: what a reload of FILE would do to\n"
+            "                                     the running cluster\n"
             "  generate DEPLOYMENT [--prompt TEXT | --prompt-ids 1,2,3] [--max-tokens N]\n"
             "           [--temperature T] [--top-p P] [--seed S] [--ids | --text] [--timeout MS]\n"
             "           [--token-timeout MS]\n"
@@ -121,9 +125,12 @@ int main(int argc, char **argv)
      * says security: none needs none (unless keys were asked for). */
     static const char *const net[] = {"status", "workers", "reload", "drain", "undrain",
                                       "generate"};
-    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++) {
-        if (strcmp(cmd, net[i]) || (cargc > 1 && (!strcmp(cargv[1], "--help") ||
-                                                  !strcmp(cargv[1], "-h"))))
+    /* plan --diff asks the coordinator too */
+    bool plan_diff = false;
+    for (int i = 1; !strcmp(cmd, "plan") && i < cargc; i++) plan_diff |= !strcmp(cargv[i], "--diff");
+    for (size_t i = 0; i < sizeof net / sizeof net[0] + plan_diff; i++) {
+        if ((i < sizeof net / sizeof net[0] && strcmp(cmd, net[i])) ||
+            (cargc > 1 && (!strcmp(cargv[1], "--help") || !strcmp(cargv[1], "-h"))))
             continue;
         char why[320];
         if (!tsr_endpoint_check(cli.endpoint, why, sizeof why)) {
@@ -144,7 +151,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "reload")) rc = tsr_cmd_reload(&cli, cargc, cargv);
     else if (!strcmp(cmd, "drain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 1);
     else if (!strcmp(cmd, "undrain")) rc = tsr_cmd_drain(&cli, cargc, cargv, 0);
-    else if (!strcmp(cmd, "plan")) rc = tsr_cmd_plan(cargc, cargv);
+    else if (!strcmp(cmd, "plan")) rc = tsr_cmd_plan(&cli, cargc, cargv);
     else if (!strcmp(cmd, "generate")) rc = tsr_cmd_generate(&cli, cargc, cargv);
     else if (!strcmp(cmd, "local")) rc = tsr_cmd_local(cargc, cargv);
     else if (!strcmp(cmd, "keys")) rc = tsr_cmd_keys(cargc, cargv);

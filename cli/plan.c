@@ -16,7 +16,7 @@ static void plan_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
-            "                    [--nvlink K] [--explain [--mem-gbs X] [--gflops X]]\n"
+            "                    [--nvlink K] [--explain [--mem-gbs X] [--gflops X]] [--diff]\n"
             "\n"
             "Validates the deployment file and each model's config.json, then prints where\n"
             "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
@@ -44,11 +44,18 @@ static void plan_usage(FILE *f)
             "                   layout fits and why not, and the cut the rule (the fewest\n"
             "                   devices that fit, then the fastest per token) would choose\n"
             "                   (GPU memory: --gpu-memory's, else 80 GiB, an H100's)\n"
+            "  --diff           ask the running coordinator (--coordinator, --config) for its\n"
+            "                   workers and pieces and print what a reload of FILE would\n"
+            "                   do, changing nothing: the pieces that stay, the workers that\n"
+            "                   load a piece (reading its weights) or are released, the\n"
+            "                   replicas rewired (keeping their weights), and which replicas\n"
+            "                   stop serving while pieces load\n"
             "  --mem-gbs X      memory bandwidth of a device for the estimates, GB/s\n"
             "                   (default: 3350 for cuda, an H100 SXM's; 20 for a cpu worker)\n"
             "  --gflops X       matrix-product rate of a device, GFLOP/s (default: 989000 for\n"
             "                   cuda, an H100 SXM's dense BF16; 200 for a cpu worker)\n"
-            "exit status: 0 placed, 1 a bad file, 2 bad arguments, 3 not everything placed\n");
+            "exit status: 0 placed, 1 a bad file (--diff: or no answer), 2 bad arguments, 3 not\n"
+            "everything placed (--diff: the coordinator refused)\n");
 }
 
 static int parse_pos(const char *opt, const char *s, int *out)
@@ -194,15 +201,16 @@ static void explain_deployment(const tsr_model_info_t *m, const tsr_deployment_t
     free(c);
 }
 
-int tsr_cmd_plan(int argc, char **argv)
+int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv)
 {
-    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0, nvlink = 0, explain = 0;
+    int nodes = 0, per_node = 0, rc = 1, gpu_gib = 0, nvlink = 0, explain = 0, diff = 0;
     double mem_gbs = 0, gflops = 0;
     static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
                                          {"per-node", required_argument, 0, 'g'},
                                          {"gpu-memory", required_argument, 0, 'm'},
                                          {"nvlink", required_argument, 0, 'l'},
                                          {"explain", no_argument, 0, 'x'},
+                                         {"diff", no_argument, 0, 'd'},
                                          {"mem-gbs", required_argument, 0, 'b'},
                                          {"gflops", required_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
@@ -216,6 +224,7 @@ int tsr_cmd_plan(int argc, char **argv)
         case 'm': if (parse_pos("--gpu-memory", optarg, &gpu_gib) < 0) return 2; break;
         case 'l': if (parse_pos("--nvlink", optarg, &nvlink) < 0) return 2; break;
         case 'x': explain = 1; break;
+        case 'd': diff = 1; break;
         case 'b': if (parse_rate("--mem-gbs", optarg, &mem_gbs) < 0) return 2; break;
         case 'f': if (parse_rate("--gflops", optarg, &gflops) < 0) return 2; break;
         case 'h': plan_usage(stdout); return 0;
@@ -227,6 +236,7 @@ int tsr_cmd_plan(int argc, char **argv)
         return 2;
     }
     const char *path = argv[optind];
+    if (diff) return tsr_plan_diff(cli, path);
     char err[1024];
     tsr_config_t *cfg = NULL;
     tsr_model_info_t *models = NULL;
