@@ -46,11 +46,16 @@ static bool pci_bus_id_ok(const char *s)
     return true;
 }
 
+static const char *adopt_piece(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
+                               int di, const tsr_piece_key_t *k, bool *resend, char *why,
+                               size_t len);
+
 /* Takes a piece a (re-)registering worker reports, if it still fits the
  * current deployments and nobody else holds it.  Returns NULL on success or
- * the reason it was not adopted. */
+ * the reason it was not adopted.  An auto deployment not chosen yet takes the
+ * piece's cut only when the piece is adopted. */
 static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
-                             bool *resend, char *why, size_t len)
+                             int64_t now, bool *resend, char *why, size_t len)
 {
     *resend = false;
     int di = tsr_coord_dep_index(c, a->deployment);
@@ -60,7 +65,21 @@ static const char *try_adopt(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Ass
     if (d->device != w->device) return "device kind does not match the deployment";
     tsr_piece_key_t key;
     tsr_piece_from_wire(&key, a);
-    tsr_coord_adopt_layout(c, di, &key);
+    tsr_layout_undo_t undo;
+    tsr_coord_adopt_layout(c, di, &key, now, &undo);
+    const char *no = adopt_piece(c, w, a, di, &key, resend, why, len);
+    if (no) tsr_coord_adopt_undo(c, di, &undo);
+    else if (!undo.layout_chosen && c->deps[di].layout_chosen)
+        tsr_info("deployment %s: parallel auto: %s", d->name, c->deps[di].layout_why);
+    return no;
+}
+
+static const char *adopt_piece(tsr_coord_t *c, tsr_worker_t *w, const Tessera__Assignment *a,
+                               int di, const tsr_piece_key_t *k, bool *resend, char *why,
+                               size_t len)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_piece_key_t key = *k;
     if (!tsr_coord_piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
     /* Not adopted: it is assigned again with the configuration's keys.  An
@@ -272,7 +291,7 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     if (r->assignment) {
         char why[256];
         bool resend;
-        const char *no = try_adopt(c, w, r->assignment, &resend, why, sizeof why);
+        const char *no = try_adopt(c, w, r->assignment, now, &resend, why, sizeof why);
         /* Epochs only grow across restarts even when the layout changed and
          * nothing is adopted: a piece's epoch raises the coordinator's, up to
          * the bound that keeps repeated forged registrations from moving it

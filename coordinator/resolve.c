@@ -65,18 +65,11 @@ static int held_replicas(tsr_coord_t *c, const char *name)
     return most;
 }
 
-/* Records d's cut as chosen (what a reload compares to keep it). */
+/* Records d's cut as chosen. */
 static void note_choice(tsr_dep_state_t *ds, const tsr_deployment_t *d)
 {
     ds->layout_chosen = true;
-    ds->chose.auto_tensor = d->auto_tensor;
-    ds->chose.auto_pipeline = d->auto_pipeline;
-    ds->chose.auto_replicas = d->auto_replicas;
-    ds->chose.device = (int)d->device;
-    ds->chose.tensor = d->tensor;
-    ds->chose.pipeline = d->pipeline;
-    ds->chose.replicas = d->replicas;
-    ds->chose.latency_target_ms = d->latency_target_ms;
+    tsr_dep_note_cut(ds, d);
 }
 
 /* Chooses deployment i's cut over devs (its fixed dimensions kept).  True when
@@ -143,16 +136,31 @@ void tsr_coord_resolve_layouts(tsr_coord_t *c)
     }
 }
 
-bool tsr_coord_adopt_layout(tsr_coord_t *c, int di, const tsr_piece_key_t *k)
+void tsr_coord_adopt_undo(tsr_coord_t *c, int di, const tsr_layout_undo_t *undo)
 {
     tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_dep_state_t *ds = &c->deps[di];
+    if (d->replicas != undo->replicas) tsr_dep_set_replicas(ds, d, undo->replicas);
+    if (ds->layout_chosen && !undo->layout_chosen) {
+        ds->layout_chosen = false;
+        d->tensor = undo->tensor;
+        d->pipeline = undo->pipeline;
+        ds->layout_why[0] = '\0';
+    }
+}
+
+bool tsr_coord_adopt_layout(tsr_coord_t *c, int di, const tsr_piece_key_t *k, int64_t now,
+                            tsr_layout_undo_t *undo)
+{
+    tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_dep_state_t *ds = &c->deps[di];
+    *undo = (tsr_layout_undo_t){ds->layout_chosen, d->tensor, d->pipeline, d->replicas};
     if (!ds->model_ok) return false;
     if (!d->auto_tensor && !d->auto_pipeline && !d->auto_replicas) return true;
     /* Only while the coordinator waits for its workers to re-attach, and only a
      * cut and a replica count the live workers could hold: a worker's word cannot
      * push the deployment into a layout that does not fit or replicas no one has. */
-    if (tsr_now_ms() >= c->plan_after_ms || k->tp_size < 1 || k->pp_size < 1) return false;
+    if (now >= c->plan_after_ms || k->tp_size < 1 || k->pp_size < 1) return false;
     if (!ds->layout_chosen) {
         /* the cut must fit the live workers' memory; their count does not matter
          * (the others re-attach one by one) */
@@ -171,7 +179,6 @@ bool tsr_coord_adopt_layout(tsr_coord_t *c, int di, const tsr_piece_key_t *k)
         snprintf(ds->layout_why, sizeof ds->layout_why,
                  "tp %d x pp %d, taken from the pieces the workers held at a restart",
                  d->tensor, d->pipeline);
-        tsr_info("deployment %s: parallel auto: %s", d->name, ds->layout_why);
     }
     /* the first plan, at the end of the grace, trims replicas no one holds */
     if (d->auto_replicas && !ds->replicas_settled && k->replica >= d->replicas &&

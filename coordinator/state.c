@@ -44,23 +44,44 @@ static bool same_shape(const tsr_model_info_t *a, const tsr_model_info_t *b)
            a->tie_word_embeddings == b->tie_word_embeddings;
 }
 
-/* The layout old chose for the same deployment, when nothing it depends on changed. */
+void tsr_dep_note_cut(tsr_dep_state_t *ds, const tsr_deployment_t *d)
+{
+    ds->chose.auto_tensor = d->auto_tensor;
+    ds->chose.auto_pipeline = d->auto_pipeline;
+    ds->chose.auto_replicas = d->auto_replicas;
+    ds->chose.device = (int)d->device;
+    ds->chose.tensor = d->tensor;
+    ds->chose.pipeline = d->pipeline;
+    ds->chose.replicas = d->replicas;
+    ds->chose.latency_target_ms = d->latency_target_ms;
+}
+
+/* What a reloaded auto deployment keeps of old's choice: the cut, when nothing it
+ * depends on changed (the model's shape, the device, the auto keys, the latency
+ * target, the fixed dimension); and auto replicas, the count they grew to, while
+ * the cut stays. */
 static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_state_t *old)
 {
-    if (!old->layout_chosen || !old->model_ok || !s->model_ok ||
-        old->chose.auto_tensor != d->auto_tensor || old->chose.auto_pipeline != d->auto_pipeline ||
-        old->chose.auto_replicas != d->auto_replicas || old->chose.device != (int)d->device ||
-        old->chose.latency_target_ms != d->latency_target_ms ||
-        (!d->auto_tensor && old->chose.tensor != d->tensor) ||
-        (!d->auto_pipeline && old->chose.pipeline != d->pipeline) ||
-        !same_shape(&old->model, &s->model))
-        return;
-    d->tensor = old->chose.tensor;
-    d->pipeline = old->chose.pipeline;
-    if (d->auto_replicas) d->replicas = old->chose.replicas;
-    s->layout_chosen = true;
-    s->chose = old->chose;
-    snprintf(s->layout_why, sizeof s->layout_why, "%s", old->layout_why);
+    if (!old->layout_chosen || !old->model_ok || !s->model_ok) return;
+    if (!s->layout_chosen) {
+        if (old->chose.auto_tensor != d->auto_tensor ||
+            old->chose.auto_pipeline != d->auto_pipeline ||
+            old->chose.device != (int)d->device ||
+            old->chose.latency_target_ms != d->latency_target_ms ||
+            (!d->auto_tensor && old->chose.tensor != d->tensor) ||
+            (!d->auto_pipeline && old->chose.pipeline != d->pipeline) ||
+            !same_shape(&old->model, &s->model))
+            return;
+        d->tensor = old->chose.tensor;
+        d->pipeline = old->chose.pipeline;
+        s->layout_chosen = true;
+        snprintf(s->layout_why, sizeof s->layout_why, "%s", old->layout_why);
+    }
+    if (d->auto_replicas && old->chose.auto_replicas && old->chose.device == (int)d->device &&
+        old->chose.tensor == d->tensor && old->chose.pipeline == d->pipeline) {
+        d->replicas = old->chose.replicas;
+        s->replicas_settled = old->replicas_settled;
+    }
 }
 
 int tsr_dep_set_replicas(tsr_dep_state_t *ds, tsr_deployment_t *d, int n)
@@ -113,8 +134,9 @@ tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
         /* An auto layout is chosen from the workers (resolve.c); a reload that
          * keeps the deployment's model, device and auto keys keeps the choice. */
         s->layout_chosen = !d->auto_tensor && !d->auto_pipeline;
-        for (size_t j = 0; j < n_old && !s->layout_chosen; j++)
+        for (size_t j = 0; j < n_old; j++)
             if (!strcmp(old[j].name, s->name)) keep_layout(s, d, &old[j]);
+        tsr_dep_note_cut(s, d);
         /* Requests completed per replica, kept across a reload for the
          * replicas that remain. */
         s->n_completed = d->replicas;

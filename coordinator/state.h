@@ -193,12 +193,15 @@ tsr_dep_state_t *tsr_coord_dep(tsr_coord_t *c, const char *name);
 /* The canary state of replica r of the deployment with that name, or NULL
  * (canary.c keeps it; the router reads whether the replica is unhealthy). */
 tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r);
-/* True when k (with its layout) is one of deployment di's pieces under the
- * current configuration. */
+/* Records d's cut (its auto keys and what they stand for now) in ds->chose, what the
+ * next reload compares to keep an auto choice. */
+void tsr_dep_note_cut(tsr_dep_state_t *ds, const tsr_deployment_t *d);
 /* Gives deployment d (state ds) n replicas (n >= 1): the per-replica counts follow
  * (those of replicas that remain are kept).  Only resolve.c changes an auto
  * deployment's count so.  -1 when out of memory (nothing changes). */
 int tsr_dep_set_replicas(tsr_dep_state_t *ds, tsr_deployment_t *d, int n);
+/* True when k (with its layout) is one of deployment di's pieces under the
+ * current configuration. */
 bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k);
 
 #endif

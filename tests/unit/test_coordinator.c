@@ -2979,6 +2979,56 @@ static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
     json_decref(root);
 }
 
+/* replicas: auto with a fixed cut: five replicas on five workers; a reload that changes
+ * a batching key keeps the five and sends every one of them the new keys (a new epoch
+ * for all five holders, not just replica 0's). */
+static void test_a_reload_of_auto_replicas_rewires_every_replica(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: auto\n";
+    reconfigure(fx, NULL);
+    register_two_nodes(fx);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, NW);
+    assert_int_equal(holders_of(fx, 1, 1), NW);
+    for (int i = 0; i < NW; i++) {  /* what the first plan sent */
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) tsr_env_free(&env);
+    }
+    uint64_t before = fx->c->epoch;
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    max_batch: 8\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, NW);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_true(env->epoch > before);
+        assert_int_equal(env->assign->assignment->max_batch, 8);
+        tsr_env_free(&env);
+    }
+}
+
+/* A piece that is not adopted (its keys differ from the file's) does not choose the
+ * cut of an auto deployment: it stays to be chosen. */
+static void test_a_piece_not_adopted_does_not_choose_the_auto_cut(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure(fx, NULL);
+    fx->c->plan_after_ms = tsr_now_ms() + 60000;
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    a.max_seq_len = 128;  /* the file says 256 */
+    send_register(fx, 0, "w0", "node0", TSR_PROTOCOL_VERSION, &a, TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->adopted);
+    tsr_env_free(&env);
+    assert_false(fx->c->deps[0].layout_chosen);
+    assert_int_equal(fx->c->cfg->deployments[0].tensor, 1);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+}
+
 /* A restarted coordinator with an auto layout takes the cut its workers still hold
  * (adopting their pieces) rather than choosing anew: tp 2 x pp 2 here, where its own
  * rule would give tp 1; a piece of replica 3 makes room for four replicas, and the
@@ -3696,6 +3746,8 @@ int main(void)
         T(test_auto_with_gpus_too_small_waits_and_says_why),
         T(test_auto_with_a_latency_target_no_cut_meets_waits),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
+        T(test_a_reload_of_auto_replicas_rewires_every_replica),
+        T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
         T(test_a_coordinator_stopped_as_it_starts_reads_no_tokenizer),
