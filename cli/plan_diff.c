@@ -68,51 +68,68 @@ static tsr_deployment_t running_keys(json_t *rd, char *model, size_t len)
     return od;
 }
 
-/* An auto layout of the file's deployment d: the running one's choice when it is
- * auto alike and chosen (a reload keeps it), else chosen over the live workers of its
- * kind the deployments before leave (`used`). */
+/* A live, placeable worker of kind `kind` in the status document. */
+static bool free_of(json_t *w, tsr_device_t kind)
+{
+    return strcmp(jstr(w, "state"), "dead") && !json_is_true(json_object_get(w, "drained")) &&
+           !strcmp(jstr(w, "device"), tsr_device_name(kind));
+}
+
+/* An auto layout of the file's deployment d, as the coordinator's reload would have
+ * it: the running choice when nothing it depends on changes (the auto keys, the
+ * device, the fixed dimension, the model, the latency target), else chosen over the
+ * live workers of its kind the deployments before leave (`used`), counted as the
+ * coordinator counts them (resolve.c). */
 static void settle_auto(tsr_deployment_t *d, const tsr_model_info_t *m, json_t *doc, int used)
 {
     json_t *rd = running_dep(doc, d->name), *pa = rd ? json_object_get(rd, "parallel_auto") : NULL;
-    if (pa && json_is_true(json_object_get(rd, "layout_chosen")) &&
-        json_is_true(json_object_get(pa, "tensor")) == d->auto_tensor &&
-        json_is_true(json_object_get(pa, "pipeline")) == d->auto_pipeline &&
-        json_is_true(json_object_get(pa, "replicas")) == d->auto_replicas &&
-        !strcmp(jstr(rd, "device"), tsr_device_name(d->device))) {
+    json_t *lt = rd ? json_object_get(rd, "latency_target_ms_per_token") : NULL;
+    bool cut_kept = pa && json_is_true(json_object_get(rd, "layout_chosen")) &&
+                    json_is_true(json_object_get(pa, "tensor")) == d->auto_tensor &&
+                    json_is_true(json_object_get(pa, "pipeline")) == d->auto_pipeline &&
+                    !strcmp(jstr(rd, "device"), tsr_device_name(d->device)) &&
+                    !strcmp(jstr(rd, "model"), d->model_path) &&
+                    (lt ? json_number_value(lt) : 0) == d->latency_target_ms &&
+                    (d->auto_tensor || jint(rd, "tensor") == d->tensor) &&
+                    (d->auto_pipeline || jint(rd, "pipeline") == d->pipeline);
+    if (cut_kept) {
         d->tensor = jint(rd, "tensor");
         d->pipeline = jint(rd, "pipeline");
-        if (d->auto_replicas) d->replicas = jint(rd, "replicas");
-        return;
     }
     tsr_devices_t v = {0};
     tsr_devices_defaults(&v, d->device);
-    size_t i;
-    json_t *w;
-    json_array_foreach(json_object_get(doc, "workers"), i, w) {
-        if (!strcmp(jstr(w, "state"), "dead") || json_is_true(json_object_get(w, "drained")) ||
-            strcmp(jstr(w, "device"), tsr_device_name(d->device)))
-            continue;
+    json_t *ws = json_object_get(doc, "workers");
+    size_t i, j;
+    json_t *w, *x;
+    json_array_foreach(ws, i, w) {
+        if (!free_of(w, d->device)) continue;
         v.devices++;
         uint64_t mem = (uint64_t)json_integer_value(json_object_get(w, "memory"));
         if (d->device == TSR_DEVICE_CUDA && (!v.memory || mem < v.memory)) v.memory = mem;
-        int on_node = 0;
-        size_t j;
-        json_t *x;
-        json_array_foreach(json_object_get(doc, "workers"), j, x)
-            on_node += !strcmp(jstr(x, "node"), jstr(w, "node")) && strcmp(jstr(x, "state"), "dead");
+        int on_node = 0, in_domain = 0;
+        const char *dom = jstr(w, "nvlink_domain");
+        json_array_foreach(ws, j, x) {
+            if (!free_of(x, d->device)) continue;
+            on_node += !strcmp(jstr(x, "node"), jstr(w, "node"));
+            in_domain += dom[0] && !strcmp(jstr(x, "nvlink_domain"), dom);
+        }
         if (on_node > v.per_node) v.per_node = on_node;
+        if (in_domain > v.per_domain) v.per_domain = in_domain;
     }
     v.devices = v.devices > used ? v.devices - used : 0;
-    v.per_domain = d->device == TSR_DEVICE_CUDA ? v.per_node : 0;
     tsr_layout_t cut;
     char why[256];
-    if ((d->auto_tensor || d->auto_pipeline) && tsr_layout_choose_auto(m, d, &v, &cut, why,
-                                                                       sizeof why) == 0) {
+    if (!cut_kept && (d->auto_tensor || d->auto_pipeline) &&
+        tsr_layout_choose_auto(m, d, &v, &cut, why, sizeof why) == 0) {
         d->tensor = cut.tensor;
         d->pipeline = cut.pipeline;
     }
     if (d->auto_replicas) {
+        /* kept at the running count while the cut stays; else what the workers hold */
+        bool same = rd && json_is_true(json_object_get(pa, "replicas")) &&
+                    jint(rd, "tensor") == d->tensor && jint(rd, "pipeline") == d->pipeline;
         int r = v.devices / (d->tensor * d->pipeline);
+        if (same && jint(rd, "replicas") > r) r = jint(rd, "replicas");
         d->replicas = r > 0 ? r : 1;
     }
 }
@@ -184,15 +201,11 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     size_t nw = json_array_size(ws), k = 0;
     pw = calloc(nw ? nw : 1, sizeof *pw);
     acts = calloc(nw ? nw : 1, sizeof *acts);
-    int *widx = calloc(nw ? nw : 1, sizeof *widx);
     size_t all_replicas = 0;
     for (size_t i = 0; i < nd; i++) all_replicas += (size_t)cfg->deployments[i].replicas;
     loading = calloc(nw + 1, sizeof *loading);
     rewired = calloc(2 * nw + all_replicas + 1, sizeof *rewired);
-    if (!pw || !acts || !widx || !loading || !rewired) {
-        free(widx);
-        goto oom;
-    }
+    if (!pw || !acts || !loading || !rewired) goto oom;
     for (size_t i = 0; i < nw; i++) {
         json_t *w = json_array_get(ws, i);
         if (!strcmp(jstr(w, "state"), "dead")) continue;
@@ -217,9 +230,8 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
             c->layer_begin = (int)json_integer_value(json_array_get(json_object_get(a, "layers"), 0));
             c->layer_end = (int)json_integer_value(json_array_get(json_object_get(a, "layers"), 1));
         }
-        widx[k++] = (int)i;
+        k++;
     }
-    free(widx);
     if (tsr_plan_compute_mem(cfg, layers, (const uint64_t *const *)need, pw, k, &plan, err,
                              sizeof err) < 0) {
         fprintf(stderr, "%s: %s\n", path, err);

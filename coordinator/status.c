@@ -174,6 +174,8 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
         json_object_set_new(o, "layout_chosen", json_boolean(c->deps[i].layout_chosen));
         json_object_set_new(o, "layout_reason", json_string(c->deps[i].layout_why));
     }
+    if (d->latency_target_ms > 0)
+        json_object_set_new(o, "latency_target_ms_per_token", json_real(d->latency_target_ms));
     json_object_set_new(o, "tp_groups_spanning_nodes", json_integer(sum.spanning_nodes));
     json_object_set_new(o, "tp_groups_spanning_nvlink_domains", json_integer(sum.spanning_nvlink));
     json_t *warnings = json_array();

@@ -35,6 +35,18 @@ grep -q "replica tiny/0 stops serving while its pieces load again" "$T/diff.txt"
 # nothing was applied by any of the diffs
 [ "$(status_json | jget "[d['coordinator']['epoch'], d['deployments'][0]['replicas']]")" = "[$epoch, 1]" ] ||
     fail "a diff changed the cluster: $(tsr status)"
+# A running auto deployment: a file that changes its fixed dimension (pipeline 1 -> 2
+# under tensor: auto) is a new cut, not the running choice.
+auto_yaml() { write_yaml "$1" auto "$2" 2; }
+auto_yaml "$T/a1.yaml" 1
+cp "$T/a1.yaml" "$T/d.yaml"
+tsr reload > /dev/null || fail "reload to auto"
+auto_ready() { [ "$(status_json | jget "[d['deployments'][0]['layout_chosen'], d['deployments'][0]['tensor'], d['deployments'][0]['replicas']]")" = "[true, 1, 2]" ] && all_ready; }
+wait_until 15 auto_ready || fail "auto not ready: $(tsr status 2>&1)"
+diff_of "$T/a1.yaml" | grep -q "nothing changes" || fail "running auto file: $(cat "$T/diff.txt")"
+auto_yaml "$T/a2.yaml" 2
+diff_of "$T/a2.yaml" > /dev/null
+grep -q "layout tp 1 x pp 1 -> tp 1 x pp 2" "$T/diff.txt" || fail "auto fixed pipeline changed: $(cat "$T/diff.txt")"
 tsr plan "$T/nope.yaml" --diff > "$T/bad.txt" 2>&1; [ $? = 1 ] || fail "a missing file did not exit 1"
 grep -q "nope.yaml" "$T/bad.txt" || fail "the missing file is not named: $(cat "$T/bad.txt")"
-cat "$T/diff.txt"; ok "plan --diff: nothing for the running file; a new replica; a new cut rebuilds; max_queue rewires, max_batch reloads; nothing applied"
+cat "$T/diff.txt"; ok "plan --diff: nothing for the running file; a new replica; a new cut rebuilds; max_queue rewires, max_batch reloads; nothing applied; a running auto deployment's fixed dimension changed is a new cut"
