@@ -18,7 +18,7 @@ static void usage(FILE *f)
             "       tessera keys remove DIR NAME   stop allowing NAME and delete DIR/NAME.key; a\n"
             "                                      running coordinator drops its live sessions\n"
             "                                      within a second\n"
-            "       tessera keys list DIR          the allowed keys\n"
+            "       tessera keys list DIR          the allowed keys (files that are not, on stderr)\n"
             "\n"
             "The coordinator reads coordinator.key and allowed/.  Copy coordinator.pub and\n"
             "NAME.key (mode 0600) to the machine that runs worker or client NAME, into its\n"
@@ -69,8 +69,11 @@ int tsr_cmd_keys(int argc, char **argv)
         return 0;
     }
     tsr_allowed_key_t *keys = NULL;
-    int n = tsr_keys_allowed(dir, &keys, err, sizeof err);
+    tsr_keys_skipped_t sk;
+    int n = tsr_keys_allowed(dir, &keys, &sk, err, sizeof err);
     if (n < 0) goto fail;
+    /* The coordinator leaves such files out too (and refuses to start). */
+    if (sk.n) fprintf(stderr, "tessera keys list: %zu file(s) are not allowed keys: %s\n", sk.n, sk.why);
     for (int i = 0; i < n; i++) {
         char p[TSR_PATH_MAX + 200];
         snprintf(p, sizeof p, "%s/%s.key", dir, keys[i].name);

@@ -106,22 +106,46 @@ static int parse_key_text(const char *path, char *text, tsr_keypair_t *kp, char 
     return 0;
 }
 
-int tsr_key_read_public(const char *path, char pub[TSR_Z85_KEY], char *err, size_t errlen)
+/* Refuses what another user could rewrite (the store, allowed/, a key the
+ * coordinator trusts): anything writable by group or others, or owned by
+ * someone other than this process's user or root.  what names the kind. */
+static int only_owner_writes(const char *path, const struct stat *st, const char *what,
+                             int check_owner, char *err, size_t errlen)
+{
+    if (st->st_mode & 022) {
+        snprintf(err, errlen, "%s: %s must not be writable by group or others, but its mode is "
+                              "%04o (chmod go-w %s)",
+                 path, what, (unsigned)(st->st_mode & 07777), path);
+        return -1;
+    }
+    if (check_owner && st->st_uid != 0 && st->st_uid != geteuid()) {
+        snprintf(err, errlen, "%s: %s must be owned by uid %u (this process's user) or root, "
+                              "but it is owned by uid %u (chown %u %s)",
+                 path, what, (unsigned)geteuid(), (unsigned)st->st_uid, (unsigned)geteuid(),
+                 path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads a public key; check_owner: also refuse a file another user owns. */
+static int read_public(const char *path, char pub[TSR_Z85_KEY], int check_owner, char *err,
+                       size_t errlen)
 {
     char buf[KEY_FILE_MAX];
     struct stat st;
     tsr_keypair_t kp;
     if (slurp(path, buf, sizeof buf, &st, err, errlen) < 0) return -1;
     /* Anyone who can rewrite a public key chooses who is trusted. */
-    if (st.st_mode & 022) {
-        snprintf(err, errlen, "%s: a key file must not be writable by group or others, but "
-                              "its mode is %04o (chmod go-w %s)",
-                 path, (unsigned)(st.st_mode & 07777), path);
-        return -1;
-    }
+    if (only_owner_writes(path, &st, "a key file", check_owner, err, errlen) < 0) return -1;
     if (parse_key_text(path, buf, &kp, err, errlen) < 0) return -1;
     memcpy(pub, kp.pub, TSR_Z85_KEY);
     return 0;
+}
+
+int tsr_key_read_public(const char *path, char pub[TSR_Z85_KEY], char *err, size_t errlen)
+{
+    return read_public(path, pub, 0, err, errlen);
 }
 
 int tsr_key_read_pair(const char *path, tsr_keypair_t *kp, char *err, size_t errlen)
@@ -171,6 +195,23 @@ static int write_new(const char *path, const char *text, mode_t mode, char *err,
     return 0;
 }
 
+/* Writes a public key file whole: under a hidden name first (the coordinator's
+ * rereads skip names starting with '.'), then linked into place, so a reread
+ * never sees it half-written.  Refuses an existing path. */
+static int publish_new(const char *path, const char *text, char *err, size_t errlen)
+{
+    char tmp[TSR_PATH_MAX + 220];
+    const char *slash = strrchr(path, '/');
+    int dirlen = slash ? (int)(slash - path + 1) : 0;
+    snprintf(tmp, sizeof tmp, "%.*s.%s.tmp", dirlen, path, slash ? slash + 1 : path);
+    unlink(tmp); /* left by an interrupted run */
+    if (write_new(tmp, text, 0644, err, errlen) < 0) return -1;
+    int rc = link(tmp, path);
+    if (rc != 0) snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    unlink(tmp);
+    return rc == 0 ? 0 : -1;
+}
+
 /* Makes a key pair and writes NAME.key (0600) and the public key to pubpath. */
 static int make_pair(const char *dir, const char *name, const char *pubpath, char *err,
                      size_t errlen)
@@ -190,7 +231,7 @@ static int make_pair(const char *dir, const char *name, const char *pubpath, cha
     memset(sec, 0, sizeof sec);
     if (rc < 0) return -1;
     snprintf(text, sizeof text, "# Tessera CURVE public key of %s\npublic-key = %s\n", name, pub);
-    if (write_new(pubpath, text, 0644, err, errlen) < 0) {
+    if (publish_new(pubpath, text, err, errlen) < 0) {
         unlink(keypath);
         return -1;
     }
@@ -287,10 +328,44 @@ static int by_name(const void *a, const void *b)
     return strcmp(((const tsr_allowed_key_t *)a)->name, ((const tsr_allowed_key_t *)b)->name);
 }
 
-int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, char *err, size_t errlen)
+/* The store and its allowed/ must be directories only their owner (this
+ * process's user or root) may change: whoever may add a file there is let in. */
+static int store_private(const char *dir, char *err, size_t errlen)
+{
+    char p[TSR_PATH_MAX + 64];
+    const char *paths[2] = {dir, p};
+    snprintf(p, sizeof p, "%s/allowed", dir);
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            snprintf(err, errlen, "%s: %s", paths[i], strerror(errno));
+            return -1;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen, "%s: not a directory", paths[i]);
+            return -1;
+        }
+        if (only_owner_writes(paths[i], &st, "a key directory", 1, err, errlen) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Notes why file was skipped in sk. */
+static void note_skipped(tsr_keys_skipped_t *sk, const char *why)
+{
+    size_t used = strlen(sk->why);
+    if (used + 3 < sizeof sk->why)
+        snprintf(sk->why + used, sizeof sk->why - used, "%s%s", used ? "; " : "", why);
+    sk->n++;
+}
+
+int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, tsr_keys_skipped_t *skipped,
+                     char *err, size_t errlen)
 {
     char p[TSR_PATH_MAX + 64];
     *out = NULL;
+    if (skipped) memset(skipped, 0, sizeof *skipped);
+    if (store_private(dir, err, errlen) < 0) return -1;
     snprintf(p, sizeof p, "%s/allowed", dir);
     DIR *d = opendir(p);
     if (!d) {
@@ -325,9 +400,11 @@ int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, char *err, size_t
         memset(k, 0, sizeof *k);
         memcpy(k->name, name, len - 3);
         errno = 0;
-        if (tsr_key_read_public(f, k->pub, err, errlen) < 0) {
+        if (read_public(f, k->pub, 1, err, errlen) < 0) {
             if (errno == ENOENT) continue; /* removed while we read */
-            goto out;
+            if (!skipped) goto out;
+            note_skipped(skipped, err);
+            continue;
         }
         zmq_z85_decode(k->bin, k->pub);
         n++;

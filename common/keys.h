@@ -54,10 +54,22 @@ typedef struct {
     char pub[TSR_Z85_KEY];
     unsigned char bin[32];
 } tsr_allowed_key_t;
-/* Reads dir/allowed/.  Returns the count and *out (caller frees), or -1 with
- * err naming the file at fault.  A file that is not a valid public key is
- * an error, not skipped: an operator who mistyped one must hear of it. */
-int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, char *err, size_t errlen);
+/* Why files in allowed/ were skipped. */
+typedef struct {
+    size_t n;          /* files skipped */
+    char why[1024];    /* each one's reason, "; " between them (cut short when long) */
+} tsr_keys_skipped_t;
+/* Reads dir/allowed/ as the coordinator trusts it.  dir and dir/allowed must
+ * be directories, and each key file a regular file, that neither group nor
+ * others may write and that this process's user or root owns: otherwise
+ * anyone could choose who is let in.  Returns the count and *out (caller
+ * frees), or -1 with err naming the path at fault.  With skipped NULL a file
+ * that is not a trusted public key is an error (a start: the operator who
+ * mistyped one must hear of it); otherwise it is left out and named in
+ * *skipped, and the rest is returned (a reread: a stray file must not keep
+ * a removal from taking effect). */
+int tsr_keys_allowed(const char *dir, tsr_allowed_key_t **out, tsr_keys_skipped_t *skipped,
+                     char *err, size_t errlen);
 
 /* Reads a key pair from a .key file: its mode must allow no one but the
  * owner (0600 or 0400), its secret must match its public key. */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/slice.h"
@@ -182,13 +183,32 @@ tsr_canary_t *tsr_coord_canary(tsr_coord_t *c, const char *deployment, int r)
 
 int tsr_coord_server_keys(const tsr_config_t *cfg, tsr_security_t *sec, char *err, size_t errlen)
 {
-    char e[512];
-    if (tsr_security_server(cfg->keys_dir, sec, e, sizeof e) == 0) return 0;
-    snprintf(err, errlen,
-             "coordinator.security is curve and its key pair cannot be read: %s "
-             "(create a key store with `tessera keys init %s`, or set "
-             "coordinator.security: none with loopback endpoints)",
-             e, cfg->keys_dir);
+    char e[1024], p[TSR_PATH_MAX + 64], pub[TSR_Z85_KEY];
+    if (tsr_security_server(cfg->keys_dir, sec, e, sizeof e) < 0) {
+        snprintf(err, errlen,
+                 "coordinator.security is curve and its key pair cannot be read: %s "
+                 "(create a key store with `tessera keys init %s`, or set "
+                 "coordinator.security: none with loopback endpoints)",
+                 e, cfg->keys_dir);
+        return -1;
+    }
+    /* The public key handed to workers and clients: one others may rewrite
+     * or that is not this key pair's would be refused by them, or mislead them. */
+    tsr_keys_path(cfg->keys_dir, "coordinator.pub", p, sizeof p);
+    if (access(p, F_OK) == 0) {
+        if (tsr_key_read_public(p, pub, e, sizeof e) < 0) goto bad;
+        if (strcmp(pub, sec->self.pub)) {
+            snprintf(e, sizeof e, "%s is not the public key of the coordinator's key pair", p);
+            goto bad;
+        }
+    }
+    /* The allowed keys as the ZAP handler's start reads them. */
+    tsr_allowed_key_t *keys = NULL;
+    int n = tsr_keys_allowed(cfg->keys_dir, &keys, NULL, e, sizeof e);
+    free(keys);
+    if (n >= 0) return 0;
+bad:
+    snprintf(err, errlen, "coordinator.keys_dir: %s", e);
     return -1;
 }
 
@@ -212,7 +232,7 @@ int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t er
         if (!c->deps[i].model_ok) tsr_error("deployment %s will not be placed: %s",
                                             c->deps[i].name, c->deps[i].model_error);
     if (c->cfg->security_none) return 0;
-    char e[512];
+    char e[1024];
     /* The handler must be bound before the sockets: ZeroMQ lets any
      * CURVE client in while no ZAP handler is bound. */
     if (tsr_coord_server_keys(c->cfg, &c->sec, err, errlen) < 0) return -1;

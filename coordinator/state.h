@@ -171,9 +171,12 @@ typedef struct tsr_coord {
  * (before any socket: ZeroMQ lets any CURVE client in while none is bound).  c is
  * zeroed memory.  -1 with the reason in err; tsr_state_close frees what was made. */
 int tsr_state_open(tsr_coord_t *c, const char *config_path, char *err, size_t errlen);
-/* Reads cfg's coordinator key pair into *sec as a start does (a secret key
- * file others can read is refused): 0, or -1 with the reason in err.  A
- * start and --check both come here, so --check passes what a start takes. */
+/* Reads cfg's coordinator key pair into *sec and checks the key store as a
+ * start does (a secret key file others can read, a coordinator.pub others
+ * may write or of another key, a store or allowed/ others may write or
+ * another user owns, a file in allowed/ that is not a trusted key are
+ * refused): 0, or -1 with the reason in err.  A start and --check both come
+ * here, so --check passes what a start takes. */
 int tsr_coord_server_keys(const tsr_config_t *cfg, tsr_security_t *sec, char *err, size_t errlen);
 /* Frees everything tsr_state_open made (not c). */
 void tsr_state_close(tsr_coord_t *c);

@@ -286,6 +286,8 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
         tsr_zap_stats(c->zap, &zs);
         json_object_set_new(coord, "keys_dir", json_string(c->cfg->keys_dir));
         json_object_set_new(coord, "allowed_keys", json_integer((json_int_t)zs.keys));
+        /* files in allowed/ that are not trusted keys (the log names them) */
+        json_object_set_new(coord, "allowed_keys_skipped", json_integer((json_int_t)zs.skipped));
         json_object_set_new(stats, "handshakes_accepted", json_integer((json_int_t)zs.accepted));
         /* the key handler's refusals and those ZeroMQ made before it */
         json_object_set_new(stats, "handshakes_refused",

@@ -31,7 +31,9 @@ struct tsr_zap {
     uint64_t accepted, refused;
     struct timespec mtime;
     int64_t loaded_ms;
+    size_t skipped;              /* files in allowed/ left out of the set */
     tsr_log_limit_t refusals;    /* the handler thread's own */
+    char reported[1100];         /* the store's problem last logged ("": none) */
 };
 
 #define REFUSAL_LOG_GAP_MS 10000  /* a refused stranger retries every second or so */
@@ -55,14 +57,37 @@ static bool same_keys(const tsr_allowed_key_t *a, size_t na, const tsr_allowed_k
     return true;
 }
 
-/* Rereads the allowed keys.  A store that cannot be read keeps the last
- * good set (a half-written file must not lock everyone out), logged. */
-static int reload(tsr_zap_t *z, char *err, size_t errlen)
+/* Logs the store's problem once, when it changes (a bad file stays bad for
+ * every reread), and when it is gone.  The handler thread's own. */
+static void report(tsr_zap_t *z, const char *problem)
+{
+    if (!strcmp(problem, z->reported)) return;
+    if (problem[0]) tsr_warn("%s", problem);
+    else tsr_info("the allowed keys in %s/allowed are all read again", z->dir);
+    snprintf(z->reported, sizeof z->reported, "%s", problem);
+}
+
+/* Rereads the allowed keys.  strict (the start): any file that is not a
+ * trusted key fails.  Otherwise such a file is left out, named in the log,
+ * and the rest applied, so a removal takes effect; a store that cannot be
+ * read, or that others may write, keeps the last good set (a directory
+ * mid-rename must not lock everyone out, nor a stranger's file let them in). */
+static int reload(tsr_zap_t *z, bool strict, char *err, size_t errlen)
 {
     tsr_allowed_key_t *keys = NULL;
+    tsr_keys_skipped_t sk;
+    char problem[sizeof z->reported];
     struct timespec mt = dir_mtime(z->dir);
-    int n = tsr_keys_allowed(z->dir, &keys, err, errlen);
-    if (n < 0) return -1;
+    int n = tsr_keys_allowed(z->dir, &keys, strict ? NULL : &sk, err, errlen);
+    if (n < 0) {
+        if (!strict) {
+            snprintf(problem, sizeof problem,
+                     "not applying the allowed keys just read, keeping the last good set: %s",
+                     err);
+            report(z, problem);
+        }
+        return -1;
+    }
     pthread_mutex_lock(&z->mu);
     if (!same_keys(z->keys, z->n_keys, keys, (size_t)n)) {
         free(z->keys);
@@ -71,10 +96,15 @@ static int reload(tsr_zap_t *z, char *err, size_t errlen)
         z->generation++;
         keys = NULL;
     }
+    z->skipped = strict ? 0 : sk.n;
     z->mtime = mt;
     z->loaded_ms = tsr_now_ms();
     pthread_mutex_unlock(&z->mu);
     free(keys);
+    if (strict || !sk.n) problem[0] = '\0';
+    else snprintf(problem, sizeof problem, "left %zu file(s) in %s/allowed out of the allowed "
+                  "keys (the others apply): %s", sk.n, z->dir, sk.why);
+    if (!strict) report(z, problem);
     return 0;
 }
 
@@ -141,9 +171,9 @@ static void answer(tsr_zap_t *z)
          * key rereads the store first when it may have changed, so a
          * worker started right after `tessera keys add` gets in (ZeroMQ
          * does not retry a connection refused here). */
-        char err[512];
+        char err[1024];
         if (!find_key(z, zmq_msg_data(&f[6]), user, sizeof user) && reload_due(z) &&
-            reload(z, err, sizeof err) == 0)
+            reload(z, false, err, sizeof err) == 0)
             find_key(z, zmq_msg_data(&f[6]), user, sizeof user);
         pthread_mutex_lock(&z->mu);
         if (user[0]) z->accepted++;
@@ -192,12 +222,11 @@ static void *run(void *arg)
         int rc = zmq_poll(&item, 1, RESCAN_MS);
         if (rc < 0 && zmq_errno() == ETERM) break;  /* the context is going away */
         if (rc > 0 && (item.revents & ZMQ_POLLIN)) answer(z);
-        char err[512];
-        if (reload_due(z) && reload(z, err, sizeof err) < 0) {
-            tsr_warn("cannot reread the allowed keys, keeping the last good set: %s", err);
+        char err[1024];
+        if (reload_due(z) && reload(z, false, err, sizeof err) < 0) {
             struct timespec mt = dir_mtime(z->dir);
             pthread_mutex_lock(&z->mu);
-            z->mtime = mt; /* warn once per change, not every 100 ms */
+            z->mtime = mt; /* retry at the next change or FULL_RELOAD_MS, not every 100 ms */
             z->loaded_ms = tsr_now_ms();
             pthread_mutex_unlock(&z->mu);
         }
@@ -216,7 +245,7 @@ tsr_zap_t *tsr_zap_start(const char *keys_dir, char *err, size_t errlen)
     }
     pthread_mutex_init(&z->mu, NULL);
     snprintf(z->dir, sizeof z->dir, "%s", keys_dir);
-    if (reload(z, err, errlen) < 0) goto fail;
+    if (reload(z, true, err, errlen) < 0) goto fail;
     z->rep = zmq_socket(tsr_zmq_ctx(), ZMQ_REP);
     int linger = 0;
     if (!z->rep || zmq_setsockopt(z->rep, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
@@ -283,5 +312,6 @@ void tsr_zap_stats(tsr_zap_t *z, tsr_zap_stats_t *out)
     out->accepted = z->accepted;
     out->refused = z->refused;
     out->keys = z->n_keys;
+    out->skipped = z->skipped;
     pthread_mutex_unlock(&z->mu);
 }

@@ -5,7 +5,10 @@
  * is one of keys_dir/allowed/NAME.pub, and names the connection NAME (its
  * "User-Id", see tsr_wire_recv_user).  The handler runs in its own thread;
  * it rereads the allowed keys within 100 ms of a change to the directory, so
- * the coordinator can drop a removed key's live sessions within a second. */
+ * the coordinator can drop a removed key's live sessions within a second.
+ * A reread leaves out a file that is not a trusted key (logged once) and
+ * keeps the last good set while the store cannot be read or others may
+ * write it (see tsr_keys_allowed). */
 #ifndef TSR_ZAP_H
 #define TSR_ZAP_H
 
@@ -32,7 +35,8 @@ static inline const char *tsr_key_name(const char *key_id, char *buf, size_t len
 /* Binds the ZAP endpoint in this process's ZeroMQ context (before any CURVE
  * socket is bound: ZeroMQ lets every client in while no handler is bound)
  * and starts its thread.  NULL with err when keys_dir/allowed cannot be
- * read or the endpoint cannot be bound. */
+ * read, others may write it or a file in it is not a trusted key, or the
+ * endpoint cannot be bound. */
 tsr_zap_t *tsr_zap_start(const char *keys_dir, char *err, size_t errlen);
 void tsr_zap_stop(tsr_zap_t **self_p);
 
@@ -45,6 +49,7 @@ uint64_t tsr_zap_generation(tsr_zap_t *self);
 typedef struct {
     uint64_t accepted, refused;  /* handshakes */
     size_t keys;                 /* allowed keys now */
+    size_t skipped;              /* files in allowed/ the last reread left out */
 } tsr_zap_stats_t;
 void tsr_zap_stats(tsr_zap_t *self, tsr_zap_stats_t *out);
 

@@ -71,6 +71,40 @@ grep -q "coordinator.key.*0644" "$T/e.txt" || fail "--check does not name the ke
 grep -qF "$(cat "$T/e.txt")" "$T/s.txt" || fail "--check and the start refuse differently:
 check: $(cat "$T/e.txt")
 start: $(cat "$T/s.txt")"
+# ...and a key store others may change, each refused by --check as by a start, naming
+# the path and its mode (or owner): whoever may write there chooses who is let in.
+check_and_start_refuse() {  # what; the path and words the refusal must name
+    "$BIN/tessera-coordinator" --check "$T/d.yaml" > /dev/null 2> "$T/e.txt"; rc=$?
+    # (a start that is not refused runs on: the limit turns that into a failure)
+    timeout 10 "$BIN/tessera-coordinator" "$T/d.yaml" > /dev/null 2> "$T/s.txt"; src=$?
+    [ $rc = 1 ] || fail "--check passed $1 (exit $rc)"
+    [ $src = 1 ] || fail "a start with $1 exited $src"
+    grep -qF "$2" "$T/e.txt" || fail "--check does not say '$2' for $1: $(cat "$T/e.txt")"
+    grep -qF "$(cat "$T/e.txt")" "$T/s.txt" || fail "--check and the start refuse $1 differently:
+check: $(cat "$T/e.txt")
+start: $(cat "$T/s.txt")"
+}
+chmod 777 "$KEYS/allowed"
+check_and_start_refuse "allowed/ of mode 0777" "$KEYS/allowed: a key directory must not be writable by group or others, but its mode is 0777"
+chmod 755 "$KEYS/allowed"; chmod 777 "$KEYS"
+check_and_start_refuse "a key store of mode 0777" "$KEYS: a key directory must not be writable by group or others, but its mode is 0777"
+chmod 755 "$KEYS"; chown 65534 "$KEYS/allowed"
+check_and_start_refuse "allowed/ owned by nobody" "$KEYS/allowed: a key directory must be owned by uid $(id -u)"
+chown "$(id -u)" "$KEYS/allowed"
+"$BIN/tessera" keys add "$KEYS" evil > /dev/null || fail "keys add evil"
+chmod 666 "$KEYS/allowed/evil.pub"
+check_and_start_refuse "allowed/evil.pub of mode 0666" "$KEYS/allowed/evil.pub: a key file must not be writable by group or others, but its mode is 0666"
+"$BIN/tessera" keys remove "$KEYS" evil > /dev/null || fail "keys remove evil"
+chmod 666 "$KEYS/coordinator.pub"
+check_and_start_refuse "coordinator.pub of mode 0666" "$KEYS/coordinator.pub: a key file must not be writable by group or others, but its mode is 0666"
+chmod 644 "$KEYS/coordinator.pub"
+# keys list names a file it cannot read as a key, and lists the rest.
+echo garbage > "$KEYS/allowed/zz.pub"
+"$BIN/tessera" keys list "$KEYS" > "$T/o.txt" 2> "$T/e.txt" || fail "keys list with a bad file: $(cat "$T/e.txt")"
+grep -q "zz.pub" "$T/e.txt" || fail "keys list does not name zz.pub: $(cat "$T/e.txt")"
+grep -q "^cli " "$T/o.txt" || fail "keys list left out the good keys: $(cat "$T/o.txt")"
+rm "$KEYS/allowed/zz.pub"
+"$BIN/tessera-coordinator" --check "$T/d.yaml" > /dev/null 2> "$T/e.txt" || fail "check of the restored store: $(cat "$T/e.txt")"
 # A coordinator whose model directory lacks config.json still starts, and
 # status says why that deployment is not placed.
 write_yaml "$T/m.yaml" 1 1 1 tiny "$T/nomodel"

@@ -171,6 +171,18 @@ tsr status > /dev/null 2> "$T/e" && fail "the CLI used a 0644 key"
 chmod 600 "$KEYS/cli.key" "$KEYS/w3.key"
 ok "secret key files readable by others are refused"
 
+# 5b. A file in allowed/ that is not a key does not keep a removal from taking
+#     effect: it is left out, status counts it, and the rest applies.
+echo garbage > "$KEYS/allowed/zz.pub"
+"$BIN/tessera" keys remove "$KEYS" w3 > /dev/null || fail "keys remove w3"
+w3gone() { [ "$(worker_field w3-gpu1 state)" = dead ]; }
+wait_until 5 w3gone || fail "w3-gpu1 was not cut off: its key's removal did not apply beside zz.pub"
+skipped() { [ "$(status_json | jget "d['coordinator']['allowed_keys_skipped']")" = "$1" ]; }
+wait_until 5 skipped 1 || fail "status does not count the stray zz.pub: $(status_json | jget "d['coordinator']")"
+rm "$KEYS/allowed/zz.pub"
+wait_until 5 skipped 0 || fail "status still counts zz.pub after it was removed"
+ok "a stray file in allowed/ is left out, counted, and a removal beside it applies"
+
 # 6. security: none only on loopback; curve needs the key pair.
 sed -e 's/^  keys_dir:.*/  security: none/' -e "s|$WEP|tcp://0.0.0.0:$WPORT|" "$T/d.yaml" > "$T/open.yaml"
 "$BIN/tessera-coordinator" "$T/open.yaml" > "$T/open.log" 2>&1

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -92,7 +93,7 @@ static void test_init_add_list_remove(void **state)
     assert_int_equal(st.st_mode & 0777, 0600);
 
     tsr_allowed_key_t *keys = NULL;
-    assert_int_equal(tsr_keys_allowed(store, &keys, err, sizeof err), 2);
+    assert_int_equal(tsr_keys_allowed(store, &keys, NULL, err, sizeof err), 2);
     assert_string_equal(keys[0].name, "cli");
     assert_string_equal(keys[1].name, "w1");
     tsr_keypair_t kp;
@@ -103,7 +104,7 @@ static void test_init_add_list_remove(void **state)
 
     assert_int_equal(tsr_keys_remove(store, "w1", err, sizeof err), 0);
     assert_int_equal(access(p, F_OK), -1);
-    assert_int_equal(tsr_keys_allowed(store, &keys, err, sizeof err), 1);
+    assert_int_equal(tsr_keys_allowed(store, &keys, NULL, err, sizeof err), 1);
     assert_string_equal(keys[0].name, "cli");
     free(keys);
     assert_int_equal(tsr_keys_remove(store, "w1", err, sizeof err), -1);
@@ -175,7 +176,7 @@ static void test_secret_key_files_must_be_private_and_well_formed(void **state)
     /* A broken file in allowed/ is reported, not skipped. */
     write_text("ks/allowed/typo.pub", "public-key = nope\n", 0644);
     tsr_allowed_key_t *keys = NULL;
-    assert_int_equal(tsr_keys_allowed(store, &keys, err, sizeof err), -1);
+    assert_int_equal(tsr_keys_allowed(store, &keys, NULL, err, sizeof err), -1);
     assert_non_null(strstr(err, "typo.pub:1"));
 }
 
@@ -334,6 +335,133 @@ static void test_only_allowed_keys_get_in_under_their_names(void **state)
     assert_null(zap);
 }
 
+/* Waits (up to 3 s) until key_id's admission is want; returns whether it is. */
+static bool wait_allowed(tsr_zap_t *zap, const char *key_id, bool want)
+{
+    for (int i = 0; i < 300 && tsr_zap_allowed(zap, key_id) != want; i++) usleep(10000);
+    return tsr_zap_allowed(zap, key_id) == want;
+}
+
+/* Anyone who may write into the store, or owns it, chooses who is trusted:
+ * such a store is refused at start and its rereads are not applied. */
+static void test_a_store_others_may_write_is_refused(void **state)
+{
+    (void)state;
+    char err[1024] = "", store[128], allowed[160], p[256];
+    make_store(store, sizeof store);
+    snprintf(allowed, sizeof allowed, "%s/allowed", store);
+    const struct { const char *what; mode_t mode; } loose[] = {
+        {store, 0777}, {store, 0775}, {allowed, 0777}, {allowed, 0757}, {allowed, 01777}};
+    for (size_t i = 0; i < sizeof loose / sizeof *loose; i++) {
+        assert_int_equal(chmod(loose[i].what, loose[i].mode), 0);
+        tsr_zap_t *zap = tsr_zap_start(store, err, sizeof err);
+        assert_null(zap);
+        char want[256];
+        snprintf(want, sizeof want, "%s: ", loose[i].what);
+        if (!strstr(err, want) || !strstr(err, "mode") || !strstr(err, "chmod go-w"))
+            fail_msg("%s at %04o: %s", loose[i].what, (unsigned)loose[i].mode, err);
+        assert_int_equal(chmod(loose[i].what, 0755), 0);
+    }
+    /* Owned by another user (nobody) than this process's or root. */
+    assert_int_equal(chown(allowed, 65534, 65534), 0);
+    assert_null(tsr_zap_start(store, err, sizeof err));
+    if (!strstr(err, allowed) || !strstr(err, "owned by uid 65534")) fail_msg("%s", err);
+    assert_int_equal(chown(allowed, 0, 0), 0);
+    path(p, sizeof p, "ks/allowed/w1.pub");
+    assert_int_equal(chown(p, 65534, 65534), 0);
+    assert_null(tsr_zap_start(store, err, sizeof err));
+    if (!strstr(err, p) || !strstr(err, "owned by uid 65534")) fail_msg("%s", err);
+    assert_int_equal(chown(p, 0, 0), 0);
+
+    /* Running, then the directory opens up and a stranger's key appears:
+     * the reread is not applied. */
+    tsr_zap_t *zap = tsr_zap_start(store, err, sizeof err);
+    if (!zap) fail_msg("%s", err);
+    tsr_security_t w1;
+    assert_int_equal(tsr_security_client(store, NULL, "w1", &w1, err, sizeof err), 0);
+    char w1id[TSR_KEY_ID_MAX], xid[TSR_KEY_ID_MAX];
+    snprintf(w1id, sizeof w1id, "w1/%s", w1.self.pub);
+    assert_true(tsr_zap_allowed(zap, w1id));
+    assert_int_equal(chmod(allowed, 0777), 0);
+    assert_int_equal(tsr_keys_add(store, "intruder", err, sizeof err), 0);
+    tsr_security_t x;
+    assert_int_equal(tsr_security_client(store, NULL, "intruder", &x, err, sizeof err), 0);
+    snprintf(xid, sizeof xid, "intruder/%s", x.self.pub);
+    assert_false(wait_allowed(zap, xid, true));
+    assert_true(tsr_zap_allowed(zap, w1id));
+    /* Made private again, the set is applied. */
+    assert_int_equal(chmod(allowed, 0755), 0);
+    assert_true(wait_allowed(zap, xid, true));
+    /* A .pub others may write is not trusted on reread either. */
+    path(p, sizeof p, "ks/allowed/intruder.pub");
+    assert_int_equal(chmod(p, 0666), 0);
+    assert_true(wait_allowed(zap, xid, false));
+    assert_true(tsr_zap_allowed(zap, w1id));
+    tsr_zap_stop(&zap);
+}
+
+/* A file in allowed/ that is not a key does not stop a removal from taking
+ * effect: it is skipped, the rest applied.  A start still refuses it. */
+static void test_a_bad_file_does_not_block_removals(void **state)
+{
+    (void)state;
+    char err[1024] = "", store[128];
+    make_store(store, sizeof store);
+    assert_int_equal(tsr_keys_add(store, "evil", err, sizeof err), 0);
+    tsr_security_t evil;
+    assert_int_equal(tsr_security_client(store, NULL, "evil", &evil, err, sizeof err), 0);
+    char eid[TSR_KEY_ID_MAX];
+    snprintf(eid, sizeof eid, "evil/%s", evil.self.pub);
+    tsr_zap_t *zap = tsr_zap_start(store, err, sizeof err);
+    if (!zap) fail_msg("%s", err);
+    assert_true(tsr_zap_allowed(zap, eid));
+    /* The log goes to a file meanwhile, to count how often the file is named. */
+    char logp[128];
+    path(logp, sizeof logp, "zap.log");
+    fflush(stderr);
+    int saved = dup(2), logfd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(saved >= 0 && logfd >= 0);
+    assert_int_equal(dup2(logfd, 2), 2);
+    write_text("ks/allowed/zz.pub", "garbage\n", 0644);
+    assert_int_equal(tsr_keys_remove(store, "evil", err, sizeof err), 0);
+    bool removed = wait_allowed(zap, eid, false);
+    /* Two later keys applied: rereads went on with zz.pub still there. */
+    bool later = true;
+    const char *names[2] = {"later1", "later2"};
+    for (int i = 0; i < 2 && later; i++) {
+        tsr_security_t k;
+        char kid[TSR_KEY_ID_MAX];
+        later = tsr_keys_add(store, names[i], err, sizeof err) == 0 &&
+                tsr_security_client(store, NULL, names[i], &k, err, sizeof err) == 0;
+        snprintf(kid, sizeof kid, "%s/%s", names[i], k.self.pub);
+        later = later && wait_allowed(zap, kid, true);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(logfd);
+    assert_true(removed);
+    assert_true(later);
+    tsr_zap_stats_t zs;
+    tsr_zap_stats(zap, &zs);
+    assert_int_equal(zs.skipped, 1);  /* status shows it */
+    assert_int_equal(zs.keys, 3);     /* w1, later1, later2 */
+    tsr_zap_stop(&zap);
+    /* Named once, not at every reread. */
+    char text[8192] = "";
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    int named = 0;
+    for (const char *q = text; (q = strstr(q, "zz.pub")); q++) named++;
+    if (named != 1) fail_msg("zz.pub named %d times:\n%s", named, text);
+    /* At start the operator hears of it at once. */
+    assert_null(tsr_zap_start(store, err, sizeof err));
+    if (!strstr(err, "zz.pub")) fail_msg("%s", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -344,6 +472,9 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_only_allowed_keys_get_in_under_their_names, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_a_store_others_may_write_is_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_bad_file_does_not_block_removals, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     /* A failed test may have left sockets open, which would make the
