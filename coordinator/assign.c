@@ -249,6 +249,13 @@ void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers
     env.epoch = w->piece.epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
     env.assign = &as;
+    /* The peers' names are for messages only: a replica so large that they would take
+     * the assignment past what a worker takes (TSR_WIRE_MAX_WORKER) goes without them. */
+    if (tessera__envelope__get_packed_size(&env) > TSR_WIRE_MAX_WORKER) {
+        a.n_peer_workers = a.n_peer_nodes = 0;
+        tsr_debug("assignment of %s to %s: %zu peers, sent without their names", w->piece.key.deployment,
+                  w->name, n_peers);
+    }
     tsr_coord_send_to(c, w, &env);
     free(own);
     c->stats.assigns++;
