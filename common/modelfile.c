@@ -1,6 +1,8 @@
 #include "modelfile.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -21,6 +23,28 @@ static bool inside(const char *real, const char *dir)
     size_t n = strlen(dir);
     if (n == 1 && dir[0] == '/') return true;
     return strncmp(real, dir, n) == 0 && real[n] == '/';
+}
+
+/* Whether the file open as fd, opened by a path that resolved to rfile, is inside the
+ * resolved directory rdir.  The path was checked before it was opened, and a link
+ * swapped in between (renamed over it) would lead out after all; so what was actually
+ * opened is asked of the kernel, by the link /proc keeps for each descriptor.  Without
+ * /proc (not mounted, or another system), the opened file must be the one rfile names
+ * without following a link at its end: lstat, as stat would follow a link swapped back
+ * in.  (That fallback cannot see a directory above the file replaced in between; /proc
+ * can.) */
+static bool opened_inside(int fd, const char *rdir, const char *rfile)
+{
+    char proc[64], real[PATH_MAX + 1];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(proc, real, sizeof real - 1);
+    if (n >= 0) {
+        real[n] = '\0';
+        return (size_t)n < sizeof real - 1 && inside(real, rdir);
+    }
+    struct stat a, b;
+    return !fstat(fd, &a) && !lstat(rfile, &b) && S_ISREG(b.st_mode) && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
 }
 
 int tsr_model_open(const char *dir, const char *name, char *err, size_t errlen)
@@ -46,12 +70,11 @@ int tsr_model_open(const char *dir, const char *name, char *err, size_t errlen)
         }
     }
     fd = tsr_open_regular(path, err, errlen);
-    /* The file opened must be the one checked: a link replaced in between would
-     * otherwise lead out after all. */
-    struct stat a, b;
-    if (fd >= 0 && rfile &&
-        (fstat(fd, &a) || stat(rfile, &b) || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
-        tsr_set_err(err, errlen, "%s: replaced while it was being opened", path);
+    if (fd >= 0 && rdir && !opened_inside(fd, rdir, rfile)) {
+        tsr_set_err(err, errlen,
+                    "%s: replaced while it was being opened, by a link that leads out of the "
+                    "model directory",
+                    path);
         close(fd);
         fd = -1;
     }

@@ -21,18 +21,21 @@
 #define CACHE_MAX_PROBE 16           /* slots looked at per lookup: a word beyond is uncached */
 
 /* The pattern-matching budget of one encode call, in PCRE2's match-limit units (about
- * one per byte of ordinary text; JIT or not, a unit costs a few nanoseconds to a few
- * tens).  PCRE2's own limit holds per match only, so a pattern that backtracks
- * exponentially within it, over many short runs, once cost 90 times a single run.
- * Each match is first allowed MATCH_FIRST units, then twice as many until it ends or
- * the budget is spent; the units it was allowed are charged, so what a text may cost
- * is bounded by its length (the retries at most double it).  Ordinary text under the
- * Llama 3 and GPT-2 patterns is charged 1 to 15 units a byte (a long run of spaces is
- * the most a single match needs: 8192 for 5,000); 256 a byte and a floor of 2^20
- * leave room beyond that, and hold a pathological pattern to milliseconds. */
+ * one per backtracking step; JIT or not, a unit costs a few nanoseconds to a few tens).
+ * PCRE2's own limit holds per match only, so a pattern that backtracks exponentially
+ * within it, over many short runs, once cost 90 times a single run.  Each match is
+ * first allowed MATCH_FIRST units, then twice as many until it ends or the budget is
+ * spent; the units it was allowed are charged, so what a text may cost is bounded by
+ * its length (the retries at most double it).  The GPT-2 and Llama 3 patterns need 1 to
+ * 16 units a match on the test corpus (64 once), and are charged 1 to 16 a byte on any
+ * text (16 when every match is one byte, 1.3 on a run of 100,000 spaces, whose one match
+ * is allowed what is left); 64 a byte and a floor of 2^20 leave four times that.
+ * What the units do not count, the characters a repeat scans and a backreference
+ * compares, the loader bounds: it refuses backreferences and unbounded repeats inside
+ * lookarounds (tokenizer.c). */
 #define MATCH_FLOOR (1u << 20)
-#define MATCH_PER_BYTE 256u
-#define MATCH_FIRST 64u
+#define MATCH_PER_BYTE 64u
+#define MATCH_FIRST 16u
 
 /* ---- the BPE model ------------------------------------------------------------ */
 

@@ -9,6 +9,8 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -642,6 +644,67 @@ static void test_links_out_of_the_model_directory_are_refused_and_never_quoted(v
     tsr_model_links_outside(false);
     if (strstr(err, num)) fail_msg("the header length shows the file's first bytes: %s", err);
     unlink(link);
+    rm_dir(dir);
+    rm_dir(out);
+}
+
+/* The swapper of the race below: config.json becomes, over and over, a link to a file
+ * outside the directory and then the regular file again, each by an atomic rename.  Its
+ * paths are made beforehand, at() not being thread-safe. */
+typedef struct {
+    char outside[600], link[600], file[600], inside[600], config[600];
+    atomic_bool stop;
+} swap_t;
+
+static void *swap_config(void *arg)
+{
+    swap_t *s = arg;
+    while (!atomic_load(&s->stop)) {
+        unlink(s->link);
+        if (symlink(s->outside, s->link) == 0) rename(s->link, s->config);
+        unlink(s->file);
+        if (link(s->inside, s->file) == 0) rename(s->file, s->config);
+    }
+    return NULL;
+}
+
+/* Issue 38, item 10, attacked: the path was checked (realpath), then opened, then the
+ * opened file compared with a stat of the checked path, which follows a link swapped in
+ * between, so a loop renaming config.json between a regular file and a link out of the
+ * directory got the outside file read 11 times in 200.  Whatever is swapped in, what is
+ * opened must be inside the directory: every read gives the inside file or fails. */
+static void test_a_link_swapped_in_while_opening_never_leads_out(void **state)
+{
+    char *dir = make_tmpdir(), *out = make_tmpdir();
+    char err[1024];
+    static swap_t s;
+    pthread_t th;
+
+    (void)state;
+    write_bytes(out, "secret", "OUTSIDE", 7);
+    snprintf(s.outside, sizeof s.outside, "%s/secret", out);
+    snprintf(s.link, sizeof s.link, "%s/swap-link", dir);
+    snprintf(s.file, sizeof s.file, "%s/swap-file", dir);
+    snprintf(s.inside, sizeof s.inside, "%s/inside.json", dir);
+    snprintf(s.config, sizeof s.config, "%s/config.json", dir);
+    atomic_store(&s.stop, false);
+    write_bytes(dir, "inside.json", "INSIDE", 6);
+    assert_int_equal(link(at(dir, "inside.json"), at(dir, "config.json")), 0);
+    assert_int_equal(pthread_create(&th, NULL, swap_config, &s), 0);
+    for (int i = 0; i < 20000; i++) {
+        size_t len = 0;
+        char *text = tsr_model_read(dir, "config.json", 64, &len, err, sizeof err);
+        if (!text) continue;  /* refused, or caught between unlink and rename */
+        if (len != 6 || memcmp(text, "INSIDE", 6) != 0) {
+            atomic_store(&s.stop, true);
+            pthread_join(th, NULL);
+            fail_msg("read %zu bytes from outside the directory (\"%.*s\") after %d reads",
+                     len, (int)len, text, i);
+        }
+        free(text);
+    }
+    atomic_store(&s.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
     rm_dir(dir);
     rm_dir(out);
 }
@@ -1333,6 +1396,7 @@ int main(void)
         cmocka_unit_test(test_model_init_config_loads_back),
         cmocka_unit_test(test_model_files_must_be_regular_and_bounded),
         cmocka_unit_test(test_links_out_of_the_model_directory_are_refused_and_never_quoted),
+        cmocka_unit_test(test_a_link_swapped_in_while_opening_never_leads_out),
         cmocka_unit_test(test_a_weight_that_is_not_finite_is_refused),
         cmocka_unit_test(test_model_init_rejects_bad_arguments_and_overwrites),
     };

@@ -416,6 +416,102 @@ static void test_a_backtracking_split_pattern_fails_within_a_budget(void **state
     tsr_tok_destroy(&t);
 }
 
+/* A tokenizer whose pre-tokenizer is one Split on the regex re (given as JSON string
+ * text); NULL with err set when it does not load. */
+static tsr_tokenizer_t *split_on(const char *re, char *err, size_t errlen)
+{
+    char pre[512];
+    snprintf(pre, sizeof pre,
+             "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+             "\"behavior\": \"Isolated\", \"pattern\": {\"Regex\": \"%s\"}}]}", re);
+    char *j = byte_level_json(pre, "");
+    tsr_tokenizer_t *t = load(j, err, errlen);
+    free(j);
+    return t;
+}
+
+/* Issue 38, item 11, attacked: a backreference's comparisons are no match-limit units,
+ * so `(?=(\w*)\1b)` over 'a' * 10,000 took 25 s within the budget, and succeeded.  No
+ * real tokenizer's split uses a backreference: one is refused at load, naming where the
+ * pattern is, while lookahead, which real ones do use, still loads and encodes. */
+static void test_a_split_pattern_with_a_backreference_is_refused_at_load(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    static const char *const refused[] = {"(?=(\\\\w*)\\\\1b)", "(\\\\w)(?=.*\\\\1\\\\1\\\\1)",
+                                          "(?<q>a)\\\\k<q>"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        tsr_tokenizer_t *t = split_on(refused[i], err, sizeof err);
+        if (t) fail_msg("%s loaded", refused[i]);
+        if (!strstr(err, "pre_tokenizer.pretokenizers[0].pattern") || !strstr(err, "backreference"))
+            fail_msg("the error does not name the pattern and why: %s", err);
+    }
+    tsr_tokenizer_t *t = split_on("\\\\s+(?!\\\\S)|\\\\s+|\\\\w+(?=\\\\s)|[^\\\\s\\\\w]+|\\\\w+", err,
+                                  sizeof err);
+    if (!t) fail_msg("a lookahead pattern is refused: %s", err);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *text = "ab   cd ab";
+    assert_int_equal(tsr_tok_encode(t, text, strlen(text), false, &ids, &n, err, sizeof err), 0);
+    assert_true(n > 0 && ids[0] == 256);  /* "ab", merged */
+    free(ids);
+    tsr_tok_destroy(&t);
+}
+
+/* The same attack by a lookahead's scan: `(?=(\w+)+\W)` over 'a' * 30,000 + '!' scans
+ * the rest of the text from every position (0.98 s), a few match-limit units each, as
+ * PCRE2 counts backtracking, not the characters a repeat scans.  A lookaround holding an
+ * unbounded repeat is refused at load, naming the pattern; bounded ones still load. */
+static void test_an_unbounded_repeat_in_a_lookaround_is_refused_at_load(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    static const char *const refused[] = {"(?=(\\\\w+)+\\\\W)", "a(?!.*b)", "(?<=x)|(?=\\\\d{2,})",
+                                          "(*pla:\\\\w*!)"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        tsr_tokenizer_t *t = split_on(refused[i], err, sizeof err);
+        if (t) fail_msg("%s loaded", refused[i]);
+        if (!strstr(err, "pre_tokenizer.pretokenizers[0].pattern") || !strstr(err, "lookaround"))
+            fail_msg("the error does not name the pattern and why: %s", err);
+    }
+    static const char *const loaded[] = {"\\\\s+(?!\\\\S)|\\\\s+", "a(?=b{1,3})|[+*](?![*+])",
+                                         "(?<=[(?=])\\\\w+|\\\\w+", "\\\\Q(?=x+\\\\E|y"};
+    for (size_t i = 0; i < sizeof loaded / sizeof loaded[0]; i++) {
+        tsr_tokenizer_t *t = split_on(loaded[i], err, sizeof err);
+        if (!t) fail_msg("%s: %s", loaded[i], err);
+        tsr_tok_destroy(&t);
+    }
+}
+
+/* The budget is what ordinary text needs with a margin: the GPT-2 and Llama 3 patterns
+ * are charged at most 16 units a byte, on the test corpus and on texts made of the
+ * shortest matches; 64 a byte is allowed.  A pattern that backtracks a little on every
+ * run, about 200 units a byte, passed the earlier 256 a byte and now fails. */
+static void test_the_budget_is_what_ordinary_text_needs(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    tsr_tokenizer_t *t = split_on("(x+x+)+y|\\\\s+|[^x\\\\s]+|x", err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    size_t runs = 2000, len = runs * 10;  /* past the floor of 2^20 units */
+    char *text = malloc(len + 1);
+    for (size_t r = 0; r < runs; r++) {
+        memset(text + 10 * r, 'x', 9);
+        text[10 * r + 9] = ' ';
+    }
+    text[len] = '\0';
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(tsr_tok_encode(t, text, len, false, &ids, &n, err, sizeof err), -1);
+    if (!strstr(err, "pre_tokenizer.pretokenizers[0].pattern"))
+        fail_msg("the error does not name the pattern: %s", err);
+    for (size_t i = 0; i < len; i++) text[i] = "a1"[i % 2];  /* one match a byte */
+    assert_int_equal(tsr_tok_encode(t, text, len, false, &ids, &n, err, sizeof err), 0);
+    free(ids);
+    free(text);
+    tsr_tok_destroy(&t);
+}
+
 /* ---- several threads at once --------------------------------------------------------- */
 
 typedef struct {
@@ -489,6 +585,9 @@ int main(void)
         cmocka_unit_test(test_covers_the_model_vocabulary),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_a_backtracking_split_pattern_fails_within_a_budget),
+        cmocka_unit_test(test_a_split_pattern_with_a_backreference_is_refused_at_load),
+        cmocka_unit_test(test_an_unbounded_repeat_in_a_lookaround_is_refused_at_load),
+        cmocka_unit_test(test_the_budget_is_what_ordinary_text_needs),
         cmocka_unit_test(test_threads_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
