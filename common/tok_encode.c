@@ -29,7 +29,8 @@
  * its length (the retries at most double it).  The GPT-2 and Llama 3 patterns need 1 to
  * 16 units a match on the test corpus (64 once), and are charged 1 to 16 a byte on any
  * text (16 when every match is one byte, 1.3 on a run of 100,000 spaces, whose one match
- * is allowed what is left); 64 a byte and a floor of 2^20 leave four times that.
+ * is allowed what is left); 64 a byte for each Split stage (each matches over the whole
+ * text again) and a floor of 2^20 leave four times that.
  * What the units do not count, the characters a repeat scans and a backreference
  * compares, the loader bounds: it refuses backreferences and unbounded repeats inside
  * lookarounds (tokenizer.c). */
@@ -268,7 +269,8 @@ static int split_re(const tsr_tokenizer_t *t, enc_t *e, size_t stage, const char
     if (!md) return -1;
     int rc = 0;
     size_t last = 0, at = 0;
-    while (at <= n && !rc) {
+    /* at == n is not tried: a match there would be empty, which makes no piece */
+    while (at < n && !rc) {
         int m = match_budgeted(e, p, md, s, n, at);
         if (e->spent) rc = -1;
         if (m < 0) break;  /* no more matches (or another PCRE2 limit: the rest is one piece) */
@@ -439,8 +441,11 @@ int tsr_tok_encode_max(const tsr_tokenizer_t *t, const char *text, size_t len, b
         return -1;
     }
     ids_t out = {0};
-    enc_t e = {.out = &out, .max_ids = max_ids,
-               .match_left = MATCH_FLOOR + (uint64_t)MATCH_PER_BYTE * len};
+    /* every Split stage matches over the whole text again: each gets the per-byte share */
+    uint64_t splits = 0;
+    for (size_t k = 0; k < t->n_pres; k++) splits += t->pres[k].kind == PRE_SPLIT;
+    uint64_t budget = MATCH_FLOOR + (uint64_t)MATCH_PER_BYTE * len * (splits ? splits : 1);
+    enc_t e = {.out = &out, .max_ids = max_ids, .match_left = budget};
     /* Every token covers at most max_token_bytes of the text (unless one can absorb any
      * length): a text longer than the bound cannot fit and is not looked at. */
     if (max_ids && !t->unbounded_tokens && !t->shrinking_norm &&
@@ -501,7 +506,7 @@ oom:
                     "than an encode may take (%llu units; a pattern that backtracks "
                     "heavily on this text)",
                     e.spent->where, len,
-                    (unsigned long long)(MATCH_FLOOR + (uint64_t)MATCH_PER_BYTE * len));
+                    (unsigned long long)budget);
     else
         tsr_set_err(err, errlen, "out of memory");
 out:

@@ -512,6 +512,41 @@ static void test_the_budget_is_what_ordinary_text_needs(void **state)
     tsr_tok_destroy(&t);
 }
 
+/* Found in review: with several Split stages, every stage matches over the text again,
+ * and each piece's last match call (at its end, where only an empty match could be)
+ * was charged too: 64 KiB of dense hex-like text, linear to encode, was refused under
+ * six stages.  The budget is per stage and the call at the end is not made. */
+static void test_six_split_stages_encode_dense_text_within_the_budget(void **state)
+{
+    (void)state;
+    char pre[2048] = "{\"type\": \"Sequence\", \"pretokenizers\": [";
+    static const char *const res[] = {"[\\\\r\\\\n]", "\\\\s?[A-Za-z]+", "\\\\s?[!-/:-~]+",
+                                      "\\\\p{N}", "\\\\s+$", "[^\\\\s]+"};
+    for (size_t k = 0; k < 6; k++)
+        snprintf(pre + strlen(pre), sizeof pre - strlen(pre),
+                 "%s{\"type\": \"Split\", \"behavior\": \"Isolated\", "
+                 "\"pattern\": {\"Regex\": \"%s\"}}", k ? ", " : "", res[k]);
+    snprintf(pre + strlen(pre), sizeof pre - strlen(pre), "]}");
+    char *j = byte_level_json(pre, "");
+    char err[512] = "";
+    tsr_tokenizer_t *t = load(j, err, sizeof err);
+    free(j);
+    if (!t) fail_msg("%s", err);
+    size_t len = 64 * 1024;
+    char *text = malloc(len + 1);
+    static const char unit[] = "0x1f,a1B2,";
+    for (size_t i = 0; i < len; i++) text[i] = unit[i % (sizeof unit - 1)];
+    text[len] = '\0';
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tsr_tok_encode(t, text, len, false, &ids, &n, err, sizeof err) < 0)
+        fail_msg("dense text refused: %s", err);
+    assert_true(n > 0);
+    free(ids);
+    free(text);
+    tsr_tok_destroy(&t);
+}
+
 /* ---- several threads at once --------------------------------------------------------- */
 
 typedef struct {
@@ -588,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_a_split_pattern_with_a_backreference_is_refused_at_load),
         cmocka_unit_test(test_an_unbounded_repeat_in_a_lookaround_is_refused_at_load),
         cmocka_unit_test(test_the_budget_is_what_ordinary_text_needs),
+        cmocka_unit_test(test_six_split_stages_encode_dense_text_within_the_budget),
         cmocka_unit_test(test_threads_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
