@@ -101,6 +101,7 @@ static void settle_auto(tsr_deployment_t *d, const tsr_model_info_t *m, json_t *
     json_t *ws = json_object_get(doc, "workers");
     size_t i, j;
     json_t *w, *x;
+    bool given_bw = false, given_fl = false;  /* as resolve.c: the slowest rate given */
     json_array_foreach(ws, i, w) {
         if (!free_of(w, d->device)) continue;
         v.devices++;
@@ -115,6 +116,10 @@ static void settle_auto(tsr_deployment_t *d, const tsr_model_info_t *m, json_t *
         }
         if (on_node > v.per_node) v.per_node = on_node;
         if (in_domain > v.per_domain) v.per_domain = in_domain;
+        double bw = json_number_value(json_object_get(w, "mem_gbs"));
+        double fl = json_number_value(json_object_get(w, "gflops"));
+        if (bw > 0 && (!given_bw || bw < v.mem_gbs)) v.mem_gbs = bw, given_bw = true;
+        if (fl > 0 && (!given_fl || fl < v.gflops)) v.gflops = fl, given_fl = true;
     }
     v.devices = v.devices > used ? v.devices - used : 0;
     tsr_layout_t cut;

@@ -193,6 +193,14 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
         tsr_error("refused worker %s: %s", env->worker, reason);
         goto refuse;
     }
+    /* non-finite or absurd rates are never stored (0 is "not given") */
+    if (!(r->mem_gbs >= 0 && r->mem_gbs <= 1e9) || !(r->gflops >= 0 && r->gflops <= 1e9)) {
+        snprintf(reason, sizeof reason,
+                 "mem_gbs %g and gflops %g must be rates from 0 (not given) to 1e9",
+                 r->mem_gbs, r->gflops);
+        tsr_error("refused worker %s: %s", env->worker, reason);
+        goto refuse;
+    }
     tsr_worker_t *w = tsr_registry_find(c->reg, env->worker);
     bool same_conn = w && w->rid_len == rid_len && !memcmp(w->rid, rid, rid_len);
     if (w && w->state != TSR_W_DEAD && strcmp(w->node, r->node)) {
@@ -262,6 +270,8 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     snprintf(w->data_endpoint, sizeof w->data_endpoint, "%s", r->data_endpoint);
     snprintf(w->pci_bus_id, sizeof w->pci_bus_id, "%s", r->pci_bus_id);
     w->nccl = r->nccl;
+    w->mem_gbs = r->mem_gbs;
+    w->gflops = r->gflops;
     w->n_nvlink = (int)r->n_nvlink_peers;
     for (int i = 0; i < w->n_nvlink; i++)
         snprintf(w->nvlink[i], sizeof w->nvlink[i], "%s", r->nvlink_peers[i]);

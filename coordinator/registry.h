@@ -51,6 +51,7 @@ typedef struct {
     char data_endpoint[TSR_NAME_MAX + 1];  /* where its replica peers reach it */
     char pci_bus_id[32];        /* its GPU ("" for a CPU worker or when unknown) */
     bool nccl;                  /* it can use NCCL (it could load the library) */
+    double mem_gbs, gflops;     /* its device's rates as its operator gave them (0: not given) */
     char nccl_device[TSR_NAME_MAX + 40];  /* "node/bus id" when nccl and a bus id, else "" */
     char nvlink[18][32];        /* bus ids at the far end of its GPU's NVLinks */
     int n_nvlink;

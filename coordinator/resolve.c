@@ -34,6 +34,7 @@ static void devices_for(tsr_coord_t *c, tsr_device_t kind, int used, tsr_devices
     }
     tsr_nvlink_domains(ws, k);  /* every live worker's, as the planner sees them */
     size_t m = 0;
+    bool given_bw = false, given_fl = false;
     for (size_t i = 0; i < k; i++)
         if (ws[i]->device == kind && !ws[i]->drained) ws[m++] = ws[i];
     for (size_t i = 0; i < m; i++) {
@@ -47,6 +48,11 @@ static void devices_for(tsr_coord_t *c, tsr_device_t kind, int used, tsr_devices
         if (in_domain > v->per_domain) v->per_domain = in_domain;
         if (kind == TSR_DEVICE_CUDA && (!v->memory || ws[i]->memory < v->memory))
             v->memory = ws[i]->memory;
+        /* the slowest rate a worker gives; the kind's figures where none does */
+        if (ws[i]->mem_gbs > 0 && (!given_bw || ws[i]->mem_gbs < v->mem_gbs))
+            v->mem_gbs = ws[i]->mem_gbs, given_bw = true;
+        if (ws[i]->gflops > 0 && (!given_fl || ws[i]->gflops < v->gflops))
+            v->gflops = ws[i]->gflops, given_fl = true;
     }
     v->devices = (int)m > used ? (int)m - used : 0;
     free(ws);

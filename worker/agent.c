@@ -89,6 +89,8 @@ static void send_register(tsr_agent_t *a)
     r.data_endpoint = a->ex ? (char *)tsr_executor_endpoint(a->ex) : "";
     r.pci_bus_id = a->device.pci_bus_id;
     r.nccl = a->device.nccl;
+    r.mem_gbs = a->device.mem_gbs;
+    r.gflops = a->device.gflops;
     char *links[TSR_NVLINK_MAX];
     for (int i = 0; i < a->device.n_nvlink; i++) links[i] = a->device.nvlink[i];
     r.n_nvlink_peers = (size_t)a->device.n_nvlink;

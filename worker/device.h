@@ -22,6 +22,7 @@ typedef struct {
      * NVSwitches), n_nvlink of them */
     char nvlink[TSR_NVLINK_MAX][32];
     int n_nvlink;
+    double mem_gbs, gflops;   /* its rates as the operator gave them (0: not given) */
 } tsr_device_info_t;
 
 /* Fills info for device `index` of `kind`.  Returns 0, or -1 with a reason

@@ -38,6 +38,11 @@ static void usage(FILE *f)
             "      --node NODE        node name used to keep tensor-parallel groups on one\n"
             "                         machine (default $TESSERA_NODE, else the host name)\n"
             "      --memory-mib MIB   override the device memory it reports\n"
+            "      --mem-gbs X        the device's memory bandwidth in GB/s and\n"
+            "      --gflops X         its matrix-product rate in GFLOP/s, for the planner's\n"
+            "                         estimates (parallel: auto); default $TESSERA_MEM_GBS and\n"
+            "                         $TESSERA_GFLOPS, else not given (the planner assumes\n"
+            "                         figures for the kind, see tessera plan --help)\n"
             "      --data-address ADDR  address its peers use to reach its data port\n"
             "                         (default $TESSERA_DATA_ADDRESS, else 127.0.0.1 when\n"
             "                         the coordinator is on loopback, else the host name)\n"
@@ -62,7 +67,8 @@ static void usage(FILE *f)
             "  -h, --help             this text\n"
             "\n"
             "environment: TESSERA_COORDINATOR_WORKERS, TESSERA_NODE, TESSERA_DATA_ADDRESS,\n"
-            "TESSERA_DATA_BIND, TESSERA_KEYS and TESSERA_IDENTITY as above (empty: unset);\n"
+            "TESSERA_DATA_BIND, TESSERA_MEM_GBS, TESSERA_GFLOPS, TESSERA_KEYS and\n"
+            "TESSERA_IDENTITY as above (empty: unset);\n"
             "under systemd, files in $CREDENTIALS_DIRECTORY (LoadCredential=) named\n"
             "IDENTITY.key and coordinator.pub take precedence over the key store's.\n"
             "TSR_THREADS caps the CPU engine's threads (default: every CPU the worker may\n"
@@ -113,6 +119,21 @@ static int parse_uint(const char *opt, const char *s, unsigned long max, unsigne
     return 0;
 }
 
+/* A device rate: a number above 0, at most 10^9. */
+static int parse_rate(const char *what, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*end || !*s || !(v > 0) || v > 1e9) {
+        size_t n = strcspn(s, "\r\n");
+        fprintf(stderr, "tessera-worker: %s: expected a number above 0 and at most 1e9, got "
+                "'%.*s'\n", what, (int)(n > 40 ? 40 : n), s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 /* getenv, with an empty value taken as unset. */
 static const char *env_or_null(const char *name)
 {
@@ -132,6 +153,7 @@ int main(int argc, char **argv)
                *data_addr = env_or_null("TESSERA_DATA_ADDRESS"),
                *data_bind = env_or_null("TESSERA_DATA_BIND");
     const char *keys = getenv("TESSERA_KEYS"), *identity = getenv("TESSERA_IDENTITY");
+    const char *mem_gbs = env_or_null("TESSERA_MEM_GBS"), *gflops = env_or_null("TESSERA_GFLOPS");
     tsr_device_t kind = TSR_DEVICE_CPU;
     unsigned long index = 0, mem_mib = 0, proto = TSR_PROTOCOL_VERSION;
     int level = TSR_LOG_INFO;
@@ -146,6 +168,7 @@ int main(int argc, char **argv)
         {"data-address", required_argument, 0, 'A'}, {"data-bind", required_argument, 0, 'B'},
         {"keys", required_argument, 0, 'K'},         {"identity", required_argument, 0, 'I'},
         {"allow-model-links-outside", no_argument, 0, 'L'},
+        {"mem-gbs", required_argument, 0, 'G'},      {"gflops", required_argument, 0, 'F'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "c:d:i:n:vh", opts, NULL)) != -1) {
@@ -169,6 +192,8 @@ int main(int argc, char **argv)
         case 'K': keys = optarg; break;
         case 'I': identity = optarg; break;
         case 'L': tsr_model_links_outside(true); break;
+        case 'G': mem_gbs = optarg; break;
+        case 'F': gflops = optarg; break;
         case 'v': level = TSR_LOG_DEBUG; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 1;
@@ -179,6 +204,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 1;
     }
+    double bw = 0, fl = 0;
+    if ((mem_gbs && parse_rate(mem_gbs == getenv("TESSERA_MEM_GBS") ? "TESSERA_MEM_GBS" : "--mem-gbs",
+                               mem_gbs, &bw) < 0) ||
+        (gflops && parse_rate(gflops == getenv("TESSERA_GFLOPS") ? "TESSERA_GFLOPS" : "--gflops",
+                              gflops, &fl) < 0))
+        return 1;
     if (!ep) ep = "tcp://127.0.0.1:7400";
     char why[320];
     if (!tsr_endpoint_check(ep, why, sizeof why)) {
@@ -224,6 +255,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (mem_mib) dev.memory = (uint64_t)mem_mib << 20;
+    dev.mem_gbs = bw;
+    dev.gflops = fl;
     /* Whether this worker's GPU groups can use NCCL: the coordinator tells
      * every rank of a group, so they all choose alike. */
     tsr_backend_t be;

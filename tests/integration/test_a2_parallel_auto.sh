@@ -17,9 +17,11 @@ echo "$doc" | jget "d['deployments'][0]['layout_reason']" | grep -q "fewest devi
 tsr status | grep -q "layout auto: chosen over" || fail "tessera status shows no choice: $(tsr status)"
 grep -q "parallel auto: chosen over" "$T/coordinator.log" || fail "the choice is not logged"
 expect_reference_tokens
-start_worker w3
+TESSERA_MEM_GBS=50 start_worker w3 --gflops 300
 four_ready() { [ "$(replicas)" = 4 ] && all_ready; }
 wait_until 15 four_ready || fail "the fourth worker is not a fourth replica: $(tsr status 2>&1)"
 [ "$(status_json | jget "len(d['idle'])")" = 0 ] || fail "a worker left idle: $(tsr status)"
+[ "$(status_json | jget "[(w['mem_gbs'], w['gflops']) for w in d['workers'] if w['name'] == 'w3'][0]")" = "[50, 300]" ] ||
+    fail "w3's rates: $(status_json | jget "[w for w in d['workers'] if w['name'] == 'w3']")"
 expect_reference_tokens
 ok "parallel: auto on cpu: tp 1 x pp 1, a replica per worker (3, then 4), reference tokens"

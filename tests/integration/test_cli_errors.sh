@@ -43,6 +43,10 @@ grep -q -- "--prompt-ids: an empty id at ',,2'" "$T/e.txt" || fail "$(cat "$T/e.
 "$BIN/tessera-worker" --help | grep -q "usage: tessera-worker" || fail "worker --help"
 "$BIN/tessera-worker" --device tpu 2> "$T/e.txt"; [ $? = 1 ] || fail "bad device accepted"
 grep -q "expected cpu or cuda, got 'tpu'" "$T/e.txt" || fail "bad device message"
+"$BIN/tessera-worker" --mem-gbs fast 2> "$T/e.txt"; [ $? = 1 ] || fail "--mem-gbs fast accepted"
+grep -q -- "--mem-gbs: expected a number above 0 and at most 1e9, got 'fast'" "$T/e.txt" || fail "bad rate message: $(cat "$T/e.txt")"
+TESSERA_GFLOPS=-1 "$BIN/tessera-worker" 2> "$T/e.txt"; [ $? = 1 ] || fail "TESSERA_GFLOPS=-1 accepted"
+grep -q "TESSERA_GFLOPS: expected a number" "$T/e.txt" || fail "bad env rate message: $(cat "$T/e.txt")"
 # A coordinator with a bad file does not start, and says where the fault is.
 printf 'version: 1\ncoordinator:\n  heartbeat_ms: 5\n' > "$T/bad.yaml"
 "$BIN/tessera-coordinator" "$T/bad.yaml" 2> "$T/e.txt"; [ $? = 1 ] || fail "bad file accepted"

@@ -75,6 +75,7 @@ static char *reg_links[8][2];   /* each fake worker's NVLink peers (NULL: none) 
 static const char *reg_reason;  /* a held failed piece: why, and whether rewiring may mend it */
 static bool reg_retryable;
 static bool reg_past_deadline;  /* ...and whether it was a deadline */
+static double reg_rate;         /* the fake workers' mem_gbs and gflops (0: not given) */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -125,6 +126,7 @@ static int setup(void **state)
     memset(reg_bus, 0, sizeof reg_bus);
     memset(reg_links, 0, sizeof reg_links);
     reg_nccl = false;
+    reg_rate = 0;
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
     snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
@@ -226,6 +228,7 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     r.past_deadline = reg_past_deadline;
     if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
     r.nccl = reg_nccl;
+    r.mem_gbs = r.gflops = reg_rate;
     r.nvlink_peers = reg_links[i];
     r.n_nvlink_peers = (size_t)(reg_links[i][0] != NULL) + (reg_links[i][1] != NULL);
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -2960,6 +2963,40 @@ static void test_auto_with_a_latency_target_no_cut_meets_waits(void **state)
     json_decref(root);
 }
 
+/* The same target with workers that say their devices are fast (--mem-gbs, --gflops):
+ * the estimate uses the slowest rate they give, meets the target, and the cut is chosen.
+ * A rate that is not a number is refused at registration. */
+static void test_auto_estimates_use_the_rates_the_workers_give(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    latency_target_ms_per_token: 0.000001\n");
+    char err[512];
+    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reg_rate = 1e9;
+    register_two_nodes(fx);
+    assert_true(fx->c->deps[0].layout_chosen);
+    assert_int_equal(holders_of(fx, 1, 1), NW);
+    json_t *root = status(fx);
+    json_t *w0 = json_array_get(json_object_get(root, "workers"), 0);
+    assert_true(json_number_value(json_object_get(w0, "mem_gbs")) == 1e9);
+    json_decref(root);
+
+    reg_rate = NAN;
+    send_register(fx, 0, "nan-rate", "node9", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    tsr_env_t *env;
+    do {
+        env = recv_env(fx->dealer[0], TSR_WIRE_MAX_WORKER, 500);
+        assert_non_null(env);
+        if (env->body_case == TESSERA__ENVELOPE__BODY_REGISTER_REPLY) break;
+        tsr_env_free(&env);
+    } while (1);
+    assert_false(env->register_reply->accepted);
+    assert_non_null(strstr(env->register_reply->reason, "must be rates from 0"));
+    tsr_env_free(&env);
+}
+
 static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
 {
     fx_t *fx = *state;
@@ -3745,6 +3782,7 @@ int main(void)
         T(test_tensor_auto_cuts_the_model_as_little_as_the_gpus_need),
         T(test_auto_with_gpus_too_small_waits_and_says_why),
         T(test_auto_with_a_latency_target_no_cut_meets_waits),
+        T(test_auto_estimates_use_the_rates_the_workers_give),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_reload_of_auto_replicas_rewires_every_replica),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
