@@ -1884,6 +1884,14 @@ static void reconfigure(fx_t *fx, const char *extra)
     if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
 }
 
+/* The same with extra lines for the deployment (dep_extra) instead. */
+static void reconfigure_dep(fx_t *fx, const char *dep_extra)
+{
+    char err[1024] = "";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, dep_extra);
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+}
+
 /* Reads the client's next reply: a token document, checked for its index
  * and token, or (want_ok false) a failure containing want. */
 static void expect_client_token(fx_t *fx, int index, int token)
@@ -2951,9 +2959,7 @@ static void test_auto_with_a_latency_target_no_cut_meets_waits(void **state)
 {
     fx_t *fx = *state;
     layout = "      tensor: auto\n      pipeline: auto\n";
-    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    latency_target_ms_per_token: 0.000001\n");
-    char err[512];
-    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reconfigure_dep(fx, "    latency_target_ms_per_token: 0.000001\n");
     register_two_nodes(fx);
     assert_int_equal(holders_of(fx, 1, 1), 0);
     json_t *root, *dj = dep_status(fx, &root);
@@ -2970,9 +2976,7 @@ static void test_auto_estimates_use_the_rates_the_workers_give(void **state)
 {
     fx_t *fx = *state;
     layout = "      tensor: auto\n      pipeline: auto\n";
-    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    latency_target_ms_per_token: 0.000001\n");
-    char err[512];
-    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reconfigure_dep(fx, "    latency_target_ms_per_token: 0.000001\n");
     reg_rate = 1e9;
     register_two_nodes(fx);
     assert_true(fx->c->deps[0].layout_chosen);
@@ -3032,9 +3036,7 @@ static void test_a_reload_of_auto_replicas_rewires_every_replica(void **state)
         while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) tsr_env_free(&env);
     }
     uint64_t before = fx->c->epoch;
-    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, "    max_batch: 8\n");
-    char err[512];
-    if (tsr_coord_reload(fx->c, err, sizeof err) < 0) fail_msg("%s", err);
+    reconfigure_dep(fx, "    max_batch: 8\n");
     assert_int_equal(fx->c->cfg->deployments[0].replicas, NW);
     tsr_coord_tick(fx->c, plan_time(fx));
     for (int i = 0; i < NW; i++) {
