@@ -83,6 +83,19 @@ void tsr_print_status(json_t *doc, int workers_only)
             if (json_is_object(json_object_get(d, "parallel_auto")) &&
                 json_is_true(json_object_get(d, "layout_chosen")))
                 printf("  layout auto: %s\n", jstr(d, "layout_reason"));
+            json_t *as = json_object_get(d, "autoscale");
+            if (json_is_object(as)) {
+                printf("  replicas follow load: %lld in %lld..%lld, queue wait %lld ms "
+                       "(scale_up_queue_ms %lld)", jint(d, "replicas"), jint(as, "min"),
+                       jint(as, "max"), jint(as, "queue_wait_ms"), jint(as, "scale_up_queue_ms"));
+                if (json_is_integer(json_object_get(as, "draining_replica")))
+                    printf(", draining replica %lld", jint(as, "draining_replica"));
+                printf("\n");
+                if (strlen(jstr(as, "last")) > 1)
+                    printf("  last scaled %llds ago: %s\n", jint(as, "last_ms_ago") / 1000,
+                           jstr(as, "last"));
+                if (strlen(jstr(as, "held_back")) > 1) printf("  held back: %s\n", jstr(as, "held_back"));
+            }
             size_t wi;
             json_t *wn;
             json_array_foreach(json_object_get(d, "warnings"), wi, wn)

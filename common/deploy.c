@@ -5,6 +5,7 @@
  * as "FILE:LINE:COL: KEYPATH: problem"; positions come from the nodes'
  * start marks (0-based in libyaml, 1-based in messages). */
 #include "deploy.h"
+#include "modelcfg.h"
 #include "util.h"
 
 #include <ctype.h>
@@ -143,10 +144,10 @@ static void path_key(char *out, const char *parent, const char *key)
 static int map_fields(pctx_t *c, yaml_node_t *map, const char *path,
                       const char *const *allowed, size_t n, yaml_node_t **vals)
 {
-    yaml_node_t *keys[16] = { 0 };
+    yaml_node_t *keys[24] = { 0 };
     yaml_node_pair_t *p;
     char kpath[PATH_MAX_LEN];
-    char list[256];
+    char list[512];
     size_t i, used = 0;
 
     if (n > sizeof keys / sizeof keys[0])
@@ -385,13 +386,13 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
                                         "security", "keys_dir", "max_replays",
                                         "replay_wait_ms", "canary_interval_ms",
                                         "canary_timeout_ms", "http_endpoint",
-                                        "api_keys_file" };
-    yaml_node_t *v[14];
+                                        "api_keys_file", "reserve_spares" };
+    yaml_node_t *v[15];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 14, v) < 0)
+        map_fields(c, n, "coordinator", keys, 15, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -427,6 +428,9 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
     }
     if (v[11] && get_int_range(c, v[11], "coordinator.canary_timeout_ms", 1, 600000,
                                &cfg->canary_timeout_ms) < 0)
+        return -1;
+    if (v[14] && get_int_range(c, v[14], "coordinator.reserve_spares", 0, TSR_MAX_WORKERS_LIMIT,
+                               &cfg->reserve_spares) < 0)
         return -1;
     if (v[6]) {
         char *sec = NULL;
@@ -651,8 +655,37 @@ static bool is_auto(const yaml_node_t *n)
            !strcmp((const char *)n->data.scalar.value, "auto");
 }
 
+/* replicas: {min: N, max: M}: replicas that follow load, from min to max. */
+static int parse_replica_range(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
+{
+    static const char *const keys[] = { "min", "max" };
+    yaml_node_t *v[2];
+    char kpath[PATH_MAX_LEN];
+
+    if (map_fields(c, n, path, keys, 2, v) < 0)
+        return -1;
+    if (!v[0] || !v[1]) {
+        path_key(kpath, path, v[0] ? "max" : "min");
+        fail(c, n, kpath, "required key missing (a range of replicas is {min: N, max: M})");
+        return -1;
+    }
+    path_key(kpath, path, "min");
+    if (get_int_range(c, v[0], kpath, 1, TSR_MAX_PIECES, &d->replicas_min) < 0)
+        return -1;
+    path_key(kpath, path, "max");
+    if (get_int_range(c, v[1], kpath, 1, TSR_MAX_PIECES, &d->replicas_max) < 0)
+        return -1;
+    if (d->replicas_max < d->replicas_min) {
+        fail(c, v[1], kpath, "expected at least min (%d), got %d", d->replicas_min,
+             d->replicas_max);
+        return -1;
+    }
+    d->replicas = d->replicas_min;
+    return 0;
+}
+
 /* parallel: auto, or a mapping of tensor, pipeline and replicas, each a positive
- * integer or auto. */
+ * integer or auto (replicas also a range {min, max}). */
 static int parse_parallel(pctx_t *c, yaml_node_t *n, const char *path,
                           tsr_deployment_t *d)
 {
@@ -680,7 +713,10 @@ static int parse_parallel(pctx_t *c, yaml_node_t *n, const char *path,
         path_key(kpath, path, keys[i]);
         if (v[i] && is_auto(v[i]))
             *autos[i] = true;
-        else if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
+        else if (i == 2 && v[i] && v[i]->type == YAML_MAPPING_NODE) {
+            if (parse_replica_range(c, v[i], kpath, d) < 0)
+                return -1;
+        } else if (v[i] && get_posint(c, v[i], kpath, dst[i]) < 0)
             return -1;
     }
     /* a chosen cut leaves its replicas to be chosen too, unless they are given */
@@ -827,14 +863,16 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                         "kv_cache_mib", "max_queue", "gpu_memory_percent",
                                         "chat_template", "kv_dtype", "matmul_dtype",
                                         "collective_timeout_ms",
-                                        "latency_target_ms_per_token" };
+                                        "latency_target_ms_per_token",
+                                        "scale_up_queue_ms", "scale_up_window_s",
+                                        "scale_down_idle_s" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[15];
+    yaml_node_t *v[18];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 15, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 18, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -893,6 +931,24 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     path_key(kpath, path, "latency_target_ms_per_token");
     if (v[14] && get_ms(c, v[14], kpath, &d->latency_target_ms) < 0)
         return -1;
+    /* replicas that follow load: when, and only with a range of them */
+    static const struct { const char *key; int lo, hi; size_t offset; } scale_keys[] = {
+        { "scale_up_queue_ms", 1, 3600000, offsetof(tsr_deployment_t, scale_up_queue_ms) },
+        { "scale_up_window_s", 1, 3600, offsetof(tsr_deployment_t, scale_up_window_s) },
+        { "scale_down_idle_s", 1, 86400, offsetof(tsr_deployment_t, scale_down_idle_s) },
+    };
+    for (k = 0; k < 3; k++) {
+        if (!v[15 + k]) continue;
+        path_key(kpath, path, scale_keys[k].key);
+        if (!d->replicas_max) {
+            fail(c, v[15 + k], kpath, "applies only to replicas that follow load: give "
+                 "parallel.replicas as a range, {min: N, max: M}");
+            return -1;
+        }
+        if (get_int_range(c, v[15 + k], kpath, scale_keys[k].lo, scale_keys[k].hi,
+                          (int *)((char *)d + scale_keys[k].offset)) < 0)
+            return -1;
+    }
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;
@@ -932,6 +988,9 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].max_queue = 256;
         cfg->deployments[i].gpu_memory_percent = 90;
         cfg->deployments[i].collective_timeout_ms = TSR_COLL_TIMEOUT_MS_DEFAULT;
+        cfg->deployments[i].scale_up_queue_ms = 1000;
+        cfg->deployments[i].scale_up_window_s = 10;
+        cfg->deployments[i].scale_down_idle_s = 300;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

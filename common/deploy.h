@@ -72,6 +72,13 @@ typedef struct {
     bool auto_tensor, auto_pipeline, auto_replicas;
     double latency_target_ms;  /* latency_target_ms_per_token: an auto cut must meet it by
                                   the estimate (coordinator/layout.c); 0: none */
+    /* `replicas: {min: N, max: M}`: replicas follow load (coordinator/autoscale.c),
+     * from min (where replicas starts) to max; both 0: a fixed count.  One more when
+     * the deployment's queue wait stays above scale_up_queue_ms (default 1000) for
+     * scale_up_window_s (default 10); one fewer when the others could hold every
+     * request in flight for scale_down_idle_s (default 300). */
+    int replicas_min, replicas_max;
+    int scale_up_queue_ms, scale_up_window_s, scale_down_idle_s;
     int max_seq_len;      /* default 2048 */
     /* Batching and memory, sent to every piece with its assignment. */
     int max_batch;        /* sequences in one step, 1..1024, default 32 */
@@ -124,6 +131,9 @@ typedef struct {
                                      this often, 0 (off) or 100..3600000, default 5000 */
     int canary_timeout_ms;        /* its token must come within this, 1..600000,
                                      default 2000; else the replica is unhealthy */
+    int reserve_spares;           /* idle workers of each device kind replicas that follow
+                                     load leave for failover, 0..TSR_MAX_WORKERS_LIMIT,
+                                     default 0 */
     bool security_none;           /* security: none (plain ZeroMQ); only with
                                      loopback endpoints.  Default: curve */
     char *keys_dir;               /* key store (common/keys.h), default

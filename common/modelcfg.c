@@ -429,9 +429,10 @@ int tsr_model_check_layout(const tsr_model_info_t *m, const tsr_deployment_t *d,
                 m->num_hidden_layers);
         return -1;
     }
-    long long pieces = (long long)d->tensor * d->pipeline * d->replicas;
+    long long pieces = (long long)d->tensor * d->pipeline *
+                       (d->replicas_max > d->replicas ? d->replicas_max : d->replicas);
     if (pieces > TSR_MAX_PIECES) {
-        tsr_set_err(err, errlen, "%s: tensor x pipeline x replicas is %lld pieces; at most %d per "
+        tsr_set_err(err, errlen, "%s: tensor x pipeline x replicas (at most) is %lld pieces; at most %d per "
                 "deployment", where, pieces, TSR_MAX_PIECES);
         return -1;
     }

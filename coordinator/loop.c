@@ -22,6 +22,7 @@
 #include "relay.h"
 #include "replan.h"
 #include "reply.h"
+#include "autoscale.h"
 #include "canary.h"
 #include "router.h"
 
@@ -406,6 +407,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
             c->reg, now_ms - (int64_t)c->cfg->dead_worker_ttl_s * 1000);
         c->next_scan_ms = now_ms + scan;
     }
+    int64_t scale = tsr_autoscale_tick(c, now_ms);
     if (tsr_coord_plan_ready(c, now_ms)) tsr_coord_plan(c, now_ms);
     if (c->probe_due_ms && now_ms >= c->probe_due_ms) {
         c->probe_due_ms = 0;
@@ -417,6 +419,7 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     if (give_up && (!deadline || give_up < deadline)) deadline = give_up;
     int64_t canary = tsr_canary_tick(c, now_ms);
     if (canary && (!deadline || canary < deadline)) deadline = canary;
+    if (scale && (!deadline || scale < deadline)) deadline = scale;
     int64_t next = c->next_scan_ms;
     int64_t due = tsr_coord_plan_due(c);
     if (due && due < next) next = due;

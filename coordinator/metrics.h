@@ -21,6 +21,7 @@ typedef struct {
     uint64_t outcome[5];        /* TSR_OUTCOME_*: requests that ended so */
     uint64_t prompt_tokens, generated_tokens;
     tsr_hist_t ttft, itl, duration;
+    uint64_t scale_ups, scale_downs;  /* replicas added and removed by load (autoscale.c) */
 } tsr_dep_metrics_t;
 enum { TSR_OUTCOME_STOP, TSR_OUTCOME_LENGTH, TSR_OUTCOME_FAILED, TSR_OUTCOME_CANCELLED,
        TSR_OUTCOME_REFUSED };

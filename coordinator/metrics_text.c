@@ -84,6 +84,29 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
     histogram(&o, "tessera_request_duration_seconds",
               "From a request's arrival to its last token.", c, 2);
 
+    family(&o, "tessera_replicas_scaled_total", "counter",
+           "Replicas added (direction=\"up\") and removed (\"down\") as load changed, for "
+           "deployments whose replicas are a range.");
+    for (size_t i = 0; i < c->metrics.n; i++) {
+        esc(c->metrics.v[i].name, e, sizeof e);
+        tsr_sb_printf(&o, "tessera_replicas_scaled_total{deployment=\"%s\",direction=\"up\"} %llu\n",
+            e, (unsigned long long)c->metrics.v[i].scale_ups);
+        tsr_sb_printf(&o, "tessera_replicas_scaled_total{deployment=\"%s\",direction=\"down\"} %llu\n",
+            e, (unsigned long long)c->metrics.v[i].scale_downs);
+    }
+    family(&o, "tessera_replicas", "gauge", "Replicas each deployment has now.");
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        tsr_sb_printf(&o, "tessera_replicas{deployment=\"%s\"} %d\n",
+            esc(c->cfg->deployments[i].name, e, sizeof e), c->cfg->deployments[i].replicas);
+    family(&o, "tessera_queue_wait_seconds", "gauge",
+           "How long each deployment's oldest request has waited for its first token "
+           "(deployments whose replicas are a range).");
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (c->cfg->deployments[i].replicas_max)
+            tsr_sb_printf(&o, "tessera_queue_wait_seconds{deployment=\"%s\"} %.3f\n",
+                esc(c->cfg->deployments[i].name, e, sizeof e),
+                (double)c->deps[i].scale.queue_wait_ms / 1000.0);
+
     family(&o, "tessera_deployment_state", "gauge",
            "1 for the state each deployment is in (ready, loading, degraded, waiting, failed).");
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {

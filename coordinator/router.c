@@ -291,6 +291,24 @@ void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int repli
     interrupt_replica(c, deployment, replica, why, true);
 }
 
+void tsr_requests_move_off(tsr_coord_t *c, const char *deployment, int replica, const char *why)
+{
+    interrupt_replica(c, deployment, replica, why, false);
+}
+
+int64_t tsr_requests_queue_wait_ms(const tsr_coord_t *c, const char *deployment, int64_t now_ms)
+{
+    int64_t most = 0;
+    for (size_t i = 0; i < c->requests->n; i++) {
+        const tsr_request_rec_t *q = &c->requests->v[i];
+        if (strcmp(q->deployment, deployment)) continue;
+        int64_t since = q->replica < 0 ? q->waiting_since_ms
+                        : q->n_tokens == q->base ? q->attempt_ms : 0;
+        if (since && now_ms - since > most) most = now_ms - since;
+    }
+    return most;
+}
+
 void tsr_requests_follow_moves(tsr_coord_t *c)
 {
     const tsr_replica_set_t *m = tsr_coord_rewiring(c);
@@ -393,9 +411,12 @@ uint64_t tsr_requests_new_id(const tsr_coord_t *c)
 static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid)
 {
     int replica = -1, best = 0;
+    const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = tsr_coord_canary(c, d->name, r);
         if (r == avoid || (k && k->unhealthy) || !tsr_registry_ready_leader(c->reg, d, r)) continue;
+        /* one being drained to be removed takes nothing new while another serves */
+        if (ds && ds->scale.draining == r && d->replicas > 1) continue;
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }

@@ -50,6 +50,7 @@ void tsr_dep_note_cut(tsr_dep_state_t *ds, const tsr_deployment_t *d)
     ds->chose.auto_tensor = d->auto_tensor;
     ds->chose.auto_pipeline = d->auto_pipeline;
     ds->chose.auto_replicas = d->auto_replicas;
+    ds->chose.ranged = d->replicas_max > 0;
     ds->chose.device = (int)d->device;
     ds->chose.tensor = d->tensor;
     ds->chose.pipeline = d->pipeline;
@@ -82,6 +83,17 @@ static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_s
         old->chose.tensor == d->tensor && old->chose.pipeline == d->pipeline) {
         d->replicas = old->chose.replicas;
         s->replicas_settled = old->replicas_settled;
+    }
+    /* replicas that followed load keep the count they reached, within the new range */
+    if (d->replicas_max && old->chose.ranged && old->chose.device == (int)d->device &&
+        old->chose.tensor == d->tensor && old->chose.pipeline == d->pipeline) {
+        int n = old->chose.replicas;
+        d->replicas = n < d->replicas_min ? d->replicas_min
+                      : n > d->replicas_max ? d->replicas_max : n;
+        s->scale.ups = old->scale.ups;
+        s->scale.downs = old->scale.downs;
+        s->scale.last_ms = old->scale.last_ms;
+        snprintf(s->scale.last, sizeof s->scale.last, "%s", old->scale.last);
     }
 }
 
@@ -125,6 +137,7 @@ tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
         }
         tsr_dep_state_t *s = &deps[i];
         snprintf(s->name, sizeof s->name, "%s", d->name);
+        s->scale.draining = -1;
         char err[1024];
         if (tsr_model_load_for(d, (int)i, cfg->path, &s->model, err, sizeof err) < 0) {
             snprintf(s->model_error, sizeof s->model_error, "%s", err);

@@ -99,7 +99,28 @@ typedef struct {
     bool replicas_settled;      /* auto replicas were planned once: from then on they only
                                    grow (a failure must not take a replica away) */
     char layout_why[320];       /* how they were chosen, or why they cannot be yet */
+    /* Replicas that follow load (replicas: {min, max}; autoscale.c's fields: the
+     * requests layer reads draining, the views the rest). */
+    struct {
+        int64_t queue_wait_ms;  /* the oldest request's wait for its first token, now */
+        int64_t above_since_ms; /* since when the queue wait has been above
+                                   scale_up_queue_ms (0: it is not) */
+        int64_t room_since_ms;  /* since when the other replicas could hold every
+                                   request in flight (0: they cannot) */
+        int draining;           /* the replica being drained to be removed (-1: none):
+                                   no new request goes to it */
+        int64_t drain_since_ms;
+        bool give_back;         /* it drains for another deployment's shortage, not for
+                                   want of load: queue wait does not call it off */
+        uint64_t ups, downs;    /* decisions made */
+        int64_t last_ms;        /* when the last was made (0: none yet) */
+        char last[256];         /* what it was and why */
+        char why[200];          /* why the replica draining is removed */
+        char blocked[160];      /* why the replica more the queue asks for is not added
+                                   ("": nothing is held back) */
+    } scale;
     struct {                    /* what was chosen, for a reload that keeps it */
+        bool ranged;            /* replicas followed load (a range) */
         bool auto_tensor, auto_pipeline, auto_replicas;
         int device, tensor, pipeline, replicas;
         double latency_target_ms;

@@ -177,6 +177,25 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
     }
     if (d->latency_target_ms > 0)
         json_object_set_new(o, "latency_target_ms_per_token", json_real(d->latency_target_ms));
+    /* replicas that follow load: the range, the rule's inputs and its last decision */
+    if (d->replicas_max) {
+        const tsr_dep_state_t *ds = &c->deps[i];
+        json_t *a = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:s, s:s}",
+                              "min", d->replicas_min, "max", d->replicas_max,
+                              "scale_up_queue_ms", d->scale_up_queue_ms,
+                              "scale_up_window_s", d->scale_up_window_s,
+                              "scale_down_idle_s", d->scale_down_idle_s,
+                              "queue_wait_ms", (json_int_t)ds->scale.queue_wait_ms,
+                              "ups", (json_int_t)ds->scale.ups, "downs", (json_int_t)ds->scale.downs,
+                              "last", ds->scale.last, "held_back", ds->scale.blocked);
+        json_object_set_new(a, "last_ms_ago", ds->scale.last_ms
+                                                  ? json_integer((json_int_t)(now - ds->scale.last_ms))
+                                                  : json_null());
+        json_object_set_new(a, "draining_replica", ds->scale.draining >= 0
+                                                       ? json_integer(ds->scale.draining)
+                                                       : json_null());
+        json_object_set_new(o, "autoscale", a);
+    }
     json_object_set_new(o, "tp_groups_spanning_nodes", json_integer(sum.spanning_nodes));
     json_object_set_new(o, "tp_groups_spanning_nvlink_domains", json_integer(sum.spanning_nvlink));
     json_t *warnings = json_array();

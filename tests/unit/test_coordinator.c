@@ -34,6 +34,8 @@
 #include "coordinator/waited.h"
 #include "coordinator/deptok.h"
 #include "coordinator/reload.h"
+#include "coordinator/autoscale.h"
+#include "coordinator/placement.h"
 #include "cli/cli.h"
 
 #define NW 5            /* fake workers: four pieces (tp 2 x pp 2) and a spare */
@@ -76,6 +78,7 @@ static const char *reg_reason;  /* a held failed piece: why, and whether rewirin
 static bool reg_retryable;
 static bool reg_past_deadline;  /* ...and whether it was a deadline */
 static double reg_rate;         /* the fake workers' mem_gbs and gflops (0: not given) */
+static const char *gen_deployment = "tiny";  /* where send_generate sends */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
 /* extra: lines for the coordinator mapping; dep_extra: lines for the
@@ -1555,7 +1558,7 @@ static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t 
     int32_t prompt[3] = {1, 2, 3};
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
     q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
-    q.deployment = "tiny";
+    q.deployment = (char *)gen_deployment;
     q.worker = "";
     q.n_prompt = 3;
     q.prompt = prompt;
@@ -3047,6 +3050,310 @@ static void test_a_reload_of_auto_replicas_rewires_every_replica(void **state)
     }
 }
 
+/* ---- replicas that follow load ------------------------------------------------- */
+
+#define LAYOUT_RANGE "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 3}\n"
+#define SCALE_KEYS "    max_batch: 4\n    scale_up_queue_ms: 200\n    scale_up_window_s: 1\n" \
+                   "    scale_down_idle_s: 2\n"
+
+/* Reads the assignments and unassignments waiting at the fake workers into fx->holds
+ * and fx->piece; returns how many assignments there were. */
+static int take_assigns(fx_t *fx)
+{
+    int n = 0;
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) {
+            if (env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN) {
+                fx->holds[i] = true;
+                fx->piece[i].replica = env->assign->assignment->replica;
+                fx->piece[i].stage = env->assign->assignment->stage;
+                fx->piece[i].tp_rank = env->assign->assignment->tp_rank;
+                fx->piece[i].pp_size = env->assign->assignment->pp_size;
+                fx->piece[i].epoch = env->assign->assignment->epoch;
+                n++;
+            } else if (env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN) {
+                fx->holds[i] = false;
+            }
+            tsr_env_free(&env);
+        }
+    }
+    return n;
+}
+
+/* The fake worker holding replica r (-1: none). */
+static int holder_of_replica(const fx_t *fx, int r)
+{
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i] && fx->piece[i].replica == (uint32_t)r) return i;
+    return -1;
+}
+
+/* Every holder reports ready in its epoch. */
+static void all_ready(fx_t *fx)
+{
+    for (int i = 0; i < NW; i++)
+        if (fx->holds[i]) send_ready(fx, i, fx->piece[i].epoch);
+    pump(fx);
+}
+
+/* A tick at now, every worker just heard from (the clock runs ahead of the wall). */
+static void tick_alive(fx_t *fx, int64_t now)
+{
+    for (int i = 0; i < NW; i++) {
+        tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
+        if (w) w->last_seen_ms = now;
+    }
+    tsr_coord_tick(fx->c, now);
+}
+
+/* The fake worker holding replica r of deployment dep, by the registry (-1: none). */
+static int holder_in(fx_t *fx, const char *dep, int r)
+{
+    for (int i = 0; i < NW; i++) {
+        const tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
+        if (w && w->has_piece && !strcmp(w->piece.key.deployment, dep) && w->piece.key.replica == r)
+            return i;
+    }
+    return -1;
+}
+
+/* Sends a request to deployment dep and returns its id at the replica's leader,
+ * which must be the holder of replica r. */
+static uint64_t request_to_dep(fx_t *fx, const char *dep, int r)
+{
+    gen_deployment = dep;
+    send_generate(fx, fx->ctl, 16, 0);
+    gen_deployment = "tiny";
+    tsr_env_t *env = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    if (!env->control_reply->ok) fail_msg("refused: %s", env->control_reply->error);
+    tsr_env_free(&env);
+    int h = holder_in(fx, dep, r);
+    assert_int_not_equal(h, -1);
+    env = expect_kind(fx->dealer[h], TESSERA__ENVELOPE__BODY_GENERATE);
+    uint64_t wid = env->generate->request_id;
+    tsr_env_free(&env);
+    return wid;
+}
+
+static uint64_t request_to(fx_t *fx, int r) { return request_to_dep(fx, "tiny", r); }
+
+/* Drops the replies the client has had so far. */
+static int client_replies(fx_t *fx)
+{
+    int n = 0;
+    tsr_env_t *env;
+    while ((env = recv_env(fx->ctl, TSR_WIRE_MAX_CONTROL, 20))) {
+        assert_true(env->control_reply->ok);
+        n++;
+        tsr_env_free(&env);
+    }
+    return n;
+}
+
+static json_t *autoscale_status(fx_t *fx, json_t **root)
+{
+    json_t *dj = dep_status(fx, root);
+    json_t *a = json_object_get(dj, "autoscale");
+    assert_true(json_is_object(a));
+    return a;
+}
+
+/* replicas {min 1, max 3}: a request waiting for its first token past
+ * scale_up_queue_ms for scale_up_window_s adds a replica on an idle worker (not
+ * before the window ends, and no second while the new one loads); status and
+ * /metrics show the decision and why.  A reload keeps the count (nothing moves),
+ * within a new range. */
+static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(void **state)
+{
+    fx_t *fx = *state;
+    layout = LAYOUT_RANGE;
+    reconfigure_dep(fx, SCALE_KEYS);
+    register_two_nodes(fx);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    assert_int_equal(take_assigns(fx), 1);
+    all_ready(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    request_to(fx, 0);                      /* no token comes: it waits */
+    tick_alive(fx, t + 300);                /* above 200 ms: the window starts */
+    tick_alive(fx, t + 1250);               /* 950 ms into a 1 s window */
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    assert_int_equal(take_assigns(fx), 0);
+    tick_alive(fx, t + 1350);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    tick_alive(fx, t + 1450);               /* the plan, past its gap */
+    assert_int_equal(take_assigns(fx), 1);
+    assert_int_not_equal(holder_of_replica(fx, 1), -1);
+    json_t *root, *a = autoscale_status(fx, &root);
+    assert_int_equal(json_integer_value(json_object_get(a, "ups")), 1);
+    assert_true(json_integer_value(json_object_get(a, "queue_wait_ms")) > 200);
+    assert_non_null(strstr(json_string_value(json_object_get(a, "last")),
+                           "queue wait stayed above 200 ms for 1 s"));
+    json_decref(root);
+    char *text = tsr_coord_metrics_text(fx->c, t + 1450);
+    assert_non_null(strstr(text, "tessera_replicas_scaled_total{deployment=\"tiny\",direction=\"up\"} 1\n"));
+    assert_non_null(strstr(text, "tessera_replicas{deployment=\"tiny\"} 2\n"));
+    free(text);
+
+    /* the new replica loads: the queue still waits, but no third is added meanwhile */
+    tick_alive(fx, t + 3000);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    a = autoscale_status(fx, &root);
+    assert_non_null(strstr(json_string_value(json_object_get(a, "held_back")), "every replica serves"));
+    json_decref(root);
+
+    /* a reload of the same file keeps the two (no plan moves anything); a range whose
+     * max is 1 takes it back to 1 */
+    uint64_t epoch = fx->c->epoch;
+    reconfigure_dep(fx, SCALE_KEYS);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    tick_alive(fx, t + 3200);
+    assert_int_equal(fx->c->epoch, epoch);
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 1}\n";
+    reconfigure_dep(fx, SCALE_KEYS);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+}
+
+/* Two replicas and load that one holds: after scale_down_idle_s the last is drained
+ * (a new request goes to the other though it has fewer), removed once its request
+ * ends (nothing failed), and its worker let go. */
+static void test_replicas_shrink_after_idle_draining_the_last_first(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 3}\n";
+    reconfigure_dep(fx, SCALE_KEYS);
+    register_two_nodes(fx);
+    take_assigns(fx);
+    all_ready(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
+    tsr_coord_mark_dirty(fx->c);
+    tick_alive(fx, t + 100);
+    assert_int_equal(take_assigns(fx), 1);
+    all_ready(fx);
+    int r0 = holder_of_replica(fx, 0), r1 = holder_of_replica(fx, 1);
+    uint64_t a = request_to(fx, 0), b = request_to(fx, 1), c2 = request_to(fx, 0);
+    send_token(fx, r0, a, 0, false);
+    send_token(fx, r1, b, 0, false);
+    send_token(fx, r0, c2, 0, false);
+    pump(fx);
+    tick_alive(fx, t + 200);                /* room since t + 100: 3 requests fit one
+                                               replica's 4 */
+    tick_alive(fx, t + 2050);
+    assert_int_equal(fx->c->deps[0].scale.draining, -1);
+    tick_alive(fx, t + 2150);               /* 2 s of room: replica 1 drains */
+    assert_int_equal(fx->c->deps[0].scale.draining, 1);
+    uint64_t d = request_to(fx, 0);         /* replica 1 has fewer, but drains */
+    send_token(fx, r0, d, 0, false);
+    pump(fx);
+    tick_alive(fx, t + 2400);               /* b is still on it */
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    send_token(fx, r1, b, 1, true);
+    pump(fx);
+    tick_alive(fx, t + 2500);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    tick_alive(fx, t + 2600);
+    take_assigns(fx);
+    assert_false(fx->holds[r1]);            /* its worker was let go */
+    assert_true(fx->holds[r0]);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(client_replies(fx), 5);  /* 4 first tokens and b's last, none failed */
+    json_t *root, *as = autoscale_status(fx, &root);
+    assert_int_equal(json_integer_value(json_object_get(as, "downs")), 1);
+    assert_non_null(strstr(json_string_value(json_object_get(as, "last")), "scale_down_idle_s"));
+    json_decref(root);
+}
+
+/* A request still on the drained replica after TSR_SCALE_DRAIN_MAX_MS resumes on
+ * the other, from the tokens it had: nothing fails. */
+static void test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 3}\n";
+    reconfigure_dep(fx, SCALE_KEYS);
+    register_two_nodes(fx);
+    take_assigns(fx);
+    all_ready(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
+    tsr_coord_mark_dirty(fx->c);
+    tick_alive(fx, t + 100);
+    take_assigns(fx);
+    all_ready(fx);
+    int r0 = holder_of_replica(fx, 0), r1 = holder_of_replica(fx, 1);
+    uint64_t a = request_to(fx, 0), b = request_to(fx, 1);
+    send_token(fx, r0, a, 0, false);
+    send_token(fx, r1, b, 0, false);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    tick_alive(fx, t + 2250);
+    assert_int_equal(fx->c->deps[0].scale.draining, 1);
+    tick_alive(fx, t + 2250 + TSR_SCALE_DRAIN_MAX_MS - 100);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    tick_alive(fx, t + 2250 + TSR_SCALE_DRAIN_MAX_MS);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    /* b went on at replica 0 from its prompt and the token it had */
+    tsr_env_t *env = expect_kind(fx->dealer[r0], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->n_prompt, 4);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_non_null(strstr(fx->c->deps[0].scale.last, "resumed on the others"));
+}
+
+/* Two deployments whose replicas follow load, both queued, one idle worker beyond
+ * coordinator.reserve_spares 2: the one earlier in the file gets it, the other is
+ * held back and says why.  Then the second is short of a worker (its own died, the
+ * idle ones are drained): the first gives its replica above min back for it. */
+static void test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_failover(void **state)
+{
+    fx_t *fx = *state;
+    layout = LAYOUT_RANGE;
+    char extra[1024];
+    snprintf(extra, sizeof extra, SCALE_KEYS "  - name: second\n    model: %s\n    parallel:\n"
+             LAYOUT_RANGE SCALE_KEYS, model_dir);
+    write_yaml_dep(fx->path, fx->wep, fx->cep, "  reserve_spares: 2\n", extra);
+    char err[1024] = "";
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    register_two_nodes(fx);
+    assert_int_equal(take_assigns(fx), 2);
+    all_ready(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    request_to_dep(fx, "second", 0);
+    request_to_dep(fx, "tiny", 0);
+    tick_alive(fx, t + 300);
+    tick_alive(fx, t + 1350);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    assert_int_equal(fx->c->cfg->deployments[1].replicas, 1);
+    assert_non_null(strstr(fx->c->deps[1].scale.blocked, "beyond coordinator.reserve_spares"));
+    tick_alive(fx, t + 1450);               /* the plan */
+    assert_int_equal(take_assigns(fx), 1);
+    all_ready(fx);
+    int given = holder_in(fx, "tiny", 1), lost = holder_in(fx, "second", 0);
+    assert_int_not_equal(given, -1);
+    for (int i = 0; i < NW; i++) {
+        if (fx->holds[i]) continue;
+        tsr_env_t *env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[i]);
+        assert_true(env->control_reply->ok);
+        tsr_env_free(&env);
+    }
+    /* second's only worker dies: second is short, and tiny's queue still waits */
+    int64_t now = t + 1600;
+    for (int step = 0; step < 6; step++, now += 100) {
+        for (int i = 0; i < NW; i++)
+            tsr_registry_find(fx->c->reg, fx->name[i])->last_seen_ms =
+                i == lost ? t - TIMEOUT_MS - 1 : now;
+        tsr_coord_tick(fx->c, now);
+    }
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    assert_non_null(strstr(fx->c->deps[0].scale.last, "deployment second needs cpu workers"));
+    assert_int_equal(holder_in(fx, "second", 0), given);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
 /* A piece that is not adopted (its keys differ from the file's) does not choose the
  * cut of an auto deployment: it stays to be chosen. */
 static void test_a_piece_not_adopted_does_not_choose_the_auto_cut(void **state)
@@ -3787,6 +4094,10 @@ int main(void)
         T(test_auto_estimates_use_the_rates_the_workers_give),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_reload_of_auto_replicas_rewires_every_replica),
+        T(test_replicas_grow_when_the_queue_wait_stays_above_the_threshold),
+        T(test_replicas_shrink_after_idle_draining_the_last_first),
+        T(test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them),
+        T(test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_failover),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),

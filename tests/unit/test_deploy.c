@@ -302,6 +302,57 @@ static void test_parallel_auto_and_its_keys(void **state)
     expect_error(y, "demo.yaml:5:24: deployments[0].parallel.tensor: ", "quoted string 'auto'");
 }
 
+/* replicas: {min, max} follow load; the scale keys only with a range; the range and
+ * coordinator.reserve_spares checked and named. */
+static void test_a_range_of_replicas_and_its_keys(void **state)
+{
+    (void)state;
+    static const char head[] = "version: 1\ndeployments:\n  - name: a\n    model: m\n";
+    char y[512];
+    snprintf(y, sizeof y, "coordinator:\n  reserve_spares: 2\n%s"
+             "    parallel: {tensor: 2, replicas: {min: 2, max: 6}}\n"
+             "    scale_up_queue_ms: 250\n    scale_down_idle_s: 60\n", head + 11);
+    char full[600];
+    snprintf(full, sizeof full, "version: 1\n%s", y);
+    tsr_config_t *cfg = parse_ok(full, "demo.yaml");
+    const tsr_deployment_t *d = &cfg->deployments[0];
+    assert_int_equal(cfg->reserve_spares, 2);
+    assert_int_equal(d->replicas, 2);       /* it starts at min */
+    assert_int_equal(d->replicas_min, 2);
+    assert_int_equal(d->replicas_max, 6);
+    assert_false(d->auto_replicas);
+    assert_int_equal(d->scale_up_queue_ms, 250);
+    assert_int_equal(d->scale_up_window_s, 10);   /* the defaults */
+    assert_int_equal(d->scale_down_idle_s, 60);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: {tensor: auto, replicas: {min: 1, max: 4}}\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    assert_true(cfg->deployments[0].auto_tensor && !cfg->deployments[0].auto_replicas);
+    assert_int_equal(cfg->deployments[0].replicas_max, 4);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    parallel: {replicas: 2}\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    assert_int_equal(cfg->deployments[0].replicas_max, 0);  /* a fixed count */
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    scale_up_queue_ms: 250\n", head);
+    expect_error(y, "demo.yaml:5:24: deployments[0].scale_up_queue_ms: ",
+                 "applies only to replicas that follow load");
+    snprintf(y, sizeof y, "%s    parallel: {replicas: {min: 3, max: 2}}\n", head);
+    expect_error(y, "demo.yaml:5:40: deployments[0].parallel.replicas.max: ",
+                 "expected at least min (3), got 2");
+    snprintf(y, sizeof y, "%s    parallel: {replicas: {min: 1}}\n", head);
+    expect_error(y, "demo.yaml:5:26: deployments[0].parallel.replicas.max: ", "required key missing");
+    snprintf(y, sizeof y, "%s    parallel: {replicas: {min: 0, max: 2}}\n", head);
+    expect_error(y, "demo.yaml:5:32: deployments[0].parallel.replicas.min: ", NULL);
+    snprintf(y, sizeof y, "%s    parallel: {replicas: {min: 1, most: 2}}\n", head);
+    expect_error(y, "demo.yaml:5:35: deployments[0].parallel.replicas.most: ", "unknown key");
+    snprintf(y, sizeof y, "%s    parallel: {replicas: {min: 1, max: 2}}\n    scale_down_idle_s: 0\n",
+             head);
+    expect_error(y, "demo.yaml:6:24: deployments[0].scale_down_idle_s: ", NULL);
+    expect_error("version: 1\ncoordinator:\n  reserve_spares: -1\n",
+                 "demo.yaml:3:19: coordinator.reserve_spares: ", NULL);
+}
+
 static void test_syntax_error_reports_libyaml_problem_and_position(void **state)
 {
     (void)state;
@@ -344,7 +395,7 @@ static void test_unknown_nested_key_is_rejected(void **state)
     expect_error("version: 1\ncoordinator:\n  heartbeat_ms: 100\n",
                  "demo.yaml:3:3: coordinator.heartbeat_ms: ",
                  "unknown key (expected one of workers_endpoint, control_endpoint, "
-                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms, canary_interval_ms, canary_timeout_ms, http_endpoint, api_keys_file)");
+                 "heartbeat_interval_ms, worker_timeout_ms, max_workers, dead_worker_ttl_s, security, keys_dir, max_replays, replay_wait_ms, canary_interval_ms, canary_timeout_ms, http_endpoint, api_keys_file, reserve_spares)");
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n"
                  "    parallel:\n      data: 2\n",
                  "demo.yaml:6:7: deployments[0].parallel.data: ", "unknown key");
@@ -1173,6 +1224,7 @@ int main(void)
         cmocka_unit_test(test_load_reads_file_and_resolves_against_its_dir),
         cmocka_unit_test(test_device_names_round_trip),
         cmocka_unit_test(test_parallel_auto_and_its_keys),
+        cmocka_unit_test(test_a_range_of_replicas_and_its_keys),
         cmocka_unit_test(test_syntax_error_reports_libyaml_problem_and_position),
         cmocka_unit_test(test_missing_version_is_rejected),
         cmocka_unit_test(test_version_2_is_rejected),
