@@ -193,6 +193,17 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
         }
         if (d->auto_tensor || d->auto_pipeline || d->auto_replicas)
             settle_auto(d, &models[i], doc, used[d->device]);
+        /* replicas that follow load keep the count they reached, within the new range,
+         * when the cut stays (state.c) */
+        json_t *rd = running_dep(doc, d->name);
+        json_t *ra = rd ? json_object_get(rd, "autoscale") : NULL;
+        if (d->replicas_max && json_is_object(ra) &&
+            !strcmp(jstr(rd, "device"), tsr_device_name(d->device)) &&
+            jint(rd, "tensor") == d->tensor && jint(rd, "pipeline") == d->pipeline) {
+            long long n = jint(rd, "replicas");
+            d->replicas = n < d->replicas_min ? d->replicas_min
+                          : n > d->replicas_max ? d->replicas_max : (int)n;
+        }
         used[d->device] += d->tensor * d->pipeline * d->replicas;
         layers[i] = models[i].num_hidden_layers;
         if (d->device == TSR_DEVICE_CUDA) {

@@ -85,9 +85,13 @@ void tsr_print_status(json_t *doc, int workers_only)
                 printf("  layout auto: %s\n", jstr(d, "layout_reason"));
             json_t *as = json_object_get(d, "autoscale");
             if (json_is_object(as)) {
-                printf("  replicas follow load: %lld in %lld..%lld, queue wait %lld ms "
-                       "(scale_up_queue_ms %lld)", jint(d, "replicas"), jint(as, "min"),
-                       jint(as, "max"), jint(as, "queue_wait_ms"), jint(as, "scale_up_queue_ms"));
+                json_t *qw = json_object_get(as, "queue_wait_ms");
+                printf("  replicas follow load: %lld in %lld..%lld, queue wait ", jint(d, "replicas"),
+                       jint(as, "min"), jint(as, "max"));
+                if (json_is_number(qw)) printf("%.0f ms", json_number_value(qw));
+                else printf("not measured yet");
+                printf(" over %lld s (scale_up_queue_ms %lld)", jint(as, "scale_up_window_s"),
+                       jint(as, "scale_up_queue_ms"));
                 if (json_is_integer(json_object_get(as, "draining_replica")))
                     printf(", draining replica %lld", jint(as, "draining_replica"));
                 printf("\n");

@@ -1,23 +1,27 @@
 /* autoscale.c: replicas that follow load.  Above the requests layer: it reads the
- * router's requests (their queue wait, how many are in flight, where), tells the
- * router which replica is draining (deps[].scale.draining: the router sends it
- * nothing new), changes a deployment's replica count (state) and leaves the rest to
- * the next plan (placement).
+ * router's requests (how long they wait, how many are in flight, where) and the
+ * deployment's metrics, tells the router which replica is draining
+ * (deps[].scale.draining: the router sends it nothing new), changes a deployment's
+ * replica count (state) and leaves the rest to the next plan (placement).
  *
- * One more replica: the deployment's queue wait (the oldest request's wait for its
- * first token: in a worker's queue, its prompt's prefill, or for a replica) stayed
- * above scale_up_queue_ms for scale_up_window_s, every replica is serving (a new
- * one loading is the answer to the last decision), it is below max, and idle
- * workers of its kind are left for it after reserve_spares and any a shortage
- * needs.
+ * Load is measured over windows of scale_up_window_s, one after the other: the
+ * window's queue wait is the mean wait for a first token (in a worker's queue, for
+ * the prompt's prefill, or for a replica) of the requests whose first token came in
+ * it and of those still waiting at its end.  A mean, not the wait of the moment:
+ * under steady load the oldest waiting request changes every time one is served.
+ *
+ * One more replica: a window's queue wait was above scale_up_queue_ms, every
+ * replica is serving (a new one loading is the answer to the last decision), it is
+ * below max, and idle workers of its kind are left for it after reserve_spares and
+ * any a shortage needs.
  *
  * One fewer: the other replicas' batches could have held every request in flight,
- * with no queue wait above the threshold, for scale_down_idle_s on end, and it is
- * above min.  The last replica is drained (nothing new goes to it), then removed
- * when its last request ends, or after TSR_SCALE_DRAIN_MAX_MS, when the ones left
- * resume on the others; queue wait coming back calls the drain off.  A deployment
- * of a kind another deployment is short of gives back a replica above its min the
- * same way. */
+ * and no window's queue wait was above the threshold, for scale_down_idle_s on end,
+ * and it is above min.  The last replica is drained (nothing new goes to it), then
+ * removed when its last request ends, or after TSR_SCALE_DRAIN_MAX_MS, when the
+ * ones left resume on the others; a window above the threshold calls the drain off.
+ * A deployment of a kind another deployment is short of gives back a replica above
+ * its min the same way. */
 #include "autoscale.h"
 
 #include <stdarg.h>
@@ -80,9 +84,9 @@ static bool drain_step(tsr_coord_t *c, tsr_deployment_t *d, tsr_dep_state_t *ds,
         ds->scale.draining = -1;
         return false;
     }
-    if (!ds->scale.give_back && ds->scale.queue_wait_ms > d->scale_up_queue_ms) {
-        tsr_info("deployment %s: replica %d is kept: the queue wait is %lld ms again, above "
-                 "scale_up_queue_ms %d", d->name, r, (long long)ds->scale.queue_wait_ms,
+    if (!ds->scale.give_back && ds->scale.window_above) {
+        tsr_info("deployment %s: replica %d is kept: the queue wait is %.0f ms again, above "
+                 "scale_up_queue_ms %d", d->name, r, ds->scale.window_wait_ms,
                  d->scale_up_queue_ms);
         ds->scale.draining = -1;
         return false;
@@ -94,7 +98,7 @@ static bool drain_step(tsr_coord_t *c, tsr_deployment_t *d, tsr_dep_state_t *ds,
     int was = d->replicas;
     if (tsr_dep_set_replicas(ds, d, was - 1) < 0) return true;  /* out of memory: later */
     ds->scale.draining = -1;
-    ds->scale.room_since_ms = ds->scale.above_since_ms = 0;
+    ds->scale.room_since_ms = 0;
     decided(c, ds, now, false, "%d replica(s), from %d: %s%s", was - 1, was, ds->scale.why,
             on > 0 ? " (the requests left on it resumed on the others)" : "");
     tsr_coord_mark_dirty(c);
@@ -142,23 +146,44 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
             ds->scale.queue_wait_ms = 0;
             continue;
         }
-        const int64_t wait = tsr_requests_queue_wait_ms(c, d->name, now);
-        ds->scale.queue_wait_ms = wait;
+        int n_wait = 0;
+        int64_t sum_wait = 0;
+        ds->scale.queue_wait_ms = tsr_requests_waiting(c, d->name, now, &n_wait, &sum_wait);
+        /* the window: its mean wait for a first token once it is whole */
+        tsr_dep_metrics_t *m = tsr_metrics_of(&c->metrics, d->name);
+        const double sum_s = m ? m->ttft.sum : 0;
+        const uint64_t count = m ? m->ttft.count : 0;
+        const int64_t window = (int64_t)d->scale_up_window_s * 1000;
+        bool window_end = false;
+        if (!ds->scale.window_ms) {
+            ds->scale.window_ms = now;
+            ds->scale.window_sum0 = sum_s;
+            ds->scale.window_n0 = count;
+            ds->scale.window_wait_ms = -1;
+        } else if (now - ds->scale.window_ms >= window) {
+            uint64_t k = count - ds->scale.window_n0 + (uint64_t)n_wait;
+            double total = (sum_s - ds->scale.window_sum0) * 1000.0 + (double)sum_wait;
+            ds->scale.window_wait_ms = k ? total / (double)k : 0;
+            ds->scale.window_above = ds->scale.window_wait_ms > d->scale_up_queue_ms;
+            ds->scale.window_ms = now;
+            ds->scale.window_sum0 = sum_s;
+            ds->scale.window_n0 = count;
+            window_end = true;
+        }
+        int64_t due = ds->scale.window_ms + window;
+        if (!next || due < next) next = due;
         if (ds->scale.draining >= 0 && drain_step(c, d, ds, now)) {
             next = now + 100;
             continue;
         }
-        const bool queued = wait > d->scale_up_queue_ms;
-        if (!queued) ds->scale.above_since_ms = 0;
-        else if (!ds->scale.above_since_ms) ds->scale.above_since_ms = now;
         const int in_flight = tsr_requests_in_flight(c, d->name, -1);
-        const bool room = d->replicas > d->replicas_min && !queued &&
+        const bool room = d->replicas > d->replicas_min && !ds->scale.window_above &&
                           in_flight <= (d->replicas - 1) * d->max_batch;
         if (!room) ds->scale.room_since_ms = 0;
         else if (!ds->scale.room_since_ms) ds->scale.room_since_ms = now;
         const int per = d->tensor * d->pipeline;
         const int k = d->device;
-        ds->scale.blocked[0] = '\0';
+        if (window_end) ds->scale.blocked[0] = '\0';
 
         /* another deployment of the kind lacks workers: one above min goes back */
         if (short_of[k] >= 0 && short_of[k] != (int)i && d->replicas > d->replicas_min) {
@@ -169,8 +194,7 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
             next = now + 100;
             continue;
         }
-        if (ds->scale.above_since_ms &&
-            now - ds->scale.above_since_ms >= (int64_t)d->scale_up_window_s * 1000) {
+        if (window_end && ds->scale.window_above) {
             if (d->replicas >= d->replicas_max) {
                 snprintf(ds->scale.blocked, sizeof ds->scale.blocked,
                          "the queue wait is above scale_up_queue_ms, but replicas are at max %d",
@@ -185,11 +209,11 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
                          c->cfg->reserve_spares ? " beyond coordinator.reserve_spares" : "");
             } else if (tsr_dep_set_replicas(ds, d, d->replicas + 1) == 0) {
                 idle[k] -= per;
-                decided(c, ds, now, true, "%d replica(s), from %d: the queue wait stayed above "
-                        "%d ms for %d s (now %lld ms, %d request(s) in flight)",
-                        d->replicas, d->replicas - 1, d->scale_up_queue_ms,
-                        d->scale_up_window_s, (long long)wait, in_flight);
-                ds->scale.above_since_ms = ds->scale.room_since_ms = 0;
+                decided(c, ds, now, true, "%d replica(s), from %d: the queue wait was %.0f ms "
+                        "over %d s, above scale_up_queue_ms %d (%d request(s) in flight)",
+                        d->replicas, d->replicas - 1, ds->scale.window_wait_ms,
+                        d->scale_up_window_s, d->scale_up_queue_ms, in_flight);
+                ds->scale.room_since_ms = 0;
                 tsr_coord_mark_dirty(c);
             }
             continue;
@@ -203,17 +227,9 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
             next = now + 100;
             continue;
         }
-        /* when a window ends, if nothing changes before */
-        int64_t due = 0;
-        if (ds->scale.above_since_ms)
-            due = ds->scale.above_since_ms + (int64_t)d->scale_up_window_s * 1000;
-        else if (ds->scale.room_since_ms)
+        if (ds->scale.room_since_ms) {
             due = ds->scale.room_since_ms + (int64_t)d->scale_down_idle_s * 1000;
-        if (due && (!next || due < next)) next = due;
-        /* a queue wait that grows crosses the threshold on its own */
-        if (in_flight > 0 && !queued) {
-            int64_t soon = now + 100;
-            if (!next || soon < next) next = soon;
+            if (due < next) next = due;
         }
     }
     return next;

@@ -99,13 +99,13 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
         tsr_sb_printf(&o, "tessera_replicas{deployment=\"%s\"} %d\n",
             esc(c->cfg->deployments[i].name, e, sizeof e), c->cfg->deployments[i].replicas);
     family(&o, "tessera_queue_wait_seconds", "gauge",
-           "How long each deployment's oldest request has waited for its first token "
-           "(deployments whose replicas are a range).");
+           "Each deployment's mean wait for a first token over its last whole "
+           "scale_up_window_s (deployments whose replicas are a range, once a window ended).");
     for (size_t i = 0; i < c->cfg->n_deployments; i++)
-        if (c->cfg->deployments[i].replicas_max)
+        if (c->cfg->deployments[i].replicas_max && c->deps[i].scale.window_wait_ms >= 0)
             tsr_sb_printf(&o, "tessera_queue_wait_seconds{deployment=\"%s\"} %.3f\n",
                 esc(c->cfg->deployments[i].name, e, sizeof e),
-                (double)c->deps[i].scale.queue_wait_ms / 1000.0);
+                c->deps[i].scale.window_wait_ms / 1000.0);
 
     family(&o, "tessera_deployment_state", "gauge",
            "1 for the state each deployment is in (ready, loading, degraded, waiting, failed).");

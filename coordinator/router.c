@@ -296,16 +296,24 @@ void tsr_requests_move_off(tsr_coord_t *c, const char *deployment, int replica, 
     interrupt_replica(c, deployment, replica, why, false);
 }
 
-int64_t tsr_requests_queue_wait_ms(const tsr_coord_t *c, const char *deployment, int64_t now_ms)
+int64_t tsr_requests_waiting(const tsr_coord_t *c, const char *deployment, int64_t now_ms,
+                             int *n, int64_t *sum_ms)
 {
-    int64_t most = 0;
+    int64_t most = 0, sum = 0;
+    int k = 0;
     for (size_t i = 0; i < c->requests->n; i++) {
         const tsr_request_rec_t *q = &c->requests->v[i];
         if (strcmp(q->deployment, deployment)) continue;
         int64_t since = q->replica < 0 ? q->waiting_since_ms
                         : q->n_tokens == q->base ? q->attempt_ms : 0;
-        if (since && now_ms - since > most) most = now_ms - since;
+        if (!since) continue;
+        int64_t w = now_ms > since ? now_ms - since : 0;
+        if (w > most) most = w;
+        sum += w;
+        k++;
     }
+    if (n) *n = k;
+    if (sum_ms) *sum_ms = sum;
     return most;
 }
 

@@ -97,10 +97,12 @@ void tsr_requests_probe_clients(tsr_coord_t *c);
 /* Ends every request whose client's key is no longer allowed: the client is
  * told why, once, and the leader is sent a Cancel. */
 void tsr_requests_drop_keys(tsr_coord_t *c);
-/* How long the deployment's oldest request has waited for its first token in
- * its current attempt (in a worker's queue, for its prompt's prefill, or for a
- * ready replica), at now_ms; 0 when none waits. */
-int64_t tsr_requests_queue_wait_ms(const tsr_coord_t *c, const char *deployment, int64_t now_ms);
+/* The deployment's requests waiting for their first token in their current attempt
+ * (in a worker's queue, for their prompt's prefill, or for a ready replica) at
+ * now_ms: how long the oldest has waited (0: none waits), and when n and sum_ms are
+ * not NULL, how many wait and their waits' sum. */
+int64_t tsr_requests_waiting(const tsr_coord_t *c, const char *deployment, int64_t now_ms,
+                             int *n, int64_t *sum_ms);
 /* Moves the requests on a deployment's replica to the others (their leader is told
  * to drop them), without it counting against max_replays: nothing failed. */
 void tsr_requests_move_off(tsr_coord_t *c, const char *deployment, int replica, const char *why);

@@ -103,8 +103,13 @@ typedef struct {
      * requests layer reads draining, the views the rest). */
     struct {
         int64_t queue_wait_ms;  /* the oldest request's wait for its first token, now */
-        int64_t above_since_ms; /* since when the queue wait has been above
-                                   scale_up_queue_ms (0: it is not) */
+        int64_t window_ms;      /* when the window in progress began (0: none yet) */
+        double window_sum0;     /* the deployment's first-token waits then: their sum
+                                   (s) and count (metrics' ttft) */
+        uint64_t window_n0;
+        double window_wait_ms;  /* the last whole window's mean wait for a first token
+                                   (-1: none ended yet) */
+        bool window_above;      /* ...was above scale_up_queue_ms */
         int64_t room_since_ms;  /* since when the other replicas could hold every
                                    request in flight (0: they cannot) */
         int draining;           /* the replica being drained to be removed (-1: none):

@@ -185,9 +185,13 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
                               "scale_up_queue_ms", d->scale_up_queue_ms,
                               "scale_up_window_s", d->scale_up_window_s,
                               "scale_down_idle_s", d->scale_down_idle_s,
-                              "queue_wait_ms", (json_int_t)ds->scale.queue_wait_ms,
+                              "oldest_wait_ms", (json_int_t)ds->scale.queue_wait_ms,
                               "ups", (json_int_t)ds->scale.ups, "downs", (json_int_t)ds->scale.downs,
                               "last", ds->scale.last, "held_back", ds->scale.blocked);
+        /* the rule's input: the last whole window's mean wait for a first token */
+        json_object_set_new(a, "queue_wait_ms", ds->scale.window_wait_ms >= 0
+                                                    ? json_real(ds->scale.window_wait_ms)
+                                                    : json_null());
         json_object_set_new(a, "last_ms_ago", ds->scale.last_ms
                                                   ? json_integer((json_int_t)(now - ds->scale.last_ms))
                                                   : json_null());

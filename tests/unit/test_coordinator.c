@@ -3097,6 +3097,12 @@ static void all_ready(fx_t *fx)
     pump(fx);
 }
 
+/* The load windows of every deployment start at the next tick. */
+static void windows_restart(fx_t *fx)
+{
+    for (size_t i = 0; i < fx->c->cfg->n_deployments; i++) fx->c->deps[i].scale.window_ms = 0;
+}
+
 /* A tick at now, every worker just heard from (the clock runs ahead of the wall). */
 static void tick_alive(fx_t *fx, int64_t now)
 {
@@ -3159,10 +3165,10 @@ static json_t *autoscale_status(fx_t *fx, json_t **root)
     return a;
 }
 
-/* replicas {min 1, max 3}: a request waiting for its first token past
- * scale_up_queue_ms for scale_up_window_s adds a replica on an idle worker (not
- * before the window ends, and no second while the new one loads); status and
- * /metrics show the decision and why.  A reload keeps the count (nothing moves),
+/* replicas {min 1, max 3}: a window of scale_up_window_s whose mean wait for a first
+ * token is above scale_up_queue_ms adds a replica on an idle worker (not before the
+ * window ends, and no second while the new one loads); status and /metrics show the
+ * decision and why.  A reload keeps the count (nothing moves),
  * within a new range. */
 static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(void **state)
 {
@@ -3174,30 +3180,32 @@ static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(voi
     assert_int_equal(take_assigns(fx), 1);
     all_ready(fx);
     int64_t t = plan_time(fx);
-    tick_alive(fx, t);
+    windows_restart(fx);
+    tick_alive(fx, t);                      /* a 1 s window starts */
     request_to(fx, 0);                      /* no token comes: it waits */
-    tick_alive(fx, t + 300);                /* above 200 ms: the window starts */
-    tick_alive(fx, t + 1250);               /* 950 ms into a 1 s window */
+    tick_alive(fx, t + 300);
+    tick_alive(fx, t + 950);                /* the window is not over */
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
     assert_int_equal(take_assigns(fx), 0);
-    tick_alive(fx, t + 1350);
+    tick_alive(fx, t + 1000);               /* its mean wait: 1000 ms, above 200 */
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
-    tick_alive(fx, t + 1450);               /* the plan, past its gap */
+    tick_alive(fx, t + 1100);               /* the plan, past its gap */
     assert_int_equal(take_assigns(fx), 1);
     assert_int_not_equal(holder_of_replica(fx, 1), -1);
     json_t *root, *a = autoscale_status(fx, &root);
     assert_int_equal(json_integer_value(json_object_get(a, "ups")), 1);
-    assert_true(json_integer_value(json_object_get(a, "queue_wait_ms")) > 200);
+    assert_true(json_number_value(json_object_get(a, "queue_wait_ms")) == 1000.0);
     assert_non_null(strstr(json_string_value(json_object_get(a, "last")),
-                           "queue wait stayed above 200 ms for 1 s"));
+                           "the queue wait was 1000 ms over 1 s, above scale_up_queue_ms 200"));
     json_decref(root);
-    char *text = tsr_coord_metrics_text(fx->c, t + 1450);
+    char *text = tsr_coord_metrics_text(fx->c, t + 1100);
     assert_non_null(strstr(text, "tessera_replicas_scaled_total{deployment=\"tiny\",direction=\"up\"} 1\n"));
     assert_non_null(strstr(text, "tessera_replicas{deployment=\"tiny\"} 2\n"));
+    assert_non_null(strstr(text, "tessera_queue_wait_seconds{deployment=\"tiny\"} 1.000\n"));
     free(text);
 
     /* the new replica loads: the queue still waits, but no third is added meanwhile */
-    tick_alive(fx, t + 3000);
+    tick_alive(fx, t + 2000);
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
     a = autoscale_status(fx, &root);
     assert_non_null(strstr(json_string_value(json_object_get(a, "held_back")), "every replica serves"));
@@ -3208,7 +3216,7 @@ static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(voi
     uint64_t epoch = fx->c->epoch;
     reconfigure_dep(fx, SCALE_KEYS);
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
-    tick_alive(fx, t + 3200);
+    tick_alive(fx, t + 2200);
     assert_int_equal(fx->c->epoch, epoch);
     layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 1}\n";
     reconfigure_dep(fx, SCALE_KEYS);
@@ -3227,6 +3235,7 @@ static void test_replicas_shrink_after_idle_draining_the_last_first(void **state
     take_assigns(fx);
     all_ready(fx);
     int64_t t = plan_time(fx);
+    windows_restart(fx);
     tick_alive(fx, t);
     assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
     tsr_coord_mark_dirty(fx->c);
@@ -3277,6 +3286,7 @@ static void test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_th
     take_assigns(fx);
     all_ready(fx);
     int64_t t = plan_time(fx);
+    windows_restart(fx);
     tick_alive(fx, t);
     assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
     tsr_coord_mark_dirty(fx->c);
@@ -3321,6 +3331,7 @@ static void test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_fai
     assert_int_equal(take_assigns(fx), 2);
     all_ready(fx);
     int64_t t = plan_time(fx);
+    windows_restart(fx);
     tick_alive(fx, t);
     request_to_dep(fx, "second", 0);
     request_to_dep(fx, "tiny", 0);
