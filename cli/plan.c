@@ -340,6 +340,11 @@ int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv)
                d->name, tsr_device_name(d->device), d->tensor, d->pipeline, d->replicas,
                d->tensor * d->pipeline * d->replicas, m->num_hidden_layers,
                m->num_attention_heads, m->num_key_value_heads, d->model_path);
+        if (d->replicas_max)
+            printf("  replicas follow load: %d to start, up to %d (%d more piece(s) from the idle "
+                   "workers, beyond coordinator.reserve_spares %d)\n", d->replicas_min,
+                   d->replicas_max, d->tensor * d->pipeline * (d->replicas_max - d->replicas_min),
+                   cfg->reserve_spares);
         bool gpu = d->device == TSR_DEVICE_CUDA;
         printf("  %-7s %-5s %-9s %-3s %-20s %-8s", "REPLICA", "STAGE", "LAYERS", "TP", "WORKER",
                "NODE");

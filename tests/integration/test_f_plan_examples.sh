@@ -33,6 +33,8 @@ grep -q "needs 4 more cuda workers" "$T/s.txt" || fail "no shortage message: $(c
 # with GPUs too small for them, nothing is placed and the numbers are given.
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" > "$T/c.txt" || fail "cluster plan failed"
 grep -q "WEIGHTS  *KV  *RESERVE  *TOTAL" "$T/c.txt" || fail "no memory columns: $(head -5 "$T/c.txt")"
+grep -q "replicas follow load: 4 to start, up to 6 (2 more piece(s) from the idle workers, beyond coordinator.reserve_spares 2)" "$T/c.txt" ||
+    fail "the 8B's range is not shown: $(grep -A2 "deployment llama-8b" "$T/c.txt")"
 "$BIN/tessera" plan "$ROOT/configs/cluster.yaml" --gpu-memory 24 > "$T/m.txt"; rc=$?
 [ "$rc" = 3 ] || fail "a plan on 24 GiB GPUs exited $rc"
 grep -q "NOT PLACED: needs 16 more cuda workers: stage 1 needs 28.1 GiB per cuda worker; the largest, node0-cuda0, has 24.0 GiB" "$T/m.txt" ||
