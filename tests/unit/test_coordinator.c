@@ -3223,26 +3223,36 @@ static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(voi
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
 }
 
+/* replicas {min 1, max 3} brought to two, both ready, the load windows from *t (the
+ * tick clock; room counts from *t + 100); the holders of replicas 0 and 1. */
+static void two_replicas_ready(fx_t *fx, int64_t *t, int *r0, int *r1)
+{
+    layout = LAYOUT_RANGE;
+    reconfigure_dep(fx, SCALE_KEYS);
+    register_two_nodes(fx);
+    take_assigns(fx);
+    all_ready(fx);
+    *t = plan_time(fx);
+    windows_restart(fx);
+    tick_alive(fx, *t);
+    assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
+    tsr_coord_mark_dirty(fx->c);
+    tick_alive(fx, *t + 100);
+    assert_int_equal(take_assigns(fx), 1);
+    all_ready(fx);
+    *r0 = holder_of_replica(fx, 0);
+    *r1 = holder_of_replica(fx, 1);
+}
+
 /* Two replicas and load that one holds: after scale_down_idle_s the last is drained
  * (a new request goes to the other though it has fewer), removed once its request
  * ends (nothing failed), and its worker let go. */
 static void test_replicas_shrink_after_idle_draining_the_last_first(void **state)
 {
     fx_t *fx = *state;
-    layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 3}\n";
-    reconfigure_dep(fx, SCALE_KEYS);
-    register_two_nodes(fx);
-    take_assigns(fx);
-    all_ready(fx);
-    int64_t t = plan_time(fx);
-    windows_restart(fx);
-    tick_alive(fx, t);
-    assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
-    tsr_coord_mark_dirty(fx->c);
-    tick_alive(fx, t + 100);
-    assert_int_equal(take_assigns(fx), 1);
-    all_ready(fx);
-    int r0 = holder_of_replica(fx, 0), r1 = holder_of_replica(fx, 1);
+    int64_t t;
+    int r0, r1;
+    two_replicas_ready(fx, &t, &r0, &r1);
     uint64_t a = request_to(fx, 0), b = request_to(fx, 1), c2 = request_to(fx, 0);
     send_token(fx, r0, a, 0, false);
     send_token(fx, r1, b, 0, false);
@@ -3280,20 +3290,9 @@ static void test_replicas_shrink_after_idle_draining_the_last_first(void **state
 static void test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them(void **state)
 {
     fx_t *fx = *state;
-    layout = "      tensor: 1\n      pipeline: 1\n      replicas: {min: 1, max: 3}\n";
-    reconfigure_dep(fx, SCALE_KEYS);
-    register_two_nodes(fx);
-    take_assigns(fx);
-    all_ready(fx);
-    int64_t t = plan_time(fx);
-    windows_restart(fx);
-    tick_alive(fx, t);
-    assert_int_equal(tsr_dep_set_replicas(&fx->c->deps[0], &fx->c->cfg->deployments[0], 2), 0);
-    tsr_coord_mark_dirty(fx->c);
-    tick_alive(fx, t + 100);
-    take_assigns(fx);
-    all_ready(fx);
-    int r0 = holder_of_replica(fx, 0), r1 = holder_of_replica(fx, 1);
+    int64_t t;
+    int r0, r1;
+    two_replicas_ready(fx, &t, &r0, &r1);
     uint64_t a = request_to(fx, 0), b = request_to(fx, 1);
     send_token(fx, r0, a, 0, false);
     send_token(fx, r1, b, 0, false);
