@@ -72,6 +72,9 @@ void tsr_print_status(json_t *doc, int workers_only)
                  (double)jint(co, "grace_left_ms") / 1000.0);
     printf("coordinator  %s%s  uptime %llds  workers %zu alive, %zu dead\n", epoch, grace,
            jint(co, "uptime_ms") / 1000, alive, dead);
+    json_t *rb = json_object_get(co, "rebalance");
+    if (json_is_object(rb) && strlen(jstr(rb, "doing")) > 1) printf("  rebalance: %s\n", jstr(rb, "doing"));
+    if (json_is_object(rb) && strlen(jstr(rb, "last")) > 1) printf("  last rebalance: %s\n", jstr(rb, "last"));
 
     if (!workers_only) {
         json_t *d;

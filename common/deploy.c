@@ -386,13 +386,14 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
                                         "security", "keys_dir", "max_replays",
                                         "replay_wait_ms", "canary_interval_ms",
                                         "canary_timeout_ms", "http_endpoint",
-                                        "api_keys_file", "reserve_spares" };
-    yaml_node_t *v[15];
+                                        "api_keys_file", "reserve_spares",
+                                        "rebalance_interval_s" };
+    yaml_node_t *v[16];
 
     if (is_null(n))
         return 0; /* "coordinator:" with nothing under it: all defaults */
     if (want_mapping(c, n, "coordinator") < 0 ||
-        map_fields(c, n, "coordinator", keys, 15, v) < 0)
+        map_fields(c, n, "coordinator", keys, 16, v) < 0)
         return -1;
     if (v[0] && get_endpoint(c, v[0], "coordinator.workers_endpoint",
                              &cfg->workers_endpoint) < 0)
@@ -431,6 +432,9 @@ static int parse_coordinator(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         return -1;
     if (v[14] && get_int_range(c, v[14], "coordinator.reserve_spares", 0, TSR_MAX_WORKERS_LIMIT,
                                &cfg->reserve_spares) < 0)
+        return -1;
+    if (v[15] && get_int_range(c, v[15], "coordinator.rebalance_interval_s", 0, 86400,
+                               &cfg->rebalance_interval_s) < 0)
         return -1;
     if (v[6]) {
         char *sec = NULL;
@@ -1099,6 +1103,7 @@ static tsr_config_t *config_new(const char *name)
     cfg->canary_interval_ms = 5000;
     cfg->canary_timeout_ms = 2000;
     cfg->replay_wait_ms = 30000;
+    cfg->rebalance_interval_s = 30;
     cfg->keys_dir = strdup("/etc/tessera/keys");
     if (!cfg->path || !cfg->workers_endpoint || !cfg->control_endpoint || !cfg->keys_dir)
         tsr_config_destroy(&cfg);

@@ -134,6 +134,10 @@ typedef struct {
     int reserve_spares;           /* idle workers of each device kind replicas that follow
                                      load leave for failover, 0..TSR_MAX_WORKERS_LIMIT,
                                      default 0 */
+    int rebalance_interval_s;     /* a piece left on a worst place by a failover (a tensor
+                                     group across nodes or NVLink domains) moves back, make
+                                     before break, at most once this often, 0 (off) or
+                                     1..86400, default 30 (coordinator/rebalance.c) */
     bool security_none;           /* security: none (plain ZeroMQ); only with
                                      loopback endpoints.  Default: curve */
     char *keys_dir;               /* key store (common/keys.h), default

@@ -261,6 +261,33 @@ void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers
     c->stats.assigns++;
 }
 
+void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
+                      uint64_t epoch)
+{
+    tsr_holding_t h = {.key = *key, .epoch = epoch};
+    Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
+    fill_assignment(c, &h, &a, di);
+    /* no holder for any slot: the worker loads the weights and waits for the next epoch */
+    size_t n = (size_t)key->tp_size * (size_t)key->pp_size;
+    char **none = calloc(n ? TSR_PEER_LISTS * n : 1, sizeof *none);
+    if (!none) {
+        tsr_error("out of memory sending %s a standby piece", w->name);
+        return;
+    }
+    for (size_t i = 0; i < TSR_PEER_LISTS * n; i++) none[i] = "";
+    a.peers = a.peer_devices = none;
+    a.n_peers = a.n_peer_devices = n;
+    Tessera__Assign as = TESSERA__ASSIGN__INIT;
+    as.assignment = &a;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.epoch = epoch;
+    env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
+    env.assign = &as;
+    tsr_coord_send_to(c, w, &env);
+    free(none);
+    c->stats.assigns++;
+}
+
 void tsr_send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)
 {
     tsr_send_assign_peers(c, w, di, NULL, 0);

@@ -35,6 +35,11 @@ char **tsr_replica_peers(tsr_coord_t *c, const tsr_piece_key_t *key, size_t *n_o
 void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers,
                            size_t n_peers);
 void tsr_send_assign(tsr_coord_t *c, tsr_worker_t *w, int di);
+/* Sends w piece key of deployment index di in epoch with no peer placed: w loads its
+ * weights and serves nothing until the next epoch gives it the same piece with the
+ * replica's peers (a standby: it joins without loading again). */
+void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
+                      uint64_t epoch);
 void tsr_send_unassign(tsr_coord_t *c, tsr_worker_t *w, const char *reason);
 
 #endif

@@ -24,6 +24,7 @@
 #include "reply.h"
 #include "autoscale.h"
 #include "canary.h"
+#include "rebalance.h"
 #include "router.h"
 
 
@@ -182,6 +183,12 @@ static void on_worker_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *e
     }
     w->last_seen_ms = now;
 
+    /* a standby assignment's messages are the move's (rebalance.c) */
+    if ((env->body_case == TESSERA__ENVELOPE__BODY_READY ||
+         env->body_case == TESSERA__ENVELOPE__BODY_PROGRESS ||
+         env->body_case == TESSERA__ENVELOPE__BODY_FAILED) &&
+        tsr_rebalance_message(c, w, env))
+        return;
     switch (env->body_case) {
     case TESSERA__ENVELOPE__BODY_HEARTBEAT:
         tsr_register_heartbeat(c, w, env, now);
@@ -408,6 +415,8 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
         c->next_scan_ms = now_ms + scan;
     }
     int64_t scale = tsr_autoscale_tick(c, now_ms);
+    int64_t moving = tsr_rebalance_tick(c, now_ms);
+    if (moving && (!scale || moving < scale)) scale = moving;
     if (tsr_coord_plan_ready(c, now_ms)) tsr_coord_plan(c, now_ms);
     if (c->probe_due_ms && now_ms >= c->probe_due_ms) {
         c->probe_due_ms = 0;

@@ -183,6 +183,13 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
     family(&o, "tessera_requests_replayed_total", "counter",
            "Request attempts resumed on another replica after a failure.");
     tsr_sb_printf(&o, "tessera_requests_replayed_total %llu\n", (unsigned long long)c->stats.requests_replayed);
+    family(&o, "tessera_rebalance_moves_total", "counter",
+           "Pieces moved back where they belong, make before break (outcome=\"moved\"), and "
+           "moves given up (\"abandoned\").");
+    tsr_sb_printf(&o, "tessera_rebalance_moves_total{outcome=\"moved\"} %llu\n",
+                  (unsigned long long)c->rebalance.moves);
+    tsr_sb_printf(&o, "tessera_rebalance_moves_total{outcome=\"abandoned\"} %llu\n",
+                  (unsigned long long)c->rebalance.abandoned);
     family(&o, "tessera_plan_epoch", "gauge", "The plan epoch (grows with every new plan).");
     tsr_sb_printf(&o, "tessera_plan_epoch %llu\n", (unsigned long long)c->epoch);
     if (o.oom) {

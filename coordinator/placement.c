@@ -130,6 +130,17 @@ bool tsr_coord_plan_ready(tsr_coord_t *c, int64_t now_ms)
     return true;
 }
 
+uint64_t tsr_coord_next_epoch(tsr_coord_t *c)
+{
+    if (c->epoch >= TSR_EPOCH_MAX) {
+        tsr_error("plan epoch %llu is at its limit %llu: no new epoch can be given; restart "
+                  "the workers and the coordinator",
+                  (unsigned long long)c->epoch, (unsigned long long)TSR_EPOCH_MAX);
+        return 0;
+    }
+    return ++c->epoch;
+}
+
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms)
 {
     if (now_ms < c->plan_after_ms) {
@@ -146,6 +157,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     (void)now_ms;
     size_t n = tsr_registry_size(c->reg);
     tsr_plan_worker_t *pw = calloc(n ? n : 1, sizeof *pw);
+    tsr_plan_worker_t *held = calloc(n ? n : 1, sizeof *held);
     tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
     tsr_action_t *acts = calloc(n ? n : 1, sizeof *acts);
     int *layers = calloc(c->cfg->n_deployments ? c->cfg->n_deployments : 1, sizeof *layers);
@@ -154,7 +166,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     tsr_plan_t *plan = NULL;
     int *map = NULL;    /* planner's deployment index -> config index */
     uint64_t **need = NULL;
-    if (!pw || !ws || !acts || !layers) goto out;
+    if (!pw || !held || !ws || !acts || !layers) goto out;
 
     /* Deployments whose model could not be read are hidden from the planner
      * (replicas 0 would be invalid, so they are left out by name instead). */
@@ -203,6 +215,18 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         pw[i].gpu = ws[i]->pci_bus_id;
     }
 
+    /* Moving back (rebalance.c): in the plans that switch, the piece is its standby's
+     * and its old holder holds nothing, in the planner's eyes; the actions are still
+     * worked out from what each worker really holds. */
+    memcpy(held, pw, k * sizeof *pw);
+    for (size_t i = 0; c->rebalance.switching && i < k; i++) {
+        if (!strcmp(pw[i].name, c->rebalance.to) && !pw[i].current.deployment[0])
+            pw[i].current = c->rebalance.key;
+        else if (!strcmp(pw[i].name, c->rebalance.from) &&
+                 tsr_piece_equal(&pw[i].current, &c->rebalance.key))
+            memset(&pw[i].current, 0, sizeof pw[i].current);
+    }
+
     char err[256];
     if (tsr_plan_compute_mem(&view, layers, (const uint64_t *const *)need, pw, k, &plan, err,
                              sizeof err) < 0) {
@@ -211,7 +235,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     }
     c->stats.plans++;
 
-    size_t na = tsr_reconcile_actions(plan, pw, k, acts);
+    size_t na = tsr_reconcile_actions(plan, held, k, acts);
     /* Epochs never wrap: at the cap nothing more is planned, loudly. */
     if ((na > 0 || c->place->lost.n > 0) && c->epoch >= TSR_EPOCH_MAX) {
         tsr_error("plan epoch %llu is at its limit %llu: no new plan can be made; restart "
@@ -293,6 +317,7 @@ out:
     free(layers);
     free(acts);
     free(ws);
+    free(held);
     free(pw);
 }
 

@@ -34,6 +34,9 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
 /* Whether planning may run now (past plan_after_ms); when not, leaves it to the tick
  * (dirty). */
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms);
+/* A new epoch for a message outside a plan (a standby assignment, rebalance.c):
+ * c->epoch raised by one and returned; 0 at TSR_EPOCH_MAX (logged). */
+uint64_t tsr_coord_next_epoch(tsr_coord_t *c);
 /* Something that may change the placement happened (a worker came, died or was
  * drained): the tick plans. */
 void tsr_coord_mark_dirty(tsr_coord_t *c);

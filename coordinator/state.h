@@ -171,6 +171,20 @@ typedef struct tsr_coord {
     int64_t last_plan_ms;
     struct tsr_placement *place; /* the replicas to rewire (placement.h: only placement.c
                                     reads and writes it) */
+    /* moving back (rebalance.c's; placement reads it for the plan that switches) */
+    struct {
+        int64_t last_ms;        /* when the last move began (0: none yet) */
+        bool active;            /* a move is under way */
+        bool switching;         /* the next plans put the piece on `to`, and `from` holds
+                                   nothing, in the planner's eyes */
+        tsr_piece_key_t key;    /* the piece that moves */
+        char from[TSR_NAME_MAX + 1], to[TSR_NAME_MAX + 1];
+        uint64_t epoch;         /* the standby assignment's, to `to` */
+        bool loaded;            /* `to` has the piece's weights (it said ready) */
+        uint64_t moves, abandoned;
+        char doing[320];        /* the move under way ("" when none) */
+        char last[400];         /* the last move done or given up, and why */
+    } rebalance;
     /* metrics */
     tsr_metrics_t metrics;      /* per deployment name, in order of first use */
     /* requests */

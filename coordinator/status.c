@@ -304,6 +304,13 @@ char *tsr_coord_status_json(const tsr_coord_t *c, int64_t now, bool workers_only
      * re-attach with their pieces: how much of that grace is left. */
     json_object_set_new(coord, "grace_left_ms",
                         json_integer(now < c->plan_after_ms ? (json_int_t)(c->plan_after_ms - now) : 0));
+    /* moving pieces back (rebalance.c): the move under way and the last one */
+    json_object_set_new(coord, "rebalance",
+                        json_pack("{s:i, s:I, s:I, s:s, s:s}", "interval_s",
+                                  c->cfg->rebalance_interval_s, "moves",
+                                  (json_int_t)c->rebalance.moves, "abandoned",
+                                  (json_int_t)c->rebalance.abandoned, "doing", c->rebalance.doing,
+                                  "last", c->rebalance.last));
     json_object_set_new(coord, "security", json_string(c->zap ? "curve" : "none"));
     if (c->zap) {
         tsr_zap_stats_t zs;

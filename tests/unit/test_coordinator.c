@@ -3081,11 +3081,13 @@ static int take_assigns(fx_t *fx)
     return n;
 }
 
-/* The fake worker holding replica r (-1: none). */
+/* The fake worker leading replica r (stage 0, tp rank 0; -1: none). */
 static int holder_of_replica(const fx_t *fx, int r)
 {
     for (int i = 0; i < NW; i++)
-        if (fx->holds[i] && fx->piece[i].replica == (uint32_t)r) return i;
+        if (fx->holds[i] && fx->piece[i].replica == (uint32_t)r && fx->piece[i].stage == 0 &&
+            fx->piece[i].tp_rank == 0)
+            return i;
     return -1;
 }
 
@@ -3113,12 +3115,13 @@ static void tick_alive(fx_t *fx, int64_t now)
     tsr_coord_tick(fx->c, now);
 }
 
-/* The fake worker holding replica r of deployment dep, by the registry (-1: none). */
+/* The fake worker leading replica r of deployment dep, by the registry (-1: none). */
 static int holder_in(fx_t *fx, const char *dep, int r)
 {
     for (int i = 0; i < NW; i++) {
         const tsr_worker_t *w = tsr_registry_find(fx->c->reg, fx->name[i]);
-        if (w && w->has_piece && !strcmp(w->piece.key.deployment, dep) && w->piece.key.replica == r)
+        if (w && w->has_piece && !strcmp(w->piece.key.deployment, dep) && w->piece.key.replica == r &&
+            w->piece.key.stage == 0 && w->piece.key.tp == 0)
             return i;
     }
     return -1;
@@ -3362,6 +3365,162 @@ static void test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_fai
     assert_non_null(strstr(fx->c->deps[0].scale.last, "deployment second needs cpu workers"));
     assert_int_equal(holder_in(fx, "second", 0), given);
     assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
+/* ---- moving back ----------------------------------------------------------------- */
+
+/* tp 2 x 2 replicas on nodes A A B B C, every piece ready, rebalance_interval_s 5 (or
+ * what `extra` says); w0 dies and the spare on C takes its piece, so a group spans A
+ * and C; w0 registers again, idle.  Returns the replica that spans. */
+static int group_left_across_nodes(fx_t *fx, const char *extra, int replicas)
+{
+    layout = replicas == 2 ? "      tensor: 2\n      pipeline: 1\n      replicas: 2\n"
+                           : "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, extra);
+    static const char *node[NW] = {"nodeA", "nodeA", "nodeB", "nodeB", "nodeC"};
+    for (int i = 0; i < NW; i++)
+        send_register(fx, i, fx->name[i], node[i], TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        assert_true(env->register_reply->accepted);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+    take_assigns(fx);
+    all_ready(fx);
+    assert_true(fx->holds[0]);
+    expire_worker(fx, 0);
+    fx->holds[0] = false;
+    take_assigns(fx);
+    assert_true(fx->holds[4]);
+    all_ready(fx);
+    expect_spans(fx, 1, 0, "nodeA", "nodeC");
+    tsr_env_t *env;
+    while ((env = recv_env(fx->dealer[0], TSR_WIRE_MAX_WORKER, 20))) tsr_env_free(&env);
+    send_register(fx, 0, fx->name[0], "nodeA", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_true(env->register_reply->accepted);
+    tsr_env_free(&env);
+    return (int)fx->piece[4].replica;
+}
+
+static json_t *rebalance_status(fx_t *fx, json_t **root)
+{
+    *root = status(fx);
+    json_t *rb = json_object_get(json_object_get(*root, "coordinator"), "rebalance");
+    assert_true(json_is_object(rb));
+    return rb;
+}
+
+/* When w0 is back on node A, the piece w4 holds on C moves to it make before break:
+ * w0 is first sent the piece with no peer placed (it loads, the group keeps serving
+ * as it is), and only after w0 says ready does one plan give it the piece with its
+ * peers, let w4 go and rewire its partner, all in one new epoch.  Status and
+ * /metrics count the move; the group is on one node again. */
+static void test_a_group_left_across_nodes_moves_back_make_before_break(void **state)
+{
+    fx_t *fx = *state;
+    int r = group_left_across_nodes(fx, "  rebalance_interval_s: 5\n", 2);
+    int partner = -1;
+    for (int i = 1; i < 4; i++)
+        if (fx->holds[i] && (int)fx->piece[i].replica == r) partner = i;
+    assert_int_not_equal(partner, -1);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
+    const Tessera__Assignment *a = env->assign->assignment;
+    assert_int_equal(a->replica, r);
+    assert_int_equal(a->tp_rank, fx->piece[4].tp_rank);
+    assert_int_equal(a->n_peers, 2);        /* no peer placed: a standby */
+    assert_string_equal(a->peers[0], "");
+    assert_string_equal(a->peers[1], "");
+    assert_int_equal(a->n_peer_workers, 0);
+    uint64_t standby = env->epoch;
+    tsr_env_free(&env);
+    expect_nothing(fx->dealer[4], 50);
+    expect_nothing(fx->dealer[partner], 20);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
+    json_t *root, *rb = rebalance_status(fx, &root);
+    char want[128];
+    snprintf(want, sizeof want, "moving tiny r%d s0 t%u from w4 (node nodeC) to w0 (node nodeA)", r,
+             fx->piece[4].tp_rank);
+    assert_non_null(strstr(json_string_value(json_object_get(rb, "doing")), want));
+    json_decref(root);
+
+    tick_alive(fx, t + 200);                /* not loaded yet: nothing switches */
+    expect_nothing(fx->dealer[4], 20);
+    send_ready(fx, 0, standby);
+    pump(fx);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);  /* not a piece yet */
+    tick_alive(fx, t + 300);                /* the other replica serves: it switches */
+    env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
+    a = env->assign->assignment;
+    uint64_t epoch = env->epoch;
+    assert_true(epoch > standby);
+    assert_int_equal(a->n_peer_workers, 2);  /* with both peers placed: w0 and its partner */
+    assert_string_equal(a->peer_workers[a->tp_rank], "w0");
+    assert_string_equal(a->peer_workers[1 - a->tp_rank], fx->name[partner]);
+    tsr_env_free(&env);
+    env = expect_kind(fx->dealer[4], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    env = expect_kind(fx->dealer[partner], TESSERA__ENVELOPE__BODY_ASSIGN);
+    assert_int_equal(env->epoch, epoch);
+    tsr_env_free(&env);
+    tick_alive(fx, t + 400);
+    expect_spans(fx, 0, 0, NULL, NULL);
+    rb = rebalance_status(fx, &root);
+    assert_int_equal(json_integer_value(json_object_get(rb, "moves")), 1);
+    assert_string_equal(json_string_value(json_object_get(rb, "doing")), "");
+    assert_non_null(strstr(json_string_value(json_object_get(rb, "last")), "moved tiny"));
+    json_decref(root);
+    char *text = tsr_coord_metrics_text(fx->c, t + 400);
+    assert_non_null(strstr(text, "tessera_rebalance_moves_total{outcome=\"moved\"} 1\n"));
+    free(text);
+}
+
+/* One replica: the standby loads, but the switch waits while a request is on the
+ * replica (no replica that serves stops) and comes once it ended. */
+static void test_moving_back_waits_for_an_idle_replica(void **state)
+{
+    fx_t *fx = *state;
+    int r = group_left_across_nodes(fx, "  rebalance_interval_s: 5\n", 1);
+    assert_int_equal(r, 0);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
+    uint64_t standby = env->epoch;
+    tsr_env_free(&env);
+    int leader = -1;
+    for (int i = 1; i < NW; i++)
+        if (fx->holds[i] && fx->piece[i].tp_rank == 0) leader = i;
+    uint64_t id = request_to(fx, 0);
+    send_ready(fx, 0, standby);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    tick_alive(fx, t + 300);
+    expect_nothing(fx->dealer[4], 30);      /* the request is on it: no switch */
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
+    send_token(fx, leader, id, 0, true);
+    pump(fx);
+    tick_alive(fx, t + 400);
+    env = expect_kind(fx->dealer[4], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
+/* With rebalance_interval_s 0 nothing moves. */
+static void test_moving_back_is_off_at_interval_0(void **state)
+{
+    fx_t *fx = *state;
+    group_left_across_nodes(fx, "  rebalance_interval_s: 0\n", 2);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    tick_alive(fx, t + 1000);
+    expect_nothing(fx->dealer[0], 50);
+    expect_spans(fx, 1, 0, "nodeA", "nodeC");
 }
 
 /* A piece that is not adopted (its keys differ from the file's) does not choose the
@@ -4108,6 +4267,9 @@ int main(void)
         T(test_replicas_shrink_after_idle_draining_the_last_first),
         T(test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them),
         T(test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_failover),
+        T(test_a_group_left_across_nodes_moves_back_make_before_break),
+        T(test_moving_back_waits_for_an_idle_replica),
+        T(test_moving_back_is_off_at_interval_0),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
