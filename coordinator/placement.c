@@ -18,7 +18,16 @@
 #include "topology.h"
 #include "waited.h"
 
+/* A piece the next plan sees where it is about to be: `to` holds it (a standby that
+ * loaded it), `from` (if any) no longer does. */
+typedef struct {
+    char to[TSR_NAME_MAX + 1], from[TSR_NAME_MAX + 1];
+    tsr_piece_key_t key;
+} hint_t;
+
 struct tsr_placement {
+    hint_t *hints;              /* for the next plan only (tsr_coord_hint_move) */
+    size_t n_hints, cap_hints;
     tsr_replica_set_t lost;     /* replicas that lost a worker since the last plan */
     tsr_replica_set_t rewiring; /* replicas the plan just made rewires: the requests
                                    layer moves their requests off (at the epoch they ran
@@ -30,6 +39,7 @@ tsr_placement_t *tsr_placement_new(void) { return calloc(1, sizeof(tsr_placement
 void tsr_placement_destroy(tsr_placement_t **self_p)
 {
     if (!self_p || !*self_p) return;
+    free((*self_p)->hints);
     tsr_replica_set_free(&(*self_p)->lost);
     tsr_replica_set_free(&(*self_p)->rewiring);
     free(*self_p);
@@ -130,6 +140,28 @@ bool tsr_coord_plan_ready(tsr_coord_t *c, int64_t now_ms)
     return true;
 }
 
+void tsr_coord_hint_move(tsr_coord_t *c, const char *to, const char *from,
+                         const tsr_piece_key_t *key)
+{
+    tsr_placement_t *p = c->place;
+    size_t i = 0;
+    while (i < p->n_hints && strcmp(p->hints[i].to, to)) i++;
+    if (i == p->n_hints) {
+        if (p->n_hints == p->cap_hints) {
+            size_t cap = p->cap_hints ? 2 * p->cap_hints : 8;
+            hint_t *h = realloc(p->hints, cap * sizeof *h);
+            if (!h) return;   /* out of memory: the move waits for the next plan */
+            p->hints = h;
+            p->cap_hints = cap;
+        }
+        p->n_hints++;
+    }
+    hint_t *h = &p->hints[i];
+    snprintf(h->to, sizeof h->to, "%s", to);
+    snprintf(h->from, sizeof h->from, "%s", from ? from : "");
+    h->key = *key;
+}
+
 uint64_t tsr_coord_next_epoch(tsr_coord_t *c)
 {
     if (c->epoch >= TSR_EPOCH_MAX) {
@@ -215,17 +247,21 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
         pw[i].gpu = ws[i]->pci_bus_id;
     }
 
-    /* Moving back (rebalance.c): in the plans that switch, the piece is its standby's
-     * and its old holder holds nothing, in the planner's eyes; the actions are still
-     * worked out from what each worker really holds. */
+    /* Standbys (tsr_coord_hint_move): the piece is its standby's and its old holder
+     * holds nothing, in the planner's eyes; the actions are still worked out from what
+     * each worker really holds. */
     memcpy(held, pw, k * sizeof *pw);
-    for (size_t i = 0; c->rebalance.switching && i < k; i++) {
-        if (!strcmp(pw[i].name, c->rebalance.to) && !pw[i].current.deployment[0])
-            pw[i].current = c->rebalance.key;
-        else if (!strcmp(pw[i].name, c->rebalance.from) &&
-                 tsr_piece_equal(&pw[i].current, &c->rebalance.key))
-            memset(&pw[i].current, 0, sizeof pw[i].current);
+    for (size_t h = 0; h < c->place->n_hints; h++) {
+        const hint_t *x = &c->place->hints[h];
+        for (size_t i = 0; i < k; i++) {
+            if (!strcmp(pw[i].name, x->to) && !pw[i].current.deployment[0])
+                pw[i].current = x->key;
+            else if (x->from[0] && !strcmp(pw[i].name, x->from) &&
+                     tsr_piece_equal(&pw[i].current, &x->key))
+                memset(&pw[i].current, 0, sizeof pw[i].current);
+        }
     }
+    c->place->n_hints = 0;
 
     char err[256];
     if (tsr_plan_compute_mem(&view, layers, (const uint64_t *const *)need, pw, k, &plan, err,

@@ -34,6 +34,12 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms);
 /* Whether planning may run now (past plan_after_ms); when not, leaves it to the tick
  * (dirty). */
 bool tsr_coord_may_plan(tsr_coord_t *c, int64_t now_ms);
+/* For the next plan only: worker `to`, which holds nothing, is seen as holding key (it
+ * loaded it as a standby), and worker `from` (NULL: none) as no longer holding it, so
+ * the plan keeps the piece on `to` and assigns it there (the rest of its replica is
+ * rewired, not reloaded).  A second hint for the same `to` replaces the first. */
+void tsr_coord_hint_move(tsr_coord_t *c, const char *to, const char *from,
+                         const tsr_piece_key_t *key);
 /* A new epoch for a message outside a plan (a standby assignment, rebalance.c):
  * c->epoch raised by one and returned; 0 at TSR_EPOCH_MAX (logged). */
 uint64_t tsr_coord_next_epoch(tsr_coord_t *c);

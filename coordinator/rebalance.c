@@ -1,8 +1,8 @@
 /* rebalance.c: pieces moved back where they belong, make before break.  Above the
  * requests layer, beside autoscale.c: it reads the registry and the router's count
  * of requests, sends the standby assignment (assign.c), takes a new epoch from
- * placement, and leaves the switch itself to the next plan, which reads
- * c->rebalance (placement.c).
+ * placement, and leaves the switch itself to the next plan, told where the piece is
+ * (tsr_coord_hint_move).
  *
  * What is moved: a rank of a tensor-parallel group whose ranks are all ready and
  * do not share a place, when an idle worker of the deployment's kind stands where
@@ -194,6 +194,9 @@ int64_t tsr_rebalance_tick(tsr_coord_t *c, int64_t now)
     if (c->rebalance.active && !interval) end_move(c, false, "coordinator.rebalance_interval_s is 0");
     if (c->rebalance.active) {
         step(c);
+        /* until a plan has made the switch, every plan is told where the piece is */
+        if (c->rebalance.switching)
+            tsr_coord_hint_move(c, c->rebalance.to, c->rebalance.from, &c->rebalance.key);
         return c->rebalance.active ? now + 100 : 0;
     }
     if (!interval || now < c->plan_after_ms) return 0;

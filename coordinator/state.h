@@ -171,12 +171,11 @@ typedef struct tsr_coord {
     int64_t last_plan_ms;
     struct tsr_placement *place; /* the replicas to rewire (placement.h: only placement.c
                                     reads and writes it) */
-    /* moving back (rebalance.c's; placement reads it for the plan that switches) */
+    /* moving back (rebalance.c's) */
     struct {
         int64_t last_ms;        /* when the last move began (0: none yet) */
         bool active;            /* a move is under way */
-        bool switching;         /* the next plans put the piece on `to`, and `from` holds
-                                   nothing, in the planner's eyes */
+        bool switching;         /* the plans put the piece on `to` (a hint to placement) */
         tsr_piece_key_t key;    /* the piece that moves */
         char from[TSR_NAME_MAX + 1], to[TSR_NAME_MAX + 1];
         uint64_t epoch;         /* the standby assignment's, to `to` */
