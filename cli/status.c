@@ -86,6 +86,11 @@ void tsr_print_status(json_t *doc, int workers_only)
             if (json_is_object(json_object_get(d, "parallel_auto")) &&
                 json_is_true(json_object_get(d, "layout_chosen")))
                 printf("  layout auto: %s\n", jstr(d, "layout_reason"));
+            json_t *rs = json_object_get(d, "reshard");
+            if (json_is_object(rs) && strlen(jstr(rs, "doing")) > 1)
+                printf("  new layout: %s\n", jstr(rs, "doing"));
+            else if (json_is_object(rs) && strlen(jstr(rs, "last")) > 1)
+                printf("  last change of layout: %s\n", jstr(rs, "last"));
             json_t *as = json_object_get(d, "autoscale");
             if (json_is_object(as)) {
                 json_t *qw = json_object_get(as, "queue_wait_ms");

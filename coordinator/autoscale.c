@@ -40,8 +40,7 @@ static void idle_workers(const tsr_coord_t *c, int idle[2])
     idle[0] = idle[1] = 0;
     for (size_t i = 0, n = tsr_registry_size(c->reg); i < n; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        /* (a worker loading a piece to move it back is not idle: rebalance.c) */
-        if (c->rebalance.active && !strcmp(w->name, c->rebalance.to)) continue;
+        if (tsr_coord_is_standby(c, w->name)) continue;  /* it loads a piece */
         if (w->state != TSR_W_DEAD && !w->drained && !w->has_piece &&
             (w->device == TSR_DEVICE_CPU || w->device == TSR_DEVICE_CUDA))
             idle[w->device]++;

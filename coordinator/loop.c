@@ -25,6 +25,7 @@
 #include "autoscale.h"
 #include "canary.h"
 #include "rebalance.h"
+#include "reshard.h"
 #include "router.h"
 
 
@@ -183,11 +184,11 @@ static void on_worker_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *e
     }
     w->last_seen_ms = now;
 
-    /* a standby assignment's messages are the move's (rebalance.c) */
+    /* a standby assignment's messages are its move's (rebalance.c, reshard.c) */
     if ((env->body_case == TESSERA__ENVELOPE__BODY_READY ||
          env->body_case == TESSERA__ENVELOPE__BODY_PROGRESS ||
          env->body_case == TESSERA__ENVELOPE__BODY_FAILED) &&
-        tsr_rebalance_message(c, w, env))
+        (tsr_rebalance_message(c, w, env) || tsr_reshard_message(c, w, env)))
         return;
     switch (env->body_case) {
     case TESSERA__ENVELOPE__BODY_HEARTBEAT:
@@ -416,6 +417,8 @@ int tsr_coord_tick(tsr_coord_t *c, int64_t now_ms)
     }
     int64_t scale = tsr_autoscale_tick(c, now_ms);
     int64_t moving = tsr_rebalance_tick(c, now_ms);
+    if (moving && (!scale || moving < scale)) scale = moving;
+    moving = tsr_reshard_tick(c, now_ms);
     if (moving && (!scale || moving < scale)) scale = moving;
     if (tsr_coord_plan_ready(c, now_ms)) tsr_coord_plan(c, now_ms);
     if (c->probe_due_ms && now_ms >= c->probe_due_ms) {

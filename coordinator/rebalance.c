@@ -61,6 +61,7 @@ static tsr_worker_t *standby_for(tsr_coord_t *c, size_t di, int s, tsr_worker_t 
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state == TSR_W_DEAD || w->drained || w->has_piece || w->device != d->device ||
+            tsr_coord_is_standby(c, w->name) ||
             strcmp(w->node, g[home]->node) ||
             (domain && strcmp(w->nvlink_domain, g[home]->nvlink_domain)))
             continue;

@@ -28,6 +28,62 @@ static void reload_hold(void)
 #endif
 }
 
+/* Idle workers of kind that no standby or piece holds. */
+static int idle_of(tsr_coord_t *c, tsr_device_t kind)
+{
+    int n = 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        n += w->state != TSR_W_DEAD && !w->drained && !w->has_piece && w->device == kind &&
+             !tsr_coord_is_standby(c, w->name);
+    }
+    return n;
+}
+
+/* Deployment nd (deps[i] its new state) changes the cut od serves with.  When od serves
+ * (every replica ready) and idle workers can hold the whole new layout, nd keeps od's
+ * cut for now and its state records the new one: reshard.c has the idle workers load
+ * it beside the old replicas and swaps it in once loaded.  Otherwise the new cut
+ * applies at once and the replicas are rebuilt; the state says why. */
+static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment_t *nd,
+                      tsr_dep_state_t *ds)
+{
+    if (nd->auto_tensor || nd->auto_pipeline || nd->auto_replicas || nd->device != od->device ||
+        (nd->tensor == od->tensor && nd->pipeline == od->pipeline))
+        return;
+    int ready = 0;
+    for (int r = 0; r < od->replicas; r++) ready += tsr_registry_ready_leader(c->reg, od, r) != NULL;
+    int pieces = nd->tensor * nd->pipeline * nd->replicas, idle = idle_of(c, nd->device);
+    if (ready < od->replicas || idle < pieces) {
+        snprintf(ds->reshard.last, sizeof ds->reshard.last,
+                 "tp %d x pp %d x %d replaced tp %d x pp %d at once (rebuilt while it loads): %s",
+                 nd->tensor, nd->pipeline, nd->replicas, od->tensor, od->pipeline,
+                 ready < od->replicas ? "the old layout was not serving whole"
+                 : "building the new one beside it needs more idle workers");
+        if (ready == od->replicas) {
+            size_t len = strlen(ds->reshard.last);
+            snprintf(ds->reshard.last + len, sizeof ds->reshard.last - len,
+                     " (%d, %d idle)", pieces, idle);
+        }
+        tsr_warn("deployment %s: %s", nd->name, ds->reshard.last);
+        return;
+    }
+    int want = nd->replicas;
+    if (tsr_dep_set_replicas(ds, nd, od->replicas) < 0) return;  /* out of memory: at once */
+    ds->reshard.active = true;
+    ds->reshard.tensor = nd->tensor;
+    ds->reshard.pipeline = nd->pipeline;
+    ds->reshard.replicas = want;
+    nd->tensor = od->tensor;
+    nd->pipeline = od->pipeline;
+    tsr_dep_note_cut(ds, nd);
+    snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+             "tp %d x pp %d x %d is built on %d idle worker(s) while tp %d x pp %d x %d serves",
+             ds->reshard.tensor, ds->reshard.pipeline, want, pieces, od->tensor, od->pipeline,
+             od->replicas);
+    tsr_info("deployment %s: %s", nd->name, ds->reshard.doing);
+}
+
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 {
     reload_hold();
@@ -68,6 +124,20 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         tsr_deps_free(deps, cfg->n_deployments);
         tsr_config_destroy(&cfg);
         return -1;
+    }
+    /* A new cut is built beside the old one where idle workers allow; a change of
+     * cut under way (reshard.c) gives way to the file's latest, its standbys let go. */
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        const tsr_dep_state_t *os = &c->deps[i];
+        for (int k = 0; os->reshard.active && k < os->reshard.n; k++) {
+            tsr_worker_t *w = tsr_registry_find(c->reg, os->reshard.standby[k].worker);
+            if (w && w->state != TSR_W_DEAD && !w->has_piece)
+                tsr_send_unassign(c, w, "the layout it stood by for was replaced by a reload");
+        }
+    }
+    for (size_t i = 0; i < cfg->n_deployments; i++) {
+        const tsr_deployment_t *od = tsr_config_find(c->cfg, cfg->deployments[i].name);
+        if (od) defer_cut(c, od, &cfg->deployments[i], &deps[i]);
     }
     /* Replicas already waiting to be rewired keep waiting, under the new
      * configuration's numbering. */

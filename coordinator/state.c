@@ -169,6 +169,7 @@ void tsr_deps_free(tsr_dep_state_t *deps, size_t n)
         free(deps[i].retry.replica);
         free(deps[i].completed);
         free(deps[i].canary);
+        free(deps[i].reshard.standby);
         tsr_tokref_drop(&deps[i].tok);
         free(deps[i].tok_dir);
     }
@@ -308,4 +309,13 @@ bool tsr_coord_piece_fits(const tsr_coord_t *c, int di, const tsr_piece_key_t *k
     int b, e;
     tsr_layer_split(c->deps[di].model.num_hidden_layers, d->pipeline, k->stage, &b, &e);
     return k->layer_begin == b && k->layer_end == e;
+}
+
+bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name)
+{
+    if (c->rebalance.active && !strcmp(c->rebalance.to, name)) return true;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        for (int k = 0; c->deps[i].reshard.active && k < c->deps[i].reshard.n; k++)
+            if (!strcmp(c->deps[i].reshard.standby[k].worker, name)) return true;
+    return false;
 }

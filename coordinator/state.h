@@ -68,6 +68,14 @@ typedef struct {
     char why[256];
 } tsr_canary_t;
 
+/* A piece an idle worker loads before it is its (a standby: reshard.c). */
+typedef struct {
+    char worker[TSR_NAME_MAX + 1];
+    tsr_piece_key_t key;
+    bool loaded;                /* it said ready in the standby's epoch */
+    bool failed;                /* it could not load it */
+} tsr_standby_t;
+
 typedef struct {
     char name[TSR_NAME_MAX + 1];
     bool model_ok;
@@ -124,6 +132,20 @@ typedef struct {
         char blocked[160];      /* why the replica more the queue asks for is not added
                                    ("": nothing is held back) */
     } scale;
+    /* A reload's new cut built beside the running one (reload.c defers the cut,
+     * reshard.c's the rest): the idle workers load the new layout's pieces as
+     * standbys while the old replicas serve, then one plan swaps them in. */
+    struct {
+        bool active;            /* d keeps the old cut until the switch */
+        int tensor, pipeline, replicas;  /* the file's, to switch to */
+        bool sent, switching;
+        uint64_t epoch;         /* the standby assignments' */
+        tsr_standby_t *standby; /* n of them (NULL until sent) */
+        int n;
+        int64_t since_ms;
+        char doing[320];        /* the step it is at ("" when none) */
+        char last[320];         /* how the last change of cut went */
+    } reshard;
     struct {                    /* what was chosen, for a reload that keeps it */
         bool ranged;            /* replicas followed load (a range) */
         bool auto_tensor, auto_pipeline, auto_replicas;
@@ -228,6 +250,9 @@ tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old, s
                                 bool later);
 void tsr_deps_free(tsr_dep_state_t *deps, size_t n);
 
+/* Whether worker `name` is loading or holds a piece it does not serve yet, a standby
+ * of a move back (rebalance.c) or of a new cut (reshard.c): not idle for anyone else. */
+bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name);
 /* The index in cfg->deployments of the deployment with that name, or -1. */
 int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
 /* The state of the deployment with that name, or NULL. */

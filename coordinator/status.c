@@ -200,6 +200,10 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
                                                        : json_null());
         json_object_set_new(o, "autoscale", a);
     }
+    /* a change of cut built beside the running one (reshard.c), or how the last went */
+    if (c->deps[i].reshard.doing[0] || c->deps[i].reshard.last[0])
+        json_object_set_new(o, "reshard", json_pack("{s:s, s:s}", "doing", c->deps[i].reshard.doing,
+                                                    "last", c->deps[i].reshard.last));
     json_object_set_new(o, "tp_groups_spanning_nodes", json_integer(sum.spanning_nodes));
     json_object_set_new(o, "tp_groups_spanning_nvlink_domains", json_integer(sum.spanning_nvlink));
     json_t *warnings = json_array();

@@ -3523,6 +3523,142 @@ static void test_moving_back_is_off_at_interval_0(void **state)
     expect_spans(fx, 1, 0, "nodeA", "nodeC");
 }
 
+/* ---- a new cut built beside the running one ------------------------------------- */
+
+/* tp 1 x 1 replica on w-something, every piece ready, four idle workers; the file then
+ * asks for tp 2.  Returns the worker serving the old replica. */
+static int one_replica_then_tp2(fx_t *fx)
+{
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);
+    register_two_nodes(fx);
+    assert_int_equal(take_assigns(fx), 1);
+    all_ready(fx);
+    int old = holder_of_replica(fx, 0);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);
+    return old;
+}
+
+/* The standbys the fake workers were sent: their indices (at most NW) and epoch. */
+static int take_standbys(fx_t *fx, int *who, uint64_t *epoch)
+{
+    int n = 0;
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20);
+        if (!env) continue;
+        assert_int_equal(env->body_case, TESSERA__ENVELOPE__BODY_ASSIGN);
+        const Tessera__Assignment *a = env->assign->assignment;
+        assert_int_equal(a->tp_size, 2);
+        for (size_t k = 0; k < a->n_peers; k++) assert_string_equal(a->peers[k], "");
+        *epoch = env->epoch;
+        who[n++] = i;
+        tsr_env_free(&env);
+    }
+    return n;
+}
+
+/* A reload from tp 1 to tp 2 with idle workers for the new layout: the old replica
+ * keeps the old cut and serves (a request goes to it) while two idle workers load the
+ * new pieces as standbys; once both say ready the cut changes and one plan gives them
+ * their pieces with their peers and lets the old worker go; the request resumes on
+ * the new replica, nothing failed; status shows each step. */
+static void test_a_new_cut_is_built_beside_the_running_one(void **state)
+{
+    fx_t *fx = *state;
+    int old = one_replica_then_tp2(fx);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 1);         /* the old cut serves until the switch */
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(dj, "reshard"), "doing")),
+                           "tp 2 x pp 1 x 1 loads on 2 idle worker(s) while tp 1 x pp 1 x 1 serves"));
+    json_decref(root);
+    uint64_t id = request_to(fx, 0);        /* the old replica serves meanwhile */
+    assert_int_equal(holder_of_replica(fx, 0), old);
+    send_token(fx, old, id, 0, false);
+    send_ready(fx, sb[0], epoch);
+    pump(fx);
+    tick_alive(fx, t + 100);
+    assert_int_equal(d->tensor, 1);         /* one standby is still loading */
+    expect_nothing(fx->dealer[old], 20);
+    send_ready(fx, sb[1], epoch);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    assert_int_equal(d->tensor, 2);
+    uint64_t switched = 0;
+    int leader = -1;
+    for (int k = 0; k < 2; k++) {
+        tsr_env_t *env = expect_kind(fx->dealer[sb[k]], TESSERA__ENVELOPE__BODY_ASSIGN);
+        assert_true(env->epoch > epoch);
+        switched = env->epoch;
+        assert_int_equal(env->assign->assignment->n_peer_workers, 2);  /* both placed */
+        if (env->assign->assignment->tp_rank == 0) leader = sb[k];
+        tsr_env_free(&env);
+    }
+    bool cancelled = false, unassigned = false;
+    tsr_env_t *env;
+    while ((env = recv_env(fx->dealer[old], TSR_WIRE_MAX_WORKER, 50))) {
+        cancelled |= env->body_case == TESSERA__ENVELOPE__BODY_CANCEL;
+        unassigned |= env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN;
+        tsr_env_free(&env);
+    }
+    assert_true(unassigned);
+    for (int k = 0; k < 2; k++) send_ready(fx, sb[k], switched);
+    pump(fx);
+    tick_alive(fx, t + 300);
+    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);  /* resumed */
+    assert_int_equal(env->generate->n_prompt, 4);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    dj = dep_status(fx, &root);
+    json_t *rs = json_object_get(dj, "reshard");
+    assert_string_equal(json_string_value(json_object_get(rs, "doing")), "");
+    assert_non_null(strstr(json_string_value(json_object_get(rs, "last")),
+                           "tp 2 x pp 1 x 1 replaced tp 1 x pp 1 x 1 after its pieces loaded beside it"));
+    json_decref(root);
+    (void)cancelled;
+}
+
+/* A standby lost before the switch (it dies): the new cut applies at once, as
+ * without idle workers, and status says why. */
+static void test_a_lost_standby_makes_the_new_cut_apply_at_once(void **state)
+{
+    fx_t *fx = *state;
+    one_replica_then_tp2(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    for (int i = 0; i < NW; i++)
+        tsr_registry_find(fx->c->reg, fx->name[i])->last_seen_ms = i == sb[0] ? t - 5000 : t + 2000;
+    tsr_coord_tick(fx->c, t + 2000);
+    tick_alive(fx, t + 2100);
+    assert_int_equal(fx->c->cfg->deployments[0].tensor, 2);
+    char want[64];
+    snprintf(want, sizeof want, "standby %s died", fx->name[sb[0]]);
+    assert_non_null(strstr(fx->c->deps[0].reshard.last, want));
+    assert_false(fx->c->deps[0].reshard.active);
+}
+
+/* Without idle workers for the whole new layout the cut applies at once (the old
+ * behaviour) and status says why, with the counts. */
+static void test_a_new_cut_without_idle_workers_for_it_applies_at_once(void **state)
+{
+    fx_t *fx = *state;
+    cluster_ready(fx);                      /* tp 2 x pp 2: four busy, one idle */
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    assert_int_equal(fx->c->cfg->deployments[0].tensor, 1);
+    assert_false(fx->c->deps[0].reshard.active);
+    assert_non_null(strstr(fx->c->deps[0].reshard.last, "needs more idle workers (2, 1 idle)"));
+}
+
 /* A piece that is not adopted (its keys differ from the file's) does not choose the
  * cut of an auto deployment: it stays to be chosen. */
 static void test_a_piece_not_adopted_does_not_choose_the_auto_cut(void **state)
@@ -4270,6 +4406,9 @@ int main(void)
         T(test_a_group_left_across_nodes_moves_back_make_before_break),
         T(test_moving_back_waits_for_an_idle_replica),
         T(test_moving_back_is_off_at_interval_0),
+        T(test_a_new_cut_is_built_beside_the_running_one),
+        T(test_a_lost_standby_makes_the_new_cut_apply_at_once),
+        T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),

@@ -1,0 +1,220 @@
+/* reshard.c: a reload's new cut built beside the running one, make before break.
+ * Beside rebalance.c (above the requests layer): it places the new layout on the idle
+ * workers with the planner itself (the same rules: tensor groups on one node, distinct
+ * GPUs, memory), sends each its standby piece (assign.c), and at the switch changes the
+ * deployment's cut and tells placement where each piece already is
+ * (tsr_coord_hint_move).  The steps show in the deployment's status as reshard.doing. */
+#include "reshard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "assign.h"
+#include "common/budget.h"
+#include "common/log.h"
+#include "placement.h"
+#include "planner.h"
+
+/* The new cut applies now: the deployment takes it and the state ends. */
+static void apply(tsr_coord_t *c, size_t di, const char *how)
+{
+    tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_dep_state_t *ds = &c->deps[di];
+    int was_t = d->tensor, was_p = d->pipeline, was_r = d->replicas;
+    d->tensor = ds->reshard.tensor;
+    d->pipeline = ds->reshard.pipeline;
+    if (tsr_dep_set_replicas(ds, d, ds->reshard.replicas) < 0)
+        tsr_error("deployment %s: out of memory resizing to %d replicas", d->name,
+                  ds->reshard.replicas);
+    tsr_dep_note_cut(ds, d);
+    snprintf(ds->reshard.last, sizeof ds->reshard.last, "tp %d x pp %d x %d replaced tp %d x pp "
+             "%d x %d %s", d->tensor, d->pipeline, d->replicas, was_t, was_p, was_r, how);
+    tsr_coord_mark_dirty(c);
+}
+
+/* Gives up building beside: the new cut applies at once (the replicas are rebuilt),
+ * keeping what the standbys loaded where the plan gives them their piece. */
+static void give_up(tsr_coord_t *c, size_t di, const char *why)
+{
+    tsr_dep_state_t *ds = &c->deps[di];
+    char how[300];
+    snprintf(how, sizeof how, "at once, rebuilt while it loads: %s", why);
+    apply(c, di, how);
+    for (int k = 0; k < ds->reshard.n; k++) {
+        const tsr_standby_t *sb = &ds->reshard.standby[k];
+        tsr_worker_t *w = tsr_registry_find(c->reg, sb->worker);
+        if (sb->loaded && w && w->state != TSR_W_DEAD && !w->has_piece)
+            tsr_coord_hint_move(c, sb->worker, NULL, &sb->key);
+    }
+    tsr_warn("deployment %s: %s", c->cfg->deployments[di].name, ds->reshard.last);
+    ds->reshard.active = ds->reshard.switching = false;
+    ds->reshard.doing[0] = '\0';
+}
+
+/* Places the new cut on the idle workers and sends each its standby piece.  False
+ * when they cannot hold it (someone took idle workers since the reload). */
+static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_dep_state_t *ds = &c->deps[di];
+    tsr_deployment_t target = *d;
+    target.tensor = ds->reshard.tensor;
+    target.pipeline = ds->reshard.pipeline;
+    target.replicas = ds->reshard.replicas;
+    tsr_config_t view = *c->cfg;
+    view.deployments = &target;
+    view.n_deployments = 1;
+    size_t n = tsr_registry_size(c->reg), k = 0;
+    tsr_plan_worker_t *pw = calloc(n ? n : 1, sizeof *pw);
+    tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
+    uint64_t *need = calloc((size_t)target.pipeline, sizeof *need);
+    tsr_plan_t *plan = NULL;
+    bool ok = false;
+    if (!pw || !ws || !need) {
+        snprintf(why, why_len, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->state == TSR_W_DEAD || w->drained || w->has_piece || w->device != d->device ||
+            tsr_coord_is_standby(c, w->name))
+            continue;
+        ws[k] = w;
+        pw[k] = (tsr_plan_worker_t){.name = w->name, .node = w->node, .device = w->device,
+                                    .memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0,
+                                    .domain = w->nvlink_domain, .gpu = w->pci_bus_id,
+                                    .eligible = true};
+        k++;
+    }
+    for (int s = 0; s < target.pipeline && d->device == TSR_DEVICE_CUDA; s++)
+        need[s] = tsr_piece_need(&ds->model, &target, s);
+    const uint64_t *needs[1] = {d->device == TSR_DEVICE_CUDA ? need : NULL};
+    int layers = ds->model.num_hidden_layers;
+    if (tsr_plan_compute_mem(&view, &layers, needs, pw, k, &plan, why, why_len) < 0) goto out;
+    if (plan->deps[0].short_by > 0) {
+        tsr_plan_shortage_of(plan, 0, pw, why, why_len);
+        goto out;
+    }
+    uint64_t epoch = tsr_coord_next_epoch(c);
+    ds->reshard.standby = calloc(plan->n_pieces, sizeof *ds->reshard.standby);
+    if (!epoch || !ds->reshard.standby) {
+        snprintf(why, why_len, "%s", epoch ? "out of memory" : "the plan epoch is at its limit");
+        goto out;
+    }
+    ds->reshard.epoch = epoch;
+    for (size_t i = 0; i < plan->n_pieces; i++) {
+        const tsr_piece_t *p = &plan->pieces[i];
+        tsr_standby_t *sb = &ds->reshard.standby[ds->reshard.n++];
+        tsr_piece_key_t *key = &sb->key;
+        snprintf(key->deployment, sizeof key->deployment, "%s", d->name);
+        key->replica = p->replica, key->stage = p->stage, key->tp = p->tp;
+        key->tp_size = target.tensor, key->pp_size = target.pipeline;
+        key->layer_begin = p->layer_begin, key->layer_end = p->layer_end;
+        snprintf(sb->worker, sizeof sb->worker, "%s", ws[p->worker]->name);
+        tsr_send_standby(c, ws[p->worker], (int)di, key, epoch);
+    }
+    ok = true;
+out:
+    tsr_plan_destroy(&plan);
+    free(need);
+    free(ws);
+    free(pw);
+    return ok;
+}
+
+/* One step of deployment di's change of cut; true while it goes on. */
+static bool step(tsr_coord_t *c, size_t di, int64_t now)
+{
+    tsr_dep_state_t *ds = &c->deps[di];
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    char why[300];
+    if (!ds->reshard.sent) {
+        ds->reshard.sent = true;
+        ds->reshard.since_ms = now;
+        if (!send_standbys(c, di, why, sizeof why)) {
+            give_up(c, di, why);
+            return false;
+        }
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "tp %d x pp %d x %d loads on %d idle worker(s) while tp %d x pp %d x %d serves",
+                 ds->reshard.tensor, ds->reshard.pipeline, ds->reshard.replicas, ds->reshard.n,
+                 d->tensor, d->pipeline, d->replicas);
+        tsr_info("deployment %s: %s (epoch %llu)", d->name, ds->reshard.doing,
+                 (unsigned long long)ds->reshard.epoch);
+        return true;
+    }
+    int loaded = 0, placed = 0;
+    for (int k = 0; k < ds->reshard.n; k++) {
+        const tsr_standby_t *sb = &ds->reshard.standby[k];
+        const tsr_worker_t *w = tsr_registry_find(c->reg, sb->worker);
+        bool holds = w && w->state != TSR_W_DEAD && w->has_piece && tsr_piece_equal(&w->piece.key, &sb->key);
+        placed += holds;
+        loaded += sb->loaded;
+        if (ds->reshard.switching || holds) continue;
+        const char *lost = !w || w->state == TSR_W_DEAD ? "died"
+                           : w->drained                  ? "was drained"
+                           : w->has_piece                ? "was given another piece"
+                           : sb->failed                  ? "could not load its piece"
+                                                         : NULL;
+        if (lost) {
+            snprintf(why, sizeof why, "standby %s %s", sb->worker, lost);
+            give_up(c, di, why);
+            return false;
+        }
+    }
+    if (ds->reshard.switching) {
+        /* done once the plan has given the standbys their pieces; until then every
+         * plan is told where they are */
+        if (placed == ds->reshard.n) {
+            ds->reshard.active = ds->reshard.switching = false;
+            tsr_info("deployment %s: %s", d->name, ds->reshard.last);
+            ds->reshard.doing[0] = '\0';
+            return false;
+        }
+        for (int k = 0; k < ds->reshard.n; k++)
+            tsr_coord_hint_move(c, ds->reshard.standby[k].worker, NULL, &ds->reshard.standby[k].key);
+        return true;
+    }
+    if (loaded < ds->reshard.n) return true;
+    char how[160];
+    snprintf(how, sizeof how, "after its pieces loaded beside it (%.1f s), swapped in by a "
+             "rewire", (double)(now - ds->reshard.since_ms) / 1000.0);
+    apply(c, di, how);
+    ds->reshard.switching = true;
+    snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+             "every piece of tp %d x pp %d x %d is loaded: the replicas switch to it",
+             d->tensor, d->pipeline, d->replicas);
+    for (int k = 0; k < ds->reshard.n; k++)
+        tsr_coord_hint_move(c, ds->reshard.standby[k].worker, NULL, &ds->reshard.standby[k].key);
+    return true;
+}
+
+int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now)
+{
+    int64_t next = 0;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++)
+        if (c->deps[i].reshard.active && now >= c->plan_after_ms && step(c, i, now))
+            next = now + 100;
+    return next;
+}
+
+bool tsr_reshard_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env)
+{
+    if (w->has_piece) return false;
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        tsr_dep_state_t *ds = &c->deps[i];
+        if (!ds->reshard.active || env->epoch != ds->reshard.epoch) continue;
+        for (int k = 0; k < ds->reshard.n; k++) {
+            tsr_standby_t *sb = &ds->reshard.standby[k];
+            if (strcmp(sb->worker, w->name)) continue;
+            if (env->body_case == TESSERA__ENVELOPE__BODY_READY) sb->loaded = true;
+            if (env->body_case == TESSERA__ENVELOPE__BODY_FAILED) {
+                if (env->failed->fatal) return false;  /* the loop declares it dead */
+                sb->failed = true;
+            }
+            return true;
+        }
+    }
+    return false;
+}

@@ -1,0 +1,25 @@
+/* reshard.h: a reload's new cut built beside the running one (reshard.c).  When a
+ * reload changes a serving deployment's tensor or pipeline and idle workers can hold
+ * the whole new layout, reload.c keeps the old cut in force and records the new one
+ * in the deployment's `reshard` state; here the idle workers are given the new pieces
+ * as standbys (they load the weights, serve nothing), and once every one is loaded
+ * the cut changes and one plan swaps them in: the old replicas serve until then, and
+ * the new ones are rewired, not loaded, at the switch. */
+#ifndef TSR_RESHARD_H
+#define TSR_RESHARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "state.h"
+
+/* Moves every change of cut under way one step: places and sends the standbys,
+ * switches when all are loaded, ends when the plan has given them their pieces.
+ * When the standbys cannot be placed or one is lost (a death, a drain, a failure
+ * to load, a plan that gave it another piece), the new cut applies at once, as
+ * without idle workers.  Returns when it next needs to run (0: nothing pending). */
+int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now_ms);
+/* A Ready, Progress or Failed from worker w: true when it is about one of the
+ * standby pieces (it is then taken here), false for the loop to handle. */
+bool tsr_reshard_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env);
+
+#endif
