@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/budget.h"
 #include "common/log.h"
 #include "metrics.h"
 #include "placement.h"
@@ -45,6 +46,23 @@ static void idle_workers(const tsr_coord_t *c, int idle[2])
             (w->device == TSR_DEVICE_CPU || w->device == TSR_DEVICE_CUDA))
             idle[w->device]++;
     }
+}
+
+/* Idle workers that could hold any piece of d (a cuda piece's bytes). */
+static int idle_for(const tsr_coord_t *c, const tsr_deployment_t *d, const tsr_dep_state_t *ds)
+{
+    uint64_t need = 0;
+    for (int s = 0; s < d->pipeline && d->device == TSR_DEVICE_CUDA; s++) {
+        uint64_t n = tsr_piece_need(&ds->model, d, s);
+        if (n > need) need = n;
+    }
+    int k = 0;
+    for (size_t i = 0, n = tsr_registry_size(c->reg); i < n; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        k += w->state != TSR_W_DEAD && !w->drained && !w->has_piece && w->device == d->device &&
+             !tsr_coord_is_standby(c, w->name) && (!need || !w->memory || w->memory >= need);
+    }
+    return k;
 }
 
 /* Every replica of d has a ready leader (none is loading or broken). */
@@ -92,6 +110,12 @@ static bool drain_step(tsr_coord_t *c, tsr_deployment_t *d, tsr_dep_state_t *ds,
         ds->scale.draining = -1;
         return false;
     }
+    /* the others must serve: one being rewired, unhealthy or moving leaves this one */
+    if (!tsr_requests_another_serves(c, d, r)) {
+        tsr_info("deployment %s: replica %d is kept for now: no other replica serves", d->name, r);
+        ds->scale.draining = -1;
+        return false;
+    }
     int on = tsr_requests_in_flight(c, d->name, r);
     if (on > 0 && now - ds->scale.drain_since_ms < TSR_SCALE_DRAIN_MAX_MS) return true;
     if (on > 0)
@@ -133,11 +157,18 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
         if (d->replicas_max && d->replicas > d->replicas_min)
             givable[d->device] += d->tensor * d->pipeline * (d->replicas - d->replicas_min);
     }
+    /* workers being given back already (drains for a shortage, their pieces) */
+    int giving[2] = {0, 0};
+    for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+        const tsr_deployment_t *d = &c->cfg->deployments[i];
+        if (c->deps[i].scale.draining >= 0 && c->deps[i].scale.give_back)
+            giving[d->device] += d->tensor * d->pipeline;
+    }
+    int taken[2] = {0, 0};  /* idle workers promised this pass */
     for (int k = 0; k < 2; k++) {
         if (short_of[k] >= 0 && c->deps[short_of[k]].short_by > idle[k] + givable[k])
             short_of[k] = -1;
-        idle[k] -= c->cfg->reserve_spares;
-        if (short_of[k] >= 0) idle[k] = 0;
+        if (short_of[k] >= 0) taken[k] = idle[k];  /* the shortage takes what is idle first */
     }
     int64_t next = 0;
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
@@ -173,21 +204,31 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
         }
         int64_t due = ds->scale.window_ms + window;
         if (!next || due < next) next = due;
+        /* a drain to give a worker back ends when nobody is short any more */
+        if (ds->scale.draining >= 0 && ds->scale.give_back && short_of[d->device] < 0) {
+            tsr_info("deployment %s: replica %d is kept: no deployment is short of %s workers "
+                     "now", d->name, ds->scale.draining, tsr_device_name(d->device));
+            ds->scale.draining = -1;
+        }
         if (ds->scale.draining >= 0 && drain_step(c, d, ds, now)) {
             next = now + 100;
             continue;
         }
         const int in_flight = tsr_requests_in_flight(c, d->name, -1);
         const bool room = d->replicas > d->replicas_min && !ds->scale.window_above &&
-                          in_flight <= (d->replicas - 1) * d->max_batch;
+                          in_flight <= (d->replicas - 1) * d->max_batch &&
+                          tsr_requests_another_serves(c, d, d->replicas - 1);
         if (!room) ds->scale.room_since_ms = 0;
         else if (!ds->scale.room_since_ms) ds->scale.room_since_ms = now;
         const int per = d->tensor * d->pipeline;
         const int k = d->device;
         if (window_end) ds->scale.blocked[0] = '\0';
 
-        /* another deployment of the kind lacks workers: one above min goes back */
-        if (short_of[k] >= 0 && short_of[k] != (int)i && d->replicas > d->replicas_min) {
+        /* another deployment of the kind lacks workers: one above min goes back, as
+         * many as it lacks */
+        if (short_of[k] >= 0 && short_of[k] != (int)i && d->replicas > d->replicas_min &&
+            giving[k] + idle[k] < c->deps[short_of[k]].short_by) {
+            giving[k] += per;
             char why[200];
             snprintf(why, sizeof why, "deployment %s needs %s workers",
                      c->cfg->deployments[short_of[k]].name, tsr_device_name(d->device));
@@ -203,13 +244,13 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
             } else if (!all_serving(c, d)) {
                 snprintf(ds->scale.blocked, sizeof ds->scale.blocked,
                          "a replica more waits until every replica serves");
-            } else if (idle[k] < per) {
+            } else if (idle_for(c, d, ds) - c->cfg->reserve_spares - taken[k] < per) {
                 snprintf(ds->scale.blocked, sizeof ds->scale.blocked,
                          "a replica more needs %d idle %s worker(s)%s", per,
                          tsr_device_name(d->device),
                          c->cfg->reserve_spares ? " beyond coordinator.reserve_spares" : "");
             } else if (tsr_dep_set_replicas(ds, d, d->replicas + 1) == 0) {
-                idle[k] -= per;
+                taken[k] += per;
                 decided(c, ds, now, true, "%d replica(s), from %d: the queue wait was %.0f ms "
                         "over %d s, above scale_up_queue_ms %d (%d request(s) in flight)",
                         d->replicas, d->replicas - 1, ds->scale.window_wait_ms,

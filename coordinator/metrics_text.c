@@ -181,7 +181,8 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
            "Workers declared dead (missed heartbeats or a removed key).");
     tsr_sb_printf(&o, "tessera_worker_deaths_total %llu\n", (unsigned long long)c->stats.deaths);
     family(&o, "tessera_requests_replayed_total", "counter",
-           "Request attempts resumed on another replica after a failure.");
+           "Request attempts resumed on another replica: after a failure, or moved off one "
+           "that a plan rewired, a drain removed or a move changed.");
     tsr_sb_printf(&o, "tessera_requests_replayed_total %llu\n", (unsigned long long)c->stats.requests_replayed);
     family(&o, "tessera_rebalance_moves_total", "counter",
            "Pieces moved back where they belong, make before break (outcome=\"moved\"), and "

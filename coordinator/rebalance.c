@@ -66,6 +66,12 @@ static tsr_worker_t *standby_for(tsr_coord_t *c, size_t di, int s, tsr_worker_t 
             (domain && strcmp(w->nvlink_domain, g[home]->nvlink_domain)))
             continue;
         if (need && w->memory && w->memory < need) continue;
+        /* a smaller GPU would lower the replica's KV budget: every member would reload */
+        if (d->device == TSR_DEVICE_CUDA && w->memory < g[odd]->memory) continue;
+        /* one that failed to load this piece is not asked again for a while */
+        if (c->rebalance.failed_until_ms > c->now_ms && !strcmp(c->rebalance.failed_worker, w->name) &&
+            tsr_piece_equal(&c->rebalance.failed_key, &g[odd]->piece.key))
+            continue;
         bool shares_gpu = false;
         for (int k = 0; k < n; k++)
             shares_gpu |= k != odd && w->pci_bus_id[0] && !strcmp(g[k]->node, w->node) &&
@@ -158,7 +164,8 @@ static void step(tsr_coord_t *c)
     bool from_holds = from && from->state != TSR_W_DEAD && from->has_piece &&
                       tsr_piece_equal(&from->piece.key, k);
     bool to_holds = to && to->state != TSR_W_DEAD && to->has_piece && tsr_piece_equal(&to->piece.key, k);
-    if (c->rebalance.switching && to_holds && !from_holds) {
+    /* the standby holds it (a plan, the switch or a failover of the old holder, gave it) */
+    if (to_holds && !from_holds) {
         end_move(c, true, NULL);
         return;
     }
@@ -176,10 +183,9 @@ static void step(tsr_coord_t *c)
     if (!c->rebalance.loaded || c->rebalance.switching) return;
     /* no replica that serves stops: another one serves, or this one is idle */
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    bool other = false;
-    for (int r = 0; r < d->replicas && !other; r++)
-        other = r != k->replica && tsr_registry_ready_leader(c->reg, d, r) != NULL;
-    if (!other && tsr_requests_in_flight(c, d->name, k->replica) > 0) return;
+    if (!tsr_requests_another_serves(c, d, k->replica) &&
+        tsr_requests_in_flight(c, d->name, k->replica) > 0)
+        return;
     c->rebalance.switching = true;
     char *colon = strstr(c->rebalance.doing, ": ");
     if (colon) *colon = '\0';
@@ -241,6 +247,10 @@ bool tsr_rebalance_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env
         if (env->failed->fatal) return false;  /* the loop declares it dead */
         char why[400];
         snprintf(why, sizeof why, "the standby failed to load: %s", env->failed->reason);
+        snprintf(c->rebalance.failed_worker, sizeof c->rebalance.failed_worker, "%s", w->name);
+        c->rebalance.failed_key = c->rebalance.key;
+        c->rebalance.failed_until_ms =
+            (c->now_ms ? c->now_ms : tsr_now_ms()) + 10 * (int64_t)c->cfg->rebalance_interval_s * 1000;
         end_move(c, false, why);
     }
     return true;

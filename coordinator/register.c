@@ -82,6 +82,11 @@ static const char *adopt_piece(tsr_coord_t *c, tsr_worker_t *w, const Tessera__A
     tsr_piece_key_t key = *k;
     if (!tsr_coord_piece_fits(c, di, &key))
         return "the deployment's layout or layer split has changed";
+    /* A standby (every peer empty: rebalance.c, reshard.c) serves nothing: the worker
+     * that does hold the piece keeps it. */
+    bool standby = a->n_peers > 0;
+    for (size_t i = 0; i < a->n_peers && standby; i++) standby = !a->peers[i] || !a->peers[i][0];
+    if (standby) return "it was a standby of a move the coordinator restart ended";
     /* Not adopted: it is assigned again with the configuration's keys.  An
      * older coordinator sent kv_dtype auto itself, and none sent a
      * matmul_dtype (0, auto): each is the type it stands for on this device. */

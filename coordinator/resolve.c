@@ -162,6 +162,11 @@ bool tsr_coord_adopt_layout(tsr_coord_t *c, int di, const tsr_piece_key_t *k, in
     tsr_dep_state_t *ds = &c->deps[di];
     *undo = (tsr_layout_undo_t){ds->layout_chosen, d->tensor, d->pipeline, d->replicas};
     if (!ds->model_ok) return false;
+    /* replicas that followed load: a restart keeps every one its workers still hold,
+     * within the range (the first plan places the rest of them) */
+    if (d->replicas_max && now < c->plan_after_ms && k->tp_size == d->tensor &&
+        k->pp_size == d->pipeline && k->replica >= d->replicas && k->replica < d->replicas_max)
+        tsr_dep_set_replicas(ds, d, k->replica + 1);
     if (!d->auto_tensor && !d->auto_pipeline && !d->auto_replicas) return true;
     /* Only while the coordinator waits for its workers to re-attach, and only a
      * cut and a replica count the live workers could hold: a worker's word cannot

@@ -418,17 +418,27 @@ uint64_t tsr_requests_new_id(const tsr_coord_t *c)
  * replica whose canary failed gets none. */
 static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid)
 {
-    int replica = -1, best = 0;
+    int replica = -1, best = 0, draining = -1;
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = tsr_coord_canary(c, d->name, r);
         if (r == avoid || (k && k->unhealthy) || !tsr_registry_ready_leader(c->reg, d, r)) continue;
         /* one being drained to be removed takes nothing new while another serves */
-        if (ds && ds->scale.draining == r && d->replicas > 1) continue;
+        if (ds && ds->scale.draining == r) {
+            draining = r;
+            continue;
+        }
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
-    return replica;
+    return replica >= 0 ? replica : draining;
+}
+
+bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r)
+{
+    const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
+    int other = pick_replica_but(c, d, r);
+    return other >= 0 && !(ds && ds->scale.draining == other);
 }
 
 static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)

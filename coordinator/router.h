@@ -106,6 +106,9 @@ int64_t tsr_requests_waiting(const tsr_coord_t *c, const char *deployment, int64
 /* Moves the requests on a deployment's replica to the others (their leader is told
  * to drop them), without it counting against max_replays: nothing failed. */
 void tsr_requests_move_off(tsr_coord_t *c, const char *deployment, int replica, const char *why);
+/* Whether a replica of d other than r takes new requests now (ready, healthy, not
+ * being drained): what a change that stops replica r must leave standing. */
+bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r);
 /* Requests in flight, all deployments. */
 size_t tsr_requests_count(const tsr_coord_t *c);
 /* Requests in flight on a deployment's replica (replica < 0: all). */

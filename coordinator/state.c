@@ -84,8 +84,9 @@ static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_s
         d->replicas = old->chose.replicas;
         s->replicas_settled = old->replicas_settled;
     }
-    /* replicas that followed load keep the count they reached, within the new range */
-    if (d->replicas_max && old->chose.ranged && old->chose.device == (int)d->device &&
+    /* replicas that followed load keep the count they reached, within the new range; a
+     * fixed count that becomes a range starts from it */
+    if (d->replicas_max && !old->chose.auto_replicas && old->chose.device == (int)d->device &&
         old->chose.tensor == d->tensor && old->chose.pipeline == d->pipeline) {
         int n = old->chose.replicas;
         d->replicas = n < d->replicas_min ? d->replicas_min
@@ -138,6 +139,7 @@ tsr_dep_state_t *tsr_deps_build(tsr_config_t *cfg, const tsr_dep_state_t *old,
         tsr_dep_state_t *s = &deps[i];
         snprintf(s->name, sizeof s->name, "%s", d->name);
         s->scale.draining = -1;
+        s->scale.window_wait_ms = -1;
         char err[1024];
         if (tsr_model_load_for(d, (int)i, cfg->path, &s->model, err, sizeof err) < 0) {
             snprintf(s->model_error, sizeof s->model_error, "%s", err);

@@ -203,6 +203,9 @@ typedef struct tsr_coord {
         uint64_t epoch;         /* the standby assignment's, to `to` */
         bool loaded;            /* `to` has the piece's weights (it said ready) */
         uint64_t moves, abandoned;
+        char failed_worker[TSR_NAME_MAX + 1];  /* the last standby that could not load */
+        tsr_piece_key_t failed_key;            /* ...its piece: not asked again before */
+        int64_t failed_until_ms;
         char doing[320];        /* the move under way ("" when none) */
         char last[400];         /* the last move done or given up, and why */
     } rebalance;

@@ -3288,6 +3288,57 @@ static void test_replicas_shrink_after_idle_draining_the_last_first(void **state
     json_decref(root);
 }
 
+/* Room for a replica fewer, but the other replica does not serve (its piece failed):
+ * the last one is not drained, since it is the one serving; once the other is ready
+ * again the drain goes ahead. */
+static void test_the_replica_that_serves_alone_is_not_drained(void **state)
+{
+    fx_t *fx = *state;
+    int64_t t;
+    int r0, r1;
+    two_replicas_ready(fx, &t, &r0, &r1);
+    send_failed(fx, r0, fx->piece[r0].epoch, "the data plane broke", false);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    tick_alive(fx, t + 2500);               /* past scale_down_idle_s */
+    assert_int_equal(fx->c->deps[0].scale.draining, -1);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    uint64_t id = request_to(fx, 1);        /* the one that serves takes requests */
+    send_token(fx, r1, id, 0, true);
+    pump(fx);
+}
+
+/* A restarted coordinator keeps the replicas a range grew to: a worker that
+ * re-attaches with replica 2 of {min 1, max 3} is adopted and the count is 3, not
+ * min; a fixed count that becomes a range by a reload starts from that count. */
+static void test_a_range_keeps_its_count_across_a_restart_and_from_a_fixed_count(void **state)
+{
+    fx_t *fx = *state;
+    layout = "      tensor: 2\n      pipeline: 2\n      replicas: {min: 1, max: 3}\n";
+    reconfigure(fx, NULL);
+    fx->c->plan_after_ms = tsr_now_ms() + 60000;  /* the re-attach grace of a restart */
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    a.replica = 2;
+    register_adopted(fx, 0, &a, TESSERA__WORKER_STATE__STATE_READY);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 3);
+    a.replica = 3;                          /* past max: not adopted */
+    send_register(fx, 1, fx->name[1], "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[1], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->adopted);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 3);
+
+    layout = "      tensor: 2\n      pipeline: 2\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+    layout = "      tensor: 2\n      pipeline: 2\n      replicas: {min: 1, max: 3}\n";
+    reconfigure(fx, NULL);
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
+}
+
 /* A request still on the drained replica after TSR_SCALE_DRAIN_MAX_MS resumes on
  * the other, from the tokens it had: nothing fails. */
 static void test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them(void **state)
@@ -3509,6 +3560,29 @@ static void test_moving_back_waits_for_an_idle_replica(void **state)
     tsr_env_free(&env);
     assert_true(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
     assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
+/* A restarted coordinator does not adopt a standby (a piece held with no peer
+ * placed): the worker that serves the piece keeps it. */
+static void test_a_standby_is_not_adopted_by_a_restarted_coordinator(void **state)
+{
+    fx_t *fx = *state;
+    fx->c->plan_after_ms = tsr_now_ms() + 60000;
+    Tessera__Assignment a;
+    held_piece(&a, 4, 8);
+    char *none[4] = {"", "", "", ""};
+    a.peers = none;
+    a.n_peers = 4;
+    send_register(fx, 0, fx->name[0], "node0", TSR_PROTOCOL_VERSION, &a,
+                  TESSERA__WORKER_STATE__STATE_READY);
+    pump(fx);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+    assert_false(env->register_reply->adopted);
+    tsr_env_free(&env);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[0])->has_piece);
+    char *some[4] = {"", "", "", "127.0.0.1:9"};  /* its own slot: a piece it serves */
+    a.peers = some;
+    register_adopted(fx, 1, &a, TESSERA__WORKER_STATE__STATE_READY);
 }
 
 /* With rebalance_interval_s 0 nothing moves. */
@@ -4402,10 +4476,13 @@ int main(void)
         T(test_replicas_grow_when_the_queue_wait_stays_above_the_threshold),
         T(test_replicas_shrink_after_idle_draining_the_last_first),
         T(test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them),
+        T(test_the_replica_that_serves_alone_is_not_drained),
+        T(test_a_range_keeps_its_count_across_a_restart_and_from_a_fixed_count),
         T(test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_failover),
         T(test_a_group_left_across_nodes_moves_back_make_before_break),
         T(test_moving_back_waits_for_an_idle_replica),
         T(test_moving_back_is_off_at_interval_0),
+        T(test_a_standby_is_not_adopted_by_a_restarted_coordinator),
         T(test_a_new_cut_is_built_beside_the_running_one),
         T(test_a_lost_standby_makes_the_new_cut_apply_at_once),
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
