@@ -81,7 +81,9 @@ static void usage(FILE *f)
             "one; TSR_TEST_DEVICE_FAULT_AFTER=N, for tests of the exit path: the CPU engine\n"
             "fails as a GPU does on a fatal error from its Nth step on; the CUDA engine\n"
             "writes to an invalid address at its Nth step that carries tokens, a real\n"
-            "sticky error.  A release build (make) ignores these.\n"
+            "sticky error; TSR_TEST_LOAD_HOLD_MS=N makes every load of a piece's\n"
+            "weights take N ms more (at most 60000), as a large model's would.  A release\n"
+            "build (make) ignores these.\n"
 #endif
             "\n"
             "%s"
