@@ -261,10 +261,12 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     int *was = calloc(nd ? nd : 1, sizeof *was);
     bool *same_cut = calloc(nd ? nd : 1, sizeof *same_cut);
     bool *new_model = calloc(nd ? nd : 1, sizeof *new_model);
-    if (!was || !same_cut || !new_model) {
+    bool *beside = calloc(nd ? nd : 1, sizeof *beside);
+    if (!was || !same_cut || !new_model || !beside) {
         free(was);
         free(same_cut);
         free(new_model);
+        free(beside);
         goto oom;
     }
     for (size_t d = 0; d < nd; d++) {
@@ -272,6 +274,23 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
         was[d] = rd ? jint(rd, "replicas") : 0;
         same_cut[d] = rd && jint(rd, "tensor") == cfg->deployments[d].tensor &&
                       jint(rd, "pipeline") == cfg->deployments[d].pipeline;
+        /* a new cut of a deployment that serves whole is built beside it when the idle
+         * workers of its kind hold all of it (reload.c): no replica stops meanwhile */
+        const tsr_deployment_t *dd = &cfg->deployments[d];
+        if (rd && !same_cut[d] && !strcmp(jstr(rd, "state"), "ready") && !dd->auto_tensor &&
+            !dd->auto_pipeline && !dd->auto_replicas &&
+            !strcmp(jstr(rd, "device"), tsr_device_name(dd->device))) {
+            int idle = 0;
+            size_t wi;
+            json_t *w;
+            json_array_foreach(json_object_get(doc, "workers"), wi, w)
+                idle += free_of(w, dd->device) && !strcmp(jstr(w, "state"), "idle");
+            beside[d] = idle >= dd->tensor * dd->pipeline * dd->replicas;
+            if (beside[d])
+                printf("  deployment %s: the new cut is built beside the running one on %d of "
+                       "the %d idle worker(s), then swapped in (a rewire)\n", dd->name,
+                       dd->tensor * dd->pipeline * dd->replicas, idle);
+        }
         if (rd) {  /* what a worker's engine is built for: any change reads the weights again */
             char model[PATH_MAX];
             tsr_deployment_t od = running_keys(rd, model, sizeof model);
@@ -355,7 +374,14 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
         for (int r = 0; r < dep->replicas; r++) {
             long id = replica_id((int)d, r);
             bool loads = in_set(loading, n_loading, id);
-            if (r >= was[d]) {
+            if (beside[d]) {
+                if (r < was[d])
+                    printf("  replica %s/%d serves in the old cut until the new one is loaded "
+                           "beside it\n", dep->name, r);
+                else
+                    printf("  replica %s/%d is new: it serves once the new cut is swapped in\n",
+                           dep->name, r);
+            } else if (r >= was[d]) {
                 printf("  replica %s/%d is new: it serves once its pieces load\n", dep->name, r);
             } else if (!same_cut[d]) {
                 printf("  replica %s/%d is rebuilt in the new cut: it stops serving while its "
@@ -378,6 +404,7 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     free(was);
     free(same_cut);
     free(new_model);
+    free(beside);
     if (!n_load && !n_release && !n_rewired) printf("  nothing changes\n");
     else if (!stopping) printf("  no replica that serves now stops serving\n");
     rc = 0;

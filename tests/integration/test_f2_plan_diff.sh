@@ -16,10 +16,18 @@ grep -q "deployment tiny: 1 -> 2 replica(s)" "$T/diff.txt" || fail "replicas: $(
 grep -q "replica tiny/1 is new" "$T/diff.txt" || fail "new replica: $(cat "$T/diff.txt")"
 [ "$(grep -c "^  load " "$T/diff.txt")" = 2 ] || fail "two loads expected: $(cat "$T/diff.txt")"
 grep -q "no replica that serves now stops serving" "$T/diff.txt" || fail "serving: $(cat "$T/diff.txt")"
-# another cut: the replica is rebuilt and stops serving while its pieces load
+# another cut the three idle workers can hold: built beside, nothing stops serving
 write_yaml "$T/p2.yaml" 1 2 1
 diff_of "$T/p2.yaml" > /dev/null
 grep -q "layout tp 2 x pp 1 -> tp 1 x pp 2" "$T/diff.txt" || fail "layout: $(cat "$T/diff.txt")"
+grep -q "the new cut is built beside the running one on 2 of the 3 idle worker(s)" "$T/diff.txt" ||
+    fail "beside: $(cat "$T/diff.txt")"
+grep -q "replica tiny/0 serves in the old cut until the new one is loaded beside it" "$T/diff.txt" ||
+    fail "serving replica: $(cat "$T/diff.txt")"
+grep -q "no replica that serves now stops serving" "$T/diff.txt" || fail "serving: $(cat "$T/diff.txt")"
+# a cut they cannot hold beside it: the replica is rebuilt and stops serving meanwhile
+write_yaml "$T/p4.yaml" 1 2 2
+diff_of "$T/p4.yaml" > /dev/null
 grep -q "replica tiny/0 is rebuilt in the new cut: it stops serving" "$T/diff.txt" || fail "rebuilt replica: $(cat "$T/diff.txt")"
 grep -q "load    w0 .* (held tiny r0 s0 t0)" "$T/diff.txt" || fail "what w0 held: $(cat "$T/diff.txt")"
 # max_queue: every replica rewired, keeping its weights; max_batch: its engines are
