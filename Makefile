@@ -301,6 +301,8 @@ bench: deps
 	@TSR_BIN=$(TEST_BUILD)/bin TSR_BUILD=$(TEST_BUILD) ./bench/wedge.sh
 	@./bench/chaos.sh
 	@./bench/chaos.sh --netns 300
+	@./bench/autoscale.sh
+	@./bench/cost_model.sh
 
 # The units name the installed binaries and SYSCONFDIR's files (@PREFIX@,
 # @SYSCONFDIR@); UNITDIR is where systemd finds them.

@@ -33,3 +33,12 @@ bench_one_worker() {
     "$BIN/tessera" --coordinator "tcp://127.0.0.1:$CP" status --wait-ready 30 > /dev/null ||
         { echo "$1: not ready"; cat "$T"/*.log; exit 1; }
 }
+
+# json_get FILE KEY...: the keys' values in FILE's JSON object, space-separated ("-": null).
+json_get() {
+    python3 - "$@" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(" ".join("-" if d.get(k) is None else str(d[k]) for k in sys.argv[2:]))
+PY
+}

@@ -210,6 +210,7 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
                      "now", d->name, ds->scale.draining, tsr_device_name(d->device));
             ds->scale.draining = -1;
         }
+        if (ds->reshard.active) continue;  /* its cut changes: the count waits (reshard.c) */
         if (ds->scale.draining >= 0 && drain_step(c, d, ds, now)) {
             next = now + 100;
             continue;

@@ -87,7 +87,8 @@ static bool find_move(tsr_coord_t *c, size_t *di_out, tsr_worker_t **from, tsr_w
     tsr_worker_t *g[MAX_GROUP];
     for (size_t di = 0; di < c->cfg->n_deployments; di++) {
         const tsr_deployment_t *d = &c->cfg->deployments[di];
-        if (!c->deps[di].model_ok || !c->deps[di].layout_chosen || d->tensor < 2 ||
+        if (!c->deps[di].model_ok || !c->deps[di].layout_chosen || c->deps[di].reshard.active ||
+            d->tensor < 2 ||
             d->tensor > MAX_GROUP)
             continue;
         for (int r = 0; r < d->replicas; r++)
