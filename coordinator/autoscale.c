@@ -196,7 +196,9 @@ int64_t tsr_autoscale_tick(tsr_coord_t *c, int64_t now)
             uint64_t k = count - ds->scale.window_n0 + (uint64_t)n_wait;
             double total = (sum_s - ds->scale.window_sum0) * 1000.0 + (double)sum_wait;
             ds->scale.window_wait_ms = k ? total / (double)k : 0;
-            ds->scale.window_above = ds->scale.window_wait_ms > d->scale_up_queue_ms;
+            /* one request alone (a long prompt's prefill) is no queue: another replica
+             * could not serve it sooner */
+            ds->scale.window_above = k >= 2 && ds->scale.window_wait_ms > d->scale_up_queue_ms;
             ds->scale.window_ms = now;
             ds->scale.window_sum0 = sum_s;
             ds->scale.window_n0 = count;

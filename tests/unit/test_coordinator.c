@@ -3187,6 +3187,10 @@ static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(voi
     tick_alive(fx, t);                      /* a 1 s window starts */
     request_to(fx, 0);                      /* no token comes: it waits */
     tick_alive(fx, t + 300);
+    tick_alive(fx, t + 1000);               /* one request alone is no queue */
+    assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
+    t += 1000;
+    request_to(fx, 0);                      /* a second one waits with it */
     tick_alive(fx, t + 950);                /* the window is not over */
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 1);
     assert_int_equal(take_assigns(fx), 0);
@@ -3197,14 +3201,15 @@ static void test_replicas_grow_when_the_queue_wait_stays_above_the_threshold(voi
     assert_int_not_equal(holder_of_replica(fx, 1), -1);
     json_t *root, *a = autoscale_status(fx, &root);
     assert_int_equal(json_integer_value(json_object_get(a, "ups")), 1);
-    assert_true(json_number_value(json_object_get(a, "queue_wait_ms")) == 1000.0);
+    /* the two waited 2000 and 1000 ms (the second came at the window's start) */
+    assert_true(json_number_value(json_object_get(a, "queue_wait_ms")) == 1500.0);
     assert_non_null(strstr(json_string_value(json_object_get(a, "last")),
-                           "the queue wait was 1000 ms over 1 s, above scale_up_queue_ms 200"));
+                           "the queue wait was 1500 ms over 1 s, above scale_up_queue_ms 200"));
     json_decref(root);
     char *text = tsr_coord_metrics_text(fx->c, t + 1100);
     assert_non_null(strstr(text, "tessera_replicas_scaled_total{deployment=\"tiny\",direction=\"up\"} 1\n"));
     assert_non_null(strstr(text, "tessera_replicas{deployment=\"tiny\"} 2\n"));
-    assert_non_null(strstr(text, "tessera_queue_wait_seconds{deployment=\"tiny\"} 1.000\n"));
+    assert_non_null(strstr(text, "tessera_queue_wait_seconds{deployment=\"tiny\"} 1.500\n"));
     free(text);
 
     /* the new replica loads: the queue still waits, but no third is added meanwhile */
@@ -3386,8 +3391,10 @@ static void test_idle_workers_go_to_the_first_deployment_and_spares_stay_for_fai
     int64_t t = plan_time(fx);
     windows_restart(fx);
     tick_alive(fx, t);
-    request_to_dep(fx, "second", 0);
-    request_to_dep(fx, "tiny", 0);
+    for (int k = 0; k < 2; k++) {           /* two wait in each: a queue */
+        request_to_dep(fx, "second", 0);
+        request_to_dep(fx, "tiny", 0);
+    }
     tick_alive(fx, t + 300);
     tick_alive(fx, t + 1350);
     assert_int_equal(fx->c->cfg->deployments[0].replicas, 2);
