@@ -346,6 +346,10 @@ int tsr_cmd_reload(const tsr_cli_t *cli, int argc, char **argv)
     if (rc == 3) fprintf(stderr, "tessera: %s\n", TSR_CLI_RELOAD_REFUSED);
     if (rc) return rc;
     printf("reloaded: %lld deployment(s), epoch %lld\n", jint(doc, "deployments"), jint(doc, "epoch"));
+    size_t i;
+    json_t *l;
+    json_array_foreach(json_object_get(doc, "layouts"), i, l)
+        printf("  %s: %s\n", jstr(l, "deployment"), jstr(l, "layout"));
     json_decref(doc);
     return 0;
 }

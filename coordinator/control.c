@@ -82,9 +82,23 @@ void tsr_control_handle(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *env
             tsr_control_answer(c, from, false, NULL, err, NULL);
         } else {
             tsr_coord_plan_now(c, tsr_now_ms());   /* the reply gives the new plan's epoch */
-            snprintf(err, sizeof err, "{\"deployments\":%zu,\"epoch\":%llu}",
-                     c->cfg->n_deployments, (unsigned long long)c->epoch);
-            tsr_control_answer(c, from, true, NULL, NULL, err);
+            /* and, per deployment whose cut changes, whether it is built beside the
+             * running one or applies at once, and why */
+            json_t *doc = json_pack("{s:I, s:I}", "deployments", (json_int_t)c->cfg->n_deployments,
+                                    "epoch", (json_int_t)c->epoch);
+            json_t *cuts = json_array();
+            for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+                const char *how = c->deps[i].reshard.doing[0] ? c->deps[i].reshard.doing
+                                                               : c->deps[i].reshard.last;
+                if (how[0])
+                    json_array_append_new(cuts, json_pack("{s:s, s:s}", "deployment",
+                                                          c->cfg->deployments[i].name, "layout", how));
+            }
+            json_object_set_new(doc, "layouts", cuts);
+            char *text = json_dumps(doc, JSON_COMPACT);
+            json_decref(doc);
+            tsr_control_answer(c, from, text != NULL, NULL, text ? NULL : "out of memory", text);
+            free(text);
         }
         break;
     case TESSERA__CONTROL_REQUEST__KIND__GENERATE:

@@ -56,7 +56,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
     int pieces = nd->tensor * nd->pipeline * nd->replicas, idle = idle_of(c, nd->device);
     if (ready < od->replicas || idle < pieces) {
         snprintf(ds->reshard.last, sizeof ds->reshard.last,
-                 "tp %d x pp %d x %d replaced tp %d x pp %d at once (rebuilt while it loads): %s",
+                 "tp %d x pp %d x %d replaced tp %d x pp %d at once, rebuilt while it loads: %s",
                  nd->tensor, nd->pipeline, nd->replicas, od->tensor, od->pipeline,
                  ready < od->replicas ? "the old layout was not serving whole"
                  : "building the new one beside it needs more idle workers");

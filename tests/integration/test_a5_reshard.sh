@@ -57,7 +57,9 @@ have_gaps() { [ -s "$T/gap.3" ] && [ -s "$T/gap.4" ]; }
 wait_until 10 have_gaps || fail "the clients do not stream"
 
 yaml 2 2
-tsr reload > /dev/null || fail "reload to tp 2 refused"
+tsr reload > "$T/reload.txt" || fail "reload to tp 2 refused"
+grep -q "tiny: tp 2 x pp 1 x 2 is built on 4 idle worker(s) while tp 1 x pp 1 x 2 serves" "$T/reload.txt" ||
+    fail "the reload's answer: $(cat "$T/reload.txt")"
 status_json | jget "d['deployments'][0]['reshard']['doing']" | grep -q "tp 2 x pp 1 x 2 loads on 4 idle worker(s) while tp 1 x pp 1 x 2 serves" ||
     fail "not built beside: $(status_json | jget "d['deployments'][0].get('reshard')")"
 wait_until 20 serving "[2, 1, 2]" || fail "tp 2 not serving: $(tsr status 2>&1)"
@@ -72,7 +74,9 @@ echo "longest token gap while tp 1 -> tp 2 was built beside: $gap ms (each load 
 [ "$gap" -lt 1000 ] || fail "a token waited $gap ms: the switch waited for a load"
 
 yaml 1 4
-tsr reload > /dev/null || fail "reload to 4 replicas refused"
+tsr reload > "$T/reload.txt" || fail "reload to 4 replicas refused"
+grep -q "tiny: .* at once, rebuilt while it loads: building the new one beside it needs more idle workers (4, 2 idle)" "$T/reload.txt" ||
+    fail "the reload's answer: $(cat "$T/reload.txt")"
 status_json | jget "d['deployments'][0]['reshard']['last']" | grep -q "at once.*needs more idle workers (4, 2 idle)" ||
     fail "no reason given: $(status_json | jget "d['deployments'][0].get('reshard')")"
 wait_until 20 serving "[1, 1, 4]" || fail "tp 1 x 4 not serving: $(tsr status 2>&1)"
