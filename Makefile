@@ -303,6 +303,7 @@ bench: deps
 	@./bench/chaos.sh --netns 300
 	@./bench/autoscale.sh
 	@./bench/cost_model.sh
+	@./bench/reshard.sh
 
 # The units name the installed binaries and SYSCONFDIR's files (@PREFIX@,
 # @SYSCONFDIR@); UNITDIR is where systemd finds them.

@@ -574,7 +574,8 @@ static void report(bench_t *b)
         struct { const char *key; double v; } figs[] = {
             {"ttft_p50_ms", percentile(&b->ttft_ms, 50)}, {"ttft_p99_ms", percentile(&b->ttft_ms, 99)},
             {"itl_p50_ms", percentile(&b->itl_ms, 50)},   {"itl_p99_ms", percentile(&b->itl_ms, 99)},
-            {"itl_mean_ms", mean(&b->itl_ms)},            {"decode_tok_per_s", decode},
+            {"itl_mean_ms", mean(&b->itl_ms)},            {"itl_max_ms", percentile(&b->itl_ms, 100)},
+            {"ttft_max_ms", percentile(&b->ttft_ms, 100)},  {"decode_tok_per_s", decode},
             {"decode_best_tok_per_s", decode_best},
         };
         for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++)
