@@ -261,8 +261,8 @@ void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers
     c->stats.assigns++;
 }
 
-void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
-                      uint64_t epoch)
+int tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
+                     uint64_t epoch)
 {
     tsr_holding_t h = {.key = *key, .epoch = epoch};
     Tessera__Assignment a = TESSERA__ASSIGNMENT__INIT;
@@ -272,7 +272,7 @@ void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_k
     char **none = calloc(n ? TSR_PEER_LISTS * n : 1, sizeof *none);
     if (!none) {
         tsr_error("out of memory sending %s a standby piece", w->name);
-        return;
+        return -1;
     }
     for (size_t i = 0; i < TSR_PEER_LISTS * n; i++) none[i] = "";
     a.peers = a.peer_devices = none;
@@ -283,9 +283,11 @@ void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_k
     env.epoch = epoch;
     env.body_case = TESSERA__ENVELOPE__BODY_ASSIGN;
     env.assign = &as;
-    tsr_coord_send_to(c, w, &env);
+    env.worker = w->name;
+    int rc = tsr_coord_send(c, w->rid, w->rid_len, &env);
     free(none);
     c->stats.assigns++;
+    return rc;
 }
 
 void tsr_send_assign(tsr_coord_t *c, tsr_worker_t *w, int di)

@@ -37,9 +37,9 @@ void tsr_send_assign_peers(tsr_coord_t *c, tsr_worker_t *w, int di, char **peers
 void tsr_send_assign(tsr_coord_t *c, tsr_worker_t *w, int di);
 /* Sends w piece key of deployment index di in epoch with no peer placed: w loads its
  * weights and serves nothing until the next epoch gives it the same piece with the
- * replica's peers (a standby: it joins without loading again). */
-void tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
-                      uint64_t epoch);
+ * replica's peers (a standby: it joins without loading again).  0 sent, -1 not. */
+int tsr_send_standby(tsr_coord_t *c, tsr_worker_t *w, int di, const tsr_piece_key_t *key,
+                     uint64_t epoch);
 void tsr_send_unassign(tsr_coord_t *c, tsr_worker_t *w, const char *reason);
 
 #endif

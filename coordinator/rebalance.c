@@ -227,7 +227,8 @@ int64_t tsr_rebalance_tick(tsr_coord_t *c, int64_t now)
     snprintf(c->rebalance.doing, sizeof c->rebalance.doing, "moving %s: %s loads its weights",
              what, to->name);
     tsr_info("rebalance: %s (epoch %llu)", c->rebalance.doing, (unsigned long long)epoch);
-    tsr_send_standby(c, to, (int)di, &from->piece.key, epoch);
+    if (tsr_send_standby(c, to, (int)di, &from->piece.key, epoch) < 0)
+        end_move(c, false, "the standby could not be sent its piece");
     return now + 100;
 }
 

@@ -40,20 +40,22 @@ static int idle_of(tsr_coord_t *c, tsr_device_t kind)
     return n;
 }
 
-/* Deployment nd (deps[i] its new state) changes the cut od serves with.  When od serves
- * (every replica ready) and idle workers can hold the whole new layout, nd keeps od's
+/* Deployment nd (ds its new state) changes the cut od serves with.  When od serves
+ * (every replica ready) and idle workers (less `reserved`, set aside by the deployments
+ * before it in this reload, which it adds to) can hold the whole new layout, nd keeps od's
  * cut for now and its state records the new one: reshard.c has the idle workers load
  * it beside the old replicas and swaps it in once loaded.  Otherwise the new cut
  * applies at once and the replicas are rebuilt; the state says why. */
 static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment_t *nd,
-                      tsr_dep_state_t *ds)
+                      tsr_dep_state_t *ds, int reserved[2])
 {
     if (nd->auto_tensor || nd->auto_pipeline || nd->auto_replicas || nd->device != od->device ||
         (nd->tensor == od->tensor && nd->pipeline == od->pipeline))
         return;
     int ready = 0;
     for (int r = 0; r < od->replicas; r++) ready += tsr_registry_ready_leader(c->reg, od, r) != NULL;
-    int pieces = nd->tensor * nd->pipeline * nd->replicas, idle = idle_of(c, nd->device);
+    int pieces = nd->tensor * nd->pipeline * nd->replicas;
+    int idle = idle_of(c, nd->device) - reserved[nd->device];
     if (ready < od->replicas || idle < pieces) {
         snprintf(ds->reshard.last, sizeof ds->reshard.last,
                  "tp %d x pp %d x %d replaced tp %d x pp %d at once, rebuilt while it loads: %s",
@@ -70,6 +72,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
     }
     int want = nd->replicas;
     if (tsr_dep_set_replicas(ds, nd, od->replicas) < 0) return;  /* out of memory: at once */
+    reserved[nd->device] += pieces;
     ds->reshard.active = true;
     ds->reshard.tensor = nd->tensor;
     ds->reshard.pipeline = nd->pipeline;
@@ -125,19 +128,39 @@ int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
         tsr_config_destroy(&cfg);
         return -1;
     }
-    /* A new cut is built beside the old one where idle workers allow; a change of
-     * cut under way (reshard.c) gives way to the file's latest, its standbys let go. */
+    /* A change of cut under way (reshard.c) goes on when the file still asks for that
+     * cut; otherwise it gives way to the file's latest and its standbys are let go.  A
+     * new cut is built beside the old one where idle workers allow. */
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
-        const tsr_dep_state_t *os = &c->deps[i];
-        for (int k = 0; os->reshard.active && k < os->reshard.n; k++) {
+        tsr_dep_state_t *os = &c->deps[i];
+        if (!os->reshard.active) continue;
+        int ni = -1;
+        for (size_t j = 0; j < cfg->n_deployments; j++)
+            if (!strcmp(cfg->deployments[j].name, os->name)) ni = (int)j;
+        tsr_deployment_t *nd = ni >= 0 ? &cfg->deployments[ni] : NULL;
+        if (nd && nd->device == c->cfg->deployments[i].device && !nd->auto_tensor &&
+            !nd->auto_pipeline && !nd->auto_replicas && nd->tensor == os->reshard.tensor &&
+            nd->pipeline == os->reshard.pipeline && nd->replicas == os->reshard.replicas &&
+            tsr_dep_set_replicas(&deps[ni], nd, c->cfg->deployments[i].replicas) == 0) {
+            nd->tensor = c->cfg->deployments[i].tensor;  /* the cut in force until the switch */
+            nd->pipeline = c->cfg->deployments[i].pipeline;
+            tsr_dep_note_cut(&deps[ni], nd);
+            deps[ni].reshard = os->reshard;          /* the standbys move with it */
+            os->reshard.standby = NULL;
+            os->reshard.active = false;
+            continue;
+        }
+        for (int k = 0; k < os->reshard.n; k++) {
             tsr_worker_t *w = tsr_registry_find(c->reg, os->reshard.standby[k].worker);
             if (w && w->state != TSR_W_DEAD && !w->has_piece)
                 tsr_send_unassign(c, w, "the layout it stood by for was replaced by a reload");
         }
+        os->reshard.active = false;                  /* its standbys are idle again */
     }
+    int reserved[2] = {0, 0};  /* idle workers set aside by the deployments before */
     for (size_t i = 0; i < cfg->n_deployments; i++) {
         const tsr_deployment_t *od = tsr_config_find(c->cfg, cfg->deployments[i].name);
-        if (od) defer_cut(c, od, &cfg->deployments[i], &deps[i]);
+        if (od && !deps[i].reshard.active) defer_cut(c, od, &cfg->deployments[i], &deps[i], reserved);
     }
     /* Replicas already waiting to be rewired keep waiting, under the new
      * configuration's numbering. */

@@ -44,8 +44,9 @@ static void give_up(tsr_coord_t *c, size_t di, const char *why)
     for (int k = 0; k < ds->reshard.n; k++) {
         const tsr_standby_t *sb = &ds->reshard.standby[k];
         tsr_worker_t *w = tsr_registry_find(c->reg, sb->worker);
-        if (sb->loaded && w && w->state != TSR_W_DEAD && !w->has_piece)
-            tsr_coord_hint_move(c, sb->worker, NULL, &sb->key);
+        if (!w || w->state == TSR_W_DEAD || w->has_piece) continue;
+        if (sb->loaded) tsr_coord_hint_move(c, sb->worker, NULL, &sb->key);
+        else tsr_send_unassign(c, w, "the layout it loaded for applies without it");
     }
     tsr_warn("deployment %s: %s", c->cfg->deployments[di].name, ds->reshard.last);
     ds->reshard.active = ds->reshard.switching = false;
@@ -112,7 +113,11 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
         key->tp_size = target.tensor, key->pp_size = target.pipeline;
         key->layer_begin = p->layer_begin, key->layer_end = p->layer_end;
         snprintf(sb->worker, sizeof sb->worker, "%s", ws[p->worker]->name);
-        tsr_send_standby(c, ws[p->worker], (int)di, key, epoch);
+        sb->pid = ws[p->worker]->pid;
+        if (tsr_send_standby(c, ws[p->worker], (int)di, key, epoch) < 0) {
+            snprintf(why, why_len, "standby %s could not be sent its piece", sb->worker);
+            goto out;
+        }
     }
     ok = true;
 out:
@@ -149,14 +154,17 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         const tsr_standby_t *sb = &ds->reshard.standby[k];
         const tsr_worker_t *w = tsr_registry_find(c->reg, sb->worker);
         bool holds = w && w->state != TSR_W_DEAD && w->has_piece && tsr_piece_equal(&w->piece.key, &sb->key);
-        placed += holds;
-        loaded += sb->loaded;
-        if (ds->reshard.switching || holds) continue;
-        const char *lost = !w || w->state == TSR_W_DEAD ? "died"
+        const char *lost = holds                         ? NULL
+                           : !w || w->state == TSR_W_DEAD ? "died"
+                           : w->pid != sb->pid           ? "restarted"
                            : w->drained                  ? "was drained"
                            : w->has_piece                ? "was given another piece"
                            : sb->failed                  ? "could not load its piece"
                                                          : NULL;
+        /* while switching, one lost is done too: the plan placed its piece elsewhere */
+        placed += holds || (ds->reshard.switching && lost);
+        loaded += sb->loaded;
+        if (ds->reshard.switching || holds) continue;
         if (lost) {
             snprintf(why, sizeof why, "standby %s %s", sb->worker, lost);
             give_up(c, di, why);

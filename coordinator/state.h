@@ -71,6 +71,7 @@ typedef struct {
 /* A piece an idle worker loads before it is its (a standby: reshard.c). */
 typedef struct {
     char worker[TSR_NAME_MAX + 1];
+    uint32_t pid;               /* its process when sent (another: it restarted, lost) */
     tsr_piece_key_t key;
     bool loaded;                /* it said ready in the standby's epoch */
     bool failed;                /* it could not load it */

@@ -3659,6 +3659,14 @@ static void test_a_new_cut_is_built_beside_the_running_one(void **state)
     assert_non_null(strstr(json_string_value(json_object_get(json_object_get(dj, "reshard"), "doing")),
                            "tp 2 x pp 1 x 1 loads on 2 idle worker(s) while tp 1 x pp 1 x 1 serves"));
     json_decref(root);
+    /* a reload of the same file keeps the build going: the standbys are not let go */
+    reconfigure(fx, NULL);
+    assert_true(fx->c->deps[0].reshard.active);
+    assert_int_equal(fx->c->cfg->deployments[0].tensor, 1);
+    d = &fx->c->cfg->deployments[0];
+    tick_alive(fx, t + 50);
+    expect_nothing(fx->dealer[sb[0]], 20);
+    expect_nothing(fx->dealer[sb[1]], 20);
     uint64_t id = request_to(fx, 0);        /* the old replica serves meanwhile */
     assert_int_equal(holder_of_replica(fx, 0), old);
     send_token(fx, old, id, 0, false);
