@@ -50,7 +50,7 @@ version: 1
 coordinator: {workers_endpoint: "tcp://127.0.0.1:$wp", control_endpoint: "tcp://127.0.0.1:$cp", security: none, canary_interval_ms: 0}
 deployments:
   - name: m
-    model: $PWD/$MODEL
+    model: $(realpath "$MODEL")
     parallel: {tensor: 1, pipeline: 1, replicas: $1}
     max_seq_len: 512
     max_batch: 4

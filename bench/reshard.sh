@@ -51,7 +51,7 @@ version: 1
 coordinator: {workers_endpoint: "tcp://127.0.0.1:$WP", control_endpoint: "tcp://127.0.0.1:$CP", security: none}
 deployments:
   - name: m
-    model: $PWD/$MODEL
+    model: $(realpath "$MODEL")
     parallel: {tensor: $1, pipeline: 1, replicas: $2}
     max_seq_len: 512
     max_batch: 8

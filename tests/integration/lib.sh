@@ -231,3 +231,31 @@ first_token_arrived() {
     started() { [ -s "$T/out" ]; }
     poll_until 10 0.001 started || fail "no token arrived"
 }
+
+# stream_client K MAX_TOKENS: requests of prompt 1,2,K one after the other until $T/stop
+# exists (60 s at most): the last stream's ids in $T/cK.out, errors in $T/cK.err, a line
+# in $T/failed for each request that failed.  Run it in the background.
+stream_client() {
+    local end=$(( $(date +%s) + 60 ))
+    while [ ! -e "$T/stop" ] && [ "$(date +%s)" -lt "$end" ]; do
+        tsr generate tiny --prompt-ids "1,2,$1" --max-tokens "$2" --ids --token-timeout 30000 \
+            > "$T/c$1.next" 2>> "$T/c$1.err" || echo "client $1" >> "$T/failed"
+        [ -s "$T/c$1.next" ] && mv "$T/c$1.next" "$T/c$1.out"
+    done
+}
+
+# clients_done_with_reference MAX_TOKENS K...: stops the stream clients (CLIENTS, their
+# pids), fails if any request failed, and checks each K's last stream against the NumPy
+# reference.
+clients_done_with_reference() {
+    local max=$1 k want got p; shift
+    touch "$T/stop"
+    for p in "${CLIENTS[@]}"; do wait "$p"; done
+    [ -e "$T/failed" ] && fail "requests failed: $(cat "$T/failed") $(cat "$T"/c*.err)"
+    for k in "$@"; do
+        want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "1,2,$k" \
+               --max-tokens "$max" --stop-at-eos) || fail "reference $k failed"
+        got=$(tr ' ' ',' < "$T/c$k.out" | sed 's/,$//')
+        [ "$got" = "$want" ] || fail "client $k: tessera $got, reference $want"
+    done
+}

@@ -25,34 +25,17 @@ auto() { status_json | jget "d['deployments'][0]['autoscale']['$1']"; }
 ready_at() { [ "$(replicas)" = "$1" ] && all_ready; }
 wait_until 15 ready_at 1 || fail "not one ready replica within 15 s: $(tsr status 2>&1)"
 
-# client K: requests one after the other until $T/stop exists (bounded: 60 s)
-client() {
-    local end=$(( $(date +%s) + 60 ))
-    while [ ! -e "$T/stop" ] && [ "$(date +%s)" -lt "$end" ]; do
-        tsr generate tiny --prompt-ids "1,2,$1" --max-tokens 120 --ids --token-timeout 30000 \
-            > "$T/c$1.next" 2>> "$T/c$1.err" || echo "client $1" >> "$T/failed"
-        [ -s "$T/c$1.next" ] && mv "$T/c$1.next" "$T/c$1.out"
-    done
-}
 CLIENTS=()
-for k in 3 4 5 6 7 8; do client "$k" & CLIENTS+=("$!"); PIDS+=("$!"); done
+for k in 3 4 5 6 7 8; do stream_client "$k" 120 & CLIENTS+=("$!"); PIDS+=("$!"); done
 wait_until 40 ready_at 3 || fail "replicas did not grow to 3 under load: $(tsr status 2>&1)"
 [ "$(status_json | jget "len(d['idle'])")" = 1 ] || fail "the spare was taken: $(tsr status)"
 [ "$(auto ups)" -ge 2 ] || fail "ups: $(auto ups)"
 auto last | grep -q "above scale_up_queue_ms 40" || fail "no reason: $(auto last)"
 tsr status | grep -q "replicas follow load: 3 in 1..3" || fail "tessera status: $(tsr status)"
-touch "$T/stop"
-for p in "${CLIENTS[@]}"; do wait "$p"; done
-[ -e "$T/failed" ] && fail "requests failed: $(cat "$T/failed") $(cat "$T"/c*.err)"
+clients_done_with_reference 120 3 6
 wait_until 30 ready_at 1 || fail "replicas did not shrink back to 1: $(tsr status 2>&1)"
 [ "$(auto downs)" -ge 2 ] || fail "downs: $(auto downs)"
 auto last | grep -q "scale_down_idle_s" || fail "no reason: $(auto last)"
 grep -q "draining replica 1 to remove it" "$T/coordinator.log" || fail "no drain logged"
-for k in 3 6; do
-    want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "1,2,$k" \
-           --max-tokens 120 --stop-at-eos) || fail "reference $k failed"
-    got=$(tr ' ' ',' < "$T/c$k.out")
-    [ "$got" = "$want" ] || fail "client $k: tessera $got, reference $want"
-done
 expect_reference_tokens
 ok "replicas followed load: 1 -> 3 under 6 streams (a spare kept), back to 1 after, nothing failed"

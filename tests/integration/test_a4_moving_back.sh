@@ -21,17 +21,8 @@ wait_until 15 all_ready || fail "not ready: $(tsr status 2>&1)"
 spans() { status_json | jget "d['deployments'][0]['tp_groups_spanning_nodes']"; }
 [ "$(spans)" = 0 ] || fail "a group spans nodes from the start: $(tsr status)"
 
-# client K: requests one after the other until $T/stop exists (bounded: 60 s)
-client() {
-    local end=$(( $(date +%s) + 60 ))
-    while [ ! -e "$T/stop" ] && [ "$(date +%s)" -lt "$end" ]; do
-        tsr generate tiny --prompt-ids "1,2,$1" --max-tokens 100 --ids --token-timeout 30000 \
-            > "$T/c$1.next" 2>> "$T/c$1.err" || echo "client $1" >> "$T/failed"
-        [ -s "$T/c$1.next" ] && mv "$T/c$1.next" "$T/c$1.out"
-    done
-}
 CLIENTS=()
-for k in 3 4 5; do client "$k" & CLIENTS+=("$!"); PIDS+=("$!"); done
+for k in 3 4 5; do stream_client "$k" 100 & CLIENTS+=("$!"); PIDS+=("$!"); done
 
 kill -9 "${WPID[w1]}"
 spanning() { [ "$(spans)" = 1 ] && all_ready; }
@@ -46,13 +37,5 @@ took=$(( $(now_ms) - back_at ))
 status_json | jget "d['coordinator']['rebalance']['last']" | grep -q "moved tiny r.* from w4 (node c) to w1 (node a)" ||
     fail "rebalance: $(status_json | jget "d['coordinator']['rebalance']")"
 grep -q "rebalance: moving tiny .*w1 loads its weights" "$T/coordinator.log" || fail "no standby logged"
-touch "$T/stop"
-for p in "${CLIENTS[@]}"; do wait "$p"; done
-[ -e "$T/failed" ] && fail "requests failed: $(cat "$T/failed") $(cat "$T"/c*.err)"
-for k in 3 5; do
-    want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "1,2,$k" \
-           --max-tokens 100 --stop-at-eos) || fail "reference $k failed"
-    got=$(tr ' ' ',' < "$T/c$k.out")
-    [ "$got" = "$want" ] || fail "client $k: tessera $got, reference $want"
-done
+clients_done_with_reference 100 3 5
 ok "a group left across nodes by kill -9 moved back to node a $took ms after w1 returned (standby first), nothing failed"

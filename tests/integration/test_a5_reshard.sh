@@ -80,13 +80,5 @@ grep -q "tiny: .* at once, rebuilt while it loads: building the new one beside i
 status_json | jget "d['deployments'][0]['reshard']['last']" | grep -q "at once.*needs more idle workers (4, 2 idle)" ||
     fail "no reason given: $(status_json | jget "d['deployments'][0].get('reshard')")"
 wait_until 20 serving "[1, 1, 4]" || fail "tp 1 x 4 not serving: $(tsr status 2>&1)"
-touch "$T/stop"
-for p in "${CLIENTS[@]}"; do wait "$p"; done
-[ -e "$T/failed" ] && fail "requests failed: $(cat "$T/failed") $(cat "$T"/c*.err)"
-for k in 3 4; do
-    want=$(python3 "$ROOT/tests/reference/llama_ref.py" "$MODEL" --prompt-ids "1,2,$k" \
-           --max-tokens 200 --stop-at-eos) || fail "reference $k failed"
-    got=$(tr ' ' ',' < "$T/c$k.out" | sed 's/,$//')
-    [ "$got" = "$want" ] || fail "client $k: tessera $got, reference $want"
-done
+clients_done_with_reference 200 3 4
 ok "tp 1 -> 2 built beside the running replicas (longest token gap $gap ms, loads $HOLD ms), then tp 1 x 4 at once for want of idle workers; nothing failed"

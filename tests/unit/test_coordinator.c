@@ -3294,8 +3294,7 @@ static void test_replicas_shrink_after_idle_draining_the_last_first(void **state
 }
 
 /* Room for a replica fewer, but the other replica does not serve (its piece failed):
- * the last one is not drained, since it is the one serving; once the other is ready
- * again the drain goes ahead. */
+ * the last one is not drained, since it is the one serving, and it takes requests. */
 static void test_the_replica_that_serves_alone_is_not_drained(void **state)
 {
     fx_t *fx = *state;
