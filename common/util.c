@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -126,4 +127,14 @@ bool tsr_file_id_same(const tsr_file_id_t *a, const tsr_file_id_t *b)
 {
     return (a->dev || a->ino) && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
            a->mtime_ns == b->mtime_ns;
+}
+
+void tsr_test_hold(const char *name, long max_ms)
+{
+    const char *v = getenv(name);
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0) return;
+    if (ms > max_ms) ms = max_ms;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
 }

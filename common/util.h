@@ -39,4 +39,9 @@ void tsr_file_id(const char *path, tsr_file_id_t *id);
 /* Whether a and b are the same version of a file (never for an id of all 0). */
 bool tsr_file_id_same(const tsr_file_id_t *a, const tsr_file_id_t *b);
 
+/* A test setting: sleeps the milliseconds the environment variable `name` gives (at most
+ * max_ms; absent or not positive: not at all), as a slow disk or a large model would.
+ * Call it under TSR_TESTING only, so no release binary names a test setting. */
+void tsr_test_hold(const char *name, long max_ms);
+
 #endif

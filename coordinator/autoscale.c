@@ -41,8 +41,7 @@ static void idle_workers(const tsr_coord_t *c, int idle[2])
     idle[0] = idle[1] = 0;
     for (size_t i = 0, n = tsr_registry_size(c->reg); i < n; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (tsr_coord_is_standby(c, w->name)) continue;  /* it loads a piece */
-        if (w->state != TSR_W_DEAD && !w->drained && !w->has_piece &&
+        if (tsr_coord_worker_idle(c, w) &&
             (w->device == TSR_DEVICE_CPU || w->device == TSR_DEVICE_CUDA))
             idle[w->device]++;
     }
@@ -59,8 +58,8 @@ static int idle_for(const tsr_coord_t *c, const tsr_deployment_t *d, const tsr_d
     int k = 0;
     for (size_t i = 0, n = tsr_registry_size(c->reg); i < n; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        k += w->state != TSR_W_DEAD && !w->drained && !w->has_piece && w->device == d->device &&
-             !tsr_coord_is_standby(c, w->name) && (!need || !w->memory || w->memory >= need);
+        k += tsr_coord_worker_idle(c, w) && w->device == d->device &&
+             (!need || !w->memory || w->memory >= need);
     }
     return k;
 }

@@ -60,8 +60,7 @@ static tsr_worker_t *standby_for(tsr_coord_t *c, size_t di, int s, tsr_worker_t 
     uint64_t need = d->device == TSR_DEVICE_CUDA ? tsr_piece_need(&c->deps[di].model, d, s) : 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD || w->drained || w->has_piece || w->device != d->device ||
-            tsr_coord_is_standby(c, w->name) ||
+        if (!tsr_coord_worker_idle(c, w) || w->device != d->device ||
             strcmp(w->node, g[home]->node) ||
             (domain && strcmp(w->nvlink_domain, g[home]->nvlink_domain)))
             continue;
@@ -132,19 +131,23 @@ static void describe(char *buf, size_t len, const tsr_piece_key_t *k, const char
              k->replica, k->stage, k->tp, from, from_node, to, to_node);
 }
 
+/* The move under way is at `step` (status's doing). */
+static void at_step(tsr_coord_t *c, const char *step)
+{
+    snprintf(c->rebalance.doing, sizeof c->rebalance.doing, "moving %s: %s", c->rebalance.what,
+             step);
+}
+
 static void end_move(tsr_coord_t *c, bool moved, const char *why)
 {
-    char what[sizeof c->rebalance.doing];
-    snprintf(what, sizeof what, "%s", c->rebalance.doing);
-    char *colon = strstr(what, ": ");
-    if (colon) *colon = '\0';
+    const char *what = c->rebalance.what;
     if (moved) {
         c->rebalance.moves++;
-        snprintf(c->rebalance.last, sizeof c->rebalance.last, "moved %s", what + 7);
+        snprintf(c->rebalance.last, sizeof c->rebalance.last, "moved %s", what);
         tsr_info("rebalance: %s", c->rebalance.last);
     } else {
         c->rebalance.abandoned++;
-        snprintf(c->rebalance.last, sizeof c->rebalance.last, "gave up %s: %s", what, why);
+        snprintf(c->rebalance.last, sizeof c->rebalance.last, "gave up moving %s: %s", what, why);
         tsr_warn("rebalance: %s", c->rebalance.last);
         /* the standby's weights go, unless a plan gave it something else meanwhile */
         tsr_worker_t *w = tsr_registry_find(c->reg, c->rebalance.to);
@@ -188,11 +191,7 @@ static void step(tsr_coord_t *c)
         tsr_requests_in_flight(c, d->name, k->replica) > 0)
         return;
     c->rebalance.switching = true;
-    char *colon = strstr(c->rebalance.doing, ": ");
-    if (colon) *colon = '\0';
-    size_t used = strlen(c->rebalance.doing);
-    snprintf(c->rebalance.doing + used, sizeof c->rebalance.doing - used,
-             ": the weights are loaded; the replica is rewired onto it");
+    at_step(c, "the weights are loaded; the replica is rewired onto it");
     tsr_coord_mark_dirty(c);
 }
 
@@ -222,10 +221,11 @@ int64_t tsr_rebalance_tick(tsr_coord_t *c, int64_t now)
     c->rebalance.last_ms = now;
     snprintf(c->rebalance.from, sizeof c->rebalance.from, "%s", from->name);
     snprintf(c->rebalance.to, sizeof c->rebalance.to, "%s", to->name);
-    char what[300];
-    describe(what, sizeof what, &from->piece.key, from->name, from->node, to->name, to->node);
-    snprintf(c->rebalance.doing, sizeof c->rebalance.doing, "moving %s: %s loads its weights",
-             what, to->name);
+    describe(c->rebalance.what, sizeof c->rebalance.what, &from->piece.key, from->name, from->node,
+             to->name, to->node);
+    char step[TSR_NAME_MAX + 32];
+    snprintf(step, sizeof step, "%s loads its weights", to->name);
+    at_step(c, step);
     tsr_info("rebalance: %s (epoch %llu)", c->rebalance.doing, (unsigned long long)epoch);
     if (tsr_send_standby(c, to, (int)di, &from->piece.key, epoch) < 0)
         end_move(c, false, "the standby could not be sent its piece");
@@ -239,12 +239,8 @@ bool tsr_rebalance_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env
         return false;
     if (env->body_case == TESSERA__ENVELOPE__BODY_READY && !c->rebalance.loaded) {
         c->rebalance.loaded = true;
-        char *colon = strstr(c->rebalance.doing, ": ");
-        if (colon) *colon = '\0';
-        size_t used = strlen(c->rebalance.doing);
-        snprintf(c->rebalance.doing + used, sizeof c->rebalance.doing - used,
-                 ": the weights are loaded; it switches once another replica serves or this "
-                 "one is idle");
+        at_step(c, "the weights are loaded; it switches once another replica serves or this one "
+                   "is idle");
     } else if (env->body_case == TESSERA__ENVELOPE__BODY_FAILED) {
         if (env->failed->fatal) return false;  /* the loop declares it dead */
         char why[400];

@@ -11,22 +11,10 @@
 
 #include "assign.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "deptok.h"
 #include "placement.h"
 
-/* A test setting: TSR_TEST_RELOAD_HOLD_MS holds the loop that long in each reload (at
- * most 10 s), as a slow disk under the model directories would.  Test builds only. */
-static void reload_hold(void)
-{
-#ifdef TSR_TESTING
-    const char *v = getenv("TSR_TEST_RELOAD_HOLD_MS");
-    long ms = v ? strtol(v, NULL, 10) : 0;
-    if (ms <= 0) return;
-    if (ms > 10000) ms = 10000;
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
-#endif
-}
 
 /* Idle workers of kind that no standby or piece holds. */
 static int idle_of(tsr_coord_t *c, tsr_device_t kind)
@@ -34,8 +22,7 @@ static int idle_of(tsr_coord_t *c, tsr_device_t kind)
     int n = 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        n += w->state != TSR_W_DEAD && !w->drained && !w->has_piece && w->device == kind &&
-             !tsr_coord_is_standby(c, w->name);
+        n += tsr_coord_worker_idle(c, w) && w->device == kind;
     }
     return n;
 }
@@ -89,7 +76,11 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
 
 int tsr_coord_reload(tsr_coord_t *c, char *err, size_t errlen)
 {
-    reload_hold();
+    /* test builds: TSR_TEST_RELOAD_HOLD_MS holds each reload, as a slow disk under the
+     * model directories would */
+#ifdef TSR_TESTING
+    tsr_test_hold("TSR_TEST_RELOAD_HOLD_MS", 10000);
+#endif
     /* Reads already done are taken first: the new states then keep what they read. */
     tsr_deptok_collect(c);
     tsr_config_t *cfg = NULL;

@@ -78,9 +78,7 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
     }
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD || w->drained || w->has_piece || w->device != d->device ||
-            tsr_coord_is_standby(c, w->name))
-            continue;
+        if (!tsr_coord_worker_idle(c, w) || w->device != d->device) continue;
         ws[k] = w;
         pw[k] = (tsr_plan_worker_t){.name = w->name, .node = w->node, .device = w->device,
                                     .memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0,

@@ -321,3 +321,9 @@ bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name)
             if (!strcmp(c->deps[i].reshard.standby[k].worker, name)) return true;
     return false;
 }
+
+bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w)
+{
+    return w->state != TSR_W_DEAD && !w->drained && !w->has_piece &&
+           !tsr_coord_is_standby(c, w->name);
+}

@@ -203,11 +203,12 @@ typedef struct tsr_coord {
         char from[TSR_NAME_MAX + 1], to[TSR_NAME_MAX + 1];
         uint64_t epoch;         /* the standby assignment's, to `to` */
         bool loaded;            /* `to` has the piece's weights (it said ready) */
+        char what[300];         /* the move: piece, from where, to where */
         uint64_t moves, abandoned;
         char failed_worker[TSR_NAME_MAX + 1];  /* the last standby that could not load */
         tsr_piece_key_t failed_key;            /* ...its piece: not asked again before */
         int64_t failed_until_ms;
-        char doing[320];        /* the move under way ("" when none) */
+        char doing[400];        /* the move under way, at which step ("" when none) */
         char last[400];         /* the last move done or given up, and why */
     } rebalance;
     /* metrics */
@@ -257,6 +258,9 @@ void tsr_deps_free(tsr_dep_state_t *deps, size_t n);
 /* Whether worker `name` is loading or holds a piece it does not serve yet, a standby
  * of a move back (rebalance.c) or of a new cut (reshard.c): not idle for anyone else. */
 bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name);
+/* Whether w is free for a new piece or standby: alive, not drained, holding nothing and
+ * no standby's. */
+bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w);
 /* The index in cfg->deployments of the deployment with that name, or -1. */
 int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
 /* The state of the deployment with that name, or NULL. */

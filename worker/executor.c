@@ -14,6 +14,7 @@
 #include "common/budget.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "common/piece.h"
 #include "worker/kvpool.h"
 
@@ -493,21 +494,6 @@ static void unwire(tsr_replica_rank_t *r, const char *why)
     if (r->ctl) r->ctl_ops->destroy(&r->ctl);
 }
 
-/* A test setting: TSR_TEST_LOAD_HOLD_MS makes each load of a piece's weights take that
- * much longer (at most 60 s), as a model of hundreds of gigabytes would: the tests of
- * building a layout beside the running one see the difference.  Test builds only. */
-static void load_hold(void)
-{
-#ifdef TSR_TESTING
-    const char *v = getenv("TSR_TEST_LOAD_HOLD_MS");
-    long ms = v ? strtol(v, NULL, 10) : 0;
-    if (ms <= 0) return;
-    if (ms > 60000) ms = 60000;
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
-#endif
-}
-
 static bool same_piece(const job_t *a, const job_t *b)
 {
     /* the weights are the same whichever replica the piece serves */
@@ -588,7 +574,10 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         loaded->active = false;
         push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
         set_loading(ex, true);
-        load_hold();
+        /* test builds: TSR_TEST_LOAD_HOLD_MS makes each load as slow as a large model's */
+#ifdef TSR_TESTING
+        tsr_test_hold("TSR_TEST_LOAD_HOLD_MS", 60000);
+#endif
         tsr_model_info_t m;
         bool ok = tsr_backend_for(j->device, be, err, sizeof err) == 0 &&
                   tsr_model_info_load(j->model_path, &m, err, sizeof err) == 0;
