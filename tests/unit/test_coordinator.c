@@ -3601,6 +3601,12 @@ static void test_moving_back_is_off_at_interval_0(void **state)
     tick_alive(fx, t + 1000);
     expect_nothing(fx->dealer[0], 50);
     expect_spans(fx, 1, 0, "nodeA", "nodeC");
+    /* turned on by a reload, the same cluster begins the move at once */
+    reconfigure(fx, "  rebalance_interval_s: 5\n");
+    tick_alive(fx, t + 1100);
+    tsr_env_t *env = expect_kind(fx->dealer[0], TESSERA__ENVELOPE__BODY_ASSIGN);
+    assert_int_equal(env->assign->assignment->n_peer_workers, 0);  /* a standby */
+    tsr_env_free(&env);
 }
 
 /* ---- a new cut built beside the running one ------------------------------------- */
