@@ -17,6 +17,7 @@
 #include "coordinator/layout.h"
 #include "coordinator/planner.h"
 #include "coordinator/reconciler.h"
+#include "coordinator/reshard.h"
 
 static const char *jstr(json_t *o, const char *k)
 {
@@ -261,7 +262,7 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     int *was = calloc(nd ? nd : 1, sizeof *was);
     bool *same_cut = calloc(nd ? nd : 1, sizeof *same_cut);
     bool *new_model = calloc(nd ? nd : 1, sizeof *new_model);
-    bool *beside = calloc(nd ? nd : 1, sizeof *beside);
+    int *beside = calloc(nd ? nd : 1, sizeof *beside);
     if (!was || !same_cut || !new_model || !beside) {
         free(was);
         free(same_cut);
@@ -274,22 +275,31 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
         was[d] = rd ? jint(rd, "replicas") : 0;
         same_cut[d] = rd && jint(rd, "tensor") == cfg->deployments[d].tensor &&
                       jint(rd, "pipeline") == cfg->deployments[d].pipeline;
-        /* a new cut of a deployment that serves whole is built beside it when the idle
-         * workers of its kind hold all of it (reload.c): no replica stops meanwhile */
+        /* a new cut of a deployment that serves whole is built beside it, one replica
+         * or more, when the idle workers of its kind (and old replicas it can let go
+         * while one serves) hold them (reload.c): no replica stops meanwhile */
         const tsr_deployment_t *dd = &cfg->deployments[d];
         if (rd && !same_cut[d] && !strcmp(jstr(rd, "state"), "ready") && !dd->auto_tensor &&
             !dd->auto_pipeline && !dd->auto_replicas &&
             !strcmp(jstr(rd, "device"), tsr_device_name(dd->device))) {
-            int idle = 0;
+            int idle = 0, drop = 0;
             size_t wi;
             json_t *w;
             json_array_foreach(json_object_get(doc, "workers"), wi, w)
                 idle += free_of(w, dd->device) && !strcmp(jstr(w, "state"), "idle");
-            beside[d] = idle >= dd->tensor * dd->pipeline * dd->replicas;
-            if (beside[d])
-                printf("  deployment %s: the new cut is built beside the running one on %d of "
-                       "the %d idle worker(s), then swapped in (a rewire)\n", dd->name,
-                       dd->tensor * dd->pipeline * dd->replicas, idle);
+            int per_new = dd->tensor * dd->pipeline;
+            if (tsr_reshard_choose(was[d], jint(rd, "tensor") * jint(rd, "pipeline"),
+                                   dd->replicas, per_new, idle, &beside[d], &drop)) {
+                if (drop)
+                    printf("  deployment %s: %d old replica(s) are let go to make room (the "
+                           "others serve)\n", dd->name, drop);
+                printf("  deployment %s: %d of its %d replica(s) in the new cut are built "
+                       "beside the running one on %d worker(s), then swapped in (a rewire)%s\n",
+                       dd->name, beside[d], dd->replicas, beside[d] * per_new,
+                       beside[d] < dd->replicas ? "; the others load after the switch on "
+                                                  "the workers the old cut frees, while those "
+                                                  "serve" : "");
+            }
         }
         if (rd) {  /* what a worker's engine is built for: any change reads the weights again */
             char model[PATH_MAX];
@@ -375,12 +385,12 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
             long id = replica_id((int)d, r);
             bool loads = in_set(loading, n_loading, id);
             if (beside[d]) {
-                if (r < was[d])
-                    printf("  replica %s/%d serves in the old cut until the new one is loaded "
-                           "beside it\n", dep->name, r);
+                if (r < beside[d])
+                    printf("  replica %s/%d of the new cut is built beside the old one, which "
+                           "serves until it is swapped in\n", dep->name, r);
                 else
-                    printf("  replica %s/%d is new: it serves once the new cut is swapped in\n",
-                           dep->name, r);
+                    printf("  replica %s/%d of the new cut loads after the switch, while the "
+                           "%d built beside serve\n", dep->name, r, beside[d]);
             } else if (r >= was[d]) {
                 printf("  replica %s/%d is new: it serves once its pieces load\n", dep->name, r);
             } else if (!same_cut[d]) {

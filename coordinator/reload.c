@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "deptok.h"
 #include "placement.h"
+#include "reshard.h"
 
 
 /* Idle workers of kind that no standby or piece holds. */
@@ -29,10 +30,13 @@ static int idle_of(tsr_coord_t *c, tsr_device_t kind)
 
 /* Deployment nd (ds its new state) changes the cut od serves with.  When od serves
  * (every replica ready) and idle workers (less `reserved`, set aside by the deployments
- * before it in this reload, which it adds to) can hold the whole new layout, nd keeps od's
- * cut for now and its state records the new one: reshard.c has the idle workers load
- * it beside the old replicas and swaps it in once loaded.  Otherwise the new cut
- * applies at once and the replicas are rebuilt; the state says why. */
+ * before it in this reload, which it adds to) can hold one replica of the new cut or
+ * more, if need be after old replicas are let go while one serves
+ * (tsr_reshard_choose), nd keeps od's cut for now and its state records the new one:
+ * reshard.c has the idle workers load those replicas beside the old ones and swaps the
+ * new cut in once they are loaded; its other replicas then load on the workers the old
+ * cut frees.  Otherwise the new cut applies at once and the replicas are rebuilt; the
+ * state says why. */
 static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment_t *nd,
                       tsr_dep_state_t *ds, int reserved[2])
 {
@@ -41,36 +45,48 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
         return;
     int ready = 0;
     for (int r = 0; r < od->replicas; r++) ready += tsr_registry_ready_leader(c->reg, od, r) != NULL;
-    int pieces = nd->tensor * nd->pipeline * nd->replicas;
-    int idle = idle_of(c, nd->device) - reserved[nd->device];
-    if (ready < od->replicas || idle < pieces) {
+    int per_old = od->tensor * od->pipeline, per_new = nd->tensor * nd->pipeline;
+    int idle = idle_of(c, nd->device) - reserved[nd->device], beside = 0, drop = 0;
+    if (ready < od->replicas ||
+        !tsr_reshard_choose(od->replicas, per_old, nd->replicas, per_new, idle, &beside, &drop)) {
         snprintf(ds->reshard.last, sizeof ds->reshard.last,
                  "tp %d x pp %d x %d replaced tp %d x pp %d at once, rebuilt while it loads: %s",
                  nd->tensor, nd->pipeline, nd->replicas, od->tensor, od->pipeline,
                  ready < od->replicas ? "the old layout was not serving whole"
-                 : "building the new one beside it needs more idle workers");
+                 : "building one replica of the new one beside it needs more idle workers");
         if (ready == od->replicas) {
             size_t len = strlen(ds->reshard.last);
             snprintf(ds->reshard.last + len, sizeof ds->reshard.last - len,
-                     " (%d, %d idle)", pieces, idle);
+                     " (%d, %d idle, and %d replica(s) serving)", per_new, idle, od->replicas);
         }
         tsr_warn("deployment %s: %s", nd->name, ds->reshard.last);
         return;
     }
     int want = nd->replicas;
-    if (tsr_dep_set_replicas(ds, nd, od->replicas) < 0) return;  /* out of memory: at once */
-    reserved[nd->device] += pieces;
+    if (tsr_dep_set_replicas(ds, nd, od->replicas - drop) < 0) return;  /* out of memory: at once */
+    int from_idle = beside * per_new - drop * per_old;
+    reserved[nd->device] += from_idle > 0 ? from_idle : 0;
     ds->reshard.active = true;
     ds->reshard.tensor = nd->tensor;
     ds->reshard.pipeline = nd->pipeline;
     ds->reshard.replicas = want;
+    ds->reshard.beside = beside;
+    ds->reshard.dropped = drop;
     nd->tensor = od->tensor;
     nd->pipeline = od->pipeline;
     tsr_dep_note_cut(ds, nd);
-    snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
-             "tp %d x pp %d x %d is built on %d idle worker(s) while tp %d x pp %d x %d serves",
-             ds->reshard.tensor, ds->reshard.pipeline, want, pieces, od->tensor, od->pipeline,
-             od->replicas);
+    if (beside == want)
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "tp %d x pp %d x %d is built on %d idle worker(s) while tp %d x pp %d x %d serves",
+                 ds->reshard.tensor, ds->reshard.pipeline, want, beside * per_new, od->tensor, od->pipeline,
+                 od->replicas);
+    else
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "%d of the %d replicas of tp %d x pp %d are built on idle workers while tp %d x "
+                 "pp %d x %d serves%s; the other %d load after the switch on the workers it frees",
+                 beside, want, ds->reshard.tensor, ds->reshard.pipeline, od->tensor, od->pipeline,
+                 od->replicas - drop, drop ? " (old replicas let go to make room)" : "",
+                 want - beside);
     tsr_info("deployment %s: %s", nd->name, ds->reshard.doing);
 }
 

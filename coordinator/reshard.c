@@ -16,6 +16,35 @@
 #include "placement.h"
 #include "planner.h"
 
+bool tsr_reshard_choose(int replicas, int per_old, int want, int per_new, int idle,
+                        int *beside, int *drop)
+{
+    *beside = *drop = 0;
+    if (per_old < 1 || per_new < 1 || want < 1 || replicas < 1) return false;
+    if (idle < per_new) {   /* old replicas make room, one serving at least */
+        *drop = (per_new - idle + per_old - 1) / per_old;
+        if (*drop > replicas - 1) {
+            *drop = 0;
+            return false;
+        }
+        idle += *drop * per_old;
+    }
+    *beside = idle / per_new < want ? idle / per_new : want;
+    return true;
+}
+
+/* What the build is, for the status lines: "tp 2 x pp 1 x 2" when it builds all of the
+ * new cut beside, "1 of the 2 replicas of tp 2 x pp 1" when it builds some. */
+static void what_builds(const tsr_dep_state_t *ds, char *out, size_t len)
+{
+    if (ds->reshard.beside >= ds->reshard.replicas)
+        snprintf(out, len, "tp %d x pp %d x %d", ds->reshard.tensor, ds->reshard.pipeline,
+                 ds->reshard.replicas);
+    else
+        snprintf(out, len, "%d of the %d replicas of tp %d x pp %d", ds->reshard.beside,
+                 ds->reshard.replicas, ds->reshard.tensor, ds->reshard.pipeline);
+}
+
 /* The new cut applies now: the deployment takes it and the state ends. */
 static void apply(tsr_coord_t *c, size_t di, const char *how)
 {
@@ -62,7 +91,7 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
     tsr_deployment_t target = *d;
     target.tensor = ds->reshard.tensor;
     target.pipeline = ds->reshard.pipeline;
-    target.replicas = ds->reshard.replicas;
+    target.replicas = ds->reshard.beside;
     tsr_config_t view = *c->cfg;
     view.deployments = &target;
     view.n_deployments = 1;
@@ -131,18 +160,29 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
 {
     tsr_dep_state_t *ds = &c->deps[di];
     const tsr_deployment_t *d = &c->cfg->deployments[di];
-    char why[300];
+    char why[300], what[96];
+    what_builds(ds, what, sizeof what);
     if (!ds->reshard.sent) {
+        if (!ds->reshard.since_ms) ds->reshard.since_ms = now;
+        /* old replicas let go to make room: their workers are idle once a plan has
+         * released them (the next one, unless a failover takes them first) */
+        int idle = 0;
+        for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+            const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+            idle += tsr_coord_worker_idle(c, w) && w->device == d->device;
+        }
+        if (ds->reshard.dropped && idle < ds->reshard.beside * ds->reshard.tensor *
+                                               ds->reshard.pipeline &&
+            now - ds->reshard.since_ms < 10000)
+            return true;
         ds->reshard.sent = true;
-        ds->reshard.since_ms = now;
         if (!send_standbys(c, di, why, sizeof why)) {
             give_up(c, di, why);
             return false;
         }
         snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
-                 "tp %d x pp %d x %d loads on %d idle worker(s) while tp %d x pp %d x %d serves",
-                 ds->reshard.tensor, ds->reshard.pipeline, ds->reshard.replicas, ds->reshard.n,
-                 d->tensor, d->pipeline, d->replicas);
+                 "%s %s on %d idle worker(s) while tp %d x pp %d x %d serves", what,
+                 ds->reshard.beside >= ds->reshard.replicas ? "loads" : "load", ds->reshard.n, d->tensor, d->pipeline, d->replicas);
         tsr_info("deployment %s: %s (epoch %llu)", d->name, ds->reshard.doing,
                  (unsigned long long)ds->reshard.epoch);
         return true;
@@ -183,14 +223,20 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         return true;
     }
     if (loaded < ds->reshard.n) return true;
-    char how[160];
-    snprintf(how, sizeof how, "after its pieces loaded beside it (%.1f s), swapped in by a "
-             "rewire", (double)(now - ds->reshard.since_ms) / 1000.0);
+    char how[240];
+    int rest = ds->reshard.replicas - ds->reshard.beside;
+    if (!rest)
+        snprintf(how, sizeof how, "after its pieces loaded beside it (%.1f s), swapped in by a "
+                 "rewire", (double)(now - ds->reshard.since_ms) / 1000.0);
+    else
+        snprintf(how, sizeof how, "after %d of its replicas loaded beside it (%.1f s%s), swapped "
+                 "in by a rewire; the other %d loaded on the workers the old cut freed while "
+                 "those served", ds->reshard.beside, (double)(now - ds->reshard.since_ms) / 1000.0,
+                 ds->reshard.dropped ? ", old replicas let go to make room" : "", rest);
     apply(c, di, how);
     ds->reshard.switching = true;
     snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
-             "every piece of tp %d x pp %d x %d is loaded: the replicas switch to it",
-             d->tensor, d->pipeline, d->replicas);
+             "every piece of %s is loaded: the replicas switch to it", what);
     for (int k = 0; k < ds->reshard.n; k++)
         tsr_coord_hint_move(c, ds->reshard.standby[k].worker, NULL, &ds->reshard.standby[k].key);
     return true;

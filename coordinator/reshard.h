@@ -1,10 +1,12 @@
 /* reshard.h: a reload's new cut built beside the running one (reshard.c).  When a
- * reload changes a serving deployment's tensor or pipeline and idle workers can hold
- * the whole new layout, reload.c keeps the old cut in force and records the new one
- * in the deployment's `reshard` state; here the idle workers are given the new pieces
+ * reload changes a serving deployment's tensor or pipeline and idle workers (or the
+ * workers of old replicas let go, while another serves) can hold one replica of the
+ * new cut or more, reload.c keeps the old cut in force and records the new one in the
+ * deployment's `reshard` state; here the idle workers are given those replicas' pieces
  * as standbys (they load the weights, serve nothing), and once every one is loaded
- * the cut changes and one plan swaps them in: the old replicas serve until then, and
- * the new ones are rewired, not loaded, at the switch. */
+ * the cut changes and one plan swaps them in: the old replicas serve until then, the
+ * new ones are rewired, not loaded, at the switch, and the rest of the new cut's
+ * replicas load on the workers the old ones free while those serve. */
 #ifndef TSR_RESHARD_H
 #define TSR_RESHARD_H
 
@@ -12,6 +14,16 @@
 #include <stdint.h>
 #include "state.h"
 
+/* How a deployment that serves `replicas` replicas of `per_old` pieces each changes to
+ * `want` replicas of `per_new` pieces each with `idle` idle workers of its kind:
+ * *beside new replicas are built on idle workers while the old cut serves, after
+ * *drop old replicas are let go to make room for the first (the others serve
+ * meanwhile); the other want - *beside load, once the new cut is swapped in, on the
+ * workers the old cut frees, while those serve.  False when not one new replica can
+ * be built while an old one serves (a single replica, too few idle workers): the
+ * cut then applies at once. */
+bool tsr_reshard_choose(int replicas, int per_old, int want, int per_new, int idle,
+                        int *beside, int *drop);
 /* Moves every change of cut under way one step: places and sends the standbys,
  * switches when all are loaded, ends when the plan has given them their pieces.
  * When the standbys cannot be placed or one is lost (a death, a drain, a failure

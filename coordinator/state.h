@@ -139,6 +139,9 @@ typedef struct {
     struct {
         bool active;            /* d keeps the old cut until the switch */
         int tensor, pipeline, replicas;  /* the file's, to switch to */
+        int beside;             /* replicas of it built on idle workers before the switch
+                                   (the others load on the workers the old cut frees) */
+        int dropped;            /* old replicas let go to make room for them */
         bool sent, switching;
         uint64_t epoch;         /* the standby assignments' */
         tsr_standby_t *standby; /* n of them (NULL until sent) */

@@ -20,13 +20,23 @@ grep -q "no replica that serves now stops serving" "$T/diff.txt" || fail "servin
 write_yaml "$T/p2.yaml" 1 2 1
 diff_of "$T/p2.yaml" > /dev/null
 grep -q "layout tp 2 x pp 1 -> tp 1 x pp 2" "$T/diff.txt" || fail "layout: $(cat "$T/diff.txt")"
-grep -q "the new cut is built beside the running one on 2 of the 3 idle worker(s)" "$T/diff.txt" ||
-    fail "beside: $(cat "$T/diff.txt")"
-grep -q "replica tiny/0 serves in the old cut until the new one is loaded beside it" "$T/diff.txt" ||
+grep -q "1 of its 1 replica(s) in the new cut are built beside the running one on 2 worker(s)" \
+    "$T/diff.txt" || fail "beside: $(cat "$T/diff.txt")"
+grep -q "replica tiny/0 of the new cut is built beside the old one, which serves until" "$T/diff.txt" ||
     fail "serving replica: $(cat "$T/diff.txt")"
 grep -q "no replica that serves now stops serving" "$T/diff.txt" || fail "serving: $(cat "$T/diff.txt")"
-# a cut they cannot hold beside it: the replica is rebuilt and stops serving meanwhile
-write_yaml "$T/p4.yaml" 1 2 2
+# idle workers for one replica of the new cut but not two: one built beside, the other
+# loads after the switch on the workers the old cut frees
+write_yaml "$T/p22.yaml" 1 2 2
+diff_of "$T/p22.yaml" > /dev/null
+grep -q "1 of its 2 replica(s) in the new cut are built beside .*the others load after the switch" \
+    "$T/diff.txt" || fail "one beside: $(cat "$T/diff.txt")"
+grep -q "replica tiny/1 of the new cut loads after the switch, while the 1 built beside serve" \
+    "$T/diff.txt" || fail "loads after: $(cat "$T/diff.txt")"
+grep -q "no replica that serves now stops serving" "$T/diff.txt" || fail "serving: $(cat "$T/diff.txt")"
+# a cut whose one replica the idle workers cannot hold, and no other replica to let go:
+# the replica is rebuilt and stops serving meanwhile
+write_yaml "$T/p4.yaml" 1 4 1
 diff_of "$T/p4.yaml" > /dev/null
 grep -q "replica tiny/0 is rebuilt in the new cut: it stops serving" "$T/diff.txt" || fail "rebuilt replica: $(cat "$T/diff.txt")"
 grep -q "load    w0 .* (held tiny r0 s0 t0)" "$T/diff.txt" || fail "what w0 held: $(cat "$T/diff.txt")"

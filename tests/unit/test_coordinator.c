@@ -3740,17 +3740,145 @@ static void test_a_lost_standby_makes_the_new_cut_apply_at_once(void **state)
     assert_false(fx->c->deps[0].reshard.active);
 }
 
-/* Without idle workers for the whole new layout the cut applies at once (the old
- * behaviour) and status says why, with the counts. */
+/* Without idle workers for one replica of the new cut, and no second replica to make
+ * room, the cut applies at once (the old behaviour) and status says why, with the
+ * counts. */
 static void test_a_new_cut_without_idle_workers_for_it_applies_at_once(void **state)
 {
     fx_t *fx = *state;
     cluster_ready(fx);                      /* tp 2 x pp 2: four busy, one idle */
-    layout = "      tensor: 1\n      pipeline: 1\n      replicas: 2\n";
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
     reconfigure(fx, NULL);
-    assert_int_equal(fx->c->cfg->deployments[0].tensor, 1);
+    assert_int_equal(fx->c->cfg->deployments[0].tensor, 2);
+    assert_int_equal(fx->c->cfg->deployments[0].pipeline, 1);
     assert_false(fx->c->deps[0].reshard.active);
-    assert_non_null(strstr(fx->c->deps[0].reshard.last, "needs more idle workers (2, 1 idle)"));
+    assert_non_null(strstr(fx->c->deps[0].reshard.last,
+                           "needs more idle workers (2, 1 idle, and 1 replica(s) serving)"));
+}
+
+/* Registers every fake worker on node "a" and has the first plan place tp 1 x n
+ * replicas, all ready. */
+static void one_node_tp1_replicas(fx_t *fx, int n)
+{
+    static char lay[96];
+    snprintf(lay, sizeof lay, "      tensor: 1\n      pipeline: 1\n      replicas: %d\n", n);
+    layout = lay;
+    reconfigure(fx, NULL);
+    for (int i = 0; i < NW; i++) send_register(fx, i, fx->name[i], "a", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_int_equal(take_assigns(fx), n);
+    all_ready(fx);
+}
+
+/* The standbys say ready; the tick after switches: each gets its piece with its peers
+ * in a new epoch.  Returns how many workers other than the standbys were sent a piece
+ * of the new cut (they load it after the switch). */
+static int switch_standbys(fx_t *fx, const int *sb, int n_sb, uint64_t epoch, int64_t t)
+{
+    for (int k = 0; k < n_sb; k++) send_ready(fx, sb[k], epoch);
+    pump(fx);
+    tick_alive(fx, t);
+    int others = 0;
+    for (int i = 0; i < NW; i++) {
+        bool standby = false;
+        for (int k = 0; k < n_sb; k++) standby |= sb[k] == i;
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 30))) {
+            if (env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN) {
+                const Tessera__Assignment *a = env->assign->assignment;
+                assert_true(env->epoch > epoch);
+                assert_int_equal(a->tp_size, 2);
+                if (standby) assert_int_equal(a->replica, 0);   /* the replica built beside */
+                else others++;
+                assert_int_equal(a->n_peer_workers, 2);
+            }
+            tsr_env_free(&env);
+        }
+    }
+    return others;
+}
+
+/* Idle workers for one replica of the new cut but not both: tp 1 x 2 on five workers
+ * (three idle) to tp 2 x 2.  One replica of the new cut is built beside the two old
+ * ones, which serve meanwhile; at the switch it is swapped in and the other replica
+ * of the new cut loads on workers the old cut frees; nothing fails; status says so. */
+static void test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one(void **state)
+{
+    fx_t *fx = *state;
+    one_node_tp1_replicas(fx, 2);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 1);
+    assert_int_equal(d->replicas, 2);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);   /* one replica of tp 2 */
+    json_t *root, *dj = dep_status(fx, &root);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(dj, "reshard"), "doing")),
+                           "1 of the 2 replicas of tp 2 x pp 1 load on 2 idle worker(s) while "
+                           "tp 1 x pp 1 x 2 serves"));
+    json_decref(root);
+    uint64_t id = request_to(fx, 0);        /* the old replicas serve meanwhile */
+    send_token(fx, holder_of_replica(fx, 0), id, 0, false);
+    pump(fx);
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 100), 2);  /* replica 1 loads */
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->replicas, 2);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    tick_alive(fx, t + 200);
+    dj = dep_status(fx, &root);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(dj, "reshard"), "last")),
+                           "after 1 of its replicas loaded beside it"));
+    json_decref(root);
+    assert_false(fx->c->deps[0].reshard.active);
+}
+
+/* No idle worker at all, but replicas to spare: tp 1 x 5 to tp 2 x 2.  Two old replicas
+ * are let go (three serve), their workers load one replica of the new cut beside, and
+ * at the switch the other loads on workers the old cut frees: a replica serves
+ * throughout. */
+static void test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves(void **state)
+{
+    fx_t *fx = *state;
+    one_node_tp1_replicas(fx, NW);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
+    assert_int_equal(d->tensor, 1);
+    assert_int_equal(d->replicas, NW - 2);  /* two let go, the others serve */
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);                      /* the plan releases their workers */
+    int released = 0;
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) {
+            released += env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN;
+            tsr_env_free(&env);
+        }
+    }
+    assert_int_equal(released, 2);
+    for (int r = 0; r < NW - 2; r++)
+        assert_non_null(tsr_registry_ready_leader(fx->c->reg, d, r));
+    tick_alive(fx, t + 100);                /* now idle: they are sent the standbys */
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    uint64_t id = request_to(fx, 0);
+    send_token(fx, holder_of_replica(fx, 0), id, 0, false);
+    pump(fx);
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 200), 2);
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->replicas, 2);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_non_null(strstr(fx->c->deps[0].reshard.last, "old replicas let go to make room"));
 }
 
 /* A piece that is not adopted (its keys differ from the file's) does not choose the
@@ -4506,6 +4634,8 @@ int main(void)
         T(test_a_new_cut_is_built_beside_the_running_one),
         T(test_a_lost_standby_makes_the_new_cut_apply_at_once),
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
+        T(test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one),
+        T(test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),
