@@ -252,14 +252,17 @@ asan: deps
 # own, so that it and the CUDA build's objects never mix: every test, a cuda
 # piece refused by the worker "built without CUDA" among them (CUDA=0 in the
 # tests' environment too: test_systemd runs make install).  CI runs it beside
-# the CUDA build's tests.
+# the CUDA build's tests; its chaos tests run 20 s each (CPU_ONLY_CHAOS_SECONDS),
+# the long ones having run in make test on the same CPU code.
+CPU_ONLY_CHAOS_SECONDS ?= 20
 cpu-only: deps
 	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory WERROR=1 $(PROGRAMS)
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin TESTING=1 WERROR=1 \
 	  all-tests
 	@build/nocuda/bin/tessera-worker --help | grep -q "built without CUDA"
-	@CUDA=0 TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
+	@CUDA=0 TSR_CHAOS_SECONDS=$(CPU_ONLY_CHAOS_SECONDS) TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/nocuda/bin \
+	  TSR_BUILD=build/nocuda ./tests/run.sh
 
 # ThreadSanitizer (CI runs it): the unit tests of the threaded code (the worker's
 # agent, executor, replica, collectives and pool; the coordinator and its tokenizer
