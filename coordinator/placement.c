@@ -231,7 +231,7 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD) continue;
+        if (w->state == TSR_W_DEAD || w->finishing) continue;  /* finishing: not yet free */
         ws[k] = w;
         pw[k].name = w->name;
         pw[k].node = w->node;

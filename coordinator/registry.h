@@ -66,6 +66,14 @@ typedef struct {
     bool drained;               /* excluded from placement until undrained */
     bool has_piece;
     tsr_holding_t piece;        /* valid when has_piece */
+    /* A member of an old cut's replica that finishes the requests it has in flight after
+     * a new cut took its deployment (reshard.c): out of the replicas here (has_piece
+     * false), neither idle nor placed, its piece and epoch in `finished`, its requests
+     * still its own; it is let go once they end. */
+    bool finishing;
+    tsr_holding_t finished;
+    uint32_t finished_pid;      /* its process then (another one holds nothing) */
+    int64_t finishing_since_ms;
     char reason[512];           /* why it failed or died */
     bool retryable;             /* its piece failed in the data plane (Failed.retryable):
                                    rewiring may mend it; a load error needs the operator */

@@ -63,7 +63,8 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
         return;
     }
     int want = nd->replicas;
-    if (tsr_dep_set_replicas(ds, nd, od->replicas - drop) < 0) return;  /* out of memory: at once */
+    /* the old count for now: reshard.c lets `drop` replicas go at its first step */
+    if (tsr_dep_set_replicas(ds, nd, od->replicas) < 0) return;  /* out of memory: at once */
     int from_idle = beside * per_new - drop * per_old;
     reserved[nd->device] += from_idle > 0 ? from_idle : 0;
     ds->reshard.active = true;

@@ -15,6 +15,11 @@
 #include "common/log.h"
 #include "placement.h"
 #include "planner.h"
+#include "router.h"
+
+/* How long an old cut's replica may take to finish its requests in place before they
+ * move to the new cut's replicas (resumed from their tokens). */
+#define FINISH_MAX_MS 30000
 
 bool tsr_reshard_choose(int replicas, int per_old, int want, int per_new, int idle,
                         int *beside, int *drop)
@@ -60,6 +65,65 @@ static void apply(tsr_coord_t *c, size_t di, const char *how)
     snprintf(ds->reshard.last, sizeof ds->reshard.last, "tp %d x pp %d x %d replaced tp %d x pp "
              "%d x %d %s", d->tensor, d->pipeline, d->replicas, was_t, was_p, was_r, how);
     tsr_coord_mark_dirty(c);
+}
+
+/* At the switch (or, from_replica > 0, when old replicas are let go to make room):
+ * every member of an old replica (from from_replica on) with requests in flight finishes
+ * them in place (its replica out of the registry's, so the plan neither places nor releases
+ * it; new requests go to the new cut); the other old workers are released by the plan.
+ * Returns how many finish. */
+static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_replica,
+                           int64_t now)
+{
+    int n = 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        const tsr_piece_key_t *k = &w->piece.key;
+        if (w->state != TSR_W_READY || !w->has_piece || strcmp(k->deployment, d->name) ||
+            k->tp_size != d->tensor || k->pp_size != d->pipeline || k->replica < from_replica ||
+            !tsr_requests_of_attempt(c, d->name, k->replica, w->piece.epoch, NULL))
+            continue;
+        w->finished = w->piece;
+        w->finished_pid = w->pid;
+        w->finishing_since_ms = now;
+        tsr_registry_clear_piece(c->reg, w);
+        w->finishing = true;
+        n++;
+    }
+    if (n) tsr_info("deployment %s: %d worker(s) of the old cut finish the requests they have "
+                    "in flight before they are let go", d->name, n);
+    return n;
+}
+
+/* Whether worker w, finishing an old cut's requests, is done: its replica's attempts
+ * have ended, a member of it died or restarted (they move to the new cut, from their
+ * tokens), or FINISH_MAX_MS passed (the same).  Then it is let go. */
+static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
+{
+    const tsr_holding_t *f = &w->finished;
+    bool broken = tsr_coord_dep_index(c, f->key.deployment) < 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw && !broken; i++) {
+        const tsr_worker_t *m = tsr_registry_at(c->reg, i);
+        broken = m->finishing && m->finished.epoch == f->epoch && m->finished.key.replica == f->key.replica &&
+                 !strcmp(m->finished.key.deployment, f->key.deployment) &&
+                 (m->state == TSR_W_DEAD || m->pid != m->finished_pid);
+    }
+    const char *why = broken ? "a worker of its old cut's replica was lost while it finished"
+                      : now - w->finishing_since_ms > FINISH_MAX_MS
+                          ? "its old cut's replica did not finish it within 30 s"
+                          : NULL;
+    if (tsr_requests_of_attempt(c, f->key.deployment, f->key.replica, f->epoch, why) && !why)
+        return false;
+    w->finishing = false;
+    if (w->state != TSR_W_DEAD && w->pid == w->finished_pid) {
+        tsr_send_unassign(c, w, "the old cut's requests it finished are done");
+        w->state = TSR_W_IDLE;
+    }
+    tsr_info("worker %s finished with %s r%d s%d t%d of the old cut%s%s", w->name,
+             f->key.deployment, f->key.replica, f->key.stage, f->key.tp, why ? ": " : "",
+             why ? why : "");
+    tsr_coord_mark_dirty(c);
+    return true;
 }
 
 /* Gives up building beside: the new cut applies at once (the replicas are rebuilt),
@@ -164,8 +228,22 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
     what_builds(ds, what, sizeof what);
     if (!ds->reshard.sent) {
         if (!ds->reshard.since_ms) ds->reshard.since_ms = now;
+        if (ds->reshard.dropped && !ds->reshard.let_go) {
+            /* old replicas make room: the last ones go, those with requests in flight
+             * finishing them first (new ones go to the others) */
+            tsr_deployment_t *dm = &c->cfg->deployments[di];
+            int keep = dm->replicas - ds->reshard.dropped;
+            ds->reshard.let_go = true;
+            finish_in_place(c, dm, keep, now);
+            if (tsr_dep_set_replicas(ds, dm, keep) < 0) {
+                give_up(c, di, "out of memory");
+                return false;
+            }
+            tsr_coord_mark_dirty(c);
+            return true;
+        }
         /* old replicas let go to make room: their workers are idle once a plan has
-         * released them (the next one, unless a failover takes them first) */
+         * released them, or they finished (unless a failover takes them first) */
         int idle = 0;
         for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
             const tsr_worker_t *w = tsr_registry_at(c->reg, i);
@@ -173,7 +251,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         }
         if (ds->reshard.dropped && idle < ds->reshard.beside * ds->reshard.tensor *
                                                ds->reshard.pipeline &&
-            now - ds->reshard.since_ms < 10000)
+            now - ds->reshard.since_ms < FINISH_MAX_MS + 5000)
             return true;
         ds->reshard.sent = true;
         if (!send_standbys(c, di, why, sizeof why)) {
@@ -212,7 +290,12 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
     if (ds->reshard.switching) {
         /* done once the plan has given the standbys their pieces; until then every
          * plan is told where they are */
-        if (placed == ds->reshard.n) {
+        int finishing = 0;
+        for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+            const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+            finishing += w->finishing && !strcmp(w->finished.key.deployment, d->name);
+        }
+        if (placed == ds->reshard.n && !finishing) {
             ds->reshard.active = ds->reshard.switching = false;
             tsr_info("deployment %s: %s", d->name, ds->reshard.last);
             ds->reshard.doing[0] = '\0';
@@ -223,6 +306,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         return true;
     }
     if (loaded < ds->reshard.n) return true;
+    ds->reshard.finishing = finish_in_place(c, d, 0, now);
     char how[240];
     int rest = ds->reshard.replicas - ds->reshard.beside;
     if (!rest)
@@ -236,7 +320,9 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
     apply(c, di, how);
     ds->reshard.switching = true;
     snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
-             "every piece of %s is loaded: the replicas switch to it", what);
+             "every piece of %s is loaded: the replicas switch to it%s", what,
+             ds->reshard.finishing ? "; the old replicas with requests in flight finish them "
+                                     "first, taking no new one" : "");
     for (int k = 0; k < ds->reshard.n; k++)
         tsr_coord_hint_move(c, ds->reshard.standby[k].worker, NULL, &ds->reshard.standby[k].key);
     return true;
@@ -245,6 +331,10 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
 int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now)
 {
     int64_t next = 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (w->finishing && !finish_done(c, w, now)) next = now + 50;
+    }
     for (size_t i = 0; i < c->cfg->n_deployments; i++)
         if (c->deps[i].reshard.active && now >= c->plan_after_ms && step(c, i, now))
             next = now + 100;

@@ -107,7 +107,21 @@ static void request_fail(tsr_coord_t *c, size_t i, const char *why)
 static tsr_worker_t *leader_of_epoch(tsr_coord_t *c, const char *leader, uint64_t epoch)
 {
     tsr_worker_t *w = tsr_registry_find(c->reg, leader);
-    return w && w->state != TSR_W_DEAD && w->has_piece && w->piece.epoch == epoch ? w : NULL;
+    return w && w->state != TSR_W_DEAD &&
+                   ((w->has_piece && w->piece.epoch == epoch) ||
+                    (w->finishing && w->finished.epoch == epoch))
+               ? w
+               : NULL;
+}
+
+/* Whether request q runs on an old cut's replica that finishes its requests in place
+ * (reshard.c): moving replicas of the new cut leaves it there. */
+static bool on_finishing(tsr_coord_t *c, const tsr_request_rec_t *q)
+{
+    if (q->replica < 0) return false;
+    const tsr_worker_t *w = tsr_registry_find(c->reg, q->leader);
+    return w && w->finishing && w->finished.epoch == q->epoch &&
+           w->finished.key.replica == q->replica && !strcmp(w->finished.key.deployment, q->deployment);
 }
 
 /* Tells replica leader w to drop sequence id (a failed send is counted and
@@ -118,7 +132,7 @@ static int cancel_at(tsr_coord_t *c, const tsr_worker_t *w, uint64_t id, const c
     m.request_id = id;
     m.reason = (char *)reason;
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.epoch = w->piece.epoch;
+    env.epoch = w->has_piece ? w->piece.epoch : w->finished.epoch;
     env.worker = (char *)w->name;
     env.body_case = TESSERA__ENVELOPE__BODY_CANCEL;
     env.cancel = &m;
@@ -281,8 +295,23 @@ static void interrupt_replica(tsr_coord_t *c, const char *deployment, int replic
                               const char *why, bool counts)
 {
     for (size_t i = c->requests->n; i-- > 0;)
-        if (!strcmp(c->requests->v[i].deployment, deployment) && c->requests->v[i].replica == replica)
+        if (!strcmp(c->requests->v[i].deployment, deployment) && c->requests->v[i].replica == replica &&
+            !on_finishing(c, &c->requests->v[i]))
             request_interrupt_as(c, i, why, counts);
+}
+
+int tsr_requests_of_attempt(tsr_coord_t *c, const char *deployment, int replica,
+                            uint64_t epoch, const char *move_why)
+{
+    int n = 0;
+    for (size_t i = c->requests->n; i-- > 0;) {
+        const tsr_request_rec_t *q = &c->requests->v[i];
+        if (q->replica != replica || q->epoch != epoch || strcmp(q->deployment, deployment))
+            continue;
+        n++;
+        if (move_why) request_interrupt_as(c, i, move_why, false);
+    }
+    return n;
 }
 
 void tsr_requests_fail_replica(tsr_coord_t *c, const char *deployment, int replica,
@@ -778,10 +807,14 @@ refused:
  * The leader sends refusals and cancellations, the last stage tokens. */
 static bool token_sender_ok(const tsr_worker_t *w, const tsr_request_rec_t *q, bool is_error)
 {
-    if (w->state == TSR_W_DEAD || !w->has_piece || strcmp(w->piece.key.deployment, q->deployment) ||
-        w->piece.key.replica != q->replica)
+    /* a member of an old cut's replica finishing in place speaks for its own attempts */
+    const tsr_piece_key_t *k = w->has_piece ? &w->piece.key
+                               : w->finishing && w->finished.epoch == q->epoch ? &w->finished.key
+                                                                             : NULL;
+    if (w->state == TSR_W_DEAD || !k || strcmp(k->deployment, q->deployment) ||
+        k->replica != q->replica)
         return false;
-    return is_error || (w->piece.key.stage == w->piece.key.pp_size - 1 && w->piece.key.tp == 0);
+    return is_error || (k->stage == k->pp_size - 1 && k->tp == 0);
 }
 
 static void cancel_orphan(tsr_coord_t *c, const tsr_worker_t *last, uint64_t id)

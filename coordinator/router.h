@@ -106,6 +106,11 @@ int64_t tsr_requests_waiting(const tsr_coord_t *c, const char *deployment, int64
 /* Moves the requests on a deployment's replica to the others (their leader is told
  * to drop them), without it counting against max_replays: nothing failed. */
 void tsr_requests_move_off(tsr_coord_t *c, const char *deployment, int replica, const char *why);
+/* The requests whose attempt runs on a deployment's replica in that epoch (an old
+ * cut's replica finishing in place: reshard.c); with move_why, they are moved to the
+ * others, not counted against max_replays.  Returns how many there were. */
+int tsr_requests_of_attempt(tsr_coord_t *c, const char *deployment, int replica,
+                            uint64_t epoch, const char *move_why);
 /* Whether a replica of d other than r takes new requests now (ready, healthy, not
  * being drained): what a change that stops replica r must leave standing. */
 bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r);

@@ -324,6 +324,6 @@ bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name)
 
 bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w)
 {
-    return w->state != TSR_W_DEAD && !w->drained && !w->has_piece &&
+    return w->state != TSR_W_DEAD && !w->drained && !w->has_piece && !w->finishing &&
            !tsr_coord_is_standby(c, w->name);
 }

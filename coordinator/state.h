@@ -142,6 +142,8 @@ typedef struct {
         int beside;             /* replicas of it built on idle workers before the switch
                                    (the others load on the workers the old cut frees) */
         int dropped;            /* old replicas let go to make room for them */
+        bool let_go;            /* they were (reshard.c's first step) */
+        int finishing;          /* old workers that finish their requests after the switch */
         bool sent, switching;
         uint64_t epoch;         /* the standby assignments' */
         tsr_standby_t *standby; /* n of them (NULL until sent) */

@@ -3694,28 +3694,74 @@ static void test_a_new_cut_is_built_beside_the_running_one(void **state)
         if (env->assign->assignment->tp_rank == 0) leader = sb[k];
         tsr_env_free(&env);
     }
-    bool cancelled = false, unassigned = false;
-    tsr_env_t *env;
-    while ((env = recv_env(fx->dealer[old], TSR_WIRE_MAX_WORKER, 50))) {
-        cancelled |= env->body_case == TESSERA__ENVELOPE__BODY_CANCEL;
-        unassigned |= env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN;
-        tsr_env_free(&env);
-    }
-    assert_true(unassigned);
+    /* the old replica has a request in flight: it finishes it in place, taking no new
+     * one, and is let go after; nothing moves, nothing is prefilled again */
+    expect_nothing(fx->dealer[old], 50);
     for (int k = 0; k < 2; k++) send_ready(fx, sb[k], switched);
     pump(fx);
     tick_alive(fx, t + 300);
-    env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);  /* resumed */
-    assert_int_equal(env->generate->n_prompt, 4);
+    json_t *st = status(fx), *wj = NULL, *ws;
+    size_t wi;
+    json_array_foreach(json_object_get(st, "workers"), wi, ws)
+        if (!strcmp(json_string_value(json_object_get(ws, "name")), fx->name[old])) wj = ws;
+    assert_non_null(wj);
+    assert_string_equal(json_string_value(json_object_get(wj, "state")), "finishing");
+    json_decref(st);
+    client_replies(fx);
+    expect_nothing(fx->dealer[leader], 20);       /* the request was not moved */
+    send_token(fx, old, id, 1, false);
+    send_token(fx, old, id, 2, true);
+    pump(fx);
+    assert_int_equal(client_replies(fx), 2);      /* the old replica's tokens reach the client */
+    assert_true(fx->c->deps[0].reshard.active);   /* until the old workers are let go */
+    tick_alive(fx, t + 400);
+    tsr_env_t *env = expect_kind(fx->dealer[old], TESSERA__ENVELOPE__BODY_UNASSIGN);
     tsr_env_free(&env);
+    tick_alive(fx, t + 500);
+    assert_false(fx->c->deps[0].reshard.active);
     assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
     dj = dep_status(fx, &root);
     json_t *rs = json_object_get(dj, "reshard");
     assert_string_equal(json_string_value(json_object_get(rs, "doing")), "");
     assert_non_null(strstr(json_string_value(json_object_get(rs, "last")),
                            "tp 2 x pp 1 x 1 replaced tp 1 x pp 1 x 1 after its pieces loaded beside it"));
     json_decref(root);
-    (void)cancelled;
+}
+
+static int switch_standbys(fx_t *fx, const int *sb, int n_sb, uint64_t epoch, int64_t t);
+
+/* An old worker finishing its requests in place dies: they resume on the new cut from
+ * their tokens (nothing fails), and it is let go. */
+static void test_a_finishing_old_worker_that_dies_moves_its_requests_to_the_new_cut(void **state)
+{
+    fx_t *fx = *state;
+    int old = one_replica_then_tp2(fx);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    uint64_t id = request_to(fx, 0);
+    send_token(fx, old, id, 0, false);
+    pump(fx);
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 100), 0);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[old])->finishing);
+    int leader = -1;
+    for (int k = 0; k < 2; k++) {
+        send_ready(fx, sb[k], fx->c->epoch);
+        if (tsr_registry_find(fx->c->reg, fx->name[sb[k]])->piece.key.tp == 0) leader = sb[k];
+    }
+    pump(fx);
+    for (int i = 0; i < NW; i++)
+        tsr_registry_find(fx->c->reg, fx->name[i])->last_seen_ms = i == old ? t - 5000 : t + 2000;
+    tsr_coord_tick(fx->c, t + 2000);
+    tick_alive(fx, t + 2100);
+    tsr_env_t *env = expect_kind(fx->dealer[leader], TESSERA__ENVELOPE__BODY_GENERATE);
+    assert_int_equal(env->generate->n_prompt, 4);   /* resumed from its token */
+    tsr_env_free(&env);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[old])->finishing);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
 }
 
 /* A standby lost before the switch (it dies): the new cut applies at once, as
@@ -3826,14 +3872,23 @@ static void test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_on
                            "1 of the 2 replicas of tp 2 x pp 1 load on 2 idle worker(s) while "
                            "tp 1 x pp 1 x 2 serves"));
     json_decref(root);
+    int old0 = holder_of_replica(fx, 0);
     uint64_t id = request_to(fx, 0);        /* the old replicas serve meanwhile */
-    send_token(fx, holder_of_replica(fx, 0), id, 0, false);
+    send_token(fx, old0, id, 0, false);
     pump(fx);
     assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 100), 2);  /* replica 1 loads */
     assert_int_equal(d->tensor, 2);
     assert_int_equal(d->replicas, 2);
-    assert_int_equal(fx->c->stats.requests_failed, 0);
+    /* the old replica 0 finishes its request in place, then is let go */
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[old0])->finishing);
+    send_token(fx, old0, id, 1, true);
+    pump(fx);
     tick_alive(fx, t + 200);
+    tsr_env_t *env = expect_kind(fx->dealer[old0], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
+    tick_alive(fx, t + 300);
     dj = dep_status(fx, &root);
     assert_non_null(strstr(json_string_value(json_object_get(json_object_get(dj, "reshard"), "last")),
                            "after 1 of its replicas loaded beside it"));
@@ -3853,9 +3908,10 @@ static void test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves(vo
     reconfigure(fx, NULL);
     const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
     assert_int_equal(d->tensor, 1);
-    assert_int_equal(d->replicas, NW - 2);  /* two let go, the others serve */
     int64_t t = plan_time(fx);
-    tick_alive(fx, t);                      /* the plan releases their workers */
+    tick_alive(fx, t);                      /* two let go, the others serve: the plan releases
+                                               their workers (no request to finish) */
+    assert_int_equal(d->replicas, NW - 2);
     int released = 0;
     for (int i = 0; i < NW; i++) {
         tsr_env_t *env;
@@ -4633,6 +4689,7 @@ int main(void)
         T(test_a_standby_is_not_adopted_by_a_restarted_coordinator),
         T(test_a_new_cut_is_built_beside_the_running_one),
         T(test_a_lost_standby_makes_the_new_cut_apply_at_once),
+        T(test_a_finishing_old_worker_that_dies_moves_its_requests_to_the_new_cut),
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
         T(test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one),
         T(test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves),
