@@ -12,7 +12,8 @@
 # and prints beside them what `tessera plan --explain` estimates for the same file
 # (MS/TOKEN as tokens/s, and TOK/S/REPL), with each worker's rate given as the planner
 # takes it from a worker's --mem-gbs: bench/stream --read with that worker's threads
-# (the best of three runs of 10 passes each).  The ratio is measured / estimated; the run fails when one
+# (the best of three runs of 10 passes each), and the machine's cores and the workers'
+# threads (--cores, --threads: workers that outnumber the cores share them).  The ratio is measured / estimated; the run fails when one
 # is outside [0.5, 2].
 #
 #   bench/cost_model.sh        about 2 minutes on 2 cores
@@ -59,7 +60,8 @@ deployments:
     max_seq_len: 512
     max_batch: $BATCH
 YAML
-    read -r est_ms est_batch <<< "$("$BIN/tessera" plan "$T/d.yaml" --explain --per-node "$nw" --mem-gbs "$gbs" |
+    read -r est_ms est_batch <<< "$("$BIN/tessera" plan "$T/d.yaml" --explain --per-node "$nw" --mem-gbs "$gbs" \
+                             --cores "$NPROC" --threads "$threads" |
         awk '$1 ~ /=/ { print $9, $10 }')"
     "$BIN/tessera-coordinator" --adopt-grace-ms 0 "$T/d.yaml" 2> "$T/c.log" & PIDS+=($!)
     for i in $(seq 0 $((nw - 1))); do
@@ -89,5 +91,6 @@ YAML
 done
 echo
 echo "tokens/s; estimates from tessera plan --explain --per-node WORKERS --mem-gbs (each worker's"
-echo "read bandwidth with its threads) and the default 200 GFLOP/s; ratio = measured / estimated"
+echo "read bandwidth with its threads) --cores $NPROC --threads THREADS and the default 200 GFLOP/s;"
+echo "ratio = measured / estimated"
 exit $RC

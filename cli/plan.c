@@ -16,7 +16,8 @@ static void plan_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera plan FILE.yaml [--nodes N] [--per-node G] [--gpu-memory GIB]\n"
-            "                    [--nvlink K] [--explain [--mem-gbs X] [--gflops X]] [--diff]\n"
+            "                    [--nvlink K] [--explain [--mem-gbs X] [--gflops X] [--cores C]\n"
+            "                    [--threads T]] [--diff]\n"
             "\n"
             "Validates the deployment file and each model's config.json, then prints where\n"
             "every piece (replica, stage, tensor-parallel rank) would go and how many bytes\n"
@@ -54,6 +55,11 @@ static void plan_usage(FILE *f)
             "                   (default: 3350 for cuda, an H100 SXM's; 20 for a cpu worker)\n"
             "  --gflops X       matrix-product rate of a device, GFLOP/s (default: 989000 for\n"
             "                   cuda, an H100 SXM's dense BF16; 200 for a cpu worker)\n"
+            "  --cores C        cores a node's cpu workers share (default: not limited):\n"
+            "                   when a replica's workers busy at once (one stage's for one\n"
+            "                   sequence, every stage's at max_batch) run more threads than\n"
+            "                   C, the estimates give each its share of the rates above\n"
+            "  --threads T      threads each cpu worker runs (TSR_THREADS; default 1)\n"
             "exit status: 0 placed, 1 a bad file (--diff: or no answer), 2 bad arguments, 3 not\n"
             "everything placed (--diff: the coordinator refused)\n");
 }
@@ -93,6 +99,8 @@ static void human(uint64_t b, char *buf, size_t len)
 /* The devices of the described cluster a deployment of `kind` may use: `free` of
  * them, `per_node` a node (each node one NVLink domain of `nvlink` GPUs, or all of
  * its own), GPUs of gpu_gib (80, an H100's, when not given), and the rates. */
+static int g_cores, g_threads;  /* --cores, --threads (0: not given) */
+
 static tsr_devices_t described(tsr_device_t kind, int free, int per_node, int gpu_gib, int nvlink,
                                double mem_gbs, double gflops)
 {
@@ -103,6 +111,7 @@ static tsr_devices_t described(tsr_device_t kind, int free, int per_node, int gp
     tsr_devices_defaults(&v, kind);
     if (mem_gbs) v.mem_gbs = mem_gbs;
     if (gflops) v.gflops = gflops;
+    if (!gpu) v.cores = g_cores, v.threads = g_threads;
     return v;
 }
 
@@ -168,6 +177,10 @@ static void explain_deployment(const tsr_model_info_t *m, const tsr_deployment_t
            devs->devices, tsr_device_name(d->device), devs->per_node,
            devs->memory ? have : "memory unchecked", devs->mem_gbs, devs->gflops,
            d->max_seq_len / 2 > 0 ? d->max_seq_len / 2 : 1);
+    if (devs->cores)
+        printf("  (workers of %d thread(s) sharing %d core(s) a node: a replica whose busy "
+               "workers run more threads gets the cores' share)\n",
+               devs->threads > 0 ? devs->threads : 1, devs->cores);
     printf("  %-2s %3s %3s %7s %12s  %-24s %-8s %9s %11s %8s %11s\n", "", "TP", "PP", "DEVICES",
            "NEED/DEVICE", "FITS", "LINK", "MS/TOKEN", "TOK/S/REPL", "REPLICAS", "TOK/S ALL");
     int k = tsr_layout_choose(c, n, d->latency_target_ms, why, sizeof why);
@@ -213,10 +226,13 @@ int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv)
                                          {"diff", no_argument, 0, 'd'},
                                          {"mem-gbs", required_argument, 0, 'b'},
                                          {"gflops", required_argument, 0, 'f'},
+                                         {"cores", required_argument, 0, 'c'},
+                                         {"threads", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
     optind = 0;  /* 0 re-initialises GNU getopt (and its argument permutation) */
+    g_cores = g_threads = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'n': if (parse_pos("--nodes", optarg, &nodes) < 0) return 2; break;
@@ -227,6 +243,8 @@ int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv)
         case 'd': diff = 1; break;
         case 'b': if (parse_rate("--mem-gbs", optarg, &mem_gbs) < 0) return 2; break;
         case 'f': if (parse_rate("--gflops", optarg, &gflops) < 0) return 2; break;
+        case 'c': if (parse_pos("--cores", optarg, &g_cores) < 0) return 2; break;
+        case 't': if (parse_pos("--threads", optarg, &g_threads) < 0) return 2; break;
         case 'h': plan_usage(stdout); return 0;
         default: plan_usage(stderr); return 2;
         }

@@ -110,6 +110,21 @@ static double step_seconds(const tsr_model_info_t *m, const tsr_deployment_t *d,
     return total;
 }
 
+/* devs as `busy` workers of one replica running at once see them: cpu workers whose
+ * threads on a node outnumber its cores each get their share of the cores (a rate a
+ * worker was measured at alone is divided among them). */
+static tsr_devices_t shared(const tsr_devices_t *devs, int busy)
+{
+    tsr_devices_t v = *devs;
+    int on_node = busy < devs->per_node || devs->per_node < 1 ? busy : devs->per_node;
+    double threads = (double)on_node * (devs->threads > 0 ? devs->threads : 1);
+    if (devs->cores > 0 && threads > devs->cores) {
+        v.mem_gbs *= devs->cores / threads;
+        v.gflops *= devs->cores / threads;
+    }
+    return v;
+}
+
 void tsr_layout_of(const tsr_model_info_t *m, const tsr_deployment_t *d,
                    const tsr_devices_t *devs, int t, int p, tsr_layout_t *out)
 {
@@ -146,8 +161,11 @@ void tsr_layout_of(const tsr_model_info_t *m, const tsr_deployment_t *d,
     int seqs, tokens;
     tsr_step_rows(d->max_batch, d->prefill_chunk, d->max_seq_len, &seqs, &tokens);
     int context = d->max_seq_len / 2 > 0 ? d->max_seq_len / 2 : 1;
-    c.ms_token = 1e3 * step_seconds(m, &dd, devs, c.link, handoff, 1, context);
-    double step = step_seconds(m, &dd, devs, c.link, handoff, seqs, context);
+    /* one sequence is in one stage at a time; with max_batch in flight every stage is
+     * busy at once */
+    tsr_devices_t alone = shared(devs, t), all = shared(devs, t * p);
+    c.ms_token = 1e3 * step_seconds(m, &dd, &alone, c.link, handoff, 1, context);
+    double step = step_seconds(m, &dd, &all, c.link, handoff, seqs, context);
     c.tok_s = step > 0 ? seqs / step : 0;
     c.replicas = c.valid ? devs->devices / (t * p) : 0;
     if (!d->auto_replicas && d->replicas > 0 && c.replicas > d->replicas) c.replicas = d->replicas;

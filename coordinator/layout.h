@@ -29,6 +29,8 @@ typedef struct {
     double gflops;          /* matrix-product rate at the engine's type, GFLOP/s */
     double link_gbs[4];     /* all-reduce bandwidth over each tsr_link_t, GB/s */
     double link_us[4];      /* and the latency of one all-reduce or hand-off, us */
+    int cores;              /* cpu: the cores a node's workers share (0: not limited) */
+    int threads;            /* cpu: threads a worker runs (0: 1) */
 } tsr_devices_t;
 
 /* One candidate cut of a deployment. */

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "common/budget.h"
@@ -218,6 +219,34 @@ static void test_a_latency_target_takes_more_devices(void **state)
     assert_non_null(strstr(why, "no cut meets"));
 }
 
+/* CPU workers sharing a node's cores: tp 2 x pp 2 of single-thread workers on 2 cores.
+ * One sequence keeps one stage (2 threads) busy at a time: its estimate is as without the
+ * limit; max_batch sequences keep all four busy, each getting half a core: the replica's
+ * tokens/s is half.  On 4 cores nothing changes. */
+static void test_cpu_workers_sharing_cores_get_their_share(void **state)
+{
+    (void)state;
+    tsr_model_info_t m = small_model();
+    tsr_deployment_t d = deployment(TSR_DEVICE_CPU);
+    tsr_devices_t devs = {.devices = 4, .per_node = 4, .mem_gbs = 10, .gflops = 100,
+                          .link_gbs = {0, 1e9, 1e9, 1e9}, .link_us = {0, 0, 0, 0}};  /* links: free */
+    tsr_layout_t alone, two, four;
+    tsr_layout_of(&m, &d, &devs, 2, 2, &alone);
+    devs.cores = 2, devs.threads = 1;
+    tsr_layout_of(&m, &d, &devs, 2, 2, &two);
+    devs.cores = 4;
+    tsr_layout_of(&m, &d, &devs, 2, 2, &four);
+    assert_true(alone.valid && two.valid && four.valid);
+    assert_true(fabs(two.ms_token - alone.ms_token) < 1e-9 * alone.ms_token);
+    assert_true(fabs(two.tok_s - alone.tok_s / 2) < 1e-6 * alone.tok_s);
+    assert_true(fabs(four.tok_s - alone.tok_s) < 1e-9 * alone.tok_s);
+    /* two threads a worker on 2 cores: one stage's two workers already want 4 */
+    devs.cores = 2, devs.threads = 2;
+    tsr_layout_t fat;
+    tsr_layout_of(&m, &d, &devs, 2, 2, &fat);
+    assert_true(fabs(fat.ms_token - 2 * alone.ms_token) < 1e-6 * alone.ms_token);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_a_model_that_needs_four_gpus_on_two_gpu_nodes_gets_tp2_pp2),
         cmocka_unit_test(test_nothing_fits_says_what_the_closest_needs),
         cmocka_unit_test(test_a_latency_target_takes_more_devices),
+        cmocka_unit_test(test_cpu_workers_sharing_cores_get_their_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
