@@ -15,6 +15,7 @@
 #include "common/modelfile.h"
 #include "worker/engine.h"
 #include "worker/agent.h"
+#include "worker/rates.h"
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { (void)sig; stop_flag = 1; }
@@ -41,8 +42,10 @@ static void usage(FILE *f)
             "      --mem-gbs X        the device's memory bandwidth in GB/s and\n"
             "      --gflops X         its matrix-product rate in GFLOP/s, for the planner's\n"
             "                         estimates (parallel: auto); default $TESSERA_MEM_GBS and\n"
-            "                         $TESSERA_GFLOPS, else not given (the planner assumes\n"
-            "                         figures for the kind, see tessera plan --help)\n"
+            "                         $TESSERA_GFLOPS; else a cpu worker measures its read\n"
+            "                         rate at start (128 MiB read by its threads) and the\n"
+            "                         planner assumes the kind's figures for the rest (see\n"
+            "                         tessera plan --help)\n"
             "      --data-address ADDR  address its peers use to reach its data port\n"
             "                         (default $TESSERA_DATA_ADDRESS, else 127.0.0.1 when\n"
             "                         the coordinator is on loopback, else the host name)\n"
@@ -257,6 +260,14 @@ int main(int argc, char **argv)
         return 1;
     }
     if (mem_mib) dev.memory = (uint64_t)mem_mib << 20;
+    /* not given: a CPU worker measures the rate its engine's threads read memory at */
+    if (!bw && kind == TSR_DEVICE_CPU) {
+        int threads;
+        bw = tsr_measure_read_gbs(&threads);
+        if (bw > 0)
+            tsr_info("measured its memory read rate: %.1f GB/s with %d thread(s), for the "
+                     "planner's estimates (--mem-gbs gives it instead)", bw, threads);
+    }
     dev.mem_gbs = bw;
     dev.gflops = fl;
     /* Whether this worker's GPU groups can use NCCL: the coordinator tells
