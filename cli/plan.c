@@ -59,7 +59,8 @@ static void plan_usage(FILE *f)
             "                   when a replica's workers busy at once (one stage's for one\n"
             "                   sequence, every stage's at max_batch) run more threads than\n"
             "                   C, the estimates give each its share of the rates above\n"
-            "  --threads T      threads each cpu worker runs (TSR_THREADS; default 1)\n"
+            "  --threads T      threads each cpu worker runs (TSR_THREADS; default C, as a\n"
+            "                   worker runs one on every CPU it may use)\n"
             "exit status: 0 placed, 1 a bad file (--diff: or no answer), 2 bad arguments, 3 not\n"
             "everything placed (--diff: the coordinator refused)\n");
 }

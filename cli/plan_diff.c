@@ -263,6 +263,7 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     bool *same_cut = calloc(nd ? nd : 1, sizeof *same_cut);
     bool *new_model = calloc(nd ? nd : 1, sizeof *new_model);
     int *beside = calloc(nd ? nd : 1, sizeof *beside);
+    int stopping = 0;   /* replicas that stop taking requests */
     if (!was || !same_cut || !new_model || !beside) {
         free(was);
         free(same_cut);
@@ -290,9 +291,12 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
             int per_new = dd->tensor * dd->pipeline;
             if (tsr_reshard_choose(was[d], jint(rd, "tensor") * jint(rd, "pipeline"),
                                    dd->replicas, per_new, idle, &beside[d], &drop)) {
-                if (drop)
-                    printf("  deployment %s: %d old replica(s) are let go to make room (the "
-                           "others serve)\n", dd->name, drop);
+                if (drop) {
+                    printf("  deployment %s: %d old replica(s) are let go to make room: they "
+                           "take no new request and finish theirs (the others serve)\n",
+                           dd->name, drop);
+                    stopping += drop;
+                }
                 printf("  deployment %s: %d of its %d replica(s) in the new cut are built "
                        "beside the running one on %d worker(s), then swapped in (a rewire)%s\n",
                        dd->name, beside[d], dd->replicas, beside[d] * per_new,
@@ -378,7 +382,6 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     for (size_t p = 0; p < plan->n_pieces; p++) n_keep += plan->pieces[p].kept;
     printf("  %d piece(s) stay where they are, %d load, %d worker(s) released\n", n_keep, n_load,
            n_release);
-    int stopping = 0;
     for (size_t d = 0; d < nd; d++) {
         const tsr_deployment_t *dep = &cfg->deployments[d];
         for (int r = 0; r < dep->replicas; r++) {
@@ -417,6 +420,7 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
     free(beside);
     if (!n_load && !n_release && !n_rewired) printf("  nothing changes\n");
     else if (!stopping) printf("  no replica that serves now stops serving\n");
+    else printf("  %d replica(s) that serve now stop taking requests meanwhile\n", stopping);
     rc = 0;
     goto out;
 oom:

@@ -38,11 +38,15 @@ static void print_worker_row(json_t *w)
 {
     char age[32];
     fmt_age(jint(w, "heartbeat_age_ms"), age, sizeof age);
-    json_t *a = json_object_get(w, "assignment");
+    json_t *a = json_object_get(w, "assignment"), *f = json_object_get(w, "finishing");
     char piece[192] = "-";
     if (json_is_object(a))
         snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld", jstr(a, "deployment"),
                  jint(a, "replica"), jint(a, "stage"), jint(a, "tp"));
+    else if (json_is_object(f))  /* an old cut's piece, until its requests end */
+        snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld of tp %lld x pp %lld (old cut)",
+                 jstr(f, "deployment"), jint(f, "replica"), jint(f, "stage"), jint(f, "tp"),
+                 jint(f, "tp_size"), jint(f, "pp_size"));
     const char *state = jstr(w, "state");
     char st[48];
     snprintf(st, sizeof st, "%s%s", state, json_is_true(json_object_get(w, "drained")) ? ",drained" : "");
@@ -149,14 +153,15 @@ void tsr_print_status(json_t *doc, int workers_only)
         }
     }
 
-    const char *titles[] = {"idle workers", "dead workers"};
-    for (int pass = 0; pass < (workers_only ? 1 : 2); pass++) {
+    const char *titles[] = {"idle workers", "workers finishing an old cut's requests", "dead workers"};
+    for (int pass = 0; pass < (workers_only ? 1 : 3); pass++) {
         int header = 0;
         json_array_foreach(workers, i, w) {
             const char *st = jstr(w, "state");
             int is_dead = !strcmp(st, "dead");
             int show = workers_only ? 1
                        : pass == 0  ? !strcmp(st, "idle") && !json_is_object(json_object_get(w, "assignment"))
+                       : pass == 1  ? !strcmp(st, "finishing")
                                     : is_dead;
             if (!show) continue;
             if (!header) {

@@ -117,7 +117,9 @@ static tsr_devices_t shared(const tsr_devices_t *devs, int busy)
 {
     tsr_devices_t v = *devs;
     int on_node = busy < devs->per_node || devs->per_node < 1 ? busy : devs->per_node;
-    double threads = (double)on_node * (devs->threads > 0 ? devs->threads : 1);
+    /* a worker's default: every CPU it may run on */
+    int each = devs->threads > 0 ? devs->threads : devs->cores > 0 ? devs->cores : 1;
+    double threads = (double)on_node * each;
     if (devs->cores > 0 && threads > devs->cores) {
         v.mem_gbs *= devs->cores / threads;
         v.gflops *= devs->cores / threads;
@@ -169,7 +171,10 @@ void tsr_layout_of(const tsr_model_info_t *m, const tsr_deployment_t *d,
     c.tok_s = step > 0 ? seqs / step : 0;
     c.replicas = c.valid ? devs->devices / (t * p) : 0;
     if (!d->auto_replicas && d->replicas > 0 && c.replicas > d->replicas) c.replicas = d->replicas;
-    c.tok_s_all = c.tok_s * c.replicas;
+    /* every replica busy: those on one node share its cores too */
+    tsr_devices_t every = shared(devs, c.replicas * t * p);
+    double step_all = step_seconds(m, &dd, &every, c.link, handoff, seqs, context);
+    c.tok_s_all = step_all > 0 ? c.replicas * seqs / step_all : 0;
     *out = c;
 }
 

@@ -30,7 +30,7 @@ typedef struct {
     double link_gbs[4];     /* all-reduce bandwidth over each tsr_link_t, GB/s */
     double link_us[4];      /* and the latency of one all-reduce or hand-off, us */
     int cores;              /* cpu: the cores a node's workers share (0: not limited) */
-    int threads;            /* cpu: threads a worker runs (0: 1) */
+    int threads;            /* cpu: threads a worker runs (0: cores, a worker's default) */
 } tsr_devices_t;
 
 /* One candidate cut of a deployment. */

@@ -375,6 +375,10 @@ static void on_dead(tsr_worker_t *w, void *arg)
                   "will move",
                   w->name, w->node, (long long)(c->now_ms - w->last_seen_ms),
                   w->piece.key.deployment, w->piece.key.replica, w->piece.key.stage, w->piece.key.tp);
+    else if (w->finishing)
+        tsr_error("worker %s on %s, finishing the requests of %s r%d of the old cut, is dead (no "
+                  "heartbeat): they resume on the new cut", w->name, w->node,
+                  w->finished.key.deployment, w->finished.key.replica);
     else
         tsr_warn("idle worker %s on %s is dead (no heartbeat)", w->name, w->node);
 }

@@ -133,12 +133,13 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
 
     /* Per worker: pieces' queues, batches and KV pools; counts by state. */
     size_t n = tsr_registry_size(c->reg);
-    uint64_t by_state[TSR_W_DEAD + 1] = {0};
+    uint64_t by_state[TSR_W_DEAD + 1] = {0}, finishing = 0;
     family(&o, "tessera_replica_queued_requests", "gauge",
            "Requests waiting at a replica's leader.");
     for (size_t k = 0; k < n; k++) {
         tsr_worker_t *x = tsr_registry_at(c->reg, k);
-        if (x->state <= TSR_W_DEAD) by_state[x->state]++;
+        if (x->finishing) finishing++;   /* an old cut's requests (reshard.c) */
+        else if (x->state <= TSR_W_DEAD) by_state[x->state]++;
     }
     for (int running = 0; running < 2; running++) {
         if (running)
@@ -173,6 +174,7 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
     for (int s = 0; s <= TSR_W_DEAD; s++)
         tsr_sb_printf(&o, "tessera_workers{state=\"%s\"} %llu\n", tsr_wstate_name((tsr_wstate_t)s),
             (unsigned long long)by_state[s]);
+    tsr_sb_printf(&o, "tessera_workers{state=\"finishing\"} %llu\n", (unsigned long long)finishing);
     family(&o, "tessera_heartbeats_total", "counter", "Worker heartbeats received.");
     tsr_sb_printf(&o, "tessera_heartbeats_total %llu\n", (unsigned long long)c->stats.heartbeats);
     family(&o, "tessera_registrations_total", "counter", "Worker registrations accepted.");

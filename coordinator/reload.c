@@ -76,7 +76,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
     nd->tensor = od->tensor;
     nd->pipeline = od->pipeline;
     tsr_dep_note_cut(ds, nd);
-    if (beside == want)
+    if (beside == want && !drop)
         snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
                  "tp %d x pp %d x %d is built on %d idle worker(s) while tp %d x pp %d x %d serves",
                  ds->reshard.tensor, ds->reshard.pipeline, want, beside * per_new, od->tensor, od->pipeline,
@@ -88,6 +88,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
                  beside, want, ds->reshard.tensor, ds->reshard.pipeline, od->tensor, od->pipeline,
                  od->replicas - drop, drop ? " (old replicas let go to make room)" : "",
                  want - beside);
+    /* with old replicas let go, reshard.c may let one more go to place the first */
     tsr_info("deployment %s: %s", nd->name, ds->reshard.doing);
 }
 

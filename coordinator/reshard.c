@@ -67,37 +67,54 @@ static void apply(tsr_coord_t *c, size_t di, const char *how)
     tsr_coord_mark_dirty(c);
 }
 
-/* At the switch (or, from_replica > 0, when old replicas are let go to make room):
- * every member of an old replica (from from_replica on) with requests in flight finishes
- * them in place (its replica out of the registry's, so the plan neither places nor releases
- * it; new requests go to the new cut); the other old workers are released by the plan.
- * Returns how many finish. */
+/* Old replicas of d (from from_replica on) finish their requests in place: every member
+ * leaves the registry's replicas (the plan neither places nor releases it; new requests
+ * go to the others) until its replica's attempts end (finish_done).  At the switch
+ * (every = false) only whole, ready replicas with requests in flight do, the others are
+ * released by the plan (a broken one's requests move as before); old replicas let go
+ * to make room (every = true) all do, so that no plan hands their workers to anyone
+ * else before the standbys are sent.  Returns the workers that finish. */
 static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_replica,
-                           int64_t now)
+                           bool every, int64_t now)
 {
-    int n = 0;
-    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
-        tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        const tsr_piece_key_t *k = &w->piece.key;
-        if (w->state != TSR_W_READY || !w->has_piece || strcmp(k->deployment, d->name) ||
-            k->tp_size != d->tensor || k->pp_size != d->pipeline || k->replica < from_replica ||
-            !tsr_requests_of_attempt(c, d->name, k->replica, w->piece.epoch, NULL))
+    int n = 0, per = d->tensor * d->pipeline;
+    tsr_worker_t **m = calloc((size_t)per, sizeof *m);
+    if (!m) return 0;   /* out of memory: the plan releases them, their requests move */
+    for (int r = from_replica; r < d->replicas; r++) {
+        const tsr_worker_t *lead = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
+        if (!lead) continue;
+        uint64_t epoch = lead->piece.epoch;
+        int held = 0;
+        bool whole = true;
+        for (int k = 0; k < per; k++) {
+            m[k] = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, k);
+            if (!m[k]) continue;
+            held++;
+            whole &= m[k]->state == TSR_W_READY && m[k]->piece.epoch == epoch;
+        }
+        if (!every && (held < per || !whole ||
+                       !tsr_requests_of_attempt(c, d->name, r, epoch, NULL)))
             continue;
-        w->finished = w->piece;
-        w->finished_pid = w->pid;
-        w->finishing_since_ms = now;
-        tsr_registry_clear_piece(c->reg, w);
-        w->finishing = true;
-        n++;
+        for (int k = 0; k < per; k++) {
+            if (!m[k]) continue;
+            m[k]->finished = m[k]->piece;
+            m[k]->finished.epoch = epoch;      /* the attempts' */
+            m[k]->finished_pid = m[k]->pid;
+            m[k]->finishing_since_ms = now;
+            tsr_registry_clear_piece(c->reg, m[k]);
+            m[k]->finishing = true;
+            n++;
+        }
     }
+    free(m);
     if (n) tsr_info("deployment %s: %d worker(s) of the old cut finish the requests they have "
-                    "in flight before they are let go", d->name, n);
+                    "in flight, taking no new one, before they are let go", d->name, n);
     return n;
 }
 
 /* Whether worker w, finishing an old cut's requests, is done: its replica's attempts
- * have ended, a member of it died or restarted (they move to the new cut, from their
- * tokens), or FINISH_MAX_MS passed (the same).  Then it is let go. */
+ * have ended, a member of it died, restarted or registered again (they move to the new
+ * cut, from their tokens), or FINISH_MAX_MS passed (the same).  Then it is let go. */
 static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
 {
     const tsr_holding_t *f = &w->finished;
@@ -106,7 +123,7 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
         const tsr_worker_t *m = tsr_registry_at(c->reg, i);
         broken = m->finishing && m->finished.epoch == f->epoch && m->finished.key.replica == f->key.replica &&
                  !strcmp(m->finished.key.deployment, f->key.deployment) &&
-                 (m->state == TSR_W_DEAD || m->pid != m->finished_pid);
+                 (m->state != TSR_W_READY || m->pid != m->finished_pid);
     }
     const char *why = broken ? "a worker of its old cut's replica was lost while it finished"
                       : now - w->finishing_since_ms > FINISH_MAX_MS
@@ -115,7 +132,7 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
     if (tsr_requests_of_attempt(c, f->key.deployment, f->key.replica, f->epoch, why) && !why)
         return false;
     w->finishing = false;
-    if (w->state != TSR_W_DEAD && w->pid == w->finished_pid) {
+    if (w->state == TSR_W_READY && w->pid == w->finished_pid) {
         tsr_send_unassign(c, w, "the old cut's requests it finished are done");
         w->state = TSR_W_IDLE;
     }
@@ -146,32 +163,36 @@ static void give_up(tsr_coord_t *c, size_t di, const char *why)
     ds->reshard.doing[0] = '\0';
 }
 
-/* Places the new cut on the idle workers and sends each its standby piece.  False
- * when they cannot hold it (someone took idle workers since the reload). */
-static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
+/* `replicas` replicas of the new cut placed by the planner (its usual rules: tensor
+ * groups on one node, distinct GPUs, memory) on the workers of the deployment's kind
+ * that are idle or, keep >= 0, hold a piece of one of its old replicas from keep on
+ * (those it may let go to make room).  ws (room for every registered worker) gets the
+ * plan's workers.  NULL, with why, when they cannot all be placed. */
+static tsr_plan_t *plan_new_cut(tsr_coord_t *c, size_t di, int replicas, int keep,
+                                tsr_worker_t **ws, char *why, size_t why_len)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_dep_state_t *ds = &c->deps[di];
     tsr_deployment_t target = *d;
     target.tensor = ds->reshard.tensor;
     target.pipeline = ds->reshard.pipeline;
-    target.replicas = ds->reshard.beside;
+    target.replicas = replicas;
     tsr_config_t view = *c->cfg;
     view.deployments = &target;
     view.n_deployments = 1;
     size_t n = tsr_registry_size(c->reg), k = 0;
     tsr_plan_worker_t *pw = calloc(n ? n : 1, sizeof *pw);
-    tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
     uint64_t *need = calloc((size_t)target.pipeline, sizeof *need);
     tsr_plan_t *plan = NULL;
-    bool ok = false;
-    if (!pw || !ws || !need) {
+    if (!pw || !need) {
         snprintf(why, why_len, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (!tsr_coord_worker_idle(c, w) || w->device != d->device) continue;
+        bool freed = keep >= 0 && w->has_piece && w->state != TSR_W_DEAD &&
+                      !strcmp(w->piece.key.deployment, d->name) && w->piece.key.replica >= keep;
+        if ((!tsr_coord_worker_idle(c, w) && !freed) || w->device != d->device) continue;
         ws[k] = w;
         pw[k] = (tsr_plan_worker_t){.name = w->name, .node = w->node, .device = w->device,
                                     .memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0,
@@ -186,8 +207,25 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
     if (tsr_plan_compute_mem(&view, &layers, needs, pw, k, &plan, why, why_len) < 0) goto out;
     if (plan->deps[0].short_by > 0) {
         tsr_plan_shortage_of(plan, 0, pw, why, why_len);
-        goto out;
+        tsr_plan_destroy(&plan);
     }
+out:
+    free(need);
+    free(pw);
+    return plan;
+}
+
+/* Places the replicas to build beside on the idle workers and sends each its standby
+ * piece.  False when they cannot hold them (someone took idle workers since). */
+static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
+{
+    tsr_dep_state_t *ds = &c->deps[di];
+    size_t n = tsr_registry_size(c->reg);
+    tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
+    tsr_plan_t *plan = ws ? plan_new_cut(c, di, ds->reshard.beside, -1, ws, why, why_len) : NULL;
+    bool ok = false;
+    if (!ws) snprintf(why, why_len, "out of memory");
+    if (!plan) goto out;
     uint64_t epoch = tsr_coord_next_epoch(c);
     ds->reshard.standby = calloc(plan->n_pieces, sizeof *ds->reshard.standby);
     if (!epoch || !ds->reshard.standby) {
@@ -199,9 +237,9 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
         const tsr_piece_t *p = &plan->pieces[i];
         tsr_standby_t *sb = &ds->reshard.standby[ds->reshard.n++];
         tsr_piece_key_t *key = &sb->key;
-        snprintf(key->deployment, sizeof key->deployment, "%s", d->name);
+        snprintf(key->deployment, sizeof key->deployment, "%s", c->cfg->deployments[di].name);
         key->replica = p->replica, key->stage = p->stage, key->tp = p->tp;
-        key->tp_size = target.tensor, key->pp_size = target.pipeline;
+        key->tp_size = ds->reshard.tensor, key->pp_size = ds->reshard.pipeline;
         key->layer_begin = p->layer_begin, key->layer_end = p->layer_end;
         snprintf(sb->worker, sizeof sb->worker, "%s", ws[p->worker]->name);
         sb->pid = ws[p->worker]->pid;
@@ -213,10 +251,59 @@ static bool send_standbys(tsr_coord_t *c, size_t di, char *why, size_t why_len)
     ok = true;
 out:
     tsr_plan_destroy(&plan);
-    free(need);
     free(ws);
-    free(pw);
     return ok;
+}
+
+/* Old replicas make room for the first replicas of the new cut: the fewest (never the
+ * last) whose workers, with the idle ones, the planner can place one new replica on
+ * or more (a tensor group needs its node, a GPU its memory).  Those replicas take no
+ * new request and finish theirs in place; once they have, their workers are idle and
+ * the standbys are sent to them in the same tick, before any plan could give them
+ * away.  False, the cut applied at once as before, when no choice places one. */
+static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
+{
+    tsr_dep_state_t *ds = &c->deps[di];
+    tsr_deployment_t *d = &c->cfg->deployments[di];
+    int per_old = d->tensor * d->pipeline, per_new = ds->reshard.tensor * ds->reshard.pipeline;
+    int idle = 0, beside = 0, drop;
+    char why[300] = "";
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        idle += tsr_coord_worker_idle(c, w) && w->device == d->device;
+    }
+    size_t n = tsr_registry_size(c->reg);
+    tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
+    for (drop = ds->reshard.dropped; ws && !beside && drop < d->replicas; drop++) {
+        int most = (idle + drop * per_old) / per_new;
+        for (int b = most < ds->reshard.replicas ? most : ds->reshard.replicas; b >= 1; b--) {
+            tsr_plan_t *plan = plan_new_cut(c, di, b, d->replicas - drop, ws, why, sizeof why);
+            if (plan) {
+                tsr_plan_destroy(&plan);
+                beside = b;
+                break;
+            }
+        }
+    }
+    free(ws);
+    if (!beside) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "not one replica of it can be placed on the idle workers and "
+                 "those of the old replicas it could let go (%s)", why[0] ? why : "out of memory");
+        give_up(c, di, msg);
+        return false;
+    }
+    drop--;                       /* the loop counted one past the drop that placed */
+    ds->reshard.dropped = drop;
+    ds->reshard.beside = beside;
+    int keep = d->replicas - drop;
+    finish_in_place(c, d, keep, true, now);
+    if (tsr_dep_set_replicas(ds, d, keep) < 0) {
+        give_up(c, di, "out of memory");
+        return false;
+    }
+    tsr_coord_mark_dirty(c);
+    return true;
 }
 
 /* One step of deployment di's change of cut; true while it goes on. */
@@ -229,18 +316,8 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
     if (!ds->reshard.sent) {
         if (!ds->reshard.since_ms) ds->reshard.since_ms = now;
         if (ds->reshard.dropped && !ds->reshard.let_go) {
-            /* old replicas make room: the last ones go, those with requests in flight
-             * finishing them first (new ones go to the others) */
-            tsr_deployment_t *dm = &c->cfg->deployments[di];
-            int keep = dm->replicas - ds->reshard.dropped;
             ds->reshard.let_go = true;
-            finish_in_place(c, dm, keep, now);
-            if (tsr_dep_set_replicas(ds, dm, keep) < 0) {
-                give_up(c, di, "out of memory");
-                return false;
-            }
-            tsr_coord_mark_dirty(c);
-            return true;
+            return let_go(c, di, now);
         }
         /* old replicas let go to make room: their workers are idle once a plan has
          * released them, or they finished (unless a failover takes them first) */
@@ -306,7 +383,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         return true;
     }
     if (loaded < ds->reshard.n) return true;
-    ds->reshard.finishing = finish_in_place(c, d, 0, now);
+    ds->reshard.finishing = finish_in_place(c, d, 0, false, now);
     char how[240];
     int rest = ds->reshard.replicas - ds->reshard.beside;
     if (!rest)

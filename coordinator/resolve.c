@@ -17,8 +17,8 @@
 #include "layout.h"
 #include "topology.h"
 
-/* The live, placeable workers of `kind`, less `used` of them taken by the
- * deployments before: their count, the smallest memory, the most on one node
+/* The live, placeable workers of `kind` (none finishing an old cut's requests or
+ * standing by), less `used` of them taken by the deployments before: their count, the smallest memory, the most on one node
  * and in one NVLink domain. */
 static void devices_for(tsr_coord_t *c, tsr_device_t kind, int used, tsr_devices_t *v)
 {
@@ -29,7 +29,9 @@ static void devices_for(tsr_coord_t *c, tsr_device_t kind, int used, tsr_devices
     if (!ws) return;
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (w->state == TSR_W_DEAD) continue;
+        /* an old cut's worker finishing its requests, or a standby loading a piece of a
+         * new cut or of a move, is spoken for */
+        if (w->state == TSR_W_DEAD || w->finishing || tsr_coord_is_standby(c, w->name)) continue;
         ws[k++] = w;
     }
     tsr_nvlink_domains(ws, k);  /* every live worker's, as the planner sees them */

@@ -116,7 +116,7 @@ static tsr_worker_t *leader_of_epoch(tsr_coord_t *c, const char *leader, uint64_
 
 /* Whether request q runs on an old cut's replica that finishes its requests in place
  * (reshard.c): moving replicas of the new cut leaves it there. */
-static bool on_finishing(tsr_coord_t *c, const tsr_request_rec_t *q)
+static bool on_finishing(const tsr_coord_t *c, const tsr_request_rec_t *q)
 {
     if (q->replica < 0) return false;
     const tsr_worker_t *w = tsr_registry_find(c->reg, q->leader);
@@ -403,7 +403,7 @@ int64_t tsr_requests_progress_ms(const tsr_coord_t *c, const tsr_deployment_t *d
     int64_t last = 0;
     for (size_t i = 0; i < c->requests->n; i++) {
         const tsr_request_rec_t *q = &c->requests->v[i];
-        if (q->replica != replica || strcmp(q->deployment, d->name)) continue;
+        if (q->replica != replica || strcmp(q->deployment, d->name) || on_finishing(c, q)) continue;
         int64_t t = q->progress_ms > q->attempt_ms ? q->progress_ms : q->attempt_ms;
         if (t > last) last = t;
     }
@@ -424,9 +424,10 @@ size_t tsr_requests_count(const tsr_coord_t *c) { return c->requests->n; }
 int tsr_requests_in_flight(const tsr_coord_t *c, const char *deployment, int replica)
 {
     int n = 0;
-    for (size_t i = 0; i < c->requests->n; i++)
+    for (size_t i = 0; i < c->requests->n; i++)   /* an old cut's finishing replica is not r */
         n += !strcmp(c->requests->v[i].deployment, deployment) &&
-             (replica < 0 || c->requests->v[i].replica == replica);
+             (replica < 0 ||
+              (c->requests->v[i].replica == replica && !on_finishing(c, &c->requests->v[i])));
     return n;
 }
 
@@ -919,7 +920,8 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     q->progress_ms = c->now_ms ? c->now_ms : now;
     if (t->done) {
         tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
-        if (ds && ds->completed && q->replica < ds->n_completed) ds->completed[q->replica]++;
+        if (ds && ds->completed && q->replica < ds->n_completed && !on_finishing(c, q))
+            ds->completed[q->replica]++;
         if (mt) tsr_hist_observe(&mt->duration, (double)(now - q->started_ms) / 1000.0);
         tsr_metrics_outcome(&c->metrics, q->deployment, !strcmp(t->finish_reason, "eos") ? "stop" : "length");
         request_remove(c, i);

@@ -75,12 +75,15 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
     tsr_sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
               w->finishing ? "finishing" : tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);
-    if (w->finishing)   /* an old cut's piece whose requests it finishes (reshard.c) */
-        tsr_sb_printf(b, ",\"finishing\":{\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
+    if (w->finishing) { /* an old cut's piece whose requests it finishes (reshard.c) */
+        tsr_sb_puts(b, ",\"finishing\":{\"deployment\":");
+        sb_str(b, w->finished.key.deployment);
+        tsr_sb_printf(b, ",\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
                          "\"pp_size\":%d,\"epoch\":%llu}",
                       w->finished.key.replica, w->finished.key.stage, w->finished.key.tp,
                       w->finished.key.tp_size, w->finished.key.pp_size,
                       (unsigned long long)w->finished.epoch);
+    }
     if (w->has_piece) {
         const tsr_piece_key_t *k = &w->piece.key;
         tsr_sb_puts(b, ",\"assignment\":{\"deployment\":");

@@ -3896,45 +3896,111 @@ static void test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_on
     assert_false(fx->c->deps[0].reshard.active);
 }
 
-/* No idle worker at all, but replicas to spare: tp 1 x 5 to tp 2 x 2.  Two old replicas
- * are let go (three serve), their workers load one replica of the new cut beside, and
- * at the switch the other loads on workers the old cut frees: a replica serves
- * throughout. */
+/* No idle worker at all, but replicas to spare: tp 1 x 5 to tp 2 x 2, a request on each
+ * replica.  Two old replicas are let go (three serve): they take no new request and
+ * finish theirs in place (not moved: no replay); once they have, their workers are sent
+ * the standbys of one new replica in the same tick, and at the switch the other new
+ * replica loads on workers the old cut frees: a replica serves throughout. */
 static void test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves(void **state)
 {
     fx_t *fx = *state;
     one_node_tp1_replicas(fx, NW);
+    uint64_t id[NW];
+    int holder[NW];
+    for (int r = 0; r < NW; r++) {
+        id[r] = request_to(fx, r);
+        holder[r] = holder_of_replica(fx, r);
+    }
     layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
     reconfigure(fx, NULL);
     const tsr_deployment_t *d = &fx->c->cfg->deployments[0];
     assert_int_equal(d->tensor, 1);
     int64_t t = plan_time(fx);
-    tick_alive(fx, t);                      /* two let go, the others serve: the plan releases
-                                               their workers (no request to finish) */
+    tick_alive(fx, t);                      /* two let go, the others serve */
     assert_int_equal(d->replicas, NW - 2);
-    int released = 0;
-    for (int i = 0; i < NW; i++) {
+    for (int r = 0; r < NW; r++) {
+        assert_int_equal(tsr_registry_find(fx->c->reg, fx->name[holder[r]])->finishing, r >= NW - 2);
+        expect_nothing(fx->dealer[holder[r]], 10);   /* nothing released, nothing cancelled */
+        if (r < NW - 2) assert_non_null(tsr_registry_ready_leader(fx->c->reg, d, r));
+    }
+    tick_alive(fx, t + 100);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 0);  /* they still finish */
+    for (int r = NW - 2; r < NW; r++) {                  /* their requests end */
+        send_token(fx, holder[r], id[r], 0, true);
+        pump(fx);
+    }
+    tick_alive(fx, t + 200);                /* let go, and sent the standbys at once */
+    for (int r = NW - 2; r < NW; r++) {
+        tsr_env_t *env = expect_kind(fx->dealer[holder[r]], TESSERA__ENVELOPE__BODY_UNASSIGN);
+        tsr_env_free(&env);
+    }
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    for (int k = 0; k < 2; k++) assert_true(sb[k] == holder[NW - 2] || sb[k] == holder[NW - 1]);
+    /* at the switch the three old replicas finish their requests too: the other new
+     * replica loads on their workers once they have */
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 300), 0);
+    assert_int_equal(d->tensor, 2);
+    assert_int_equal(d->replicas, 2);
+    for (int r = 0; r < NW - 2; r++) {
+        assert_true(tsr_registry_find(fx->c->reg, fx->name[holder[r]])->finishing);
+        send_token(fx, holder[r], id[r], 0, true);
+        pump(fx);
+    }
+    tick_alive(fx, t + 400);
+    int loads = 0;
+    for (int r = 0; r < NW - 2; r++) {
         tsr_env_t *env;
-        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) {
-            released += env->body_case == TESSERA__ENVELOPE__BODY_UNASSIGN;
+        while ((env = recv_env(fx->dealer[holder[r]], TSR_WIRE_MAX_WORKER, 20))) {
+            loads += env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN;
             tsr_env_free(&env);
         }
     }
-    assert_int_equal(released, 2);
-    for (int r = 0; r < NW - 2; r++)
-        assert_non_null(tsr_registry_ready_leader(fx->c->reg, d, r));
-    tick_alive(fx, t + 100);                /* now idle: they are sent the standbys */
+    assert_int_equal(loads, 2);             /* new replica 1 on two of them */
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
+    assert_non_null(strstr(fx->c->deps[0].reshard.last, "old replicas let go to make room"));
+}
+
+/* A finishing old replica whose requests do not end within 30 s: they move to the new
+ * cut (resumed from their tokens, nothing failed) and its worker is let go; one whose
+ * worker registers again (its lease lapsed) moves them at once. */
+static void test_a_finishing_old_replica_moves_its_requests_after_30_s_or_when_it_registers_again(
+    void **state)
+{
+    fx_t *fx = *state;
+    one_node_tp1_replicas(fx, 2);
+    uint64_t id0 = request_to(fx, 0), id1 = request_to(fx, 1);
+    int h0 = holder_of_replica(fx, 0), h1 = holder_of_replica(fx, 1);
+    send_token(fx, h0, id0, 0, false);
+    send_token(fx, h1, id1, 0, false);
+    pump(fx);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
     int sb[NW];
     uint64_t epoch = 0;
     assert_int_equal(take_standbys(fx, sb, &epoch), 2);
-    uint64_t id = request_to(fx, 0);
-    send_token(fx, holder_of_replica(fx, 0), id, 0, false);
+    switch_standbys(fx, sb, 2, epoch, t + 100);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h0])->finishing);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h1])->finishing);
+    for (int k = 0; k < 2; k++) send_ready(fx, sb[k], fx->c->epoch);
     pump(fx);
-    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 200), 2);
-    assert_int_equal(d->tensor, 2);
-    assert_int_equal(d->replicas, 2);
+    /* h1 registers again from the same process (a lapsed lease): its request moves now */
+    send_register(fx, h1, fx->name[h1], "a", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[h1])->finishing);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h0])->finishing);
+    assert_int_equal(fx->c->stats.requests_replayed, 1);
+    /* h0's does not end: 30 s after the switch it moves too */
+    tick_alive(fx, t + 100 + 30000 + 100);
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[h0])->finishing);
+    assert_int_equal(fx->c->stats.requests_replayed, 2);
     assert_int_equal(fx->c->stats.requests_failed, 0);
-    assert_non_null(strstr(fx->c->deps[0].reshard.last, "old replicas let go to make room"));
+    assert_false(fx->c->deps[0].reshard.active);
 }
 
 /* A piece that is not adopted (its keys differ from the file's) does not choose the
@@ -4693,6 +4759,7 @@ int main(void)
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
         T(test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one),
         T(test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves),
+        T(test_a_finishing_old_replica_moves_its_requests_after_30_s_or_when_it_registers_again),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
         T(test_a_tp_group_is_given_distinct_gpus_from_the_registrations),

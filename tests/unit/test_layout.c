@@ -245,6 +245,19 @@ static void test_cpu_workers_sharing_cores_get_their_share(void **state)
     tsr_layout_t fat;
     tsr_layout_of(&m, &d, &devs, 2, 2, &fat);
     assert_true(fabs(fat.ms_token - 2 * alone.ms_token) < 1e-6 * alone.ms_token);
+    /* threads not given: a worker's default, every core */
+    devs.threads = 0;
+    tsr_layout_t deflt;
+    tsr_layout_of(&m, &d, &devs, 2, 2, &deflt);
+    assert_true(fabs(deflt.ms_token - fat.ms_token) < 1e-9 * fat.ms_token);
+    /* every replica of a node busy: tp 1 x pp 1 on 4 single-thread workers of 2 cores
+     * gives each replica half a core in the total, not in one replica's own figure */
+    d.replicas = 4;
+    devs.threads = 1;
+    tsr_layout_t four_reps;
+    tsr_layout_of(&m, &d, &devs, 1, 1, &four_reps);
+    assert_int_equal(four_reps.replicas, 4);
+    assert_true(fabs(four_reps.tok_s_all - 2 * four_reps.tok_s) < 1e-6 * four_reps.tok_s);
 }
 
 int main(void)
