@@ -69,4 +69,17 @@ printf 'version: 1\ndeployments:\n  - name: x\n    model: m\n    parallel: {tens
 "$BIN/tessera" plan "$T/bad.yaml" 2> "$T/bad.txt"; rc=$?
 [ "$rc" = 1 ] || fail "bad file exited $rc"
 grep -q "bad.yaml:5:.*deployments\[0\].parallel.tensor" "$T/bad.txt" || fail "bad message: $(cat "$T/bad.txt")"
-ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported; --explain lists the cuts, the file's and the rule's choice; parallel: auto chosen"
+# The README's --explain excerpts of the examples are what the command prints: each line
+# under a "$ tessera plan FILE --explain" line appears in that command's output.
+awk '/^On the examples \(excerpts;/ {on = 1} on && /^```$/ {n++; if (n == 2) exit; next} on && n == 1' \
+    "$ROOT/README.md" > "$T/readme_x.txt"
+[ "$(grep -c '^\$ tessera plan' "$T/readme_x.txt")" = 2 ] || fail "README's --explain excerpts not found"
+while IFS= read -r line; do
+    case "$line" in
+    '$ tessera plan '*)
+        f=$(echo "$line" | awk '{print $4}')
+        "$BIN/tessera" plan "$ROOT/$f" --explain > "$T/readme_out.txt" || fail "plan $f --explain" ;;
+    *) grep -qxF -- "$line" "$T/readme_out.txt" || fail "README's line is not in $f's --explain: '$line'" ;;
+    esac
+done < "$T/readme_x.txt"
+ok "plans printed; TP groups on one node and one NVLink domain; memory per GPU; shortage, memory refusal and errors reported; --explain lists the cuts, the file's and the rule's choice; parallel: auto chosen; the README's excerpts are the output"
