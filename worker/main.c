@@ -42,10 +42,10 @@ static void usage(FILE *f)
             "      --mem-gbs X        the device's memory bandwidth in GB/s and\n"
             "      --gflops X         its matrix-product rate in GFLOP/s, for the planner's\n"
             "                         estimates (parallel: auto); default $TESSERA_MEM_GBS and\n"
-            "                         $TESSERA_GFLOPS; else a cpu worker measures its read\n"
-            "                         rate at start (128 MiB read by its threads) and the\n"
-            "                         planner assumes the kind's figures for the rest (see\n"
-            "                         tessera plan --help)\n"
+            "                         $TESSERA_GFLOPS; else a cpu worker measures them at\n"
+            "                         start with its threads (128 MiB read, a batch of f32\n"
+            "                         products: about 0.1 s), a cuda worker leaves them to\n"
+            "                         the planner's figures for the kind (tessera plan --help)\n"
             "      --data-address ADDR  address its peers use to reach its data port\n"
             "                         (default $TESSERA_DATA_ADDRESS, else 127.0.0.1 when\n"
             "                         the coordinator is on loopback, else the host name)\n"
@@ -260,13 +260,15 @@ int main(int argc, char **argv)
         return 1;
     }
     if (mem_mib) dev.memory = (uint64_t)mem_mib << 20;
-    /* not given: a CPU worker measures the rate its engine's threads read memory at */
-    if (!bw && kind == TSR_DEVICE_CPU) {
+    /* not given: a CPU worker measures them with its engine's threads */
+    if ((!bw || !fl) && kind == TSR_DEVICE_CPU) {
         int threads;
-        bw = tsr_measure_read_gbs(&threads);
-        if (bw > 0)
-            tsr_info("measured its memory read rate: %.1f GB/s with %d thread(s), for the "
-                     "planner's estimates (--mem-gbs gives it instead)", bw, threads);
+        double given_bw = bw, given_fl = fl;
+        tsr_measure_rates(&bw, &fl, &threads);
+        if ((!given_bw && bw > 0) || (!given_fl && fl > 0))
+            tsr_info("measured with %d thread(s), for the planner's estimates: %s %.1f GB/s "
+                     "memory read, %s %.1f GFLOP/s f32 products (--mem-gbs, --gflops give them)",
+                     threads, given_bw ? "given" : "measured", bw, given_fl ? "given" : "measured", fl);
     }
     dev.mem_gbs = bw;
     dev.gflops = fl;

@@ -1,13 +1,15 @@
-/* rates.c: a CPU worker's memory read rate, measured once at start. */
+/* rates.c: a CPU worker's memory read rate and product rate, measured once at start. */
 #include "rates.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
 #include "cpu_pool.h"
+#include "matmul_f32.h"
 
 #define READ_BYTES ((size_t)128 << 20)
 #define PASSES 3
@@ -57,16 +59,10 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-double tsr_measure_read_gbs(int *threads)
+static double read_gbs(tsr_pool_t *pool)
 {
-    *threads = 0;
-    tsr_pool_t *pool = tsr_pool_new(0);
-    if (!pool) return 0;
     void *mem = mmap(NULL, READ_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
-        tsr_pool_destroy(&pool);
-        return 0;
-    }
+    if (mem == MAP_FAILED) return 0;
     read_job_t job = {.buf = mem, .words = READ_BYTES / sizeof(uint64_t),
                       .parts = tsr_pool_threads(pool)};
     atomic_init(&job.sink, 0);
@@ -78,8 +74,48 @@ double tsr_measure_read_gbs(int *threads)
         double t = now_s() - t0;
         if (t > 0 && (double)READ_BYTES / t / 1e9 > best) best = (double)READ_BYTES / t / 1e9;
     }
-    *threads = job.parts;
     munmap(mem, READ_BYTES);
-    tsr_pool_destroy(&pool);
     return best;
+}
+
+#define MM_N 1024   /* the matrix's rows and columns */
+#define MM_T 64     /* the batch's rows */
+
+static double matmul_gflops(tsr_pool_t *pool)
+{
+    size_t nw = tsr_packed_floats(MM_N, MM_N);
+    float *w = aligned_alloc(64, (nw * sizeof *w + 63) / 64 * 64);
+    float *rows = malloc((size_t)MM_N * MM_N * sizeof *rows);
+    float *x = malloc((size_t)MM_T * MM_N * sizeof *x), *y = malloc((size_t)MM_T * MM_N * sizeof *y);
+    double best = 0;
+    if (w && rows && x && y) {
+        for (size_t i = 0; i < (size_t)MM_N * MM_N; i++) rows[i] = (float)(i % 7) * 0.125f;
+        for (size_t i = 0; i < (size_t)MM_T * MM_N; i++) x[i] = (float)(i % 5) * 0.25f;
+        tsr_pack_rows(w, MM_N, MM_N, 0, rows, MM_N);
+        tsr_pack_clear_tail(w, MM_N, MM_N);
+        for (int pass = 0; pass < 5; pass++) {
+            double t0 = now_s();
+            tsr_pool_matmul(pool, y, MM_N, x, w, MM_T, MM_N, MM_N);
+            double t = now_s() - t0;
+            double g = 2.0 * MM_T * MM_N * MM_N / t / 1e9;
+            if (t > 0 && g > best) best = g;
+        }
+    }
+    free(w);
+    free(rows);
+    free(x);
+    free(y);
+    return best;
+}
+
+void tsr_measure_rates(double *mem_gbs, double *gflops, int *threads)
+{
+    *threads = 0;
+    if (*mem_gbs > 0 && *gflops > 0) return;
+    tsr_pool_t *pool = tsr_pool_new(0);
+    if (!pool) return;
+    *threads = tsr_pool_threads(pool);
+    if (!(*mem_gbs > 0)) *mem_gbs = read_gbs(pool);
+    if (!(*gflops > 0)) *gflops = matmul_gflops(pool);
+    tsr_pool_destroy(&pool);
 }
