@@ -199,6 +199,12 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
         goto refuse;
     }
     /* non-finite or absurd rates are never stored (0 is "not given") */
+    if (r->cpu_cores > 65536 || r->cpu_threads > 65536) {
+        snprintf(reason, sizeof reason, "cpu_cores %u and cpu_threads %u must be at most 65536",
+                 r->cpu_cores, r->cpu_threads);
+        tsr_error("refused worker %s: %s", env->worker, reason);
+        goto refuse;
+    }
     if (!(r->mem_gbs >= 0 && r->mem_gbs <= 1e9) || !(r->gflops >= 0 && r->gflops <= 1e9)) {
         snprintf(reason, sizeof reason,
                  "mem_gbs %g and gflops %g must be rates from 0 (not given) to 1e9",
@@ -277,6 +283,8 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     w->nccl = r->nccl;
     w->mem_gbs = r->mem_gbs;
     w->gflops = r->gflops;
+    w->cpu_cores = (int)r->cpu_cores;
+    w->cpu_threads = (int)r->cpu_threads;
     w->n_nvlink = (int)r->n_nvlink_peers;
     for (int i = 0; i < w->n_nvlink; i++)
         snprintf(w->nvlink[i], sizeof w->nvlink[i], "%s", r->nvlink_peers[i]);

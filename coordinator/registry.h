@@ -52,6 +52,7 @@ typedef struct {
     char pci_bus_id[32];        /* its GPU ("" for a CPU worker or when unknown) */
     bool nccl;                  /* it can use NCCL (it could load the library) */
     double mem_gbs, gflops;     /* its device's rates as its operator gave them (0: not given) */
+    int cpu_cores, cpu_threads; /* a cpu worker's node's CPUs and its engine's threads (0: not said) */
     char nccl_device[TSR_NAME_MAX + 40];  /* "node/bus id" when nccl and a bus id, else "" */
     char nvlink[18][32];        /* bus ids at the far end of its GPU's NVLinks */
     int n_nvlink;

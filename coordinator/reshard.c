@@ -1,9 +1,13 @@
 /* reshard.c: a reload's new cut built beside the running one, make before break.
- * Beside rebalance.c (above the requests layer): it places the new layout on the idle
- * workers with the planner itself (the same rules: tensor groups on one node, distinct
- * GPUs, memory), sends each its standby piece (assign.c), and at the switch changes the
+ * Beside rebalance.c (above the requests layer): it places as many replicas of the new
+ * cut as the idle workers hold (after letting old replicas go, when none is idle) with
+ * the planner itself (the same rules: tensor groups on one node, distinct GPUs,
+ * memory), sends each piece to its standby (assign.c), and at the switch changes the
  * deployment's cut and tells placement where each piece already is
- * (tsr_coord_hint_move).  The steps show in the deployment's status as reshard.doing. */
+ * (tsr_coord_hint_move).  Old replicas with requests in flight finish them in place
+ * (their workers `finishing`, out of placement) before they are let go; the new cut's
+ * other replicas then load on their workers.  The steps show in the deployment's status
+ * as reshard.doing. */
 #include "reshard.h"
 
 #include <stdio.h>

@@ -55,6 +55,10 @@ static void devices_for(tsr_coord_t *c, tsr_device_t kind, int used, tsr_devices
             v->mem_gbs = ws[i]->mem_gbs, given_bw = true;
         if (ws[i]->gflops > 0 && (!given_fl || ws[i]->gflops < v->gflops))
             v->gflops = ws[i]->gflops, given_fl = true;
+        /* cpu workers sharing a node's cores: the fewest cores and the most threads said */
+        if (ws[i]->cpu_cores > 0 && (!v->cores || ws[i]->cpu_cores < v->cores))
+            v->cores = ws[i]->cpu_cores;
+        if (ws[i]->cpu_threads > v->threads) v->threads = ws[i]->cpu_threads;
     }
     v->devices = (int)m > used ? (int)m - used : 0;
     free(ws);

@@ -71,7 +71,8 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
     sb_kv_str(b, "pci_bus_id", w->pci_bus_id);
     tsr_sb_printf(b, ",\"nccl\":%s", w->nccl ? "true" : "false");
     sb_kv_str(b, "nvlink_domain", w->nvlink_domain);
-    tsr_sb_printf(b, ",\"mem_gbs\":%g,\"gflops\":%g", w->mem_gbs, w->gflops);
+    tsr_sb_printf(b, ",\"mem_gbs\":%g,\"gflops\":%g,\"cpu_cores\":%d,\"cpu_threads\":%d",
+                  w->mem_gbs, w->gflops, w->cpu_cores, w->cpu_threads);
     tsr_sb_printf(b, ",\"state\":\"%s\",\"drained\":%s,\"heartbeat_age_ms\":%lld,\"heartbeats\":%llu",
               w->finishing ? "finishing" : tsr_wstate_name(w->state), w->drained ? "true" : "false",
               (long long)(now - w->last_seen_ms), (unsigned long long)w->heartbeats);

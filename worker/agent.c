@@ -91,6 +91,8 @@ static void send_register(tsr_agent_t *a)
     r.nccl = a->device.nccl;
     r.mem_gbs = a->device.mem_gbs;
     r.gflops = a->device.gflops;
+    r.cpu_cores = a->device.cpu_cores;
+    r.cpu_threads = a->device.cpu_threads;
     char *links[TSR_NVLINK_MAX];
     for (int i = 0; i < a->device.n_nvlink; i++) links[i] = a->device.nvlink[i];
     r.n_nvlink_peers = (size_t)a->device.n_nvlink;

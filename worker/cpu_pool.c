@@ -167,7 +167,7 @@ static void *helper_main(void *arg)
 /* The pool size when the caller leaves it to us: $TSR_THREADS, else the
  * CPUs in this process's affinity mask (a worker started under taskset or
  * a cgroup cpuset should not run more threads than it has CPUs). */
-static int default_threads(void)
+int tsr_pool_default_threads(void)
 {
     int n_cpus = 1;
     cpu_set_t set;
@@ -189,7 +189,7 @@ static int default_threads(void)
 tsr_pool_t *tsr_pool_new(int n_threads)
 {
     tsr_pool_t *p = NULL, *result = NULL;
-    if (n_threads <= 0) n_threads = default_threads();
+    if (n_threads <= 0) n_threads = tsr_pool_default_threads();
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
 
     size_t size = (sizeof *p + 63) / 64 * 64;

@@ -29,6 +29,10 @@ tsr_pool_t *tsr_pool_new(int n_threads);
  * (p_p NULL or *p_p NULL).  Must not run while a call is in progress. */
 void tsr_pool_destroy(tsr_pool_t **p_p);
 
+/* The pool size tsr_pool_new(0) takes: $TSR_THREADS, else the CPUs this process may
+ * run on. */
+int tsr_pool_default_threads(void);
+
 /* Threads in the pool, the caller's included (>= 1). */
 int tsr_pool_threads(const tsr_pool_t *p);
 

@@ -139,7 +139,8 @@ int tsr_device_probe(tsr_device_t kind, unsigned index, tsr_device_info_t *info,
     if (kind == TSR_DEVICE_CUDA) return probe_cuda(index, info, err, errlen);
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     info->memory = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
-    snprintf(info->description, sizeof info->description, "cpu (%ld cores)",
-             sysconf(_SC_NPROCESSORS_ONLN));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(info->description, sizeof info->description, "cpu (%ld cores)", cores);
+    info->cpu_cores = cores > 0 ? (unsigned)cores : 0;
     return 0;
 }

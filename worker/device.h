@@ -23,6 +23,8 @@ typedef struct {
     char nvlink[TSR_NVLINK_MAX][32];
     int n_nvlink;
     double mem_gbs, gflops;   /* its rates as the operator gave them (0: not given) */
+    unsigned cpu_cores;       /* cpu: the node's online CPUs */
+    unsigned cpu_threads;     /* cpu: the threads its engine runs (the pool's) */
 } tsr_device_info_t;
 
 /* Fills info for device `index` of `kind`.  Returns 0, or -1 with a reason

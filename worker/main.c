@@ -15,6 +15,7 @@
 #include "common/modelfile.h"
 #include "worker/engine.h"
 #include "worker/agent.h"
+#include "worker/cpu_pool.h"
 #include "worker/rates.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -272,6 +273,7 @@ int main(int argc, char **argv)
     }
     dev.mem_gbs = bw;
     dev.gflops = fl;
+    if (kind == TSR_DEVICE_CPU) dev.cpu_threads = (unsigned)tsr_pool_default_threads();
     /* Whether this worker's GPU groups can use NCCL: the coordinator tells
      * every rank of a group, so they all choose alike. */
     tsr_backend_t be;

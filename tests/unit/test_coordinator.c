@@ -27,6 +27,7 @@
 #include "common/wire.h"
 #include "coordinator/depview.h"
 #include "coordinator/loop.h"
+#include "coordinator/layout.h"
 #include "coordinator/metrics_text.h"
 #include "coordinator/reply.h"
 #include "coordinator/router.h"
@@ -78,6 +79,7 @@ static const char *reg_reason;  /* a held failed piece: why, and whether rewirin
 static bool reg_retryable;
 static bool reg_past_deadline;  /* ...and whether it was a deadline */
 static double reg_rate;         /* the fake workers' mem_gbs and gflops (0: not given) */
+static int reg_cores, reg_threads;  /* their cpu_cores and cpu_threads (0: not said) */
 static const char *gen_deployment = "tiny";  /* where send_generate sends */
 #define LAYOUT_TP2_PP2 "      tensor: 2\n      pipeline: 2\n      replicas: 1\n"
 
@@ -130,6 +132,7 @@ static int setup(void **state)
     memset(reg_links, 0, sizeof reg_links);
     reg_nccl = false;
     reg_rate = 0;
+    reg_cores = reg_threads = 0;
     fx_t *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
     snprintf(fx->dir, sizeof fx->dir, "/tmp/tsr-coord-XXXXXX");
@@ -232,6 +235,8 @@ static void send_register(fx_t *fx, int i, const char *name, const char *node, u
     if (reg_bus[i]) r.pci_bus_id = (char *)reg_bus[i];
     r.nccl = reg_nccl;
     r.mem_gbs = r.gflops = reg_rate;
+    r.cpu_cores = (uint32_t)reg_cores;
+    r.cpu_threads = (uint32_t)reg_threads;
     r.nvlink_peers = reg_links[i];
     r.n_nvlink_peers = (size_t)(reg_links[i][0] != NULL) + (reg_links[i][1] != NULL);
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
@@ -3004,6 +3009,48 @@ static void test_auto_estimates_use_the_rates_the_workers_give(void **state)
     tsr_env_free(&env);
 }
 
+/* cpu workers that say their node's cores and their threads: a latency target halfway
+ * between one replica's estimate alone and twice it is met by workers of 2 threads on 2
+ * cores (the cut is chosen) and missed by workers of 4 threads on 2 cores, each of which
+ * gets half the rates (the deployment waits); status shows what they said. */
+static void auto_target_with_threads(fx_t *fx, int threads, bool met)
+{
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure_dep(fx, NULL);
+    tsr_devices_t v;
+    memset(&v, 0, sizeof v);
+    tsr_devices_defaults(&v, TSR_DEVICE_CPU);
+    v.devices = v.per_node = 1;
+    v.mem_gbs = v.gflops = 1000;
+    tsr_layout_t one;
+    tsr_layout_of(&fx->c->deps[0].model, &fx->c->cfg->deployments[0], &v, 1, 1, &one);
+    char extra[96];
+    snprintf(extra, sizeof extra, "    latency_target_ms_per_token: %.9f\n", one.ms_token * 1.5);
+    reconfigure_dep(fx, extra);
+    reg_rate = 1000;
+    reg_cores = 2;
+    reg_threads = threads;
+    register_two_nodes(fx);
+    assert_int_equal(fx->c->deps[0].layout_chosen, met);
+    json_t *root, *dj = dep_status(fx, &root);
+    if (!met)
+        assert_non_null(strstr(json_string_value(json_object_get(dj, "message")), "no cut meets"));
+    json_t *w0 = json_array_get(json_object_get(root, "workers"), 0);
+    assert_int_equal(json_integer_value(json_object_get(w0, "cpu_cores")), 2);
+    assert_int_equal(json_integer_value(json_object_get(w0, "cpu_threads")), threads);
+    json_decref(root);
+}
+
+static void test_auto_estimates_meet_a_target_with_a_core_per_thread(void **state)
+{
+    auto_target_with_threads(*state, 2, true);
+}
+
+static void test_auto_estimates_share_a_nodes_cores_among_the_threads(void **state)
+{
+    auto_target_with_threads(*state, 4, false);
+}
+
 static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
 {
     fx_t *fx = *state;
@@ -4741,6 +4788,8 @@ int main(void)
         T(test_auto_with_gpus_too_small_waits_and_says_why),
         T(test_auto_with_a_latency_target_no_cut_meets_waits),
         T(test_auto_estimates_use_the_rates_the_workers_give),
+        T(test_auto_estimates_meet_a_target_with_a_core_per_thread),
+        T(test_auto_estimates_share_a_nodes_cores_among_the_threads),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_reload_of_auto_replicas_rewires_every_replica),
         T(test_replicas_grow_when_the_queue_wait_stays_above_the_threshold),
