@@ -18,20 +18,24 @@
 # phase's ITL p99 plus one step (its ITL p50).  Exit status: 0 no request failed and
 # every layout came up, 1 otherwise.
 #
-#   bench/reshard.sh [--phase-s S] [--edit-s S]     about 2 minutes at the defaults
+# --small serves the 58M model of bench/serve.sh instead (f32, 230 MB: hidden 512, 8
+# layers), whose loads cost the serving workers a quarter as much.
+#
+#   bench/reshard.sh [--phase-s S] [--edit-s S] [--small]     about 2 minutes
 # Needs `make` plus build/bench/serve (make bench builds it).
 set -u
 cd "$(dirname "$0")/.."
 source bench/lib.sh
-PHASE_S=25 EDIT_S=5
+PHASE_S=25 EDIT_S=5 SMALL=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --phase-s | --edit-s)
         case "${2:-}" in '' | *[!0-9]*) echo "bench/reshard.sh: $1 takes whole seconds" >&2; exit 2 ;; esac
         [ "$1" = --phase-s ] && PHASE_S=$2 || EDIT_S=$2
         shift ;;
+    --small) SMALL=1 ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/reshard.sh [--phase-s S] [--edit-s S]" >&2; exit 2 ;;
+    *) echo "usage: bench/reshard.sh [--phase-s S] [--edit-s S] [--small]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -39,10 +43,17 @@ done
 bench_setup bench/reshard.sh "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" \
     "$BUILD/bench/serve"
 trap 'exit 130' INT TERM
-MODEL="$BUILD/models/reshard270m" NW=6
-if [ ! -f "$MODEL/config.json" ]; then
-    "$BIN/tessera" model-init "$MODEL" --hidden 1024 --intermediate 2752 --layers 16 --heads 16 \
-        --kv-heads 8 --vocab 32000 --max-pos 1024 --dtype f32 --seed 7 --force > /dev/null || exit 1
+NW=6
+if [ "$SMALL" = 1 ]; then
+    MODEL="$BUILD/models/serve58m" ABOUT="58M parameters, f32, about 230 MB"
+    [ -f "$MODEL/config.json" ] ||
+        "$BIN/tessera" model-init "$MODEL" --hidden 512 --intermediate 1376 --layers 8 --heads 8 \
+            --kv-heads 8 --vocab 32000 --max-pos 1024 --dtype f32 --seed 5 --force > /dev/null || exit 1
+else
+    MODEL="$BUILD/models/reshard270m" ABOUT="270M parameters, f32, about 1.1 GB"
+    [ -f "$MODEL/config.json" ] ||
+        "$BIN/tessera" model-init "$MODEL" --hidden 1024 --intermediate 2752 --layers 16 --heads 16 \
+            --kv-heads 8 --vocab 32000 --max-pos 1024 --dtype f32 --seed 7 --force > /dev/null || exit 1
 fi
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 WP=$(free_port) CP=$(free_port)
@@ -66,7 +77,7 @@ echo "== changing the cut while clients stream"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
-echo "model: $MODEL (270M parameters, f32, about 1.1 GB); $NW cpu workers, 1 thread each;" \
+echo "model: $MODEL ($ABOUT); $NW cpu workers, 1 thread each;" \
      "4 streams of 48-token requests; phases of $PHASE_S s, the edit $EDIT_S s in"
 yaml 2 1 2
 "$BIN/tessera-coordinator" --adopt-grace-ms 0 "$T/d.yaml" 2> "$T/c.log" & PIDS+=($!)
