@@ -804,12 +804,14 @@ refused:
 }
 
 /* Whether w may speak for request q: a member of the replica it was routed
- * to; for a token (not an error), the one that samples: last stage, tp 0.
+ * to, in the epoch it was sent in; for a token (not an error), the one that samples:
+ * last stage, tp 0.
  * The leader sends refusals and cancellations, the last stage tokens. */
 static bool token_sender_ok(const tsr_worker_t *w, const tsr_request_rec_t *q, bool is_error)
 {
-    /* a member of an old cut's replica finishing in place speaks for its own attempts */
-    const tsr_piece_key_t *k = w->has_piece ? &w->piece.key
+    /* in the attempt's epoch: a replica of the same index in another epoch (a new cut's,
+     * while an old cut's replica finishes in place) does not speak for it */
+    const tsr_piece_key_t *k = w->has_piece && w->piece.epoch == q->epoch ? &w->piece.key
                                : w->finishing && w->finished.epoch == q->epoch ? &w->finished.key
                                                                              : NULL;
     if (w->state == TSR_W_DEAD || !k || strcmp(k->deployment, q->deployment) ||

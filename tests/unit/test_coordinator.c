@@ -3756,6 +3756,12 @@ static void test_a_new_cut_is_built_beside_the_running_one(void **state)
     json_decref(st);
     client_replies(fx);
     expect_nothing(fx->dealer[leader], 20);       /* the request was not moved */
+    /* the new replica of the same index, in another epoch, does not speak for it */
+    uint64_t dropped = fx->c->stats.identity_dropped;
+    send_token(fx, leader, id, 1, false);
+    pump(fx);
+    assert_int_equal(fx->c->stats.identity_dropped, dropped + 1);
+    assert_int_equal(client_replies(fx), 0);
     send_token(fx, old, id, 1, false);
     send_token(fx, old, id, 2, true);
     pump(fx);
