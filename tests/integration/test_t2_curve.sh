@@ -20,9 +20,9 @@ refused_before=$(status_json | jget "d['coordinator']['stats']['handshakes_refus
 # 1. The control endpoint: a plain client and an unknown key get no answer.
 for who in plain mallory; do
     if [ $who = plain ]; then
-        TESSERA_KEYS= "$BIN/tessera" --coordinator "$CEP" --timeout 1500 status > "$T/o" 2> "$T/e"
+        TESSERA_KEYS= "$BIN/tessera" --coordinator "$CEP" --timeout 5000 status > "$T/o" 2> "$T/e"
     else
-        "$BIN/tessera" --coordinator "$CEP" --keys "$T/mk" --identity mallory --timeout 1500 \
+        "$BIN/tessera" --coordinator "$CEP" --keys "$T/mk" --identity mallory --timeout 5000 \
             status > "$T/o" 2> "$T/e"
     fi
     rc=$?
@@ -36,15 +36,20 @@ ok "a plain client and an unknown key get no answer on the control endpoint"
 #    plain client away before the key check; it is counted and logged all
 #    the same, once however often it retries.
 refused_before=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
+t_plain=$(now_ms)
 TESSERA_KEYS= "$BIN/tessera-worker" --coordinator "$WEP" --name intruder > "$T/intruder.log" 2>&1 &
 I1=$!; PIDS+=("$I1")
 refused_plain() {
     local n; n=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
     [ "$n" -ge $((refused_before + 3)) ]
 }
-wait_until 10 refused_plain || fail "a plain worker's handshakes are not counted as refused"
+wait_until 20 refused_plain || fail "a plain worker's handshakes are not counted as refused"
+# Logged at most once every 10 s however often it retries: once here, unless
+# a slow machine took longer than that to see the three refusals.
 n=$(grep -c "refused .*workers endpoint.*does not use CURVE" "$T/coordinator.log")
-[ "$n" = 1 ] || fail "a plain worker retrying was logged $n times on the workers endpoint, expected once: $(grep -i refused "$T/coordinator.log")"
+most=$(( 1 + ($(now_ms) - t_plain) / 10000 ))
+[ "$n" -ge 1 ] && [ "$n" -le "$most" ] ||
+    fail "a plain worker retrying was logged $n times on the workers endpoint, expected 1 to $most: $(grep -i refused "$T/coordinator.log")"
 "$BIN/tessera-worker" --coordinator "$WEP" --name intruder2 --keys "$T/mk" --identity mallory \
     > "$T/intruder2.log" 2>&1 &
 I2=$!; PIDS+=("$I2")
@@ -52,7 +57,7 @@ refused_more() {
     local n; n=$(status_json | jget "d['coordinator']['stats']['handshakes_refused']")
     [ "$n" -ge $((refused_before + 4)) ]
 }
-wait_until 10 refused_more || fail "the strangers' handshakes were not refused"
+wait_until 20 refused_more || fail "the strangers' handshakes were not refused"
 grep -q "is not in .*allowed" "$T/coordinator.log" || fail "the unknown key's refusal is not logged"
 status_json | jget "[w['name'] for w in d['workers']]" | grep -q intruder && fail "a stranger registered"
 kill "$I1" "$I2"
