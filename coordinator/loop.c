@@ -68,7 +68,12 @@ static int bind_sockets(tsr_coord_t *c, char *err, size_t errlen)
     /* With CURVE, ZeroMQ turns away a plain client, or one whose handshake
      * cannot be read (its coordinator.pub is not ours), before the key
      * handler sees it: only these monitors see those refusals. */
-    int refused = c->sec.curve ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL : 0;
+    /* A plain client often sees the mismatch first and closes: ZeroMQ tells
+     * this side only that a handshake ended without detail, so that counts
+     * too (it is also what a client going away mid-handshake looks like). */
+    int refused = c->sec.curve
+                      ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                      : 0;
     c->cmon = tsr_sock_monitor(c->csock, ZMQ_EVENT_DISCONNECTED | refused);
     if (refused) c->wmon = tsr_sock_monitor(c->wsock, refused);
     /* A reply to a client that went away fails (EHOSTUNREACH) instead of
@@ -305,12 +310,14 @@ static void on_control_msg(tsr_coord_t *c, const tsr_client_t *from, tsr_env_t *
 /* A handshake ZeroMQ refused on one of the endpoints (protocol error code
  * value): counted, and logged at most every HANDSHAKE_LOG_GAP_MS per
  * endpoint and cause. */
-static void handshake_refused(tsr_coord_t *c, int which, const char *channel, uint32_t value)
+static void handshake_refused(tsr_coord_t *c, int which, const char *channel, int ev,
+                              uint32_t value)
 {
     c->stats.handshakes_failed++;
-    int cause = value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 0
-                : value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC    ? 1
-                                                                    : 2;
+    int cause = ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL              ? 3
+                : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 0
+                : value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC      ? 1
+                                                                      : 2;
     uint64_t held;
     if (!tsr_log_limit_pass(&c->hs_log[which][cause], tsr_now_ms(), HANDSHAKE_LOG_GAP_MS, &held))
         return;
@@ -322,9 +329,12 @@ static void handshake_refused(tsr_coord_t *c, int which, const char *channel, ui
         snprintf(why, sizeof why, "its CURVE handshake cannot be read: the client's "
                  "coordinator.pub is not this coordinator's (%s/coordinator.pub)",
                  c->cfg->keys_dir);
-    else
+    else if (cause == 2)
         snprintf(why, sizeof why, "handshake protocol error 0x%x (not a Tessera client?)",
                  (unsigned)value);
+    else
+        snprintf(why, sizeof why, "the client closed it during the CURVE handshake (as one "
+                 "without keys does: --keys, TESSERA_KEYS; or it went away)");
     if (held)
         snprintf(more, sizeof more, "; %llu more refused there since the last such line",
                  (unsigned long long)held);
@@ -347,14 +357,14 @@ void tsr_coord_drain_sockets(tsr_coord_t *c, int budget)
     uint32_t value;
     while (c->cmon && (ev = tsr_sock_monitor_event_v(c->cmon, &value)) >= 0) {
         if (ev != ZMQ_EVENT_DISCONNECTED) {
-            handshake_refused(c, 1, "control", value);
+            handshake_refused(c, 1, "control", ev, value);
             continue;
         }
         tsr_debug("a client disconnected; probing %zu request(s)", tsr_requests_count(c));
         if (!c->probe_due_ms) c->probe_due_ms = c->last_probe_ms + PROBE_GAP_MS;
     }
     while (c->wmon && (ev = tsr_sock_monitor_event_v(c->wmon, &value)) >= 0)
-        handshake_refused(c, 0, "workers", value);
+        handshake_refused(c, 0, "workers", ev, value);
 }
 
 static void on_dead(tsr_worker_t *w, void *arg)

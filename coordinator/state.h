@@ -173,7 +173,8 @@ typedef struct {
     uint64_t canaries, canaries_failed;
     uint64_t rendezvous_relayed; /* NCCL rendezvous blobs passed on to a replica's members */
     uint64_t handshakes_failed; /* refused by ZeroMQ before the key check: a client
-                                   without CURVE, a handshake that cannot be read */
+                                   without CURVE, a handshake that cannot be read or
+                                   that the client closed */
 } tsr_coord_stats_t;
 
 typedef struct tsr_requests tsr_requests_t;    /* the request table (router.c) */
@@ -226,8 +227,9 @@ typedef struct tsr_coord {
     void *cmon;                 /* the control socket's disconnections and, with CURVE,
                                    handshakes ZeroMQ refused */
     void *wmon;                 /* with CURVE: the workers socket's refused handshakes */
-    tsr_log_limit_t hs_log[2][3];  /* those refusals' log lines: by endpoint (workers,
-                                      control) and cause (no CURVE, unreadable, other) */
+    tsr_log_limit_t hs_log[2][4];  /* those refusals' log lines: by endpoint (workers,
+                                      control) and cause (no CURVE, unreadable, other,
+                                      closed by the client) */
     char bridge[64];            /* the HTTP server's inproc endpoint ("" without
                                    http_endpoint) and its ROUTER (plain, in-process) */
     void *bsock;

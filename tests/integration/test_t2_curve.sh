@@ -44,10 +44,13 @@ refused_plain() {
     [ "$n" -ge $((refused_before + 3)) ]
 }
 wait_until 20 refused_plain || fail "a plain worker's handshakes are not counted as refused"
-# Logged at most once every 10 s however often it retries: once here, unless
-# a slow machine took longer than that to see the three refusals.
-n=$(grep -c "refused .*workers endpoint.*does not use CURVE" "$T/coordinator.log")
-most=$(( 1 + ($(now_ms) - t_plain) / 10000 ))
+# Logged at most once every 10 s per cause however often it retries (ZeroMQ
+# names the mismatch, or says only that the client closed the handshake, as
+# the plain side often does first): at most twice here, unless a slow
+# machine took longer than 10 s to see the three refusals.
+n=$(grep -c "refused .*workers endpoint.*\(does not use CURVE\|closed it during the CURVE handshake\)" \
+    "$T/coordinator.log")
+most=$(( 2 * (1 + ($(now_ms) - t_plain) / 10000) ))
 [ "$n" -ge 1 ] && [ "$n" -le "$most" ] ||
     fail "a plain worker retrying was logged $n times on the workers endpoint, expected 1 to $most: $(grep -i refused "$T/coordinator.log")"
 "$BIN/tessera-worker" --coordinator "$WEP" --name intruder2 --keys "$T/mk" --identity mallory \
