@@ -38,13 +38,8 @@
  * drained, holding no piece. */
 static void idle_workers(const tsr_coord_t *c, int idle[2])
 {
-    idle[0] = idle[1] = 0;
-    for (size_t i = 0, n = tsr_registry_size(c->reg); i < n; i++) {
-        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (tsr_coord_worker_idle(c, w) &&
-            (w->device == TSR_DEVICE_CPU || w->device == TSR_DEVICE_CUDA))
-            idle[w->device]++;
-    }
+    idle[TSR_DEVICE_CPU] = tsr_coord_idle_count(c, TSR_DEVICE_CPU);
+    idle[TSR_DEVICE_CUDA] = tsr_coord_idle_count(c, TSR_DEVICE_CUDA);
 }
 
 /* Idle workers that could hold any piece of d (a cuda piece's bytes). */

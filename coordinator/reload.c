@@ -17,17 +17,6 @@
 #include "reshard.h"
 
 
-/* Idle workers of kind that no standby or piece holds. */
-static int idle_of(tsr_coord_t *c, tsr_device_t kind)
-{
-    int n = 0;
-    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
-        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        n += tsr_coord_worker_idle(c, w) && w->device == kind;
-    }
-    return n;
-}
-
 /* Deployment nd (ds its new state) changes the cut od serves with.  When od serves
  * (every replica ready) and idle workers (less `reserved`, set aside by the deployments
  * before it in this reload, which it adds to) can hold one replica of the new cut or
@@ -46,7 +35,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
     int ready = 0;
     for (int r = 0; r < od->replicas; r++) ready += tsr_registry_ready_leader(c->reg, od, r) != NULL;
     int per_old = od->tensor * od->pipeline, per_new = nd->tensor * nd->pipeline;
-    int idle = idle_of(c, nd->device) - reserved[nd->device], beside = 0, drop = 0;
+    int idle = tsr_coord_idle_count(c, nd->device) - reserved[nd->device], beside = 0, drop = 0;
     if (ready < od->replicas ||
         !tsr_reshard_choose(od->replicas, per_old, nd->replicas, per_new, idle, &beside, &drop)) {
         snprintf(ds->reshard.last, sizeof ds->reshard.last,

@@ -259,6 +259,24 @@ out:
     return ok;
 }
 
+/* The most replicas of the new cut (up to those it wants) the planner places on the idle
+ * workers and those of d's last `drop` old replicas, or 0. */
+static int placeable(tsr_coord_t *c, size_t di, int drop, int idle, tsr_worker_t **ws,
+                     char *why, size_t why_len)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    const tsr_dep_state_t *ds = &c->deps[di];
+    int most = (idle + drop * d->tensor * d->pipeline) / (ds->reshard.tensor * ds->reshard.pipeline);
+    for (int b = most < ds->reshard.replicas ? most : ds->reshard.replicas; b >= 1; b--) {
+        tsr_plan_t *plan = plan_new_cut(c, di, b, d->replicas - drop, ws, why, why_len);
+        if (plan) {
+            tsr_plan_destroy(&plan);
+            return b;
+        }
+    }
+    return 0;
+}
+
 /* Old replicas make room for the first replicas of the new cut: the fewest (never the
  * last) whose workers, with the idle ones, the planner can place one new replica on
  * or more (a tensor group needs its node, a GPU its memory).  Those replicas take no
@@ -269,26 +287,12 @@ static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
 {
     tsr_dep_state_t *ds = &c->deps[di];
     tsr_deployment_t *d = &c->cfg->deployments[di];
-    int per_old = d->tensor * d->pipeline, per_new = ds->reshard.tensor * ds->reshard.pipeline;
-    int idle = 0, beside = 0, drop;
+    int idle = tsr_coord_idle_count(c, d->device), beside = 0, drop;
     char why[300] = "";
-    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
-        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        idle += tsr_coord_worker_idle(c, w) && w->device == d->device;
-    }
     size_t n = tsr_registry_size(c->reg);
     tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
-    for (drop = ds->reshard.dropped; ws && !beside && drop < d->replicas; drop++) {
-        int most = (idle + drop * per_old) / per_new;
-        for (int b = most < ds->reshard.replicas ? most : ds->reshard.replicas; b >= 1; b--) {
-            tsr_plan_t *plan = plan_new_cut(c, di, b, d->replicas - drop, ws, why, sizeof why);
-            if (plan) {
-                tsr_plan_destroy(&plan);
-                beside = b;
-                break;
-            }
-        }
-    }
+    for (drop = ds->reshard.dropped; ws && drop < d->replicas; drop++)
+        if ((beside = placeable(c, di, drop, idle, ws, why, sizeof why))) break;
     free(ws);
     if (!beside) {
         char msg[400];
@@ -297,10 +301,20 @@ static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
         give_up(c, di, msg);
         return false;
     }
-    drop--;                       /* the loop counted one past the drop that placed */
+    int keep = d->replicas - drop;
+    if (drop != ds->reshard.dropped || beside != ds->reshard.beside) {
+        /* the planner's rules (a group's node, a GPU's memory) wanted another count than
+         * the reload's answer said */
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "%d of the %d replicas of tp %d x pp %d are built on idle workers while tp %d "
+                 "x pp %d x %d serves (%d old replica(s) let go to make room, as the planner "
+                 "placed them); the other %d load after the switch", beside,
+                 ds->reshard.replicas, ds->reshard.tensor, ds->reshard.pipeline, d->tensor,
+                 d->pipeline, keep, drop, ds->reshard.replicas - beside);
+        tsr_info("deployment %s: %s", d->name, ds->reshard.doing);
+    }
     ds->reshard.dropped = drop;
     ds->reshard.beside = beside;
-    int keep = d->replicas - drop;
     finish_in_place(c, d, keep, true, now);
     if (tsr_dep_set_replicas(ds, d, keep) < 0) {
         give_up(c, di, "out of memory");
@@ -325,11 +339,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         }
         /* old replicas let go to make room: their workers are idle once a plan has
          * released them, or they finished (unless a failover takes them first) */
-        int idle = 0;
-        for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
-            const tsr_worker_t *w = tsr_registry_at(c->reg, i);
-            idle += tsr_coord_worker_idle(c, w) && w->device == d->device;
-        }
+        int idle = tsr_coord_idle_count(c, d->device);
         if (ds->reshard.dropped && idle < ds->reshard.beside * ds->reshard.tensor *
                                                ds->reshard.pipeline &&
             now - ds->reshard.since_ms < FINISH_MAX_MS + 5000)

@@ -327,3 +327,13 @@ bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w)
     return w->state != TSR_W_DEAD && !w->drained && !w->has_piece && !w->finishing &&
            !tsr_coord_is_standby(c, w->name);
 }
+
+int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind)
+{
+    int n = 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        n += w->device == kind && tsr_coord_worker_idle(c, w);
+    }
+    return n;
+}

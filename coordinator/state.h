@@ -268,6 +268,8 @@ bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name);
 /* Whether w is free for a new piece or standby: alive, not drained, holding nothing and
  * no standby's. */
 bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w);
+/* How many workers of that kind are idle (tsr_coord_worker_idle). */
+int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind);
 /* The index in cfg->deployments of the deployment with that name, or -1. */
 int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
 /* The state of the deployment with that name, or NULL. */
