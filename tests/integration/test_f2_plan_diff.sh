@@ -67,4 +67,14 @@ diff_of "$T/a2.yaml" > /dev/null
 grep -q "layout tp 1 x pp 1 -> tp 1 x pp 2" "$T/diff.txt" || fail "auto fixed pipeline changed: $(cat "$T/diff.txt")"
 tsr plan "$T/nope.yaml" --diff > "$T/bad.txt" 2>&1; [ $? = 1 ] || fail "a missing file did not exit 1"
 grep -q "nope.yaml" "$T/bad.txt" || fail "the missing file is not named: $(cat "$T/bad.txt")"
-cat "$T/diff.txt"; ok "plan --diff: nothing for the running file; a new replica; a new cut rebuilds; max_queue rewires, max_batch reloads; nothing applied; a running auto deployment's fixed dimension changed is a new cut"
+# no idle workers for a replica of tp 4 (three idle), two old replicas: one is let go to
+# make room (it stops taking requests; the other serves), and one new replica is built
+write_yaml "$T/t4.yaml" 4 1 2
+diff_of "$T/t4.yaml" > /dev/null
+grep -q "1 old replica(s) are let go to make room: they take no new request" "$T/diff.txt" ||
+    fail "let go: $(cat "$T/diff.txt")"
+grep -q "1 of its 2 replica(s) in the new cut are built beside the running one on 4 worker(s)" \
+    "$T/diff.txt" || fail "beside after letting go: $(cat "$T/diff.txt")"
+grep -q "^  1 replica(s) that serve now stop taking requests meanwhile" "$T/diff.txt" ||
+    fail "stopping: $(cat "$T/diff.txt")"
+cat "$T/diff.txt"; ok "plan --diff: nothing for the running file; a new replica; a new cut rebuilds; max_queue rewires, max_batch reloads; nothing applied; a running auto deployment's fixed dimension changed is a new cut; old replicas let go to make room are named"
