@@ -34,6 +34,14 @@ struct tsr_placement {
                                    in), then tsr_coord_rewire_marked rewires them */
 };
 
+/* Whether the next plan has a hint that worker `name` holds a piece. */
+static bool hinted(const tsr_placement_t *p, const char *name)
+{
+    for (size_t i = 0; i < p->n_hints; i++)
+        if (!strcmp(p->hints[i].to, name)) return true;
+    return false;
+}
+
 tsr_placement_t *tsr_placement_new(void) { return calloc(1, sizeof(tsr_placement_t)); }
 
 void tsr_placement_destroy(tsr_placement_t **self_p)
@@ -232,6 +240,10 @@ void tsr_coord_replan(tsr_coord_t *c, int64_t now_ms)
     for (size_t i = 0; i < n; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->state == TSR_W_DEAD || w->finishing) continue;  /* finishing: not yet free */
+        /* a standby loading a piece (a move back, a new cut) is no one else's; at its
+         * switch a hint gives it its piece */
+        if (!w->has_piece && tsr_coord_is_standby(c, w->name) && !hinted(c->place, w->name))
+            continue;
         ws[k] = w;
         pw[k].name = w->name;
         pw[k].node = w->node;

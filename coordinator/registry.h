@@ -72,6 +72,10 @@ typedef struct {
      * false), neither idle nor placed, its piece and epoch in `finished`, its requests
      * still its own; it is let go once they end. */
     bool finishing;
+    /* ...let go to make room for its deployment's new cut (reshard.c let_go): once its
+     * requests end (room_done, its piece unloaded) it stays out of placement, held for
+     * that deployment's standbys, until they are sent (or the change of cut ends). */
+    bool room, room_done;
     tsr_holding_t finished;
     uint32_t finished_pid;      /* its process then (another one holds nothing) */
     int64_t finishing_since_ms;

@@ -107,6 +107,8 @@ static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_r
             m[k]->finishing_since_ms = now;
             tsr_registry_clear_piece(c->reg, m[k]);
             m[k]->finishing = true;
+            m[k]->room = every;
+            m[k]->room_done = false;
             n++;
         }
     }
@@ -116,12 +118,37 @@ static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_r
     return n;
 }
 
+/* Whether w was let go to make room for d's new cut and is held for its standbys. */
+static bool held_for(const tsr_worker_t *w, const tsr_deployment_t *d)
+{
+    return w->room_done && w->state != TSR_W_DEAD && !w->drained && w->device == d->device &&
+           !strcmp(w->finished.key.deployment, d->name);
+}
+
+/* Idle workers of d's kind and those held for d's standbys. */
+static int free_for(const tsr_coord_t *c, const tsr_deployment_t *d)
+{
+    int n = tsr_coord_idle_count(c, d->device);
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++)
+        n += held_for(tsr_registry_at(c->reg, i), d);
+    return n;
+}
+
 /* Whether worker w, finishing an old cut's requests, is done: its replica's attempts
  * have ended, a member of it died, restarted or registered again (they move to the new
  * cut, from their tokens), or FINISH_MAX_MS passed (the same).  Then it is let go. */
 static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
 {
     const tsr_holding_t *f = &w->finished;
+    if (w->room_done) {   /* held for its deployment's standbys until they are sent */
+        int di = tsr_coord_dep_index(c, f->key.deployment);
+        if (di >= 0 && c->deps[di].reshard.active && !c->deps[di].reshard.sent &&
+            w->state != TSR_W_DEAD)
+            return false;
+        w->finishing = w->room = w->room_done = false;
+        tsr_coord_mark_dirty(c);
+        return true;
+    }
     bool broken = tsr_coord_dep_index(c, f->key.deployment) < 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw && !broken; i++) {
         const tsr_worker_t *m = tsr_registry_at(c->reg, i);
@@ -135,11 +162,13 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
                           : NULL;
     if (tsr_requests_of_attempt(c, f->key.deployment, f->key.replica, f->epoch, why) && !why)
         return false;
-    w->finishing = false;
     if (w->state == TSR_W_READY && w->pid == w->finished_pid) {
         tsr_send_unassign(c, w, "the old cut's requests it finished are done");
         w->state = TSR_W_IDLE;
     }
+    /* one let go to make room stays held for the standbys (unless it died) */
+    w->room_done = w->room && w->state != TSR_W_DEAD;
+    w->finishing = w->room_done;
     tsr_info("worker %s finished with %s r%d s%d t%d of the old cut%s%s", w->name,
              f->key.deployment, f->key.replica, f->key.stage, f->key.tp, why ? ": " : "",
              why ? why : "");
@@ -196,7 +225,9 @@ static tsr_plan_t *plan_new_cut(tsr_coord_t *c, size_t di, int replicas, int kee
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         bool freed = keep >= 0 && w->has_piece && w->state != TSR_W_DEAD &&
                       !strcmp(w->piece.key.deployment, d->name) && w->piece.key.replica >= keep;
-        if ((!tsr_coord_worker_idle(c, w) && !freed) || w->device != d->device) continue;
+        if ((!tsr_coord_worker_idle(c, w) && !freed && !held_for(w, d)) ||
+            w->device != d->device)
+            continue;
         ws[k] = w;
         pw[k] = (tsr_plan_worker_t){.name = w->name, .node = w->node, .device = w->device,
                                     .memory = w->device == TSR_DEVICE_CUDA ? w->memory : 0,
@@ -287,7 +318,7 @@ static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
 {
     tsr_dep_state_t *ds = &c->deps[di];
     tsr_deployment_t *d = &c->cfg->deployments[di];
-    int idle = tsr_coord_idle_count(c, d->device), beside = 0, drop;
+    int idle = free_for(c, d), beside = 0, drop;
     char why[300] = "";
     size_t n = tsr_registry_size(c->reg);
     tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
@@ -339,7 +370,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         }
         /* old replicas let go to make room: their workers are idle once a plan has
          * released them, or they finished (unless a failover takes them first) */
-        int idle = tsr_coord_idle_count(c, d->device);
+        int idle = free_for(c, d);
         if (ds->reshard.dropped && idle < ds->reshard.beside * ds->reshard.tensor *
                                                ds->reshard.pipeline &&
             now - ds->reshard.since_ms < FINISH_MAX_MS + 5000)

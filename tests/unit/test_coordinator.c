@@ -4016,6 +4016,82 @@ static void test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves(vo
     assert_non_null(strstr(fx->c->deps[0].reshard.last, "old replicas let go to make room"));
 }
 
+/* Workers let go to make room are held for the new cut's standbys: tiny tp 1 x 4 and
+ * `other` (one replica) on five workers, other's worker drained (other is short of
+ * one); tiny goes to tp 2 x 2, letting replicas 2 and 3 go, each with a request.  The
+ * first to finish waits, out of placement, for the second (other does not take it);
+ * then both get the standbys, and other takes neither while they load. */
+static void test_workers_let_go_for_a_new_cut_are_held_for_its_standbys(void **state)
+{
+    fx_t *fx = *state;
+    static char other[512];
+    snprintf(other, sizeof other, "  - name: other\n    model: %s\n    device: cpu\n"
+             "    parallel:\n      tensor: 1\n      pipeline: 1\n      replicas: 1\n"
+             "    max_seq_len: 256\n", model_dir);
+    char err[1024] = "";
+    tsr_env_t *env;
+    layout = "      tensor: 1\n      pipeline: 1\n      replicas: 4\n";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, "  reserve_spares: 0\n", other);
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    for (int i = 0; i < NW; i++) send_register(fx, i, fx->name[i], "a", TSR_PROTOCOL_VERSION, NULL, 0);
+    pump(fx);
+    for (int i = 0; i < NW; i++) {
+        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
+        tsr_env_free(&env);
+    }
+    tsr_coord_tick(fx->c, plan_time(fx));
+    assert_int_equal(take_assigns(fx), NW);
+    all_ready(fx);
+    int ho = holder_in(fx, "other", 0);
+    assert_int_not_equal(ho, -1);
+    env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[ho]);
+    assert_true(env->control_reply->ok);
+    tsr_env_free(&env);
+    tick_alive(fx, plan_time(fx));          /* other is short of a worker now */
+    take_assigns(fx);
+    assert_int_equal(holder_in(fx, "other", 0), -1);
+    int h2 = holder_in(fx, "tiny", 2), h3 = holder_in(fx, "tiny", 3);
+    request_to(fx, 0);                      /* the least loaded replica takes each */
+    request_to(fx, 1);
+    uint64_t id2 = request_to(fx, 2), id3 = request_to(fx, 3);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    write_yaml_dep(fx->path, fx->wep, fx->cep, "  reserve_spares: 0\n", other);
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);                      /* replicas 2 and 3 let go */
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h2])->finishing);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h3])->finishing);
+    send_token(fx, h2, id2, 0, true);       /* replica 2's request ends */
+    pump(fx);
+    tick_alive(fx, t + 100);
+    env = expect_kind(fx->dealer[h2], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    for (int k = 1; k <= 3; k++) {          /* plans run: other does not take it */
+        tick_alive(fx, t + 100 + 100 * k);
+        expect_nothing(fx->dealer[h2], 10);
+    }
+    assert_int_equal(holder_in(fx, "other", 0), -1);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[h2])->finishing);
+    send_token(fx, h3, id3, 0, true);       /* replica 3's ends: both get the standbys */
+    pump(fx);
+    tick_alive(fx, t + 600);
+    env = expect_kind(fx->dealer[h3], TESSERA__ENVELOPE__BODY_UNASSIGN);
+    tsr_env_free(&env);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    for (int k = 0; k < 2; k++) assert_true(sb[k] == h2 || sb[k] == h3);
+    tick_alive(fx, t + 700);                /* sent: no longer held, but standbys */
+    assert_false(tsr_registry_find(fx->c->reg, fx->name[h2])->finishing);
+    for (int k = 1; k <= 3; k++) {          /* loading: other takes neither */
+        tick_alive(fx, t + 700 + 100 * k);
+        expect_nothing(fx->dealer[h2], 10);
+        expect_nothing(fx->dealer[h3], 10);
+    }
+    assert_int_equal(holder_in(fx, "other", 0), -1);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+}
+
 /* A finishing old replica whose requests do not end within 30 s: they move to the new
  * cut (resumed from their tokens, nothing failed) and its worker is let go; one whose
  * worker registers again (its lease lapsed) moves them at once. */
@@ -4814,6 +4890,7 @@ int main(void)
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
         T(test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one),
         T(test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves),
+        T(test_workers_let_go_for_a_new_cut_are_held_for_its_standbys),
         T(test_a_finishing_old_replica_moves_its_requests_after_30_s_or_when_it_registers_again),
         T(test_a_piece_not_adopted_does_not_choose_the_auto_cut),
         T(test_a_tp_group_left_across_nvlink_domains_is_shown),
