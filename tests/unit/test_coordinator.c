@@ -3857,12 +3857,10 @@ static void test_a_new_cut_without_idle_workers_for_it_applies_at_once(void **st
 
 /* Registers every fake worker on node "a" and has the first plan place tp 1 x n
  * replicas, all ready. */
-static void one_node_tp1_replicas(fx_t *fx, int n)
+/* Every fake worker registers on node a; the first plan places `pieces` pieces, which
+ * load. */
+static void register_all_and_load(fx_t *fx, int pieces)
 {
-    static char lay[96];
-    snprintf(lay, sizeof lay, "      tensor: 1\n      pipeline: 1\n      replicas: %d\n", n);
-    layout = lay;
-    reconfigure(fx, NULL);
     for (int i = 0; i < NW; i++) send_register(fx, i, fx->name[i], "a", TSR_PROTOCOL_VERSION, NULL, 0);
     pump(fx);
     for (int i = 0; i < NW; i++) {
@@ -3870,8 +3868,17 @@ static void one_node_tp1_replicas(fx_t *fx, int n)
         tsr_env_free(&env);
     }
     tsr_coord_tick(fx->c, plan_time(fx));
-    assert_int_equal(take_assigns(fx), n);
+    assert_int_equal(take_assigns(fx), pieces);
     all_ready(fx);
+}
+
+static void one_node_tp1_replicas(fx_t *fx, int n)
+{
+    static char lay[96];
+    snprintf(lay, sizeof lay, "      tensor: 1\n      pipeline: 1\n      replicas: %d\n", n);
+    layout = lay;
+    reconfigure(fx, NULL);
+    register_all_and_load(fx, n);
 }
 
 /* The standbys say ready; the tick after switches: each gets its piece with its peers
@@ -4033,15 +4040,7 @@ static void test_workers_let_go_for_a_new_cut_are_held_for_its_standbys(void **s
     layout = "      tensor: 1\n      pipeline: 1\n      replicas: 4\n";
     write_yaml_dep(fx->path, fx->wep, fx->cep, "  reserve_spares: 0\n", other);
     if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
-    for (int i = 0; i < NW; i++) send_register(fx, i, fx->name[i], "a", TSR_PROTOCOL_VERSION, NULL, 0);
-    pump(fx);
-    for (int i = 0; i < NW; i++) {
-        tsr_env_t *env = expect_kind(fx->dealer[i], TESSERA__ENVELOPE__BODY_REGISTER_REPLY);
-        tsr_env_free(&env);
-    }
-    tsr_coord_tick(fx->c, plan_time(fx));
-    assert_int_equal(take_assigns(fx), NW);
-    all_ready(fx);
+    register_all_and_load(fx, NW);
     int ho = holder_in(fx, "other", 0);
     assert_int_not_equal(ho, -1);
     env = control(fx, TESSERA__CONTROL_REQUEST__KIND__DRAIN, fx->name[ho]);
