@@ -44,9 +44,12 @@ static void print_worker_row(json_t *w)
         snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld", jstr(a, "deployment"),
                  jint(a, "replica"), jint(a, "stage"), jint(a, "tp"));
     else if (json_is_object(f))  /* an old cut's piece, until its requests end */
-        snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld of tp %lld x pp %lld (old cut)",
+        snprintf(piece, sizeof piece, "%s r%lld s%lld t%lld of tp %lld x pp %lld (old cut%s)",
                  jstr(f, "deployment"), jint(f, "replica"), jint(f, "stage"), jint(f, "tp"),
-                 jint(f, "tp_size"), jint(f, "pp_size"));
+                 jint(f, "tp_size"), jint(f, "pp_size"),
+                 json_is_true(json_object_get(f, "serving")) ? ", serving beside the new"
+                 : json_is_true(json_object_get(f, "held")) ? ", held for the new cut's standbys"
+                                                              : "");
     const char *state = jstr(w, "state");
     char st[48];
     snprintf(st, sizeof st, "%s%s", state, json_is_true(json_object_get(w, "drained")) ? ",drained" : "");

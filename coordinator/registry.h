@@ -76,6 +76,10 @@ typedef struct {
      * requests end (room_done, its piece unloaded) it stays out of placement, held for
      * that deployment's standbys, until they are sent (or the change of cut ends). */
     bool room, room_done;
+    /* ...kept taking new requests after the switch beside the new cut's replicas, while
+     * the new cut's other replicas load on the workers the old cut freed (reshard.c):
+     * until those serve, stall, or FINISH_MAX_MS passes; then it finishes as above. */
+    bool serving;
     tsr_holding_t finished;
     uint32_t finished_pid;      /* its process then (another one holds nothing) */
     int64_t finishing_since_ms;

@@ -74,47 +74,64 @@ static void apply(tsr_coord_t *c, size_t di, const char *how)
 /* Old replicas of d (from from_replica on) finish their requests in place: every member
  * leaves the registry's replicas (the plan neither places nor releases it; new requests
  * go to the others) until its replica's attempts end (finish_done).  At the switch
- * (every = false) only whole, ready replicas with requests in flight do, the others are
- * released by the plan (a broken one's requests move as before); old replicas let go
- * to make room (every = true) all do, so that no plan hands their workers to anyone
- * else before the standbys are sent.  Returns the workers that finish. */
+ * (every = false) only whole, ready replicas do: `serve` of them (those with requests in
+ * flight first, whose workers would not be free at once anyway) go on taking new
+ * requests beside the new cut's (`serving`), the others with requests in flight take no
+ * new one; the rest are released by the plan (a broken one's requests move as before).
+ * Old replicas let go to make room (every = true) all finish, so that no plan hands
+ * their workers to anyone else before the standbys are sent.  Returns the workers that
+ * finish; *kept (may be NULL) the replicas that serve. */
 static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_replica,
-                           bool every, int64_t now)
+                           bool every, int serve, int *kept, int64_t now)
 {
-    int n = 0, per = d->tensor * d->pipeline;
+    int n = 0, per = d->tensor * d->pipeline, served = 0;
     tsr_worker_t **m = calloc((size_t)per, sizeof *m);
     if (!m) return 0;   /* out of memory: the plan releases them, their requests move */
-    for (int r = from_replica; r < d->replicas; r++) {
-        const tsr_worker_t *lead = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
-        if (!lead) continue;
-        uint64_t epoch = lead->piece.epoch;
-        int held = 0;
-        bool whole = true;
-        for (int k = 0; k < per; k++) {
-            m[k] = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, k);
-            if (!m[k]) continue;
-            held++;
-            whole &= m[k]->state == TSR_W_READY && m[k]->piece.epoch == epoch;
+    /* pass 0 keeps serving the busy whole replicas, pass 1 the idle ones, up to serve;
+     * pass 1 also marks the busy ones left (they only finish) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = from_replica; r < d->replicas; r++) {
+            const tsr_worker_t *lead =
+                tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
+            if (!lead) continue;
+            uint64_t epoch = lead->piece.epoch;
+            int held = 0;
+            bool whole = true;
+            for (int k = 0; k < per; k++) {
+                m[k] = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, k);
+                if (!m[k]) continue;
+                held++;
+                whole &= m[k]->state == TSR_W_READY && m[k]->piece.epoch == epoch;
+            }
+            whole &= held == per;
+            bool busy = tsr_requests_of_attempt(c, d->name, r, epoch, NULL) > 0;
+            bool keep = !every && whole && served < serve && (busy || pass == 1);
+            if (!every && !keep && (pass == 0 || !whole || !busy)) continue;
+            served += keep;
+            for (int k = 0; k < per; k++) {
+                if (!m[k]) continue;
+                m[k]->finished = m[k]->piece;
+                m[k]->finished.epoch = epoch;      /* the attempts' */
+                m[k]->finished_pid = m[k]->pid;
+                m[k]->finishing_since_ms = now;
+                tsr_registry_clear_piece(c->reg, m[k]);
+                m[k]->finishing = true;
+                m[k]->serving = keep;
+                m[k]->room = every;
+                m[k]->room_done = false;
+                n++;
+            }
         }
-        if (!every && (held < per || !whole ||
-                       !tsr_requests_of_attempt(c, d->name, r, epoch, NULL)))
-            continue;
-        for (int k = 0; k < per; k++) {
-            if (!m[k]) continue;
-            m[k]->finished = m[k]->piece;
-            m[k]->finished.epoch = epoch;      /* the attempts' */
-            m[k]->finished_pid = m[k]->pid;
-            m[k]->finishing_since_ms = now;
-            tsr_registry_clear_piece(c->reg, m[k]);
-            m[k]->finishing = true;
-            m[k]->room = every;
-            m[k]->room_done = false;
-            n++;
-        }
+        if (every) break;
     }
     free(m);
-    if (n) tsr_info("deployment %s: %d worker(s) of the old cut finish the requests they have "
-                    "in flight, taking no new one, before they are let go", d->name, n);
+    if (kept) *kept = served;
+    if (served)
+        tsr_info("deployment %s: %d replica(s) of the old cut go on taking requests beside the "
+                 "new cut's until its other replicas serve", d->name, served);
+    if (n > served * per)
+        tsr_info("deployment %s: %d worker(s) of the old cut finish the requests they have in "
+                 "flight, taking no new one, before they are let go", d->name, n - served * per);
     return n;
 }
 
@@ -156,6 +173,8 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
                  !strcmp(m->finished.key.deployment, f->key.deployment) &&
                  (m->state != TSR_W_READY || m->pid != m->finished_pid);
     }
+    if (w->serving && !broken) return false;        /* it takes requests still */
+    w->serving = false;
     const char *why = broken ? "a worker of its old cut's replica was lost while it finished"
                       : now - w->finishing_since_ms > FINISH_MAX_MS
                           ? "its old cut's replica did not finish it within 30 s"
@@ -346,13 +365,48 @@ static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
     }
     ds->reshard.dropped = drop;
     ds->reshard.beside = beside;
-    finish_in_place(c, d, keep, true, now);
+    finish_in_place(c, d, keep, true, 0, NULL, now);
     if (tsr_dep_set_replicas(ds, d, keep) < 0) {
         give_up(c, di, "out of memory");
         return false;
     }
     tsr_coord_mark_dirty(c);
     return true;
+}
+
+/* The old replicas that serve beside the new cut's stop taking requests (and finish
+ * theirs, as the others did at the switch) once every replica of the new cut serves, or
+ * nothing of it loads any more after a plan (its pieces failed, or placed nowhere), or
+ * FINISH_MAX_MS after the switch. */
+static void stop_serving(tsr_coord_t *c, size_t di, int64_t now)
+{
+    const tsr_deployment_t *d = &c->cfg->deployments[di];
+    tsr_dep_state_t *ds = &c->deps[di];
+    bool complete = true, loading = false;
+    for (int r = 0; r < d->replicas; r++) complete &= tsr_registry_ready_leader(c->reg, d, r) != NULL;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        const tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        loading |= w->has_piece && w->state == TSR_W_LOADING && !strcmp(w->piece.key.deployment, d->name);
+    }
+    const char *why = complete ? "every replica of the new cut serves"
+                      : !loading && c->last_plan_ms > ds->reshard.switched_ms
+                          ? "the new cut's other replicas do not load (see the deployment's "
+                            "placement)"
+                      : now - ds->reshard.switched_ms > FINISH_MAX_MS
+                          ? "the new cut's other replicas did not serve within 30 s"
+                          : NULL;
+    if (!why) return;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (!w->serving || strcmp(w->finished.key.deployment, d->name)) continue;
+        w->serving = false;
+        w->finishing_since_ms = now;    /* its requests have FINISH_MAX_MS from now */
+    }
+    tsr_info("deployment %s: the %d old replica(s) serving beside the new cut take no new "
+             "request (%s): they finish theirs and are let go", d->name, ds->reshard.serving, why);
+    ds->reshard.serving = 0;
+    snprintf(ds->reshard.doing, sizeof ds->reshard.doing, "%s; the old replicas finish the "
+             "requests they have in flight, taking no new one", why);
 }
 
 /* One step of deployment di's change of cut; true while it goes on. */
@@ -417,6 +471,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
             const tsr_worker_t *w = tsr_registry_at(c->reg, i);
             finishing += w->finishing && !strcmp(w->finished.key.deployment, d->name);
         }
+        if (ds->reshard.serving) stop_serving(c, di, now);
         if (placed == ds->reshard.n && !finishing) {
             ds->reshard.active = ds->reshard.switching = false;
             tsr_info("deployment %s: %s", d->name, ds->reshard.last);
@@ -428,9 +483,15 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         return true;
     }
     if (loaded < ds->reshard.n) return true;
-    ds->reshard.finishing = finish_in_place(c, d, 0, false, now);
+    /* the old replicas whose workers the new cut's other replicas do not need go on
+     * serving beside the new ones until those load */
+    int rest = ds->reshard.replicas - ds->reshard.beside, per_old = d->tensor * d->pipeline;
+    int need = rest * ds->reshard.tensor * ds->reshard.pipeline - tsr_coord_idle_count(c, d->device);
+    int serve = d->replicas - (need > 0 ? (need + per_old - 1) / per_old : 0);
+    if (serve > rest) serve = rest;     /* as many replicas as the file asks, no more */
+    ds->reshard.finishing = finish_in_place(c, d, 0, false, serve, &ds->reshard.serving, now);
+    ds->reshard.switched_ms = now;
     char how[240];
-    int rest = ds->reshard.replicas - ds->reshard.beside;
     if (!rest)
         snprintf(how, sizeof how, "after its pieces loaded beside it (%.1f s), swapped in by a "
                  "rewire", (double)(now - ds->reshard.since_ms) / 1000.0);
@@ -441,10 +502,15 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
                  ds->reshard.dropped ? ", old replicas let go to make room" : "", rest);
     apply(c, di, how);
     ds->reshard.switching = true;
-    snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
-             "every piece of %s is loaded: the replicas switch to it%s", what,
-             ds->reshard.finishing ? "; the old replicas with requests in flight finish them "
-                                     "first, taking no new one" : "");
+    if (ds->reshard.serving)
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "every piece of %s is loaded: the replicas switch to it; %d old replica(s) "
+                 "serve beside them until the other %d load", what, ds->reshard.serving, rest);
+    else
+        snprintf(ds->reshard.doing, sizeof ds->reshard.doing,
+                 "every piece of %s is loaded: the replicas switch to it%s", what,
+                 ds->reshard.finishing ? "; the old replicas with requests in flight finish "
+                                         "them first, taking no new one" : "");
     for (int k = 0; k < ds->reshard.n; k++)
         tsr_coord_hint_move(c, ds->reshard.standby[k].worker, NULL, &ds->reshard.standby[k].key);
     return true;

@@ -444,11 +444,47 @@ uint64_t tsr_requests_new_id(const tsr_coord_t *c)
     }
 }
 
+/* The requests in flight on the old cut's replica that w leads (reshard.c). */
+static int old_in_flight(const tsr_coord_t *c, const tsr_worker_t *w)
+{
+    int n = 0;
+    for (size_t i = 0; i < c->requests->n; i++) {
+        const tsr_request_rec_t *q = &c->requests->v[i];
+        n += q->epoch == w->finished.epoch && q->replica == w->finished.key.replica &&
+             !strcmp(q->leader, w->name) && !strcmp(q->deployment, w->finished.key.deployment);
+    }
+    return n;
+}
+
+/* Whether w leads an old cut's replica of d that still takes requests beside the new
+ * cut's (reshard.c), every member of it ready. */
+static bool old_serving_leader(const tsr_coord_t *c, const tsr_deployment_t *d,
+                               const tsr_worker_t *w)
+{
+    const tsr_piece_key_t *k = &w->finished.key;
+    if (!w->serving || w->state != TSR_W_READY || k->stage || k->tp || strcmp(k->deployment, d->name))
+        return false;
+    int members = 0;
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+        const tsr_worker_t *m = tsr_registry_at(c->reg, i);
+        if (!m->finishing || m->finished.epoch != w->finished.epoch ||
+            m->finished.key.replica != k->replica || strcmp(m->finished.key.deployment, d->name))
+            continue;
+        if (!m->serving || m->state != TSR_W_READY) return false;
+        members++;
+    }
+    return members == k->tp_size * k->pp_size;
+}
+
 /* The ready replica of d with the fewest requests in flight, or -1.  A
- * replica whose canary failed gets none. */
-static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid)
+ * replica whose canary failed gets none.  With old (non-NULL), an old cut's
+ * replica serving beside the new cut's is one too: *old is its leader when it
+ * is chosen (NULL when a replica of the cut is). */
+static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid,
+                            tsr_worker_t **old)
 {
     int replica = -1, best = 0, draining = -1;
+    if (old) *old = NULL;
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = tsr_coord_canary(c, d->name, r);
@@ -461,28 +497,37 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
         int load = tsr_requests_in_flight(c, d->name, r);
         if (replica < 0 || load < best) replica = r, best = load;
     }
+    for (size_t i = 0, nw = tsr_registry_size(c->reg); old && i < nw; i++) {
+        tsr_worker_t *w = tsr_registry_at(c->reg, i);
+        if (!old_serving_leader(c, d, w)) continue;
+        int load = old_in_flight(c, w);
+        if (replica < 0 || load < best) replica = w->finished.key.replica, best = load, *old = w;
+    }
     return replica >= 0 ? replica : draining;
 }
 
 bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r)
 {
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
-    int other = pick_replica_but(c, d, r);
+    int other = pick_replica_but(c, d, r, NULL);
     return other >= 0 && !(ds && ds->scale.draining == other);
 }
 
-static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d)
+static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d, tsr_worker_t **old)
 {
-    return pick_replica_but(c, d, -1);
+    return pick_replica_but(c, d, -1, old);
 }
 
-/* Sends request i's next attempt to the leader of replica r of d (ready):
+/* Sends request i's next attempt to the leader of replica r of d (ready), or
+ * to old, the leader of an old cut's replica r serving beside the new cut's:
  * the prompt and the tokens delivered so far, for the tokens still to come,
  * under a new worker-side id.  A send that fails interrupts it again. */
-static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r)
+static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, int r,
+                         tsr_worker_t *old)
 {
     tsr_request_rec_t *q = &c->requests->v[i];
-    tsr_worker_t *leader = tsr_registry_ready_leader(c->reg, d, r);
+    tsr_worker_t *leader = old ? old : tsr_registry_ready_leader(c->reg, d, r);
+    uint64_t epoch = old ? old->finished.epoch : leader->piece.epoch;
     uint64_t wid;
     do wid = tsr_requests_new_id(c);
     while (wid && wid == q->id);
@@ -495,7 +540,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
     q->attempt_ms = c->now_ms ? c->now_ms : tsr_now_ms();
     q->base = q->n_tokens;
     snprintf(q->leader, sizeof q->leader, "%s", leader->name);
-    q->epoch = leader->piece.epoch;
+    q->epoch = epoch;
     Tessera__Generate g = TESSERA__GENERATE__INIT;
     g.request_id = q->wid;
     g.n_prompt = (size_t)(q->n_prompt + q->n_tokens);
@@ -511,7 +556,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
         g.timeout_ms = left < 1 ? 1 : (uint32_t)left;
     }
     tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.epoch = leader->piece.epoch;
+    env.epoch = epoch;
     env.worker = leader->name;
     env.body_case = TESSERA__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
@@ -573,12 +618,14 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
         }
         /* Not straight back to the replica that just failed it, while
          * another can take it. */
-        int r = pick_replica_but(c, d, q->avoid);
+        tsr_worker_t *old;
+        int r = pick_replica_but(c, d, q->avoid, &old);
         if (r < 0) {
-            r = pick_replica(c, d);
+            r = pick_replica(c, d, &old);
             /* Back to a replica that failed it twice only once it has
              * recovered (rewired, or a piece ready again). */
-            if (r >= 0 && r == q->avoid && q->wait_recovery && !replica_recovered(c, d, r, q))
+            if (r >= 0 && !old && r == q->avoid && q->wait_recovery &&
+                !replica_recovered(c, d, r, q))
                 r = -1;
         }
         if (r >= 0) {
@@ -590,7 +637,7 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
                 reply_json(c, q, true, NULL, doc);
                 json_decref(doc);
             }
-            send_attempt(c, i, d, r);
+            send_attempt(c, i, d, r, old);
             continue;
         }
         int64_t give_up = q->waiting_since_ms + c->cfg->replay_wait_ms;
@@ -698,7 +745,8 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
      * replaced) or the coordinator has just started (its workers are
      * re-attaching), the request waits like an interrupted one; a
      * deployment that never became ready refuses at once. */
-    int replica = pick_replica(c, d);
+    tsr_worker_t *old;
+    int replica = pick_replica(c, d, &old);
     int64_t now = tsr_now_ms();
     if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
@@ -778,7 +826,7 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
     /* Tell the client at once that the request is on its way, so it can
      * tell a missing coordinator from a slow prefill.  A client that has
      * already left costs the replica nothing. */
-    tsr_worker_t *leader = replica >= 0 ? tsr_registry_ready_leader(c->reg, d, replica) : NULL;
+    tsr_worker_t *leader = old ? old : replica >= 0 ? tsr_registry_ready_leader(c->reg, d, replica) : NULL;
     json_t *ack = json_pack("{s:I, s:i, s:s, s:b, s:b, s:I}", "request_id", (json_int_t)rec->id,
                             "replica", replica, "leader", leader ? leader->name : "",
                             "accepted", 1, "queued", replica < 0, "prompt_tokens",
@@ -791,7 +839,7 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
         return;
     }
     if (replica >= 0) {
-        send_attempt(c, c->requests->n - 1, d, replica);
+        send_attempt(c, c->requests->n - 1, d, replica, old);
         return;
     }
     rec->waiting_since_ms = now;

@@ -144,6 +144,8 @@ typedef struct {
         int dropped;            /* old replicas let go to make room for them */
         bool let_go;            /* they were (reshard.c's first step) */
         int finishing;          /* old workers that finish their requests after the switch */
+        int serving;            /* old replicas that take requests after it too */
+        int64_t switched_ms;    /* when the cut switched */
         bool sent, switching;
         uint64_t epoch;         /* the standby assignments' */
         tsr_standby_t *standby; /* n of them (NULL until sent) */

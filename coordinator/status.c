@@ -80,10 +80,11 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
         tsr_sb_puts(b, ",\"finishing\":{\"deployment\":");
         sb_str(b, w->finished.key.deployment);
         tsr_sb_printf(b, ",\"replica\":%d,\"stage\":%d,\"tp\":%d,\"tp_size\":%d,"
-                         "\"pp_size\":%d,\"epoch\":%llu}",
+                         "\"pp_size\":%d,\"epoch\":%llu,\"serving\":%s,\"held\":%s}",
                       w->finished.key.replica, w->finished.key.stage, w->finished.key.tp,
                       w->finished.key.tp_size, w->finished.key.pp_size,
-                      (unsigned long long)w->finished.epoch);
+                      (unsigned long long)w->finished.epoch, w->serving ? "true" : "false",
+                      w->room_done ? "true" : "false");
     }
     if (w->has_piece) {
         const tsr_piece_key_t *k = &w->piece.key;

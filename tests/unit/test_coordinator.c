@@ -3884,6 +3884,9 @@ static void one_node_tp1_replicas(fx_t *fx, int n)
 /* The standbys say ready; the tick after switches: each gets its piece with its peers
  * in a new epoch.  Returns how many workers other than the standbys were sent a piece
  * of the new cut (they load it after the switch). */
+static int switched_other[NW];          /* switch_standbys' others: worker index */
+static uint64_t switched_epoch;         /* and the epoch they were sent */
+
 static int switch_standbys(fx_t *fx, const int *sb, int n_sb, uint64_t epoch, int64_t t)
 {
     for (int k = 0; k < n_sb; k++) send_ready(fx, sb[k], epoch);
@@ -3899,8 +3902,12 @@ static int switch_standbys(fx_t *fx, const int *sb, int n_sb, uint64_t epoch, in
                 const Tessera__Assignment *a = env->assign->assignment;
                 assert_true(env->epoch > epoch);
                 assert_int_equal(a->tp_size, 2);
-                if (standby) assert_int_equal(a->replica, 0);   /* the replica built beside */
-                else others++;
+                if (standby) {
+                    assert_int_equal(a->replica, 0);   /* the replica built beside */
+                } else {
+                    switched_epoch = env->epoch;
+                    switched_other[others++] = i;
+                }
                 assert_int_equal(a->n_peer_workers, 2);
             }
             tsr_env_free(&env);
@@ -3939,11 +3946,36 @@ static void test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_on
     assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 100), 2);  /* replica 1 loads */
     assert_int_equal(d->tensor, 2);
     assert_int_equal(d->replicas, 2);
-    /* the old replica 0 finishes its request in place, then is let go */
-    assert_true(tsr_registry_find(fx->c->reg, fx->name[old0])->finishing);
+    /* the old replica 0 (busy; replica 1's workers are needed) serves on beside the new
+     * cut until its other replica serves, then finishes its requests and is let go */
+    tsr_worker_t *w0 = tsr_registry_find(fx->c->reg, fx->name[old0]);
+    assert_true(w0->finishing && w0->serving);
+    assert_int_equal(fx->c->deps[0].reshard.serving, 1);
     send_token(fx, old0, id, 1, true);
     pump(fx);
     tick_alive(fx, t + 200);
+    expect_nothing(fx->dealer[old0], 10);   /* it serves still */
+    for (int k = 0; k < 2; k++) send_ready(fx, sb[k], switched_epoch);  /* rewired */
+    pump(fx);
+    /* a new request: the new replica 0 and the old one are both idle, the new one takes
+     * it; a second goes to the old one (fewer in flight than the new replica 0) */
+    client_replies(fx);                     /* the first request's */
+    int n0 = holder_in(fx, "tiny", 0);
+    uint64_t a = request_to(fx, 0);
+    uint64_t b = start_request(fx, fx->ctl, old0, 0);   /* in its old epoch */
+    send_token(fx, old0, b, 0, false);      /* its token reaches the client */
+    pump(fx);
+    expect_client_token(fx, 0, 40);
+    for (int k = 0; k < 2; k++) send_ready(fx, switched_other[k], switched_epoch);
+    pump(fx);
+    tick_alive(fx, t + 250);                /* the new cut serves whole: old 0 stops */
+    assert_false(w0->serving);
+    assert_true(w0->finishing);
+    send_token(fx, old0, b, 1, true);
+    fx->piece[n0].epoch = switched_epoch;
+    send_token(fx, n0, a, 0, true);
+    pump(fx);
+    tick_alive(fx, t + 280);
     tsr_env_t *env = expect_kind(fx->dealer[old0], TESSERA__ENVELOPE__BODY_UNASSIGN);
     tsr_env_free(&env);
     assert_int_equal(fx->c->stats.requests_failed, 0);
