@@ -80,6 +80,7 @@ typedef struct {
      * the new cut's other replicas load on the workers the old cut freed (reshard.c):
      * until those serve, stall, or FINISH_MAX_MS passes; then it finishes as above. */
     bool serving;
+    bool finish_failed;         /* it reported its old piece failed meanwhile */
     tsr_holding_t finished;
     uint32_t finished_pid;      /* its process then (another one holds nothing) */
     int64_t finishing_since_ms;

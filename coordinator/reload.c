@@ -35,7 +35,7 @@ static void defer_cut(tsr_coord_t *c, const tsr_deployment_t *od, tsr_deployment
     int ready = 0;
     for (int r = 0; r < od->replicas; r++) ready += tsr_registry_ready_leader(c->reg, od, r) != NULL;
     int per_old = od->tensor * od->pipeline, per_new = nd->tensor * nd->pipeline;
-    int idle = tsr_coord_idle_count(c, nd->device) - reserved[nd->device], beside = 0, drop = 0;
+    int idle = tsr_reshard_free_for(c, od) - reserved[nd->device], beside = 0, drop = 0;
     if (ready < od->replicas ||
         !tsr_reshard_choose(od->replicas, per_old, nd->replicas, per_new, idle, &beside, &drop)) {
         snprintf(ds->reshard.last, sizeof ds->reshard.last,

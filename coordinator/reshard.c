@@ -117,6 +117,7 @@ static int finish_in_place(tsr_coord_t *c, const tsr_deployment_t *d, int from_r
                 tsr_registry_clear_piece(c->reg, m[k]);
                 m[k]->finishing = true;
                 m[k]->serving = keep;
+                m[k]->finish_failed = false;
                 m[k]->room = every;
                 m[k]->room_done = false;
                 n++;
@@ -142,13 +143,28 @@ static bool held_for(const tsr_worker_t *w, const tsr_deployment_t *d)
            !strcmp(w->finished.key.deployment, d->name);
 }
 
-/* Idle workers of d's kind and those held for d's standbys. */
-static int free_for(const tsr_coord_t *c, const tsr_deployment_t *d)
+int tsr_reshard_free_for(const tsr_coord_t *c, const tsr_deployment_t *d)
 {
     int n = tsr_coord_idle_count(c, d->device);
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++)
         n += held_for(tsr_registry_at(c->reg, i), d);
     return n;
+}
+
+/* Whether m is a member of the old cut's replica that w finishes for (w included). */
+static bool same_old_replica(const tsr_worker_t *m, const tsr_worker_t *w)
+{
+    return m->finishing && m->finished.epoch == w->finished.epoch &&
+           m->finished.key.replica == w->finished.key.replica &&
+           !strcmp(m->finished.key.deployment, w->finished.key.deployment);
+}
+
+/* Whether deployment di's old replicas may still serve beside its new cut: its change
+ * of cut is switching and has not stopped them, nor been replaced by a reload. */
+static bool serving_on(const tsr_coord_t *c, int di, int64_t now)
+{
+    return di >= 0 && tsr_coord_serving_beside(c, &c->cfg->deployments[di]) &&
+           now - c->deps[di].reshard.switched_ms <= FINISH_MAX_MS;
 }
 
 /* Whether worker w, finishing an old cut's requests, is done: its replica's attempts
@@ -166,15 +182,24 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
         tsr_coord_mark_dirty(c);
         return true;
     }
-    bool broken = tsr_coord_dep_index(c, f->key.deployment) < 0;
+    int di = tsr_coord_dep_index(c, f->key.deployment);
+    bool broken = di < 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw && !broken; i++) {
         const tsr_worker_t *m = tsr_registry_at(c->reg, i);
-        broken = m->finishing && m->finished.epoch == f->epoch && m->finished.key.replica == f->key.replica &&
-                 !strcmp(m->finished.key.deployment, f->key.deployment) &&
-                 (m->state != TSR_W_READY || m->pid != m->finished_pid);
+        broken = same_old_replica(m, w) &&
+                 (m->state != TSR_W_READY || m->pid != m->finished_pid || m->finish_failed);
     }
-    if (w->serving && !broken) return false;        /* it takes requests still */
-    w->serving = false;
+    if (w->serving && (broken || !serving_on(c, di, now))) {
+        /* every member stops taking requests together; a broken one's move now */
+        for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
+            tsr_worker_t *m = tsr_registry_at(c->reg, i);
+            if (!m->serving || !same_old_replica(m, w)) continue;
+            m->serving = false;
+            m->finishing_since_ms = now;
+        }
+        if (di >= 0 && c->deps[di].reshard.serving > 0) c->deps[di].reshard.serving--;
+    }
+    if (w->serving) return false;                   /* it takes requests still */
     const char *why = broken ? "a worker of its old cut's replica was lost while it finished"
                       : now - w->finishing_since_ms > FINISH_MAX_MS
                           ? "its old cut's replica did not finish it within 30 s"
@@ -188,6 +213,7 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
     /* one let go to make room stays held for the standbys (unless it died) */
     w->room_done = w->room && w->state != TSR_W_DEAD;
     w->finishing = w->room_done;
+    if (di >= 0 && c->deps[di].reshard.active) c->deps[di].reshard.freed_ms = now;
     tsr_info("worker %s finished with %s r%d s%d t%d of the old cut%s%s", w->name,
              f->key.deployment, f->key.replica, f->key.stage, f->key.tp, why ? ": " : "",
              why ? why : "");
@@ -337,7 +363,7 @@ static bool let_go(tsr_coord_t *c, size_t di, int64_t now)
 {
     tsr_dep_state_t *ds = &c->deps[di];
     tsr_deployment_t *d = &c->cfg->deployments[di];
-    int idle = free_for(c, d), beside = 0, drop;
+    int idle = tsr_reshard_free_for(c, d), beside = 0, drop;
     char why[300] = "";
     size_t n = tsr_registry_size(c->reg);
     tsr_worker_t **ws = calloc(n ? n : 1, sizeof *ws);
@@ -382,14 +408,18 @@ static void stop_serving(tsr_coord_t *c, size_t di, int64_t now)
 {
     const tsr_deployment_t *d = &c->cfg->deployments[di];
     tsr_dep_state_t *ds = &c->deps[di];
-    bool complete = true, loading = false;
+    bool complete = true, loading = false, freeing = false;
     for (int r = 0; r < d->replicas; r++) complete &= tsr_registry_ready_leader(c->reg, d, r) != NULL;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
         const tsr_worker_t *w = tsr_registry_at(c->reg, i);
         loading |= w->has_piece && w->state == TSR_W_LOADING && !strcmp(w->piece.key.deployment, d->name);
+        /* old workers that only finish: the rest of the new cut waits for them */
+        freeing |= w->finishing && !w->serving && !strcmp(w->finished.key.deployment, d->name);
     }
+    int64_t since = ds->reshard.freed_ms > ds->reshard.switched_ms ? ds->reshard.freed_ms
+                                                                  : ds->reshard.switched_ms;
     const char *why = complete ? "every replica of the new cut serves"
-                      : !loading && c->last_plan_ms > ds->reshard.switched_ms
+                      : !loading && !freeing && c->last_plan_ms >= since   /* the tick's plan runs after */
                           ? "the new cut's other replicas do not load (see the deployment's "
                             "placement)"
                       : now - ds->reshard.switched_ms > FINISH_MAX_MS
@@ -424,7 +454,7 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
         }
         /* old replicas let go to make room: their workers are idle once a plan has
          * released them, or they finished (unless a failover takes them first) */
-        int idle = free_for(c, d);
+        int idle = tsr_reshard_free_for(c, d);
         if (ds->reshard.dropped && idle < ds->reshard.beside * ds->reshard.tensor *
                                                ds->reshard.pipeline &&
             now - ds->reshard.since_ms < FINISH_MAX_MS + 5000)
@@ -532,6 +562,16 @@ int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now)
 bool tsr_reshard_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env)
 {
     if (w->has_piece) return false;
+    if (w->finishing && env->epoch == w->finished.epoch) {
+        /* an old cut's piece that finishes (or serves beside) failed: its replica takes
+         * no more requests and what it has moves (finish_done) */
+        if (env->body_case != TESSERA__ENVELOPE__BODY_FAILED) return true;
+        if (env->failed->fatal) return false;   /* the loop declares it dead */
+        tsr_warn("worker %s, finishing %s r%d of the old cut, reports it failed: %s", w->name,
+                 w->finished.key.deployment, w->finished.key.replica, env->failed->reason);
+        w->finish_failed = true;
+        return true;
+    }
     for (size_t i = 0; i < c->cfg->n_deployments; i++) {
         tsr_dep_state_t *ds = &c->deps[i];
         if (!ds->reshard.active || env->epoch != ds->reshard.epoch) continue;

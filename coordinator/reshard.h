@@ -30,6 +30,9 @@ bool tsr_reshard_choose(int replicas, int per_old, int want, int per_new, int id
  * to load, a plan that gave it another piece), the new cut applies at once, as
  * without idle workers.  Returns when it next needs to run (0: nothing pending). */
 int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now_ms);
+/* Idle workers of d's kind, and those let go to make room for d's new cut and held for
+ * its standbys. */
+int tsr_reshard_free_for(const tsr_coord_t *c, const tsr_deployment_t *d);
 /* A Ready, Progress or Failed from worker w: true when it is about one of the
  * standby pieces (it is then taken here), false for the loop to handle. */
 bool tsr_reshard_message(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *env);

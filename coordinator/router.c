@@ -276,7 +276,9 @@ static void request_interrupt_as(tsr_coord_t *c, size_t i, const char *why, bool
      * their way), so the next attempt waits for it to recover instead of
      * burning the request's replays there at once. */
     q->wait_recovery = again;
-    q->avoid = q->avoid_replica = q->replica;
+    /* an old cut's replica (reshard.c) is not the new cut's of the same index */
+    q->avoid = on_finishing(c, q) ? -1 : q->replica;
+    q->avoid_replica = q->replica;
     q->avoid_epoch = q->epoch;
     q->avoid_seq = c->ready_seq;
     q->replica = -1;
@@ -462,7 +464,8 @@ static bool old_serving_leader(const tsr_coord_t *c, const tsr_deployment_t *d,
                                const tsr_worker_t *w)
 {
     const tsr_piece_key_t *k = &w->finished.key;
-    if (!w->serving || w->state != TSR_W_READY || k->stage || k->tp || strcmp(k->deployment, d->name))
+    if (!w->serving || w->state != TSR_W_READY || k->stage || k->tp ||
+        strcmp(k->deployment, d->name) || !tsr_coord_serving_beside(c, d))
         return false;
     int members = 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
@@ -470,7 +473,7 @@ static bool old_serving_leader(const tsr_coord_t *c, const tsr_deployment_t *d,
         if (!m->finishing || m->finished.epoch != w->finished.epoch ||
             m->finished.key.replica != k->replica || strcmp(m->finished.key.deployment, d->name))
             continue;
-        if (!m->serving || m->state != TSR_W_READY) return false;
+        if (!m->serving || m->state != TSR_W_READY || m->drained || m->finish_failed) return false;
         members++;
     }
     return members == k->tp_size * k->pp_size;
@@ -478,10 +481,11 @@ static bool old_serving_leader(const tsr_coord_t *c, const tsr_deployment_t *d,
 
 /* The ready replica of d with the fewest requests in flight, or -1.  A
  * replica whose canary failed gets none.  With old (non-NULL), an old cut's
- * replica serving beside the new cut's is one too: *old is its leader when it
- * is chosen (NULL when a replica of the cut is). */
+ * replica serving beside the new cut's is one too, unless request q (may be
+ * NULL) was interrupted there: *old is its leader when it is chosen (NULL when
+ * a replica of the cut is). */
 static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid,
-                            tsr_worker_t **old)
+                            const tsr_request_rec_t *q, tsr_worker_t **old)
 {
     int replica = -1, best = 0, draining = -1;
     if (old) *old = NULL;
@@ -499,7 +503,9 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
     }
     for (size_t i = 0, nw = tsr_registry_size(c->reg); old && i < nw; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
-        if (!old_serving_leader(c, d, w)) continue;
+        if (!old_serving_leader(c, d, w) ||
+            (q && q->avoid_epoch == w->finished.epoch && q->avoid_replica == w->finished.key.replica))
+            continue;
         int load = old_in_flight(c, w);
         if (replica < 0 || load < best) replica = w->finished.key.replica, best = load, *old = w;
     }
@@ -509,13 +515,14 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
 bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r)
 {
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
-    int other = pick_replica_but(c, d, r, NULL);
+    int other = pick_replica_but(c, d, r, NULL, NULL);
     return other >= 0 && !(ds && ds->scale.draining == other);
 }
 
-static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d, tsr_worker_t **old)
+static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d,
+                        const tsr_request_rec_t *q, tsr_worker_t **old)
 {
-    return pick_replica_but(c, d, -1, old);
+    return pick_replica_but(c, d, -1, q, old);
 }
 
 /* Sends request i's next attempt to the leader of replica r of d (ready), or
@@ -619,9 +626,9 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
         /* Not straight back to the replica that just failed it, while
          * another can take it. */
         tsr_worker_t *old;
-        int r = pick_replica_but(c, d, q->avoid, &old);
+        int r = pick_replica_but(c, d, q->avoid, q, &old);
         if (r < 0) {
-            r = pick_replica(c, d, &old);
+            r = pick_replica(c, d, q, &old);
             /* Back to a replica that failed it twice only once it has
              * recovered (rewired, or a piece ready again). */
             if (r >= 0 && !old && r == q->avoid && q->wait_recovery &&
@@ -746,7 +753,7 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
      * re-attaching), the request waits like an interrupted one; a
      * deployment that never became ready refuses at once. */
     tsr_worker_t *old;
-    int replica = pick_replica(c, d, &old);
+    int replica = pick_replica(c, d, NULL, &old);
     int64_t now = tsr_now_ms();
     if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);

@@ -328,6 +328,13 @@ bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w)
            !tsr_coord_is_standby(c, w->name);
 }
 
+bool tsr_coord_serving_beside(const tsr_coord_t *c, const tsr_deployment_t *d)
+{
+    int di = tsr_coord_dep_index(c, d->name);
+    return di >= 0 && c->deps[di].reshard.active && c->deps[di].reshard.switching &&
+           c->deps[di].reshard.serving > 0;
+}
+
 int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind)
 {
     int n = 0;

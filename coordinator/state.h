@@ -146,6 +146,7 @@ typedef struct {
         int finishing;          /* old workers that finish their requests after the switch */
         int serving;            /* old replicas that take requests after it too */
         int64_t switched_ms;    /* when the cut switched */
+        int64_t freed_ms;       /* when an old worker was last let go after it */
         bool sent, switching;
         uint64_t epoch;         /* the standby assignments' */
         tsr_standby_t *standby; /* n of them (NULL until sent) */
@@ -270,6 +271,9 @@ bool tsr_coord_is_standby(const tsr_coord_t *c, const char *name);
 /* Whether w is free for a new piece or standby: alive, not drained, holding nothing and
  * no standby's. */
 bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w);
+/* Whether d's old replicas serving beside its new cut may take requests: its change of
+ * cut is switching and has not stopped them (reshard.c). */
+bool tsr_coord_serving_beside(const tsr_coord_t *c, const tsr_deployment_t *d);
 /* How many workers of that kind are idle (tsr_coord_worker_idle). */
 int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind);
 /* The index in cfg->deployments of the deployment with that name, or -1. */

@@ -3988,6 +3988,127 @@ static void test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_on
     assert_false(fx->c->deps[0].reshard.active);
 }
 
+/* As above, with both old replicas busy at the switch: one serves on beside the new
+ * cut, the other finishes its request first; plans that run meanwhile cannot place the
+ * new cut's other replica, and the one serving goes on (it stops only once that replica
+ * loads and serves). */
+static void test_an_old_replica_serves_on_while_the_other_finishes(void **state)
+{
+    fx_t *fx = *state;
+    one_node_tp1_replicas(fx, 2);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    int old0 = holder_of_replica(fx, 0), old1 = holder_of_replica(fx, 1);
+    uint64_t id0 = request_to(fx, 0), id1 = request_to(fx, 1);
+    /* the idle worker takes one rank of the other replica; the other waits for a worker */
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, t + 100), 1);
+    tsr_worker_t *w0 = tsr_registry_find(fx->c->reg, fx->name[old0]);
+    tsr_worker_t *w1 = tsr_registry_find(fx->c->reg, fx->name[old1]);
+    assert_true(w0->serving != w1->serving);
+    tsr_worker_t *kept = w0->serving ? w0 : w1, *done = w0->serving ? w1 : w0;
+    int hd = w0->serving ? old1 : old0;
+    uint64_t idd = w0->serving ? id1 : id0;
+    for (int k = 1; k <= 3; k++) {         /* plans run: nothing to place the rest on */
+        tick_alive(fx, t + 100 + 100 * k);
+        assert_true(kept->serving);
+    }
+    send_token(fx, hd, idd, 0, true);       /* the other's request ends: it is let go */
+    pump(fx);
+    tick_alive(fx, t + 500);
+    tick_alive(fx, t + 600);
+    assert_false(done->finishing);
+    assert_true(kept->serving);             /* the rest loads on its worker */
+    int loads = 0;
+    for (int i = 0; i < NW; i++) {          /* every piece says ready in its epoch */
+        tsr_env_t *env;
+        while ((env = recv_env(fx->dealer[i], TSR_WIRE_MAX_WORKER, 20))) {
+            if (env->body_case == TESSERA__ENVELOPE__BODY_ASSIGN) {
+                loads += i == hd;
+                fx->piece[i].epoch = env->epoch;
+            }
+            tsr_env_free(&env);
+        }
+    }
+    assert_int_equal(loads, 1);
+    for (int k = 0; k < 2; k++) send_ready(fx, sb[k], switched_epoch);   /* replica 0 */
+    send_ready(fx, switched_other[0], fx->piece[switched_other[0]].epoch);   /* replica 1 */
+    send_ready(fx, hd, fx->piece[hd].epoch);
+    pump(fx);
+    assert_true(kept->serving);
+    tick_alive(fx, t + 700);                /* the new cut serves whole */
+    assert_false(kept->serving);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
+}
+
+/* tp 1 x 2 to tp 2 x 2 with three idle workers: one new replica built beside, and at
+ * the switch old replica 0 (a request in flight) serves on beside it.  Returns old
+ * replica 0's holder; *id its request, *t the switch's time. */
+static int switch_with_an_old_replica_serving(fx_t *fx, uint64_t *id, int64_t *t)
+{
+    one_node_tp1_replicas(fx, 2);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
+    reconfigure(fx, NULL);
+    *t = plan_time(fx);
+    tick_alive(fx, *t);
+    int sb[NW];
+    uint64_t epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    int old0 = holder_of_replica(fx, 0);
+    *id = request_to(fx, 0);
+    assert_int_equal(switch_standbys(fx, sb, 2, epoch, *t + 100), 2);
+    for (int k = 0; k < 2; k++) send_ready(fx, sb[k], switched_epoch);
+    pump(fx);
+    assert_true(tsr_registry_find(fx->c->reg, fx->name[old0])->serving);
+    return old0;
+}
+
+/* An old replica serving beside a new cut whose piece reports a failure stops at once,
+ * its request resumed on the new cut (nothing failed). */
+static void test_an_old_replica_serving_beside_stops_when_it_fails(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t id;
+    int64_t t;
+    int old0 = switch_with_an_old_replica_serving(fx, &id, &t);
+    tsr_worker_t *w0 = tsr_registry_find(fx->c->reg, fx->name[old0]);
+    send_failed_as(fx, old0, fx->piece[old0].epoch, "a collective broke", false, true);
+    pump(fx);
+    tick_alive(fx, t + 200);
+    assert_false(w0->serving);
+    assert_false(w0->finishing);            /* let go: its request moved */
+    assert_int_equal(fx->c->stats.requests_replayed, 1);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    (void)id;
+}
+
+/* A reload that replaces the change of cut stops the old replicas serving beside it:
+ * they finish their requests, taking no new one. */
+static void test_old_replicas_serving_beside_stop_on_a_reload(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t id;
+    int64_t t;
+    int old0 = switch_with_an_old_replica_serving(fx, &id, &t);
+    tsr_worker_t *w0 = tsr_registry_find(fx->c->reg, fx->name[old0]);
+    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
+    reconfigure(fx, NULL);                  /* another count: the change of cut ends */
+    tick_alive(fx, t + 200);
+    assert_false(w0->serving);
+    assert_true(w0->finishing);             /* it finishes its request, taking no new one */
+    send_token(fx, old0, id, 0, true);
+    pump(fx);
+    tick_alive(fx, t + 300);
+    assert_false(w0->finishing);
+    assert_int_equal(fx->c->stats.requests_failed, 0);
+    assert_int_equal(fx->c->stats.requests_replayed, 0);
+}
+
 /* No idle worker at all, but replicas to spare: tp 1 x 5 to tp 2 x 2, a request on each
  * replica.  Two old replicas are let go (three serve): they take no new request and
  * finish theirs in place (not moved: no replay); once they have, their workers are sent
@@ -4920,6 +5041,9 @@ int main(void)
         T(test_a_finishing_old_worker_that_dies_moves_its_requests_to_the_new_cut),
         T(test_a_new_cut_without_idle_workers_for_it_applies_at_once),
         T(test_a_new_cut_is_built_one_replica_beside_when_idle_workers_hold_one),
+        T(test_an_old_replica_serves_on_while_the_other_finishes),
+        T(test_an_old_replica_serving_beside_stops_when_it_fails),
+        T(test_old_replicas_serving_beside_stop_on_a_reload),
         T(test_a_new_cut_lets_old_replicas_go_to_make_room_while_one_serves),
         T(test_workers_let_go_for_a_new_cut_are_held_for_its_standbys),
         T(test_a_finishing_old_replica_moves_its_requests_after_30_s_or_when_it_registers_again),
