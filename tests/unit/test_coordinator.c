@@ -3916,6 +3916,19 @@ static int switch_standbys(fx_t *fx, const int *sb, int n_sb, uint64_t epoch, in
     return others;
 }
 
+/* A reload to layout lay; the next tick sends two standbys (sb, their epoch).  Returns
+ * that tick's time. */
+static int64_t standbys_for(fx_t *fx, const char *lay, int *sb, uint64_t *epoch)
+{
+    layout = lay;
+    reconfigure(fx, NULL);
+    int64_t t = plan_time(fx);
+    tick_alive(fx, t);
+    *epoch = 0;
+    assert_int_equal(take_standbys(fx, sb, epoch), 2);
+    return t;
+}
+
 /* Idle workers for one replica of the new cut but not both: tp 1 x 2 on five workers
  * (three idle) to tp 2 x 2.  One replica of the new cut is built beside the two old
  * ones, which serve meanwhile; at the switch it is swapped in and the other replica
@@ -3996,13 +4009,9 @@ static void test_an_old_replica_serves_on_while_the_other_finishes(void **state)
 {
     fx_t *fx = *state;
     one_node_tp1_replicas(fx, 2);
-    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
-    reconfigure(fx, NULL);
-    int64_t t = plan_time(fx);
-    tick_alive(fx, t);
     int sb[NW];
-    uint64_t epoch = 0;
-    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    uint64_t epoch;
+    int64_t t = standbys_for(fx, "      tensor: 2\n      pipeline: 1\n      replicas: 2\n", sb, &epoch);
     int old0 = holder_of_replica(fx, 0), old1 = holder_of_replica(fx, 1);
     uint64_t id0 = request_to(fx, 0), id1 = request_to(fx, 1);
     /* the idle worker takes one rank of the other replica; the other waits for a worker */
@@ -4052,13 +4061,9 @@ static void test_an_old_replica_serves_on_while_the_other_finishes(void **state)
 static int switch_with_an_old_replica_serving(fx_t *fx, uint64_t *id, int64_t *t)
 {
     one_node_tp1_replicas(fx, 2);
-    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 2\n";
-    reconfigure(fx, NULL);
-    *t = plan_time(fx);
-    tick_alive(fx, *t);
     int sb[NW];
-    uint64_t epoch = 0;
-    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    uint64_t epoch;
+    *t = standbys_for(fx, "      tensor: 2\n      pipeline: 1\n      replicas: 2\n", sb, &epoch);
     int old0 = holder_of_replica(fx, 0);
     *id = request_to(fx, 0);
     assert_int_equal(switch_standbys(fx, sb, 2, epoch, *t + 100), 2);
@@ -4257,13 +4262,9 @@ static void test_a_finishing_old_replica_moves_its_requests_after_30_s_or_when_i
     send_token(fx, h0, id0, 0, false);
     send_token(fx, h1, id1, 0, false);
     pump(fx);
-    layout = "      tensor: 2\n      pipeline: 1\n      replicas: 1\n";
-    reconfigure(fx, NULL);
-    int64_t t = plan_time(fx);
-    tick_alive(fx, t);
     int sb[NW];
-    uint64_t epoch = 0;
-    assert_int_equal(take_standbys(fx, sb, &epoch), 2);
+    uint64_t epoch;
+    int64_t t = standbys_for(fx, "      tensor: 2\n      pipeline: 1\n      replicas: 1\n", sb, &epoch);
     switch_standbys(fx, sb, 2, epoch, t + 100);
     assert_true(tsr_registry_find(fx->c->reg, fx->name[h0])->finishing);
     assert_true(tsr_registry_find(fx->c->reg, fx->name[h1])->finishing);
