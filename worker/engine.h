@@ -66,6 +66,13 @@ typedef struct {
      * tensor-parallel slice are read.  Caller owns *out (destroy). */
     int (*load)(const char *model_dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
                 char *err, size_t errlen);
+    /* Optional: loads as load does, taking from *donor (an engine of this kind, holding
+     * another piece) the layers the new piece holds too with the same tensor-parallel
+     * slice and weight type, read from the same model files unchanged since, instead of
+     * reading them again; the rest of *donor is freed first, and all of it after
+     * (*donor NULL).  *kept: the layers taken. */
+    int (*load_from)(tsr_engine_t **donor, const char *model_dir, const tsr_piece_spec_t *spec,
+                     tsr_engine_t **out, int *kept, char *err, size_t errlen);
     /* The stage's TP communicator (NULL when tp_size is 1), replaced after
      * the replica is rewired for a new epoch; the weights and pool stay.
      * timeout_ms: the deadline of each of its operations (the deployment's

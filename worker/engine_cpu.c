@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "common/budget.h"
 #include "common/log.h"
@@ -46,6 +48,7 @@ typedef struct {
     void *wo;                       /* [H, q_heads * head_dim]: this rank's columns */
     void *wgu;                      /* [2 * inter, H]: gate rows, then up rows */
     void *wd;                       /* [H, inter]: this rank's columns */
+    uint64_t bytes;                 /* of the checkpoint's weights it holds */
 } layer_t;
 
 struct tsr_engine {
@@ -79,6 +82,7 @@ struct tsr_engine {
     uint64_t *alive;            /* set_alive's count, or NULL */
     int fatal;
     uint64_t wbytes, kvbytes;
+    uint64_t stamp;                 /* the model files it was read from (files_stamp) */
 };
 
 /* ---- kernels ------------------------------------------------------------------- */
@@ -386,6 +390,7 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
     L->wo = alloc_packed(e, h, (int)qw, &bad);
     L->wgu = alloc_packed(e, 2 * (int)I, h, &bad);
     L->wd = alloc_packed(e, h, (int)I, &bad);
+    const uint64_t before = e->wbytes;
     if (bad) {
         tsr_set_err(err, errlen, "out of memory for the weights of layer %d", li);
         return -1;
@@ -400,7 +405,50 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
         read_packed(st, e, TSR_T_UP, li, L->wgu, 2 * (int)I, h, (int)I, err, errlen) ||
         read_packed(st, e, TSR_T_DOWN, li, L->wd, h, (int)I, 0, err, errlen))
         return -1;
+    L->bytes = e->wbytes - before;
     return 0;
+}
+
+/* The model files of dir as they are now (config.json and the .safetensors files: name,
+ * size, modification time, inode), hashed: weights read from them are reused by a new
+ * piece only while it is the same. */
+static uint64_t files_stamp(const char *dir)
+{
+    uint64_t h = 1469598103934665603ull;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (strcmp(de->d_name, "config.json") &&
+            (n < 12 || strcmp(de->d_name + n - 12, ".safetensors")))
+            continue;
+        char path[4352];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (stat(path, &sb) < 0) continue;
+        uint64_t v[5] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec,
+                         (uint64_t)sb.st_mtim.tv_nsec, (uint64_t)sb.st_ino, 0};
+        for (size_t i = 0; i < n; i++) v[4] = v[4] * 31 + (unsigned char)de->d_name[i];
+        uint64_t x = 0;   /* order-free: the files' hashes are summed */
+        for (int i = 0; i < 5; i++) x = (x ^ v[i]) * 1099511628211ull;
+        h += x;
+    }
+    closedir(d);
+    return h;
+}
+
+/* A layer of donor that the piece being loaded (e, its spec set) can take as it is: the
+ * same model files, tensor-parallel slice and weight type.  NULL when none. */
+static layer_t *reusable(tsr_engine_t *donor, const tsr_engine_t *e, int li)
+{
+    if (!donor || !donor->layers || donor->stamp != e->stamp || !e->stamp ||
+        donor->spec.tp_size != e->spec.tp_size || donor->spec.tp_rank != e->spec.tp_rank ||
+        donor->mm_bf16 != e->mm_bf16 || li < donor->spec.layer_begin ||
+        li >= donor->spec.layer_end)
+        return NULL;
+    layer_t *L = &donor->layers[li - donor->spec.layer_begin];
+    return L->wqkv ? L : NULL;
 }
 
 /* RoPE tables, with transformers' "llama3" rescaling of the frequencies. */
@@ -418,9 +466,10 @@ static void rope_tables(tsr_engine_t *e)
     }
 }
 
-static void engine_free(tsr_engine_t *e)
+/* Frees everything of e but e itself, its layers excepted when e->layers is NULL; the
+ * pointers freed are cleared. */
+static void engine_free_parts(tsr_engine_t *e)
 {
-    if (!e) return;
     for (int l = 0; e->layers && l < e->n_layers; l++) {
         layer_t *L = &e->layers[l];
         free(L->attn_norm), free(L->mlp_norm), free(L->wqkv), free(L->wo), free(L->wgu);
@@ -435,6 +484,14 @@ static void engine_free(tsr_engine_t *e)
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
     tsr_pool_destroy(&e->pool);
+    tsr_engine_t keep = {.spec = e->spec, .stamp = e->stamp, .mm_bf16 = e->mm_bf16};
+    *e = keep;
+}
+
+static void engine_free(tsr_engine_t *e)
+{
+    if (!e) return;
+    engine_free_parts(e);
     free(e);
 }
 
@@ -457,14 +514,41 @@ static int check_spec(const tsr_model_info_t *m, const char *dir, const tsr_piec
                                  s->layer_begin, s->layer_end, err, errlen);
 }
 
-static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
-                    size_t errlen)
+
+/* Frees all of donor but the layers the piece being loaded (e) takes from it. */
+static void donor_prune(tsr_engine_t *donor, const tsr_engine_t *e)
+{
+    for (int l = 0; donor->layers && l < donor->n_layers; l++) {
+        layer_t *L = &donor->layers[l];
+        if (reusable(donor, e, donor->spec.layer_begin + l) &&
+            donor->spec.layer_begin + l >= e->spec.layer_begin &&
+            donor->spec.layer_begin + l < e->spec.layer_end)
+            continue;
+        free(L->attn_norm), free(L->mlp_norm), free(L->wqkv), free(L->wo), free(L->wgu);
+        free(L->wd);
+        memset(L, 0, sizeof *L);
+    }
+    layer_t *keep = donor->layers;
+    int n = donor->n_layers;
+    donor->layers = NULL;     /* the rest (pool, KV cache, scratch, tables) goes now */
+    engine_free_parts(donor);
+    donor->layers = keep;
+    donor->n_layers = n;
+}
+
+/* load, taking what it can from donor (may be NULL): *kept counts the layers taken. */
+static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_t *spec,
+                     tsr_engine_t **out, int *kept, char *err, size_t errlen)
 {
     int rc = -1, bad = 0;
     tsr_st_t *st = NULL;
+    if (kept) *kept = 0;
     tsr_engine_t *e = calloc(1, sizeof *e);
     if (!e) return -1;
     e->spec = *spec;
+    e->stamp = files_stamp(dir);
+    e->mm_bf16 = spec->matmul_dtype == TSR_KV_BF16;
+    if (donor) donor_prune(donor, e);
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
     if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16 | 1u << TSR_KV_INT8,
@@ -476,7 +560,6 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
     if (tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16,
                              "CPU", "multiply in", err, errlen) < 0)
         goto out;
-    e->mm_bf16 = spec->matmul_dtype == TSR_KV_BF16;
     const tsr_model_info_t *m = &e->m;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -527,8 +610,17 @@ static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t 
         bad = true;
         goto oom_or_fail;
     }
-    for (int l = 0; l < e->n_layers; l++)
-        if (load_layer(st, e, spec->layer_begin + l, &e->layers[l], err, errlen) < 0) goto out;
+    for (int l = 0; l < e->n_layers; l++) {
+        layer_t *from = reusable(donor, e, spec->layer_begin + l);
+        if (from) {   /* held already: taken as it is */
+            e->layers[l] = *from;
+            memset(from, 0, sizeof *from);
+            e->wbytes += e->layers[l].bytes;
+            if (kept) (*kept)++;
+        } else if (load_layer(st, e, spec->layer_begin + l, &e->layers[l], err, errlen) < 0) {
+            goto out;
+        }
+    }
 
     const size_t S = (size_t)spec->max_seq_len, T = (size_t)spec->max_tokens,
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
@@ -607,6 +699,23 @@ oom_or_fail:
 out:
     tsr_st_close(&st);
     engine_free(e);
+    return rc;
+}
+
+static int cpu_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out, char *err,
+                    size_t errlen)
+{
+    return load_with(NULL, dir, spec, out, NULL, err, errlen);
+}
+
+static int cpu_load_from(tsr_engine_t **donor, const char *dir, const tsr_piece_spec_t *spec,
+                         tsr_engine_t **out, int *kept, char *err, size_t errlen)
+{
+    int rc = load_with(donor ? *donor : NULL, dir, spec, out, kept, err, errlen);
+    if (donor) {
+        engine_free(*donor);
+        *donor = NULL;
+    }
     return rc;
 }
 
@@ -841,6 +950,7 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .device = TSR_DEVICE_CPU,
     .kv_elem_bytes = (int)sizeof(float),
     .load = cpu_load,
+    .load_from = cpu_load_from,
     .set_comm = cpu_set_comm,
     .hidden = cpu_hidden,
     .step = cpu_step,

@@ -570,7 +570,10 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.steps = &ex->steps;
     run_ctx_t ctx = {ex, gen, j->epoch, false};
     if (!same_piece(j, loaded) || !*eng) {
-        if (*eng) be->engine->destroy(eng);
+        /* the piece held: an engine that can keeps the layers the new one holds too */
+        tsr_engine_t *donor = *eng;
+        const tsr_engine_ops_t *donor_ops = be->engine;
+        *eng = NULL;
         loaded->active = false;
         push_simple(ex, TSR_EV_PROGRESS, j->epoch, "loading weights");
         set_loading(ex, true);
@@ -581,10 +584,22 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
         tsr_model_info_t m;
         bool ok = tsr_backend_for(j->device, be, err, sizeof err) == 0 &&
                   tsr_model_info_load(j->model_path, &m, err, sizeof err) == 0;
+        int kept = 0;
         if (ok) {
             piece_spec(ex, j, &m, be->engine, &r.spec);
-            ok = be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) == 0;
+            if (donor && donor_ops == be->engine && be->engine->load_from) {
+                ok = be->engine->load_from(&donor, j->model_path, &r.spec, eng, &kept, err,
+                                           sizeof err) == 0;
+            } else {
+                if (donor) donor_ops->destroy(&donor);   /* its memory first */
+                ok = be->engine->load(j->model_path, &r.spec, eng, err, sizeof err) == 0;
+            }
         }
+        if (donor) donor_ops->destroy(&donor);
+        if (ok && kept)
+            tsr_info("kept %d of the %d layer(s) of %s r%d s%d t%d from the piece it held", kept,
+                     j->key.layer_end - j->key.layer_begin, j->key.deployment, j->key.replica,
+                     j->key.stage, j->key.tp);
         set_loading(ex, false);
         if (!ok) {
             push_simple(ex, TSR_EV_FAILED, j->epoch, err);

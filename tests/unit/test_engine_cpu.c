@@ -26,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "common/safetensors.h"
@@ -443,6 +445,68 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
         fail_msg("the load's error does not name max_seq_len: %s", err);
 }
 
+static tsr_engine_t *load_from(tsr_engine_t **donor, const char *dir, tsr_piece_spec_t spec,
+                               int *kept)
+{
+    tsr_engine_t *e = NULL;
+    char err[512];
+    if (tsr_engine_cpu.load_from(donor, dir, &spec, &e, kept, err, sizeof err) < 0)
+        fail_msg("load_from: %s", err);
+    assert_null(*donor);
+    return e;
+}
+
+/* A worker given a new piece keeps the layers it holds already: a stage holding layer 0
+ * of two becomes the whole model, taking layer 0 as it is and reading layer 1; its
+ * logits have the bits of a fresh load's and it counts the same weight bytes.  Nothing
+ * is taken across another tensor-parallel slice, another weight type, or model files
+ * changed since (a new modification time). */
+static void test_a_new_piece_keeps_the_layers_it_held(void **state)
+{
+    (void)state;
+    tsr_model_info_t m;
+    char err[512];
+    const char *dir = dirs[1];   /* 4 heads over 2: tp 2 too */
+    assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
+    tsr_piece_spec_t whole = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t first = {0, 1, 0, 2, 0, 1, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_engine_t *fresh = load(dir, TSR_KV_AUTO);
+    float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+    alone(fresh, 1, 40, 40, a);
+    tsr_engine_t *donor = NULL;
+    if (tsr_engine_cpu.load(dir, &first, &donor, err, sizeof err) < 0) fail_msg("load: %s", err);
+    int kept = -1;
+    tsr_engine_t *e = load_from(&donor, dir, whole, &kept);
+    assert_int_equal(kept, 1);
+    assert_int_equal(tsr_engine_cpu.weight_bytes(e), tsr_engine_cpu.weight_bytes(fresh));
+    alone(e, 1, 40, 40, b);
+    expect_same_bits(a, b, "a whole model that kept layer 0 of its stage");
+    /* another slice: tp 2's rank 0 keeps nothing for tp 1 */
+    tsr_piece_spec_t half = whole;
+    half.tp_size = 2;
+    if (tsr_engine_cpu.load(dir, &half, &donor, err, sizeof err) < 0) fail_msg("load: %s", err);
+    tsr_engine_cpu.destroy(&e);
+    e = load_from(&donor, dir, whole, &kept);
+    assert_int_equal(kept, 0);
+    /* another weight type: bf16 weights keep nothing for f32 ones */
+    tsr_piece_spec_t bf = whole;
+    bf.matmul_dtype = TSR_KV_BF16;
+    tsr_engine_t *g = load_from(&e, dir, bf, &kept);
+    assert_int_equal(kept, 0);
+    /* the same type again keeps both layers, until the files change */
+    e = load_from(&g, dir, bf, &kept);
+    assert_int_equal(kept, 2);
+    char path[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct timespec ts[2] = {{0, UTIME_NOW}, {12345, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+    g = load_from(&e, dir, bf, &kept);
+    assert_int_equal(kept, 0);
+    tsr_engine_cpu.destroy(&g);
+    tsr_engine_cpu.destroy(&fresh);
+    free(a), free(b);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -490,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
         cmocka_unit_test(test_a_weight_that_does_not_fit_the_config_is_named),
+        cmocka_unit_test(test_a_new_piece_keeps_the_layers_it_held),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

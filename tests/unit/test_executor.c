@@ -370,13 +370,22 @@ static void test_a_newer_epoch_ends_the_wait_for_a_blob_within_100_ms(void **sta
 
 /* ---- which assignments reload the weights ------------------------------------------ */
 
-static int loads;
+static int loads, kept_layers;
 
 static int counting_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t **out,
                          char *err, size_t errlen)
 {
     loads++;
     return tsr_engine_cpu.load(dir, spec, out, err, errlen);
+}
+
+static int counting_load_from(tsr_engine_t **donor, const char *dir, const tsr_piece_spec_t *spec,
+                              tsr_engine_t **out, int *kept, char *err, size_t errlen)
+{
+    loads++;
+    int rc = tsr_engine_cpu.load_from(donor, dir, spec, out, kept, err, errlen);
+    kept_layers = *kept;
+    return rc;
 }
 
 /* Assigns the whole tiny model to ex in epoch with kv_dtype, and waits for
@@ -401,13 +410,15 @@ static void assign_whole(tsr_executor_t *ex, uint64_t epoch, uint32_t kv_dtype)
 }
 
 /* A new epoch whose kv_dtype is auto's own type (as a coordinator sends it
- * since it resolves auto) keeps the loaded weights; another type reloads. */
+ * since it resolves auto) keeps the loaded engine; another type builds it again,
+ * keeping the layers it holds (the engine's load_from). */
 static void test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads(void **state)
 {
     (void)state;
     static tsr_engine_ops_t counting;
     counting = tsr_engine_cpu;
     counting.load = counting_load;
+    counting.load_from = counting_load_from;
     tsr_backend_t b = {&counting, &tsr_coll_tcp, NULL, NULL};
     tsr_backend_test_override(TSR_DEVICE_CPU, &b);
     char err[256];
@@ -418,8 +429,10 @@ static void test_kv_dtype_auto_and_its_type_keep_the_weights_another_reloads(voi
     assert_int_equal(loads, 1);
     assign_whole(ex, 4, TSR_KV_F32);   /* auto on the CPU */
     assert_int_equal(loads, 1);
+    kept_layers = -1;
     assign_whole(ex, 5, TSR_KV_BF16);
     assert_int_equal(loads, 2);
+    assert_true(kept_layers > 0);           /* every layer of the tiny model */
     tsr_executor_destroy(&ex);
     tsr_backend_test_override(TSR_DEVICE_CPU, NULL);
 }

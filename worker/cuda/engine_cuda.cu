@@ -946,6 +946,7 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .device = */ TSR_DEVICE_CUDA,
     /* .kv_elem_bytes = */ 2,
     /* .load = */ cuda_load,
+    /* .load_from = */ NULL,    /* a new piece reads all its weights again */
     /* .set_comm = */ cuda_set_comm,
     /* .hidden = */ cuda_hidden,
     /* .step = */ cuda_step,
