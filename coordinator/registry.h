@@ -81,6 +81,10 @@ typedef struct {
      * until those serve, stall, or FINISH_MAX_MS passes; then it finishes as above. */
     bool serving;
     bool finish_failed;         /* it reported its old piece failed meanwhile */
+    /* Finished with an old cut: it still holds that piece's weights, and is told to let
+     * go of them at this time unless a plan or a standby gives it a piece first (it then
+     * keeps the layers the new piece holds too).  0: nothing pending. */
+    int64_t release_due_ms;
     tsr_holding_t finished;
     uint32_t finished_pid;      /* its process then (another one holds nothing) */
     int64_t finishing_since_ms;

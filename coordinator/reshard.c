@@ -24,6 +24,9 @@
 /* How long an old cut's replica may take to finish its requests in place before they
  * move to the new cut's replicas (resumed from their tokens). */
 #define FINISH_MAX_MS 30000
+/* How long a worker that finished an old cut's requests keeps its weights for a plan or a
+ * standby to give it a piece (which keeps the layers it holds) before it lets go. */
+#define RELEASE_GRACE_MS 1000
 
 bool tsr_reshard_choose(int replicas, int per_old, int want, int per_new, int idle,
                         int *beside, int *drop)
@@ -207,8 +210,8 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
     if (tsr_requests_of_attempt(c, f->key.deployment, f->key.replica, f->epoch, why) && !why)
         return false;
     if (w->state == TSR_W_READY && w->pid == w->finished_pid) {
-        tsr_send_unassign(c, w, "the old cut's requests it finished are done");
-        w->state = TSR_W_IDLE;
+        w->state = TSR_W_IDLE;                  /* let go after RELEASE_GRACE_MS (release) */
+        w->release_due_ms = now + RELEASE_GRACE_MS;
     }
     /* one let go to make room stays held for the standbys (unless it died) */
     w->room_done = w->room && w->state != TSR_W_DEAD;
@@ -546,12 +549,31 @@ static bool step(tsr_coord_t *c, size_t di, int64_t now)
     return true;
 }
 
+/* A worker that finished an old cut's requests, idle since: a plan or a standby gave it
+ * a piece (its assignment replaces the old one, keeping the layers both hold), or it is
+ * told to let go of the old piece once RELEASE_GRACE_MS has passed.  Returns when to
+ * look again (0: done). */
+static int64_t release(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
+{
+    if (w->has_piece || w->state == TSR_W_DEAD || w->pid != w->finished_pid ||
+        tsr_coord_is_standby(c, w->name)) {
+        w->release_due_ms = 0;
+        return 0;
+    }
+    if (now < w->release_due_ms) return w->release_due_ms;
+    tsr_send_unassign(c, w, "the old cut's requests it finished are done");
+    w->release_due_ms = 0;
+    return 0;
+}
+
 int64_t tsr_reshard_tick(tsr_coord_t *c, int64_t now)
 {
     int64_t next = 0;
     for (size_t i = 0, nw = tsr_registry_size(c->reg); i < nw; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (w->finishing && !finish_done(c, w, now)) next = now + 50;
+        int64_t due = w->release_due_ms && !w->finishing ? release(c, w, now) : 0;
+        if (due && (!next || due < next)) next = due;
     }
     for (size_t i = 0; i < c->cfg->n_deployments; i++)
         if (c->deps[i].reshard.active && now >= c->plan_after_ms && step(c, i, now))
