@@ -182,6 +182,8 @@ static bool finish_done(tsr_coord_t *c, tsr_worker_t *w, int64_t now)
             w->state != TSR_W_DEAD)
             return false;
         w->finishing = w->room = w->room_done = false;
+        /* out of placement until now: the grace for a plan to give it a piece starts now */
+        if (w->release_due_ms) w->release_due_ms = now + RELEASE_GRACE_MS;
         tsr_coord_mark_dirty(c);
         return true;
     }

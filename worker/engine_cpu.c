@@ -410,7 +410,7 @@ static int load_layer(const tsr_st_t *st, tsr_engine_t *e, int li, layer_t *L, c
 }
 
 /* The model files of dir as they are now (config.json and the .safetensors files: name,
- * size, modification time, inode), hashed: weights read from them are reused by a new
+ * size, modification and change times, device and inode), hashed: weights read from them are reused by a new
  * piece only while it is the same. */
 static uint64_t files_stamp(const char *dir)
 {
@@ -427,11 +427,13 @@ static uint64_t files_stamp(const char *dir)
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         if (stat(path, &sb) < 0) continue;
-        uint64_t v[5] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec,
-                         (uint64_t)sb.st_mtim.tv_nsec, (uint64_t)sb.st_ino, 0};
-        for (size_t i = 0; i < n; i++) v[4] = v[4] * 31 + (unsigned char)de->d_name[i];
+        /* ctime too: a copy that keeps size and mtime (cp -p, rsync) still changes it */
+        uint64_t v[8] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec,
+                         (uint64_t)sb.st_mtim.tv_nsec, (uint64_t)sb.st_ino, (uint64_t)sb.st_dev,
+                         (uint64_t)sb.st_ctim.tv_sec, (uint64_t)sb.st_ctim.tv_nsec, 0};
+        for (size_t i = 0; i < n; i++) v[7] = v[7] * 31 + (unsigned char)de->d_name[i];
         uint64_t x = 0;   /* order-free: the files' hashes are summed */
-        for (int i = 0; i < 5; i++) x = (x ^ v[i]) * 1099511628211ull;
+        for (int i = 0; i < 8; i++) x = (x ^ v[i]) * 1099511628211ull;
         h += x;
     }
     closedir(d);
@@ -544,7 +546,10 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     tsr_st_t *st = NULL;
     if (kept) *kept = 0;
     tsr_engine_t *e = calloc(1, sizeof *e);
-    if (!e) return -1;
+    if (!e) {
+        tsr_set_err(err, errlen, "out of memory for an engine");
+        return -1;
+    }
     e->spec = *spec;
     e->stamp = files_stamp(dir);
     e->mm_bf16 = spec->matmul_dtype == TSR_KV_BF16;
@@ -577,6 +582,9 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
              tsr_cpu_kernels_name(tsr_cpu_kernels()), e->mm_bf16 ? ", bf16 products: " : "",
              e->mm_bf16 ? tsr_bf16_products_name() : "");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
+    /* files replaced since the stamp (before config.json was read, or the weights
+     * opened) would mix two models in one piece: then nothing is taken from the donor */
+    if (files_stamp(dir) != e->stamp) e->stamp = 0;
 
     const size_t H = e->hidden, vrows = (size_t)(e->v_end - e->v_begin);
     bool first = spec->stage == 0, last = spec->stage == spec->pp_size - 1;
