@@ -181,6 +181,11 @@ static void send_heartbeat(tsr_agent_t *a, int64_t now)
         hb.queued = (uint32_t)st.queued;
         hb.running = (uint32_t)st.running;
         hb.steps = st.steps;
+        hb.kv_blocks_cached = (uint32_t)st.kv_cached;
+        hb.kv_evictions = st.evictions;
+        hb.prompt_tokens_cached = st.prompt_cached;
+        hb.prompt_tokens_computed = st.prompt_computed;
+        hb.preemptions = st.preemptions;
     }
     hb.state = a->has_piece ? a->state : TESSERA__WORKER_STATE__STATE_IDLE;
     hb.seq = ++a->seq;
@@ -247,9 +252,10 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
 
 static void send_token_event(tsr_agent_t *a, uint64_t epoch, uint64_t req, int32_t token,
                              int index, int done, const char *finish, const char *error,
-                             int retryable)
+                             int retryable, int cached)
 {
     Tessera__TokenEvent t = TESSERA__TOKEN_EVENT__INIT;
+    t.cached_tokens = cached > 0 ? (uint32_t)cached : 0;
     t.request_id = req;
     t.token = token;
     t.index = (uint32_t)index;
@@ -269,7 +275,7 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
 {
     if (!a->ex || !a->has_piece) {
         send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
-                         "this worker holds no piece to serve it", true);
+                         "this worker holds no piece to serve it", true, 0);
         return;
     }
     tsr_request_t r = {.request_id = g->request_id, .n_prompt = (int)g->n_prompt,
@@ -282,7 +288,7 @@ static void on_generate(tsr_agent_t *a, const Tessera__Generate *g)
     r.prompt = malloc((r.n_prompt ? (size_t)r.n_prompt : 1) * sizeof *r.prompt);
     if (!r.prompt) {
         send_token_event(a, a->piece.epoch, g->request_id, -1, 0, 1, NULL,
-                         "worker out of memory for the prompt", true);
+                         "worker out of memory for the prompt", true, 0);
         return;
     }
     memcpy(r.prompt, g->prompt, (size_t)r.n_prompt * sizeof *r.prompt);
@@ -309,7 +315,7 @@ static void drain_executor(tsr_agent_t *a)
     while (a->ex && tsr_executor_pop_event(a->ex, &ev)) {
         if (ev.kind == TSR_EV_TOKEN) {
             send_token_event(a, ev.epoch, ev.request_id, ev.token, ev.index, ev.done, ev.finish,
-                             ev.text[0] ? ev.text : NULL, ev.retryable);
+                             ev.text[0] ? ev.text : NULL, ev.retryable, ev.cached);
             continue;
         }
         if (!a->has_piece || ev.epoch != a->piece.epoch) {

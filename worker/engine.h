@@ -118,6 +118,10 @@ typedef struct {
      * matrix product).  The worker's watchdog counts these and finished
      * steps as signs of life, so it tells a long step from a stuck thread. */
     void (*set_alive)(tsr_engine_t *e, uint64_t *ticks);
+    /* The KV pool's bookkeeping (host memory), for the prefix cache: the
+     * replica attaches cached blocks to a slot before a step and publishes
+     * the blocks a step filled after it.  NULL, or no function: no cache. */
+    tsr_kvpool_t *(*kvpool)(tsr_engine_t *e);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;

@@ -937,6 +937,7 @@ static int cpu_last_logits(tsr_engine_t *e, float *out, int max_rows)
 }
 
 static void cpu_release(tsr_engine_t *e, int slot) { tsr_kvpool_release(e->kv, slot); }
+static tsr_kvpool_t *cpu_kvpool(tsr_engine_t *e) { return e->kv; }
 static void cpu_kv_usage(const tsr_engine_t *e, int *used, int *total)
 {
     *used = tsr_kvpool_used(e->kv);
@@ -971,4 +972,5 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .fatal = cpu_fatal,
     .destroy = cpu_destroy,
     .set_alive = cpu_set_alive,
+    .kvpool = cpu_kvpool,
 };

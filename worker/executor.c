@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "common/piece.h"
+#include "common/prefix.h"
 #include "worker/kvpool.h"
 
 #define MAX_PEERS 1024
@@ -45,6 +46,8 @@ typedef struct {
     int n_groups;
     uint8_t secret[64];         /* the replica's data-port secret for this epoch */
     size_t secret_len;
+    uint8_t prefix_secret[TSR_PREFIX_SECRET];   /* the prefix cache's keys */
+    bool prefix_cache;          /* a secret came: the leader caches prefixes */
 } job_t;
 
 /* A FIFO of nodes that start with a qnode_t (requests in, events out);
@@ -127,6 +130,7 @@ struct tsr_executor {
                                        stuck one is joined only then */
     uint64_t wbytes, kvbytes;
     tsr_executor_stats_t stats;
+    tsr_executor_stats_t totals;    /* the counts of the runs that ended */
     uint64_t steps;                 /* forward steps finished, every piece this process held
                                        (__atomic builtins: the engine's device may add to it) */
     uint64_t alive;                 /* parts of steps done (the engine's set_alive), the same */
@@ -233,6 +237,9 @@ typedef struct {
     tsr_executor_t *ex;
     uint64_t gen, epoch;
     bool held;                  /* tokens queued that the agent was not woken for */
+    uint64_t cached_req;        /* io_cached's request, for its first token */
+    int cached;
+    tsr_replica_stats_t last;   /* the run's latest figures */
 } run_ctx_t;
 
 static int io_next_request(void *arg, tsr_request_t *r, int wait_ms)
@@ -260,6 +267,7 @@ static void io_emit(void *arg, uint64_t req, int32_t token, int index, int done,
                       .token = token, .index = index, .done = done, .retryable = retryable};
     snprintf(ev.finish, sizeof ev.finish, "%s", finish ? finish : "");
     snprintf(ev.text, sizeof ev.text, "%s", error ? error : "");
+    if (index == 0 && !error && req == c->cached_req) ev.cached = c->cached;
     bool hold = !error;         /* a failure goes at once; tokens wait for io_flush */
     queue_event(c->ex, &ev, !hold);
     c->held |= hold;
@@ -285,12 +293,38 @@ static int io_next_cancel(void *arg, uint64_t *id, char *reason, size_t len)
     return 1;
 }
 
-static void io_report(void *arg, int queued, int running, int kv_used, int kv_total)
+static void io_cached(void *arg, uint64_t req, int tokens)
 {
     run_ctx_t *c = arg;
+    c->cached_req = req;
+    c->cached = tokens;
+}
+
+/* The figures of this run on top of those of the runs before. */
+static void io_report(void *arg, const tsr_replica_stats_t *s)
+{
+    run_ctx_t *c = arg;
+    const tsr_executor_stats_t *t = &c->ex->totals;
+    c->last = *s;
     pthread_mutex_lock(&c->ex->mu);
-    c->ex->stats = (tsr_executor_stats_t){queued, running, kv_used, kv_total, 0};
+    c->ex->stats = (tsr_executor_stats_t){s->queued, s->running, s->kv_used, s->kv_total, 0,
+                                          s->kv_cached, t->evictions + s->evictions,
+                                          t->prompt_cached + s->prompt_cached,
+                                          t->prompt_computed + s->prompt_computed,
+                                          t->preemptions + s->preemptions};
     pthread_mutex_unlock(&c->ex->mu);
+}
+
+/* A run ended: its counts join the totals. */
+static void totals_add(tsr_executor_t *ex, const tsr_replica_stats_t *s)
+{
+    pthread_mutex_lock(&ex->mu);
+    ex->totals.evictions += s->evictions;
+    ex->totals.prompt_cached += s->prompt_cached;
+    ex->totals.prompt_computed += s->prompt_computed;
+    ex->totals.preemptions += s->preemptions;
+    ex->stats.queued = ex->stats.running = 0;
+    pthread_mutex_unlock(&ex->mu);
 }
 
 static int io_should_stop(void *arg)
@@ -568,7 +602,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     const char *failed = NULL;
     tsr_replica_rank_t r = {0};
     r.steps = &ex->steps;
-    run_ctx_t ctx = {ex, gen, j->epoch, false};
+    run_ctx_t ctx = {.ex = ex, .gen = gen, .epoch = j->epoch};
     if (!same_piece(j, loaded) || !*eng) {
         /* the piece held: an engine that can keeps the layers the new one holds too */
         tsr_engine_t *donor = *eng;
@@ -646,8 +680,9 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.prefill_chunk = j->prefill_chunk > 0 ? j->prefill_chunk : 128;
     r.max_queue = j->max_queue;
     r.token_timeout_ms = 2 * j->coll_ms;   /* a hand-off waits for a stage's collectives */
+    r.prefix_secret = j->prefix_cache ? j->prefix_secret : NULL;
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
-                           io_flush, &ctx};
+                           io_flush, io_cached, &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
         failed = err;
         if (be->engine->fatal && be->engine->fatal(*eng)) {
@@ -670,9 +705,7 @@ out:
     }
     unwire(&r, failed);
     fail_queued(ex, j->epoch, "the replica stopped before serving it");
-    pthread_mutex_lock(&ex->mu);
-    ex->stats.queued = ex->stats.running = 0;
-    pthread_mutex_unlock(&ex->mu);
+    totals_add(ex, &ctx.last);
 }
 
 static void *executor_main(void *arg)
@@ -704,7 +737,9 @@ static void *executor_main(void *arg)
             loaded->active = false;
             pthread_mutex_lock(&ex->mu);
             ex->wbytes = ex->kvbytes = 0;
-            ex->stats = (tsr_executor_stats_t){0};
+            ex->stats = ex->totals;     /* the counts stay: they are since it started */
+            ex->stats.queued = ex->stats.running = ex->stats.kv_used = ex->stats.kv_total = 0;
+            ex->stats.kv_cached = 0;
             pthread_mutex_unlock(&ex->mu);
             fail_queued(ex, job->epoch, "this worker holds no piece any more");
             continue;
@@ -866,6 +901,10 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     if (as->data_secret.data && as->data_secret.len <= sizeof j->secret) {
         memcpy(j->secret, as->data_secret.data, as->data_secret.len);
         j->secret_len = as->data_secret.len;
+    }
+    if (as->prefix_secret.data && as->prefix_secret.len == TSR_PREFIX_SECRET) {
+        memcpy(j->prefix_secret, as->prefix_secret.data, TSR_PREFIX_SECRET);
+        j->prefix_cache = true;
     }
     ex->job_gen++;
     if (!ex->owed_ms) ex->owed_ms = tsr_now_ms();

@@ -33,6 +33,7 @@ typedef struct {
     int past_deadline;          /* FAILED: an operation of the piece's tensor-parallel group
                                    passed its deadline waiting for the other ranks */
     char finish[16];
+    int cached;                 /* TOKEN index 0: prompt positions taken from the prefix cache */
     char text[512];             /* progress detail, failure reason, request error */
     uint64_t group;             /* RENDEZVOUS: the group and its blob */
     uint8_t blob[256];
@@ -93,6 +94,8 @@ typedef struct {
     int queued, running;        /* the leader's requests waiting, sequences running */
     int kv_used, kv_total;      /* KV pool blocks */
     uint64_t steps;             /* forward steps finished since the executor started */
+    int kv_cached;              /* blocks cached and held by no sequence */
+    uint64_t evictions, prompt_cached, prompt_computed, preemptions;   /* since it started */
 } tsr_executor_stats_t;
 void tsr_executor_stats(tsr_executor_t *ex, tsr_executor_stats_t *out);
 /* Tests: event nodes come from alloc (NULL: calloc again), so an allocation

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/prefix.h"
 #include "worker/kvpool.h"
 #include "worker/replica_ctl.h"
 #include "worker/scheduler.h"
@@ -23,6 +24,7 @@
 typedef struct {
     tsr_ctl_hdr_t hdr;
     tsr_ctl_entry_t *entries;
+    uint64_t *keys;
     int32_t *frees, *tokens;
     uint8_t *payload;
     size_t payload_cap;
@@ -32,14 +34,22 @@ typedef struct {
 
 static size_t payload_bytes(const tsr_ctl_hdr_t *h)
 {
-    return (size_t)h->n_entries * sizeof(tsr_ctl_entry_t) +
+    return (size_t)h->n_entries * sizeof(tsr_ctl_entry_t) + (size_t)h->n_keys * sizeof(uint64_t) +
            ((size_t)h->n_free + (size_t)h->n_tokens) * sizeof(int32_t);
+}
+
+/* The most block keys one step carries: every entry attaching a whole
+ * sequence's blocks, and the blocks its rows fill. */
+static int max_keys(const tsr_piece_spec_t *s)
+{
+    return s->max_seqs * (tsr_kv_blocks_for(s->max_seq_len) + 1) + s->max_tokens / TSR_KV_BLOCK;
 }
 
 static int step_buf_init(step_buf_t *b, const tsr_piece_spec_t *s)
 {
     memset(b, 0, sizeof *b);
     b->payload_cap = (size_t)s->max_seqs * sizeof(tsr_ctl_entry_t) +
+                     (size_t)max_keys(s) * sizeof(uint64_t) +
                      ((size_t)s->max_seqs + (size_t)s->max_tokens) * sizeof(int32_t);
     b->payload = malloc(b->payload_cap);
     b->eng_entries = calloc((size_t)s->max_seqs, sizeof *b->eng_entries);
@@ -61,7 +71,8 @@ static void step_buf_free(step_buf_t *b)
 static void step_buf_layout(step_buf_t *b)
 {
     b->entries = (tsr_ctl_entry_t *)b->payload;
-    b->frees = (int32_t *)(b->payload + (size_t)b->hdr.n_entries * sizeof(tsr_ctl_entry_t));
+    b->keys = (uint64_t *)(b->payload + (size_t)b->hdr.n_entries * sizeof(tsr_ctl_entry_t));
+    b->frees = (int32_t *)(b->keys + b->hdr.n_keys);
     b->tokens = b->frees + b->hdr.n_free;
 }
 
@@ -81,13 +92,14 @@ static int hdr_ok(const tsr_replica_rank_t *r, const tsr_ctl_hdr_t *h, char *err
 {
     if (h->magic == TSR_CTL_MAGIC && h->op <= TSR_CTL_STOP && h->n_entries >= 0 &&
         h->n_entries <= r->spec.max_seqs && h->n_free >= 0 && h->n_free <= r->spec.max_seqs &&
-        h->n_tokens >= 0 && h->n_tokens <= r->spec.max_tokens)
+        h->n_tokens >= 0 && h->n_tokens <= r->spec.max_tokens && h->n_keys >= 0 &&
+        h->n_keys <= max_keys(&r->spec))
         return 0;
     snprintf(err, errlen,
              "malformed step from the leader: magic 0x%08x (expected 0x%08x), op %u, %d "
-             "entries, %d frees, %d tokens (limits %d, %d, %d)",
-             h->magic, TSR_CTL_MAGIC, h->op, h->n_entries, h->n_free, h->n_tokens,
-             r->spec.max_seqs, r->spec.max_seqs, r->spec.max_tokens);
+             "entries, %d frees, %d tokens, %d keys (limits %d, %d, %d, %d)",
+             h->magic, TSR_CTL_MAGIC, h->op, h->n_entries, h->n_free, h->n_tokens, h->n_keys,
+             r->spec.max_seqs, r->spec.max_seqs, r->spec.max_tokens, max_keys(&r->spec));
     return -1;
 }
 
@@ -130,6 +142,69 @@ static int link_failed(char *err, size_t errlen, const char *dir, int stage)
 /* Runs the step in b on this rank: frees, the hidden state in, the engine,
  * the hidden state out or (last stage, tp rank 0) the tokens reported and,
  * with a pipeline, sent back to the leader. */
+static tsr_kvpool_t *pool_of(const tsr_replica_rank_t *r)
+{
+    return r->eng_ops->kvpool ? r->eng_ops->kvpool(r->eng) : NULL;
+}
+
+/* The step's keys must be what its entries say, and a rank without a pool
+ * cannot follow a leader that caches. */
+static int keys_ok(const tsr_replica_rank_t *r, const step_buf_t *b, char *err, size_t errlen)
+{
+    long want = 0;
+    for (int i = 0; i < b->hdr.n_entries; i++) {
+        const tsr_ctl_entry_t *c = &b->entries[i];
+        int filled = c->pos >= 0 && c->n >= 0 ? (c->pos + c->n) / TSR_KV_BLOCK - c->pos / TSR_KV_BLOCK : 0;
+        if (c->n_attach < 0 || c->n_publish < 0 || c->n_publish > filled ||
+            (c->n_attach > 0 && c->pos != c->n_attach * TSR_KV_BLOCK)) {
+            snprintf(err, errlen,
+                     "malformed step from the leader: entry %d attaches %d and publishes %d "
+                     "block(s) for positions [%d,%d)",
+                     i, c->n_attach, c->n_publish, c->pos, c->pos + c->n);
+            return -1;
+        }
+        want += (long)c->n_attach + c->n_publish;
+    }
+    if (want != b->hdr.n_keys || (want > 0 && !pool_of(r))) {
+        snprintf(err, errlen, "malformed step from the leader: %d keys for entries that take %ld%s",
+                 b->hdr.n_keys, want, pool_of(r) ? "" : " (this engine keeps no prefix cache)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Each admitted entry's cached blocks, before the step. */
+static int attach_cached(tsr_replica_rank_t *r, step_buf_t *b, char *err, size_t errlen)
+{
+    const uint64_t *k = b->keys;
+    for (int i = 0; i < b->hdr.n_entries; i++) {
+        const tsr_ctl_entry_t *c = &b->entries[i];
+        if (c->n_attach > 0 &&
+            tsr_kvpool_attach(pool_of(r), c->slot, k, c->n_attach) < 0) {
+            snprintf(err, errlen,
+                     "slot %d cannot take the %d cached block(s) the leader named: this rank's "
+                     "prefix cache differs from the leader's, or the slot is in use",
+                     c->slot, c->n_attach);
+            return -1;
+        }
+        k += c->n_attach + c->n_publish;
+    }
+    return 0;
+}
+
+/* The blocks the step filled, under the leader's keys, after it. */
+static void publish_filled(tsr_replica_rank_t *r, step_buf_t *b)
+{
+    const uint64_t *k = b->keys;
+    for (int i = 0; i < b->hdr.n_entries; i++) {
+        const tsr_ctl_entry_t *c = &b->entries[i];
+        k += c->n_attach;
+        for (int j = 0; j < c->n_publish; j++)
+            tsr_kvpool_publish(pool_of(r), c->slot, c->pos / TSR_KV_BLOCK + j, k[j]);
+        k += c->n_publish;
+    }
+}
+
 static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b, char *err,
                     size_t errlen)
 {
@@ -137,6 +212,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
     const size_t rows = (size_t)b->hdr.n_tokens * hidden_size(r);
     for (int i = 0; i < b->hdr.n_free; i++) r->eng_ops->release(r->eng, b->frees[i]);
     if (b->hdr.n_entries == 0) return 0;
+    if (keys_ok(r, b, err, errlen) < 0 || attach_cached(r, b, err, errlen) < 0) return -1;
     for (int i = 0; i < b->hdr.n_entries; i++) {
         const tsr_ctl_entry_t *c = &b->entries[i];
         b->eng_entries[i] = (tsr_entry_t){c->slot, c->pos, c->n, c->sample, c->temperature,
@@ -148,6 +224,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
                       r->token_timeout_ms, err, errlen) < 0)
         return link_failed(err, errlen, "from", r->spec.stage - 1);
     if (r->eng_ops->step(r->eng, &batch, b->sampled, err, errlen) < 0) return -1;
+    if (b->hdr.n_keys > 0) publish_filled(r, b);
     if (r->steps && !r->eng_ops->set_progress) __atomic_fetch_add(r->steps, 1, __ATOMIC_RELAXED);
     if (!is_last(r))
         return tsr_coll_send(r->ops, r->next, 1, tsr_buf_head(r->eng_ops->hidden(r->eng, 1), rows),
@@ -162,6 +239,7 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
         int32_t tok = b->sampled[ns++];
         const char *fin = tsr_finish_reason(m, tok, c->index, c->prompt_len, c->max_tokens,
                                             r->spec.max_seq_len);
+        if (c->index == 0 && io->cached) io->cached(io->arg, c->req, c->cached);
         io->emit(io->arg, c->req, tok, c->index, fin != NULL, 0, fin, NULL);
     }
     if (ns > 0 && io->flush) io->flush(io->arg);
@@ -177,11 +255,16 @@ static int run_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_
 /* ---- the leader --------------------------------------------------------------------- */
 
 typedef struct {
-    tsr_request_t q;
+    tsr_request_t q;            /* with the prefix cache, q.prompt has room for every
+                                   position fed: the prompt, then the tokens fed back */
     int64_t deadline;           /* monotonic ms; 0: none */
     int32_t last_token;
     bool done;
     char why[160];              /* cancelled: the reason */
+    uint64_t *keys;             /* prefix cache: the keys of its full blocks so far */
+    int n_keys;
+    int attach;                 /* waiting: cached blocks it would start with */
+    int cached;                 /* prompt positions it took from the cache */
 } lseq_t;
 
 typedef struct {
@@ -202,6 +285,9 @@ typedef struct {
     flight_t *flight;           /* ring of pp */
     int fl_head, fl_count;
     uint64_t next_step;
+    tsr_kvpool_t *pool;         /* the leader's own: the cache every rank holds too */
+    const uint8_t *secret;      /* the prefix cache's (NULL: off) */
+    uint64_t prompt_cached, prompt_computed, preemptions;
 } leader_t;
 
 static int find_seq(const leader_t *L, uint64_t req)
@@ -214,6 +300,7 @@ static int find_seq(const leader_t *L, uint64_t req)
 static void seq_remove(leader_t *L, int i)
 {
     free(L->l[i].q.prompt);
+    free(L->l[i].keys);
     if (L->s[i].slot >= 0) {
         L->slot_used[L->s[i].slot] = false;
         L->frees[L->n_frees++] = L->s[i].slot;
@@ -236,6 +323,19 @@ static void fail_request(const tsr_replica_io_t *io, const tsr_request_t *q, int
                          int retryable, const char *why)
 {
     io->emit(io->arg, q->request_id, -1, index, 1, retryable, NULL, why);
+}
+
+/* With the prefix cache the prompt's array also holds the tokens fed back
+ * (the keys of generated blocks hash them): room for every position. */
+static int cache_room(const tsr_replica_rank_t *r, tsr_request_t *q)
+{
+    long cap = (long)q->n_prompt + q->max_tokens;
+    if (cap > r->spec.max_seq_len) cap = r->spec.max_seq_len;
+    if (cap <= q->n_prompt) return 0;
+    int32_t *p = realloc(q->prompt, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    q->prompt = p;
+    return 0;
 }
 
 /* Takes a new request into the queue, or refuses it at once with why. */
@@ -265,13 +365,27 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
         free(q->prompt);
         q->prompt = NULL;
         return;
+    } else if (L->secret && cache_room(r, q) < 0) {
+        snprintf(why, sizeof why, "out of memory for the prompt's prefix cache keys");
     } else {
         int i = L->n++;
         L->s[i] = s;
-        L->l[i] = (lseq_t){*q, q->timeout_ms > 0 ? now_ms() + q->timeout_ms : 0, -1, false, ""};
+        L->l[i] = (lseq_t){.q = *q, .deadline = q->timeout_ms > 0 ? now_ms() + q->timeout_ms : 0,
+                           .last_token = -1};
+        if (L->secret) {
+            L->l[i].keys = malloc(((size_t)tsr_kv_blocks_for(r->spec.max_seq_len) + 1) *
+                                  sizeof(uint64_t));
+            if (!L->l[i].keys) {
+                L->n--;
+                snprintf(why, sizeof why, "out of memory for the prompt's prefix cache keys");
+                goto refuse;
+            }
+            L->l[i].n_keys = tsr_prefix_keys(L->secret, q->prompt, q->n_prompt, L->l[i].keys);
+        }
         q->prompt = NULL;   /* transferred */
         return;
     }
+refuse:
     fail_request(io, q, 0, 0, why);
     free(q->prompt);
     q->prompt = NULL;
@@ -327,12 +441,57 @@ static void apply_tokens(tsr_replica_rank_t *r, leader_t *L, const flight_t *f,
     }
 }
 
-static void send_report(tsr_replica_rank_t *r, const tsr_replica_io_t *io, int queued,
-                        int running)
+static void send_report(tsr_replica_rank_t *r, const tsr_replica_io_t *io, const leader_t *L,
+                        int queued, int running)
 {
-    int used, total;
-    r->eng_ops->kv_usage(r->eng, &used, &total);
-    if (io->report) io->report(io->arg, queued, running, used, total);
+    if (!io->report) return;
+    tsr_replica_stats_t st = {.queued = queued, .running = running};
+    r->eng_ops->kv_usage(r->eng, &st.kv_used, &st.kv_total);
+    tsr_kvpool_t *p = pool_of(r);
+    if (p) {
+        st.kv_cached = tsr_kvpool_cached(p);
+        st.evictions = tsr_kvpool_evictions(p);
+    }
+    if (L) {
+        st.prompt_cached = L->prompt_cached;
+        st.prompt_computed = L->prompt_computed;
+        st.preemptions = L->preemptions;
+    }
+    io->report(io->arg, &st);
+}
+
+/* The cached prefix each waiting sequence that may be admitted now would
+ * start with: the longest chain of its prompt's blocks in the cache, short
+ * of the prompt's last position (its logits must be computed).  The
+ * scheduler starts an admitted sequence there. */
+static void match_waiting(leader_t *L)
+{
+    if (!L->secret) return;
+    int running = 0;
+    for (int i = 0; i < L->n; i++) running += L->s[i].slot >= 0;
+    int room = L->cfg.max_batch - running;
+    for (int i = 0; i < L->n; i++) {
+        tsr_sched_seq_t *s = &L->s[i];
+        lseq_t *l = &L->l[i];
+        if (s->slot >= 0 || s->cancelled) continue;
+        int limit = (s->n_prompt - 1) / TSR_KV_BLOCK;
+        if (limit > l->n_keys) limit = l->n_keys;
+        l->attach = room-- > 0 ? tsr_kvpool_match(L->pool, l->keys, limit) : 0;
+        s->n_cached = l->attach * TSR_KV_BLOCK;
+    }
+}
+
+/* Keys of sequence l's blocks filled by positions [pos, pos + n), which
+ * it now holds (tokens fed back were written to its array as fed). */
+static int publish_count(const leader_t *L, lseq_t *l, int pos, int n)
+{
+    if (!L->secret) return 0;
+    int end = (pos + n) / TSR_KV_BLOCK;
+    for (; l->n_keys < end; l->n_keys++)
+        l->keys[l->n_keys] =
+            tsr_prefix_key(L->secret, l->n_keys ? l->keys[l->n_keys - 1] : 0,
+                           l->q.prompt + (size_t)l->n_keys * TSR_KV_BLOCK);
+    return end - pos / TSR_KV_BLOCK;
 }
 
 /* Sends the step in b to every other rank (one grouped send). */
@@ -363,11 +522,19 @@ static int send_simple(tsr_replica_rank_t *r, step_buf_t *b, uint32_t op, char *
 static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *L,
                      step_buf_t *b, int n_plan, char *err, size_t errlen)
 {
-    int n_tok = 0, ns = 0;
-    for (int k = 0; k < n_plan; k++) n_tok += L->plan[k].n;
+    int n_tok = 0, ns = 0, n_keys = 0;
+    for (int k = 0; k < n_plan; k++) {
+        const tsr_sched_entry_t *pe = &L->plan[k];
+        lseq_t *l = &L->l[pe->seq];
+        n_tok += pe->n;
+        /* a decode feeds its last token: the keys of its block hash it */
+        if (L->secret && pe->pos >= L->s[pe->seq].n_prompt) l->q.prompt[pe->pos] = l->last_token;
+        n_keys += (pe->admitted ? l->attach : 0) + publish_count(L, l, pe->pos, pe->n);
+    }
     b->hdr = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, TSR_CTL_STEP, L->next_step++, n_plan, L->n_frees,
-                             n_tok, 0};
+                             n_tok, n_keys};
     step_buf_layout(b);
+    uint64_t *key = b->keys;
     memcpy(b->frees, L->frees, (size_t)L->n_frees * sizeof *b->frees);
     L->n_frees = 0;
     flight_t *f = &L->flight[(L->fl_head + L->fl_count) % r->spec.pp_size];
@@ -377,13 +544,23 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
         const tsr_sched_entry_t *pe = &L->plan[k];
         tsr_sched_seq_t *s = &L->s[pe->seq];
         lseq_t *l = &L->l[pe->seq];
+        int attach = 0, publish = publish_count(L, l, pe->pos, pe->n);
         if (pe->admitted) {
             s->slot = pe->slot;
             L->slot_used[pe->slot] = true;
+            attach = l->attach;
+            l->cached = attach * TSR_KV_BLOCK;
+            L->prompt_cached += (uint64_t)l->cached;
+            memcpy(key, l->keys, (size_t)attach * sizeof *key);
+            key += attach;
         }
+        memcpy(key, l->keys + pe->pos / TSR_KV_BLOCK, (size_t)publish * sizeof *key);
+        key += publish;
+        if (pe->pos < s->n_prompt) L->prompt_computed += (uint64_t)pe->n;
         b->entries[k] = (tsr_ctl_entry_t){l->q.request_id, l->q.seed, pe->slot, pe->pos, pe->n,
-                                      pe->sample, s->n_generated, s->n_prompt, s->max_tokens, 0,
-                                      l->q.temperature, l->q.top_p};
+                                          pe->sample, s->n_generated, s->n_prompt, s->max_tokens,
+                                          attach, l->q.temperature, l->q.top_p, publish,
+                                          l->cached};
         if (pe->pos < s->n_prompt) memcpy(b->tokens + t, l->q.prompt + pe->pos, (size_t)pe->n * sizeof(int32_t));
         else b->tokens[t] = l->last_token;
         t += pe->n;
@@ -440,6 +617,8 @@ static int leader_init(tsr_replica_rank_t *r, leader_t *L)
     L->frees = calloc((size_t)r->spec.max_seqs, sizeof *L->frees);
     L->plan = calloc((size_t)r->spec.max_seqs, sizeof *L->plan);
     L->flight = calloc((size_t)r->spec.pp_size, sizeof *L->flight);
+    L->pool = pool_of(r);
+    L->secret = L->pool ? r->prefix_secret : NULL;
     if (!L->s || !L->l || !L->slot_used || !L->frees || !L->plan || !L->flight) return -1;
     for (int i = 0; i < r->spec.pp_size; i++)
         if (!(L->flight[i].req = calloc((size_t)r->spec.max_seqs, sizeof(uint64_t)))) return -1;
@@ -448,7 +627,7 @@ static int leader_init(tsr_replica_rank_t *r, leader_t *L)
 
 static void leader_free(tsr_replica_rank_t *r, leader_t *L)
 {
-    for (int i = 0; i < L->n; i++) free(L->l[i].q.prompt);
+    for (int i = 0; i < L->n; i++) free(L->l[i].q.prompt), free(L->l[i].keys);
     for (int i = 0; L->flight && i < r->spec.pp_size; i++) free(L->flight[i].req);
     free(L->s), free(L->l), free(L->slot_used), free(L->frees), free(L->plan), free(L->flight);
 }
@@ -473,10 +652,12 @@ static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b
         }
         housekeep(io, L);
         int running = L->n - waiting_count(L);
-        send_report(r, io, L->n - running, running);
-        int n_plan = L->fl_count < r->spec.pp_size
-                         ? tsr_sched_next(&L->cfg, L->s, L->n, L->slot_used, L->plan)
-                         : 0;
+        send_report(r, io, L, L->n - running, running);
+        int n_plan = 0;
+        if (L->fl_count < r->spec.pp_size) {
+            match_waiting(L);
+            n_plan = tsr_sched_next(&L->cfg, L->s, L->n, L->slot_used, L->plan);
+        }
         if (n_plan > 0 || (L->n_frees > 0 && L->fl_count == 0)) {
             if (lead_step(r, io, L, b, n_plan, err, errlen) < 0) return -1;
             last_sent = now_ms();
@@ -533,7 +714,7 @@ static int follow(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t 
                                  err);
             return -1;
         }
-        send_report(r, io, 0, 0);
+        send_report(r, io, NULL, 0, 0);
     }
 }
 
@@ -551,7 +732,9 @@ int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err
     /* The engine outlives a run when the piece stays (a rewired replica, a
      * new epoch): sequences of the last run may still hold KV blocks that
      * no leader will free, and this run's leader counts on a whole pool. */
-    if (r->eng_ops->release)
+    if (pool_of(r))
+        tsr_kvpool_reset(pool_of(r));   /* and every rank's prefix cache starts empty */
+    else if (r->eng_ops->release)
         for (int s = 0; s < r->spec.max_seqs; s++) r->eng_ops->release(r->eng, s);
     step_buf_t b;
     leader_t L;
@@ -561,7 +744,7 @@ int tsr_replica_run(tsr_replica_rank_t *r, const tsr_replica_io_t *io, char *err
         snprintf(err, errlen, "out of memory for the step buffers");
         goto out;
     }
-    send_report(r, io, 0, 0);
+    send_report(r, io, NULL, 0, 0);
     if (!is_leader(r)) {
         rc = follow(r, io, &b, err, errlen);
         goto out;

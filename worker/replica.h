@@ -31,6 +31,17 @@ typedef struct {
     int timeout_ms;             /* from arrival; 0: none */
 } tsr_request_t;
 
+/* Figures for the heartbeat. */
+typedef struct {
+    int queued, running;        /* leader: requests waiting, sequences running (0 elsewhere) */
+    int kv_used, kv_cached, kv_total;   /* this piece's KV pool: blocks held by sequences,
+                                           cached and held by none, all */
+    uint64_t evictions;         /* cached blocks evicted from this pool (a running count) */
+    uint64_t prompt_cached;     /* leader: prompt tokens taken from the prefix cache, */
+    uint64_t prompt_computed;   /*   and computed (running counts over this run) */
+    uint64_t preemptions;       /* leader: sequences preempted (a running count) */
+} tsr_replica_stats_t;
+
 typedef struct {
     /* Leader: the next request, waiting up to wait_ms.  Returns 1 with *r
      * filled, 0 when none came. */
@@ -47,14 +58,17 @@ typedef struct {
                  const char *finish_reason, const char *error);
     /* True when this rank should stop (a new plan, shutdown). */
     int (*should_stop)(void *arg);
-    /* Figures for the heartbeat: requests waiting and sequences running
-     * (leader; 0 elsewhere) and this piece's KV pool. */
-    void (*report)(void *arg, int queued, int running, int kv_used, int kv_total);
+    /* Figures for the heartbeat. */
+    void (*report)(void *arg, const tsr_replica_stats_t *s);
     /* Hands on the tokens emitted so far: emit may hold tokens (never a
      * failure) until flush, which the runner calls right after each step's
      * tokens, so none is held between steps or when it returns.  NULL: emit
      * hands them on itself. */
     void (*flush)(void *arg);
+    /* Optional (last stage, tp rank 0): the request's prompt positions taken
+     * from the prefix cache, called on the emitting thread right before
+     * emit hands on the request's first token. */
+    void (*cached)(void *arg, uint64_t request_id, int tokens);
     void *arg;
 } tsr_replica_io_t;
 
@@ -75,6 +89,9 @@ typedef struct {
     int token_timeout_ms;       /* wait for a step's data or tokens (default 60000) */
     uint64_t *steps;            /* forward steps this rank finished, advanced with __atomic
                                    builtins (or NULL); by the engine when it has set_progress */
+    /* Leader: the prefix cache's secret (common/prefix.h), NULL: no cache.
+     * The other ranks follow the leader's steps whatever theirs says. */
+    const uint8_t *prefix_secret;
 } tsr_replica_rank_t;
 
 /* Runs until io->should_stop, a stop step, or a data-plane failure.

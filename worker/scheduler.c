@@ -59,10 +59,11 @@ int tsr_sched_next(const tsr_sched_cfg_t *cfg, const tsr_sched_seq_t *seqs, int 
         if (s->slot >= 0 || s->cancelled) continue;
         while (next_slot < cfg->max_batch && slot_used[next_slot]) next_slot++;
         if (next_slot == cfg->max_batch) break;
-        int n = s->n_prompt < budget ? s->n_prompt : budget;
+        /* a waiting sequence's n_cached: the prefix the cache holds for it */
+        int left = s->n_prompt - s->n_cached, n = left < budget ? left : budget;
         budget -= n;
         admissible--;
-        out[n_out++] = (tsr_sched_entry_t){i, next_slot++, 0, n, n == s->n_prompt, true};
+        out[n_out++] = (tsr_sched_entry_t){i, next_slot++, s->n_cached, n, n == left, true};
     }
     return n_out;
 }

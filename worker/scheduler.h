@@ -31,7 +31,9 @@ typedef struct {
 typedef struct {
     int slot;                   /* -1: waiting */
     int n_prompt;
-    int n_cached;               /* positions already scheduled into the KV cache */
+    int n_cached;               /* positions already scheduled into the KV cache; of a
+                                   waiting one, those its prefix cache holds (an admission
+                                   starts after them) */
     int n_generated;            /* tokens that came back */
     int max_tokens;
     bool in_flight;             /* in a step that has not come back */

@@ -42,6 +42,7 @@ typedef struct {
     int retryable;              /* the failure was the replica's, not the request's */
     char error[256];
     char finish[16];
+    int cached;                 /* prompt positions its replica took from the prefix cache */
 } h_req_t;
 
 typedef struct {
@@ -49,6 +50,7 @@ typedef struct {
     int tp, pp;
     int max_batch, prefill_chunk, max_queue, kv_blocks, max_seq_len;
     int kv_dtype;               /* tsr_kv_dtype_t (0: auto) */
+    int prefix_cache;           /* the leader caches prefixes (under a fixed secret) */
     int matmul_dtype;           /* the same values: the products' type (0: auto) */
     h_req_t *reqs;
     int n_reqs;
@@ -56,7 +58,8 @@ typedef struct {
     float *logits;
     int n_logits, vocab;
     /* after the run */
-    int kv_used[H_MAX_RANKS], kv_total[H_MAX_RANKS];
+    int kv_used[H_MAX_RANKS], kv_total[H_MAX_RANKS], kv_cached[H_MAX_RANKS];
+    tsr_replica_stats_t stats[H_MAX_RANKS];   /* each rank's last report */
     int max_running;
     uint64_t weight_bytes[H_MAX_RANKS];
     int rc[H_MAX_RANKS];
@@ -119,10 +122,11 @@ static tsr_buf_t h_hidden(tsr_engine_t *e, int w) { return tsr_engine_cpu.hidden
 static void h_release(tsr_engine_t *e, int s) { tsr_engine_cpu.release(e->k->inner, s); }
 static void h_kv_usage(const tsr_engine_t *e, int *u, int *t) { tsr_engine_cpu.kv_usage(e->k->inner, u, t); }
 static const tsr_model_info_t *h_model(const tsr_engine_t *e) { return tsr_engine_cpu.model(e->k->inner); }
+static tsr_kvpool_t *h_kvpool(tsr_engine_t *e) { return tsr_engine_cpu.kvpool(e->k->inner); }
 static const tsr_engine_ops_t h_recording = {.name = "recording", .step = h_step,
                                              .set_comm = h_set_comm, .hidden = h_hidden,
                                              .release = h_release, .kv_usage = h_kv_usage,
-                                             .model = h_model};
+                                             .model = h_model, .kvpool = h_kvpool};
 
 /* ---- io ----------------------------------------------------------------------- */
 
@@ -217,14 +221,24 @@ static int h_should_stop(void *arg)
     return stop;
 }
 
-static void h_report(void *arg, int queued, int running, int used, int total)
+static void h_report(void *arg, const tsr_replica_stats_t *s)
 {
     h_rank_t *k = arg;
-    (void)queued;
     pthread_mutex_lock(&h_mu);
-    k->run->kv_used[k->idx] = used;
-    k->run->kv_total[k->idx] = total;
-    if (running > k->run->max_running) k->run->max_running = running;
+    k->run->kv_used[k->idx] = s->kv_used;
+    k->run->kv_total[k->idx] = s->kv_total;
+    k->run->kv_cached[k->idx] = s->kv_cached;
+    k->run->stats[k->idx] = *s;
+    if (s->running > k->run->max_running) k->run->max_running = s->running;
+    pthread_mutex_unlock(&h_mu);
+}
+
+static void h_cached(void *arg, uint64_t id, int tokens)
+{
+    h_rank_t *k = arg;
+    if (id < 1 || id > (uint64_t)k->run->n_reqs) return;
+    pthread_mutex_lock(&h_mu);
+    k->run->reqs[id - 1].cached = tokens;
     pthread_mutex_unlock(&h_mu);
 }
 
@@ -293,8 +307,11 @@ static void *h_rank_main(void *arg)
     r.prefill_chunk = run->prefill_chunk;
     r.max_queue = run->max_queue;
     r.idle_ms = 20;
+    static const uint8_t prefix_secret[16] = "harness prefix.";
+    if (run->prefix_cache) r.prefix_secret = prefix_secret;
     k->t0 = h_now_ms();
-    tsr_replica_io_t io = {h_next_request, h_next_cancel, h_emit, h_should_stop, h_report, h_flush, k};
+    tsr_replica_io_t io = {h_next_request, h_next_cancel, h_emit, h_should_stop, h_report, h_flush,
+                           h_cached, k};
     run->rc[k->idx] = tsr_replica_run(&r, &io, err, errlen);
     if (k->held) k->unflushed++;
 out:

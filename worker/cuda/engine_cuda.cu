@@ -883,6 +883,7 @@ static int cuda_last_logits(tsr_engine_t *e, float *out, int max_rows)
 }
 
 static void cuda_release(tsr_engine_t *e, int slot) { tsr_kvpool_release(e->kv, slot); }
+static tsr_kvpool_t *cuda_kvpool(tsr_engine_t *e) { return e->kv; }
 static void cuda_kv_usage(const tsr_engine_t *e, int *used, int *total)
 {
     *used = tsr_kvpool_used(e->kv);
@@ -962,4 +963,5 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .set_progress = */ cuda_set_progress,
     /* .set_alive = */ NULL,     /* its finished steps are its signs of life: a step
                                    must fit in collective_timeout_ms */
+    /* .kvpool = */ cuda_kvpool,
 };
