@@ -34,6 +34,7 @@ typedef struct {
     float temperature, top_p;
     uint64_t seed;
     int arrive_ms;              /* after the start */
+    int after;                  /* and not before request after - 1 is done (0: no wait) */
     int cancel_after;           /* cancel once this many tokens came (0: never) */
     /* what happened */
     int32_t tokens[H_MAX_TOKENS];
@@ -136,7 +137,11 @@ static int h_next_request(void *arg, tsr_request_t *r, int wait_ms)
     h_run_t *run = k->run;
     int64_t until = h_now_ms() + wait_ms;
     for (;;) {
-        if (k->next_req < run->n_reqs &&
+        int after = k->next_req < run->n_reqs ? run->reqs[k->next_req].after : 0;
+        pthread_mutex_lock(&h_mu);
+        int waits = after > 0 && after <= run->n_reqs && !run->reqs[after - 1].done;
+        pthread_mutex_unlock(&h_mu);
+        if (k->next_req < run->n_reqs && !waits &&
             h_now_ms() - k->t0 >= run->reqs[k->next_req].arrive_ms) {
             h_req_t *q = &run->reqs[k->next_req];
             memset(r, 0, sizeof *r);

@@ -313,6 +313,141 @@ static void test_a_request_larger_than_the_pool_is_refused_with_the_numbers(void
     free(p);
 }
 
+/* ---- the prefix cache ---------------------------------------------------------- */
+
+#define N_CACHE 9
+static h_req_t cache_script[N_CACHE];
+static int32_t cache_alone[N_CACHE][H_MAX_TOKENS];
+static int n_cache_alone[N_CACHE];
+
+/* Requests that share prefixes: a 70-token system prompt before each of six
+ * (four full blocks and a part), a seventh that resends the first prompt
+ * with more after it, and an eighth that resends the first prompt and the
+ * first answer (a second turn: blocks of generated tokens), each alone with
+ * no cache for reference; a ninth whose prompt is the system prompt's first
+ * 64 tokens (whole blocks: its last block is computed again). */
+static void make_cache_script(void)
+{
+    static int32_t sys[70];
+    uint64_t saved = rng_state;
+    rng_state = 777;
+    for (int k = 0; k < 70; k++) sys[k] = 3 + (int32_t)rnd(250);
+    for (int i = 0; i < N_CACHE; i++) {
+        h_req_t *q = &cache_script[i];
+        memset(q, 0, sizeof *q);
+        int extra = i < 6 ? 5 + (int)rnd(36) : 20;
+        q->n_prompt = i == 8 ? 64 : 70 + extra;
+        q->prompt = malloc((size_t)(q->n_prompt + 40) * sizeof *q->prompt);
+        memcpy(q->prompt, sys, (q->n_prompt < 70 ? (size_t)q->n_prompt : 70) * sizeof *sys);
+        for (int k = 70; k < q->n_prompt; k++) q->prompt[k] = 3 + (int32_t)rnd(250);
+        q->max_tokens = i == 0 ? 24 : 6 + (int)rnd(7);
+        if (i % 3 == 2) {
+            q->temperature = 0.8f;
+            q->top_p = 0.9f;
+            q->seed = 500 + (uint64_t)i;
+        }
+    }
+    rng_state = saved;
+}
+
+static void cache_alone_one(int i)
+{
+    h_req_t q = cache_script[i];
+    reset_outcome(&q);
+    h_run_t run = {.dir = model_dir, .tp = 1, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1};
+    h_run(&run);
+    if (q.failed) fail_msg("cache request %d alone: %s", i, q.error);
+    memcpy(cache_alone[i], q.tokens, sizeof q.tokens);
+    n_cache_alone[i] = q.n_tokens;
+}
+
+static void test_with_the_prefix_cache_off_each_request_alone_gives_the_reference_tokens(void **state)
+{
+    (void)state;
+    make_cache_script();
+    for (int i = 0; i < 7; i++) cache_alone_one(i);
+    /* the second turn: the first prompt, the first answer, more text */
+    h_req_t *t = &cache_script[7], *first = &cache_script[0];
+    memcpy(t->prompt, first->prompt, (size_t)first->n_prompt * sizeof *t->prompt);
+    memcpy(t->prompt + first->n_prompt, cache_alone[0], (size_t)n_cache_alone[0] * sizeof(int32_t));
+    t->n_prompt = first->n_prompt + n_cache_alone[0] + 5;
+    for (int k = first->n_prompt + n_cache_alone[0]; k < t->n_prompt; k++) t->prompt[k] = 3 + k % 200;
+    cache_alone_one(7);
+    cache_alone_one(8);
+}
+
+/* The script with the cache on at tp x pp, in a pool of kv_blocks: the
+ * first request alone, the rest once it is done (the first three at once,
+ * then one by one), so later prompts find earlier blocks. */
+static void run_cached(int tp, int pp, int kv_blocks, h_run_t *run, h_req_t *reqs)
+{
+    memcpy(reqs, cache_script, sizeof cache_script);
+    for (int i = 0; i < N_CACHE; i++) {
+        reset_outcome(&reqs[i]);
+        reqs[i].after = i == 0 ? 0 : i <= 3 ? 1 : i;
+    }
+    *run = (h_run_t){.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_CACHE,
+                     .max_batch = 4, .prefill_chunk = 32, .kv_blocks = kv_blocks,
+                     .prefix_cache = 1};
+    h_run(run);
+    long cached = 0;
+    for (int i = 0; i < N_CACHE; i++) {
+        const h_req_t *q = &reqs[i];
+        if (q->failed) fail_msg("tp %d pp %d cached request %d failed: %s", tp, pp, i, q->error);
+        if (q->n_tokens != n_cache_alone[i] ||
+            memcmp(q->tokens, cache_alone[i], (size_t)q->n_tokens * 4))
+            fail_msg("tp %d pp %d request %d (prompt %d, %d cached): tokens differ from its tokens "
+                     "alone without the cache", tp, pp, i, q->n_prompt, q->cached);
+        cached += q->cached;
+    }
+    /* what the leader counted is what the requests were told */
+    assert_int_equal(run->stats[0].prompt_cached, cached);
+    long prompts = 0;
+    for (int i = 0; i < N_CACHE; i++) prompts += reqs[i].n_prompt;
+    assert_int_equal(run->stats[0].prompt_computed + run->stats[0].prompt_cached, prompts);
+    for (int r = 0; r < tp * pp; r++)
+        if (run->kv_used[r] != 0) fail_msg("tp %d pp %d rank %d: %d KV blocks still held", tp, pp, r, run->kv_used[r]);
+}
+
+static void prefix_cache_hits(int tp, int pp)
+{
+    h_run_t run;
+    h_req_t reqs[N_CACHE];
+    run_cached(tp, pp, 64, &run, reqs);
+    assert_int_equal(reqs[0].cached, 0);
+    for (int i = 1; i < 7; i++)     /* the system prompt's four full blocks */
+        if (reqs[i].cached < 64) fail_msg("tp %d pp %d request %d took %d cached positions", tp, pp, i, reqs[i].cached);
+    /* the second turn takes the first prompt and the blocks its answer filled */
+    int full = (reqs[0].n_prompt + n_cache_alone[0] - 1) / 16 * 16;
+    if (reqs[7].cached < full) fail_msg("tp %d pp %d: the second turn took %d cached positions of %d", tp, pp, reqs[7].cached, full);
+    /* a prompt of whole cached blocks computes its last block again */
+    assert_int_equal(reqs[8].cached, 48);
+    for (int r = 0; r < tp * pp; r++) assert_true(run.kv_cached[r] > 0);
+}
+
+static void test_with_the_prefix_cache_tp1_pp1_takes_shared_prefixes_and_gives_the_same_tokens(void **state)
+{
+    (void)state;
+    prefix_cache_hits(1, 1);
+}
+
+static void test_with_the_prefix_cache_tp2_pp2_takes_shared_prefixes_and_gives_the_same_tokens(void **state)
+{
+    (void)state;
+    prefix_cache_hits(2, 2);
+}
+
+static void test_with_the_prefix_cache_a_small_pool_evicts_and_the_tokens_stay(void **state)
+{
+    (void)state;
+    /* 14 blocks: the second turn alone needs 9 of them, so cached blocks go */
+    h_run_t run;
+    h_req_t reqs[N_CACHE];
+    run_cached(2, 1, 14, &run, reqs);
+    assert_true(run.stats[0].evictions > 0);
+    assert_true(run.stats[1].evictions == run.stats[0].evictions);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -333,6 +468,7 @@ static int teardown(void **state)
     (void)state;
     char cmd[128];
     for (int i = 0; i < N_REQS; i++) free(script[i].prompt);
+    for (int i = 0; i < N_CACHE; i++) free(cache_script[i].prompt);
     snprintf(cmd, sizeof cmd, "rm -rf %s", model_dir);
     return system(cmd) == 0 ? 0 : -1;
 }
@@ -358,6 +494,10 @@ int main(void)
         cmocka_unit_test(test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
+        cmocka_unit_test(test_with_the_prefix_cache_off_each_request_alone_gives_the_reference_tokens),
+        cmocka_unit_test(test_with_the_prefix_cache_tp1_pp1_takes_shared_prefixes_and_gives_the_same_tokens),
+        cmocka_unit_test(test_with_the_prefix_cache_tp2_pp2_takes_shared_prefixes_and_gives_the_same_tokens),
+        cmocka_unit_test(test_with_the_prefix_cache_a_small_pool_evicts_and_the_tokens_stay),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
