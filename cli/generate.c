@@ -181,6 +181,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
 
     char err[512];
     int64_t start = tsr_now_ms(), first = 0;
+    long long cached = 0;       /* prompt tokens its replica had in its prefix cache */
     int64_t resume_until = 0;   /* while the coordinator is away: when to give up */
     int got = 0, resumes = 0;
     uint64_t request_id = 0;    /* the coordinator's id, kept across its restarts */
@@ -321,7 +322,10 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             char finish[32];
             snprintf(finish, sizeof finish, "%s",
                      json_string_value(json_object_get(doc, "finish_reason")) ?: "");
-            if (!got) first = tsr_now_ms();
+            if (!got) {
+                first = tsr_now_ms();
+                cached = json_integer_value(json_object_get(doc, "cached_tokens"));
+            }
             if (want_text) {
                 json_t *piece = json_object_get(doc, "text");
                 fwrite(json_string_value(piece) ?: "", 1, json_string_length(piece), stdout);
@@ -338,10 +342,11 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 if (!only_ids) {
                     int64_t end = tsr_now_ms();
                     fprintf(stderr, "request %llu: %d token(s), finished by %s%s; first token "
-                                    "after %lld ms, %.1f tokens/s after it\n",
+                                    "after %lld ms (%lld of the prompt's %d tokens cached), "
+                                    "%.1f tokens/s after it\n",
                             (unsigned long long)serving_id, got, finish,
                             resumes ? " (resumed after the coordinator restarted)" : "",
-                            (long long)(first - start),
+                            (long long)(first - start), cached, n,
                             got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
                 }
                 rc = 0;

@@ -303,6 +303,19 @@ static int get_string(pctx_t *c, yaml_node_t *n, const char *path, char **out)
     return 0;
 }
 
+/* true or false (YAML 1.1's yes/no/on/off are refused: they surprise). */
+static int get_bool(pctx_t *c, yaml_node_t *n, const char *path, bool *out)
+{
+    const char *s = n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+    if (s && (!strcmp(s, "true") || !strcmp(s, "false"))) {
+        *out = s[0] == 't';
+        return 0;
+    }
+    fail(c, n, path, "expected true or false, got %s%.40s%s", s ? "'" : "", s ? s : node_kind(n),
+         s ? "'" : "");
+    return -1;
+}
+
 /* ---- coordinator -------------------------------------------------------- */
 
 static int get_endpoint(pctx_t *c, yaml_node_t *n, const char *path, char **dst)
@@ -869,14 +882,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                         "collective_timeout_ms",
                                         "latency_target_ms_per_token",
                                         "scale_up_queue_ms", "scale_up_window_s",
-                                        "scale_down_idle_s" };
+                                        "scale_down_idle_s", "prefix_cache" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[18];
+    yaml_node_t *v[19];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 18, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 19, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -953,6 +966,9 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                           (int *)((char *)d + scale_keys[k].offset)) < 0)
             return -1;
     }
+    path_key(kpath, path, "prefix_cache");
+    if (v[18] && get_bool(c, v[18], kpath, &d->prefix_cache) < 0)
+        return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;
@@ -995,6 +1011,7 @@ static int parse_deployments(pctx_t *c, yaml_node_t *n, tsr_config_t *cfg)
         cfg->deployments[i].scale_up_queue_ms = 1000;
         cfg->deployments[i].scale_up_window_s = 10;
         cfg->deployments[i].scale_down_idle_s = 300;
+        cfg->deployments[i].prefix_cache = true;
     }
     for (i = 0, it = n->data.sequence.items.start; i < count; i++, it++) {
         cfg->n_deployments = i + 1;

@@ -106,6 +106,8 @@ typedef struct {
                              type each product's inputs are rounded to (f32
                              accumulation); default auto (the engine's own:
                              f32 on cpu, bf16 on cuda) */
+    bool prefix_cache;    /* keep finished prompts' KV blocks and reuse them (default
+                             true; prefix_cache: false turns it off) */
     char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
                                 recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */

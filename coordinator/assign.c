@@ -14,6 +14,7 @@
 
 #include "common/budget.h"
 #include "common/log.h"
+#include "common/prefix.h"
 #include "common/util.h"
 
 /* Every send to a worker goes through here: one that cannot be queued (the
@@ -181,6 +182,11 @@ static void fill_assignment(const tsr_coord_t *c, const tsr_holding_t *h,
     a->kv_cache_bytes = kv_budget(c, h, di);
     a->device = d->device == TSR_DEVICE_CUDA ? TESSERA__DEVICE_KIND__DEVICE_CUDA
                                              : TESSERA__DEVICE_KIND__DEVICE_CPU;
+    static uint8_t prefix[TSR_PREFIX_SECRET];
+    if (tsr_coord_prefix_secret(c, d, h->key.tp_size, h->key.pp_size, prefix)) {
+        a->prefix_secret.data = prefix;
+        a->prefix_secret.len = sizeof prefix;
+    }
     /* Without one the workers refuse to form (collective_tcp.c): fail closed. */
     if (data_secret(h, secret) == 0) {
         a->data_secret.data = secret;
@@ -200,6 +206,7 @@ bool tsr_assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *
     was.model_path = od->model_path;
     fill_keys(&was, od);
     return tsr_assignment_differs(nd, &was, why, sizeof why) || od->kv_cache_mib != nd->kv_cache_mib ||
+           od->prefix_cache != nd->prefix_cache ||
            /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
            (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
             od->gpu_memory_percent != nd->gpu_memory_percent);

@@ -16,7 +16,7 @@ bool tsr_health_mark_dead(tsr_registry_t *reg, tsr_worker_t *w, int64_t now_ms, 
     snprintf(w->reason, sizeof w->reason, "%s", reason);
     /* What it last reported was its process's: shown on a dead worker it
      * reads as a KV cache, a queue and a load that no longer exist. */
-    w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
+    w->kv_blocks_used = w->kv_blocks_total = w->kv_blocks_cached = w->queued = w->running = 0;
     w->load = 0;
     w->weight_bytes = w->kv_bytes = 0;
     return true;

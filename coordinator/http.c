@@ -371,6 +371,8 @@ static int gen_step(gen_t *g)
             gen_fail(g, 500, NULL, "tokens were lost between the coordinator and this server");
             return 0;
         }
+        if (g->c.completion_tokens == 0)
+            g->c.cached_tokens = json_integer_value(json_object_get(doc, "cached_tokens"));
         g->c.completion_tokens++;
         json_t *t = json_object_get(doc, "text");
         size_t before = g->text.len;

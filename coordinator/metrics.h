@@ -20,6 +20,8 @@ typedef struct {
     char name[TSR_NAME_MAX + 1];
     uint64_t outcome[5];        /* TSR_OUTCOME_*: requests that ended so */
     uint64_t prompt_tokens, generated_tokens;
+    uint64_t prompt_cached;     /* prompt tokens replicas took from their prefix caches
+                                   (told with each request's first token) */
     tsr_hist_t ttft, itl, duration;
     uint64_t scale_ups, scale_downs;  /* replicas added and removed by load (autoscale.c) */
 } tsr_dep_metrics_t;

@@ -72,6 +72,11 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
     for (size_t i = 0; i < c->metrics.n; i++)
         tsr_sb_printf(&o, "tessera_prompt_tokens_total{deployment=\"%s\"} %llu\n",
             esc(c->metrics.v[i].name, e, sizeof e), (unsigned long long)c->metrics.v[i].prompt_tokens);
+    family(&o, "tessera_prompt_tokens_cached_total", "counter",
+           "Prompt tokens of requests that started, taken from a replica's prefix cache.");
+    for (size_t i = 0; i < c->metrics.n; i++)
+        tsr_sb_printf(&o, "tessera_prompt_tokens_cached_total{deployment=\"%s\"} %llu\n",
+            esc(c->metrics.v[i].name, e, sizeof e), (unsigned long long)c->metrics.v[i].prompt_cached);
     family(&o, "tessera_generated_tokens_total", "counter", "Tokens delivered to clients.");
     for (size_t i = 0; i < c->metrics.n; i++)
         tsr_sb_printf(&o, "tessera_generated_tokens_total{deployment=\"%s\"} %llu\n",
@@ -157,17 +162,52 @@ char *tsr_coord_metrics_text(const tsr_coord_t *c, int64_t now_ms)
             }
         }
     }
-    for (int used = 1; used >= 0; used--) {
-        const char *name = used ? "tessera_kv_blocks_used" : "tessera_kv_blocks_total";
-        family(&o, name, "gauge", used ? "KV cache blocks in use, per piece."
-                                       : "KV cache blocks in the pool, per piece.");
+    /* per piece: its pool's blocks, and its process's evictions */
+    static const struct {
+        const char *name, *type, *help;
+    } per_piece[] = {
+        {"tessera_kv_blocks_used", "gauge", "KV cache blocks in use, per piece."},
+        {"tessera_kv_blocks_total", "gauge", "KV cache blocks in the pool, per piece."},
+        {"tessera_kv_blocks_cached", "gauge",
+         "KV cache blocks of the prefix cache held by no sequence, per piece."},
+        {"tessera_kv_evictions_total", "counter",
+         "Prefix cache blocks evicted for room, by the worker process holding the piece."},
+    };
+    for (size_t f = 0; f < sizeof per_piece / sizeof per_piece[0]; f++) {
+        family(&o, per_piece[f].name, per_piece[f].type, per_piece[f].help);
         for (size_t k = 0; k < n; k++) {
             tsr_worker_t *x = tsr_registry_at(c->reg, k);
             if (x->state == TSR_W_DEAD || !x->has_piece) continue;
-            tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %u\n",
-                name, esc(x->piece.key.deployment, e, sizeof e), x->piece.key.replica, x->piece.key.stage,
-                x->piece.key.tp, esc(x->name, w, sizeof w),
-                used ? x->kv_blocks_used : x->kv_blocks_total);
+            uint64_t v = f == 0 ? x->kv_blocks_used : f == 1 ? x->kv_blocks_total
+                         : f == 2 ? x->kv_blocks_cached : x->kv_evictions;
+            tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",stage=\"%d\",tp=\"%d\",worker=\"%s\"} %llu\n",
+                per_piece[f].name, esc(x->piece.key.deployment, e, sizeof e), x->piece.key.replica,
+                x->piece.key.stage, x->piece.key.tp, esc(x->name, w, sizeof w), (unsigned long long)v);
+        }
+    }
+    /* per replica, from its leader: prompt tokens cached and computed, preemptions */
+    static const struct {
+        const char *name, *help;
+    } per_leader[] = {
+        {"tessera_replica_prompt_tokens_cached_total",
+         "Prompt tokens a replica took from its prefix cache (its leader's process)."},
+        {"tessera_replica_prompt_tokens_computed_total",
+         "Prompt tokens a replica computed (its leader's process)."},
+        {"tessera_replica_preemptions_total",
+         "Sequences a replica preempted for KV room and resumed later (its leader's process)."},
+    };
+    for (size_t f = 0; f < sizeof per_leader / sizeof per_leader[0]; f++) {
+        family(&o, per_leader[f].name, "counter", per_leader[f].help);
+        for (size_t i = 0; i < c->cfg->n_deployments; i++) {
+            const tsr_deployment_t *d = &c->cfg->deployments[i];
+            for (int r = 0; r < d->replicas; r++) {
+                tsr_worker_t *x = tsr_registry_at_slot(c->reg, d->name, r, d->tensor, d->pipeline, 0);
+                if (!x || x->state == TSR_W_DEAD) continue;
+                uint64_t v = f == 0 ? x->prompt_cached : f == 1 ? x->prompt_computed : x->preemptions;
+                tsr_sb_printf(&o, "%s{deployment=\"%s\",replica=\"%d\",worker=\"%s\"} %llu\n",
+                    per_leader[f].name, esc(d->name, e, sizeof e), r, esc(x->name, w, sizeof w),
+                    (unsigned long long)v);
+            }
         }
     }
     family(&o, "tessera_workers", "gauge", "Registered workers by state.");

@@ -163,9 +163,10 @@ void tsr_openai_clear(tsr_openai_completion_t *c)
 
 static json_t *usage(const tsr_openai_completion_t *c)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)c->prompt_tokens,
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)c->prompt_tokens,
                      "completion_tokens", (json_int_t)c->completion_tokens, "total_tokens",
-                     (json_int_t)(c->prompt_tokens + c->completion_tokens));
+                     (json_int_t)(c->prompt_tokens + c->completion_tokens),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)c->cached_tokens);
 }
 
 json_t *tsr_openai_whole(const tsr_openai_completion_t *c, const char *text, size_t len,

@@ -25,6 +25,7 @@ typedef struct {
     char id[48];
     long long created;                /* Unix seconds */
     long long prompt_tokens, completion_tokens;
+    long long cached_tokens;    /* of the prompt, taken from the replica's prefix cache */
 } tsr_openai_completion_t;
 
 /* A request's prompt: text (/v1/completions), messages (chat), both borrowed from the

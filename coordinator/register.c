@@ -304,7 +304,8 @@ void tsr_register_worker(tsr_coord_t *c, const uint8_t *rid, size_t rid_len, con
     w->reason[0] = w->detail[0] = '\0';
     /* A new process: the old one's figures are not its own. */
     w->load = 0;
-    w->kv_blocks_used = w->kv_blocks_total = w->queued = w->running = 0;
+    w->kv_blocks_used = w->kv_blocks_total = w->kv_blocks_cached = w->queued = w->running = 0;
+    w->kv_evictions = w->prompt_cached = w->prompt_computed = w->preemptions = 0;
     w->steps = 0;
     w->steps_seen = false;
     w->steps_ms = 0;
@@ -396,6 +397,11 @@ void tsr_register_heartbeat(tsr_coord_t *c, tsr_worker_t *w, const tsr_env_t *en
     w->kv_bytes = hb->kv_bytes;
     w->kv_blocks_used = hb->kv_blocks_used;
     w->kv_blocks_total = hb->kv_blocks_total;
+    w->kv_blocks_cached = hb->kv_blocks_cached;
+    w->kv_evictions = hb->kv_evictions;
+    w->prompt_cached = hb->prompt_tokens_cached;
+    w->prompt_computed = hb->prompt_tokens_computed;
+    w->preemptions = hb->preemptions;
     w->queued = hb->queued;
     w->running = hb->running;
     /* The first count after a registration is a baseline, not a move:

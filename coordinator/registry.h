@@ -43,6 +43,10 @@ typedef struct {
     uint64_t weight_bytes, kv_bytes;  /* of the piece it holds */
     float load;                 /* 0..1, always finite */
     uint32_t kv_blocks_used, kv_blocks_total;  /* its KV pool (0 of 0: none reported) */
+    uint32_t kv_blocks_cached;  /* of them, cached and held by no sequence */
+    /* Its process's counts since it started (heartbeats): cached blocks evicted; as a
+     * replica's leader, prompt tokens taken from the cache and computed, preemptions. */
+    uint64_t kv_evictions, prompt_cached, prompt_computed, preemptions;
     uint32_t queued, running;   /* a replica leader's requests waiting and in the batch */
     uint64_t steps;             /* forward steps its data plane finished (its heartbeat) */
     bool steps_seen;            /* steps holds a figure from this registration's heartbeats */

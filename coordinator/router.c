@@ -943,6 +943,10 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     json_t *doc = json_pack("{s:I, s:i, s:i, s:b, s:s}", "request_id", (json_int_t)q->id, "token",
                             t->token, "index", index, "done", t->done, "finish_reason",
                             t->finish_reason);
+    /* the first token tells how much of the prompt its replica had cached (a resumed
+     * attempt's prompt holds tokens the client got: not counted) */
+    int cached = index == 0 && t->cached_tokens <= (uint32_t)q->n_prompt ? (int)t->cached_tokens : 0;
+    if (index == 0 && doc) json_object_set_new(doc, "cached_tokens", json_integer(cached));
     if (q->detok && doc) {
         /* The text this token completes; the last one also flushes what is held back. */
         const char *piece;
@@ -970,6 +974,7 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     tsr_dep_metrics_t *mt = tsr_metrics_of(&c->metrics, q->deployment);
     if (mt) {
         mt->generated_tokens++;
+        mt->prompt_cached += (uint64_t)cached;
         if (index == 0) tsr_hist_observe(&mt->ttft, (double)(now - q->started_ms) / 1000.0);
         else tsr_hist_observe(&mt->itl, (double)(now - q->last_token_ms) / 1000.0);
     }

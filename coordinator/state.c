@@ -5,12 +5,15 @@
  * table first, see loop.c). */
 #include "state.h"
 
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/prefix.h"
 #include "common/slice.h"
 #include "deptok.h"
 
@@ -343,4 +346,32 @@ int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind)
         n += w->device == kind && tsr_coord_worker_idle(c, w);
     }
     return n;
+}
+
+bool tsr_coord_prefix_secret(const tsr_coord_t *c, const tsr_deployment_t *d, int tp_size,
+                             int pp_size, uint8_t out[TSR_PREFIX_SECRET])
+{
+    static uint8_t random_key[32];
+    static bool have_random;
+    const void *key = random_key;
+    size_t key_len = sizeof random_key;
+    if (!d->prefix_cache) return false;
+    if (c->sec.curve) {
+        key = c->sec.self.sec;
+        key_len = strlen(c->sec.self.sec);
+    } else if (!have_random) {
+        if (RAND_bytes(random_key, sizeof random_key) != 1) return false;
+        have_random = true;
+    }
+    char msg[3 * TSR_PATH_MAX];
+    int n = snprintf(msg, sizeof msg, "tessera prefix cache v1|%s|%s|%d|%d|%d|%d|%d", d->name,
+                     d->model_path, (int)d->device, tsr_kv_dtype_on(d->device, d->kv_dtype),
+                     tsr_kv_dtype_on(d->device, d->matmul_dtype), tp_size, pp_size);
+    if (n < 0 || (size_t)n >= sizeof msg) n = (int)sizeof msg - 1;
+    uint8_t mac[32];
+    unsigned int mac_len = sizeof mac;
+    if (!HMAC(EVP_sha256(), key, (int)key_len, (const uint8_t *)msg, (size_t)n, mac, &mac_len))
+        return false;
+    memcpy(out, mac, TSR_PREFIX_SECRET);
+    return true;
 }

@@ -276,6 +276,15 @@ bool tsr_coord_worker_idle(const tsr_coord_t *c, const tsr_worker_t *w);
 bool tsr_coord_serving_beside(const tsr_coord_t *c, const tsr_deployment_t *d);
 /* How many workers of that kind are idle (tsr_coord_worker_idle). */
 int tsr_coord_idle_count(const tsr_coord_t *c, tsr_device_t kind);
+/* The prefix cache's secret (common/prefix.h) for deployment d's replicas of
+ * tp_size x pp_size: HMAC-SHA256 of the deployment, its model, device, types
+ * and layout under the coordinator's secret key (or, with security: none, a
+ * random key of this process), cut to 16 bytes.  So keys differ across
+ * deployments, models, types and layouts; a restarted coordinator with the
+ * same key store derives the same.  false: d has prefix_cache off, or no
+ * key could be made. */
+bool tsr_coord_prefix_secret(const tsr_coord_t *c, const tsr_deployment_t *d, int tp_size,
+                             int pp_size, uint8_t out[16]);
 /* The index in cfg->deployments of the deployment with that name, or -1. */
 int tsr_coord_dep_index(const tsr_coord_t *c, const char *name);
 /* The state of the deployment with that name, or NULL. */

@@ -63,8 +63,9 @@ static void worker_json(tsr_sb_t *b, const tsr_worker_t *w, int64_t now)
     tsr_sb_printf(b, ",\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"load\":%.3f",
               (unsigned long long)w->weight_bytes, (unsigned long long)w->kv_bytes,
               (double)w->load);
-    tsr_sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"queued\":%u,\"running\":%u",
-              w->kv_blocks_used, w->kv_blocks_total, w->queued, w->running);
+    tsr_sb_printf(b, ",\"kv_blocks_used\":%u,\"kv_blocks_total\":%u,\"kv_blocks_cached\":%u"
+              ",\"queued\":%u,\"running\":%u",
+              w->kv_blocks_used, w->kv_blocks_total, w->kv_blocks_cached, w->queued, w->running);
     tsr_sb_printf(b, ",\"steps\":%llu", (unsigned long long)w->steps);
     sb_kv_str(b, "version", w->version);
     sb_kv_str(b, "data_endpoint", w->data_endpoint);
@@ -238,6 +239,7 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
                                    (json_int_t)w->piece.epoch);
                     json_object_set_new(rk, "kv_blocks_used", json_integer(w->kv_blocks_used));
                     json_object_set_new(rk, "kv_blocks_total", json_integer(w->kv_blocks_total));
+                    json_object_set_new(rk, "kv_blocks_cached", json_integer(w->kv_blocks_cached));
                     json_object_set_new(rk, "queued", json_integer(w->queued));
                     json_object_set_new(rk, "running", json_integer(w->running));
                     if (w->reason[0]) json_object_set_new(rk, "reason", json_string(w->reason));
