@@ -25,7 +25,10 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/budget.h"
 #include "common/log.h"
+#include "common/prefix.h"
+#include "prefix_route.h"
 #include "router.h"
 #include "assign.h"
 #include "placement.h"
@@ -34,6 +37,7 @@
 struct tsr_requests {
     tsr_request_rec_t *v;
     size_t n, cap;
+    tsr_prefix_route_t *prefixes;   /* what each replica's prefix cache likely holds */
 };
 
 #define MAX_TOKENS_LIMIT 1000000
@@ -356,7 +360,15 @@ void tsr_requests_follow_moves(tsr_coord_t *c)
                           "the replica was rewired for a new plan", false);
 }
 
-tsr_requests_t *tsr_requests_new(void) { return calloc(1, sizeof(tsr_requests_t)); }
+tsr_requests_t *tsr_requests_new(void)
+{
+    tsr_requests_t *t = calloc(1, sizeof *t);
+    if (t && !(t->prefixes = tsr_prefix_route_new())) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
 
 void tsr_requests_destroy(tsr_requests_t **self_p)
 {
@@ -364,6 +376,7 @@ void tsr_requests_destroy(tsr_requests_t **self_p)
     tsr_requests_t *t = *self_p;
     for (size_t i = 0; i < t->n; i++) request_free(&t->v[i]);
     free(t->v);
+    tsr_prefix_route_free(&t->prefixes);
     free(t);
     *self_p = NULL;
 }
@@ -484,30 +497,90 @@ static bool old_serving_leader(const tsr_coord_t *c, const tsr_deployment_t *d,
  * replica serving beside the new cut's is one too, unless request q (may be
  * NULL) was interrupted there: *old is its leader when it is chosen (NULL when
  * a replica of the cut is). */
-static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid,
-                            const tsr_request_rec_t *q, tsr_worker_t **old)
+/* ---- routing by prefix ---- */
+
+#define PREFIX_KEYS_MAX 65536   /* blocks of a prompt looked up (a million positions) */
+
+/* The block keys of a prompt of n ids as replicas of d's current layout key them,
+ * short of its last position (always computed): *keys (caller frees), or 0 with
+ * *keys NULL (prefix_cache off, nothing whole, out of memory). */
+static int prompt_keys(const tsr_coord_t *c, const tsr_deployment_t *d, const int32_t *ids,
+                       int n, uint64_t **keys)
 {
-    int replica = -1, best = 0, draining = -1;
+    uint8_t secret[TSR_PREFIX_SECRET];
+    int blocks = n > 0 ? (n - 1) / TSR_KV_BLOCK : 0;
+    *keys = NULL;
+    if (blocks > PREFIX_KEYS_MAX) blocks = PREFIX_KEYS_MAX;
+    if (blocks < 1 || !tsr_coord_prefix_secret(c, d, d->tensor, d->pipeline, secret) ||
+        !(*keys = malloc((size_t)blocks * sizeof **keys)))
+        return 0;
+    return tsr_prefix_keys(secret, ids, blocks * TSR_KV_BLOCK, *keys);
+}
+
+/* What the router knows of replica r's cache now, from its leader. */
+static tsr_prefix_replica_t prefix_replica(const tsr_worker_t *leader)
+{
+    return (tsr_prefix_replica_t){leader->piece.epoch, (int)leader->kv_blocks_total,
+                                  leader->kv_evictions};
+}
+
+/* Replica r of d was sent (or finished) the n ids: their whole blocks are in its cache. */
+static void prefix_routed(tsr_coord_t *c, const tsr_deployment_t *d, int r, const int32_t *ids,
+                          int n)
+{
+    const tsr_worker_t *l = tsr_registry_ready_leader(c->reg, d, r);
+    uint64_t *keys;
+    int nk = l ? prompt_keys(c, d, ids, n + 1, &keys) : 0;  /* every whole block counts */
+    if (nk > 0) {
+        tsr_prefix_replica_t rep = prefix_replica(l);
+        tsr_prefix_route_add(c->requests->prefixes, d->name, r, &rep, keys, nk);
+    }
+    if (l) free(keys);
+}
+
+/* The replica for a request whose prompt is ids[0..n) (NULL: any): the one with the
+ * least work counting what its cache saves, in "requests in flight": each
+ * prefill_chunk of prompt it must compute weighs one request, and one past max_batch
+ * (a queue) weighs two.  So a long cached prefix draws a request to the replica that
+ * holds it, but not onto one far busier than another.  Old cut replicas serving
+ * beside the new cut (other keys) count their load alone. */
+static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid,
+                            const tsr_request_rec_t *q, tsr_worker_t **old,
+                            const int32_t *ids, int n)
+{
+    int replica = -1, draining = -1;
+    double best = 0;
     if (old) *old = NULL;
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
+    uint64_t *keys = NULL;
+    int nk = ids ? prompt_keys(c, d, ids, n, &keys) : 0;
+    double chunk = d->prefill_chunk > 0 ? d->prefill_chunk : 128, unmatched = n / chunk;
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = tsr_coord_canary(c, d->name, r);
-        if (r == avoid || (k && k->unhealthy) || !tsr_registry_ready_leader(c->reg, d, r)) continue;
+        const tsr_worker_t *l = tsr_registry_ready_leader(c->reg, d, r);
+        if (r == avoid || (k && k->unhealthy) || !l) continue;
         /* one being drained to be removed takes nothing new while another serves */
         if (ds && ds->scale.draining == r) {
             draining = r;
             continue;
         }
-        int load = tsr_requests_in_flight(c, d->name, r);
-        if (replica < 0 || load < best) replica = r, best = load;
+        int load = tsr_requests_in_flight(c, d->name, r), m = 0;
+        if (nk > 0) {
+            tsr_prefix_replica_t rep = prefix_replica(l);
+            m = tsr_prefix_route_match(c->requests->prefixes, d->name, r, &rep, keys, nk);
+        }
+        double cost = load + (load >= d->max_batch ? load - d->max_batch + 1 : 0) +
+                      (n - (double)m * TSR_KV_BLOCK) / chunk;
+        if (replica < 0 || cost < best) replica = r, best = cost;
     }
+    free(keys);
     for (size_t i = 0, nw = tsr_registry_size(c->reg); old && i < nw; i++) {
         tsr_worker_t *w = tsr_registry_at(c->reg, i);
         if (!old_serving_leader(c, d, w) ||
             (q && q->avoid_epoch == w->finished.epoch && q->avoid_replica == w->finished.key.replica))
             continue;
-        int load = old_in_flight(c, w);
-        if (replica < 0 || load < best) replica = w->finished.key.replica, best = load, *old = w;
+        double cost = old_in_flight(c, w) + unmatched;
+        if (replica < 0 || cost < best) replica = w->finished.key.replica, best = cost, *old = w;
     }
     return replica >= 0 ? replica : draining;
 }
@@ -515,14 +588,14 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
 bool tsr_requests_another_serves(tsr_coord_t *c, const tsr_deployment_t *d, int r)
 {
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
-    int other = pick_replica_but(c, d, r, NULL, NULL);
+    int other = pick_replica_but(c, d, r, NULL, NULL, NULL, 0);
     return other >= 0 && !(ds && ds->scale.draining == other);
 }
 
 static int pick_replica(tsr_coord_t *c, const tsr_deployment_t *d,
-                        const tsr_request_rec_t *q, tsr_worker_t **old)
+                        const tsr_request_rec_t *q, tsr_worker_t **old, const int32_t *ids, int n)
 {
-    return pick_replica_but(c, d, -1, q, old);
+    return pick_replica_but(c, d, -1, q, old, ids, n);
 }
 
 /* Sends request i's next attempt to the leader of replica r of d (ready), or
@@ -585,6 +658,7 @@ static void send_attempt(tsr_coord_t *c, size_t i, const tsr_deployment_t *d, in
         request_interrupt(c, i, msg);
         return;
     }
+    if (!old) prefix_routed(c, d, r, q->ids, q->n_prompt + q->n_tokens);
     tsr_debug("request %llu (attempt %d, id %llu at the workers) -> %s replica %d (leader %s), "
               "from token %d", (unsigned long long)q->id, q->replays + 1,
               (unsigned long long)q->wid, d->name, r, leader->name, q->n_tokens);
@@ -626,9 +700,9 @@ int64_t tsr_requests_dispatch(tsr_coord_t *c, int64_t now_ms)
         /* Not straight back to the replica that just failed it, while
          * another can take it. */
         tsr_worker_t *old;
-        int r = pick_replica_but(c, d, q->avoid, q, &old);
+        int r = pick_replica_but(c, d, q->avoid, q, &old, q->ids, q->n_prompt + q->n_tokens);
         if (r < 0) {
-            r = pick_replica(c, d, q, &old);
+            r = pick_replica(c, d, q, &old, q->ids, q->n_prompt + q->n_tokens);
             /* Back to a replica that failed it twice only once it has
              * recovered (rewired, or a piece ready again). */
             if (r >= 0 && !old && r == q->avoid && q->wait_recovery &&
@@ -753,7 +827,7 @@ void tsr_router_generate(tsr_coord_t *c, const tsr_client_t *from,
      * re-attaching), the request waits like an interrupted one; a
      * deployment that never became ready refuses at once. */
     tsr_worker_t *old;
-    int replica = pick_replica(c, d, NULL, &old);
+    int replica = pick_replica(c, d, NULL, &old, pids, (int)n_pids);
     int64_t now = tsr_now_ms();
     if (replica < 0 && !c->deps[di].ever_ready && now >= c->plan_after_ms) {
         snprintf(msg, sizeof msg, "%s has no ready replica (see `tessera status`)", d->name);
@@ -982,6 +1056,9 @@ void tsr_router_token(tsr_coord_t *c, const tsr_worker_t *w, const tsr_env_t *en
     q->progress_ms = c->now_ms ? c->now_ms : now;
     if (t->done) {
         tsr_dep_state_t *ds = tsr_coord_dep(c, q->deployment);
+        /* its answer's blocks too (the last token was never fed): a next turn resends them */
+        const tsr_deployment_t *d = tsr_config_find(c->cfg, q->deployment);
+        if (d && !on_finishing(c, q)) prefix_routed(c, d, q->replica, q->ids, q->n_prompt + q->n_tokens - 1);
         if (ds && ds->completed && q->replica < ds->n_completed && !on_finishing(c, q))
             ds->completed[q->replica]++;
         if (mt) tsr_hist_observe(&mt->duration, (double)(now - q->started_ms) / 1000.0);

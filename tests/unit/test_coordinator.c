@@ -4979,6 +4979,117 @@ static void test_workers_are_capped_and_dead_ones_forgotten(void **state)
     json_decref(st);
 }
 
+/* ---- routing by prefix ---- */
+
+/* Sends a generate of ids[0..n) to tiny and returns the replica whose leader got it
+ * (nrep replicas of tp 1), its id there in *wid. */
+static int route_prompt(fx_t *fx, int nrep, const int32_t *ids, int n, uint32_t max_tokens,
+                        uint64_t *wid)
+{
+    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
+    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
+    q.deployment = "tiny";
+    q.worker = "";
+    q.n_prompt = (size_t)n;
+    q.prompt = (int32_t *)ids;
+    q.max_tokens = max_tokens;
+    q.top_p = 1.0f;
+    tsr_env_t env = TESSERA__ENVELOPE__INIT;
+    env.worker = "";
+    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
+    env.control_request = &q;
+    send_env(fx->ctl, &env);
+    pump(fx);
+    tsr_env_t *e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
+    if (!e->control_reply->ok) fail_msg("refused: %s", e->control_reply->error);
+    tsr_env_free(&e);
+    for (int r = 0; r < nrep; r++) {
+        int h = holder_in(fx, "tiny", r);
+        assert_int_not_equal(h, -1);
+        if ((e = next_generate(fx, h))) {
+            *wid = e->generate->request_id;
+            tsr_env_free(&e);
+            return r;
+        }
+    }
+    fail_msg("no leader got the request");
+    return -1;
+}
+
+static void prompt_ids(int32_t *ids, int n, int base)
+{
+    for (int i = 0; i < n; i++) ids[i] = base + i % 200;
+}
+
+/* Two replicas: a long prompt goes to the replica that was sent it before, though
+ * that one is busier, until it is busier by more than the prefill the cache saves;
+ * a prompt that shares nothing goes to the least loaded; with prefix_cache: false the
+ * load alone decides. */
+static void test_a_request_goes_where_its_prefix_is_cached_unless_that_replica_is_far_busier(
+    void **state)
+{
+    fx_t *fx = *state;
+    one_node_tp1_replicas(fx, 2);
+    int32_t a[240], b[200];
+    uint64_t wid;
+    prompt_ids(a, 240, 10);
+    prompt_ids(b, 200, 300);
+    assert_int_equal(route_prompt(fx, 2, a, 200, 8, &wid), 0);   /* both idle: the first */
+    /* r0: load 1, 12 of 13 blocks cached, 0.2 chunks to compute; r1: 1.7 chunks */
+    assert_int_equal(route_prompt(fx, 2, a, 220, 8, &wid), 0);
+    /* r0: load 2 and 0.4 chunks against load 0 and 1.9: the idle one takes it */
+    assert_int_equal(route_prompt(fx, 2, a, 240, 8, &wid), 1);
+    /* nothing shared: the least loaded (r0 2, r1 1) */
+    assert_int_equal(route_prompt(fx, 2, b, 200, 8, &wid), 1);
+}
+
+static void test_with_prefix_cache_off_the_load_alone_routes(void **state)
+{
+    fx_t *fx = *state;
+    static char lay[96];
+    snprintf(lay, sizeof lay, "      tensor: 1\n      pipeline: 1\n      replicas: 2\n");
+    layout = lay;
+    reconfigure_dep(fx, "    prefix_cache: false\n");
+    register_all_and_load(fx, 2);
+    int32_t a[240];
+    uint64_t wid;
+    prompt_ids(a, 240, 10);
+    assert_int_equal(route_prompt(fx, 2, a, 200, 8, &wid), 0);
+    assert_int_equal(route_prompt(fx, 2, a, 220, 8, &wid), 1);
+}
+
+/* A finished request's answer is cached where it ran: the next turn (its prompt, its
+ * answer and more) goes there though the other replica is idle; after that replica's
+ * leader is in a new epoch (its cache starts empty) the load decides again. */
+static void test_a_next_turn_goes_where_the_answer_was_computed_until_that_replica_rewires(
+    void **state)
+{
+    fx_t *fx = *state;
+    static char lay[96];
+    snprintf(lay, sizeof lay, "      tensor: 1\n      pipeline: 1\n      replicas: 2\n");
+    layout = lay;
+    reconfigure_dep(fx, "    prefill_chunk: 16\n");
+    register_all_and_load(fx, 2);
+    int32_t turn[60], other[20];
+    uint64_t wid, busy;
+    prompt_ids(turn, 10, 10);               /* 10 ids: no whole block of its own */
+    prompt_ids(other, 20, 400);
+    assert_int_equal(route_prompt(fx, 2, turn, 10, 40, &wid), 0);
+    int h0 = holder_in(fx, "tiny", 0);
+    for (uint32_t k = 0; k < 40; k++) send_token(fx, h0, wid, k, k == 39);   /* 40 .. 79 */
+    pump(fx);
+    client_replies(fx);
+    assert_int_equal(route_prompt(fx, 2, other, 20, 8, &busy), 0);   /* r0 busy: load 1 */
+    for (int k = 0; k < 40; k++) turn[10 + k] = 40 + k;              /* the answer */
+    for (int k = 50; k < 58; k++) turn[k] = 7;                       /* and more */
+    /* r0: 1 + 10/16 chunks (3 blocks of the answer cached); r1: 0 + 58/16 */
+    assert_int_equal(route_prompt(fx, 2, turn, 58, 4, &wid), 0);
+    /* r0's leader in a new epoch: nothing of it is cached any more */
+    tsr_worker_t *l = tsr_registry_find(fx->c->reg, fx->name[h0]);
+    l->piece.epoch++;
+    assert_int_equal(route_prompt(fx, 2, turn, 58, 4, &wid), 1);
+}
+
 int main(void)
 {
     tsr_log_init("test", TSR_LOG_ERROR + 1);
@@ -5095,6 +5206,9 @@ int main(void)
         T(test_registrations_cannot_ratchet_the_epoch),
         T(test_an_oversized_control_request_is_answered_with_the_limit),
         T(test_workers_are_capped_and_dead_ones_forgotten),
+        T(test_a_request_goes_where_its_prefix_is_cached_unless_that_replica_is_far_busier),
+        T(test_with_prefix_cache_off_the_load_alone_routes),
+        T(test_a_next_turn_goes_where_the_answer_was_computed_until_that_replica_rewires),
 #undef T
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
