@@ -882,14 +882,14 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                         "collective_timeout_ms",
                                         "latency_target_ms_per_token",
                                         "scale_up_queue_ms", "scale_up_window_s",
-                                        "scale_down_idle_s", "prefix_cache" };
+                                        "scale_down_idle_s", "prefix_cache", "kv_admission" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[19];
+    yaml_node_t *v[20];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 19, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 20, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -969,6 +969,19 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
     path_key(kpath, path, "prefix_cache");
     if (v[18] && get_bool(c, v[18], kpath, &d->prefix_cache) < 0)
         return -1;
+    if (v[19]) {
+        char *how = NULL;
+        path_key(kpath, path, "kv_admission");
+        if (get_string(c, v[19], kpath, &how) < 0)
+            return -1;
+        if (strcmp(how, "on_demand") && strcmp(how, "reserve")) {
+            fail(c, v[19], kpath, "expected on_demand or reserve, got '%.40s'", how);
+            free(how);
+            return -1;
+        }
+        d->kv_admission = how[0] == 'r' ? TSR_KV_ADMIT_RESERVE : TSR_KV_ADMIT_ON_DEMAND;
+        free(how);
+    }
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;

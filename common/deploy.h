@@ -57,6 +57,10 @@ int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype);
  * 0 for auto or an unknown value. */
 int tsr_kv_row_bytes(int kv_dtype, int head_dim);
 
+/* kv_admission: admit a sequence by what it needs now (preempting when the
+ * pool runs out), or only when the pool holds its worst case. */
+enum { TSR_KV_ADMIT_ON_DEMAND = 0, TSR_KV_ADMIT_RESERVE = 1 };
+
 typedef struct {
     char *name;
     char *model;          /* as written in the file */
@@ -108,6 +112,7 @@ typedef struct {
                              f32 on cpu, bf16 on cuda) */
     bool prefix_cache;    /* keep finished prompts' KV blocks and reuse them (default
                              true; prefix_cache: false turns it off) */
+    int kv_admission;     /* TSR_KV_ADMIT_ON_DEMAND (the default) or TSR_KV_ADMIT_RESERVE */
     char chat_template[16];  /* llama2, llama3, chatml or mistral; "" (the default):
                                 recognised from the model's tokenizer_config.json */
     int line, column;     /* 1-based position of the entry, for messages */

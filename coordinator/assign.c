@@ -125,7 +125,7 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
     X(prefill_chunk, (d)->prefill_chunk) X(max_queue, (d)->max_queue)                         \
     X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))                                  \
     X(matmul_dtype, tsr_kv_dtype_on((d)->device, (d)->matmul_dtype))                        \
-    X(collective_timeout_ms, (d)->collective_timeout_ms)
+    X(collective_timeout_ms, (d)->collective_timeout_ms) X(kv_admission, (d)->kv_admission)
 
 static void fill_keys(Tessera__Assignment *a, const tsr_deployment_t *d)
 {

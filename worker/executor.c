@@ -47,6 +47,7 @@ typedef struct {
     uint8_t secret[64];         /* the replica's data-port secret for this epoch */
     size_t secret_len;
     uint8_t prefix_secret[TSR_PREFIX_SECRET];   /* the prefix cache's keys */
+    bool kv_reserve;            /* kv_admission reserve */
     bool prefix_cache;          /* a secret came: the leader caches prefixes */
 } job_t;
 
@@ -681,6 +682,7 @@ static void serve(tsr_executor_t *ex, const job_t *j, uint64_t gen, job_t *loade
     r.max_queue = j->max_queue;
     r.token_timeout_ms = 2 * j->coll_ms;   /* a hand-off waits for a stage's collectives */
     r.prefix_secret = j->prefix_cache ? j->prefix_secret : NULL;
+    r.kv_reserve = j->kv_reserve;
     tsr_replica_io_t io = {io_next_request, io_next_cancel, io_emit, io_should_stop, io_report,
                            io_flush, io_cached, &ctx};
     if (tsr_replica_run(&r, &io, err, sizeof err) < 0) {
@@ -902,6 +904,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
         memcpy(j->secret, as->data_secret.data, as->data_secret.len);
         j->secret_len = as->data_secret.len;
     }
+    j->kv_reserve = as->kv_admission == 1;
     if (as->prefix_secret.data && as->prefix_secret.len == TSR_PREFIX_SECRET) {
         memcpy(j->prefix_secret, as->prefix_secret.data, TSR_PREFIX_SECRET);
         j->prefix_cache = true;

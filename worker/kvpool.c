@@ -187,6 +187,16 @@ int tsr_kvpool_match(const tsr_kvpool_t *p, const uint64_t *keys, int n)
     return k;
 }
 
+int tsr_kvpool_match_unheld(const tsr_kvpool_t *p, const uint64_t *keys, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t b = keys[i] ? map_find(p, keys[i]) : -1;
+        k += b >= 0 && p->refs[b] == 0;
+    }
+    return k;
+}
+
 int tsr_kvpool_attach(tsr_kvpool_t *p, int slot, const uint64_t *keys, int n)
 {
     if (slot < 0 || slot >= p->max_slots || p->held[slot] != 0 || n < 0 ||

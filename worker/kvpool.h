@@ -62,6 +62,9 @@ int tsr_kvpool_total(const tsr_kvpool_t *p);
 /* How many of keys[0..n) (a chain, parent first) are published, counted
  * from the first: the cached prefix, in blocks.  Changes nothing. */
 int tsr_kvpool_match(const tsr_kvpool_t *p, const uint64_t *keys, int n);
+/* Of the published blocks of keys[0..n), how many no slot holds: attaching
+ * them takes them from what the pool can give. */
+int tsr_kvpool_match_unheld(const tsr_kvpool_t *p, const uint64_t *keys, int n);
 /* Slot, holding no block, attaches the published blocks of keys[0..n).
  * 0, or -1 with nothing attached when slot holds blocks already, n does
  * not fit max_seq_len, or a key is not published (a rank whose cache

@@ -264,7 +264,8 @@ typedef struct {
     uint64_t *keys;             /* prefix cache: the keys of its full blocks so far */
     int n_keys;
     int attach;                 /* waiting: cached blocks it would start with */
-    int cached;                 /* prompt positions it took from the cache */
+    int cached;                 /* prompt positions it took from the cache at first */
+    bool admitted_once;         /* a preempted one keeps the figure above */
 } lseq_t;
 
 typedef struct {
@@ -288,6 +289,7 @@ typedef struct {
     tsr_kvpool_t *pool;         /* the leader's own: the cache every rank holds too */
     const uint8_t *secret;      /* the prefix cache's (NULL: off) */
     uint64_t prompt_cached, prompt_computed, preemptions;
+    uint64_t admissions;        /* sequences admitted so far (tsr_sched_seq_t.admitted) */
 } leader_t;
 
 static int find_seq(const leader_t *L, uint64_t req)
@@ -297,14 +299,24 @@ static int find_seq(const leader_t *L, uint64_t req)
     return -1;
 }
 
+/* Sequence i gives its slot back: the other ranks free it at the next step; the
+ * leader's own pool at once (nothing touches it in between, so it is the same), so
+ * the scheduler counts those blocks as free now. */
+static void free_slot(leader_t *L, int i)
+{
+    int slot = L->s[i].slot;
+    if (slot < 0) return;
+    L->slot_used[slot] = false;
+    L->frees[L->n_frees++] = slot;
+    if (L->pool) tsr_kvpool_release(L->pool, slot);
+    L->s[i].slot = -1;
+}
+
 static void seq_remove(leader_t *L, int i)
 {
     free(L->l[i].q.prompt);
     free(L->l[i].keys);
-    if (L->s[i].slot >= 0) {
-        L->slot_used[L->s[i].slot] = false;
-        L->frees[L->n_frees++] = L->s[i].slot;
-    }
+    free_slot(L, i);
     memmove(L->s + i, L->s + i + 1, (size_t)(L->n - i - 1) * sizeof *L->s);
     memmove(L->l + i, L->l + i + 1, (size_t)(L->n - i - 1) * sizeof *L->l);
     L->n--;
@@ -325,8 +337,9 @@ static void fail_request(const tsr_replica_io_t *io, const tsr_request_t *q, int
     io->emit(io->arg, q->request_id, -1, index, 1, retryable, NULL, why);
 }
 
-/* With the prefix cache the prompt's array also holds the tokens fed back
- * (the keys of generated blocks hash them): room for every position. */
+/* The prompt's array also holds the tokens fed back (the keys of generated
+ * blocks hash them, and a preempted sequence computes them again): room for
+ * every position. */
 static int cache_room(const tsr_replica_rank_t *r, tsr_request_t *q)
 {
     long cap = (long)q->n_prompt + q->max_tokens;
@@ -343,7 +356,7 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
                    tsr_request_t *q)
 {
     char why[200];
-    tsr_sched_seq_t s = {-1, q->n_prompt, 0, 0, q->max_tokens, false, false};
+    tsr_sched_seq_t s = {.slot = -1, .n_prompt = q->n_prompt, .max_tokens = q->max_tokens};
     int need = q->n_prompt >= 1 ? tsr_sched_worst_blocks(&L->cfg, &s) : 0;
     int waiting = waiting_count(L);
     if (q->n_prompt < 1 || q->n_prompt > r->spec.max_seq_len) {
@@ -365,8 +378,8 @@ static void intake(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t *
         free(q->prompt);
         q->prompt = NULL;
         return;
-    } else if (L->secret && cache_room(r, q) < 0) {
-        snprintf(why, sizeof why, "out of memory for the prompt's prefix cache keys");
+    } else if (cache_room(r, q) < 0) {
+        snprintf(why, sizeof why, "out of memory for the sequence's tokens");
     } else {
         int i = L->n++;
         L->s[i] = s;
@@ -460,6 +473,23 @@ static void send_report(tsr_replica_rank_t *r, const tsr_replica_io_t *io, const
     io->report(io->arg, &st);
 }
 
+/* On demand the pool ran out: sequence i gives its blocks back and waits in its
+ * place, with every token it has; it computes them again when admitted. */
+static void preempt(leader_t *L, int i)
+{
+    free_slot(L, i);
+    L->s[i].n_cached = 0;
+    L->preemptions++;
+}
+
+/* What the pool can give now: free blocks and cached ones no sequence holds. */
+static int pool_room(tsr_replica_rank_t *r)
+{
+    int used, total;
+    r->eng_ops->kv_usage(r->eng, &used, &total);
+    return total - used;
+}
+
 /* The cached prefix each waiting sequence that may be admitted now would
  * start with: the longest chain of its prompt's blocks in the cache, short
  * of the prompt's last position (its logits must be computed).  The
@@ -474,11 +504,21 @@ static void match_waiting(leader_t *L)
         tsr_sched_seq_t *s = &L->s[i];
         lseq_t *l = &L->l[i];
         if (s->slot >= 0 || s->cancelled) continue;
-        int limit = (s->n_prompt - 1) / TSR_KV_BLOCK;
+        /* short of its last known position, so an admission always has positions to
+         * compute (a preempted sequence's known ones: all it was fed) */
+        int known = s->n_prompt + (s->n_generated > 0 ? s->n_generated - 1 : 0);
+        int limit = (known - 1) / TSR_KV_BLOCK;
         if (limit > l->n_keys) limit = l->n_keys;
         l->attach = room-- > 0 ? tsr_kvpool_match(L->pool, l->keys, limit) : 0;
         s->n_cached = l->attach * TSR_KV_BLOCK;
+        s->attach_taken = tsr_kvpool_match_unheld(L->pool, l->keys, l->attach);
     }
+}
+
+/* A decode feeds the last token back at the position after every one known. */
+static bool is_decode(const tsr_sched_seq_t *s, const tsr_sched_entry_t *pe)
+{
+    return s->n_generated > 0 && pe->pos == s->n_prompt + s->n_generated - 1;
 }
 
 /* Keys of sequence l's blocks filled by positions [pos, pos + n), which
@@ -528,7 +568,7 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
         lseq_t *l = &L->l[pe->seq];
         n_tok += pe->n;
         /* a decode feeds its last token: the keys of its block hash it */
-        if (L->secret && pe->pos >= L->s[pe->seq].n_prompt) l->q.prompt[pe->pos] = l->last_token;
+        if (is_decode(&L->s[pe->seq], pe)) l->q.prompt[pe->pos] = l->last_token;
         n_keys += (pe->admitted ? l->attach : 0) + publish_count(L, l, pe->pos, pe->n);
     }
     b->hdr = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, TSR_CTL_STEP, L->next_step++, n_plan, L->n_frees,
@@ -549,20 +589,23 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
             s->slot = pe->slot;
             L->slot_used[pe->slot] = true;
             attach = l->attach;
-            l->cached = attach * TSR_KV_BLOCK;
-            L->prompt_cached += (uint64_t)l->cached;
+            s->admitted = ++L->admissions;
+            if (!l->admitted_once) l->cached = attach * TSR_KV_BLOCK;   /* what its client is told */
+            l->admitted_once = true;
+            L->prompt_cached += (uint64_t)attach * TSR_KV_BLOCK;
             memcpy(key, l->keys, (size_t)attach * sizeof *key);
             key += attach;
         }
         memcpy(key, l->keys + pe->pos / TSR_KV_BLOCK, (size_t)publish * sizeof *key);
         key += publish;
-        if (pe->pos < s->n_prompt) L->prompt_computed += (uint64_t)pe->n;
+        if (pe->pos < s->n_prompt)
+            L->prompt_computed += (uint64_t)((pe->pos + pe->n < s->n_prompt ? pe->pos + pe->n : s->n_prompt) - pe->pos);
         b->entries[k] = (tsr_ctl_entry_t){l->q.request_id, l->q.seed, pe->slot, pe->pos, pe->n,
                                           pe->sample, s->n_generated, s->n_prompt, s->max_tokens,
                                           attach, l->q.temperature, l->q.top_p, publish,
                                           l->cached};
-        if (pe->pos < s->n_prompt) memcpy(b->tokens + t, l->q.prompt + pe->pos, (size_t)pe->n * sizeof(int32_t));
-        else b->tokens[t] = l->last_token;
+        /* a decode's token was written to the array above: every entry reads it */
+        memcpy(b->tokens + t, l->q.prompt + pe->pos, (size_t)pe->n * sizeof(int32_t));
         t += pe->n;
         s->n_cached += pe->n;
         if (pe->sample) {
@@ -609,7 +652,7 @@ static int leader_init(tsr_replica_rank_t *r, leader_t *L)
     int used, total;
     r->eng_ops->kv_usage(r->eng, &used, &total);
     L->cfg = (tsr_sched_cfg_t){r->spec.max_seqs, r->prefill_chunk, r->spec.max_seq_len, total,
-                               r->spec.pp_size};
+                               r->spec.pp_size, !r->kv_reserve, total};
     L->cap = r->spec.max_seqs + (r->max_queue > 0 ? r->max_queue : 1);
     L->s = calloc((size_t)L->cap, sizeof *L->s);
     L->l = calloc((size_t)L->cap, sizeof *L->l);
@@ -654,9 +697,13 @@ static int lead(tsr_replica_rank_t *r, const tsr_replica_io_t *io, step_buf_t *b
         int running = L->n - waiting_count(L);
         send_report(r, io, L, L->n - running, running);
         int n_plan = 0;
-        if (L->fl_count < r->spec.pp_size) {
+        while (L->fl_count < r->spec.pp_size) {
+            int victim;
             match_waiting(L);
-            n_plan = tsr_sched_next(&L->cfg, L->s, L->n, L->slot_used, L->plan);
+            L->cfg.free_blocks = pool_room(r);
+            n_plan = tsr_sched_next(&L->cfg, L->s, L->n, L->slot_used, L->plan, &victim);
+            if (n_plan > 0 || victim < 0) break;
+            preempt(L, victim);
         }
         if (n_plan > 0 || (L->n_frees > 0 && L->fl_count == 0)) {
             if (lead_step(r, io, L, b, n_plan, err, errlen) < 0) return -1;

@@ -92,6 +92,10 @@ typedef struct {
     /* Leader: the prefix cache's secret (common/prefix.h), NULL: no cache.
      * The other ranks follow the leader's steps whatever theirs says. */
     const uint8_t *prefix_secret;
+    /* Leader: admit a sequence only when the pool holds its worst case
+     * (kv_admission: reserve); false: by what it needs now, preempting when
+     * the pool runs out (worker/scheduler.h). */
+    bool kv_reserve;
 } tsr_replica_rank_t;
 
 /* Runs until io->should_stop, a stop step, or a data-plane failure.

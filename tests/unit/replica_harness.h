@@ -52,6 +52,7 @@ typedef struct {
     int max_batch, prefill_chunk, max_queue, kv_blocks, max_seq_len;
     int kv_dtype;               /* tsr_kv_dtype_t (0: auto) */
     int prefix_cache;           /* the leader caches prefixes (under a fixed secret) */
+    int kv_reserve;             /* admit by the worst case (kv_admission reserve) */
     int matmul_dtype;           /* the same values: the products' type (0: auto) */
     h_req_t *reqs;
     int n_reqs;
@@ -314,6 +315,7 @@ static void *h_rank_main(void *arg)
     r.idle_ms = 20;
     static const uint8_t prefix_secret[16] = "harness prefix.";
     if (run->prefix_cache) r.prefix_secret = prefix_secret;
+    r.kv_reserve = run->kv_reserve;
     k->t0 = h_now_ms();
     tsr_replica_io_t io = {h_next_request, h_next_cancel, h_emit, h_should_stop, h_report, h_flush,
                            h_cached, k};

@@ -148,7 +148,9 @@ static void test_with_an_int8_kv_cache_each_request_alone_matches_the_reference_
     run_alone_against_the_reference(3);
 }
 
-static void run_batched(int tp, int pp, int kv)
+/* The script batched at tp x pp in mode kv, in a pool of `blocks`, reserving or on
+ * demand, with or without the prefix cache; returns the leader's preemptions. */
+static uint64_t run_batched_in(int tp, int pp, int kv, int blocks, int reserve, int cache)
 {
     /* What "alone" means at this layout.  With bf16 products, tp ranks sum
      * partial products of o and down in another order than one rank does,
@@ -166,12 +168,14 @@ static void run_batched(int tp, int pp, int kv)
     }
     h_req_t reqs[N_REQS];
     memcpy(reqs, script, sizeof reqs);
-    for (int i = 0; i < N_REQS; i++) reset_outcome(&reqs[i]);
-    /* 32 blocks: one 300-token prompt (about 20 blocks with its tokens) and
-     * a few short ones at a time; the rest must wait. */
+    for (int i = 0; i < N_REQS; i++) {
+        reset_outcome(&reqs[i]);
+        if (blocks < 32) reqs[i].arrive_ms = 0;   /* a tight pool: all at once */
+    }
     h_run_t run = {.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_REQS,
-                   .max_batch = 6, .prefill_chunk = 48, .kv_blocks = 32,
-                   .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm};
+                   .max_batch = 6, .prefill_chunk = 48, .kv_blocks = blocks,
+                   .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm, .kv_reserve = reserve,
+                   .prefix_cache = cache};
     h_run(&run);
     for (int i = 0; i < N_REQS; i++) {
         const h_req_t *q = &reqs[i];
@@ -190,10 +194,37 @@ static void run_batched(int tp, int pp, int kv)
                      q->temperature > 0 ? "sampled" : "greedy");
     }
     if (run.max_running < 3) fail_msg("tp %d pp %d: at most %d sequences ran together", tp, pp, run.max_running);
+    if (reserve) assert_int_equal(run.stats[0].preemptions, 0);
     for (int r = 0; r < tp * pp; r++) {
-        assert_int_equal(run.kv_total[r], 32);
+        assert_int_equal(run.kv_total[r], blocks);
         if (run.kv_used[r] != 0) fail_msg("tp %d pp %d rank %d: %d KV blocks still held", tp, pp, r, run.kv_used[r]);
     }
+    return run.stats[0].preemptions;
+}
+
+/* 32 blocks: one 300-token prompt (about 20 blocks with its tokens) and a few short
+ * ones at a time; the rest must wait (reserving) or take blocks as they go. */
+static void run_batched(int tp, int pp, int kv)
+{
+    run_batched_in(tp, pp, kv, 32, 0, 0);
+}
+
+/* 22 blocks, on demand, all arriving at once: the 300-token prompts fill the pool, so running sequences are
+ * preempted and resume by computing their positions again; with the prefix cache they
+ * take back what is still cached.  Nobody's tokens change. */
+static void test_on_demand_a_tight_pool_preempts_and_every_request_keeps_its_tokens(void **state)
+{
+    (void)state;
+    uint64_t p = run_batched_in(1, 1, 0, 22, 0, 0) + run_batched_in(2, 2, 0, 22, 0, 0) +
+                 run_batched_in(1, 2, 0, 22, 0, 1) + run_batched_in(2, 1, 3, 22, 0, 1);
+    if (p == 0) fail_msg("no sequence was preempted in a pool of 22 blocks");
+}
+
+static void test_reserving_never_preempts_and_every_request_keeps_its_tokens(void **state)
+{
+    (void)state;
+    run_batched_in(1, 1, 0, 32, 1, 0);
+    run_batched_in(2, 2, 0, 32, 1, 1);
 }
 
 static void test_with_bf16_products_each_request_alone_matches_the_reference_rounding_them(
@@ -494,6 +525,8 @@ int main(void)
         cmocka_unit_test(test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
+        cmocka_unit_test(test_on_demand_a_tight_pool_preempts_and_every_request_keeps_its_tokens),
+        cmocka_unit_test(test_reserving_never_preempts_and_every_request_keeps_its_tokens),
         cmocka_unit_test(test_with_the_prefix_cache_off_each_request_alone_gives_the_reference_tokens),
         cmocka_unit_test(test_with_the_prefix_cache_tp1_pp1_takes_shared_prefixes_and_gives_the_same_tokens),
         cmocka_unit_test(test_with_the_prefix_cache_tp2_pp2_takes_shared_prefixes_and_gives_the_same_tokens),

@@ -5,7 +5,10 @@
  * reservation, in-flight and cancelled sequences are left alone, and a
  * pipeline of P stages gets about 1/P of the batch per step.  A seeded
  * simulator then drives the scheduler the way the leader in worker/replica.c
- * does, against a real worker/kvpool.h pool, and checks every step. */
+ * does, against a real worker/kvpool.h pool, and checks every step, with
+ * admission by the worst case and on demand; on demand, in tight pools,
+ * sequences are preempted and resumed, a grow never fails, and every
+ * request still gets all its tokens at the positions it would have. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -26,7 +29,7 @@
 static tsr_sched_cfg_t cfg_of(int max_batch, int prefill_chunk, int max_seq_len, int blocks,
                               int micro_batches)
 {
-    return (tsr_sched_cfg_t){max_batch, prefill_chunk, max_seq_len, blocks, micro_batches};
+    return (tsr_sched_cfg_t){max_batch, prefill_chunk, max_seq_len, blocks, micro_batches, false, 0};
 }
 
 /* A running sequence whose prompt is done and whose last token came back:
@@ -34,17 +37,17 @@ static tsr_sched_cfg_t cfg_of(int max_batch, int prefill_chunk, int max_seq_len,
 static tsr_sched_seq_t decoding(int slot, int n_prompt, int n_generated, int max_tokens)
 {
     return (tsr_sched_seq_t){slot, n_prompt, n_prompt + n_generated - 1, n_generated, max_tokens,
-                             false, false};
+                             false, false, 0, 0};
 }
 
 static tsr_sched_seq_t prefilling(int slot, int n_prompt, int n_cached, int max_tokens)
 {
-    return (tsr_sched_seq_t){slot, n_prompt, n_cached, 0, max_tokens, false, false};
+    return (tsr_sched_seq_t){slot, n_prompt, n_cached, 0, max_tokens, false, false, 0, 0};
 }
 
 static tsr_sched_seq_t waiting(int n_prompt, int max_tokens)
 {
-    return (tsr_sched_seq_t){-1, n_prompt, 0, 0, max_tokens, false, false};
+    return (tsr_sched_seq_t){-1, n_prompt, 0, 0, max_tokens, false, false, 0, 0};
 }
 
 /* slot_used as the leader keeps it: exactly the slots of running sequences. */
@@ -61,7 +64,7 @@ static int next(const tsr_sched_cfg_t *cfg, const tsr_sched_seq_t *s, int n,
     bool used[MAX_SLOTS];
     assert_true(cfg->max_batch <= MAX_SLOTS);
     slots_of(s, n, cfg->max_batch, used);
-    return tsr_sched_next(cfg, s, n, used, out);
+    return tsr_sched_next(cfg, s, n, used, out, NULL);
 }
 
 /* Applies a plan the way the leader's lead_step does. */
@@ -325,7 +328,7 @@ static void test_admitted_sequences_get_distinct_free_slots(void **state)
     bool used[6];
     slots_of(s, 6, 6, used);
     tsr_sched_entry_t e[6];
-    int n = tsr_sched_next(&c, s, 6, used, e), k = 0;
+    int n = tsr_sched_next(&c, s, 6, used, e, NULL), k = 0;
     assert_int_equal(n, 6);
     int want[] = {1, 3, 4}, got = 0;
     for (k = 0; k < n; k++)
@@ -336,7 +339,7 @@ static void test_admitted_sequences_get_distinct_free_slots(void **state)
     assert_int_equal(got, 3);
     /* A slot freed but not yet given back counts: slot_used is the truth. */
     used[1] = true;
-    n = tsr_sched_next(&c, s, 6, used, e);
+    n = tsr_sched_next(&c, s, 6, used, e, NULL);
     got = 0;
     for (k = 0; k < n; k++)
         if (e[k].admitted) {
@@ -390,6 +393,8 @@ typedef struct {
     /* Steps whose tokens have not come back: a ring of micro_batches. */
     int flight[4][MAX_SLOTS], fl_n[4], fl_head, fl_count;
     uint32_t rng;
+    uint64_t admissions;
+    int preemptions;
 } sim_t;
 
 static uint32_t rng_next(uint32_t *s)
@@ -536,10 +541,12 @@ static void sim_check_plan(const sim_t *m, const tsr_sched_entry_t *e, int n)
             assert_true(s->slot >= 0);
             assert_int_equal(e[k].slot, s->slot);
         }
-        if (e[k].pos < s->n_prompt) {
+        /* a sequence preempted after generating computes all it was fed again */
+        int known = s->n_prompt + (s->n_generated > 0 ? s->n_generated - 1 : 0);
+        if (e[k].pos < known) {
             prompt += e[k].n;
-            assert_true(e[k].pos + e[k].n <= s->n_prompt);
-            assert_int_equal(e[k].sample, e[k].pos + e[k].n == s->n_prompt);
+            assert_true(e[k].pos + e[k].n <= known);
+            assert_int_equal(e[k].sample, s->n_generated == 0 && e[k].pos + e[k].n == s->n_prompt);
         } else {
             assert_int_equal(e[k].pos, s->n_prompt + s->n_generated - 1);
             assert_int_equal(e[k].n, 1);
@@ -547,10 +554,13 @@ static void sim_check_plan(const sim_t *m, const tsr_sched_entry_t *e, int n)
         }
     }
     assert_true(prompt <= c->prefill_chunk);
-    /* A prompt is cut only where the step's prompt budget runs out. */
-    for (int k = 0; k < n; k++)
-        if (e[k].pos + e[k].n < m->s[e[k].seq].n_prompt) assert_int_equal(prompt, c->prefill_chunk);
-    sim_check_work_conserving(m, e, n, admitted, prompt == c->prefill_chunk);
+    /* A prompt is cut only where the step's prompt budget runs out (on demand
+     * also where the pool's room does). */
+    if (!c->on_demand) {
+        for (int k = 0; k < n; k++)
+            if (e[k].pos + e[k].n < m->s[e[k].seq].n_prompt) assert_int_equal(prompt, c->prefill_chunk);
+        sim_check_work_conserving(m, e, n, admitted, prompt == c->prefill_chunk);
+    }
     /* First come, first served: the admitted are the oldest waiting ones. */
     for (int i = 0, left = admitted; i < m->n; i++) {
         if (m->s[i].slot >= 0 || m->s[i].cancelled) continue;
@@ -589,7 +599,7 @@ static void sim_check_state(const sim_t *m)
             assert_false(m->slot_used[k]);
             assert_int_equal(tsr_kvpool_held(m->pool, k), 0);
         }
-    assert_true(reserved <= m->cfg.total_blocks);
+    if (!m->cfg.on_demand) assert_true(reserved <= m->cfg.total_blocks);
     assert_true(physical <= m->cfg.total_blocks);
     assert_int_equal(physical, tsr_kvpool_used(m->pool));
 }
@@ -602,10 +612,12 @@ static void sim_apply(sim_t *m, const tsr_sched_entry_t *e, int n)
         if (e[k].admitted) {
             s->slot = e[k].slot;
             m->slot_used[e[k].slot] = true;
+            s->admitted = ++m->admissions;
         }
         s->n_cached += e[k].n;
-        /* The engine grows each slot as it runs the step: the reservation
-         * must make this impossible to fail. */
+        /* The engine grows each slot as it runs the step: the reservation, or
+         * on demand the scheduler's count of the pool's room, must make this
+         * impossible to fail. */
         assert_int_equal(tsr_kvpool_grow(m->pool, s->slot, s->n_cached), 0);
         if (e[k].sample) {
             s->in_flight = true;
@@ -621,7 +633,7 @@ static void sim_apply(sim_t *m, const tsr_sched_entry_t *e, int n)
 }
 
 /* One seeded workload from arrival to the last token; returns the steps. */
-static int sim_run(uint32_t seed)
+static int sim_run(uint32_t seed, bool on_demand, int *preemptions)
 {
     sim_t *m = calloc(1, sizeof *m);
     assert_non_null(m);
@@ -638,6 +650,7 @@ static int sim_run(uint32_t seed)
     default: blocks = roomy + rng_range(r, 0, 100); break;  /* roomy */
     }
     m->cfg = cfg_of(max_batch, rng_range(r, 1, 64), msl, blocks, rng_range(r, 1, 3));
+    m->cfg.on_demand = on_demand;
     m->pool = tsr_kvpool_new(blocks, max_batch, msl);
     assert_non_null(m->pool);
     m->n_req = rng_range(r, 1, 24);
@@ -668,8 +681,27 @@ static int sim_run(uint32_t seed)
         if (m->fl_count < m->cfg.micro_batches) {
             tsr_sched_seq_t before[MAX_SEQS];
             memcpy(before, m->s, sizeof before);
-            n = tsr_sched_next(&m->cfg, m->s, m->n, m->slot_used, e);
-            assert_memory_equal(before, m->s, sizeof before);   /* nothing changed */
+            int victim;
+            for (;;) {
+                m->cfg.free_blocks = tsr_kvpool_total(m->pool) - tsr_kvpool_used(m->pool);
+                n = tsr_sched_next(&m->cfg, m->s, m->n, m->slot_used, e, &victim);
+                assert_memory_equal(before, m->s, sizeof before);   /* nothing changed */
+                if (n > 0 || victim < 0) break;
+                /* preempt(): the latest admitted running one, not in flight */
+                assert_true(m->cfg.on_demand);
+                assert_in_range(victim, 0, m->n - 1);
+                tsr_sched_seq_t *v = &m->s[victim];
+                assert_true(v->slot >= 0 && !v->in_flight && !v->cancelled);
+                for (int i = 0; i < m->n; i++)
+                    if (m->s[i].slot >= 0 && !m->s[i].in_flight && !m->s[i].cancelled)
+                        assert_true(m->s[i].admitted <= v->admitted);
+                m->slot_used[v->slot] = false;
+                tsr_kvpool_release(m->pool, v->slot);
+                v->slot = -1;
+                v->n_cached = 0;
+                m->preemptions++;
+                memcpy(before, m->s, sizeof before);
+            }
         }
         if (n > 0) {
             sim_check_plan(m, e, n);
@@ -712,6 +744,7 @@ static int sim_run(uint32_t seed)
     }
     assert_int_equal(tsr_kvpool_used(m->pool), 0);
     tsr_kvpool_destroy(&m->pool);
+    if (preemptions) *preemptions += m->preemptions;
     free(m);
     return steps;
 }
@@ -723,9 +756,53 @@ static void test_random_workloads_keep_every_rule_and_all_finish(void **state)
     long steps = 0;
     for (int round = 0; round < 3000; round++) {
         rng_next(&seed);
-        steps += sim_run(seed);
+        steps += sim_run(seed, false, NULL);
     }
     assert_true(steps > 0);
+}
+
+static void test_on_demand_random_workloads_preempt_and_all_finish(void **state)
+{
+    (void)state;
+    uint32_t seed = 0x0dd5eedu;
+    long steps = 0;
+    int preemptions = 0;
+    for (int round = 0; round < 3000; round++) {
+        rng_next(&seed);
+        steps += sim_run(seed, true, &preemptions);
+    }
+    assert_true(steps > 0);
+    assert_true(preemptions > 100);     /* tight pools did run out */
+}
+
+/* On demand a sequence is admitted by its first chunk, not its worst case:
+ * two that reserving could not hold together run together. */
+static void test_on_demand_admits_by_what_a_sequence_needs_now(void **state)
+{
+    (void)state;
+    tsr_sched_cfg_t c = cfg_of(4, 64, 512, 20, 1);
+    tsr_sched_seq_t s[2] = {waiting(20, 200), waiting(20, 200)};   /* worst 14 blocks each */
+    tsr_sched_entry_t e[4];
+    assert_int_equal(next(&c, s, 2, e), 1);
+    c.on_demand = true;
+    c.free_blocks = 20;
+    assert_int_equal(next(&c, s, 2, e), 2);
+    /* with less room the second's first chunk is cut to what fits, leaving a
+     * block for the first to grow into */
+    c.free_blocks = 4;
+    assert_int_equal(next(&c, s, 2, e), 2);
+    assert_int_equal(e[0].n, 20);
+    assert_int_equal(e[1].n, 16);
+    c.free_blocks = 3;              /* and with none to spare it waits */
+    assert_int_equal(next(&c, s, 2, e), 1);
+    /* cached blocks nobody holds count against the room when attached */
+    s[0].n_cached = 16;
+    s[0].attach_taken = 1;
+    c.free_blocks = 2;
+    assert_int_equal(next(&c, s, 2, e), 1);
+    assert_int_equal(e[0].pos, 16);
+    c.free_blocks = 1;
+    assert_int_equal(next(&c, s, 2, e), 0);
 }
 
 int main(void)
@@ -745,6 +822,8 @@ int main(void)
         cmocka_unit_test(test_admitted_sequences_get_distinct_free_slots),
         cmocka_unit_test(test_two_micro_batches_take_half_of_eight_ready_sequences),
         cmocka_unit_test(test_random_workloads_keep_every_rule_and_all_finish),
+        cmocka_unit_test(test_on_demand_random_workloads_preempt_and_all_finish),
+        cmocka_unit_test(test_on_demand_admits_by_what_a_sequence_needs_now),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
