@@ -21,7 +21,9 @@
 #      GPU token exactly the first maximum of the GPU's logits, each sampled
 #      one exactly tsr_sample's draw on them; a prompt chunk in a mixed
 #      batch, and a step that samples nothing
-#   3. a cuda deployment served by a coordinator and a CUDA worker, and
+#   3. a cuda deployment served by a coordinator and a CUDA worker (with a
+#      prefix cache hit: the same tokens, the first token's time with and
+#      without it), and
 #      tp=2 pp=2 on the one GPU (four workers; they share the GPU, which
 #      NCCL refuses, so every group must say it uses the staged TCP
 #      collectives), each generating 32 tokens, compared with a cpu
@@ -222,6 +224,27 @@ YAML
         [ "$(echo "$out" | wc -w)" -eq 32 ] || { echo "a deployment did not generate 32 tokens"; ok=1; }
     done
     GPU_TOKENS=$gpu
+    # The prefix cache on the GPU: a 240-token prompt, then the same again (its 14
+    # whole blocks short of the last position cached): the same tokens, and the
+    # first token's time with and without the hit.
+    local long p1 p2 t1 t2
+    long=$(seq 3 242 | paste -sd,)
+    for k in 1 2; do
+        timeout 60 "$B/tessera" "${C[@]}" generate on-gpu --prompt-ids "$long" --max-tokens 16 \
+            > "$T/p$k.out" 2> "$T/p$k.err"
+    done
+    p1=$(tail -1 "$T/p1.err") p2=$(tail -1 "$T/p2.err")
+    echo "prefix cache, no hit: $p1"
+    echo "prefix cache, hit:    $p2"
+    case "$p2" in *"(224 of the prompt's 240 tokens cached)"*) ;;
+        *) echo "the second 240-token prompt did not take its 14 cached blocks"; ok=1 ;; esac
+    cmp -s "$T/p1.out" "$T/p2.out" && echo "the same tokens with and without the hit" ||
+        { echo "tokens differ with the hit: $(cat "$T/p1.out") / $(cat "$T/p2.out")"; ok=1; }
+    t1=$(timeout 60 "$B/tessera" "${C[@]}" generate on-gpu --prompt-ids "$long,5" --max-tokens 16 --ids)
+    t2=$(timeout 60 "$B/tessera" "${C[@]}" generate on-cpu --prompt-ids "$long,5" --max-tokens 16 --ids)
+    echo "after a hit, cuda:    $t1"
+    echo "the same, cpu:        $t2"
+    [ "$(echo "$t1" | wc -w)" -eq 16 ] || { echo "the cached prompt did not generate 16 tokens"; ok=1; }
     [ "$cpu" = "$gpu" ] && echo "cuda tp=1 equals the cpu deployment" || echo "cuda tp=1 differs from the cpu deployment"
     [ "$gpu4" = "$gpu" ] && echo "cuda tp=2 pp=2 equals tp=1" || echo "cuda tp=2 pp=2 differs from tp=1"
     if grep -h "share the GPU" "$T"/gpu0-w*.log | head -2 | grep -q .; then

@@ -260,6 +260,29 @@ static void test_device_names_round_trip(void **state)
 
 /* parallel: auto chooses all three; tensor or pipeline auto alone leaves replicas to
  * be chosen too unless they are given; anything else where auto may stand is named. */
+static void test_prefix_cache_and_kv_admission(void **state)
+{
+    (void)state;
+    static const char head[] = "version: 1\ndeployments:\n  - name: a\n    model: m\n";
+    char y[512];
+    tsr_config_t *cfg = parse_ok(head, "demo.yaml");
+    assert_true(cfg->deployments[0].prefix_cache);                 /* the defaults */
+    assert_int_equal(cfg->deployments[0].kv_admission, TSR_KV_ADMIT_ON_DEMAND);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    prefix_cache: false\n    kv_admission: reserve\n", head);
+    cfg = parse_ok(y, "demo.yaml");
+    assert_false(cfg->deployments[0].prefix_cache);
+    assert_int_equal(cfg->deployments[0].kv_admission, TSR_KV_ADMIT_RESERVE);
+    tsr_config_destroy(&cfg);
+    snprintf(y, sizeof y, "%s    prefix_cache: yes\n", head);
+    expect_error(y, "demo.yaml:5:19: deployments[0].prefix_cache: ", "expected true or false, got 'yes'");
+    snprintf(y, sizeof y, "%s    prefix_cache: [true]\n", head);
+    expect_error(y, "demo.yaml:5:19: deployments[0].prefix_cache: ", "expected true or false");
+    snprintf(y, sizeof y, "%s    kv_admission: lazy\n", head);
+    expect_error(y, "demo.yaml:5:19: deployments[0].kv_admission: ",
+                 "expected on_demand or reserve, got 'lazy'");
+}
+
 static void test_parallel_auto_and_its_keys(void **state)
 {
     (void)state;
@@ -1224,6 +1247,7 @@ int main(void)
         cmocka_unit_test(test_load_reads_file_and_resolves_against_its_dir),
         cmocka_unit_test(test_device_names_round_trip),
         cmocka_unit_test(test_parallel_auto_and_its_keys),
+        cmocka_unit_test(test_prefix_cache_and_kv_admission),
         cmocka_unit_test(test_a_range_of_replicas_and_its_keys),
         cmocka_unit_test(test_syntax_error_reports_libyaml_problem_and_position),
         cmocka_unit_test(test_missing_version_is_rejected),
