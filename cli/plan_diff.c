@@ -66,6 +66,9 @@ static tsr_deployment_t running_keys(json_t *rd, char *model, size_t len)
     od.gpu_memory_percent = jint(rd, "gpu_memory_percent");
     od.kv_dtype = dtype_of(jstr(rd, "kv_dtype"));
     od.matmul_dtype = dtype_of(jstr(rd, "matmul_dtype"));
+    od.prefix_cache = json_is_true(json_object_get(rd, "prefix_cache"));
+    od.kv_admission = !strcmp(jstr(rd, "kv_admission"), "reserve") ? TSR_KV_ADMIT_RESERVE
+                                                                   : TSR_KV_ADMIT_ON_DEMAND;
     return od;
 }
 

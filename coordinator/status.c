@@ -164,6 +164,9 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "matmul_dtype_used",
                         json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->matmul_dtype))));
     json_object_set_new(o, "gpu_memory_percent", json_integer(d->gpu_memory_percent));
+    json_object_set_new(o, "prefix_cache", json_boolean(d->prefix_cache));
+    json_object_set_new(o, "kv_admission",
+                        json_string(d->kv_admission == TSR_KV_ADMIT_RESERVE ? "reserve" : "on_demand"));
     /* text prompts: whether its tokenizer.json serves them, and why not when one is there
      * but cannot be used (a model without one takes token ids, which is no fault) */
     json_object_set_new(o, "text_prompts", json_boolean(c->deps[i].tok != NULL));
