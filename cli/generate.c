@@ -182,6 +182,7 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
     char err[512];
     int64_t start = tsr_now_ms(), first = 0;
     long long cached = 0;       /* prompt tokens its replica had in its prefix cache */
+    long long prompt_tokens = n;    /* the acceptance says (a text prompt's ids) */
     int64_t resume_until = 0;   /* while the coordinator is away: when to give up */
     int got = 0, resumes = 0;
     uint64_t request_id = 0;    /* the coordinator's id, kept across its restarts */
@@ -289,6 +290,9 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
             if (!json_object_get(doc, "token")) {  /* the acceptance, or a resumption */
                 accepted = 1;
                 serving_id = (uint64_t)json_integer_value(json_object_get(doc, "request_id"));
+                /* a text prompt's length is the coordinator's count of its ids */
+                if (json_object_get(doc, "prompt_tokens") && !got)
+                    prompt_tokens = json_integer_value(json_object_get(doc, "prompt_tokens"));
                 if (!request_id) request_id = serving_id;
                 if (resume_until) {
                     resume_until = 0;
@@ -342,11 +346,11 @@ int tsr_cmd_generate(const tsr_cli_t *cli, int argc, char **argv)
                 if (!only_ids) {
                     int64_t end = tsr_now_ms();
                     fprintf(stderr, "request %llu: %d token(s), finished by %s%s; first token "
-                                    "after %lld ms (%lld of the prompt's %d tokens cached), "
+                                    "after %lld ms (%lld of the prompt's %lld tokens cached), "
                                     "%.1f tokens/s after it\n",
                             (unsigned long long)serving_id, got, finish,
                             resumes ? " (resumed after the coordinator restarted)" : "",
-                            (long long)(first - start), cached, n,
+                            (long long)(first - start), cached, prompt_tokens,
                             got > 1 && end > first ? (got - 1) * 1000.0 / (double)(end - first) : 0.0);
                 }
                 rc = 0;

@@ -125,7 +125,8 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
     X(prefill_chunk, (d)->prefill_chunk) X(max_queue, (d)->max_queue)                         \
     X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))                                  \
     X(matmul_dtype, tsr_kv_dtype_on((d)->device, (d)->matmul_dtype))                        \
-    X(collective_timeout_ms, (d)->collective_timeout_ms) X(kv_admission, (d)->kv_admission)
+    X(collective_timeout_ms, (d)->collective_timeout_ms) X(kv_admission, (d)->kv_admission) \
+    X(prefix_cache, (d)->prefix_cache)
 
 static void fill_keys(Tessera__Assignment *a, const tsr_deployment_t *d)
 {
@@ -206,7 +207,6 @@ bool tsr_assignment_changed(const tsr_deployment_t *od, const tsr_deployment_t *
     was.model_path = od->model_path;
     fill_keys(&was, od);
     return tsr_assignment_differs(nd, &was, why, sizeof why) || od->kv_cache_mib != nd->kv_cache_mib ||
-           od->prefix_cache != nd->prefix_cache ||
            /* it sizes the KV pool of cuda pieces without kv_cache_mib only */
            (nd->device == TSR_DEVICE_CUDA && !nd->kv_cache_mib &&
             od->gpu_memory_percent != nd->gpu_memory_percent);

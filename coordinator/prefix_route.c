@@ -136,7 +136,8 @@ static index_t *index_of(tsr_prefix_route_t *p, const char *dep, int r, bool mak
  * resizes it, evictions drop as many of the oldest keys. */
 static void apply(index_t *x, const tsr_prefix_replica_t *rep)
 {
-    int cap = rep->pool_blocks > 0 ? rep->pool_blocks : DEFAULT_BLOCKS;
+    /* a size not reported (0: a worker just registered or marked) keeps the index's */
+    int cap = rep->pool_blocks > 0 ? rep->pool_blocks : x->cap > 0 ? x->cap : DEFAULT_BLOCKS;
     if (cap > MAX_BLOCKS) cap = MAX_BLOCKS;
     if (x->epoch != rep->epoch || x->cap != cap) {
         clear(x);
@@ -178,7 +179,9 @@ void tsr_prefix_route_add(tsr_prefix_route_t *p, const char *dep, int r,
     if (!x) return;
     apply(x, rep);
     if (!make_room(x, x->cap)) return;
-    for (int i = 0; i < n; i++) {
+    /* deepest first, so a prefix's first block is its newest: the replica evicts a
+     * chain from its end, and so does this index */
+    for (int i = n; i-- > 0;) {
         if (!keys[i]) continue;
         if (x->count == x->fifo_cap) pop_front(x);  /* mostly stale: the oldest goes */
         entry_t *e = find(x, keys[i]);

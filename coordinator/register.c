@@ -97,9 +97,13 @@ static const char *adopt_piece(tsr_coord_t *c, tsr_worker_t *w, const Tessera__A
      * again (a rewire, which keeps the weights): a coordinator upgraded to
      * another default, or a file edited meanwhile, reloads nothing for them. */
     *resend = held.max_queue != (uint32_t)d->max_queue ||
-              held.collective_timeout_ms != (uint32_t)d->collective_timeout_ms;
+              held.collective_timeout_ms != (uint32_t)d->collective_timeout_ms ||
+              held.kv_admission != (uint32_t)d->kv_admission ||
+              (bool)held.prefix_cache != d->prefix_cache;
     held.max_queue = (uint32_t)d->max_queue;
     held.collective_timeout_ms = (uint32_t)d->collective_timeout_ms;
+    held.kv_admission = (uint32_t)d->kv_admission;
+    held.prefix_cache = d->prefix_cache;
     if (tsr_assignment_differs(d, &held, why, len)) return why;
     /* An adopted epoch raises the coordinator's: a forged one must neither
      * wrap it nor push it so far that the real workers' epochs look stale. */

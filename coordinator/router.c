@@ -538,6 +538,12 @@ static void prefix_routed(tsr_coord_t *c, const tsr_deployment_t *d, int r, cons
     if (l) free(keys);
 }
 
+/* Requests in flight as a cost: one past max_batch (a queue) weighs two. */
+static double load_cost(int load, const tsr_deployment_t *d)
+{
+    return load + (load >= d->max_batch ? load - d->max_batch + 1 : 0);
+}
+
 /* The replica for a request whose prompt is ids[0..n) (NULL: any): the one with the
  * least work counting what its cache saves, in "requests in flight": each
  * prefill_chunk of prompt it must compute weighs one request, and one past max_batch
@@ -553,7 +559,7 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
     if (old) *old = NULL;
     const tsr_dep_state_t *ds = tsr_coord_dep(c, d->name);
     uint64_t *keys = NULL;
-    int nk = ids ? prompt_keys(c, d, ids, n, &keys) : 0;
+    int nk = -1;                /* the prompt's keys, made for the first candidate */
     double chunk = d->prefill_chunk > 0 ? d->prefill_chunk : 128, unmatched = n / chunk;
     for (int r = 0; r < d->replicas; r++) {
         tsr_canary_t *k = tsr_coord_canary(c, d->name, r);
@@ -565,12 +571,12 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
             continue;
         }
         int load = tsr_requests_in_flight(c, d->name, r), m = 0;
+        if (nk < 0) nk = ids ? prompt_keys(c, d, ids, n, &keys) : 0;
         if (nk > 0) {
             tsr_prefix_replica_t rep = prefix_replica(l);
             m = tsr_prefix_route_match(c->requests->prefixes, d->name, r, &rep, keys, nk);
         }
-        double cost = load + (load >= d->max_batch ? load - d->max_batch + 1 : 0) +
-                      (n - (double)m * TSR_KV_BLOCK) / chunk;
+        double cost = load_cost(load, d) + (n - (double)m * TSR_KV_BLOCK) / chunk;
         if (replica < 0 || cost < best) replica = r, best = cost;
     }
     free(keys);
@@ -579,7 +585,7 @@ static int pick_replica_but(tsr_coord_t *c, const tsr_deployment_t *d, int avoid
         if (!old_serving_leader(c, d, w) ||
             (q && q->avoid_epoch == w->finished.epoch && q->avoid_replica == w->finished.key.replica))
             continue;
-        double cost = old_in_flight(c, w) + unmatched;
+        double cost = load_cost(old_in_flight(c, w), d) + unmatched;
         if (replica < 0 || cost < best) replica = w->finished.key.replica, best = cost, *old = w;
     }
     return replica >= 0 ? replica : draining;

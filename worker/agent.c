@@ -223,6 +223,7 @@ static void take_assignment(tsr_agent_t *a, const Tessera__Assignment *as)
     /* The replica's secret too: it points into the message being freed, and
      * a re-registration must not send it back over the wire. */
     a->piece.data_secret = (ProtobufCBinaryData){0, NULL};
+    a->piece.prefix_secret = (ProtobufCBinaryData){0, NULL};   /* the same (prefix_cache says) */
     a->has_piece = true;
     a->state = TESSERA__WORKER_STATE__STATE_LOADING;
     tsr_info("assigned %s r%u s%u t%u/%u layers [%u,%u) from %s (epoch %llu)", a->deployment,

@@ -905,7 +905,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
         j->secret_len = as->data_secret.len;
     }
     j->kv_reserve = as->kv_admission == 1;
-    if (as->prefix_secret.data && as->prefix_secret.len == TSR_PREFIX_SECRET) {
+    if (as->prefix_cache && as->prefix_secret.data && as->prefix_secret.len == TSR_PREFIX_SECRET) {
         memcpy(j->prefix_secret, as->prefix_secret.data, TSR_PREFIX_SECRET);
         j->prefix_cache = true;
     }

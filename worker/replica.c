@@ -264,8 +264,7 @@ typedef struct {
     uint64_t *keys;             /* prefix cache: the keys of its full blocks so far */
     int n_keys;
     int attach;                 /* waiting: cached blocks it would start with */
-    int cached;                 /* prompt positions it took from the cache at first */
-    bool admitted_once;         /* a preempted one keeps the figure above */
+    int cached;                 /* prompt positions it took from the cache */
 } lseq_t;
 
 typedef struct {
@@ -590,9 +589,12 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
             L->slot_used[pe->slot] = true;
             attach = l->attach;
             s->admitted = ++L->admissions;
-            if (!l->admitted_once) l->cached = attach * TSR_KV_BLOCK;   /* what its client is told */
-            l->admitted_once = true;
-            L->prompt_cached += (uint64_t)attach * TSR_KV_BLOCK;
+            /* what its client is told: the admission that makes its first token */
+            if (s->n_generated == 0) l->cached = attach * TSR_KV_BLOCK;
+            /* prompt positions only (a preempted one also takes back what it generated) */
+            L->prompt_cached += (uint64_t)(attach * TSR_KV_BLOCK < s->n_prompt
+                                               ? attach * TSR_KV_BLOCK
+                                               : s->n_prompt);
             memcpy(key, l->keys, (size_t)attach * sizeof *key);
             key += attach;
         }
@@ -652,7 +654,7 @@ static int leader_init(tsr_replica_rank_t *r, leader_t *L)
     int used, total;
     r->eng_ops->kv_usage(r->eng, &used, &total);
     L->cfg = (tsr_sched_cfg_t){r->spec.max_seqs, r->prefill_chunk, r->spec.max_seq_len, total,
-                               r->spec.pp_size, !r->kv_reserve, total};
+                               r->spec.pp_size, !r->kv_reserve && pool_of(r), total};
     L->cap = r->spec.max_seqs + (r->max_queue > 0 ? r->max_queue : 1);
     L->s = calloc((size_t)L->cap, sizeof *L->s);
     L->l = calloc((size_t)L->cap, sizeof *L->l);

@@ -94,7 +94,8 @@ typedef struct {
     const uint8_t *prefix_secret;
     /* Leader: admit a sequence only when the pool holds its worst case
      * (kv_admission: reserve); false: by what it needs now, preempting when
-     * the pool runs out (worker/scheduler.h). */
+     * the pool runs out (worker/scheduler.h), with an engine whose pool's
+     * bookkeeping it can see (the kvpool op; without it, it reserves). */
     bool kv_reserve;
 } tsr_replica_rank_t;
 
