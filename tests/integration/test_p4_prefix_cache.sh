@@ -5,7 +5,8 @@
 # those of a deployment with prefix_cache: false; /metrics and status count
 # the cached tokens and blocks; after a coordinator restart (the same key
 # store: the same keys) the prompt still hits and the tokens stay; a reload
-# that turns the cache off gives no hits and the same tokens.
+# to another model starts with an empty cache; a reload that turns the cache
+# off gives no hits and the same tokens.
 source "$(dirname "$0")/lib.sh"
 M="$T/wide"
 # wide enough that prefilling 960 positions takes a visible while on a CPU
@@ -16,7 +17,7 @@ deployments() {
     cat <<YAML
 deployments:
   - name: cached
-    model: $M
+    model: ${2:-$M}
     max_seq_len: 1024
     prefill_chunk: 1024
     prefix_cache: $1
@@ -91,6 +92,21 @@ gen cached "$MORE" again
 [ "$(cached again)" -ge 960 ] || fail "after a restart the prompt took $(cached again) cached tokens"
 cmp -s "$T/again.ids" "$T/plain.ids" || fail "tokens differ after a coordinator restart"
 ok "after a coordinator restart: $(cached again) cached tokens, the same tokens"
+
+# a reload that changes the model (the same weights under another path) drops the cache
+cp -r "$M" "$T/wide2"
+epoch() { status_json | jget "max(w['assignment']['epoch'] for w in d['workers'] if w['assignment'] and w['assignment']['deployment'] == 'cached')"; }
+before=$(epoch)
+{ coordinator_yaml "http_endpoint: 127.0.0.1:$HPORT"; deployments true "$T/wide2"; } > "$T/d.yaml"
+tsr reload > "$T/reload.txt" 2>&1 || fail "reload: $(cat "$T/reload.txt")"
+moved() { [ "$(epoch)" -gt "$before" ] && all_ready; }
+wait_until 15 moved || fail "the new model did not load: $(tsr status 2>&1)"
+gen cached "$MORE" newmodel
+[ "$(cached newmodel)" = 0 ] || fail "a new model found $(cached newmodel) cached tokens"
+gen cached "$MORE" newmodel2
+[ "$(cached newmodel2)" = 960 ] || fail "the new model's cache took $(cached newmodel2) tokens"
+cmp -s "$T/newmodel.ids" "$T/plain.ids" && cmp -s "$T/newmodel2.ids" "$T/plain.ids" || fail "tokens differ on the new model"
+ok "a reload to another model starts with an empty cache"
 
 # a reload that turns it off
 { coordinator_yaml "http_endpoint: 127.0.0.1:$HPORT"; deployments false; } > "$T/d.yaml"

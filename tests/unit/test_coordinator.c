@@ -500,6 +500,13 @@ static void test_assign_carries_the_model_path_and_deployment(void **state)
         assert_int_equal(env->assign->assignment->kv_cache_bytes, 0);
         assert_int_equal(env->assign->assignment->device, TESSERA__DEVICE_KIND__DEVICE_CPU);
         assert_string_equal(env->worker, fx->name[i]);
+        /* the prefix cache on (the default), with the deployment's secret */
+        assert_true(env->assign->assignment->prefix_cache);
+        assert_int_equal(env->assign->assignment->prefix_secret.len, 16);
+        uint8_t want[16];
+        assert_true(tsr_coord_prefix_secret(fx->c, &fx->c->cfg->deployments[0], 2, 2, want));
+        assert_memory_equal(env->assign->assignment->prefix_secret.data, want, 16);
+        assert_int_equal(env->assign->assignment->kv_admission, 0);
         tsr_env_free(&env);
     }
     assert_int_equal(got, 4);
@@ -4979,6 +4986,41 @@ static void test_workers_are_capped_and_dead_ones_forgotten(void **state)
     json_decref(st);
 }
 
+/* The prefix cache's secret differs with the deployment, its model, device, number formats
+ * and layout, is the same when asked again, and there is none with prefix_cache: false. */
+static void test_prefix_secrets_differ_across_deployments_models_types_and_layouts(void **state)
+{
+    fx_t *fx = *state;
+    tsr_deployment_t d = fx->c->cfg->deployments[0], v;
+    uint8_t base[16], again[16], other[16];
+    assert_true(tsr_coord_prefix_secret(fx->c, &d, 1, 1, base));
+    assert_true(tsr_coord_prefix_secret(fx->c, &d, 1, 1, again));
+    assert_memory_equal(base, again, 16);
+    for (int k = 0; k < 7; k++) {
+        v = d;
+        int tp = 1, pp = 1;
+        switch (k) {
+        case 0: v.name = "other"; break;
+        case 1: v.model_path = "/models/another"; break;
+        case 2: v.kv_dtype = TSR_KV_BF16; break;
+        case 3: v.matmul_dtype = TSR_KV_BF16; break;
+        case 4: tp = 2; break;
+        case 5: pp = 2; break;
+        default: v.device = TSR_DEVICE_CUDA; break;
+        }
+        assert_true(tsr_coord_prefix_secret(fx->c, &v, tp, pp, other));
+        if (!memcmp(base, other, 16)) fail_msg("change %d gives the same secret", k);
+    }
+    v = d;
+    v.kv_dtype = TSR_KV_F32;    /* auto is the type it stands for on cpu: the same cache */
+    d.kv_dtype = TSR_KV_AUTO;
+    assert_true(tsr_coord_prefix_secret(fx->c, &d, 1, 1, base));
+    assert_true(tsr_coord_prefix_secret(fx->c, &v, 1, 1, other));
+    assert_memory_equal(base, other, 16);
+    v.prefix_cache = false;
+    assert_false(tsr_coord_prefix_secret(fx->c, &v, 1, 1, other));
+}
+
 /* ---- routing by prefix ---- */
 
 /* Sends a generate of ids[0..n) to tiny and returns the replica whose leader got it
@@ -5208,6 +5250,7 @@ int main(void)
         T(test_workers_are_capped_and_dead_ones_forgotten),
         T(test_a_request_goes_where_its_prefix_is_cached_unless_that_replica_is_far_busier),
         T(test_with_prefix_cache_off_the_load_alone_routes),
+        T(test_prefix_secrets_differ_across_deployments_models_types_and_layouts),
         T(test_a_next_turn_goes_where_the_answer_was_computed_until_that_replica_rewires),
 #undef T
     };
