@@ -307,6 +307,7 @@ bench: deps
 	@./bench/autoscale.sh
 	@./bench/cost_model.sh
 	@./bench/reshard.sh
+	@./bench/prefix.sh
 
 # The units name the installed binaries and SYSCONFDIR's files (@PREFIX@,
 # @SYSCONFDIR@); UNITDIR is where systemd finds them.
