@@ -595,10 +595,10 @@ static int lead_step(tsr_replica_rank_t *r, const tsr_replica_io_t *io, leader_t
             L->prompt_cached += (uint64_t)(attach * TSR_KV_BLOCK < s->n_prompt
                                                ? attach * TSR_KV_BLOCK
                                                : s->n_prompt);
-            memcpy(key, l->keys, (size_t)attach * sizeof *key);
+            if (attach > 0) memcpy(key, l->keys, (size_t)attach * sizeof *key);
             key += attach;
         }
-        memcpy(key, l->keys + pe->pos / TSR_KV_BLOCK, (size_t)publish * sizeof *key);
+        if (publish > 0) memcpy(key, l->keys + pe->pos / TSR_KV_BLOCK, (size_t)publish * sizeof *key);
         key += publish;
         if (pe->pos < s->n_prompt)
             L->prompt_computed += (uint64_t)((pe->pos + pe->n < s->n_prompt ? pe->pos + pe->n : s->n_prompt) - pe->pos);

@@ -386,6 +386,7 @@ static void cluster_up(fx_t *fx)
         fx->piece[i].peer_workers = fx->piece[i].peer_nodes = NULL;
         fx->piece[i].n_peer_workers = fx->piece[i].n_peer_nodes = 0;
         fx->piece[i].data_secret = (ProtobufCBinaryData){0, NULL};
+        fx->piece[i].prefix_secret = (ProtobufCBinaryData){0, NULL};   /* as a worker keeps it */
         assert_int_equal(env->epoch, env->assign->assignment->epoch);
         tsr_env_free(&env);
     }

@@ -13,6 +13,7 @@
 
 #include "worker/engine.h"
 #include "worker/replica.h"
+#include "worker/kvpool.h"
 #include "worker/replica_ctl.h"
 
 static tsr_model_info_t model_with_eos(int n, const int *ids)
@@ -299,6 +300,73 @@ static void test_a_pipeline_link_failure_is_told_as_the_link_s(void **state)
     }
 }
 
+/* ---- a step's prefix-cache keys ---------------------------------------------------- */
+
+static int key_case;
+/* The leader's side: one step whose entry attaches one cached block at position 16;
+ * case 0 names a key this rank does not hold, case 1 gives two keys for the one. */
+static int keyed_step_group(tsr_comm_t *c, const tsr_p2p_t *ops, int n, int timeout_ms, char *err,
+                            size_t errlen)
+{
+    (void)c, (void)n, (void)timeout_ms;
+    void *p = ops[0].buf.ptr;
+    switch (ctl_calls++) {
+    case 0:
+        *(tsr_ctl_hdr_t *)p = (tsr_ctl_hdr_t){TSR_CTL_MAGIC, TSR_CTL_STEP, 7, 1, 0, 16,
+                                              key_case == 0 ? 1 : 2};
+        return 0;
+    case 1: {
+        tsr_ctl_entry_t *e = p;
+        *e = (tsr_ctl_entry_t){.req = 9, .slot = 0, .pos = 16, .n = 16, .prompt_len = 33,
+                               .max_tokens = 4, .n_attach = 1};
+        uint64_t *k = (uint64_t *)(e + 1);
+        k[0] = 12345;
+        k[1] = 6789;
+        return 0;
+    }
+    default:
+        snprintf(err, errlen, "control channel asked too often");
+        return -1;
+    }
+}
+static tsr_kvpool_t *rank_pool;
+static tsr_kvpool_t *fake_kvpool(tsr_engine_t *e)
+{
+    (void)e;
+    return rank_pool;
+}
+
+static void test_a_step_naming_a_cached_block_this_rank_lacks_or_miscounting_keys_is_refused(
+    void **state)
+{
+    (void)state;
+    static const tsr_coll_ops_t ctl = {.name = "fake-ctl", .group = keyed_step_group};
+    static const tsr_engine_ops_t eng = {.name = "fake", .model = fake_model_of,
+                                         .kv_usage = fake_kv_usage, .release = fake_release,
+                                         .hidden = fake_hidden, .step = fake_step,
+                                         .kvpool = fake_kvpool};
+    rank_pool = tsr_kvpool_new(16, 4, 64);
+    for (key_case = 0; key_case < 2; key_case++) {
+        tsr_replica_rank_t r = {.eng_ops = &eng, .ops = &ctl, .ctl_ops = &ctl,
+                                .ctl = (tsr_comm_t *)&r, .prev = (tsr_comm_t *)&r,
+                                .spec = {0, 1, 1, 2, 4, 8, 64, 4, 36, 16, 1}};
+        tsr_replica_io_t io = {.should_stop = never_stop};
+        char err[256] = "";
+        ctl_calls = stepped = 0;
+        assert_int_equal(tsr_replica_run(&r, &io, err, sizeof err), -1);
+        assert_int_equal(stepped, 0);
+        if (key_case == 0)
+            assert_string_equal(err, "slot 0 cannot take the 1 cached block(s) the leader named: "
+                                     "this rank's prefix cache differs from the leader's, or "
+                                     "the slot is in use");
+        else
+            assert_string_equal(err, "malformed step from the leader: 2 keys for entries that "
+                                     "take 1");
+        assert_int_equal(tsr_kvpool_used(rank_pool), 0);
+    }
+    tsr_kvpool_destroy(&rank_pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -313,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_low_temperature_sharpens),
         cmocka_unit_test(test_a_run_frees_every_slot_and_refuses_a_garbage_step_naming_what_is_wrong),
         cmocka_unit_test(test_a_pipeline_link_failure_is_told_as_the_link_s),
+        cmocka_unit_test(test_a_step_naming_a_cached_block_this_rank_lacks_or_miscounting_keys_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
