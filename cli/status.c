@@ -25,13 +25,18 @@ static void fmt_age(long long ms, char *buf, size_t len)
     else snprintf(buf, len, "%lldm", ms / 60000);
 }
 
-/* A piece's KV pool as "used/total" blocks; "-" before it reports one. */
+/* A piece's KV pool as "used/total" blocks, "used+cached/total" while its prefix
+ * cache holds blocks no sequence does; "-" before it reports one. */
 static void fmt_kv(json_t *o, char *buf, size_t len)
 {
-    if (jint(o, "kv_blocks_total") > 0)
-        snprintf(buf, len, "%lld/%lld", jint(o, "kv_blocks_used"), jint(o, "kv_blocks_total"));
-    else
+    long long cached = jint(o, "kv_blocks_cached");
+    if (jint(o, "kv_blocks_total") <= 0)
         snprintf(buf, len, "-");
+    else if (cached > 0)
+        snprintf(buf, len, "%lld+%lld/%lld", jint(o, "kv_blocks_used"), cached,
+                 jint(o, "kv_blocks_total"));
+    else
+        snprintf(buf, len, "%lld/%lld", jint(o, "kv_blocks_used"), jint(o, "kv_blocks_total"));
 }
 
 static void print_worker_row(json_t *w)

@@ -82,6 +82,8 @@ else:
 PY
 [ "$(status_json | jget "sum(w['kv_blocks_cached'] for w in d['workers'] if w['assignment'] and w['assignment']['deployment'] == 'cached')")" -ge 60 ] \
     || fail "status shows no cached blocks"
+tsr status > "$T/status.txt"
+grep -Eq ' [0-9]+\+([6-9][0-9]|[0-9]{3,})/[0-9]+$' "$T/status.txt" || fail "tessera status shows no cached blocks: $(cat "$T/status.txt")"
 ok "usage, /metrics and status count the cached tokens: $(cat "$T/usage.txt")"
 
 # a coordinator restart: the same key store derives the same keys
