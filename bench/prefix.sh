@@ -76,7 +76,7 @@ for n in (1024, 3072):
           % (n, c50, w50, min(cached), n + 16, c50 / max(w50, 1)))
 
 print("\nmulti-turn chat: 6 conversations of 4 turns, each turn the conversation so far, 200")
-print("new prompt tokens and 32 generated; one conversation at a time")
+print("new prompt tokens and 32 generated; one request at a time, the conversations taking turns")
 for dep in ("plain", "cached"):
     rng.seed(99)
     convs = [prompt(600) for _ in range(6)]

@@ -211,7 +211,8 @@ static void status_usage(FILE *f)
                "\n"
                "Shows each deployment's replicas, stages and tensor-parallel ranks with the\n"
                "worker holding each piece (node, state, pid, heartbeat age, KV cache blocks\n"
-               "in use of the piece's pool), then the idle and dead workers.\n"
+               "of the piece's pool: used/total, or used+cached/total while its prefix cache\n"
+               "holds blocks no sequence does), then the idle and dead workers.\n"
                "  --json               print the status document as JSON\n"
                "  --wait-ready SECONDS wait until every deployment is ready; exit 0 when it\n"
                "                       is, 4 when the time runs out (status is printed)\n");

@@ -3,8 +3,8 @@
 # cache, in the CLI's summary and in the OpenAI usage), its first token
 # comes in well under the time of prefilling it whole, and its tokens equal
 # those of a deployment with prefix_cache: false; /metrics and status count
-# the cached tokens and blocks; after a coordinator restart (the same key
-# store: the same keys) the prompt still hits and the tokens stay; a reload
+# the cached tokens and blocks; after a coordinator restart (the workers keep
+# their caches) the prompt still hits and the tokens stay; a reload
 # to another model starts with an empty cache; a reload that turns the cache
 # off gives no hits and the same tokens.
 source "$(dirname "$0")/lib.sh"
@@ -115,5 +115,7 @@ ok "a reload to another model starts with an empty cache"
 tsr reload > "$T/reload.txt" 2>&1 || fail "reload: $(cat "$T/reload.txt")"
 off() { gen cached "$MORE" off; [ "$(cached off)" = 0 ]; }
 wait_until 10 off || fail "still cached after prefix_cache: false: $(cat "$T/off.err")"
+gen cached "$MORE" off   # sent twice: nothing was kept the first time
+[ "$(cached off)" = 0 ] || fail "prefix_cache: false still caches: $(cat "$T/off.err")"
 cmp -s "$T/off.ids" "$T/plain.ids" || fail "tokens differ with the cache turned off"
 ok "prefix_cache: false by reload: no hits, the same tokens"

@@ -351,9 +351,8 @@ static h_req_t cache_script[N_CACHE];
 static int32_t cache_alone[N_CACHE][H_MAX_TOKENS];
 static int n_cache_alone[N_CACHE];
 
-/* Requests that share prefixes: a 70-token system prompt before each of six
- * (four full blocks and a part), a seventh that resends the first prompt
- * with more after it, and an eighth that resends the first prompt and the
+/* Requests that share prefixes: a 70-token system prompt before each of
+ * seven (four full blocks and a part), an eighth that resends the first prompt and the
  * first answer (a second turn: blocks of generated tokens), each alone with
  * no cache for reference; a ninth whose prompt is the system prompt's first
  * 64 tokens (whole blocks: its last block is computed again). */
