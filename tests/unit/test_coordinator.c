@@ -1566,15 +1566,16 @@ static int sampler(const fx_t *fx)
     return -1;
 }
 
-static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t timeout_ms)
+/* Sends a generate of prompt[0..n) to gen_deployment from client. */
+static void send_generate_ids(fx_t *fx, void *client, const int32_t *prompt, int n,
+                              uint32_t max_tokens, uint32_t timeout_ms)
 {
-    int32_t prompt[3] = {1, 2, 3};
     Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
     q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
     q.deployment = (char *)gen_deployment;
     q.worker = "";
-    q.n_prompt = 3;
-    q.prompt = prompt;
+    q.n_prompt = (size_t)n;
+    q.prompt = (int32_t *)prompt;
     q.max_tokens = max_tokens;
     q.top_p = 1.0f;
     q.timeout_ms = timeout_ms;
@@ -1584,6 +1585,12 @@ static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t 
     env.control_request = &q;
     send_env(client, &env);
     pump(fx);
+}
+
+static void send_generate(fx_t *fx, void *client, uint32_t max_tokens, uint32_t timeout_ms)
+{
+    static const int32_t prompt[3] = {1, 2, 3};
+    send_generate_ids(fx, client, prompt, 3, max_tokens, timeout_ms);
 }
 
 /* Sends a generate request from client and checks that it is accepted and
@@ -5029,20 +5036,7 @@ static void test_prefix_secrets_differ_across_deployments_models_types_and_layou
 static int route_prompt(fx_t *fx, int nrep, const int32_t *ids, int n, uint32_t max_tokens,
                         uint64_t *wid)
 {
-    Tessera__ControlRequest q = TESSERA__CONTROL_REQUEST__INIT;
-    q.kind = TESSERA__CONTROL_REQUEST__KIND__GENERATE;
-    q.deployment = "tiny";
-    q.worker = "";
-    q.n_prompt = (size_t)n;
-    q.prompt = (int32_t *)ids;
-    q.max_tokens = max_tokens;
-    q.top_p = 1.0f;
-    tsr_env_t env = TESSERA__ENVELOPE__INIT;
-    env.worker = "";
-    env.body_case = TESSERA__ENVELOPE__BODY_CONTROL_REQUEST;
-    env.control_request = &q;
-    send_env(fx->ctl, &env);
-    pump(fx);
+    send_generate_ids(fx, fx->ctl, ids, n, max_tokens, 0);   /* to gen_deployment, tiny */
     tsr_env_t *e = expect_kind(fx->ctl, TESSERA__ENVELOPE__BODY_CONTROL_REPLY);
     if (!e->control_reply->ok) fail_msg("refused: %s", e->control_reply->error);
     tsr_env_free(&e);
