@@ -1,7 +1,7 @@
 /* engine_step.c: the CPU engine's decode step alone, no daemons: how its
  * time grows with the context, with the KV cache in f32, bf16 and int8.
  *   engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] [--steps N] [--threads T]
- *               [--matmul-dtype f32|bf16]
+ *               [--matmul-dtype f32|bf16] [--weights-dtype int8]
  *
  * For each context C, a fresh engine (max_batch S, the pool exactly S
  * sequences of C + N positions) prefills S sequences of C tokens, then runs
@@ -12,7 +12,8 @@
  * prompts of C tokens, one sequence a step in chunks of 128, on a fresh
  * pool: its first writes fault its pages in).  Defaults: 32 sequences,
  * contexts 16,200,400, 20 steps, every CPU, f32 weights (--matmul-dtype bf16:
- * the weights in bf16, on AMX where the CPU has it). */
+ * the weights in bf16, on AMX where the CPU has it; --weights-dtype int8: in
+ * int8 with a scale a row, multiplied in f32). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,13 +39,13 @@ static int cmp_double(const void *a, const void *b)
 
 /* Best and median decode step of S sequences at context ctx; -1 on error. */
 static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, int steps,
-                   int threads, int kv_dtype, int mm_dtype, double *best, double *median,
+                   int threads, int kv_dtype, int mm_dtype, int wt_dtype, double *best, double *median,
                    double *prefill)
 {
     char err[512];
     const int chunk = 128, len = ctx + steps;
     tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m->num_hidden_layers, len, S, S + chunk,
-                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype, mm_dtype};
+                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype, mm_dtype, wt_dtype};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) {
         fprintf(stderr, "engine_step: %s\n", err);
@@ -83,7 +84,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16], mm = TSR_KV_F32;
+    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16], mm = TSR_KV_F32, wt = TSR_KV_AUTO;
     const char *dir = NULL, *list = "16,200,400";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seqs") && i + 1 < argc) S = atoi(argv[++i]);
@@ -93,10 +94,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--matmul-dtype") && i + 1 < argc &&
                  (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
             mm = !strcmp(argv[++i], "bf16") ? TSR_KV_BF16 : TSR_KV_F32;
+        else if (!strcmp(argv[i], "--weights-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "int8"))
+            wt = TSR_KV_INT8, i++;
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else {
             fprintf(stderr, "usage: engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] "
-                            "[--steps N] [--threads T] [--matmul-dtype f32|bf16]\n");
+                            "[--steps N] [--threads T] [--matmul-dtype f32|bf16] "
+                            "[--weights-dtype int8]\n");
             return 2;
         }
     }
@@ -124,14 +128,14 @@ int main(int argc, char **argv)
     printf("engine_step: %s (hidden %d, %d layers, %d KV heads of %d), %d sequences, %d decode "
            "steps at each context, %s threads, %s kernels, %s weights%s%s\n", dir, m.hidden_size,
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
-           tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(mm),
+           tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(wt == TSR_KV_INT8 ? wt : mm),
            mm == TSR_KV_BF16 ? ", products: " : "", mm == TSR_KV_BF16 ? tsr_bf16_products_name() : "");
     static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
     for (int k = 0; k < 3; k++) {
         double base = 0;
         for (int i = 0; i < n_ctx; i++) {
             double best, med, pre;
-            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], mm, &best, &med, &pre) < 0)
+            if (measure(dir, &m, S, ctxs[i], steps, threads, kinds[k], mm, wt, &best, &med, &pre) < 0)
                 return 1;
             /* K and V of every layer at the steps' middle position */
             double pos = ctxs[i] + steps / 2.0,

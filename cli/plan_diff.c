@@ -66,6 +66,7 @@ static tsr_deployment_t running_keys(json_t *rd, char *model, size_t len)
     od.gpu_memory_percent = jint(rd, "gpu_memory_percent");
     od.kv_dtype = dtype_of(jstr(rd, "kv_dtype"));
     od.matmul_dtype = dtype_of(jstr(rd, "matmul_dtype"));
+    od.weights_dtype = dtype_of(jstr(rd, "weights_dtype"));   /* absent (older): auto */
     od.prefix_cache = json_is_true(json_object_get(rd, "prefix_cache"));
     od.kv_admission = !strcmp(jstr(rd, "kv_admission"), "reserve") ? TSR_KV_ADMIT_RESERVE
                                                                    : TSR_KV_ADMIT_ON_DEMAND;
@@ -321,7 +322,8 @@ int tsr_plan_diff(const tsr_cli_t *cli, const char *path)
                            tsr_kv_dtype_on(nd2->device, od.kv_dtype) !=
                                tsr_kv_dtype_on(nd2->device, nd2->kv_dtype) ||
                            tsr_kv_dtype_on(nd2->device, od.matmul_dtype) !=
-                               tsr_kv_dtype_on(nd2->device, nd2->matmul_dtype);
+                               tsr_kv_dtype_on(nd2->device, nd2->matmul_dtype) ||
+                           od.weights_dtype != nd2->weights_dtype;
         }
     }
     printf("what a reload of %s would do (%zu live worker(s)):\n", path, k);

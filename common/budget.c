@@ -2,9 +2,18 @@
 
 #include "common/slice.h"
 
+/* Bytes of a slice at elem bytes a parameter, and row_extra more a row of
+ * a matrix (int8 weights' scales). */
+static uint64_t slice_bytes(const tsr_slice_t *sl, int elem, int row_extra)
+{
+    return (uint64_t)tsr_slice_elems(sl) * (uint64_t)elem +
+           (sl->cols ? (uint64_t)(sl->r1 - sl->r0) * (uint64_t)row_extra : 0);
+}
+
 /* What tp rank 0 of the stage holds (rank 0 has the widest vocabulary
  * chunk), exactly as the engines load it: common/slice.c decides. */
-uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor)
+static uint64_t piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor, int elem,
+                            int row_extra)
 {
     static const tsr_tensor_kind_t per_layer[] = {TSR_T_ATTN_NORM, TSR_T_MLP_NORM, TSR_T_Q,
                                                   TSR_T_K, TSR_T_V, TSR_T_O, TSR_T_GATE,
@@ -18,7 +27,7 @@ uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage,
         return 0;
     for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
         if (tsr_slice_of(m, per_layer[i], 0, tensor, &sl) < 0) return 0;
-        layer += (uint64_t)tsr_slice_elems(&sl);
+        layer += slice_bytes(&sl, elem, row_extra);
     }
     tsr_layer_split(m->num_hidden_layers, stages, stage, &begin, &end);
     params = (uint64_t)(end - begin) * layer;
@@ -27,22 +36,28 @@ uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage,
         /* A tied head is stage 0's embedding when both are on one stage. */
         if (t == TSR_T_LM_HEAD && m->tie_word_embeddings && stages == 1) continue;
         if (tsr_slice_of(m, (tsr_tensor_kind_t)t, 0, tensor, &sl) < 0) return 0;
-        params += (uint64_t)tsr_slice_elems(&sl);
+        params += slice_bytes(&sl, elem, row_extra);
     }
-    return params * (uint64_t)m->dtype_bytes;
+    return params;
+}
+
+uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor)
+{
+    return piece_bytes(m, stages, stage, tensor, m->dtype_bytes, 0);
 }
 
 int tsr_weight_elem_bytes(const tsr_deployment_t *d)
 {
     if (d->device == TSR_DEVICE_CUDA) return 2;
+    if (d->weights_dtype == TSR_KV_INT8) return 1;
     return tsr_kv_dtype_on(d->device, d->matmul_dtype) == TSR_KV_BF16 ? 2 : 4;
 }
 
 uint64_t tsr_piece_weight_bytes(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage)
 {
-    tsr_model_info_t held = *m;
-    held.dtype_bytes = tsr_weight_elem_bytes(d);
-    return tsr_model_piece_bytes(&held, d->pipeline, stage, d->tensor);
+    /* int8: each matrix row's f32 scale besides (worker/matmul_f32.h) */
+    return piece_bytes(m, d->pipeline, stage, d->tensor, tsr_weight_elem_bytes(d),
+                       tsr_weight_elem_bytes(d) == 1 ? (int)sizeof(float) : 0);
 }
 
 void tsr_step_rows(int max_batch, int prefill_chunk, int max_seq_len, int *seqs, int *tokens)

@@ -30,12 +30,13 @@
 uint64_t tsr_model_piece_bytes(const tsr_model_info_t *m, int stages, int stage, int tensor);
 
 /* Bytes a parameter takes in the engine of deployment d: 2 (BF16) on a
- * GPU; on a CPU 4 (f32), or 2 with matmul_dtype bf16, whatever the
- * checkpoint's type. */
+ * GPU; on a CPU 4 (f32), 2 with matmul_dtype bf16, or 1 with weights_dtype
+ * int8, whatever the checkpoint's type. */
 int tsr_weight_elem_bytes(const tsr_deployment_t *d);
 
 /* Bytes of weights one piece of stage `stage` of deployment d holds in its
- * engine: tsr_model_piece_bytes at tsr_weight_elem_bytes a parameter. */
+ * engine: tsr_model_piece_bytes at tsr_weight_elem_bytes a parameter, and
+ * with int8 weights 4 bytes more a matrix row (its scale). */
 uint64_t tsr_piece_weight_bytes(const tsr_model_info_t *m, const tsr_deployment_t *d, int stage);
 
 /* The rows a piece's steps are sized for, from a deployment's batching

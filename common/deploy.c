@@ -829,6 +829,36 @@ int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
 /* kv_dtype or matmul_dtype (key) into *out, after device: a cuda piece
  * holds bf16 only, and cuda_says is what it keeps in it; int8 is a KV
  * cache's type only. */
+/* weights_dtype into d, after device and matmul_dtype: auto (as matmul_dtype
+ * says) or int8 (cpu, multiplied in f32). */
+static int parse_weights_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
+{
+    char kpath[PATH_MAX_LEN], *s = NULL;
+    int rc = -1;
+    path_key(kpath, path, "weights_dtype");
+    if (get_string(c, n, kpath, &s) < 0)
+        goto out;
+    if (strcmp(s, "auto") && strcmp(s, "int8")) {
+        fail(c, n, kpath, "expected auto or int8, got '%.40s'%s", s,
+             !strcmp(s, "fp8") ? " (fp8 weights are not built yet)" : "");
+        goto out;
+    }
+    d->weights_dtype = s[0] == 'i' ? TSR_KV_INT8 : TSR_KV_AUTO;
+    if (d->weights_dtype == TSR_KV_INT8 && d->device == TSR_DEVICE_CUDA) {
+        fail(c, n, kpath, "a cuda deployment holds its weights in bf16; int8 is for cpu ones");
+        goto out;
+    }
+    if (d->weights_dtype == TSR_KV_INT8 && d->matmul_dtype == TSR_KV_BF16) {
+        fail(c, n, kpath, "int8 weights are multiplied in f32: leave matmul_dtype auto or f32, "
+             "not bf16");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(s);
+    return rc;
+}
+
 static int parse_elem_dtype(pctx_t *c, yaml_node_t *n, const char *path, const char *key,
                             const char *cuda_says, const tsr_deployment_t *d, int *out)
 {
@@ -882,14 +912,15 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
                                         "collective_timeout_ms",
                                         "latency_target_ms_per_token",
                                         "scale_up_queue_ms", "scale_up_window_s",
-                                        "scale_down_idle_s", "prefix_cache", "kv_admission" };
+                                        "scale_down_idle_s", "prefix_cache", "kv_admission",
+                                        "weights_dtype" };
     tsr_deployment_t *d = &cfg->deployments[idx];
-    yaml_node_t *v[20];
+    yaml_node_t *v[21];
     char path[PATH_MAX_LEN], kpath[PATH_MAX_LEN];
     size_t k;
 
     snprintf(path, sizeof path, "deployments[%zu]", idx);
-    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 20, v) < 0)
+    if (want_mapping(c, n, path) < 0 || map_fields(c, n, path, keys, 21, v) < 0)
         return -1;
     d->line = (int)n->start_mark.line + 1;
     d->column = (int)n->start_mark.column + 1;
@@ -982,6 +1013,8 @@ static int parse_deployment(pctx_t *c, yaml_node_t *n, size_t idx,
         d->kv_admission = how[0] == 'r' ? TSR_KV_ADMIT_RESERVE : TSR_KV_ADMIT_ON_DEMAND;
         free(how);
     }
+    if (v[20] && parse_weights_dtype(c, v[20], path, d) < 0)
+        return -1;
     /* A chunk longer than any sequence can be is just "the whole prompt". */
     if (d->prefill_chunk > d->max_seq_len)
         d->prefill_chunk = d->max_seq_len;

@@ -110,6 +110,9 @@ typedef struct {
                              type each product's inputs are rounded to (f32
                              accumulation); default auto (the engine's own:
                              f32 on cpu, bf16 on cuda) */
+    int weights_dtype;    /* TSR_KV_AUTO (as matmul_dtype says) or TSR_KV_INT8: each
+                             weight matrix in int8 with a scale per row, multiplied
+                             in f32 (cpu only) */
     bool prefix_cache;    /* keep finished prompts' KV blocks and reuse them (default
                              true; prefix_cache: false turns it off) */
     int kv_admission;     /* TSR_KV_ADMIT_ON_DEMAND (the default) or TSR_KV_ADMIT_RESERVE */

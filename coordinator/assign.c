@@ -126,7 +126,7 @@ static uint64_t kv_budget(const tsr_coord_t *c, const tsr_holding_t *h, int di)
     X(kv_dtype, tsr_kv_dtype_on((d)->device, (d)->kv_dtype))                                  \
     X(matmul_dtype, tsr_kv_dtype_on((d)->device, (d)->matmul_dtype))                        \
     X(collective_timeout_ms, (d)->collective_timeout_ms) X(kv_admission, (d)->kv_admission) \
-    X(prefix_cache, (d)->prefix_cache)
+    X(prefix_cache, (d)->prefix_cache) X(weights_dtype, (d)->weights_dtype)
 
 static void fill_keys(Tessera__Assignment *a, const tsr_deployment_t *d)
 {

@@ -364,9 +364,10 @@ bool tsr_coord_prefix_secret(const tsr_coord_t *c, const tsr_deployment_t *d, in
         have_random = true;
     }
     char msg[3 * TSR_PATH_MAX];
-    int n = snprintf(msg, sizeof msg, "tessera prefix cache v1|%s|%s|%d|%d|%d|%d|%d", d->name,
+    int n = snprintf(msg, sizeof msg, "tessera prefix cache v1|%s|%s|%d|%d|%d|%d|%d|%d", d->name,
                      d->model_path, (int)d->device, tsr_kv_dtype_on(d->device, d->kv_dtype),
-                     tsr_kv_dtype_on(d->device, d->matmul_dtype), tp_size, pp_size);
+                     tsr_kv_dtype_on(d->device, d->matmul_dtype), d->weights_dtype, tp_size,
+                     pp_size);
     if (n < 0 || (size_t)n >= sizeof msg) n = (int)sizeof msg - 1;
     uint8_t mac[32];
     unsigned int mac_len = sizeof mac;

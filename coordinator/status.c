@@ -163,6 +163,8 @@ static json_t *deployment_json(const tsr_coord_t *c, size_t i, int64_t now)
     json_object_set_new(o, "matmul_dtype", json_string(tsr_kv_dtype_name(d->matmul_dtype)));
     json_object_set_new(o, "matmul_dtype_used",
                         json_string(tsr_kv_dtype_name(tsr_kv_dtype_on(d->device, d->matmul_dtype))));
+    /* auto: the weights are held in matmul_dtype_used */
+    json_object_set_new(o, "weights_dtype", json_string(tsr_kv_dtype_name(d->weights_dtype)));
     json_object_set_new(o, "gpu_memory_percent", json_integer(d->gpu_memory_percent));
     json_object_set_new(o, "prefix_cache", json_boolean(d->prefix_cache));
     json_object_set_new(o, "kv_admission",

@@ -38,6 +38,8 @@ typedef struct {
     int kv_dtype;                   /* tsr_kv_dtype_t (0, auto: the engine's own) */
     int matmul_dtype;               /* tsr_kv_dtype_t's values: the weights' and the
                                        products' input type (0, auto: the engine's own) */
+    int weights_dtype;              /* tsr_kv_dtype_t's values: 0 (auto) as matmul_dtype
+                                       says, 3 int8 with a scale per row */
 } tsr_piece_spec_t;
 
 /* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
@@ -152,7 +154,7 @@ static inline int tsr_kv_engine_row_bytes(const tsr_engine_ops_t *eng, int kv_dt
 
 /* 0 when an engine that holds the types of `takes` (a bit per
  * tsr_kv_dtype_t, 1 << TSR_KV_F32 ...) for deployment key `key` (kv_dtype,
- * matmul_dtype) can serve value v (auto always can); else -1 with the
+ * matmul_dtype, weights_dtype) can serve value v (auto always can); else -1 with the
  * reason: a number no worker knows (from the wire), or a type this engine
  * (`engine`, for the message) does not `what` ("keep its KV cache in"). */
 static inline int tsr_elem_dtype_check(const char *key, int v, unsigned takes, const char *engine,

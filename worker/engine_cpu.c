@@ -39,9 +39,12 @@
 #include "worker/matmul_f32.h"
 #include "worker/simd.h"
 
-/* Matrices are packed in panels of 16 rows: f32 (worker/matmul_f32.h), or
- * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h); the shapes below are
- * the logical [rows, cols]. */
+/* Matrices are packed in panels of 16 rows: f32 (worker/matmul_f32.h),
+ * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h), or int8 with a scale
+ * per row with weights_dtype int8 (worker/matmul_f32.h), the embedding and
+ * the LM head included; the shapes below are the logical [rows, cols]. */
+typedef enum { W_F32, W_BF16, W_I8 } wfmt_t;
+
 typedef struct {
     float *attn_norm, *mlp_norm;    /* [H] */
     void *wqkv;                     /* [(q_heads + 2 kv_heads) * head_dim, H]: q, k, v rows */
@@ -66,7 +69,7 @@ struct tsr_engine {
     layer_t *layers;
     tsr_kvpool_t *kv;               /* the KV blocks' tables */
     tsr_kvf_cache_t kvc;            /* the KV cache: its pools, in kv_dtype's format */
-    int mm_bf16;                    /* weights in bf16 panels (matmul_dtype bf16), else f32 */
+    wfmt_t wfmt;                    /* how the matrices are held */
     uint16_t *xb;                   /* bf16 products: a step's rows of x rounded */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
@@ -87,24 +90,32 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* Products go through tsr_pool_matmul (worker/matmul_f32.c) or, with bf16
- * weights, tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant,
- * on the pool's threads. */
+/* Products go through tsr_pool_matmul or, with int8 weights,
+ * tsr_pool_matmul_i8 (worker/matmul_f32.c), or with bf16 weights
+ * tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant, on the
+ * pool's threads. */
 static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const void *w, int T,
                    int in, int out)
 {
-    if (e->mm_bf16) tsr_pool_matmul_bf16(e->pool, y, ldy, x, e->xb, w, T, in, out);
-    else tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out);
+    switch (e->wfmt) {
+    case W_BF16: tsr_pool_matmul_bf16(e->pool, y, ldy, x, e->xb, w, T, in, out); break;
+    case W_I8: tsr_pool_matmul_i8(e->pool, y, ldy, x, w, T, in, out); break;
+    case W_F32: tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out); break;
+    }
     /* A sign of life for the watchdog: a long step on a big model is many
      * of these, a stuck thread none. */
     if (e->alive) __atomic_fetch_add(e->alive, 1, __ATOMIC_RELAXED);
 }
 
-/* Row `row` of a packed table (the embedding), widened to f32. */
-static void packed_row(const tsr_engine_t *e, const void *w, int in, int row, float *dst)
+/* Row `row` of a packed table of out rows (the embedding), widened to f32. */
+static void packed_row(const tsr_engine_t *e, const void *w, int out, int in, int row,
+                       float *dst)
 {
-    if (e->mm_bf16) tsr_bf16_packed_row(w, in, row, dst);
-    else tsr_packed_row(w, in, row, dst);
+    switch (e->wfmt) {
+    case W_BF16: tsr_bf16_packed_row(w, in, row, dst); break;
+    case W_I8: tsr_i8_packed_row(w, out, in, row, dst); break;
+    case W_F32: tsr_packed_row(w, in, row, dst); break;
+    }
 }
 
 /* RMSNorm of one row: the sum of squares in double, four lanes side by
@@ -270,10 +281,29 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
     return 0;
 }
 
+/* The scales of n rows of ld weights each, as int8 weights take them
+ * (tsr_i8_row_scale: over the whole row, also where this rank holds some of
+ * its columns); -1 naming the tensor and row when one cannot be quantized
+ * (a NaN or infinite weight). */
+static int row_scales(const char *name, const float *rows, int64_t ld, int64_t row0, int64_t n,
+                      float *scales, char *err, size_t errlen)
+{
+    for (int64_t r = 0; r < n; r++) {
+        scales[r] = tsr_i8_row_scale(rows + r * ld, (int)ld);
+        if (!isfinite(scales[r])) {
+            tsr_set_err(err, errlen, "%s: row %lld holds a NaN or infinite weight: it cannot be "
+                        "held in int8 (weights_dtype int8)", name, (long long)(row0 + r));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
  * packed matrix wp[out, in] (worker/matmul_f32.h), a block of rows at a
  * time, so no second copy of a large matrix is ever held.  The slice must
- * have in columns and fit in rows [row0, out). */
+ * have in columns and fit in rows [row0, out).  For int8 each block is read
+ * with every column of its rows, which the scales are taken over. */
 static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, void *wp,
                        int out, int in, int row0, char *err, size_t errlen)
 {
@@ -293,25 +323,37 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
                     out, in);
         return -1;
     }
-    int64_t step = BLOCK_FLOATS / cols > 0 ? BLOCK_FLOATS / cols : 1;
-    float *buf = malloc((size_t)(step * cols) * sizeof(float));
-    if (!buf) {
+    const int64_t width = e->wfmt == W_I8 ? s.cols : cols;   /* columns read per row */
+    int64_t step = BLOCK_FLOATS / width > 0 ? BLOCK_FLOATS / width : 1;
+    float *buf = malloc((size_t)(step * width) * sizeof(float));
+    float *scales = e->wfmt == W_I8 ? malloc((size_t)step * sizeof(float)) : NULL;
+    if (!buf || (e->wfmt == W_I8 && !scales)) {
+        free(buf), free(scales);
         tsr_set_err(err, errlen, "%s: out of memory for a staging block", name);
         return -1;
     }
     const tsr_tensor_t *tensor = tsr_st_find(st, name);
     int rc = 0;
     for (int64_t r = s.r0; r < s.r1 && rc == 0; r += step) {
-        int64_t n = s.r1 - r < step ? s.r1 - r : step;
+        const int64_t n = s.r1 - r < step ? s.r1 - r : step;
+        const int at = row0 + (int)(r - s.r0);
+        if (e->wfmt == W_I8) {
+            rc = tsr_st_read_f32(st, tensor, r, r + n, 0, s.cols, buf, err, errlen);
+            if (rc == 0) rc = row_scales(name, buf, s.cols, r, n, scales, err, errlen);
+            if (rc == 0)
+                tsr_i8_pack_rows(wp, out, (int)cols, at, buf + s.c0, (int)s.cols, scales, (int)n);
+            continue;
+        }
         rc = tsr_st_read_f32(st, tensor, r, r + n, s.c0, s.c1, buf, err, errlen);
-        if (rc == 0 && e->mm_bf16)
-            tsr_bf16_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
-        else if (rc == 0)
-            tsr_pack_rows(wp, out, (int)cols, row0 + (int)(r - s.r0), buf, (int)n);
+        if (rc == 0 && e->wfmt == W_BF16) tsr_bf16_pack_rows(wp, out, (int)cols, at, buf, (int)n);
+        else if (rc == 0) tsr_pack_rows(wp, out, (int)cols, at, buf, (int)n);
     }
-    free(buf);
+    free(buf), free(scales);
     if (rc < 0) return -1;
-    e->wbytes += (uint64_t)(s.r1 - s.r0) * cols * (e->mm_bf16 ? 2 : sizeof(float));
+    const uint64_t rows = (uint64_t)(s.r1 - s.r0);
+    e->wbytes += e->wfmt == W_I8    ? rows * ((uint64_t)cols + sizeof(float))
+                 : e->wfmt == W_BF16 ? rows * cols * 2
+                                     : rows * cols * sizeof(float);
     return 0;
 }
 
@@ -362,12 +404,14 @@ static void *alloc_w(size_t bytes, int *bad)
     return p;
 }
 
-/* A packed matrix of out rows of `in` columns, f32 (worker/matmul_f32.h)
- * or bf16 (worker/matmul_bf16.h), its padding zeroed. */
+/* A packed matrix of out rows of `in` columns, f32 or int8
+ * (worker/matmul_f32.h) or bf16 (worker/matmul_bf16.h), its padding
+ * zeroed. */
 static void *alloc_packed(const tsr_engine_t *e, int out, int in, int *bad)
 {
-    if (e->mm_bf16) {
-        size_t bytes = tsr_bf16_packed_elems(out, in) * sizeof(uint16_t);
+    if (e->wfmt != W_F32) {
+        size_t bytes = e->wfmt == W_I8 ? tsr_i8_packed_bytes(out, in)
+                                       : tsr_bf16_packed_elems(out, in) * sizeof(uint16_t);
         void *w = alloc_w(bytes, bad);
         if (w) memset(w, 0, bytes);
         return w;
@@ -446,7 +490,7 @@ static layer_t *reusable(tsr_engine_t *donor, const tsr_engine_t *e, int li)
 {
     if (!donor || !donor->layers || donor->stamp != e->stamp || !e->stamp ||
         donor->spec.tp_size != e->spec.tp_size || donor->spec.tp_rank != e->spec.tp_rank ||
-        donor->mm_bf16 != e->mm_bf16 || li < donor->spec.layer_begin ||
+        donor->wfmt != e->wfmt || li < donor->spec.layer_begin ||
         li >= donor->spec.layer_end)
         return NULL;
     layer_t *L = &donor->layers[li - donor->spec.layer_begin];
@@ -486,7 +530,7 @@ static void engine_free_parts(tsr_engine_t *e)
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
     tsr_pool_destroy(&e->pool);
-    tsr_engine_t keep = {.spec = e->spec, .stamp = e->stamp, .mm_bf16 = e->mm_bf16};
+    tsr_engine_t keep = {.spec = e->spec, .stamp = e->stamp, .wfmt = e->wfmt};
     *e = keep;
 }
 
@@ -552,7 +596,9 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     }
     e->spec = *spec;
     e->stamp = files_stamp(dir);
-    e->mm_bf16 = spec->matmul_dtype == TSR_KV_BF16;
+    e->wfmt = spec->weights_dtype == TSR_KV_INT8   ? W_I8
+              : spec->matmul_dtype == TSR_KV_BF16 ? W_BF16
+                                                  : W_F32;
     if (donor) donor_prune(donor, e);
     if (tsr_model_info_load(dir, &e->m, err, errlen) < 0 || check_spec(&e->m, dir, spec, err, errlen) < 0)
         goto out;
@@ -563,8 +609,15 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
                   : spec->kv_dtype == TSR_KV_INT8 ? TSR_KVF_I8
                                                   : TSR_KVF_F32;
     if (tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_F32 | 1u << TSR_KV_BF16,
-                             "CPU", "multiply in", err, errlen) < 0)
+                             "CPU", "multiply in", err, errlen) < 0 ||
+        tsr_elem_dtype_check("weights_dtype", spec->weights_dtype, 1u << TSR_KV_INT8, "CPU",
+                             "hold its weights in", err, errlen) < 0)
         goto out;
+    if (e->wfmt == W_I8 && spec->matmul_dtype == TSR_KV_BF16) {
+        tsr_set_err(err, errlen, "weights_dtype int8 with matmul_dtype bf16: int8 weights are "
+                    "multiplied in f32 (leave matmul_dtype auto or f32)");
+        goto out;
+    }
     const tsr_model_info_t *m = &e->m;
     e->hidden = m->hidden_size;
     e->head_dim = m->head_dim;
@@ -579,8 +632,9 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
         goto out;
     }
     tsr_info("cpu engine: %d threads, %s kernels%s%s", tsr_pool_threads(e->pool),
-             tsr_cpu_kernels_name(tsr_cpu_kernels()), e->mm_bf16 ? ", bf16 products: " : "",
-             e->mm_bf16 ? tsr_bf16_products_name() : "");
+             tsr_cpu_kernels_name(tsr_cpu_kernels()),
+             e->wfmt == W_BF16 ? ", bf16 products: " : e->wfmt == W_I8 ? ", int8 weights" : "",
+             e->wfmt == W_BF16 ? tsr_bf16_products_name() : "");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
     /* files replaced since the stamp (before config.json was read, or the weights
      * opened) would mix two models in one piece: then nothing is taken from the donor */
@@ -671,7 +725,7 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     e->att = alloc_f(T * qw, &bad);
     e->gu = alloc_f(T * 2 * e->inter, &bad);
     e->act = alloc_f(T * e->inter, &bad);
-    if (e->mm_bf16) {   /* the widest input of a product: H, q_heads * head_dim or inter */
+    if (e->wfmt == W_BF16) {   /* the widest input of a product: H, q_heads * head_dim or inter */
         size_t w = H > qw ? H : qw;
         w = w > (size_t)e->inter ? w : (size_t)e->inter;
         e->xb = (uint16_t *)alloc_f((T * (size_t)tsr_bf16_in_padded((int)w) + 1) / 2, &bad);
@@ -807,7 +861,7 @@ static int embed(tsr_engine_t *e, const tsr_batch_t *b, char *err, size_t errlen
             return -1;
         }
         if (t >= e->v_begin && t < e->v_end)
-            packed_row(e, e->embed, H, t - e->v_begin, e->x + (size_t)i * H);
+            packed_row(e, e->embed, e->v_end - e->v_begin, H, t - e->v_begin, e->x + (size_t)i * H);
     }
     return allreduce(e, e->x, (size_t)b->n_tokens * H, err, errlen);
 }

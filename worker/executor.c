@@ -37,6 +37,7 @@ typedef struct {
     uint64_t kv_cache_bytes;
     int kv_dtype;               /* tsr_kv_dtype_t, as the coordinator sent it */
     int matmul_dtype;           /* the same values: the weights' type (matmul_dtype) */
+    int weights_dtype;          /* auto, or int8 weights (weights_dtype) */
     tsr_device_t device;
     int n_peers;
     char peers[MAX_PEERS][TSR_NAME_MAX + 1];
@@ -540,7 +541,8 @@ static bool same_piece(const job_t *a, const job_t *b)
            a->device == b->device &&
            /* auto and the type it stands for (an older coordinator sent auto) */
            tsr_kv_dtype_on(a->device, a->kv_dtype) == tsr_kv_dtype_on(b->device, b->kv_dtype) &&
-           tsr_kv_dtype_on(a->device, a->matmul_dtype) == tsr_kv_dtype_on(b->device, b->matmul_dtype);
+           tsr_kv_dtype_on(a->device, a->matmul_dtype) == tsr_kv_dtype_on(b->device, b->matmul_dtype) &&
+           a->weights_dtype == b->weights_dtype;
 }
 
 /* Serves one job until it is replaced.  *loaded is the piece whose weights
@@ -563,7 +565,7 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
     *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
                                tokens, 0, 0, ex->device_index, j->kv_dtype,
-                               j->matmul_dtype};
+                               j->matmul_dtype, j->weights_dtype};
     int row = tsr_kv_engine_row_bytes(eng, j->kv_dtype, m->head_dim);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
                                          j->max_seq_len, TSR_KV_BLOCK,
@@ -879,6 +881,7 @@ void tsr_executor_assign(tsr_executor_t *ex, const Tessera__Assignment *as)
     j->kv_cache_bytes = as->kv_cache_bytes;
     j->kv_dtype = as->kv_dtype > INT_MAX ? INT_MAX : (int)as->kv_dtype;   /* unknown: refused at load */
     j->matmul_dtype = as->matmul_dtype > INT_MAX ? INT_MAX : (int)as->matmul_dtype;
+    j->weights_dtype = as->weights_dtype > INT_MAX ? INT_MAX : (int)as->weights_dtype;
     j->device = as->device == TESSERA__DEVICE_KIND__DEVICE_CUDA ? TSR_DEVICE_CUDA : TSR_DEVICE_CPU;
     j->coll_ms = as->collective_timeout_ms && as->collective_timeout_ms <= TSR_COLL_TIMEOUT_MS_MAX
                      ? (int)as->collective_timeout_ms

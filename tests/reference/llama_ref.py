@@ -8,7 +8,7 @@ recomputes the whole sequence), one function per piece of the model.
 
     python3 tests/reference/llama_ref.py MODEL_DIR --prompt-ids 1,2,3 \
         --max-tokens N [--logits-out FILE] [--f32] [--stop-at-eos] [--kv-dtype bf16|int8]
-        [--matmul-dtype bf16]
+        [--matmul-dtype bf16] [--weights-dtype int8]
 
 As a module: load_model(dir) -> dict, forward(model, ids) -> logits [T, V],
 generate(model, ids, n) -> list of generated ids.
@@ -302,18 +302,21 @@ def mlp(layer, x, x_round=None):
     return linear(silu(gate) * up, layer["down_proj"], layer["down_proj.bias"], x_round)
 
 
-def round_matmuls(model, rnd):
+def round_matmuls(model, rnd, inputs=True):
     """Makes model multiply as an engine with matmul_dtype bf16 does: every
     weight matrix (the embedding and the LM head too) rounded by rnd, and
     each product's input rounded by it as the product runs.  Norm weights
-    and the residual stream stay as they are."""
+    and the residual stream stay as they are.  inputs=False rounds the
+    weights alone: with round_int8, an engine with weights_dtype int8 (each
+    row of a matrix by its own scale, max |row| / 127; products in f32)."""
     for layer in model["layers"]:
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
             layer[proj] = rnd(layer[proj])
     tied = model["lm_head"] is model["embed_tokens"]
     model["embed_tokens"] = rnd(model["embed_tokens"])
     model["lm_head"] = model["embed_tokens"] if tied else rnd(model["lm_head"])
-    model["x_round"] = rnd
+    if inputs:
+        model["x_round"] = rnd
     return model
 
 
@@ -373,6 +376,9 @@ def main(argv=None):
     ap.add_argument("--matmul-dtype", choices=("f32", "bf16"), default="f32",
                     help="bf16: weights and each product's input rounded as an engine "
                     "with matmul_dtype bf16 multiplies")
+    ap.add_argument("--weights-dtype", choices=("auto", "int8"), default="auto",
+                    help="int8: every weight matrix rounded as an engine with weights_dtype "
+                    "int8 holds it (per row, scale max |row| / 127)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop after generating config.json's eos_token_id")
     args = ap.parse_args(argv)
@@ -388,6 +394,8 @@ def main(argv=None):
         model["kv_round"] = round_bf16 if args.kv_dtype == "bf16" else round_int8
     if args.matmul_dtype == "bf16":
         round_matmuls(model, round_bf16)
+    if args.weights_dtype == "int8":
+        round_matmuls(model, round_int8, inputs=False)
     eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()
     steps = []
     out = generate(model, prompt, args.max_tokens, eos, steps)

@@ -14,7 +14,10 @@
  * it), whose requests alone match the reference with its weights and the
  * products' inputs rounded to bf16, and with an int8 KV cache, whose
  * requests alone match the reference with its keys and values rounded as
- * that cache holds them.  Also: a queue that is full refuses at once, and a
+ * that cache holds them, and with int8 weights (weights_dtype int8), whose
+ * requests alone match the reference with its weights quantized as the
+ * engine holds them, at tp=2 too (a rank's columns scaled by the whole
+ * row's scale).  Also: a queue that is full refuses at once, and a
  * request that could never fit the pool is refused with the numbers. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,14 +36,18 @@
 static char model_dir[64];
 static h_req_t script[N_REQS];
 /* The numeric modes: f32 throughout, the KV cache in bf16, the products in
- * bf16, the KV cache in int8; each request's tokens alone in each. */
+ * bf16, the KV cache in int8, the weights in int8; each request's tokens
+ * alone in each. */
 static const struct {
-    int kv, mm;
+    int kv, mm, wt;
     const char *name;
-} mode[4] = {{TSR_KV_F32, TSR_KV_F32, "f32"}, {TSR_KV_BF16, TSR_KV_F32, "bf16 KV"},
-             {TSR_KV_F32, TSR_KV_BF16, "bf16 matmul"}, {TSR_KV_INT8, TSR_KV_F32, "int8 KV"}};
-static int32_t alone[4][N_REQS][H_MAX_TOKENS];
-static int n_alone[4][N_REQS];
+} mode[5] = {{TSR_KV_F32, TSR_KV_F32, TSR_KV_AUTO, "f32"},
+             {TSR_KV_BF16, TSR_KV_F32, TSR_KV_AUTO, "bf16 KV"},
+             {TSR_KV_F32, TSR_KV_BF16, TSR_KV_AUTO, "bf16 matmul"},
+             {TSR_KV_INT8, TSR_KV_F32, TSR_KV_AUTO, "int8 KV"},
+             {TSR_KV_F32, TSR_KV_F32, TSR_KV_INT8, "int8 weights"}};
+static int32_t alone[5][N_REQS][H_MAX_TOKENS];
+static int n_alone[5][N_REQS];
 
 static uint64_t rng_state = 12345;
 static uint32_t rnd(uint32_t n)
@@ -89,7 +96,8 @@ static void run_each_alone(int tp, int kv, int32_t tokens[][H_MAX_TOKENS], int *
         q.arrive_ms = 0;
         q.cancel_after = 0;
         h_run_t run = {.dir = model_dir, .tp = tp, .pp = 1, .reqs = &q, .n_reqs = 1, .max_batch = 1,
-                       .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm};
+                       .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm,
+                       .weights_dtype = mode[kv].wt};
         h_run(&run);
         if (q.failed) fail_msg("request %d alone (tp %d, %s): %s", i, tp, mode[kv].name, q.error);
         memcpy(tokens[i], q.tokens, sizeof q.tokens);
@@ -111,9 +119,9 @@ static void run_alone_against_the_reference(int kv)
             snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", k ? "," : "", q->prompt[k]);
         snprintf(cmd, sizeof cmd,
                  "python3 tests/reference/llama_ref.py %s --prompt-ids %s --max-tokens %d --stop-at-eos "
-                 "--kv-dtype %s --matmul-dtype %s",
+                 "--kv-dtype %s --matmul-dtype %s --weights-dtype %s",
                  model_dir, ids, q->max_tokens, tsr_kv_dtype_name(mode[kv].kv),
-                 tsr_kv_dtype_name(mode[kv].mm));
+                 tsr_kv_dtype_name(mode[kv].mm), tsr_kv_dtype_name(mode[kv].wt));
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         if (!fgets(line, sizeof line, p)) line[0] = 0;
@@ -174,7 +182,8 @@ static uint64_t run_batched_in(int tp, int pp, int kv, int blocks, int reserve, 
     }
     h_run_t run = {.dir = model_dir, .tp = tp, .pp = pp, .reqs = reqs, .n_reqs = N_REQS,
                    .max_batch = 6, .prefill_chunk = 48, .kv_blocks = blocks,
-                   .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm, .kv_reserve = reserve,
+                   .kv_dtype = mode[kv].kv, .matmul_dtype = mode[kv].mm,
+                   .weights_dtype = mode[kv].wt, .kv_reserve = reserve,
                    .prefix_cache = cache};
     h_run(&run);
     for (int i = 0; i < N_REQS; i++) {
@@ -298,6 +307,25 @@ static void test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_o
 {
     (void)state;
     run_batched(2, 2, 3);
+}
+
+static void test_with_int8_weights_each_request_alone_matches_the_reference_quantizing_them(
+    void **state)
+{
+    (void)state;
+    run_alone_against_the_reference(4);
+}
+
+static void test_batched_tp1_pp1_with_int8_weights_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(1, 1, 4);
+}
+
+static void test_batched_tp2_pp2_with_int8_weights_gives_every_request_its_own_tokens(void **state)
+{
+    (void)state;
+    run_batched(2, 2, 4);
 }
 
 static void test_a_full_queue_refuses_at_once(void **state)
@@ -526,6 +554,9 @@ int main(void)
         cmocka_unit_test(test_with_an_int8_kv_cache_each_request_alone_matches_the_reference_rounding_k_and_v),
         cmocka_unit_test(test_batched_tp1_pp1_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_batched_tp2_pp2_with_an_int8_kv_cache_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_with_int8_weights_each_request_alone_matches_the_reference_quantizing_them),
+        cmocka_unit_test(test_batched_tp1_pp1_with_int8_weights_gives_every_request_its_own_tokens),
+        cmocka_unit_test(test_batched_tp2_pp2_with_int8_weights_gives_every_request_its_own_tokens),
         cmocka_unit_test(test_a_full_queue_refuses_at_once),
         cmocka_unit_test(test_a_request_larger_than_the_pool_is_refused_with_the_numbers),
         cmocka_unit_test(test_on_demand_a_tight_pool_preempts_and_every_request_keeps_its_tokens),

@@ -70,7 +70,8 @@ static void test_cuda_block_bytes_per_stage(void **state)
 }
 
 /* What the engine holds of its weights: BF16 on a GPU whatever the file's
- * type; on a CPU f32, or BF16 with matmul_dtype bf16. */
+ * type; on a CPU f32, BF16 with matmul_dtype bf16, or int8 with
+ * weights_dtype int8 and a 4-byte scale for each row of a matrix. */
 static void test_piece_weight_bytes_per_engine(void **state)
 {
     (void)state;
@@ -85,7 +86,19 @@ static void test_piece_weight_bytes_per_engine(void **state)
     d.matmul_dtype = TSR_KV_BF16;
     assert_int_equal(tsr_weight_elem_bytes(&d), 2);
     assert_int_equal(tsr_piece_weight_bytes(&m, &d, 1), file / 2);
-    d.device = TSR_DEVICE_CUDA, d.matmul_dtype = TSR_KV_AUTO;
+    d.matmul_dtype = TSR_KV_AUTO, d.weights_dtype = TSR_KV_INT8;
+    assert_int_equal(tsr_weight_elem_bytes(&d), 1);
+    /* the last stage at tp 2: its layers' matrix rows and its LM head's vocabulary rows */
+    const tsr_model_info_t *k = &m;
+    int b, e;
+    tsr_layer_split(k->num_hidden_layers, 2, 1, &b, &e);
+    const uint64_t hd = (uint64_t)k->head_dim, H = (uint64_t)k->hidden_size,
+                   layer_rows = (k->num_attention_heads + 2 * k->num_key_value_heads) * hd / 2 +
+                                H + 2 * (uint64_t)k->intermediate_size / 2 + H,
+                   vocab_rows = ((uint64_t)k->vocab_size + 1) / 2;
+    assert_int_equal(tsr_piece_weight_bytes(&m, &d, 1),
+                     file / 4 + 4 * ((uint64_t)(e - b) * layer_rows + vocab_rows));
+    d.device = TSR_DEVICE_CUDA, d.matmul_dtype = TSR_KV_AUTO, d.weights_dtype = TSR_KV_AUTO;
     assert_int_equal(tsr_piece_weight_bytes(&m, &d, 1), file / 2);
     uint64_t w;
     d.max_seq_len = 64, d.gpu_memory_percent = 90;

@@ -1037,12 +1037,14 @@ static void test_fresh_coordinator_does_not_adopt_a_piece_with_other_keys(void *
     fx_t *fx = *state;
     static const char *const keys[] = {"kv_dtype bf16; the configuration now has f32", "max_batch 64",
                                        "model /elsewhere",
-                                       "matmul_dtype bf16; the configuration now has f32"};
-    for (int k = 0; k < 4; k++) {
+                                       "matmul_dtype bf16; the configuration now has f32",
+                                       "weights_dtype int8; the configuration now has auto"};
+    for (int k = 0; k < 5; k++) {
         Tessera__Assignment a;
         held_piece(&a, 4, 8);
         if (k == 0) a.kv_dtype = TSR_KV_BF16;
         if (k == 3) a.matmul_dtype = TSR_KV_BF16;
+        if (k == 4) a.weights_dtype = TSR_KV_INT8;
         if (k == 1) a.max_batch = 64;
         if (k == 2) a.model_path = "/elsewhere";
         char name[8];
@@ -1238,6 +1240,7 @@ static void test_status_shows_each_pieces_kv_pool_and_queue_from_its_heartbeat(v
     assert_string_equal(json_string_value(json_object_get(d, "kv_dtype_used")), "f32");
     assert_string_equal(json_string_value(json_object_get(d, "matmul_dtype")), "auto");
     assert_string_equal(json_string_value(json_object_get(d, "matmul_dtype_used")), "f32");
+    assert_string_equal(json_string_value(json_object_get(d, "weights_dtype")), "auto");
     json_decref(root);
 }
 
@@ -1406,6 +1409,8 @@ static void test_reload_that_changes_a_batching_key_resends_every_assignment(voi
          100ull << 20},
         {"    max_queue: 7\n", offsetof(Tessera__Assignment, max_queue), false, 7},
         {"    kv_dtype: bf16\n", offsetof(Tessera__Assignment, kv_dtype), false, TSR_KV_BF16},
+        /* int8 weights cannot go with the bf16 products next: the next reload drops it */
+        {"    weights_dtype: int8\n", offsetof(Tessera__Assignment, weights_dtype), false, TSR_KV_INT8},
         {"    matmul_dtype: bf16\n", offsetof(Tessera__Assignment, matmul_dtype), false, TSR_KV_BF16},
         {"    collective_timeout_ms: 1000\n", offsetof(Tessera__Assignment, collective_timeout_ms),
          false, 1000},
@@ -1421,7 +1426,10 @@ static void test_reload_that_changes_a_batching_key_resends_every_assignment(voi
     tsr_coord_tick(fx->c, plan_time(fx));
     for (int i = 0; i < NW; i++) expect_nothing(fx->dealer[i], 10);
     for (size_t k = 0; k < sizeof changes / sizeof changes[0]; k++) {
-        /* The keys changed so far stay: each reload changes one key. */
+        /* The keys changed so far stay: each reload changes one key (and
+         * undoes weights_dtype once it has been checked). */
+        if (k > 0 && changes[k - 1].field == offsetof(Tessera__Assignment, weights_dtype))
+            *strstr(keys, changes[k - 1].yaml) = 0;
         strcat(keys, changes[k].yaml);
         write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, keys);
         char err[1024] = "";
@@ -5004,10 +5012,11 @@ static void test_prefix_secrets_differ_across_deployments_models_types_and_layou
     assert_true(tsr_coord_prefix_secret(fx->c, &d, 1, 1, base));
     assert_true(tsr_coord_prefix_secret(fx->c, &d, 1, 1, again));
     assert_memory_equal(base, again, 16);
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < 8; k++) {
         v = d;
         int tp = 1, pp = 1;
         switch (k) {
+        case 7: v.weights_dtype = TSR_KV_INT8; break;
         case 0: v.name = "other"; break;
         case 1: v.model_path = "/models/another"; break;
         case 2: v.kv_dtype = TSR_KV_BF16; break;

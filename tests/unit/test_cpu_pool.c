@@ -254,6 +254,168 @@ static void test_fused_builds_give_the_bits_of_an_fmaf_chain(void **state)
     free(x), free(w), free(wp), free(y);
 }
 
+/* ---- int8 weights ---------------------------------------------------------------- */
+
+/* W[out, in] packed in int8 with its rows' scales (the rule of
+ * tsr_i8_row_scale); the caller frees it. */
+static void *packed_i8(const float *w, int out, int in)
+{
+    const size_t bytes = tsr_i8_packed_bytes(out, in);
+    void *wq = calloc(bytes ? bytes : 1, 1);
+    float *sc = malloc(sizeof(float) * (size_t)(out > 0 ? out : 1));
+    assert_true(wq && sc);
+    for (int o = 0; o < out; o++) sc[o] = tsr_i8_row_scale(w + (size_t)o * in, in);
+    tsr_i8_pack_rows(wq, out, in, 0, w, in, sc, out);
+    free(sc);
+    return wq;
+}
+
+/* A row's scale is its largest magnitude / 127; weights round to nearest,
+ * ties to even, within [-127, 127]; a row of zeros has scale 0 and only
+ * zeros; a NaN poisons the scale (the engine refuses such a row); a packed
+ * row reads back as q * s. */
+static void test_i8_quantization_rounds_to_nearest_even_by_the_rows_largest(void **state)
+{
+    (void)state;
+    const float row[5] = {-2.54f, 1.27f, 0.01f, 0.0f, 0.0f};
+    const float s = tsr_i8_row_scale(row, 5);
+    assert_true(s == 2.54f / 127.0f);
+    assert_int_equal(tsr_i8_quantize(-2.54f, s), -127);
+    assert_int_equal(tsr_i8_quantize(1.27f, s), 64);   /* 63.5 -> 64 (even) */
+    assert_int_equal(tsr_i8_quantize(2.5f, 1.0f), 2);  /* ties to even */
+    assert_int_equal(tsr_i8_quantize(3.5f, 1.0f), 4);
+    assert_int_equal(tsr_i8_quantize(-0.5f, 1.0f), 0);
+    assert_int_equal(tsr_i8_quantize(500.0f, 1.0f), 127);   /* clamped */
+    assert_int_equal(tsr_i8_quantize(-500.0f, 1.0f), -127);
+    assert_int_equal(tsr_i8_quantize(3.0f, 0.0f), 0);
+    const float zeros[3] = {0};
+    assert_true(tsr_i8_row_scale(zeros, 3) == 0.0f);
+    const float nan_row[3] = {1.0f, NAN, 2.0f};
+    assert_true(isnan(tsr_i8_row_scale(nan_row, 3)));
+    const float nan_first[2] = {NAN, 2.0f};
+    assert_true(isnan(tsr_i8_row_scale(nan_first, 2)));
+
+    enum { OUT = 19, IN = 5 };   /* two panels, the second of 3 rows */
+    float w[OUT * IN], back[IN];
+    uint64_t r = 5;
+    for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&r);
+    for (int k = 0; k < IN; k++) w[7 * IN + k] = 0.0f;   /* row 7: all zeros */
+    void *wq = packed_i8(w, OUT, IN);
+    for (int o = 0; o < OUT; o++) {
+        const float so = tsr_i8_row_scale(w + o * IN, IN);
+        tsr_i8_packed_row(wq, OUT, IN, o, back);
+        for (int k = 0; k < IN; k++) {
+            const float want = (float)tsr_i8_quantize(w[o * IN + k], so) * so;
+            if (memcmp(&want, &back[k], sizeof want))
+                fail_msg("row %d column %d reads back %g, q * s is %g", o, k, back[k], want);
+            if (fabsf(back[k] - w[o * IN + k]) > so / 2 * 1.0001f)
+                fail_msg("row %d column %d: %g is more than half a step from %g", o, k, back[k],
+                         w[o * IN + k]);
+        }
+    }
+    /* the padding rows of the last panel: scale 0, weights 0 */
+    const float *sc = wq;
+    const int8_t *q = (const int8_t *)wq + 32 * sizeof(float);
+    for (int o = OUT; o < 32; o++) {
+        assert_true(sc[o] == 0.0f);
+        for (int k = 0; k < IN; k++) assert_int_equal(q[16 * IN + (size_t)k * 16 + (o - 16)], 0);
+    }
+    free(wq);
+}
+
+/* int8 products against a double loop over the dequantized weights (q * s),
+ * for the shapes the f32 products are checked with and every tile height;
+ * the columns outside the output are left alone. */
+static void test_i8_matmul_equals_a_loop_over_the_dequantized_weights(void **state)
+{
+    (void)state;
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 12, 13, 25, 64};
+    static const int outs[] = {1, 17, 100, 513};
+    static const int ins[] = {1, 7, 64, 130};
+    tsr_pool_t *p = tsr_pool_new(3);
+    assert_non_null(p);
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t b = 0; b < sizeof outs / sizeof *outs; b++)
+            for (size_t c = 0; c < sizeof ins / sizeof *ins; c++) {
+                const int T = Ts[a], out = outs[b], in = ins[c], ldy = out + 3;
+                uint64_t s = (uint64_t)(T * 7919 + out * 31 + in);
+                float *x = malloc(sizeof(float) * T * in), *w = malloc(sizeof(float) * out * in);
+                float *y = malloc(sizeof(float) * T * ldy), *row = malloc(sizeof(float) * in);
+                assert_true(x && w && y && row);
+                for (int i = 0; i < T * in; i++) x[i] = rnd(&s);
+                for (int i = 0; i < out * in; i++) w[i] = rnd(&s) * (1 + i % 5);
+                for (int i = 0; i < T * ldy; i++) y[i] = SENTINEL;
+                void *wq = packed_i8(w, out, in);
+                tsr_pool_matmul_i8(p, y, ldy, x, wq, T, in, out);
+                for (int o = 0; o < out; o++) {
+                    tsr_i8_packed_row(wq, out, in, o, row);
+                    for (int t = 0; t < T; t++) {
+                        double ref = 0, mag = 0;
+                        for (int k = 0; k < in; k++) {
+                            const double term = (double)x[t * in + k] * row[k];
+                            ref += term, mag += fabs(term);
+                        }
+                        if (fabs(y[t * ldy + o] - ref) > 1e-5 * mag + 1e-7)
+                            fail_msg("T %d in %d out %d: y[%d][%d] = %g, expected %g", T, in, out,
+                                     t, o, y[t * ldy + o], ref);
+                    }
+                }
+                for (int t = 0; t < T; t++)
+                    for (int o = out; o < ldy; o++)
+                        if (y[t * ldy + o] != SENTINEL)
+                            fail_msg("T %d in %d out %d: column %d was written", T, in, out, o);
+                free(x), free(w), free(y), free(row), free(wq);
+            }
+    tsr_pool_destroy(&p);
+}
+
+/* The fused builds compute an int8 product as the fmaf chain over k of
+ * x * q, then times the row's scale: the same bits in AVX2 and AVX-512
+ * (tests/run.sh runs this under TSR_CPU_KERNELS=avx2 too), and a row of y
+ * has the same bits whatever rows share its product, in every build. */
+static void test_i8_products_are_an_fmaf_chain_times_the_scale_and_batch_invariant(void **state)
+{
+    (void)state;
+    enum { IN = 70, OUT = 83, MAXT = 27 };
+    uint64_t s = 13;
+    float *x = malloc(sizeof(float) * MAXT * IN), *w = malloc(sizeof(float) * OUT * IN);
+    float *y = malloc(sizeof(float) * MAXT * OUT), *all = malloc(sizeof(float) * MAXT * OUT);
+    float *row = malloc(sizeof(float) * IN);
+    assert_true(x && w && y && all && row);
+    for (int i = 0; i < MAXT * IN; i++) x[i] = rnd(&s);
+    for (int i = 0; i < OUT * IN; i++) w[i] = rnd(&s);
+    void *wq = packed_i8(w, OUT, IN);
+    const float *sc = wq;
+    tsr_pool_t *p = tsr_pool_new(2);
+    assert_non_null(p);
+    tsr_pool_matmul_i8(p, all, OUT, x, wq, MAXT, IN, OUT);
+    const int fused = tsr_cpu_kernels() != TSR_KERNELS_PLAIN;
+    for (int T = 1; T <= MAXT; T++) {
+        for (int t0 = 0; t0 + T <= MAXT; t0 += T) {
+            tsr_pool_matmul_i8(p, y, OUT, x + (size_t)t0 * IN, wq, T, IN, OUT);
+            if (memcmp(y, all + (size_t)t0 * OUT, sizeof(float) * T * OUT))
+                fail_msg("rows %d..%d computed %d at a time differ from the same rows among %d",
+                         t0, t0 + T - 1, T, MAXT);
+        }
+    }
+    if (fused) {
+        for (int o = 0; o < OUT; o++) {
+            for (int k = 0; k < IN; k++) row[k] = (float)tsr_i8_quantize(w[o * IN + k], sc[o]);
+            for (int t = 0; t < MAXT; t++) {
+                float acc = 0.0f;
+                for (int k = 0; k < IN; k++) acc = fmaf(row[k], x[t * IN + k], acc);
+                const float want = acc * sc[o];
+                if (memcmp(&want, &all[t * OUT + o], sizeof want))
+                    fail_msg("%s kernels: y[%d][%d] = %.9g, the chain gives %.9g",
+                             tsr_cpu_kernels_name(tsr_cpu_kernels()), t, o, all[t * OUT + o],
+                             want);
+            }
+        }
+    }
+    tsr_pool_destroy(&p);
+    free(x), free(w), free(y), free(all), free(row), free(wq);
+}
+
 /* Packing in pieces (q, k, v into one fused matrix; blocks of rows) gives
  * the same panels as packing at once; every row reads back; the padding of
  * the last panel is zero. */
@@ -428,6 +590,9 @@ int main(void)
         cmocka_unit_test(test_a_row_has_the_same_bits_whatever_it_is_batched_with),
         cmocka_unit_test(test_fused_builds_give_the_bits_of_an_fmaf_chain),
         cmocka_unit_test(test_matmul_splits_a_512_token_prefill),
+        cmocka_unit_test(test_i8_quantization_rounds_to_nearest_even_by_the_rows_largest),
+        cmocka_unit_test(test_i8_matmul_equals_a_loop_over_the_dequantized_weights),
+        cmocka_unit_test(test_i8_products_are_an_fmaf_chain_times_the_scale_and_batch_invariant),
         cmocka_unit_test(test_packing_in_pieces_round_trips_every_row),
         cmocka_unit_test(test_matmul_with_no_inputs_writes_zeros),
         cmocka_unit_test(test_pool_is_reused_for_10000_back_to_back_calls),

@@ -651,6 +651,35 @@ static void test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void *
     tsr_config_destroy(&cfg);
 }
 
+/* weights_dtype: auto (the default) or int8 on cpu; fp8 is named as not
+ * built, and int8 is refused on cuda and beside matmul_dtype bf16 (int8
+ * weights are multiplied in f32), whichever order the keys come in. */
+static void test_weights_dtype_takes_auto_or_int8_on_cpu(void **state)
+{
+    (void)state;
+    tsr_config_t *cfg = parse_batch("    kv_dtype: bf16\n");
+    assert_int_equal(cfg->deployments[0].weights_dtype, TSR_KV_AUTO);
+    tsr_config_destroy(&cfg);
+    cfg = parse_batch("    weights_dtype: int8\n");
+    assert_int_equal(cfg->deployments[0].weights_dtype, TSR_KV_INT8);
+    assert_int_equal(cfg->deployments[0].matmul_dtype, TSR_KV_AUTO);
+    tsr_config_destroy(&cfg);
+    cfg = parse_batch("    weights_dtype: auto\n");
+    assert_int_equal(cfg->deployments[0].weights_dtype, TSR_KV_AUTO);
+    tsr_config_destroy(&cfg);
+    expect_batch_error("weights_dtype", "fp8", "expected auto or int8, got 'fp8' (fp8 weights "
+                       "are not built yet)");
+    expect_batch_error("weights_dtype", "bf16", "expected auto or int8, got 'bf16'");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    weights_dtype: int8\n"
+                 "    device: cuda\n",
+                 "demo.yaml:5:20: deployments[0].weights_dtype: ",
+                 "a cuda deployment holds its weights in bf16; int8 is for cpu ones");
+    expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    weights_dtype: int8\n"
+                 "    matmul_dtype: bf16\n",
+                 "demo.yaml:5:20: deployments[0].weights_dtype: ",
+                 "int8 weights are multiplied in f32");
+}
+
 static void test_batching_keys_of_the_wrong_type_are_rejected(void **state)
 {
     (void)state;
@@ -1271,6 +1300,7 @@ int main(void)
         cmocka_unit_test(test_batching_keys_of_the_wrong_type_are_rejected),
         cmocka_unit_test(test_kv_dtype_takes_auto_f32_bf16_or_int8_and_cuda_refuses_f32_and_int8),
         cmocka_unit_test(test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32),
+        cmocka_unit_test(test_weights_dtype_takes_auto_or_int8_on_cpu),
         cmocka_unit_test(test_duplicate_deployment_name_is_rejected),
         cmocka_unit_test(test_bad_name_chars_are_rejected),
         cmocka_unit_test(test_missing_model_is_rejected),

@@ -37,25 +37,34 @@
 static char dirs[N_MODELS][64];
 static int vocab;
 
-/* The numeric modes the bit-identity tests run in: (kv_dtype, matmul_dtype). */
+/* The numeric modes the bit-identity tests run in: (kv_dtype, matmul_dtype,
+ * weights_dtype). */
 static const struct {
-    int kv, mm;
+    int kv, mm, wt;
     const char *name;
-} modes[] = {{TSR_KV_AUTO, TSR_KV_AUTO, "f32"}, {TSR_KV_BF16, TSR_KV_AUTO, "bf16 KV"},
-             {TSR_KV_INT8, TSR_KV_AUTO, "int8 KV"}, {TSR_KV_AUTO, TSR_KV_BF16, "bf16 matmul"}};
+} modes[] = {{TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_AUTO, "f32"},
+             {TSR_KV_BF16, TSR_KV_AUTO, TSR_KV_AUTO, "bf16 KV"},
+             {TSR_KV_INT8, TSR_KV_AUTO, TSR_KV_AUTO, "int8 KV"},
+             {TSR_KV_AUTO, TSR_KV_BF16, TSR_KV_AUTO, "bf16 matmul"},
+             {TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_INT8, "int8 weights"}};
 #define N_KV (int)(sizeof modes / sizeof modes[0])
 
-static tsr_engine_t *load_mm(const char *dir, int kv_dtype, int mm_dtype)
+static tsr_engine_t *load_wt(const char *dir, int kv_dtype, int mm_dtype, int wt_dtype)
 {
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     vocab = m.vocab_size;
     tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype,
-                             mm_dtype};
+                             mm_dtype, wt_dtype};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) fail_msg("load: %s", err);
     return e;
+}
+
+static tsr_engine_t *load_mm(const char *dir, int kv_dtype, int mm_dtype)
+{
+    return load_wt(dir, kv_dtype, mm_dtype, TSR_KV_AUTO);
 }
 
 static tsr_engine_t *load(const char *dir, int kv_dtype)
@@ -110,7 +119,7 @@ static void test_prefill_in_one_step_in_chunks_or_a_token_at_a_time_gives_the_sa
     (void)state;
     for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
         const int m = mk / N_KV, md = mk % N_KV;
-        tsr_engine_t *e = load_mm(dirs[m], modes[md].kv, modes[md].mm);
+        tsr_engine_t *e = load_wt(dirs[m], modes[md].kv, modes[md].mm, modes[md].wt);
         float *whole = malloc((size_t)vocab * sizeof *whole), *other = malloc((size_t)vocab * sizeof *other);
         static const int lens[] = {1, 2, 17, 70, 150};
         static const int chunks[] = {1, 3, 16, 23};
@@ -139,7 +148,7 @@ static void test_a_step_ticks_the_alive_count_as_it_goes(void **state)
         tsr_model_info_t m;
         char err[512];
         assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-        tsr_engine_t *e = load_mm(dirs[0], modes[md].kv, modes[md].mm);
+        tsr_engine_t *e = load_wt(dirs[0], modes[md].kv, modes[md].mm, modes[md].wt);
         float *out = malloc((size_t)vocab * sizeof *out);
         uint64_t ticks = 0;
         tsr_engine_cpu.set_alive(e, &ticks);
@@ -160,7 +169,7 @@ static void test_sequences_sharing_steps_get_the_bits_they_get_alone(void **stat
     (void)state;
     for (int mk = 0; mk < N_MODELS * N_KV; mk++) {
         const int m = mk / N_KV, md = mk % N_KV;
-        tsr_engine_t *e = load_mm(dirs[m], modes[md].kv, modes[md].mm);
+        tsr_engine_t *e = load_wt(dirs[m], modes[md].kv, modes[md].mm, modes[md].wt);
         float *ref = malloc((size_t)3 * vocab * sizeof *ref), *got = malloc((size_t)3 * vocab * sizeof *got);
         static const int len[3] = {41, 9, 66};
         for (int s = 0; s < 3; s++) alone(e, s, len[s], len[s], ref + (size_t)s * vocab);
@@ -225,16 +234,16 @@ static void test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes(vo
 }
 
 /* The reference's first logits for sequence seq's first len positions,
- * with its products rounded to bf16 or not (mm), and its keys and values
- * as a cache of kv holds them. */
+ * with its products rounded to bf16 or not (mm), its keys and values as a
+ * cache of kv holds them, and its weights as weights_dtype wt holds them. */
 static void reference_logits(const char *dir, int seq, int len, const char *mm, const char *kv,
-                             float *out)
+                             const char *wt, float *out)
 {
-    char cmd[4096], file[96], line[64];
-    snprintf(file, sizeof file, "%s/ref-logits-%s-%s", dir, mm, kv);
+    char cmd[4096], file[128], line[64];
+    snprintf(file, sizeof file, "%s/ref-logits-%s-%s-%s", dir, mm, kv, wt);
     int n = snprintf(cmd, sizeof cmd, "python3 tests/reference/llama_ref.py %s --max-tokens 1 "
-                     "--matmul-dtype %s --kv-dtype %s --logits-out %s --prompt-ids ", dir, mm,
-                     kv, file);
+                     "--matmul-dtype %s --kv-dtype %s --weights-dtype %s --logits-out %s "
+                     "--prompt-ids ", dir, mm, kv, wt, file);
     for (int p = 0; p < len; p++)
         n += snprintf(cmd + n, sizeof cmd - (size_t)n, "%s%d", p ? "," : "", token_at(seq, p));
     snprintf(cmd + n, sizeof cmd - (size_t)n, " > /dev/null");
@@ -265,15 +274,15 @@ static double rms_diff(const float *a, const float *b)
  * reference than `within` times the distance to the unrounded one every
  * time; returns the least such ratio (no input crossed: f32 noise). */
 static double near_rounded_reference(tsr_engine_t *e, int m, const char *mm, const char *kv,
-                                     double within, const char *what)
+                                     const char *wt, double within, const char *what)
 {
     double best = INFINITY;
     float *got = malloc((size_t)vocab * sizeof *got), *rr = malloc((size_t)vocab * sizeof *rr),
           *rf = malloc((size_t)vocab * sizeof *rf);
     for (int seq = 1; seq <= 2; seq++) {
         alone(e, seq, 40, 16, got);
-        reference_logits(dirs[m], seq, 40, mm, kv, rr);
-        reference_logits(dirs[m], seq, 40, "f32", "f32", rf);
+        reference_logits(dirs[m], seq, 40, mm, kv, wt, rr);
+        reference_logits(dirs[m], seq, 40, "f32", "f32", "auto", rf);
         double to_rounded = rms_diff(got, rr), to_f32 = rms_diff(got, rf);
         if (!(to_rounded < within * to_f32))
             fail_msg("model %d, sequence %d: %s are %.3g (rms) from the rounded reference and "
@@ -306,7 +315,7 @@ static void test_bf16_products_give_the_references_bf16_logits_from_half_the_wei
             fail_msg("model %d: %llu weight bytes with bf16 products, %llu with f32", m,
                      (unsigned long long)wh, (unsigned long long)wf);
         /* a bf16 crossing (one input in some 10^4 here) moves it by 2^-8 */
-        double r = near_rounded_reference(h, m, "bf16", "f32", 0.7, "bf16 products");
+        double r = near_rounded_reference(h, m, "bf16", "f32", "auto", 0.7, "bf16 products");
         if (r < best) best = r;
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&h);
@@ -330,12 +339,40 @@ static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_
         /* an int8 crossing moves an element by max |row| / 127: within a
          * tenth every time (up to 0.03 in runs of 2026-12-03; rounding
          * toward zero instead gave 0.78) */
-        double r = near_rounded_reference(q, m, "f32", "int8", 0.1, "int8 cache logits");
+        double r = near_rounded_reference(q, m, "f32", "int8", "auto", 0.1, "int8 cache logits");
         if (r < best) best = r;
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&q);
     }
     expect_f32_noise_once(best, "int8 cache logits");
+}
+
+/* int8 weights: a quarter of the f32 bytes and a scale a row; the logits
+ * are the reference's with the same quantization within f32 noise every
+ * time (both quantize the same f32 weights with the same f32 arithmetic, so
+ * no weight can fall either side of a rounding boundary), and far from its
+ * unquantized ones. */
+static void test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_the_bytes(
+    void **state)
+{
+    (void)state;
+    double worst = 0;
+    for (int m = 0; m < N_MODELS; m++) {
+        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *q = load_wt(dirs[m], TSR_KV_F32, TSR_KV_AUTO,
+                                                                   TSR_KV_INT8);
+        /* norm weights stay f32, and each row has a 4-byte scale: a little over a quarter */
+        uint64_t wf = tsr_engine_cpu.weight_bytes(f), wq = tsr_engine_cpu.weight_bytes(q);
+        if (wq * 4 < wf || wq * 4 > wf + wf / 8)
+            fail_msg("model %d: %llu weight bytes with int8 weights, %llu with f32", m,
+                     (unsigned long long)wq, (unsigned long long)wf);
+        double r = near_rounded_reference(q, m, "f32", "f32", "int8", 0.01, "int8 weights");
+        if (r > worst) worst = r;
+        tsr_engine_cpu.destroy(&f);
+        tsr_engine_cpu.destroy(&q);
+    }
+    if (!(worst < 0.001))
+        fail_msg("int8 weights' logits were %.3g of the distance to the unquantized reference "
+                 "from the quantized one", worst);
 }
 
 /* A copy of model 0 whose first layer's k_proj has a NaN weight, so every
@@ -363,10 +400,16 @@ static void test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan(void **state)
     assert_int_equal(fclose(f), 0);
     /* a NaN weight is refused at load (test_safetensors): let this one through */
     tsr_engine_t *refused = NULL;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dir, &spec, &refused, err, sizeof err), -1);
     assert_non_null(strstr(err, "k_proj.weight: element [0, 0] is NaN"));
     tsr_st_refuse_nonfinite = false;
+    /* int8 weights cannot hold it: the load names the tensor and the row */
+    spec.weights_dtype = TSR_KV_INT8;
+    assert_int_equal(tsr_engine_cpu.load(dir, &spec, &refused, err, sizeof err), -1);
+    assert_null(refused);
+    if (!strstr(err, "model.layers.0.self_attn.k_proj.weight: row 0 holds a NaN"))
+        fail_msg("the int8 load's error does not name the tensor and row: %s", err);
     for (int k = 0; k < 2; k++) {
         tsr_engine_t *e = load(dir, k ? TSR_KV_INT8 : TSR_KV_F32);   /* sets vocab */
         float *lg = malloc((size_t)vocab * sizeof *lg);
@@ -390,7 +433,7 @@ static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void *
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7, 0, 0};
     tsr_engine_t *e = NULL;
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
     assert_null(e);
@@ -399,6 +442,16 @@ static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void *
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
     assert_null(e);
     assert_non_null(strstr(err, "matmul_dtype 9"));
+    spec.matmul_dtype = 0, spec.weights_dtype = 9;
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
+    assert_non_null(strstr(err, "weights_dtype 9"));
+    spec.weights_dtype = TSR_KV_BF16;   /* a type, but not one weights_dtype takes */
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
+    assert_non_null(strstr(err, "weights_dtype bf16"));
+    spec.weights_dtype = TSR_KV_INT8, spec.matmul_dtype = TSR_KV_BF16;   /* int8 multiplies in f32 */
+    assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
+    assert_null(e);
+    assert_non_null(strstr(err, "int8 weights are multiplied in f32"));
 }
 
 /* A weight that does not fit the config (vocab_size 256 for an embedding of 300 rows)
@@ -415,7 +468,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(cmd), 0);
     tsr_model_info_t m;
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0};
     tsr_engine_t *e = NULL;
     assert_int_equal(tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err), -1);
     assert_null(e);
@@ -431,7 +484,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(cmd), 0);
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     assert_int_equal(m.num_hidden_layers, 1000000);
-    tsr_piece_spec_t deep = {0, 1, 0, 1, 0, 1000000, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t deep = {0, 1, 0, 1, 0, 1000000, 256, 4, 160, 64, 2, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dir, &deep, &e, err, sizeof err), -1);
     if (!strstr(err, "model.layers.999999.input_layernorm.weight") || !strstr(err, "fewer layers"))
         fail_msg("the load's error does not name the missing layer: %s", err);
@@ -439,7 +492,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(path), 0);
     /* a max_seq_len whose tables cannot be had is named, not "a KV pool of 4 MiB" */
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-    tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &huge, &e, err, sizeof err), -1);
     if (!strstr(err, "max_seq_len 1073741824"))
         fail_msg("the load's error does not name max_seq_len: %s", err);
@@ -468,8 +521,8 @@ static void test_a_new_piece_keeps_the_layers_it_held(void **state)
     char err[512];
     const char *dir = dirs[1];   /* 4 heads over 2: tp 2 too */
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
-    tsr_piece_spec_t whole = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0};
-    tsr_piece_spec_t first = {0, 1, 0, 2, 0, 1, 256, 4, 160, 64, 2, 0, 0, 0};
+    tsr_piece_spec_t whole = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t first = {0, 1, 0, 2, 0, 1, 256, 4, 160, 64, 2, 0, 0, 0, 0};
     tsr_engine_t *fresh = load(dir, TSR_KV_AUTO);
     float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
     alone(fresh, 1, 40, 40, a);
@@ -493,6 +546,16 @@ static void test_a_new_piece_keeps_the_layers_it_held(void **state)
     bf.matmul_dtype = TSR_KV_BF16;
     tsr_engine_t *g = load_from(&e, dir, bf, &kept);
     assert_int_equal(kept, 0);
+    /* int8 weights keep nothing for bf16 ones, and int8 keeps int8 */
+    tsr_piece_spec_t i8 = whole;
+    i8.weights_dtype = TSR_KV_INT8;
+    e = load_from(&g, dir, i8, &kept);
+    assert_int_equal(kept, 0);
+    g = load_from(&e, dir, i8, &kept);
+    assert_int_equal(kept, 2);
+    e = load_from(&g, dir, bf, &kept);
+    assert_int_equal(kept, 0);
+    g = e;
     /* the same type again keeps both layers, until the files change */
     e = load_from(&g, dir, bf, &kept);
     assert_int_equal(kept, 2);
@@ -551,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_a_bf16_kv_cache_gives_logits_near_f32_ones_in_half_the_bytes),
         cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
+        cmocka_unit_test(test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_the_bytes),
         cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
         cmocka_unit_test(test_a_weight_that_does_not_fit_the_config_is_named),
