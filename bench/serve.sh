@@ -36,6 +36,9 @@
 #   --matmul-dtype bf16       the weights in bf16 and the products on AMX or AVX512-BF16 where
 #                             the CPU has it (matmul_dtype; default f32); the bound counts
 #                             2-byte weights
+#   --weights-dtype int8      every weight matrix in int8 with a scale a row, multiplied in
+#                             f32 (weights_dtype); the bound counts 1-byte weights and the
+#                             scales
 # Needs `make` plus build/bench/serve and build/bench/stream (make bench builds them).
 # Exit status: 0 every request finished, 1 a request failed or a layout did not
 # come up (the reason is printed), 2 bad usage.
@@ -43,7 +46,7 @@ set -u
 cd "$(dirname "$0")/.."
 BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
 
-QUICK=0 KV_DTYPE=f32 MM_DTYPE=f32 KERNELS=""
+QUICK=0 KV_DTYPE=f32 MM_DTYPE=f32 WT_DTYPE=auto KERNELS=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -55,8 +58,13 @@ while [ $# -gt 0 ]; do
         case "${2:-}" in f32 | bf16) MM_DTYPE=$2; shift ;;
         *) echo "bench/serve.sh: --matmul-dtype takes f32 or bf16, not '${2:-}'" >&2; exit 2 ;;
         esac ;;
+    --weights-dtype)
+        case "${2:-}" in auto | int8) WT_DTYPE=$2; shift ;;
+        *) echo "bench/serve.sh: --weights-dtype takes auto or int8, not '${2:-}'" >&2; exit 2 ;;
+        esac ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16|int8] [--matmul-dtype f32|bf16]" >&2; exit 2 ;;
+    *) echo "usage: bench/serve.sh [--quick] [--kv-dtype f32|bf16|int8] [--matmul-dtype f32|bf16]" \
+            "[--weights-dtype auto|int8]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -68,6 +76,12 @@ for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" "$BUILD
     fi
 done
 
+if [ "$WT_DTYPE" = int8 ] && [ "$MM_DTYPE" = bf16 ]; then
+    echo "bench/serve.sh: int8 weights are multiplied in f32: --weights-dtype int8 goes without --matmul-dtype bf16" >&2
+    exit 2
+fi
+# the type the weight matrices are held in
+HELD=$MM_DTYPE; [ "$WT_DTYPE" = int8 ] && HELD=int8
 if [ "$QUICK" = 1 ]; then CONCS="1 8 32" TOTAL=4 PER_STREAM=2; else CONCS="1 2 4 8 16 32" TOTAL=16 PER_STREAM=4; fi
 # Each level sends max(TOTAL, PER_STREAM * C) requests: every stream sends
 # PER_STREAM requests or more, one after the other, so a level measures
@@ -94,24 +108,28 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 
 # The model's shape and what one decode step reads, from config.json.  The
-# engine keeps weight matrices in MM_DTYPE whatever the checkpoint's dtype
-# (norm weights in f32), the KV cache in KV_DTYPE.
-eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" "$MM_DTYPE" <<'PY'
+# engine keeps weight matrices in HELD whatever the checkpoint's dtype
+# (norm weights in f32; int8 rows with a 4-byte scale each), the KV cache in
+# KV_DTYPE.
+eval "$(python3 - "$MODEL/config.json" "$KV_DTYPE" "$HELD" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-w_elem = 2 if sys.argv[3] == "bf16" else 4
+w_elem = {"bf16": 2, "int8": 1}.get(sys.argv[3], 4)
+scale = 4 if sys.argv[3] == "int8" else 0        # bytes of a row's scale
 H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
 NH, KVH, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
 HD = c.get("head_dim") or H // NH
 mats = H * NH * HD + 2 * H * KVH * HD + NH * HD * H + 3 * H * I   # q k v o, mlp
+rows = NH * HD + 2 * KVH * HD + H + 2 * I + H                      # their rows
 layer = mats + 2 * H                                                 # and 2 norms
 params = L * layer + H + V * H + (0 if c.get("tie_word_embeddings") else V * H)
 # bytes of one position of one KV head (common/deploy.c's tsr_kv_row_bytes)
 kv_row = {"bf16": 2 * HD, "int8": HD + 4}.get(sys.argv[2], 4 * HD)
 kv_layer = 2 * KVH * kv_row                    # bytes of K and V per position and layer
 print(f"H={H} I={I} L={L} NH={NH} KVH={KVH} HD={HD} V={V} PARAMS={params}")
-print(f"LAYER_BYTES={L * (mats * w_elem + 2 * H * 4)} LMHEAD_BYTES={V * H * w_elem}")
-print(f"NORM_ROW_BYTES={H * 4 + H * w_elem}")
+print(f"LAYER_BYTES={L * (mats * w_elem + rows * scale + 2 * H * 4)} "
+      f"LMHEAD_BYTES={V * (H * w_elem + scale)}")
+print(f"NORM_ROW_BYTES={H * 4 + H * w_elem + scale}")
 print(f"KV_LAYER_BYTES={kv_layer} KV_POS_BYTES={L * kv_layer}")
 PY
 )" || { echo "bench/serve.sh: cannot read $MODEL/config.json" >&2; exit 1; }
@@ -152,6 +170,7 @@ YAML
 YAML
         if [ "$KV_DTYPE" != f32 ]; then echo "    kv_dtype: $KV_DTYPE" >> "$1"; fi
         if [ "$MM_DTYPE" = bf16 ]; then echo "    matmul_dtype: bf16" >> "$1"; fi
+        if [ "$WT_DTYPE" = int8 ]; then echo "    weights_dtype: int8" >> "$1"; fi
     fi
 }
 
@@ -164,10 +183,10 @@ write_yaml "$T/probe.yaml" 1 1 1 2 1
 if "$BIN/tessera" plan "$T/probe.yaml" > /dev/null 2> "$T/probe.err"; then
     KEYS=1 KEYS_TEXT="max_batch 32, prefill_chunk 128, max_queue 256, kv_cache_mib $(kv_mib 1) at pp=1
   and $(kv_mib 2) at pp=2 (per piece: $KV_SEQS sequences of $KV_POSITIONS positions of its layers, $KV_DTYPE)$(
-    [ "$MM_DTYPE" = bf16 ] && echo ", matmul_dtype bf16")"
+    [ "$MM_DTYPE" = bf16 ] && echo ", matmul_dtype bf16")$([ "$WT_DTYPE" = int8 ] && echo ", weights_dtype int8")"
 else
-    if [ "$KV_DTYPE" != f32 ] || [ "$MM_DTYPE" = bf16 ]; then
-        echo "bench/serve.sh: --kv-dtype bf16|int8 and --matmul-dtype bf16 need the batching keys, and this build's parser" \
+    if [ "$KV_DTYPE" != f32 ] || [ "$MM_DTYPE" = bf16 ] || [ "$WT_DTYPE" = int8 ]; then
+        echo "bench/serve.sh: --kv-dtype bf16|int8, --matmul-dtype bf16 and --weights-dtype int8 need the batching keys, and this build's parser" \
              "refuses them: $(head -1 "$T/probe.err")" >&2
         exit 1
     fi
@@ -179,7 +198,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEA
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $NPROC cores," \
      "$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (other work on the host skews the figures)"
-echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') parameters, f32 (held as $MM_DTYPE):" \
+echo "model: $MODEL, $(awk -v p="$PARAMS" 'BEGIN {printf "%.1fM", p / 1e6}') parameters, f32 (held as $HELD):" \
      "hidden $H, intermediate $I, $L layers, $NH heads / $KVH kv heads (head_dim $HD), vocab $V"
 echo "deployment: max_seq_len $MAX_SEQ; batching keys: $KEYS_TEXT"
 echo "requests: prompts of $MIN_PROMPT-$MAX_PROMPT random ids (seeded), $MAX_TOKENS tokens each, greedy;" \

@@ -414,8 +414,9 @@ int tsr_cmd_plan(const tsr_cli_t *cli, int argc, char **argv)
                    hb);
         } else {
             human(maxb, hb, sizeof hb);
-            printf("  per-device memory: at most %s of weights (%d-byte parameters), plus KV cache "
-                   "and activations\n", hb, tsr_weight_elem_bytes(d));
+            printf("  per-device memory: at most %s of weights (%d-byte parameters%s), plus KV "
+                   "cache and activations\n", hb, tsr_weight_elem_bytes(d),
+                   d->weights_dtype == TSR_KV_INT8 ? ": int8, and a 4-byte scale a row" : "");
         }
         if (plan->deps[i].short_by) {
             printf("  NOT PLACED: %s\n", tsr_plan_shortage_of(plan, i, ws, sb, sizeof sb));

@@ -181,9 +181,10 @@ all_ready() { tsr --timeout 1000 status --wait-ready 0 > /dev/null 2>&1; }
 expect_dtype_reload_refused() {
     local key=$1 now=$2 bad=$3 held types="f32 or bf16"
     [ "$key" = kv_dtype ] && types="f32, bf16 or int8"
+    [ "$key" = weights_dtype ] && types="or int8"
     sed -i "s/    $key: $now/    $key: $bad/" "$T/d.yaml"
     tsr reload 2> "$T/err.txt" && fail "a reload with $key $bad was accepted"
-    grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].$key: expected auto, $types, got '$bad'" "$T/err.txt" ||
+    grep -qE "d.yaml:[0-9]+:[0-9]+: deployments\[0\].$key: expected auto,? $types, got '$bad'" "$T/err.txt" ||
         fail "bad reload message: $(cat "$T/err.txt")"
     tsr generate tiny --prompt-ids 5,7,1 --max-tokens 4 --ids > /dev/null ||
         fail "generate after the refused reload failed"

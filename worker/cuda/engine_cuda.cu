@@ -497,7 +497,9 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
     e->device = spec->device_index;
     if (tsr_kv_dtype_check(spec->kv_dtype, 1u << TSR_KV_BF16, "CUDA", err, errlen) < 0 ||
         tsr_elem_dtype_check("matmul_dtype", spec->matmul_dtype, 1u << TSR_KV_BF16, "CUDA",
-                             "multiply in", err, errlen) < 0) {
+                             "multiply in", err, errlen) < 0 ||
+        tsr_elem_dtype_check("weights_dtype", spec->weights_dtype, 0, "CUDA", "hold its weights in",
+                             err, errlen) < 0) {   /* bf16 weights only (auto) */
         free(e);
         return -1;
     }
