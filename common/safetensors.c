@@ -42,7 +42,7 @@ struct tsr_st {
 
 size_t tsr_dtype_size(tsr_dtype_t t)
 {
-    return t == TSR_DT_F32 || t == TSR_DT_I32 ? 4 : 2;
+    return t == TSR_DT_F32 || t == TSR_DT_I32 ? 4 : t == TSR_DT_I8 ? 1 : 2;
 }
 
 const char *tsr_dtype_name(tsr_dtype_t t)
@@ -52,6 +52,7 @@ const char *tsr_dtype_name(tsr_dtype_t t)
     case TSR_DT_F16: return "F16";
     case TSR_DT_BF16: return "BF16";
     case TSR_DT_I32: return "I32";
+    case TSR_DT_I8: return "I8";
     }
     return "?";
 }
@@ -166,6 +167,8 @@ static int parse_dtype(const char *s, tsr_dtype_t *out)
         *out = TSR_DT_F16;
     else if (strcmp(s, "BF16") == 0)
         *out = TSR_DT_BF16;
+    else if (strcmp(s, "I8") == 0)
+        *out = TSR_DT_I8;
     else
         return -1;
     return 0;
@@ -291,8 +294,8 @@ static int parse_entry(const hdr_ctx_t *c, const char *name, json_t *v, tsr_tens
         return -1;
     }
     if (parse_dtype(json_string_value(jd), &t->dtype) < 0) {
-        tsr_set_err(c->err, c->errlen, "%s: tensor %s: dtype %s not supported (expected F32, F16 "
-                "or BF16)", c->fname, name, json_string_value(jd));
+        tsr_set_err(c->err, c->errlen, "%s: tensor %s: dtype %s not supported (expected F32, F16, "
+                "BF16 or I8)", c->fname, name, json_string_value(jd));
         return -1;
     }
     if (parse_shape(c, name, js, t) < 0 || parse_offsets(c, name, jo, t) < 0)
@@ -772,8 +775,13 @@ static void as_matrix(const tsr_tensor_t *t, int64_t *rows, int64_t *cols)
         *cols *= t->shape[i];
 }
 
+/* Halves, or int8 (each integer exactly a float). */
 static void convert_halves(tsr_dtype_t dt, const uint8_t *src, float *dst, size_t n)
 {
+    if (dt == TSR_DT_I8) {
+        for (size_t i = 0; i < n; i++) dst[i] = (float)(int8_t)src[i];
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
         dst[i] = dt == TSR_DT_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
@@ -788,7 +796,7 @@ bool tsr_st_refuse_nonfinite = true;
 static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *raw,
                         uint64_t first, size_t n, char *err, size_t errlen)
 {
-    if (!tsr_st_refuse_nonfinite) return 0;
+    if (!tsr_st_refuse_nonfinite || t->dtype == TSR_DT_I8) return 0;   /* integers are finite */
     const bool f32 = t->dtype == TSR_DT_F32;
     /* the exponent field, all ones for NaN and Inf; the sign bit */
     const uint32_t expo = f32 ? 0x7F800000u : t->dtype == TSR_DT_BF16 ? 0x7F80u : 0x7C00u;
@@ -897,8 +905,8 @@ int tsr_st_read_f32(const tsr_st_t *st, const tsr_tensor_t *t, int64_t r0, int64
         rc = 0;
         goto out;
     }
-    /* Only halves need a bounce buffer, at most a chunk and no more than
-     * the slice itself. */
+    /* Only halves and int8 need a bounce buffer, at most a chunk and no
+     * more than the slice itself. */
     blen = width * (uint64_t)(r1 - r0) * 2;
     blen = blen < ST_CHUNK ? blen : ST_CHUNK;
     if (t->dtype != TSR_DT_F32 && (bounce = malloc(blen)) == NULL) {

@@ -440,6 +440,20 @@ void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, in
     }
 }
 
+void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
+                        const float *scales, int n)
+{
+    float *sc = i8_scales(wq);
+    int8_t *qp = i8_panels(wq, out);
+    for (int r = 0; r < n; r++) {
+        const int o = row0 + r;
+        if (o < 0 || o >= out) continue;
+        sc[o] = scales[r];
+        int8_t *dst = qp + (size_t)(o / TSR_PANEL) * TSR_PANEL * in + o % TSR_PANEL;
+        for (int k = 0; k < in; k++) dst[(size_t)k * TSR_PANEL] = (int8_t)q[(size_t)r * ld + k];
+    }
+}
+
 void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst)
 {
     const float s = ((const float *)wq)[row];

@@ -104,6 +104,12 @@ int8_t tsr_i8_quantize(float w, float scale);
 void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
                       const float *scales, int n);
 
+/* The same for rows already quantized (an int8 checkpoint): row r's `in`
+ * integers at q + r * ld (as floats, each in [-128, 127], taken as they
+ * are) and its scale. */
+void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
+                        const float *scales, int n);
+
 /* Row `row` of a packed wq, dequantized (q * s), into dst[in]. */
 void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst);
 

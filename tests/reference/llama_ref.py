@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 # area; each tensor's data_offsets are [begin, end) relative to the data area.
 # --------------------------------------------------------------------------
 _ST_DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4),
-              "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
+              "F16": (np.float16, 2), "BF16": (np.uint16, 2), "I8": (np.int8, 1)}
 
 
 def read_safetensors(path):
@@ -74,7 +74,25 @@ def decode_dtype(arr, dt):
         return (arr.astype(np.uint32) << 16).view(np.float32)
     if dt == "F16":
         return arr.astype(np.float32)  # every float16 is exact in float32
+    if dt == "I8":
+        return arr.astype(np.float32)  # an int8 checkpoint's integers (scaled later)
     return np.array(arr)  # F32/F64: copy out of the memmap
+
+
+def apply_scales(tensors):
+    """An int8 checkpoint's matrices (I8 "X.weight" with "X.weight_scale",
+    one scale a row) multiplied out, each row by its scale in float32, as
+    the engine widens them: {name: array} without the scales."""
+    out = {}
+    for name, arr in tensors.items():
+        if name.endswith("_scale") and name[:-len("_scale")] in tensors:
+            continue
+        scale = tensors.get(name + "_scale")
+        if scale is not None:
+            s = np.asarray(scale, dtype=np.float32).reshape(-1, 1)
+            arr = (np.asarray(arr, dtype=np.float32) * s).astype(np.float32)
+        out[name] = arr
+    return out
 
 
 def read_checkpoint(model_dir):
@@ -89,8 +107,8 @@ def read_checkpoint(model_dir):
         missing = [n for n in weight_map if n not in tensors]
         if missing:
             raise ValueError(f"{index}: tensors listed but not found: {missing[:3]}")
-        return tensors
-    return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+        return apply_scales(tensors)
+    return apply_scales(read_safetensors(os.path.join(model_dir, "model.safetensors")))
 
 
 # --------------------------------------------------------------------------
@@ -253,16 +271,22 @@ def round_bf16(a):
     return u.astype(np.uint32).view(np.float32).astype(a.dtype)
 
 
-def round_int8(a):
-    """a [..., head_dim] as a KV cache of int8 holds it (kv_dtype: int8): each
-    row of head_dim elements (one position of one KV head) becomes integers
-    q = round-half-even(x / s) in [-127, 127] with s = max |x| / 127, all in
-    float32, and is read back as q * s."""
+def quantize_int8(a):
+    """Each row of a (its last axis) as integers q = round-half-even(x / s)
+    in [-127, 127] with s = max |x| / 127, all in float32: (q, s)."""
     x = np.asarray(a, dtype=np.float32)
     s = np.max(np.abs(x), axis=-1, keepdims=True) / np.float32(127)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(s > 0, np.rint(x / np.where(s > 0, s, np.float32(1))), np.float32(0))
-    q = np.clip(q, -127, 127).astype(np.float32)
+    return np.clip(q, -127, 127).astype(np.float32), s
+
+
+def round_int8(a):
+    """a [..., head_dim] as a KV cache of int8 holds it (kv_dtype: int8): each
+    row of head_dim elements (one position of one KV head) quantized by
+    quantize_int8 and read back as q * s.  The same rule holds each row of a
+    weight matrix with weights_dtype int8."""
+    q, s = quantize_int8(a)
     return (q.astype(np.float64) * s.astype(np.float64)).astype(a.dtype)
 
 

@@ -375,6 +375,75 @@ static void test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_
                  "from the quantized one", worst);
 }
 
+/* An int8 checkpoint (tests/reference/int8_checkpoint.py: the layers'
+ * matrices as I8 with a scale a row, quantized by the rule weights_dtype
+ * int8 applies at load) served with int8 weights gives the bits of
+ * quantizing the f32 checkpoint at load, from as many bytes, with its
+ * scales as [out, 1] or [out]; served with f32 weights it is multiplied out
+ * and gives the reference's logits for that checkpoint.  Damaged scales
+ * (missing, of the wrong shape, NaN, zero) and an int8 norm vector fail the
+ * load naming the tensor. */
+static void test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_scales_are_named(
+    void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/tsr-engine-i8-XXXXXX", cmd[512], q[96], err[512];
+    assert_non_null(mkdtemp(dir));
+    const int m = 1;
+    tsr_engine_t *fresh = load_wt(dirs[m], TSR_KV_F32, TSR_KV_AUTO, TSR_KV_INT8);   /* sets vocab */
+    float *a = malloc((size_t)vocab * 4 * sizeof *a), *b = a + vocab, *c = b + vocab, *r = c + vocab;
+    alone(fresh, 1, 40, 16, a);
+    static const char *const forms[] = {"", " --flat"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(q, sizeof q, "%s/q%d", dir, f);
+        snprintf(cmd, sizeof cmd, "python3 tests/reference/int8_checkpoint.py %s %s%s", dirs[m], q,
+                 forms[f]);
+        assert_int_equal(system(cmd), 0);
+        tsr_engine_t *e = load_wt(q, TSR_KV_F32, TSR_KV_AUTO, TSR_KV_INT8);
+        assert_int_equal(tsr_engine_cpu.weight_bytes(e), tsr_engine_cpu.weight_bytes(fresh));
+        alone(e, 1, 40, 16, b);
+        expect_same_bits(a, b, f ? "an int8 checkpoint with [out] scales"
+                                 : "an int8 checkpoint with [out, 1] scales");
+        tsr_engine_cpu.destroy(&e);
+    }
+    /* with f32 weights: q * s, the reference's reading of the same file */
+    tsr_engine_t *e = load_wt(q, TSR_KV_F32, TSR_KV_AUTO, TSR_KV_AUTO);
+    alone(e, 1, 40, 16, c);
+    tsr_engine_cpu.destroy(&e);
+    reference_logits(q, 1, 40, "f32", "f32", "auto", r);
+    reference_logits(dirs[m], 1, 40, "f32", "f32", "auto", b);
+    if (!(rms_diff(c, r) < 0.01 * rms_diff(c, b)))
+        fail_msg("an int8 checkpoint with f32 weights is %.3g (rms) from the reference's reading "
+                 "of it and %.3g from the f32 model's", rms_diff(c, r), rms_diff(c, b));
+    static const char *const breaks[] = {"missing", "shape", "nan", "zero", "vector"};
+    static const char *const says[] = {
+        "model.layers.0.self_attn.k_proj.weight_scale is missing",
+        "model.layers.0.self_attn.k_proj.weight_scale: shape",
+        "model.layers.0.self_attn.k_proj.weight_scale", "model.layers.0.self_attn.k_proj.weight_"
+        "scale: row 2's scale is 0", "model.layers.0.input_layernorm.weight: an int8 vector"};
+    for (int k = 0; k < 5; k++) {
+        snprintf(q, sizeof q, "%s/bad-%s", dir, breaks[k]);
+        snprintf(cmd, sizeof cmd, "python3 tests/reference/int8_checkpoint.py %s %s --break %s",
+                 dirs[m], q, breaks[k]);
+        assert_int_equal(system(cmd), 0);
+        for (int w = 0; w < 2; w++) {   /* with int8 weights and with f32 ones */
+            tsr_model_info_t info;
+            assert_int_equal(tsr_model_info_load(q, &info, err, sizeof err), 0);
+            tsr_piece_spec_t spec = {0, 1, 0, 1, 0, info.num_hidden_layers, 256, 4, 160, 64, 2, 0,
+                                     0, 0, w ? TSR_KV_INT8 : TSR_KV_AUTO};
+            tsr_engine_t *bad = NULL;
+            assert_int_equal(tsr_engine_cpu.load(q, &spec, &bad, err, sizeof err), -1);
+            assert_null(bad);
+            if (!strstr(err, says[k]) || (k == 2 && !strstr(err, "NaN")))
+                fail_msg("--break %s: the load says: %s", breaks[k], err);
+        }
+    }
+    tsr_engine_cpu.destroy(&fresh);
+    free(a);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* A copy of model 0 whose first layer's k_proj has a NaN weight, so every
  * key it caches has NaN elements.  int8 must read that back as NaN, as f32
  * does (quantized, a NaN had turned into a plausible -max |row|). */
@@ -615,6 +684,7 @@ int main(void)
         cmocka_unit_test(test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes),
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
         cmocka_unit_test(test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_the_bytes),
+        cmocka_unit_test(test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_scales_are_named),
         cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
         cmocka_unit_test(test_a_weight_that_does_not_fit_the_config_is_named),

@@ -1092,10 +1092,10 @@ static void test_bad_shard_header_names_the_shard(void **state)
     (void)state;
     assert_int_equal(model_init(dir, SMALL, "--shards", "3", NULL), 0);
     write_st(dir, "model-00002-of-00003.safetensors",
-             "{\"model.layers.1.mlp.up_proj.weight\":{\"dtype\":\"I8\",\"shape\":[1],"
+             "{\"model.layers.1.mlp.up_proj.weight\":{\"dtype\":\"U8\",\"shape\":[1],"
              "\"data_offsets\":[0,1]}}", 1);
     expect_open_error(dir, at(dir, "model-00002-of-00003.safetensors: tensor "
-                                   "model.layers.1.mlp.up_proj.weight: dtype I8"), NULL);
+                                   "model.layers.1.mlp.up_proj.weight: dtype U8"), NULL);
     rm_dir(dir);
 }
 

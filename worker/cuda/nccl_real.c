@@ -78,6 +78,7 @@ static ncclDataType_t dtype_of(tsr_dtype_t t)
     case TSR_DT_F16: return ncclFloat16;
     case TSR_DT_BF16: return ncclBfloat16;
     case TSR_DT_I32: return ncclInt32;
+    case TSR_DT_I8: return ncclInt8;
     case TSR_DT_F32: break;
     }
     return ncclFloat32;

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""int8_checkpoint.py: writes an int8 checkpoint of a model, the layout
+Tessera's CPU engine loads as it is: every linear weight of the layers
+("model.layers.N.*_proj.weight") as I8 [out, in] beside "<name>_scale", F32
+[out, 1] (one scale a row), quantized by llama_ref.quantize_int8, the rule
+an engine with weights_dtype int8 applies at load; the embedding, the LM
+head and the norms are copied as they are.
+
+    python3 tests/reference/int8_checkpoint.py SRC_DIR DST_DIR
+        [--break missing|shape|nan|zero|vector] [--scale-dtype F32|BF16] [--flat]
+
+--break damages the scales of model.layers.0.self_attn.k_proj.weight (drops
+them, gives them shape [out + 1, 1], a NaN or a zero), or with "vector"
+stores model.layers.0.input_layernorm.weight as I8: what a loader must
+refuse, naming the tensor.  --flat stores the scales as [out] instead of
+[out, 1].  config.json (and any tokenizer files) are copied."""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - depends on the machine
+    # as llama_ref.py: Debian's python3 has python3-numpy where a pyenv one may not
+    if os.path.exists("/usr/bin/python3") and \
+            os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_ref  # noqa: E402  (after the path)
+
+
+def write_safetensors(path, tensors):
+    """tensors: [(name, dtype name, ndarray)] in order, little-endian."""
+    header, blobs, at = {}, [], 0
+    for name, dt, arr in tensors:
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--break", dest="brk", choices=("missing", "shape", "nan", "zero", "vector"))
+    ap.add_argument("--scale-dtype", choices=("F32", "BF16"), default="F32")
+    ap.add_argument("--flat", action="store_true")
+    a = ap.parse_args()
+    src = llama_ref.read_checkpoint(a.src)
+    os.makedirs(a.dst, exist_ok=True)
+    for f in os.listdir(a.src):
+        if not f.endswith(".safetensors") and not f.endswith(".index.json"):
+            shutil.copy(os.path.join(a.src, f), a.dst)
+    victim = "model.layers.0.self_attn.k_proj.weight"
+    out = []
+    for name in sorted(src):
+        arr = np.asarray(src[name], dtype=np.float32)
+        if name == "model.layers.0.input_layernorm.weight" and a.brk == "vector":
+            out.append((name, "I8", np.ones(arr.shape, dtype=np.int8)))
+            continue
+        if not (name.startswith("model.layers.") and name.endswith("_proj.weight")):
+            out.append((name, "F32", arr))
+            continue
+        q, s = llama_ref.quantize_int8(arr)
+        out.append((name, "I8", q.astype(np.int8)))
+        s = s.astype(np.float32)
+        if name == victim and a.brk == "missing":
+            continue
+        if name == victim and a.brk == "shape":
+            s = np.concatenate([s, s[:1]])
+        if name == victim and a.brk == "nan":
+            s[3, 0] = np.nan
+        if name == victim and a.brk == "zero":
+            s[2, 0] = 0
+        if a.flat:
+            s = s.reshape(-1)
+        if a.scale_dtype == "BF16":
+            bits = s.view(np.uint32)
+            if np.any((bits & 0xFFFF) != 0) and a.brk is None:
+                sys.exit("int8_checkpoint.py: these scales are not exact in BF16; use F32")
+            out.append((name + "_scale", "BF16", (bits >> 16).astype(np.uint16)))
+        else:
+            out.append((name + "_scale", "F32", s))
+    write_safetensors(os.path.join(a.dst, "model.safetensors"), out)
+
+
+if __name__ == "__main__":
+    main()
