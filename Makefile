@@ -213,8 +213,8 @@ $(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c wo
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
                                       worker/batch.c worker/sample.c worker/matmul_bf16.c \
-                                      worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
-                                      worker/attention_cpu.c)
+                                      worker/matmul_f32.c worker/matmul_i8.c worker/cpu_kernels.c \
+                                      worker/kv_format.c worker/attention_cpu.c)
 
 # ---- tests ----------------------------------------------------------------
 # `make test` builds the release programs (bin/, warnings as errors) and the test
@@ -376,7 +376,7 @@ fuzz-build: $(FUZZ_BIN)
 # runs them.
 $(FUZZ_BUILD)/bin/fuzz_agent $(FUZZ_BUILD)/bin/fuzz_dataport: $(FUZZ_WORKER_OBJ)
 $(call fuzzobj,worker/engine_cpu.c worker/cpu_pool.c worker/sample.c worker/matmul_bf16.c \
-                worker/matmul_f32.c worker/cpu_kernels.c worker/kv_format.c \
+                worker/matmul_f32.c worker/matmul_i8.c worker/cpu_kernels.c worker/kv_format.c \
                 worker/attention_cpu.c): $(FUZZ_BUILD)/obj/%.o: %.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -g -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DTSR_TESTING -I. -I$(BUILD)/gen \

@@ -46,7 +46,7 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     grep -qw avx512f /proc/cpuinfo 2> /dev/null && kernels="avx2 plain"
     grep -qw amx_tile /proc/cpuinfo 2> /dev/null && kernels="avx512 avx2 plain"
     for k in $kernels; do
-        for t in test_cpu_pool test_matmul_bf16 test_engine_cpu test_batching; do
+        for t in test_cpu_pool test_matmul_bf16 test_matmul_i8 test_engine_cpu test_batching; do
             case "$t ($k kernels)" in *"$filter"*) ;; *) continue ;; esac
             [ -x "$TSR_BUILD/tests/$t" ] || continue
             echo "== $t with TSR_CPU_KERNELS=$k"

@@ -37,11 +37,12 @@
 #include "worker/kvpool.h"
 #include "worker/matmul_bf16.h"
 #include "worker/matmul_f32.h"
+#include "worker/matmul_i8.h"
 #include "worker/simd.h"
 
 /* Matrices are packed in panels of 16 rows: f32 (worker/matmul_f32.h),
  * bf16 with matmul_dtype bf16 (worker/matmul_bf16.h), or int8 with a scale
- * per row with weights_dtype int8 (worker/matmul_f32.h), the embedding and
+ * per row with weights_dtype int8 (worker/matmul_i8.h), the embedding and
  * the LM head included; the shapes below are the logical [rows, cols]. */
 typedef enum { W_F32, W_BF16, W_I8 } wfmt_t;
 
@@ -71,6 +72,7 @@ struct tsr_engine {
     tsr_kvf_cache_t kvc;            /* the KV cache: its pools, in kv_dtype's format */
     wfmt_t wfmt;                    /* how the matrices are held */
     uint16_t *xb;                   /* bf16 products: a step's rows of x rounded */
+    void *xs;                       /* int8 products: a step's rows of x quantized */
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
@@ -90,8 +92,8 @@ struct tsr_engine {
 
 /* ---- kernels ------------------------------------------------------------------- */
 
-/* Products go through tsr_pool_matmul or, with int8 weights,
- * tsr_pool_matmul_i8 (worker/matmul_f32.c), or with bf16 weights
+/* Products go through tsr_pool_matmul (worker/matmul_f32.c) or, with int8
+ * weights, tsr_pool_matmul_i8 (worker/matmul_i8.c), or with bf16 weights
  * tsr_pool_matmul_bf16 (worker/matmul_bf16.c): batch-invariant, on the
  * pool's threads. */
 static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const void *w, int T,
@@ -99,7 +101,7 @@ static void matmul(tsr_engine_t *e, float *y, int ldy, const float *x, const voi
 {
     switch (e->wfmt) {
     case W_BF16: tsr_pool_matmul_bf16(e->pool, y, ldy, x, e->xb, w, T, in, out); break;
-    case W_I8: tsr_pool_matmul_i8(e->pool, y, ldy, x, w, T, in, out); break;
+    case W_I8: tsr_pool_matmul_i8(e->pool, y, ldy, x, e->xs, w, T, in, out); break;
     case W_F32: tsr_pool_matmul(e->pool, y, ldy, x, w, T, in, out); break;
     }
     /* A sign of life for the watchdog: a long step on a big model is many
@@ -462,8 +464,8 @@ static void *alloc_w(size_t bytes, int *bad)
     return p;
 }
 
-/* A packed matrix of out rows of `in` columns, f32 or int8
- * (worker/matmul_f32.h) or bf16 (worker/matmul_bf16.h), its padding
+/* A packed matrix of out rows of `in` columns, f32 (worker/matmul_f32.h),
+ * int8 (worker/matmul_i8.h) or bf16 (worker/matmul_bf16.h), its padding
  * zeroed. */
 static void *alloc_packed(const tsr_engine_t *e, int out, int in, int *bad)
 {
@@ -584,7 +586,7 @@ static void engine_free_parts(tsr_engine_t *e)
     free(e->embed), free(e->final_norm), free(e->kvc.k), free(e->kvc.v);
     free(e->kvc.kscale), free(e->kvc.vscale);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
-    free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb);
+    free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb), free(e->xs);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
     tsr_pool_destroy(&e->pool);
@@ -787,6 +789,11 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
         size_t w = H > qw ? H : qw;
         w = w > (size_t)e->inter ? w : (size_t)e->inter;
         e->xb = (uint16_t *)alloc_f((T * (size_t)tsr_bf16_in_padded((int)w) + 1) / 2, &bad);
+    }
+    if (e->wfmt == W_I8) {   /* the same widest input, quantized */
+        size_t w = H > qw ? H : qw;
+        w = w > (size_t)e->inter ? w : (size_t)e->inter;
+        e->xs = alloc_f((tsr_i8_x_bytes((int)T, (int)w) + 3) / 4, &bad);
     }
     e->row_slot = calloc(T, sizeof *e->row_slot);
     e->row_pos = calloc(T, sizeof *e->row_pos);

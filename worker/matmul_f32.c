@@ -1,16 +1,11 @@
 /* matmul_f32.c: the f32 products y = x . W^T on the pool's threads, W packed
- * in panels of 16 rows (matmul_f32.h), f32 or int8 with a scale per row,
- * each in a portable, an AVX2+FMA and an AVX-512 build
- * (worker/cpu_kernels.h says which runs).  The int8 weights are widened to
- * f32 in registers as they are read, and every tile below serves both
- * types: its I8 argument is a constant after inlining. */
+ * in panels of 16 rows (matmul_f32.h), each in a portable, an AVX2+FMA and
+ * an AVX-512 build (worker/cpu_kernels.h says which runs). */
 #include "worker/matmul_f32.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-#include <math.h>
-#include <stdint.h>
 #include <string.h>
 
 #include "worker/cpu_kernels.h"
@@ -32,33 +27,6 @@
  * then one multiply-add chain over k = 0, 1, ..., in-1, whichever tile, token
  * block or thread it falls in, so a row of y does not depend on T or on the
  * other rows of x (batch invariance), without a horizontal sum. */
-
-typedef signed char v8c __attribute__((vector_size(8)));
-
-/* 8 weights from element off of a panel stream, widened to f32: int8
- * (exactly: every int8 is a float) or f32. */
-static inline __attribute__((always_inline)) v8f load_w8(const void *w, size_t off, int i8)
-{
-    if (!i8) return load8((const float *)w + off);
-    v8c c;
-    memcpy(&c, (const int8_t *)w + off, sizeof c);
-    return __builtin_convertvector(c, v8f);
-}
-
-#if defined(__x86_64__)
-/* The same in AVX2: one sign extension and one conversion (GCC widens the
- * generic form a byte at a time). */
-__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) v8f
-load_w8_avx2(const void *w, size_t off, int i8)
-{
-    if (!i8) return load8((const float *)w + off);
-    const __m128i c = _mm_loadl_epi64((const __m128i *)((const int8_t *)w + off));
-    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
-}
-#endif
-
-/* The bytes of one element of a panel stream. */
-#define ESIZE(i8) ((i8) ? sizeof(int8_t) : sizeof(float))
 
 static inline void store_tile_row(float *y, v8f a, v8f b, int no)
 {
@@ -82,10 +50,10 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
  * thread, 27 GB/s with four).  Only the group's last panel may be partial
  * (no columns).  Every output is one multiply-add chain over k in order,
  * whatever R and NP are. */
-#define TILE_FN(NAME, ATTR, MADD, BCAST, LOADW)                                                     \
+#define TILE_FN(NAME, ATTR, MADD, BCAST)                                                       \
     ATTR static inline __attribute__((always_inline)) void NAME(                               \
-        float *y, int ldy, const float *x, int in, const void *wp, const float *sc, size_t pf, \
-        int no, const int R, const int NP, const int I8)                                       \
+        float *y, int ldy, const float *x, int in, const float *wp, size_t pf, int no,       \
+        const int R, const int NP)                                                             \
     {                                                                                          \
         const size_t ps = (size_t)TSR_PANEL * in;                                              \
         v8f acc[6][4][2];                                                                      \
@@ -93,12 +61,11 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
         _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                                   \
             acc[r][j][0] = acc[r][j][1] = bcast8(0.0f);                                        \
         for (size_t k = 0; k < (size_t)in; k++) {                                              \
-            const size_t wk = k * TSR_PANEL;                                                   \
-            if (pf && (!I8 || !(k & 3))) /* a 64-byte line is 1 f32 or 4 int8 steps */        \
-                __builtin_prefetch((const char *)wp + (wk + pf) * ESIZE(I8), 0, 1); /* L2 */   \
+            const float *wk = wp + k * TSR_PANEL;                                              \
+            __builtin_prefetch(wk + pf, 0, 1); /* prefetcht2: L2 on AMD */                    \
             v8f lo[4], hi[4];                                                                  \
             _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                               \
-                lo[j] = LOADW(wp, wk + j * ps, I8), hi[j] = LOADW(wp, wk + j * ps + 8, I8);   \
+                lo[j] = load8(wk + j * ps), hi[j] = load8(wk + j * ps + 8);                    \
             _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                              \
                 const v8f s = BCAST(x + (size_t)r * in + k);                                   \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                           \
@@ -106,15 +73,10 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
                     acc[r][j][1] = MADD(hi[j], s, acc[r][j][1]);                               \
             }                                                                                  \
         }                                                                                      \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++) {                                 \
-            v8f slo = bcast8(1.0f), shi = slo;                                                 \
-            if (I8) slo = load8(sc + j * TSR_PANEL), shi = load8(sc + j * TSR_PANEL + 8);      \
-            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                              \
-                if (I8) acc[r][j][0] *= slo, acc[r][j][1] *= shi; /* the rows' scales */      \
-                store_tile_row(y + (size_t)r * ldy + j * TSR_PANEL, acc[r][j][0],              \
-                               acc[r][j][1], j == NP - 1 ? no : TSR_PANEL);                    \
-            }                                                                                  \
-        }                                                                                      \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)                                    \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)                                   \
+            store_tile_row(y + (size_t)r * ldy + j * TSR_PANEL, acc[r][j][0], acc[r][j][1],    \
+                           j == NP - 1 ? no : TSR_PANEL);                                      \
     }
 
 /* Panels [p0, p1) for T rows of x.  One to three rows (decode) go in one
@@ -123,35 +85,33 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
  * line into L2 (into L1 a panel ahead is too far: on a 2-core EPYC VM
  * with AVX-512, 8 rows took 20 % longer that way, bench_pool), so the
  * weights come from memory while the tile computes. */
-#define PANELS_FN(NAME, TILE, ATTR, I8)                                                        \
-    ATTR static void NAME(float *y, int ldy, const float *x, const void *wp, const float *sc,  \
-                          int T, int in, int out, int p0, int p1)                              \
+#define PANELS_FN(NAME, TILE, ATTR)                                                            \
+    ATTR static void NAME(float *y, int ldy, const float *x, const float *wp, int T, int in,   \
+                          int out, int p0, int p1)                                             \
     {                                                                                          \
         if (T <= 3) {                                                                          \
             const int G = T == 1 ? 4 : T == 2 ? 3 : 2;                                         \
             for (int p = p0; p < p1; p += G) {                                                 \
                 const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;       \
                 const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;                \
-                const char *w = (const char *)wp + (size_t)p * TSR_PANEL * in * ESIZE(I8);     \
-                const float *s = sc ? sc + (size_t)p * TSR_PANEL : NULL;                                   \
+                const float *w = wp + (size_t)p * TSR_PANEL * in;                              \
                 float *yp = y + (size_t)p * TSR_PANEL;                                         \
                 switch (T * 8 + np) {                                                          \
-                case 8 + 1: TILE(yp, ldy, x, in, w, s, 0, no, 1, 1, I8); break;                \
-                case 8 + 2: TILE(yp, ldy, x, in, w, s, 0, no, 1, 2, I8); break;                \
-                case 8 + 3: TILE(yp, ldy, x, in, w, s, 0, no, 1, 3, I8); break;                \
-                case 8 + 4: TILE(yp, ldy, x, in, w, s, 0, no, 1, 4, I8); break;                \
-                case 16 + 1: TILE(yp, ldy, x, in, w, s, 0, no, 2, 1, I8); break;               \
-                case 16 + 2: TILE(yp, ldy, x, in, w, s, 0, no, 2, 2, I8); break;               \
-                case 16 + 3: TILE(yp, ldy, x, in, w, s, 0, no, 2, 3, I8); break;               \
-                case 24 + 1: TILE(yp, ldy, x, in, w, s, 0, no, 3, 1, I8); break;               \
-                default: TILE(yp, ldy, x, in, w, s, 0, no, 3, 2, I8); break;                   \
+                case 8 + 1: TILE(yp, ldy, x, in, w, 0, no, 1, 1); break;                       \
+                case 8 + 2: TILE(yp, ldy, x, in, w, 0, no, 1, 2); break;                       \
+                case 8 + 3: TILE(yp, ldy, x, in, w, 0, no, 1, 3); break;                       \
+                case 8 + 4: TILE(yp, ldy, x, in, w, 0, no, 1, 4); break;                       \
+                case 16 + 1: TILE(yp, ldy, x, in, w, 0, no, 2, 1); break;                      \
+                case 16 + 2: TILE(yp, ldy, x, in, w, 0, no, 2, 2); break;                      \
+                case 16 + 3: TILE(yp, ldy, x, in, w, 0, no, 2, 3); break;                      \
+                case 24 + 1: TILE(yp, ldy, x, in, w, 0, no, 3, 1); break;                      \
+                default: TILE(yp, ldy, x, in, w, 0, no, 3, 2); break;                          \
                 }                                                                              \
             }                                                                                  \
             return;                                                                            \
         }                                                                                      \
         for (int p = p0; p < p1; p++) {                                                        \
-            const char *w = (const char *)wp + (size_t)p * TSR_PANEL * in * ESIZE(I8);         \
-            const float *s = sc ? sc + (size_t)p * TSR_PANEL : NULL;                                       \
+            const float *w = wp + (size_t)p * TSR_PANEL * in;                                  \
             const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;       \
             /* the next panel, while there is one in this chunk */                          \
             size_t pf = p + 1 < p1 ? (size_t)TSR_PANEL * in : 0;                               \
@@ -159,12 +119,12 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
                 float *yt = y + (size_t)t * ldy + o;                                           \
                 const float *xt = x + (size_t)t * in;                                          \
                 switch (T - t) {                                                               \
-                case 1: TILE(yt, ldy, xt, in, w, s, pf, no, 1, 1, I8); break;                  \
-                case 2: TILE(yt, ldy, xt, in, w, s, pf, no, 2, 1, I8); break;                  \
-                case 3: TILE(yt, ldy, xt, in, w, s, pf, no, 3, 1, I8); break;                  \
-                case 4: TILE(yt, ldy, xt, in, w, s, pf, no, 4, 1, I8); break;                  \
-                case 5: TILE(yt, ldy, xt, in, w, s, pf, no, 5, 1, I8); break;                  \
-                default: TILE(yt, ldy, xt, in, w, s, pf, no, 6, 1, I8); break;                 \
+                case 1: TILE(yt, ldy, xt, in, w, pf, no, 1, 1); break;                         \
+                case 2: TILE(yt, ldy, xt, in, w, pf, no, 2, 1); break;                         \
+                case 3: TILE(yt, ldy, xt, in, w, pf, no, 3, 1); break;                         \
+                case 4: TILE(yt, ldy, xt, in, w, pf, no, 4, 1); break;                         \
+                case 5: TILE(yt, ldy, xt, in, w, pf, no, 5, 1); break;                         \
+                default: TILE(yt, ldy, xt, in, w, pf, no, 6, 1); break;                        \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
@@ -172,15 +132,13 @@ static inline void store_tile_row(float *y, v8f a, v8f b, int no)
 
 #define MADD_PLAIN(a, b, c) ((a) * (b) + (c))
 #define BCAST_PLAIN(p) bcast8(*(p))
-TILE_FN(tile_generic, , MADD_PLAIN, BCAST_PLAIN, load_w8)
-PANELS_FN(panels_generic, tile_generic, , 0)
-PANELS_FN(panels_generic_i8, tile_generic, , 1)
+TILE_FN(tile_generic, , MADD_PLAIN, BCAST_PLAIN)
+PANELS_FN(panels_generic, tile_generic, )
 #if defined(__x86_64__)
 #define MADD_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
 #define BCAST_AVX(p) __builtin_ia32_vbroadcastss256(p)
-TILE_FN(tile_fma, __attribute__((target("avx2,fma"))), MADD_FMA, BCAST_AVX, load_w8_avx2)
-PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))), 0)
-PANELS_FN(panels_fma_i8, tile_fma, __attribute__((target("avx2,fma"))), 1)
+TILE_FN(tile_fma, __attribute__((target("avx2,fma"))), MADD_FMA, BCAST_AVX)
+PANELS_FN(panels_fma, tile_fma, __attribute__((target("avx2,fma"))))
 #endif
 
 #if defined(__x86_64__)
@@ -207,17 +165,9 @@ PANELS_FN(panels_fma_i8, tile_fma, __attribute__((target("avx2,fma"))), 1)
  * 1,917-1,926 tokens/s. */
 #define TILE512_ROWS 12
 #define TILE512_PREFETCH (8 * TSR_PANEL)
-/* 16 weights from element off of a panel stream, widened to f32. */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) __m512
-load_w16(const void *w, size_t off, int i8)
-{
-    if (!i8) return _mm512_loadu_ps((const float *)w + off);
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + off))));
-}
-
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tile512(
-    float *y, int ldy, const float *x, int in, const void *wp, const float *sc, int no, int own,
-    const char *nx, size_t nx_lines, const int R, const int NP, const int I8)
+    float *y, int ldy, const float *x, int in, const float *wp, int no, int own, const float *nx,
+    size_t nx_lines, const int R, const int NP)
 {
     const size_t ps = (size_t)TSR_PANEL * in;
     size_t due = 0;   /* nx_lines per `in` steps, as a running remainder */
@@ -226,17 +176,15 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
     _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)
         acc[r][j] = _mm512_setzero_ps();
     for (size_t k = 0; k < (size_t)in; k++) {
-        const size_t wk = k * TSR_PANEL;
+        const float *wk = wp + k * TSR_PANEL;
         __m512 w[4];
         _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++) {
-            /* 8 lines ahead within the panel; int8 lines hold 4 steps */
-            if (own && (!I8 || !(k & 3)) && k + TILE512_PREFETCH / TSR_PANEL * (I8 ? 4 : 1) < (size_t)in)
-                _mm_prefetch((const char *)wp + (wk + j * ps) * ESIZE(I8) + TILE512_PREFETCH * 4,
-                             _MM_HINT_T1);
-            w[j] = load_w16(wp, wk + j * ps, I8);
+            if (own && k + TILE512_PREFETCH / TSR_PANEL < (size_t)in)   /* within the panel */
+                _mm_prefetch((const char *)(wk + j * ps + TILE512_PREFETCH), _MM_HINT_T1);
+            w[j] = _mm512_loadu_ps(wk + j * ps);
         }
-        for (due += nx_lines; due >= (size_t)in; due -= (size_t)in, nx += 64)
-            _mm_prefetch(nx, _MM_HINT_T1);
+        for (due += nx_lines; due >= (size_t)in; due -= (size_t)in, nx += TSR_PANEL)
+            _mm_prefetch((const char *)nx, _MM_HINT_T1);
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {
             const __m512 s = _mm512_set1_ps(x[(size_t)r * in + k]);
             _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++)
@@ -246,7 +194,6 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
     _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)
     _Pragma("GCC unroll 4") for (int j = 0; j < NP; j++) {
         float *yr = y + (size_t)r * ldy + j * TSR_PANEL;
-        if (I8) acc[r][j] = _mm512_mul_ps(acc[r][j], _mm512_loadu_ps(sc + j * TSR_PANEL));
         if (j < NP - 1 || no == TSR_PANEL) _mm512_storeu_ps(yr, acc[r][j]);
         else _mm512_mask_storeu_ps(yr, (__mmask16)((1u << no) - 1), acc[r][j]);
     }
@@ -255,40 +202,39 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
 #define TILE512_CASE(R)                                                                        \
     case R:                                                                                    \
         switch (np) { /* rows x panels <= 24 accumulators */                                 \
-        case 4: if (R <= 6) tile512(yt, ldy, xt, in, w, s, no, own, nx, nx_lines, R, 4, i8); break; \
-        case 3: if (R <= 8) tile512(yt, ldy, xt, in, w, s, no, own, nx, nx_lines, R, 3, i8); break; \
-        case 2: tile512(yt, ldy, xt, in, w, s, no, own, nx, nx_lines, R, 2, i8); break;        \
-        default: tile512(yt, ldy, xt, in, w, s, no, own, nx, nx_lines, R, 1, i8); break;       \
+        case 4: if (R <= 6) tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 4); break;   \
+        case 3: if (R <= 8) tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 3); break;   \
+        case 2: tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 2); break;               \
+        default: tile512(yt, ldy, xt, in, w, no, own, nx, nx_lines, R, 1); break;              \
         }                                                                                      \
         break;
 
 /* Panels [p0, p1) G at a time; the T rows in as few tiles of at most 12
  * as there can be, of heights that differ by one at most (8 rows are one
- * tile, 14 are 7 and 7).  i8: int8 weights (a constant where it is
- * inlined, in panels_avx512 and panels_avx512_i8).  A tile's share of the
- * next group is counted in 64-byte lines: a panel has `in` of them in f32,
- * a quarter of that in int8. */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
-panels512(float *y, int ldy, const float *x, const void *wp, const float *sc, int T, int in,
-          int out, int p0, int p1, const int i8)
+ * tile, 14 are 7 and 7). */
+__attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, const float *x,
+                                                             const float *wp, int T, int in,
+                                                             int out, int p0, int p1)
 {
+    if (T <= 3) {
+        panels_fma(y, ldy, x, wp, T, in, out, p0, p1);
+        return;
+    }
     const int tiles = (T + TILE512_ROWS - 1) / TILE512_ROWS, G = tsr_tile_group(T);
     for (int p = p0; p < p1; p += G) {
         const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
         const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
         const int next_np = p1 - (p + G) < G ? p1 - (p + G) : G;
-        const char *w = (const char *)wp + (size_t)p * TSR_PANEL * in * ESIZE(i8);
-        const float *s = sc ? sc + (size_t)p * TSR_PANEL : NULL;
+        const float *w = wp + (size_t)p * TSR_PANEL * in;
         for (int t = 0, left = tiles, r, ti = 0; t < T; t += r, left--, ti++) {
             r = (T - t + left - 1) / left;
             float *yt = y + (size_t)t * ldy + (size_t)p * TSR_PANEL;
             const float *xt = x + (size_t)t * in;
             int own;
             size_t l0;
-            const size_t lines = i8 ? ((size_t)in + 3) / 4 : (size_t)in;
-            const size_t nx_lines = tsr_tile_fetch_share(next_np, lines, tiles, ti, p == p0, &own, &l0);
+            const size_t nx_lines = tsr_tile_fetch_share(next_np, in, tiles, ti, p == p0, &own, &l0);
             /* a pointer into the next group only when there is one */
-            const char *nx = nx_lines ? w + (size_t)G * TSR_PANEL * in * ESIZE(i8) + l0 * 64 : w;
+            const float *nx = nx_lines ? w + ((size_t)G * in + l0) * TSR_PANEL : w;
             switch (r) {   /* r >= 4: T >= 4, and past 12 rows the tiles are at least 6 */
                 TILE512_CASE(4)
                 TILE512_CASE(5) TILE512_CASE(6) TILE512_CASE(7) TILE512_CASE(8)
@@ -298,48 +244,28 @@ panels512(float *y, int ldy, const float *x, const void *wp, const float *sc, in
         }
     }
 }
-
-__attribute__((target("avx512f"))) static void panels_avx512(float *y, int ldy, const float *x,
-                                                             const void *wp, const float *sc,
-                                                             int T, int in, int out, int p0, int p1)
-{
-    if (T <= 3) panels_fma(y, ldy, x, wp, sc, T, in, out, p0, p1);
-    else panels512(y, ldy, x, wp, sc, T, in, out, p0, p1, 0);
-}
-
-__attribute__((target("avx512f"))) static void panels_avx512_i8(float *y, int ldy,
-                                                                const float *x, const void *wp,
-                                                                const float *sc, int T, int in,
-                                                                int out, int p0, int p1)
-{
-    if (T <= 3) panels_fma_i8(y, ldy, x, wp, sc, T, in, out, p0, p1);
-    else panels512(y, ldy, x, wp, sc, T, in, out, p0, p1, 1);
-}
 #endif
 
-typedef void (*panels_fn)(float *, int, const float *, const void *, const float *, int, int,
-                          int, int, int);
+typedef void (*panels_fn)(float *, int, const float *, const float *, int, int, int, int, int);
 
 /* The build of panels this process runs: one choice for the process
  * (tsr_cpu_kernels), so every product computes the same way. */
-static panels_fn panels_for(int i8)
+static panels_fn panels_for(void)
 {
 #if defined(__x86_64__)
     switch (tsr_cpu_kernels()) {
-    case TSR_KERNELS_AVX512: return i8 ? panels_avx512_i8 : panels_avx512;
-    case TSR_KERNELS_AVX2: return i8 ? panels_fma_i8 : panels_fma;
+    case TSR_KERNELS_AVX512: return panels_avx512;
+    case TSR_KERNELS_AVX2: return panels_fma;
     case TSR_KERNELS_PLAIN: break;
     }
 #endif
-    return i8 ? panels_generic_i8 : panels_generic;
+    return panels_generic;
 }
 
 typedef struct {
     float *y;
     int ldy;
-    const float *x;
-    const void *wp;
-    const float *sc;
+    const float *x, *wp;
     int T, in, out, chunk, panels, tblock;
     panels_fn kernel;
 } matmul_job_t;
@@ -349,13 +275,12 @@ static void matmul_chunk(void *arg, int i)
     const matmul_job_t *j = arg;
     int p0 = i * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
     for (int t = 0; t < j->T; t += j->tblock)
-        j->kernel(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->wp, j->sc,
+        j->kernel(j->y + (size_t)t * j->ldy, j->ldy, j->x + (size_t)t * j->in, j->wp,
                   j->T - t < j->tblock ? j->T - t : j->tblock, j->in, j->out, p0, p1);
 }
 
-/* y = x . W^T for f32 panels (sc NULL) or int8 ones with their scales. */
-static void pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const void *wp,
-                        const float *sc, int T, int in, int out)
+void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *wp, int T,
+                     int in, int out)
 {
     if (T <= 0 || out <= 0) return;
     if (in < 0) in = 0;
@@ -366,7 +291,7 @@ static void pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const 
      * waits for, is one small chunk even on the LM head. */
     const int threads = tsr_pool_threads(p);
     int chunk = (panels + 4 * threads - 1) / (4 * threads);
-    int cap = (int)(CHUNK_BYTES / ((size_t)TSR_PANEL * (in > 0 ? in : 1) * ESIZE(sc != NULL)));
+    int cap = (int)(CHUNK_BYTES / ((size_t)TSR_PANEL * (in > 0 ? in : 1) * sizeof(float)));
     cap = cap < 4 ? 4 : cap / 4 * 4;   /* whole groups of the decode path's 4 panels */
     if (chunk > cap) chunk = cap;
     /* Token blocks whose rows of x stay in L2 (256 KiB of them) while the
@@ -378,94 +303,8 @@ static void pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const 
     /* Too small to pay for a wake-up: on the calling thread alone. */
     if ((long long)T * in * out < 2LL * MIN_MACS_PER_CHUNK) chunk = panels;
     if (chunk < 1) chunk = 1;
-    matmul_job_t j = {y, ldy, x, wp, sc, T, in, out, chunk, panels, tblock, panels_for(sc != NULL)};
+    matmul_job_t j = {y, ldy, x, wp, T, in, out, chunk, panels, tblock, panels_for()};
     tsr_pool_for(p, (panels + chunk - 1) / chunk, matmul_chunk, &j);
-}
-
-void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *wp, int T,
-                     int in, int out)
-{
-    pool_matmul(p, y, ldy, x, wp, NULL, T, in, out);
-}
-
-/* ---- int8 weights ---------------------------------------------------------------- */
-
-/* A packed int8 matrix: the rows' scales (out rounded up to a panel, f32,
- * 64 bytes a panel), then the panels of int8, laid out as the f32 ones. */
-static size_t i8_padded_rows(int out) { return (size_t)(out + TSR_PANEL - 1) / TSR_PANEL * TSR_PANEL; }
-
-size_t tsr_i8_packed_bytes(int out, int in)
-{
-    if (out <= 0 || in <= 0) return 0;
-    return i8_padded_rows(out) * (sizeof(float) + (size_t)in);
-}
-
-static float *i8_scales(void *wq) { return wq; }
-
-static int8_t *i8_panels(void *wq, int out)
-{
-    return (int8_t *)wq + i8_padded_rows(out) * sizeof(float);
-}
-
-float tsr_i8_row_scale(const float *w, int n)
-{
-    float m = 0.0f;
-    for (int k = 0; k < n; k++) {
-        const float a = fabsf(w[k]);
-        if (isnan(a)) return a;   /* it poisons the scale, and the load refuses it */
-        if (a > m) m = a;
-    }
-    return m / 127.0f;
-}
-
-int8_t tsr_i8_quantize(float w, float scale)
-{
-    if (!(scale > 0.0f)) return 0;
-    const float q = nearbyintf(w / scale);   /* to nearest, ties to even */
-    return (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : q);
-}
-
-void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
-                      const float *scales, int n)
-{
-    float *sc = i8_scales(wq);
-    int8_t *q = i8_panels(wq, out);
-    for (int r = 0; r < n; r++) {
-        const int o = row0 + r;
-        if (o < 0 || o >= out) continue;
-        sc[o] = scales[r];
-        int8_t *dst = q + (size_t)(o / TSR_PANEL) * TSR_PANEL * in + o % TSR_PANEL;
-        for (int k = 0; k < in; k++)
-            dst[(size_t)k * TSR_PANEL] = tsr_i8_quantize(rows[(size_t)r * ld + k], scales[r]);
-    }
-}
-
-void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
-                        const float *scales, int n)
-{
-    float *sc = i8_scales(wq);
-    int8_t *qp = i8_panels(wq, out);
-    for (int r = 0; r < n; r++) {
-        const int o = row0 + r;
-        if (o < 0 || o >= out) continue;
-        sc[o] = scales[r];
-        int8_t *dst = qp + (size_t)(o / TSR_PANEL) * TSR_PANEL * in + o % TSR_PANEL;
-        for (int k = 0; k < in; k++) dst[(size_t)k * TSR_PANEL] = (int8_t)q[(size_t)r * ld + k];
-    }
-}
-
-void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst)
-{
-    const float s = ((const float *)wq)[row];
-    const int8_t *src = (const int8_t *)wq + i8_padded_rows(out) * sizeof(float) +
-                        (size_t)(row / TSR_PANEL) * TSR_PANEL * in + row % TSR_PANEL;
-    for (int k = 0; k < in; k++) dst[k] = (float)src[(size_t)k * TSR_PANEL] * s;
-}
-
-void tsr_pool_matmul_i8(tsr_pool_t *p, float *y, int ldy, const float *x, const void *wq, int T,
-                        int in, int out)
-{
-    pool_matmul(p, y, ldy, x, i8_panels((void *)wq, out), i8_scales((void *)wq), T, in, out);
 }
 
 size_t tsr_packed_floats(int out, int in)

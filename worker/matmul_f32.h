@@ -9,7 +9,6 @@
 #define TSR_MATMUL_F32_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #include "worker/cpu_pool.h"
 
@@ -73,48 +72,5 @@ static inline size_t tsr_tile_fetch_share(int next_np, size_t panel_lines, int t
  * thread alone. */
 void tsr_pool_matmul(tsr_pool_t *p, float *y, int ldy, const float *x, const float *wp, int T,
                      int in, int out);
-
-/* ---- int8 weights (deployment key weights_dtype: int8) -------------------------
- *
- * Each row o of W is held as int8 q[o][k] with one f32 scale s[o]:
- * s = max_k |W[o][k]| / 127 over the whole row (every column, also where a
- * rank holds a slice of the columns), q = W / s rounded to nearest, ties to
- * even, within [-127, 127]; a row of zeros has s = 0.  A product widens q
- * to f32 in registers and computes y[t][o] = s[o] * (the multiply-add
- * chain over k in order of x[t][k] * q[o][k]): as the f32 products, the
- * AVX2 and AVX-512 builds give the same bits, and a row of y depends on its
- * own row of x alone.  A quarter of the f32 bytes is read per step.
- *
- * Layout: the scales (out rounded up to 16, f32), then panels of 16 rows
- * of int8 laid out as the f32 ones, zero past out. */
-
-/* Bytes a packed int8 W[out, in] takes; 0 when out or in is not positive. */
-size_t tsr_i8_packed_bytes(int out, int in);
-
-/* The scale of a row of n weights (max |w| / 127, in f32); a NaN weight
- * gives a NaN scale, an infinite one an infinite scale. */
-float tsr_i8_row_scale(const float *w, int n);
-
-/* w / scale rounded to nearest (ties to even) within [-127, 127]; 0 when
- * scale is not positive. */
-int8_t tsr_i8_quantize(float w, float scale);
-
-/* Packs n rows (row r's `in` weights at rows + r * ld) as rows row0 ..
- * row0+n-1 of wq, quantized by scales[r].  wq must start zeroed. */
-void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
-                      const float *scales, int n);
-
-/* The same for rows already quantized (an int8 checkpoint): row r's `in`
- * integers at q + r * ld (as floats, each in [-128, 127], taken as they
- * are) and its scale. */
-void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
-                        const float *scales, int n);
-
-/* Row `row` of a packed wq, dequantized (q * s), into dst[in]. */
-void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst);
-
-/* y[T, out] = x[T, in] . W[out, in]^T with W packed in int8 (above). */
-void tsr_pool_matmul_i8(tsr_pool_t *p, float *y, int ldy, const float *x, const void *wq, int T,
-                        int in, int out);
 
 #endif

@@ -290,6 +290,20 @@ def round_int8(a):
     return (q.astype(np.float64) * s.astype(np.float64)).astype(a.dtype)
 
 
+def round_int8_blocks(a, block=32):
+    """Each row of a (its last axis) as an engine with weights_dtype int8
+    quantizes a product's input: in blocks of `block` columns (the last one
+    shorter), each by quantize_int8 (scale max |block| / 127, to nearest
+    even), read back as q * s."""
+    x = np.asarray(a, dtype=np.float32)
+    n = x.shape[-1]
+    out = np.empty(x.shape, dtype=np.float64)
+    for k0 in range(0, n, block):
+        q, s = quantize_int8(x[..., k0:k0 + block])
+        out[..., k0:k0 + block] = q.astype(np.float64) * s.astype(np.float64)
+    return out.astype(a.dtype)
+
+
 def attention(layer, cfg, x, cos, sin, kv_round=None, x_round=None):
     """Causal grouped-query self-attention over x [T, D] -> [T, D].  kv_round,
     when given, is applied to the keys (after RoPE) and values, as a KV cache
@@ -330,17 +344,21 @@ def round_matmuls(model, rnd, inputs=True):
     """Makes model multiply as an engine with matmul_dtype bf16 does: every
     weight matrix (the embedding and the LM head too) rounded by rnd, and
     each product's input rounded by it as the product runs.  Norm weights
-    and the residual stream stay as they are.  inputs=False rounds the
-    weights alone: with round_int8, an engine with weights_dtype int8 (each
-    row of a matrix by its own scale, max |row| / 127; products in f32)."""
+    and the residual stream stay as they are.  inputs may name another
+    rounding for the products' inputs: an engine with weights_dtype int8
+    is round_matmuls(model, round_int8, round_int8_blocks) (each row of a
+    matrix by its own scale, max |row| / 127; each input row in blocks of
+    32, each by its own)."""
     for layer in model["layers"]:
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
             layer[proj] = rnd(layer[proj])
     tied = model["lm_head"] is model["embed_tokens"]
     model["embed_tokens"] = rnd(model["embed_tokens"])
     model["lm_head"] = model["embed_tokens"] if tied else rnd(model["lm_head"])
-    if inputs:
+    if inputs is True:
         model["x_round"] = rnd
+    elif inputs:
+        model["x_round"] = inputs
     return model
 
 
@@ -402,7 +420,8 @@ def main(argv=None):
                     "with matmul_dtype bf16 multiplies")
     ap.add_argument("--weights-dtype", choices=("auto", "int8"), default="auto",
                     help="int8: every weight matrix rounded as an engine with weights_dtype "
-                    "int8 holds it (per row, scale max |row| / 127)")
+                    "int8 holds it (per row, scale max |row| / 127) and each product's input "
+                    "as it quantizes them (per row in blocks of 32)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop after generating config.json's eos_token_id")
     args = ap.parse_args(argv)
@@ -419,7 +438,7 @@ def main(argv=None):
     if args.matmul_dtype == "bf16":
         round_matmuls(model, round_bf16)
     if args.weights_dtype == "int8":
-        round_matmuls(model, round_int8, inputs=False)
+        round_matmuls(model, round_int8, round_int8_blocks)
     eos = model["config"]["eos_token_ids"] if args.stop_at_eos else ()
     steps = []
     out = generate(model, prompt, args.max_tokens, eos, steps)

@@ -15,9 +15,9 @@
  * products' inputs rounded to bf16, and with an int8 KV cache, whose
  * requests alone match the reference with its keys and values rounded as
  * that cache holds them, and with int8 weights (weights_dtype int8), whose
- * requests alone match the reference with its weights quantized as the
- * engine holds them, at tp=2 too (a rank's columns scaled by the whole
- * row's scale).  Also: a queue that is full refuses at once, and a
+ * requests alone match the reference with its weights and the products'
+ * inputs quantized as the engine does (batched at tp=2, held to their own
+ * tokens alone at tp=2, as with bf16 products).  Also: a queue that is full refuses at once, and a
  * request that could never fit the pool is refused with the numbers. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,14 +163,15 @@ static uint64_t run_batched_in(int tp, int pp, int kv, int blocks, int reserve, 
     /* What "alone" means at this layout.  With bf16 products, tp ranks sum
      * partial products of o and down in another order than one rank does,
      * and rounding the next input to bf16 can turn that last-bit difference
-     * into a step of 2^-8: tokens alone then differ between tp sizes, so
+     * into a step of 2^-8 (with int8 weights, quantizing it into a step of
+     * its block's scale): tokens alone then differ between tp sizes, so
      * batched tp=2 is held to its own requests alone at tp=2 (pp splits no
      * sum: its alone is tp's). */
     static int32_t own[N_REQS][H_MAX_TOKENS];
     static int n_own[N_REQS];
     int32_t (*want)[H_MAX_TOKENS] = alone[kv];
     int *n_want = n_alone[kv];
-    if (mode[kv].mm == TSR_KV_BF16 && tp > 1) {
+    if ((mode[kv].mm == TSR_KV_BF16 || mode[kv].wt == TSR_KV_INT8) && tp > 1) {
         run_each_alone(tp, kv, own, n_own);
         want = own, n_want = n_own;
     }

@@ -1,0 +1,339 @@
+/* matmul_i8.c: products of f32 rows by int8 weight panels as integer dot
+ * products (see matmul_i8.h for the layout and the numbers), on the pool's
+ * threads, in a portable and an AVX2 build.
+ *
+ * The AVX2 tile: R rows of x by NP adjacent panels (R * NP <= 4, R <= 3),
+ * two int32 accumulators of 8 rows each per (row, panel).  At each quad of
+ * columns it broadcasts a row's 4 quantized inputs to every 32-bit lane,
+ * gives each weight the sign of its input (VPSIGNB), multiplies by the
+ * inputs' magnitudes as unsigned bytes and adds pairs (VPMADDUBSW: at most
+ * 2 * 127 * 127, no saturation), and adds those pairs (VPMADDWD by ones)
+ * into the accumulators: 32 weights in four instructions.  After each block
+ * of 8 quads (32 columns) the integer sums, exact, are widened and
+ * multiply-added into f32 sums with the block's input scale, in block
+ * order, as the portable build does with fmaf: the two give the same bits
+ * whatever the tile shapes, so a row's outputs do not depend on T. */
+#include "worker/matmul_i8.h"
+
+#include <math.h>
+#include <stdalign.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "worker/cpu_kernels.h"
+#include "worker/matmul_f32.h"
+
+#define QUADS (TSR_I8_BLOCK / 4)   /* quads of columns in a block */
+/* As tsr_pool_matmul: small products stay on the caller, and no claim
+ * covers much more than 256 KiB of weights. */
+#define MIN_MACS 32768
+#define CHUNK_BYTES (256 << 10)
+
+int tsr_i8_in_padded(int in)
+{
+    return in > 0 ? (in + TSR_I8_BLOCK - 1) / TSR_I8_BLOCK * TSR_I8_BLOCK : 0;
+}
+
+static size_t padded_rows(int out)
+{
+    return (size_t)(out + TSR_PANEL - 1) / TSR_PANEL * TSR_PANEL;
+}
+
+size_t tsr_i8_packed_bytes(int out, int in)
+{
+    if (out <= 0 || in <= 0) return 0;
+    return padded_rows(out) * (sizeof(float) + (size_t)tsr_i8_in_padded(in));
+}
+
+static const int8_t *panels_of(const void *wq, int out)
+{
+    return (const int8_t *)wq + padded_rows(out) * sizeof(float);
+}
+
+/* Where q[row][k] lies among the panels (the header's formula). */
+static size_t packed_index(int in, int row, int k)
+{
+    return (size_t)(row / TSR_PANEL) * TSR_PANEL * (size_t)tsr_i8_in_padded(in) +
+           (size_t)(k / 4) * 4 * TSR_PANEL + (size_t)(row % TSR_PANEL) * 4 + (size_t)(k & 3);
+}
+
+float tsr_i8_row_scale(const float *w, int n)
+{
+    float m = 0.0f;
+    for (int k = 0; k < n; k++) {
+        const float a = fabsf(w[k]);
+        if (isnan(a)) return a;
+        if (a > m) m = a;
+    }
+    return m / 127.0f;
+}
+
+int8_t tsr_i8_quantize(float w, float scale)
+{
+    if (!(scale > 0.0f) || !isfinite(scale)) return 0;
+    const float q = nearbyintf(w / scale);   /* to nearest, ties to even */
+    return (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : q);
+}
+
+void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
+                      const float *scales, int n)
+{
+    float *sc = wq;
+    int8_t *q = (int8_t *)panels_of(wq, out);
+    for (int r = 0; r < n; r++) {
+        const int o = row0 + r;
+        if (o < 0 || o >= out) continue;
+        sc[o] = scales[r];
+        for (int k = 0; k < in; k++)
+            q[packed_index(in, o, k)] = tsr_i8_quantize(rows[(size_t)r * ld + k], scales[r]);
+    }
+}
+
+void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
+                        const float *scales, int n)
+{
+    float *sc = wq;
+    int8_t *qp = (int8_t *)panels_of(wq, out);
+    for (int r = 0; r < n; r++) {
+        const int o = row0 + r;
+        if (o < 0 || o >= out) continue;
+        sc[o] = scales[r];
+        for (int k = 0; k < in; k++) {
+            const float v = q[(size_t)r * ld + k];
+            qp[packed_index(in, o, k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+        }
+    }
+}
+
+void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst)
+{
+    const float s = ((const float *)wq)[row];
+    const int8_t *q = panels_of(wq, out);
+    for (int k = 0; k < in; k++) dst[k] = (float)q[packed_index(in, row, k)] * s;
+}
+
+/* ---- the inputs ----------------------------------------------------------------- */
+
+/* The scratch: T rows of in32 quantized inputs, then T rows of in32 / 32
+ * block scales on a 64-byte boundary. */
+static float *x_scales(void *xs, int T, int in32)
+{
+    return (float *)((char *)xs + ((size_t)T * (size_t)in32 + 63) / 64 * 64);
+}
+
+size_t tsr_i8_x_bytes(int T, int in)
+{
+    const int in32 = tsr_i8_in_padded(in);
+    if (T <= 0 || in32 <= 0) return 64;
+    return ((size_t)T * (size_t)in32 + 63) / 64 * 64 +
+           (size_t)T * (size_t)(in32 / TSR_I8_BLOCK) * sizeof(float);
+}
+
+/* Row x[in] in blocks: xq[in32] (zero past in) and d[in32 / 32].  A block
+ * with a NaN or infinite input keeps that scale and zeros, which turns the
+ * outputs NaN. */
+static void quantize_row(int8_t *xq, float *d, const float *x, int in)
+{
+    const int in32 = tsr_i8_in_padded(in);
+    for (int b = 0; b < in32 / TSR_I8_BLOCK; b++) {
+        const int k0 = b * TSR_I8_BLOCK, n = in - k0 < TSR_I8_BLOCK ? in - k0 : TSR_I8_BLOCK;
+        d[b] = tsr_i8_row_scale(x + k0, n);
+        for (int k = 0; k < TSR_I8_BLOCK; k++)
+            xq[k0 + k] = k < n ? tsr_i8_quantize(x[k0 + k], d[b]) : 0;
+    }
+}
+
+/* ---- the tiles ------------------------------------------------------------------ */
+
+/* The portable build: R rows of x by one panel (w), the panel's no rows of
+ * output (the panel's scales sc). */
+static void tile_plain(float *y, int ldy, const int8_t *xq, const float *xd, int in32,
+                       const int8_t *w, const float *sc, int no, int R)
+{
+    const int nb = in32 / TSR_I8_BLOCK;
+    for (int rr = 0; rr < R; rr++) {
+        float acc[TSR_PANEL] = {0};
+        const int8_t *xr = xq + (size_t)rr * in32;
+        for (int b = 0; b < nb; b++) {
+            int32_t isum[TSR_PANEL] = {0};
+            for (int j = b * QUADS; j < (b + 1) * QUADS; j++)
+                for (int r = 0; r < TSR_PANEL; r++)
+                    for (int e = 0; e < 4; e++)
+                        isum[r] += (int32_t)xr[4 * j + e] * w[((size_t)j * TSR_PANEL + r) * 4 + e];
+            const float d = xd[(size_t)rr * nb + b];
+            for (int r = 0; r < TSR_PANEL; r++) acc[r] = fmaf(d, (float)isum[r], acc[r]);
+        }
+        for (int r = 0; r < no; r++) y[(size_t)rr * ldy + r] = acc[r] * sc[r];
+    }
+}
+
+#if defined(__x86_64__)
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline __attribute__((always_inline)) void tile_avx2(
+    float *y, int ldy, const int8_t *xq, const float *xd, int in32, const int8_t *w,
+    const float *sc, int no, const int R, const int NP)
+{
+    const size_t ps = (size_t)TSR_PANEL * in32;
+    const int nb = in32 / TSR_I8_BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 fa[3][4][2];
+    _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++)
+    _Pragma("GCC unroll 4") for (int jj = 0; jj < NP; jj++)
+        fa[rr][jj][0] = fa[rr][jj][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i ia[3][4][2];
+        _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++)
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < NP; jj++)
+            ia[rr][jj][0] = ia[rr][jj][1] = _mm256_setzero_si256();
+        for (int j = b * QUADS; j < (b + 1) * QUADS; j++) {
+            __m256i xb[3], ax[3];
+            _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++) {
+                int32_t v;
+                memcpy(&v, xq + (size_t)rr * in32 + 4 * j, sizeof v);
+                xb[rr] = _mm256_set1_epi32(v);
+                ax[rr] = _mm256_abs_epi8(xb[rr]);
+            }
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < NP; jj++) {
+                const int8_t *wl = w + jj * ps + (size_t)j * 4 * TSR_PANEL;
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)wl),
+                              w1 = _mm256_loadu_si256((const __m256i *)(wl + 32));
+                _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++) {
+                    const __m256i p0 = _mm256_maddubs_epi16(ax[rr], _mm256_sign_epi8(w0, xb[rr]));
+                    const __m256i p1 = _mm256_maddubs_epi16(ax[rr], _mm256_sign_epi8(w1, xb[rr]));
+                    ia[rr][jj][0] = _mm256_add_epi32(ia[rr][jj][0], _mm256_madd_epi16(p0, ones));
+                    ia[rr][jj][1] = _mm256_add_epi32(ia[rr][jj][1], _mm256_madd_epi16(p1, ones));
+                }
+            }
+        }
+        _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++) {
+            const __m256 d = _mm256_set1_ps(xd[(size_t)rr * nb + b]);
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < NP; jj++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                fa[rr][jj][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(ia[rr][jj][h]), fa[rr][jj][h]);
+        }
+    }
+    _Pragma("GCC unroll 3") for (int rr = 0; rr < R; rr++)
+    _Pragma("GCC unroll 4") for (int jj = 0; jj < NP; jj++) {
+        float *yr = y + (size_t)rr * ldy + jj * TSR_PANEL;
+        alignas(32) float out[TSR_PANEL];
+        _mm256_store_ps(out, _mm256_mul_ps(fa[rr][jj][0], _mm256_loadu_ps(sc + jj * TSR_PANEL)));
+        _mm256_store_ps(out + 8,
+                        _mm256_mul_ps(fa[rr][jj][1], _mm256_loadu_ps(sc + jj * TSR_PANEL + 8)));
+        memcpy(yr, out, (size_t)(jj == NP - 1 ? no : TSR_PANEL) * sizeof(float));
+    }
+}
+
+/* Panels [p0, p1) for T rows: one row (decode) over 4 panels side by
+ * side, two over 2, more in tiles of 3 rows (the last 1 or 2) by one
+ * panel. */
+AVX2 static void panels_avx2(float *y, int ldy, const int8_t *xq, const float *xd, int in32,
+                             const int8_t *wp, const float *sc, int T, int out, int p0, int p1)
+{
+    const size_t ps = (size_t)TSR_PANEL * in32;
+    const int nb = in32 / TSR_I8_BLOCK;
+    if (T <= 2) {
+        const int G = T == 1 ? 4 : 2;
+        for (int p = p0; p < p1; p += G) {
+            const int np = p1 - p < G ? p1 - p : G, last = (p + np - 1) * TSR_PANEL;
+            const int no = out - last < TSR_PANEL ? out - last : TSR_PANEL;
+            const int8_t *w = wp + (size_t)p * ps;
+            const float *s = sc + (size_t)p * TSR_PANEL;
+            float *yp = y + (size_t)p * TSR_PANEL;
+            switch (T * 8 + np) {
+            case 8 + 1: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 1, 1); break;
+            case 8 + 2: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 1, 2); break;
+            case 8 + 3: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 1, 3); break;
+            case 8 + 4: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 1, 4); break;
+            case 16 + 1: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 2, 1); break;
+            default: tile_avx2(yp, ldy, xq, xd, in32, w, s, no, 2, 2); break;
+            }
+        }
+        return;
+    }
+    for (int p = p0; p < p1; p++) {
+        const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;
+        const int8_t *w = wp + (size_t)p * ps;
+        const float *s = sc + o;
+        for (int t = 0; t < T; t += 3) {
+            float *yt = y + (size_t)t * ldy + o;
+            const int8_t *xt = xq + (size_t)t * in32;
+            const float *dt = xd + (size_t)t * nb;
+            switch (T - t) {
+            case 1: tile_avx2(yt, ldy, xt, dt, in32, w, s, no, 1, 1); break;
+            case 2: tile_avx2(yt, ldy, xt, dt, in32, w, s, no, 2, 1); break;
+            default: tile_avx2(yt, ldy, xt, dt, in32, w, s, no, 3, 1); break;
+            }
+        }
+    }
+}
+#endif
+
+static void panels_plain(float *y, int ldy, const int8_t *xq, const float *xd, int in32,
+                         const int8_t *wp, const float *sc, int T, int out, int p0, int p1)
+{
+    for (int p = p0; p < p1; p++) {
+        const int o = p * TSR_PANEL, no = out - o < TSR_PANEL ? out - o : TSR_PANEL;
+        tile_plain(y + o, ldy, xq, xd, in32, wp + (size_t)p * TSR_PANEL * in32, sc + o, no, T);
+    }
+}
+
+typedef void (*panels_fn)(float *, int, const int8_t *, const float *, int, const int8_t *,
+                          const float *, int, int, int, int);
+
+/* One build for the process (tsr_cpu_kernels): AVX2 wherever the f32
+ * products use AVX2 or AVX-512, so every product computes the same way. */
+static panels_fn panels_for(void)
+{
+#if defined(__x86_64__)
+    if (tsr_cpu_kernels() != TSR_KERNELS_PLAIN) return panels_avx2;
+#endif
+    return panels_plain;
+}
+
+typedef struct {
+    float *y;
+    int ldy;
+    const int8_t *xq;
+    const float *xd;
+    const int8_t *wp;
+    const float *sc;
+    int T, in32, out, chunk, panels;
+    panels_fn kernel;
+} job_t;
+
+static void chunk_of(void *arg, int i)
+{
+    const job_t *j = arg;
+    const int p0 = i * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
+    j->kernel(j->y, j->ldy, j->xq, j->xd, j->in32, j->wp, j->sc, j->T, j->out, p0, p1);
+}
+
+void tsr_pool_matmul_i8(tsr_pool_t *p, float *y, int ldy, const float *x, void *xs,
+                        const void *wq, int T, int in, int out)
+{
+    if (T <= 0 || out <= 0) return;
+    if (in <= 0) {   /* nothing to sum */
+        for (int t = 0; t < T; t++) memset(y + (size_t)t * ldy, 0, (size_t)out * sizeof(float));
+        return;
+    }
+    const int in32 = tsr_i8_in_padded(in), panels = (out + TSR_PANEL - 1) / TSR_PANEL;
+    int8_t *xq = xs;
+    float *xd = x_scales(xs, T, in32);
+    for (int t = 0; t < T; t++)
+        quantize_row(xq + (size_t)t * in32, xd + (size_t)t * (in32 / TSR_I8_BLOCK),
+                     x + (size_t)t * in, in);
+    /* as tsr_pool_matmul: 4 chunks a thread at least, none over CHUNK_BYTES,
+     * whole groups of the decode path's 4 panels */
+    const int threads = tsr_pool_threads(p);
+    int chunk = (panels + 4 * threads - 1) / (4 * threads);
+    int cap = (int)(CHUNK_BYTES / ((size_t)TSR_PANEL * in32));
+    cap = cap < 4 ? 4 : cap / 4 * 4;
+    if (chunk > cap) chunk = cap;
+    if ((long long)T * in * out < 2LL * MIN_MACS) chunk = panels;
+    if (chunk < 1) chunk = 1;
+    job_t j = {y, ldy, xq, xd, panels_of(wq, out), wq, T, in32, out, chunk, panels, panels_for()};
+    tsr_pool_for(p, (panels + chunk - 1) / chunk, chunk_of, &j);
+}
