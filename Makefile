@@ -308,6 +308,8 @@ bench: deps
 	@./bench/cost_model.sh
 	@./bench/reshard.sh
 	@./bench/prefix.sh
+	@./bench/weights.sh
+	@./bench/serve.sh --quick --weights-dtype int8
 
 # The units name the installed binaries and SYSCONFDIR's files (@PREFIX@,
 # @SYSCONFDIR@); UNITDIR is where systemd finds them.

@@ -1,7 +1,7 @@
 /* engine_step.c: the CPU engine's decode step alone, no daemons: how its
  * time grows with the context, with the KV cache in f32, bf16 and int8.
  *   engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] [--steps N] [--threads T]
- *               [--matmul-dtype f32|bf16] [--weights-dtype int8]
+ *               [--matmul-dtype f32|bf16] [--weights-dtype int8] [--kv-dtype f32|bf16|int8]
  *
  * For each context C, a fresh engine (max_batch S, the pool exactly S
  * sequences of C + N positions) prefills S sequences of C tokens, then runs
@@ -11,7 +11,8 @@
  * products are the same at every context), and the prefill's rate (S
  * prompts of C tokens, one sequence a step in chunks of 128, on a fresh
  * pool: its first writes fault its pages in).  Defaults: 32 sequences,
- * contexts 16,200,400, 20 steps, every CPU, f32 weights (--matmul-dtype bf16:
+ * contexts 16,200,400, 20 steps, every KV type (--kv-dtype: that one alone),
+ * every CPU, f32 weights (--matmul-dtype bf16:
  * the weights in bf16, on AMX where the CPU has it; --weights-dtype int8: in
  * int8 with a scale a row, multiplied in f32). */
 #include <stdio.h>
@@ -84,7 +85,8 @@ out:
 
 int main(int argc, char **argv)
 {
-    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16], mm = TSR_KV_F32, wt = TSR_KV_AUTO;
+    int S = 32, steps = 20, threads = 0, n_ctx = 0, ctxs[16], mm = TSR_KV_F32, wt = TSR_KV_AUTO,
+        only_kv = -1;
     const char *dir = NULL, *list = "16,200,400";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seqs") && i + 1 < argc) S = atoi(argv[++i]);
@@ -96,11 +98,17 @@ int main(int argc, char **argv)
             mm = !strcmp(argv[++i], "bf16") ? TSR_KV_BF16 : TSR_KV_F32;
         else if (!strcmp(argv[i], "--weights-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "int8"))
             wt = TSR_KV_INT8, i++;
+        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16") ||
+                  !strcmp(argv[i + 1], "int8")))
+            only_kv = !strcmp(argv[i + 1], "f32") ? TSR_KV_F32 : !strcmp(argv[i + 1], "bf16") ? TSR_KV_BF16
+                                                                                     : TSR_KV_INT8,
+            i++;
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else {
             fprintf(stderr, "usage: engine_step MODEL_DIR [--seqs S] [--contexts C1,C2,...] "
                             "[--steps N] [--threads T] [--matmul-dtype f32|bf16] "
-                            "[--weights-dtype int8]\n");
+                            "[--weights-dtype int8] [--kv-dtype f32|bf16|int8]\n");
             return 2;
         }
     }
@@ -132,6 +140,7 @@ int main(int argc, char **argv)
            mm == TSR_KV_BF16 ? ", products: " : "", mm == TSR_KV_BF16 ? tsr_bf16_products_name() : "");
     static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
     for (int k = 0; k < 3; k++) {
+        if (only_kv >= 0 && kinds[k] != only_kv) continue;
         double base = 0;
         for (int i = 0; i < n_ctx; i++) {
             double best, med, pre;

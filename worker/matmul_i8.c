@@ -52,12 +52,15 @@ static const int8_t *panels_of(const void *wq, int out)
     return (const int8_t *)wq + padded_rows(out) * sizeof(float);
 }
 
-/* Where q[row][k] lies among the panels (the header's formula). */
-static size_t packed_index(int in, int row, int k)
+/* Where q[row][0] lies among the panels (the header's formula); column k
+ * is at that + col_offset(k). */
+static size_t row_base(int in, int row)
 {
     return (size_t)(row / TSR_PANEL) * TSR_PANEL * (size_t)tsr_i8_in_padded(in) +
-           (size_t)(k / 4) * 4 * TSR_PANEL + (size_t)(row % TSR_PANEL) * 4 + (size_t)(k & 3);
+           (size_t)(row % TSR_PANEL) * 4;
 }
+
+static inline size_t col_offset(int k) { return (size_t)(k >> 2) * 4 * TSR_PANEL + (size_t)(k & 3); }
 
 float tsr_i8_row_scale(const float *w, int n)
 {
@@ -86,8 +89,13 @@ void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, in
         const int o = row0 + r;
         if (o < 0 || o >= out) continue;
         sc[o] = scales[r];
-        for (int k = 0; k < in; k++)
-            q[packed_index(in, o, k)] = tsr_i8_quantize(rows[(size_t)r * ld + k], scales[r]);
+        int8_t *dst = q + row_base(in, o);
+        const float *src = rows + (size_t)r * ld, s = scales[r];
+        if (!(s > 0.0f) || !isfinite(s)) continue;   /* a row of zeros (wq starts zeroed) */
+        for (int k = 0; k < in; k++) {
+            const float v = nearbyintf(src[k] / s);   /* as tsr_i8_quantize */
+            dst[col_offset(k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+        }
     }
 }
 
@@ -100,9 +108,10 @@ void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int
         const int o = row0 + r;
         if (o < 0 || o >= out) continue;
         sc[o] = scales[r];
+        int8_t *dst = qp + row_base(in, o);
         for (int k = 0; k < in; k++) {
             const float v = q[(size_t)r * ld + k];
-            qp[packed_index(in, o, k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+            dst[col_offset(k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
         }
     }
 }
@@ -111,7 +120,8 @@ void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst)
 {
     const float s = ((const float *)wq)[row];
     const int8_t *q = panels_of(wq, out);
-    for (int k = 0; k < in; k++) dst[k] = (float)q[packed_index(in, row, k)] * s;
+    q += row_base(in, row);
+    for (int k = 0; k < in; k++) dst[k] = (float)q[col_offset(k)] * s;
 }
 
 /* ---- the inputs ----------------------------------------------------------------- */
