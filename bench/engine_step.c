@@ -14,7 +14,7 @@
  * contexts 16,200,400, 20 steps, every KV type (--kv-dtype: that one alone),
  * every CPU, f32 weights (--matmul-dtype bf16:
  * the weights in bf16, on AMX where the CPU has it; --weights-dtype int8: in
- * int8 with a scale a row, multiplied in f32). */
+ * int8 with a scale a row, integer products). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

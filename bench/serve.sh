@@ -77,7 +77,7 @@ for f in "$BIN/tessera" "$BIN/tessera-coordinator" "$BIN/tessera-worker" "$BUILD
 done
 
 if [ "$WT_DTYPE" = int8 ] && [ "$MM_DTYPE" = bf16 ]; then
-    echo "bench/serve.sh: int8 weights are multiplied in f32: --weights-dtype int8 goes without --matmul-dtype bf16" >&2
+    echo "bench/serve.sh: int8 weights multiply as integers: --weights-dtype int8 goes without --matmul-dtype bf16" >&2
     exit 2
 fi
 # the type the weight matrices are held in

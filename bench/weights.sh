@@ -12,7 +12,9 @@
 # and scales, the LM head, the KV cache) and, for 1 sequence, that over the
 # read bandwidth of nproc threads (bench/stream --read over 1 GiB, the best
 # of three runs before and after) as a percentage of the bound; then each
-# type's tokens/s against f32's (and against bf16's where measured).
+# type's tokens/s against f32's (and against bf16's where measured), and
+# what int8 does to the numbers (bench/quant.py on a small random model:
+# greedy agreement and mean absolute logit error against unquantized).
 #
 #   bench/weights.sh          about a minute on 2 cores (50 s in a run of 2026-12-07)
 # Needs build/bench/engine_step and build/bench/stream (make bench builds them).
@@ -80,6 +82,11 @@ for t in types:
     print(f"{t}: one step reads {step / 1e6:.0f} MB: bound {bound:.2f} ms; measured {best[t]:.2f} ms "
           f"= {100 * bound / best[t]:.0f} % of the bound")
 PY
+# what int8 does to the numbers (the NumPy reference, which the engine matches; a small model)
+QMODEL="$BUILD/models/quant-check"
+[ -f "$QMODEL/config.json" ] || "$BIN/tessera" model-init "$QMODEL" --hidden 256 --intermediate 688 \
+    --layers 4 --heads 4 --kv-heads 2 --vocab 1024 --max-pos 256 --seed 5 --force > /dev/null 2>&1
+python3 bench/quant.py "$QMODEL" || echo "bench/weights.sh: bench/quant.py failed" >&2
 for s in 1 32; do
     r="int8 against f32 at $s sequence(s): $(awk -v a="${TOKS[int8.$s]}" -v b="${TOKS[f32.$s]}" 'BEGIN {printf "%.2fx", a / b}')"
     [ -n "${TOKS[bf16.$s]:-}" ] && r="$r, against bf16: $(awk -v a="${TOKS[int8.$s]}" -v b="${TOKS[bf16.$s]}" 'BEGIN {printf "%.2fx", a / b}')"

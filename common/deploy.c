@@ -830,7 +830,7 @@ int tsr_kv_dtype_on(tsr_device_t d, int kv_dtype)
  * holds bf16 only, and cuda_says is what it keeps in it; int8 is a KV
  * cache's type only. */
 /* weights_dtype into d, after device and matmul_dtype: auto (as matmul_dtype
- * says) or int8 (cpu, multiplied in f32). */
+ * says) or int8 (cpu: integer products, which bf16 products cannot be). */
 static int parse_weights_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_deployment_t *d)
 {
     char kpath[PATH_MAX_LEN], *s = NULL;
@@ -849,8 +849,8 @@ static int parse_weights_dtype(pctx_t *c, yaml_node_t *n, const char *path, tsr_
         goto out;
     }
     if (d->weights_dtype == TSR_KV_INT8 && d->matmul_dtype == TSR_KV_BF16) {
-        fail(c, n, kpath, "int8 weights are multiplied in f32: leave matmul_dtype auto or f32, "
-             "not bf16");
+        fail(c, n, kpath, "int8 weights multiply as integers, not in bf16: leave matmul_dtype "
+             "auto or f32");
         goto out;
     }
     rc = 0;

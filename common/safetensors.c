@@ -8,6 +8,7 @@
 #include "safetensors.h"
 #include "modelfile.h"
 #include "util.h"
+#include "fp8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,7 +43,7 @@ struct tsr_st {
 
 size_t tsr_dtype_size(tsr_dtype_t t)
 {
-    return t == TSR_DT_F32 || t == TSR_DT_I32 ? 4 : t == TSR_DT_I8 ? 1 : 2;
+    return t == TSR_DT_F32 || t == TSR_DT_I32 ? 4 : t == TSR_DT_I8 || t == TSR_DT_F8E4M3 ? 1 : 2;
 }
 
 const char *tsr_dtype_name(tsr_dtype_t t)
@@ -53,6 +54,7 @@ const char *tsr_dtype_name(tsr_dtype_t t)
     case TSR_DT_BF16: return "BF16";
     case TSR_DT_I32: return "I32";
     case TSR_DT_I8: return "I8";
+    case TSR_DT_F8E4M3: return "F8_E4M3";
     }
     return "?";
 }
@@ -169,6 +171,8 @@ static int parse_dtype(const char *s, tsr_dtype_t *out)
         *out = TSR_DT_BF16;
     else if (strcmp(s, "I8") == 0)
         *out = TSR_DT_I8;
+    else if (strcmp(s, "F8_E4M3") == 0)
+        *out = TSR_DT_F8E4M3;
     else
         return -1;
     return 0;
@@ -295,7 +299,7 @@ static int parse_entry(const hdr_ctx_t *c, const char *name, json_t *v, tsr_tens
     }
     if (parse_dtype(json_string_value(jd), &t->dtype) < 0) {
         tsr_set_err(c->err, c->errlen, "%s: tensor %s: dtype %s not supported (expected F32, F16, "
-                "BF16 or I8)", c->fname, name, json_string_value(jd));
+                "BF16, I8 or F8_E4M3)", c->fname, name, json_string_value(jd));
         return -1;
     }
     if (parse_shape(c, name, js, t) < 0 || parse_offsets(c, name, jo, t) < 0)
@@ -775,11 +779,15 @@ static void as_matrix(const tsr_tensor_t *t, int64_t *rows, int64_t *cols)
         *cols *= t->shape[i];
 }
 
-/* Halves, or int8 (each integer exactly a float). */
+/* Halves, int8 or E4M3 (each value exactly a float). */
 static void convert_halves(tsr_dtype_t dt, const uint8_t *src, float *dst, size_t n)
 {
     if (dt == TSR_DT_I8) {
         for (size_t i = 0; i < n; i++) dst[i] = (float)(int8_t)src[i];
+        return;
+    }
+    if (dt == TSR_DT_F8E4M3) {
+        for (size_t i = 0; i < n; i++) dst[i] = tsr_e4m3_to_f32(src[i]);
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -797,6 +805,21 @@ static int check_finite(const tsr_st_t *st, const tsr_tensor_t *t, const void *r
                         uint64_t first, size_t n, char *err, size_t errlen)
 {
     if (!tsr_st_refuse_nonfinite || t->dtype == TSR_DT_I8) return 0;   /* integers are finite */
+    if (t->dtype == TSR_DT_F8E4M3) {   /* no infinities; S.1111.111 is NaN */
+        const unsigned char *b8 = raw;
+        for (size_t i = 0; i < n; i++)
+            if ((b8[i] & 0x7fu) == 0x7fu) {
+                int64_t rows, cols;
+                as_matrix(t, &rows, &cols);
+                const uint64_t at = first + i;
+                tsr_set_err(err, errlen, "%s: tensor %s: element [%llu, %llu] is NaN: the "
+                            "checkpoint is damaged", st->paths[t->file], t->name,
+                            (unsigned long long)(at / (uint64_t)cols),
+                            (unsigned long long)(at % (uint64_t)cols));
+                return -1;
+            }
+        return 0;
+    }
     const bool f32 = t->dtype == TSR_DT_F32;
     /* the exponent field, all ones for NaN and Inf; the sign bit */
     const uint32_t expo = f32 ? 0x7F800000u : t->dtype == TSR_DT_BF16 ? 0x7F80u : 0x7C00u;

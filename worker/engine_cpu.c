@@ -276,8 +276,10 @@ static int read_vector(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
         return -1;
     int64_t shape[1] = {s.rows};
     if (tsr_st_expect(st, name, 1, shape, err, errlen) < 0) return -1;
-    if (tsr_st_find(st, name)->dtype == TSR_DT_I8) {
-        tsr_set_err(err, errlen, "%s: an int8 vector: only weight matrices may be int8", name);
+    const tsr_dtype_t vt = tsr_st_find(st, name)->dtype;
+    if (vt == TSR_DT_I8 || vt == TSR_DT_F8E4M3) {
+        tsr_set_err(err, errlen, "%s: an %s vector: only weight matrices may be quantized", name,
+                    vt == TSR_DT_I8 ? "int8" : "FP8");
         return -1;
     }
     if (s.r1 > s.r0 &&
@@ -305,10 +307,11 @@ static int row_scales(const char *name, const float *rows, int64_t ld, int64_t r
     return 0;
 }
 
-/* The scales of rows [r0, r1) of the int8 matrix `name` of `rows` rows in
- * an int8 checkpoint: tensor "<name>_scale" of shape [rows] or [rows, 1], a
- * float type, every scale positive and finite (-1 naming the tensor and the
- * row otherwise). */
+/* The scales of rows [r0, r1) of the int8 or FP8 matrix `name` of `rows`
+ * rows in a quantized checkpoint: tensor "<name>_scale", one scale a row
+ * ([rows] or [rows, 1]) or one for the whole matrix ([], [1] or [1, 1]), a
+ * float type, every scale positive and finite (-1 naming the tensor and
+ * the row otherwise). */
 static int read_scales(const tsr_st_t *st, const char *name, int64_t rows, int64_t r0, int64_t r1,
                        float *dst, char *err, size_t errlen)
 {
@@ -316,26 +319,34 @@ static int read_scales(const tsr_st_t *st, const char *name, int64_t rows, int64
     snprintf(sname, sizeof sname, "%s_scale", name);
     const tsr_tensor_t *t = tsr_st_find(st, sname);
     if (!t) {
-        tsr_set_err(err, errlen, "%s: an int8 matrix without its scales (tensor %s is missing)",
-                    name, sname);
+        tsr_set_err(err, errlen, "%s: a quantized matrix without its scales (tensor %s is "
+                    "missing)", name, sname);
         return -1;
     }
-    if (!(t->ndim == 1 && t->shape[0] == rows) && !(t->ndim == 2 && t->shape[0] == rows &&
-                                                     t->shape[1] == 1)) {
-        tsr_set_err(err, errlen, "%s: shape [%lld%s] does not hold one scale for each of %s's %lld "
-                    "rows (expected [%lld] or [%lld, 1])", sname, (long long)(t->ndim ? t->shape[0] : 0),
-                    t->ndim == 2 ? ", ..." : "", name, (long long)rows, (long long)rows, (long long)rows);
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    const int per_row = !(n == 1 && t->ndim <= 2) && ((t->ndim == 1 && t->shape[0] == rows) ||
+                                                      (t->ndim == 2 && t->shape[0] == rows &&
+                                                       t->shape[1] == 1));
+    if (!per_row && !(n == 1 && t->ndim <= 2)) {
+        tsr_set_err(err, errlen, "%s: %d-dimensional, %lld scales: not one for each of %s's %lld "
+                    "rows (expected [%lld] or [%lld, 1]) nor one for the matrix", sname, t->ndim,
+                    (long long)n, name, (long long)rows, (long long)rows, (long long)rows);
         return -1;
     }
-    if (t->dtype == TSR_DT_I8 || t->dtype == TSR_DT_I32) {
+    if (t->dtype == TSR_DT_I8 || t->dtype == TSR_DT_F8E4M3) {
         tsr_set_err(err, errlen, "%s: scales must be F32, BF16 or F16, not %s", sname,
                     tsr_dtype_name(t->dtype));
         return -1;
     }
-    /* a vector is one row of `rows` columns to the reader, a [rows, 1] matrix rows of one */
-    if (r1 > r0 && (t->ndim == 1 ? tsr_st_read_f32(st, t, 0, 1, r0, r1, dst, err, errlen)
-                                 : tsr_st_read_f32(st, t, r0, r1, 0, 1, dst, err, errlen)) < 0)
-        return -1;
+    if (r1 <= r0) return 0;
+    if (!per_row) {   /* one for the matrix: read once, given to every row */
+        if (tsr_st_read_f32(st, t, 0, 1, 0, 1, dst, err, errlen) < 0) return -1;
+        for (int64_t r = 1; r < r1 - r0; r++) dst[r] = dst[0];
+    } else if ((t->ndim == 1 ? tsr_st_read_f32(st, t, 0, 1, r0, r1, dst, err, errlen)
+                             : tsr_st_read_f32(st, t, r0, r1, 0, 1, dst, err, errlen)) < 0) {
+        return -1;   /* a vector is one row to the reader, a [rows, 1] matrix rows of one */
+    }
     for (int64_t r = 0; r < r1 - r0; r++)
         if (!(dst[r] > 0.0f) || !isfinite(dst[r])) {
             tsr_set_err(err, errlen, "%s: row %lld's scale is %g: a scale must be positive and "
@@ -348,10 +359,11 @@ static int read_scales(const tsr_st_t *st, const char *name, int64_t rows, int64
 /* Reads this rank's slice of matrix t (layer li) as rows row0 .. of the
  * packed matrix wp[out, in] (worker/matmul_f32.h), a block of rows at a
  * time, so no second copy of a large matrix is ever held.  The slice must
- * have in columns and fit in rows [row0, out).  For int8 each block is read
- * with every column of its rows, which the scales are taken over.  An int8
- * matrix of the checkpoint (with its scales, read_scales) is taken as it is
- * by int8 weights, and multiplied out to f32 for the others. */
+ * have in columns and fit in rows [row0, out).  A quantized checkpoint's
+ * matrix (I8 or F8_E4M3, with its scales: read_scales) is multiplied out
+ * by them, row by row, except int8 into int8 weights, taken as it is.  Int8
+ * weights quantized here read each block with every column of its rows,
+ * which the scales are taken over. */
 static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t, int li, void *wp,
                        int out, int in, int row0, char *err, size_t errlen)
 {
@@ -372,13 +384,15 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
         return -1;
     }
     const tsr_tensor_t *tensor = tsr_st_find(st, name);
-    const int q8 = tensor->dtype == TSR_DT_I8;   /* an int8 checkpoint's matrix */
-    /* columns read per row: int8 weights quantized here take their scales over the whole row */
-    const int64_t width = e->wfmt == W_I8 && !q8 ? s.cols : cols;
+    const int scaled = tensor->dtype == TSR_DT_I8 || tensor->dtype == TSR_DT_F8E4M3;
+    const int as_is = tensor->dtype == TSR_DT_I8 && e->wfmt == W_I8;   /* int8 into int8 */
+    const int requant = e->wfmt == W_I8 && !as_is;   /* int8 weights quantized here */
+    /* the columns read per row: all of them where the scales are taken here */
+    const int64_t c0 = requant ? 0 : s.c0, width = requant ? s.cols : cols;
     int64_t step = BLOCK_FLOATS / width > 0 ? BLOCK_FLOATS / width : 1;
     float *buf = malloc((size_t)(step * width) * sizeof(float));
-    float *scales = e->wfmt == W_I8 || q8 ? malloc((size_t)step * sizeof(float)) : NULL;
-    if (!buf || ((e->wfmt == W_I8 || q8) && !scales)) {
+    float *scales = scaled || requant ? malloc((size_t)step * sizeof(float)) : NULL;
+    if (!buf || ((scaled || requant) && !scales)) {
         free(buf), free(scales);
         tsr_set_err(err, errlen, "%s: out of memory for a staging block", name);
         return -1;
@@ -387,26 +401,29 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
     for (int64_t r = s.r0; r < s.r1 && rc == 0; r += step) {
         const int64_t n = s.r1 - r < step ? s.r1 - r : step;
         const int at = row0 + (int)(r - s.r0);
-        if (q8) {   /* the integers (exact as floats) and their rows' scales */
-            rc = read_scales(st, name, s.rows, r, r + n, scales, err, errlen);
-            if (rc == 0) rc = tsr_st_read_f32(st, tensor, r, r + n, s.c0, s.c1, buf, err, errlen);
-            if (rc < 0) continue;
-            if (e->wfmt == W_I8) {
-                tsr_i8_pack_q_rows(wp, out, (int)cols, at, buf, (int)cols, scales, (int)n);
-                continue;
-            }
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t k = 0; k < cols; k++) buf[i * cols + k] *= scales[i];
-        } else if (e->wfmt == W_I8) {
-            rc = tsr_st_read_f32(st, tensor, r, r + n, 0, s.cols, buf, err, errlen);
-            if (rc == 0) rc = row_scales(name, buf, s.cols, r, n, scales, err, errlen);
-            if (rc == 0)
-                tsr_i8_pack_rows(wp, out, (int)cols, at, buf + s.c0, (int)s.cols, scales, (int)n);
+        rc = tsr_st_read_f32(st, tensor, r, r + n, c0, c0 + width, buf, err, errlen);
+        if (rc == 0 && scaled) rc = read_scales(st, name, s.rows, r, r + n, scales, err, errlen);
+        if (rc < 0) break;
+        if (as_is) {
+            tsr_i8_pack_q_rows(wp, out, (int)cols, at, buf, (int)cols, scales, (int)n);
             continue;
         }
-        if (!q8) rc = tsr_st_read_f32(st, tensor, r, r + n, s.c0, s.c1, buf, err, errlen);
-        if (rc == 0 && e->wfmt == W_BF16) tsr_bf16_pack_rows(wp, out, (int)cols, at, buf, (int)n);
-        else if (rc == 0) tsr_pack_rows(wp, out, (int)cols, at, buf, (int)n);
+        if (scaled)   /* the checkpoint's numbers: value x its row's scale (int8: -128 as -127) */
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t k = 0; k < width; k++) {
+                    float *v = &buf[i * width + k];
+                    if (tensor->dtype == TSR_DT_I8 && *v < -127.0f) *v = -127.0f;
+                    *v *= scales[i];
+                }
+        if (requant) {
+            rc = row_scales(name, buf, s.cols, r, n, scales, err, errlen);
+            if (rc == 0)
+                tsr_i8_pack_rows(wp, out, (int)cols, at, buf + s.c0, (int)s.cols, scales, (int)n);
+        } else if (e->wfmt == W_BF16) {
+            tsr_bf16_pack_rows(wp, out, (int)cols, at, buf, (int)n);
+        } else {
+            tsr_pack_rows(wp, out, (int)cols, at, buf, (int)n);
+        }
     }
     free(buf), free(scales);
     if (rc < 0) return -1;
@@ -674,8 +691,8 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
                              "hold its weights in", err, errlen) < 0)
         goto out;
     if (e->wfmt == W_I8 && spec->matmul_dtype == TSR_KV_BF16) {
-        tsr_set_err(err, errlen, "weights_dtype int8 with matmul_dtype bf16: int8 weights are "
-                    "multiplied in f32 (leave matmul_dtype auto or f32)");
+        tsr_set_err(err, errlen, "weights_dtype int8 with matmul_dtype bf16: int8 weights multiply "
+                    "as integers, not in bf16 (leave matmul_dtype auto or f32)");
         goto out;
     }
     const tsr_model_info_t *m = &e->m;

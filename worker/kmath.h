@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/draw.h"   /* TSR_HD, tsr_draw */
+#include "common/fp8.h"    /* E4M3, both ways */
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -4,10 +4,14 @@ Tessera's CPU engine loads as it is: every linear weight of the layers
 ("model.layers.N.*_proj.weight") as I8 [out, in] beside "<name>_scale", F32
 [out, 1] (one scale a row), quantized by llama_ref.quantize_int8, the rule
 an engine with weights_dtype int8 applies at load; the embedding, the LM
-head and the norms are copied as they are.
+head and the norms are copied as they are.  --fp8 writes the FP8 layout
+instead: F8_E4M3 weights, scale max |row| / 448 ([out, 1]), or with
+--per-tensor one for the matrix (shape []), values rounded to the nearest
+E4M3, ties to even.
 
     python3 tests/reference/int8_checkpoint.py SRC_DIR DST_DIR
         [--break missing|shape|nan|zero|vector] [--scale-dtype F32|BF16] [--flat]
+        [--fp8 [--per-tensor]]
 
 --break damages the scales of model.layers.0.self_attn.k_proj.weight (drops
 them, gives them shape [out + 1, 1], a NaN or a zero), or with "vector"
@@ -49,6 +53,19 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
+def to_e4m3(x):
+    """float32 array -> E4M3 bit patterns (uint8): nearest, ties to even,
+    saturated at 448."""
+    vals = llama_ref.e4m3_values()[:0x7F]            # 0 .. 448, increasing with the pattern
+    a = np.minimum(np.abs(np.asarray(x, dtype=np.float32)), np.float32(448))
+    hi = np.clip(np.searchsorted(vals, a), 1, 0x7E)
+    lo = hi - 1
+    dlo, dhi = a - vals[lo], vals[hi] - a
+    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
+    pick = np.where(a == 0, 0, pick)
+    return (pick | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
@@ -56,6 +73,8 @@ def main():
     ap.add_argument("--break", dest="brk", choices=("missing", "shape", "nan", "zero", "vector"))
     ap.add_argument("--scale-dtype", choices=("F32", "BF16"), default="F32")
     ap.add_argument("--flat", action="store_true")
+    ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--per-tensor", action="store_true")
     a = ap.parse_args()
     src = llama_ref.read_checkpoint(a.src)
     os.makedirs(a.dst, exist_ok=True)
@@ -64,7 +83,7 @@ def main():
             shutil.copy(os.path.join(a.src, f), a.dst)
     victim = "model.layers.0.self_attn.k_proj.weight"
     out = []
-    for name in sorted(src):
+    for name in sorted(n for n in src if not n.startswith("__")):
         arr = np.asarray(src[name], dtype=np.float32)
         if name == "model.layers.0.input_layernorm.weight" and a.brk == "vector":
             out.append((name, "I8", np.ones(arr.shape, dtype=np.int8)))
@@ -72,8 +91,13 @@ def main():
         if not (name.startswith("model.layers.") and name.endswith("_proj.weight")):
             out.append((name, "F32", arr))
             continue
-        q, s = llama_ref.quantize_int8(arr)
-        out.append((name, "I8", q.astype(np.int8)))
+        if a.fp8:
+            m = np.max(np.abs(arr)) if a.per_tensor else np.max(np.abs(arr), axis=-1, keepdims=True)
+            s = (np.asarray(m, dtype=np.float32) / np.float32(448)).reshape(-1, 1)
+            out.append((name, "F8_E4M3", to_e4m3(arr / s)))
+        else:
+            q, s = llama_ref.quantize_int8(arr)
+            out.append((name, "I8", q.astype(np.int8)))
         s = s.astype(np.float32)
         if name == victim and a.brk == "missing":
             continue
@@ -85,6 +109,8 @@ def main():
             s[2, 0] = 0
         if a.flat:
             s = s.reshape(-1)
+        if a.per_tensor:
+            s = s.reshape(())
         if a.scale_dtype == "BF16":
             bits = s.view(np.uint32)
             if np.any((bits & 0xFFFF) != 0) and a.brk is None:

@@ -33,7 +33,24 @@ except ImportError:  # pragma: no cover - depends on the machine
 # area; each tensor's data_offsets are [begin, end) relative to the data area.
 # --------------------------------------------------------------------------
 _ST_DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4),
-              "F16": (np.float16, 2), "BF16": (np.uint16, 2), "I8": (np.int8, 1)}
+              "F16": (np.float16, 2), "BF16": (np.uint16, 2), "I8": (np.int8, 1),
+              "F8_E4M3": (np.uint8, 1)}
+
+
+def e4m3_values():
+    """The 256 values of FP8 E4M3 ("FN": no infinities, S.1111.111 NaN),
+    indexed by their bit pattern."""
+    v = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if e == 0xF and m == 0x7:
+            v[b] = np.nan
+        elif e == 0:
+            v[b] = sign * m * 2.0 ** -9
+        else:
+            v[b] = sign * (1 + m / 8.0) * 2.0 ** (e - 7)
+    return v
 
 
 def read_safetensors(path):
@@ -64,7 +81,12 @@ def read_safetensors(path):
         buf = blob[data_start + begin:data_start + end]
         arr = buf.view(np.dtype(np_dt).newbyteorder("<")).reshape(shape)
         out[name] = decode_dtype(arr, dt)
+        if dt == "I8":
+            _INT8_NAMES.add(name)
     return out
+
+
+_INT8_NAMES = set()   # the I8 tensors read (an int8 checkpoint's matrices)
 
 
 def decode_dtype(arr, dt):
@@ -76,22 +98,31 @@ def decode_dtype(arr, dt):
         return arr.astype(np.float32)  # every float16 is exact in float32
     if dt == "I8":
         return arr.astype(np.float32)  # an int8 checkpoint's integers (scaled later)
+    if dt == "F8_E4M3":
+        return e4m3_values()[arr]      # exact in float32 (scaled later)
     return np.array(arr)  # F32/F64: copy out of the memmap
 
 
 def apply_scales(tensors):
-    """An int8 checkpoint's matrices (I8 "X.weight" with "X.weight_scale",
-    one scale a row) multiplied out, each row by its scale in float32, as
-    the engine widens them: {name: array} without the scales."""
-    out = {}
+    """A quantized checkpoint's matrices (I8 or F8_E4M3 "X.weight" with
+    "X.weight_scale", one scale a row or one for the matrix) multiplied out,
+    each row by its scale in float32, as the engine widens them: {name:
+    array} without the scales."""
+    out, held = {}, set()
     for name, arr in tensors.items():
         if name.endswith("_scale") and name[:-len("_scale")] in tensors:
             continue
         scale = tensors.get(name + "_scale")
         if scale is not None:
-            s = np.asarray(scale, dtype=np.float32).reshape(-1, 1)
-            arr = (np.asarray(arr, dtype=np.float32) * s).astype(np.float32)
+            s = np.asarray(scale, dtype=np.float32)
+            s = s.reshape(-1, 1) if s.size > 1 else s.reshape(1, 1)   # a row's, or the matrix's
+            q = np.asarray(arr, dtype=np.float32)
+            if name in _INT8_NAMES:
+                q = np.maximum(q, np.float32(-127))   # the engine holds -128 as -127
+                held.add(name)
+            arr = (q * s).astype(np.float32)
         out[name] = arr
+    out["__int8_held__"] = held   # int8 weights keep these as the file has them
     return out
 
 
@@ -164,6 +195,8 @@ def load_model(model_dir, dtype=np.float64):
 def build_model(cfg, tensors, dtype=np.float64):
     """cfg (from parse_config) + {name: array} -> model dict.  Separate from
     load_model so tests can build variants in memory."""
+    held = tensors.get("__int8_held__", set())   # an int8 checkpoint's matrices (apply_scales)
+
     def w(name):
         if name not in tensors:
             raise KeyError(f"tensor {name} missing from the checkpoint")
@@ -183,6 +216,7 @@ def build_model(cfg, tensors, dtype=np.float64):
         for proj, shape in shapes.items():
             part = "self_attn." if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp."
             layer[proj] = w(p + part + proj + ".weight")
+            layer[proj + ".held"] = p + part + proj + ".weight" in held
             if layer[proj].shape != shape:
                 raise ValueError(f"{p}{part}{proj}.weight has shape "
                                  f"{layer[proj].shape}, config implies {shape}")
@@ -191,10 +225,13 @@ def build_model(cfg, tensors, dtype=np.float64):
             layer[proj + ".bias"] = w(p + part + proj + ".bias") if has_bias else None
         layers.append(layer)
     embed = w("model.embed_tokens.weight")
+    embed_held = "model.embed_tokens.weight" in held
     # Tied: HF points lm_head at the embedding, whatever lm_head.weight the
     # file may also hold.
     lm_head = embed if cfg["tie_word_embeddings"] else w("lm_head.weight")
+    lm_held = embed_held if cfg["tie_word_embeddings"] else "lm_head.weight" in held
     return {"config": cfg, "dtype": dtype, "embed_tokens": embed, "layers": layers,
+            "embed_held": embed_held, "lm_held": lm_held,
             "norm": w("model.norm.weight"), "lm_head": lm_head,
             "inv_freq": rope_inv_freq(cfg).astype(dtype)}
 
@@ -349,12 +386,19 @@ def round_matmuls(model, rnd, inputs=True):
     is round_matmuls(model, round_int8, round_int8_blocks) (each row of a
     matrix by its own scale, max |row| / 127; each input row in blocks of
     32, each by its own)."""
+    # int8 weights take an int8 checkpoint's matrices as the file has them
+    keep = rnd is round_int8
     for layer in model["layers"]:
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-            layer[proj] = rnd(layer[proj])
+            if not (keep and layer.get(proj + ".held")):
+                layer[proj] = rnd(layer[proj])
     tied = model["lm_head"] is model["embed_tokens"]
-    model["embed_tokens"] = rnd(model["embed_tokens"])
-    model["lm_head"] = model["embed_tokens"] if tied else rnd(model["lm_head"])
+    if not (keep and model.get("embed_held")):
+        model["embed_tokens"] = rnd(model["embed_tokens"])
+    if tied:
+        model["lm_head"] = model["embed_tokens"]
+    elif not (keep and model.get("lm_held")):
+        model["lm_head"] = rnd(model["lm_head"])
     if inputs is True:
         model["x_round"] = rnd
     elif inputs:

@@ -653,7 +653,7 @@ static void test_matmul_dtype_takes_auto_f32_or_bf16_and_cuda_refuses_f32(void *
 
 /* weights_dtype: auto (the default) or int8 on cpu; fp8 is named as not
  * built, and int8 is refused on cuda and beside matmul_dtype bf16 (int8
- * weights are multiplied in f32), whichever order the keys come in. */
+ * weights multiply as integers), whichever order the keys come in. */
 static void test_weights_dtype_takes_auto_or_int8_on_cpu(void **state)
 {
     (void)state;
@@ -677,7 +677,7 @@ static void test_weights_dtype_takes_auto_or_int8_on_cpu(void **state)
     expect_error("version: 1\ndeployments:\n  - name: a\n    model: m\n    weights_dtype: int8\n"
                  "    matmul_dtype: bf16\n",
                  "demo.yaml:5:20: deployments[0].weights_dtype: ",
-                 "int8 weights are multiplied in f32");
+                 "int8 weights multiply as integers, not in bf16");
 }
 
 static void test_batching_keys_of_the_wrong_type_are_rejected(void **state)

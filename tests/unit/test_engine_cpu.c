@@ -417,7 +417,7 @@ static void test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_sca
     static const char *const breaks[] = {"missing", "shape", "nan", "zero", "vector"};
     static const char *const says[] = {
         "model.layers.0.self_attn.k_proj.weight_scale is missing",
-        "model.layers.0.self_attn.k_proj.weight_scale: shape",
+        "model.layers.0.self_attn.k_proj.weight_scale: 2-dimensional, 49 scales",
         "model.layers.0.self_attn.k_proj.weight_scale", "model.layers.0.self_attn.k_proj.weight_"
         "scale: row 2's scale is 0", "model.layers.0.input_layernorm.weight: an int8 vector"};
     for (int k = 0; k < 5; k++) {
@@ -439,6 +439,54 @@ static void test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_sca
     }
     tsr_engine_cpu.destroy(&fresh);
     free(a);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* An FP8 checkpoint (F8_E4M3 weights with a scale a row, or one for the
+ * matrix, as published FP8 checkpoints store them) is multiplied out at
+ * load: with f32 weights its logits are the reference's reading of the
+ * same file, far nearer than the unquantized model's; with int8 weights it
+ * loads into a quarter of the bytes; a zero scale fails naming the tensor. */
+static void test_an_fp8_checkpoint_is_read_as_the_reference_reads_it(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/tsr-engine-f8-XXXXXX", cmd[512], q[96], err[512];
+    assert_non_null(mkdtemp(dir));
+    const int m = 3;
+    tsr_engine_t *ref8 = load_wt(dirs[m], TSR_KV_F32, TSR_KV_AUTO, TSR_KV_INT8);   /* sets vocab */
+    float *c = malloc((size_t)vocab * 3 * sizeof *c), *r = c + vocab, *f = r + vocab;
+    reference_logits(dirs[m], 1, 40, "f32", "f32", "auto", f);
+    static const char *const forms[] = {"", " --per-tensor"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(q, sizeof q, "%s/f8-%d", dir, k);
+        snprintf(cmd, sizeof cmd, "python3 tests/reference/int8_checkpoint.py %s %s --fp8%s",
+                 dirs[m], q, forms[k]);
+        assert_int_equal(system(cmd), 0);
+        tsr_engine_t *e = load_wt(q, TSR_KV_F32, TSR_KV_AUTO, TSR_KV_AUTO);
+        alone(e, 1, 40, 16, c);
+        tsr_engine_cpu.destroy(&e);
+        reference_logits(q, 1, 40, "f32", "f32", "auto", r);
+        if (!(rms_diff(c, r) < 0.001 * rms_diff(c, f)))
+            fail_msg("FP8 checkpoint%s: %.3g (rms) from the reference's reading of it, %.3g from "
+                     "the unquantized model", forms[k], rms_diff(c, r), rms_diff(c, f));
+        e = load_wt(q, TSR_KV_F32, TSR_KV_AUTO, TSR_KV_INT8);
+        assert_int_equal(tsr_engine_cpu.weight_bytes(e), tsr_engine_cpu.weight_bytes(ref8));
+        tsr_engine_cpu.destroy(&e);
+    }
+    snprintf(q, sizeof q, "%s/f8-zero", dir);
+    snprintf(cmd, sizeof cmd, "python3 tests/reference/int8_checkpoint.py %s %s --fp8 --break zero",
+             dirs[m], q);
+    assert_int_equal(system(cmd), 0);
+    tsr_model_info_t info;
+    assert_int_equal(tsr_model_info_load(q, &info, err, sizeof err), 0);
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, info.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_engine_t *bad = NULL;
+    assert_int_equal(tsr_engine_cpu.load(q, &spec, &bad, err, sizeof err), -1);
+    if (!strstr(err, "model.layers.0.self_attn.k_proj.weight_scale: row 2's scale is 0"))
+        fail_msg("a zero FP8 scale: the load says: %s", err);
+    tsr_engine_cpu.destroy(&ref8);
+    free(c);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -519,7 +567,7 @@ static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void *
     spec.weights_dtype = TSR_KV_INT8, spec.matmul_dtype = TSR_KV_BF16;   /* int8 multiplies in f32 */
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
     assert_null(e);
-    assert_non_null(strstr(err, "int8 weights are multiplied in f32"));
+    assert_non_null(strstr(err, "int8 weights multiply as integers, not in bf16"));
 }
 
 /* A weight that does not fit the config (vocab_size 256 for an embedding of 300 rows)
@@ -684,6 +732,7 @@ int main(void)
         cmocka_unit_test(test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes),
         cmocka_unit_test(test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_the_bytes),
         cmocka_unit_test(test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_scales_are_named),
+        cmocka_unit_test(test_an_fp8_checkpoint_is_read_as_the_reference_reads_it),
         cmocka_unit_test(test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan),
         cmocka_unit_test(test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it),
         cmocka_unit_test(test_a_weight_that_does_not_fit_the_config_is_named),

@@ -20,6 +20,7 @@
 #include "cli/cli.h"
 #include "common/modelcfg.h"
 #include "common/modelfile.h"
+#include "common/fp8.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 
@@ -1099,6 +1100,52 @@ static void test_bad_shard_header_names_the_shard(void **state)
     rm_dir(dir);
 }
 
+/* ---- FP8 E4M3 (common/fp8.h) ---------------------------------------------- */
+
+/* Every pattern widens to sign x 2^(e-7) x 1.m (e > 0) or sign x m x 2^-9,
+ * S.1111.111 to NaN; every value narrows back to its own pattern; any
+ * float narrows to the nearest value (ties to the even pattern), beyond 448
+ * to 448, a NaN to NaN. */
+static void test_e4m3_widens_exactly_and_narrows_to_the_nearest_even(void **state)
+{
+    (void)state;
+    float val[256];
+    for (int b = 0; b < 256; b++) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        const float sign = b & 0x80 ? -1.0f : 1.0f;
+        const float want = e == 15 && m == 7 ? NAN
+                           : e ? sign * ldexpf(1.0f + (float)m / 8.0f, e - 7)
+                               : sign * ldexpf((float)m, -9);
+        val[b] = tsr_e4m3_to_f32((uint8_t)b);
+        if (isnan(want) ? !isnan(val[b]) : memcmp(&want, &val[b], sizeof want))
+            fail_msg("E4M3 0x%02x widens to %g, not %g", b, val[b], want);
+        if (!isnan(want)) assert_int_equal(tsr_f32_to_e4m3(val[b]), b);
+    }
+    assert_true(val[0x7e] == 448.0f && val[0x01] == 0.001953125f);
+    uint64_t r = 11;
+    for (int i = 0; i < 200000; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        const float x = ldexpf((float)((r >> 40) & 0xffffff) / 16777216.0f, (int)((r >> 20) % 24) - 14) *
+                        (r & 1 ? -1.0f : 1.0f);
+        const int got = tsr_f32_to_e4m3(x);
+        int best = -1;
+        double bd = INFINITY;
+        for (int b = 0; b < 256; b++) {   /* the nearest finite value of x's sign, ties to even */
+            if (isnan(val[b]) || ((b & 0x80) != 0) != (x < 0) || (x == 0 && b)) continue;
+            const double d = fabs((double)val[b] - (fabs(x) > 448 ? copysign(448, x) : x));
+            if (d < bd || (d == bd && (b & 1) == 0)) bd = d, best = b;
+        }
+        if (got != best)
+            fail_msg("%.9g narrows to 0x%02x (%g), the nearest even is 0x%02x (%g)", x, got,
+                     val[got], best, val[best]);
+    }
+    assert_int_equal(tsr_f32_to_e4m3(1e9f), 0x7e);
+    assert_int_equal(tsr_f32_to_e4m3(-460.0f), 0xfe);
+    assert_int_equal(tsr_f32_to_e4m3(NAN) & 0x7f, 0x7f);
+    assert_int_equal(tsr_f32_to_e4m3(0.0009765625f), 0x00);   /* half the least: to even, 0 */
+    assert_int_equal(tsr_f32_to_e4m3(0.0029296875f), 0x02);   /* 1.5 steps: to even, 2 */
+}
+
 /* ---- fuzz ----------------------------------------------------------------- */
 
 static uint64_t fuzz_rng = 0x2545f4914f6cdd1dull;
@@ -1389,6 +1436,7 @@ int main(void)
         cmocka_unit_test(test_tensor_in_two_files_is_rejected),
         cmocka_unit_test(test_every_shard_holds_a_tensor),
         cmocka_unit_test(test_bad_shard_header_names_the_shard),
+        cmocka_unit_test(test_e4m3_widens_exactly_and_narrows_to_the_nearest_even),
         cmocka_unit_test(test_parser_survives_random_and_mutated_headers),
         cmocka_unit_test(test_model_config_reads_forward_pass_fields),
         cmocka_unit_test(test_model_config_forward_fields_default_like_transformers),

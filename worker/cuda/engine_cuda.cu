@@ -268,9 +268,10 @@ static int load_tensor(loader_t *ld, tsr_tensor_kind_t t, int li, bf16_t *dst, c
     int64_t shape[2] = {s.rows, s.cols};
     if (tsr_st_expect(ld->st, name, s.cols ? 2 : 1, shape, err, errlen) < 0) return -1;
     const tsr_tensor_t *ten = tsr_st_find(ld->st, name);
-    if (ten->dtype == TSR_DT_I8) {
-        tsr_set_err(err, errlen, "%s: an int8 tensor: the CUDA engine holds bf16 weights; an int8 "
-                    "checkpoint is served by a cpu deployment", name);
+    if (ten->dtype == TSR_DT_I8 || ten->dtype == TSR_DT_F8E4M3) {
+        tsr_set_err(err, errlen, "%s: an %s tensor: the CUDA engine reads bf16, f16 and f32 "
+                    "checkpoints; an int8 or FP8 checkpoint is served by a cpu deployment", name,
+                    tsr_dtype_name(ten->dtype));
         return -1;
     }
     const size_t es = tsr_dtype_size(ten->dtype), width = (size_t)(c1 - c0);

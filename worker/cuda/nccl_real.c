@@ -79,6 +79,7 @@ static ncclDataType_t dtype_of(tsr_dtype_t t)
     case TSR_DT_BF16: return ncclBfloat16;
     case TSR_DT_I32: return ncclInt32;
     case TSR_DT_I8: return ncclInt8;
+    case TSR_DT_F8E4M3: return ncclUint8;   /* bytes: no collective sums them */
     case TSR_DT_F32: break;
     }
     return ncclFloat32;
