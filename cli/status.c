@@ -95,6 +95,12 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
+            /* number formats other than the device's own: which the workers hold */
+            const int int8_w = !strcmp(jstr(d, "weights_dtype"), "int8");
+            if (int8_w || strcmp(jstr(d, "kv_dtype"), "auto") || strcmp(jstr(d, "matmul_dtype"), "auto"))
+                printf("  weights %s, KV cache %s\n",
+                       int8_w ? "int8 (a scale a row, integer products)" : jstr(d, "matmul_dtype_used"),
+                       jstr(d, "kv_dtype_used"));
             if (json_is_object(json_object_get(d, "parallel_auto")) &&
                 json_is_true(json_object_get(d, "layout_chosen")))
                 printf("  layout auto: %s\n", jstr(d, "layout_reason"));

@@ -15,6 +15,7 @@ reported() { [ "$(wbytes)" -gt 0 ]; }
 wait_until 5 reported || fail "no weight bytes: $(status_json)"
 f32=$(wbytes)
 [ "$(wt)" = auto ] || fail "weights_dtype shown as $(wt)"
+tsr status | grep -q "^  weights " && fail "tessera status shows number formats for defaults: $(tsr status)"
 expect_reference_tokens
 f32_tokens=$(tsr generate tiny --prompt-ids 9,4,2 --max-tokens 16 --ids) || fail "generate failed"
 
@@ -26,6 +27,8 @@ tsr reload > "$T/reload.txt" || fail "reload failed: $(cat "$T/reload.txt")"
 quartered() { local b; b=$(wbytes); [ "$((4 * b))" -ge "$f32" ] && [ "$((4 * b))" -lt "$((f32 + f32 / 8))" ] && all_ready; }
 wait_until 15 quartered || fail "int8 weights: $(wbytes) bytes, f32 had $f32"
 [ "$(wt)" = int8 ] || fail "weights_dtype shown as $(wt)"
+tsr status | grep -q "^  weights int8 (a scale a row, integer products), KV cache f32$" ||
+    fail "tessera status does not show the weight type: $(tsr status)"
 ok "weights: $f32 bytes in f32, $(wbytes) in int8"
 
 expect_reference_tokens --weights-dtype int8
