@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/budget.h"
 #include "common/log.h"
 #include "common/prefix.h"
 #include "common/slice.h"
@@ -59,12 +60,14 @@ void tsr_dep_note_cut(tsr_dep_state_t *ds, const tsr_deployment_t *d)
     ds->chose.pipeline = d->pipeline;
     ds->chose.replicas = d->replicas;
     ds->chose.latency_target_ms = d->latency_target_ms;
+    ds->chose.weight_bytes = tsr_weight_elem_bytes(d);
+    ds->chose.kv_dtype = tsr_kv_dtype_on(d->device, d->kv_dtype);
 }
 
 /* What a reloaded auto deployment keeps of old's choice: the cut, when nothing it
  * depends on changed (the model's shape, the device, the auto keys, the latency
- * target, the fixed dimension); and auto replicas, the count they grew to, while
- * the cut stays. */
+ * target, the fixed dimension, the bytes of a weight and the KV cache's type); and
+ * auto replicas, the count they grew to, while the cut stays. */
 static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_state_t *old)
 {
     if (!old->layout_chosen || !old->model_ok || !s->model_ok) return;
@@ -73,6 +76,8 @@ static void keep_layout(tsr_dep_state_t *s, tsr_deployment_t *d, const tsr_dep_s
             old->chose.auto_pipeline != d->auto_pipeline ||
             old->chose.device != (int)d->device ||
             old->chose.latency_target_ms != d->latency_target_ms ||
+            old->chose.weight_bytes != tsr_weight_elem_bytes(d) ||
+            old->chose.kv_dtype != tsr_kv_dtype_on(d->device, d->kv_dtype) ||
             (!d->auto_tensor && old->chose.tensor != d->tensor) ||
             (!d->auto_pipeline && old->chose.pipeline != d->pipeline) ||
             !same_shape(&old->model, &s->model))

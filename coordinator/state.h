@@ -159,6 +159,7 @@ typedef struct {
         bool ranged;            /* replicas followed load (a range) */
         bool auto_tensor, auto_pipeline, auto_replicas;
         int device, tensor, pipeline, replicas;
+        int weight_bytes, kv_dtype; /* a weight's bytes, the KV cache's type, resolved */
         double latency_target_ms;
     } chose;
 } tsr_dep_state_t;

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -3074,6 +3075,64 @@ static void test_auto_estimates_share_a_nodes_cores_among_the_threads(void **sta
     auto_target_with_threads(*state, 4, false);
 }
 
+/* An auto cut is chosen again when a reload changes the bytes of a weight.  On an 8B
+ * model's shape (its config.json alone: the coordinator plans from it) with a latency
+ * target that f32 weights meet only on two devices and int8 weights meet on one, the
+ * f32 cut spans two workers, and the reload to int8 weights cuts the deployment onto one
+ * (a kept cut would have stayed on two). */
+static void test_a_reload_to_int8_weights_chooses_the_auto_cut_again(void **state)
+{
+    fx_t *fx = *state;
+    char saved[PATH_MAX], path[PATH_MAX + 32];
+    memcpy(saved, model_dir, sizeof saved);
+    snprintf(model_dir, sizeof model_dir, "%s/big", fx->dir);
+    assert_int_equal(mkdir(model_dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, "
+          "\"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, "
+          "\"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 8192, "
+          "\"rms_norm_eps\": 1e-5, \"torch_dtype\": \"bfloat16\"}\n", f);
+    assert_int_equal(fclose(f), 0);
+    layout = "      tensor: auto\n      pipeline: auto\n";
+    reconfigure_dep(fx, NULL);
+    assert_true(fx->c->deps[0].model_ok);
+    tsr_devices_t v;
+    memset(&v, 0, sizeof v);
+    tsr_devices_defaults(&v, TSR_DEVICE_CPU);
+    v.devices = NW, v.per_node = 2;
+    v.mem_gbs = v.gflops = 1000;
+    tsr_deployment_t d = fx->c->cfg->deployments[0];
+    tsr_layout_t f32, f32_two, i8;
+    tsr_layout_of(&fx->c->deps[0].model, &d, &v, 1, 1, &f32);
+    tsr_layout_of(&fx->c->deps[0].model, &d, &v, 2, 1, &f32_two);
+    d.weights_dtype = TSR_KV_INT8;
+    tsr_layout_of(&fx->c->deps[0].model, &d, &v, 1, 1, &i8);
+    const double met = i8.ms_token > f32_two.ms_token ? i8.ms_token : f32_two.ms_token;
+    if (!(met < f32.ms_token))
+        fail_msg("no target between: f32 on one device %.3f ms, on two %.3f, int8 on one %.3f",
+                 f32.ms_token, f32_two.ms_token, i8.ms_token);
+    char extra[160];
+    const double target = (met + f32.ms_token) / 2;
+    snprintf(extra, sizeof extra, "    latency_target_ms_per_token: %.6f\n", target);
+    reconfigure_dep(fx, extra);
+    reg_rate = 1000;
+    register_two_nodes(fx);
+    const tsr_deployment_t *now = &fx->c->cfg->deployments[0];
+    assert_true(fx->c->deps[0].layout_chosen);
+    if (now->tensor * now->pipeline < 2)
+        fail_msg("f32 weights were cut onto %d x %d", now->tensor, now->pipeline);
+    snprintf(extra, sizeof extra, "    latency_target_ms_per_token: %.6f\n    weights_dtype: int8\n",
+             target);
+    reconfigure_dep(fx, extra);
+    tsr_coord_tick(fx->c, plan_time(fx));
+    now = &fx->c->cfg->deployments[0];
+    assert_true(fx->c->deps[0].layout_chosen);
+    assert_int_equal(now->tensor * now->pipeline, 1);
+    memcpy(model_dir, saved, sizeof saved);
+}
+
 static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
 {
     fx_t *fx = *state;
@@ -5189,6 +5248,7 @@ int main(void)
         T(test_auto_estimates_share_a_nodes_cores_among_the_threads),
         T(test_a_restarted_auto_deployment_adopts_the_cut_its_workers_hold),
         T(test_a_reload_of_auto_replicas_rewires_every_replica),
+        T(test_a_reload_to_int8_weights_chooses_the_auto_cut_again),
         T(test_replicas_grow_when_the_queue_wait_stays_above_the_threshold),
         T(test_replicas_shrink_after_idle_draining_the_last_first),
         T(test_a_drain_that_outlasts_its_limit_moves_the_requests_not_fails_them),
