@@ -1917,11 +1917,21 @@ static void reconfigure(fx_t *fx, const char *extra)
 }
 
 /* The same with extra lines for the deployment (dep_extra) instead. */
+/* reconfigure_dep with the deployment's model at dir (NULL: the fixture's; its own
+ * again after). */
+static void reconfigure_model(fx_t *fx, const char *dir, const char *dep_extra)
+{
+    char saved[PATH_MAX], err[1024] = "";
+    memcpy(saved, model_dir, sizeof saved);
+    if (dir) snprintf(model_dir, sizeof model_dir, "%s", dir);
+    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, dep_extra);
+    memcpy(model_dir, saved, sizeof saved);
+    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+}
+
 static void reconfigure_dep(fx_t *fx, const char *dep_extra)
 {
-    char err[1024] = "";
-    write_yaml_dep(fx->path, fx->wep, fx->cep, NULL, dep_extra);
-    if (tsr_coord_reload(fx->c, err, sizeof err) != 0) fail_msg("reload: %s", err);
+    reconfigure_model(fx, NULL, dep_extra);
 }
 
 /* Reads the client's next reply: a token document, checked for its index
@@ -3083,11 +3093,10 @@ static void test_auto_estimates_share_a_nodes_cores_among_the_threads(void **sta
 static void test_a_reload_to_int8_weights_chooses_the_auto_cut_again(void **state)
 {
     fx_t *fx = *state;
-    char saved[PATH_MAX], path[PATH_MAX + 32];
-    memcpy(saved, model_dir, sizeof saved);
-    snprintf(model_dir, sizeof model_dir, "%s/big", fx->dir);
-    assert_int_equal(mkdir(model_dir, 0755), 0);
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    char big[PATH_MAX], path[PATH_MAX + 32];
+    snprintf(big, sizeof big, "%s/big", fx->dir);
+    assert_int_equal(mkdir(big, 0755), 0);
+    snprintf(path, sizeof path, "%s/config.json", big);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, "
@@ -3096,7 +3105,7 @@ static void test_a_reload_to_int8_weights_chooses_the_auto_cut_again(void **stat
           "\"rms_norm_eps\": 1e-5, \"torch_dtype\": \"bfloat16\"}\n", f);
     assert_int_equal(fclose(f), 0);
     layout = "      tensor: auto\n      pipeline: auto\n";
-    reconfigure_dep(fx, NULL);
+    reconfigure_model(fx, big, NULL);
     assert_true(fx->c->deps[0].model_ok);
     tsr_devices_t v;
     memset(&v, 0, sizeof v);
@@ -3116,7 +3125,7 @@ static void test_a_reload_to_int8_weights_chooses_the_auto_cut_again(void **stat
     char extra[160];
     const double target = (met + f32.ms_token) / 2;
     snprintf(extra, sizeof extra, "    latency_target_ms_per_token: %.6f\n", target);
-    reconfigure_dep(fx, extra);
+    reconfigure_model(fx, big, extra);
     reg_rate = 1000;
     register_two_nodes(fx);
     const tsr_deployment_t *now = &fx->c->cfg->deployments[0];
@@ -3125,12 +3134,11 @@ static void test_a_reload_to_int8_weights_chooses_the_auto_cut_again(void **stat
         fail_msg("f32 weights were cut onto %d x %d", now->tensor, now->pipeline);
     snprintf(extra, sizeof extra, "    latency_target_ms_per_token: %.6f\n    weights_dtype: int8\n",
              target);
-    reconfigure_dep(fx, extra);
+    reconfigure_model(fx, big, extra);
     tsr_coord_tick(fx->c, plan_time(fx));
     now = &fx->c->cfg->deployments[0];
     assert_true(fx->c->deps[0].layout_chosen);
     assert_int_equal(now->tensor * now->pipeline, 1);
-    memcpy(model_dir, saved, sizeof saved);
 }
 
 static void test_auto_with_gpus_too_small_waits_and_says_why(void **state)
