@@ -95,9 +95,14 @@ void tsr_print_status(json_t *doc, int workers_only)
                    jstr(d, "name"), jstr(d, "state"), jstr(d, "device"), jint(d, "tensor"),
                    jint(d, "pipeline"), jint(d, "replicas"), jstr(d, "model"));
             if (strlen(jstr(d, "message")) > 1) printf("  %s\n", jstr(d, "message"));
-            /* number formats other than the device's own: which the workers hold */
+            /* number formats other than the device's own: which the workers hold (an
+             * older coordinator that does not say is taken at its word: nothing) */
+            const char *own = !strcmp(jstr(d, "device"), "cuda") ? "bf16" : "f32";
             const int int8_w = !strcmp(jstr(d, "weights_dtype"), "int8");
-            if (int8_w || strcmp(jstr(d, "kv_dtype"), "auto") || strcmp(jstr(d, "matmul_dtype"), "auto"))
+            if (json_is_string(json_object_get(d, "kv_dtype_used")) &&
+                json_is_string(json_object_get(d, "matmul_dtype_used")) &&
+                (int8_w || strcmp(jstr(d, "kv_dtype_used"), own) ||
+                 strcmp(jstr(d, "matmul_dtype_used"), own)))
                 printf("  weights %s, KV cache %s\n",
                        int8_w ? "int8 (a scale a row, integer products)" : jstr(d, "matmul_dtype_used"),
                        jstr(d, "kv_dtype_used"));

@@ -76,6 +76,10 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--per-tensor", action="store_true")
     a = ap.parse_args()
+    if a.per_tensor and not a.fp8:
+        ap.error("--per-tensor goes with --fp8 (int8 checkpoints have a scale a row)")
+    if a.per_tensor and a.brk in ("shape", "nan", "zero"):
+        ap.error(f"--break {a.brk} damages a scale of a row: not with --per-tensor")
     src = llama_ref.read_checkpoint(a.src)
     os.makedirs(a.dst, exist_ok=True)
     for f in os.listdir(a.src):

@@ -82,11 +82,8 @@ def read_safetensors(path):
         arr = buf.view(np.dtype(np_dt).newbyteorder("<")).reshape(shape)
         out[name] = decode_dtype(arr, dt)
         if dt == "I8":
-            _INT8_NAMES.add(name)
+            out.setdefault("__i8__", set()).add(name)   # for apply_scales
     return out
-
-
-_INT8_NAMES = set()   # the I8 tensors read (an int8 checkpoint's matrices)
 
 
 def decode_dtype(arr, dt):
@@ -109,15 +106,16 @@ def apply_scales(tensors):
     each row by its scale in float32, as the engine widens them: {name:
     array} without the scales."""
     out, held = {}, set()
+    int8_names = tensors.get("__i8__", set())   # the I8 tensors read_safetensors found
     for name, arr in tensors.items():
-        if name.endswith("_scale") and name[:-len("_scale")] in tensors:
+        if name.startswith("__") or (name.endswith("_scale") and name[:-len("_scale")] in tensors):
             continue
         scale = tensors.get(name + "_scale")
         if scale is not None:
             s = np.asarray(scale, dtype=np.float32)
             s = s.reshape(-1, 1) if s.size > 1 else s.reshape(1, 1)   # a row's, or the matrix's
             q = np.asarray(arr, dtype=np.float32)
-            if name in _INT8_NAMES:
+            if name in int8_names:
                 q = np.maximum(q, np.float32(-127))   # the engine holds -128 as -127
                 held.add(name)
             arr = (q * s).astype(np.float32)
@@ -132,9 +130,12 @@ def read_checkpoint(model_dir):
     if os.path.exists(index):
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]
-        tensors = {}
+        tensors, i8 = {}, set()
         for fname in sorted(set(weight_map.values())):
-            tensors.update(read_safetensors(os.path.join(model_dir, fname)))
+            part = read_safetensors(os.path.join(model_dir, fname))
+            i8 |= part.pop("__i8__", set())
+            tensors.update(part)
+        tensors["__i8__"] = i8
         missing = [n for n in weight_map if n not in tensors]
         if missing:
             raise ValueError(f"{index}: tensors listed but not found: {missing[:3]}")

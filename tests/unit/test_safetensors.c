@@ -1131,7 +1131,8 @@ static void test_e4m3_widens_exactly_and_narrows_to_the_nearest_even(void **stat
         int best = -1;
         double bd = INFINITY;
         for (int b = 0; b < 256; b++) {   /* the nearest finite value of x's sign, ties to even */
-            if (isnan(val[b]) || ((b & 0x80) != 0) != (x < 0) || (x == 0 && b)) continue;
+            if (isnan(val[b]) || ((b & 0x80) != 0) != (signbit(x) != 0) || (x == 0 && (b & 0x7f)))
+                continue;
             const double d = fabs((double)val[b] - (fabs(x) > 448 ? copysign(448, x) : x));
             if (d < bd || (d == bd && (b & 1) == 0)) bd = d, best = b;
         }
