@@ -325,10 +325,9 @@ static int read_scales(const tsr_st_t *st, const char *name, int64_t rows, int64
     }
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    const int per_row = !(n == 1 && t->ndim <= 2) && ((t->ndim == 1 && t->shape[0] == rows) ||
-                                                      (t->ndim == 2 && t->shape[0] == rows &&
-                                                       t->shape[1] == 1));
-    if (!per_row && !(n == 1 && t->ndim <= 2)) {
+    const int whole = n == 1 && t->ndim <= 2;   /* one for the matrix (also where rows is 1) */
+    const int per_row = !whole && n == rows && (t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1));
+    if (!whole && !per_row) {
         tsr_set_err(err, errlen, "%s: %d-dimensional, %lld scales: not one for each of %s's %lld "
                     "rows (expected [%lld] or [%lld, 1]) nor one for the matrix", sname, t->ndim,
                     (long long)n, name, (long long)rows, (long long)rows, (long long)rows);
@@ -340,7 +339,7 @@ static int read_scales(const tsr_st_t *st, const char *name, int64_t rows, int64
         return -1;
     }
     if (r1 <= r0) return 0;
-    if (!per_row) {   /* one for the matrix: read once, given to every row */
+    if (whole) {   /* read once, given to every row */
         if (tsr_st_read_f32(st, t, 0, 1, 0, 1, dst, err, errlen) < 0) return -1;
         for (int64_t r = 1; r < r1 - r0; r++) dst[r] = dst[0];
     } else if ((t->ndim == 1 ? tsr_st_read_f32(st, t, 0, 1, r0, r1, dst, err, errlen)
@@ -404,17 +403,15 @@ static int read_packed(const tsr_st_t *st, tsr_engine_t *e, tsr_tensor_kind_t t,
         rc = tsr_st_read_f32(st, tensor, r, r + n, c0, c0 + width, buf, err, errlen);
         if (rc == 0 && scaled) rc = read_scales(st, name, s.rows, r, r + n, scales, err, errlen);
         if (rc < 0) break;
-        if (as_is) {
+        if (as_is) {   /* tsr_i8_pack_q_rows holds a -128 as -127 */
             tsr_i8_pack_q_rows(wp, out, (int)cols, at, buf, (int)cols, scales, (int)n);
             continue;
         }
         if (scaled)   /* the checkpoint's numbers: value x its row's scale (int8: -128 as -127) */
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t k = 0; k < width; k++) {
-                    float *v = &buf[i * width + k];
-                    if (tensor->dtype == TSR_DT_I8 && *v < -127.0f) *v = -127.0f;
-                    *v *= scales[i];
-                }
+            for (int64_t i = 0; i < n * width; i++) {
+                const float v = buf[i];
+                buf[i] = (tensor->dtype == TSR_DT_I8 && v < -127.0f ? -127.0f : v) * scales[i / width];
+            }
         if (requant) {
             rc = row_scales(name, buf, s.cols, r, n, scales, err, errlen);
             if (rc == 0)
@@ -802,16 +799,13 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     e->att = alloc_f(T * qw, &bad);
     e->gu = alloc_f(T * 2 * e->inter, &bad);
     e->act = alloc_f(T * e->inter, &bad);
-    if (e->wfmt == W_BF16) {   /* the widest input of a product: H, q_heads * head_dim or inter */
-        size_t w = H > qw ? H : qw;
-        w = w > (size_t)e->inter ? w : (size_t)e->inter;
-        e->xb = (uint16_t *)alloc_f((T * (size_t)tsr_bf16_in_padded((int)w) + 1) / 2, &bad);
-    }
-    if (e->wfmt == W_I8) {   /* the same widest input, quantized */
-        size_t w = H > qw ? H : qw;
-        w = w > (size_t)e->inter ? w : (size_t)e->inter;
-        e->xs = alloc_f((tsr_i8_x_bytes((int)T, (int)w) + 3) / 4, &bad);
-    }
+    /* the rows of a product's input, rounded (bf16) or quantized (int8), in scratch for
+     * the widest input of a product: H, q_heads * head_dim or inter */
+    size_t widest = H > qw ? H : qw;
+    widest = widest > (size_t)e->inter ? widest : (size_t)e->inter;
+    if (e->wfmt == W_BF16)
+        e->xb = (uint16_t *)alloc_f((T * (size_t)tsr_bf16_in_padded((int)widest) + 1) / 2, &bad);
+    if (e->wfmt == W_I8) e->xs = alloc_f((tsr_i8_x_bytes((int)T, (int)widest) + 3) / 4, &bad);
     e->row_slot = calloc(T, sizeof *e->row_slot);
     e->row_pos = calloc(T, sizeof *e->row_pos);
     if (last) {

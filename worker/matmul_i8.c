@@ -73,15 +73,23 @@ float tsr_i8_row_scale(const float *w, int n)
     return m / 127.0f;
 }
 
-int8_t tsr_i8_quantize(float w, float scale)
+/* An integral float within [-127, 127]. */
+static inline int8_t clamp127(float q)
 {
-    if (!(scale > 0.0f) || !isfinite(scale)) return 0;
-    const float q = nearbyintf(w / scale);   /* to nearest, ties to even */
     return (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : q);
 }
 
-void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
-                      const float *scales, int n)
+int8_t tsr_i8_quantize(float w, float scale)
+{
+    if (!(scale > 0.0f) || !isfinite(scale)) return 0;
+    return clamp127(nearbyintf(w / scale));   /* to nearest, ties to even */
+}
+
+/* Rows row0 .. of wq from n rows of ld floats: divided by their scales and
+ * rounded (quantize), or integers already.  A row whose scale is not
+ * positive and finite stays zero (wq starts zeroed). */
+static void pack(void *wq, int out, int in, int row0, const float *rows, int ld,
+                 const float *scales, int n, int quantize)
 {
     float *sc = wq;
     int8_t *q = (int8_t *)panels_of(wq, out);
@@ -91,29 +99,22 @@ void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, in
         sc[o] = scales[r];
         int8_t *dst = q + row_base(in, o);
         const float *src = rows + (size_t)r * ld, s = scales[r];
-        if (!(s > 0.0f) || !isfinite(s)) continue;   /* a row of zeros (wq starts zeroed) */
-        for (int k = 0; k < in; k++) {
-            const float v = nearbyintf(src[k] / s);   /* as tsr_i8_quantize */
-            dst[col_offset(k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
-        }
+        if (quantize && (!(s > 0.0f) || !isfinite(s))) continue;
+        for (int k = 0; k < in; k++)
+            dst[col_offset(k)] = clamp127(quantize ? nearbyintf(src[k] / s) : src[k]);
     }
+}
+
+void tsr_i8_pack_rows(void *wq, int out, int in, int row0, const float *rows, int ld,
+                      const float *scales, int n)
+{
+    pack(wq, out, in, row0, rows, ld, scales, n, 1);
 }
 
 void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int ld,
                         const float *scales, int n)
 {
-    float *sc = wq;
-    int8_t *qp = (int8_t *)panels_of(wq, out);
-    for (int r = 0; r < n; r++) {
-        const int o = row0 + r;
-        if (o < 0 || o >= out) continue;
-        sc[o] = scales[r];
-        int8_t *dst = qp + row_base(in, o);
-        for (int k = 0; k < in; k++) {
-            const float v = q[(size_t)r * ld + k];
-            dst[col_offset(k)] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
-        }
-    }
+    pack(wq, out, in, row0, q, ld, scales, n, 0);
 }
 
 void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst)
