@@ -11,13 +11,14 @@ E4M3, ties to even.
 
     python3 tests/reference/int8_checkpoint.py SRC_DIR DST_DIR
         [--break missing|shape|nan|zero|vector] [--scale-dtype F32|BF16] [--flat]
-        [--fp8 [--per-tensor]]
+        [--fp8 [--per-tensor]] [--first Q]
 
 --break damages the scales of model.layers.0.self_attn.k_proj.weight (drops
 them, gives them shape [out + 1, 1], a NaN or a zero), or with "vector"
 stores model.layers.0.input_layernorm.weight as I8: what a loader must
 refuse, naming the tensor.  --flat stores the scales as [out] instead of
-[out, 1].  config.json (and any tokenizer files) are copied."""
+[out, 1].  --first Q stores the int8 Q (-128 too) as that k_proj's first
+integer.  config.json (and any tokenizer files) are copied."""
 import argparse
 import json
 import os
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--flat", action="store_true")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--per-tensor", action="store_true")
+    ap.add_argument("--first", type=int, choices=range(-128, 128), metavar="Q")
     a = ap.parse_args()
     if a.per_tensor and not a.fp8:
         ap.error("--per-tensor goes with --fp8 (int8 checkpoints have a scale a row)")
@@ -101,6 +103,8 @@ def main():
             out.append((name, "F8_E4M3", to_e4m3(arr / s)))
         else:
             q, s = llama_ref.quantize_int8(arr)
+            if name == victim and a.first is not None:
+                q[0, 0] = a.first
             out.append((name, "I8", q.astype(np.int8)))
         s = s.astype(np.float32)
         if name == victim and a.brk == "missing":

@@ -302,25 +302,36 @@ static void expect_f32_noise_once(double best, const char *what)
                  "distance to the unrounded one)", what, best);
 }
 
-static void test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes(
-    void **state)
+/* Every model loaded with weights held as (mm, wt) takes a little over 1/part of the f32
+ * weight bytes (norms stay f32; at most wf / slack more) and gives logits nearer the
+ * reference rounded the same way (its --matmul-dtype ref_mm, --weights-dtype ref_wt) than
+ * the unrounded one, within `within` of the distance every time and within f32 noise
+ * once. */
+static void expect_rounded_weights(int mm, int wt, uint64_t part, uint64_t slack,
+                                   const char *ref_mm, const char *ref_wt, double within,
+                                   const char *what)
 {
-    (void)state;
     double best = INFINITY;
     for (int m = 0; m < N_MODELS; m++) {
-        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *h = load_mm(dirs[m], TSR_KV_F32, TSR_KV_BF16);
-        /* norm weights stay f32: a little more than half */
+        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *h = load_wt(dirs[m], TSR_KV_F32, mm, wt);
         uint64_t wf = tsr_engine_cpu.weight_bytes(f), wh = tsr_engine_cpu.weight_bytes(h);
-        if (wh * 2 < wf || wh * 2 > wf + wf / 50)
-            fail_msg("model %d: %llu weight bytes with bf16 products, %llu with f32", m,
-                     (unsigned long long)wh, (unsigned long long)wf);
-        /* a bf16 crossing (one input in some 10^4 here) moves it by 2^-8 */
-        double r = near_rounded_reference(h, m, "bf16", "f32", "auto", 0.7, "bf16 products");
+        if (wh * part < wf || wh * part > wf + wf / slack)
+            fail_msg("model %d: %llu weight bytes with %s, %llu with f32", m,
+                     (unsigned long long)wh, what, (unsigned long long)wf);
+        double r = near_rounded_reference(h, m, ref_mm, "f32", ref_wt, within, what);
         if (r < best) best = r;
         tsr_engine_cpu.destroy(&f);
         tsr_engine_cpu.destroy(&h);
     }
-    expect_f32_noise_once(best, "bf16 products");
+    expect_f32_noise_once(best, what);
+}
+
+static void test_bf16_products_give_the_references_bf16_logits_from_half_the_weight_bytes(
+    void **state)
+{
+    (void)state;
+    /* a bf16 crossing (one input in some 10^4 here) moves it by 2^-8 */
+    expect_rounded_weights(TSR_KV_BF16, TSR_KV_AUTO, 2, 50, "bf16", "auto", 0.7, "bf16 products");
 }
 
 static void test_an_int8_kv_cache_gives_the_references_int8_logits_in_a_quarter_of_the_bytes(
@@ -357,21 +368,8 @@ static void test_int8_weights_give_the_references_int8_logits_from_a_quarter_of_
     void **state)
 {
     (void)state;
-    double best = INFINITY;
-    for (int m = 0; m < N_MODELS; m++) {
-        tsr_engine_t *f = load(dirs[m], TSR_KV_F32), *q = load_wt(dirs[m], TSR_KV_F32, TSR_KV_AUTO,
-                                                                   TSR_KV_INT8);
-        /* norm weights stay f32, and each row has a 4-byte scale: a little over a quarter */
-        uint64_t wf = tsr_engine_cpu.weight_bytes(f), wq = tsr_engine_cpu.weight_bytes(q);
-        if (wq * 4 < wf || wq * 4 > wf + wf / 8)
-            fail_msg("model %d: %llu weight bytes with int8 weights, %llu with f32", m,
-                     (unsigned long long)wq, (unsigned long long)wf);
-        double r = near_rounded_reference(q, m, "f32", "f32", "int8", 0.7, "int8 weights");
-        if (r < best) best = r;
-        tsr_engine_cpu.destroy(&f);
-        tsr_engine_cpu.destroy(&q);
-    }
-    expect_f32_noise_once(best, "int8 weights");
+    /* each row has a 4-byte scale too: a little over a quarter */
+    expect_rounded_weights(TSR_KV_AUTO, TSR_KV_INT8, 4, 8, "f32", "int8", 0.7, "int8 weights");
 }
 
 /* An int8 checkpoint (tests/reference/int8_checkpoint.py: the layers'
@@ -436,6 +434,23 @@ static void test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_sca
             if (!strstr(err, says[k]) || (k == 2 && !strstr(err, "NaN")))
                 fail_msg("--break %s: the load says: %s", breaks[k], err);
         }
+    }
+    /* a -128 in the file is held as -127, with int8 weights and with f32 ones: the same
+     * bits as a file holding -127 there */
+    for (int v = 0; v < 2; v++) {
+        snprintf(q, sizeof q, "%s/first%d", dir, v);
+        snprintf(cmd, sizeof cmd, "python3 tests/reference/int8_checkpoint.py %s %s --first %d",
+                 dirs[m], q, v ? -127 : -128);
+        assert_int_equal(system(cmd), 0);
+    }
+    for (int w = 0; w < 2; w++) {
+        for (int v = 0; v < 2; v++) {
+            snprintf(q, sizeof q, "%s/first%d", dir, v);
+            tsr_engine_t *e = load_wt(q, TSR_KV_F32, TSR_KV_AUTO, w ? TSR_KV_INT8 : TSR_KV_AUTO);
+            alone(e, 1, 40, 16, v ? b : a);
+            tsr_engine_cpu.destroy(&e);
+        }
+        expect_same_bits(a, b, w ? "a -128 with int8 weights" : "a -128 with f32 weights");
     }
     tsr_engine_cpu.destroy(&fresh);
     free(a);
