@@ -207,9 +207,9 @@ $(FAKE_NCCL_WORKER): tests/integration/fake_nccl_worker.c $(BUILD)/obj/worker/ma
 $(BUILD)/bench/bench_pool: $(call obj,worker/cpu_pool.c worker/matmul_f32.c worker/cpu_kernels.c)
 $(BUILD)/bench/bench_pool: TSR_CFLAGS += $(shell pkg-config --cflags openblas 2>/dev/null)
 $(BUILD)/bench/bench_pool: TSR_LDLIBS += $(shell pkg-config --libs openblas 2>/dev/null)
-# matmul_bf16 measures the bf16 products alone.
-$(BUILD)/bench/matmul_bf16: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c worker/matmul_f32.c \
-                                      worker/cpu_kernels.c)
+# matmul measures the bf16 or the int8 products alone.
+$(BUILD)/bench/matmul: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c worker/matmul_f32.c \
+                                 worker/matmul_i8.c worker/cpu_kernels.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
                                       worker/batch.c worker/sample.c worker/matmul_bf16.c \

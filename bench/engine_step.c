@@ -24,6 +24,7 @@
 #include "worker/cpu_kernels.h"
 #include "worker/engine.h"
 #include "worker/matmul_bf16.h"
+#include "worker/matmul_i8.h"
 
 static double now_s(void)
 {
@@ -137,7 +138,9 @@ int main(int argc, char **argv)
            "steps at each context, %s threads, %s kernels, %s weights%s%s\n", dir, m.hidden_size,
            m.num_hidden_layers, m.num_key_value_heads, m.head_dim, S, steps, threads ? th : "all",
            tsr_cpu_kernels_name(tsr_cpu_kernels()), tsr_kv_dtype_name(wt == TSR_KV_INT8 ? wt : mm),
-           mm == TSR_KV_BF16 ? ", products: " : "", mm == TSR_KV_BF16 ? tsr_bf16_products_name() : "");
+           mm == TSR_KV_BF16 || wt == TSR_KV_INT8 ? ", products: " : "",
+           mm == TSR_KV_BF16 ? tsr_bf16_products_name()
+           : wt == TSR_KV_INT8 ? tsr_i8_products_name() : "");
     static const int kinds[3] = {TSR_KV_F32, TSR_KV_BF16, TSR_KV_INT8};
     for (int k = 0; k < 3; k++) {
         if (only_kv >= 0 && kinds[k] != only_kv) continue;

@@ -707,8 +707,9 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     }
     tsr_info("cpu engine: %d threads, %s kernels%s%s", tsr_pool_threads(e->pool),
              tsr_cpu_kernels_name(tsr_cpu_kernels()),
-             e->wfmt == W_BF16 ? ", bf16 products: " : e->wfmt == W_I8 ? ", int8 weights" : "",
-             e->wfmt == W_BF16 ? tsr_bf16_products_name() : "");
+             e->wfmt == W_BF16 ? ", bf16 products: " : e->wfmt == W_I8 ? ", int8 products: " : "",
+             e->wfmt == W_BF16 ? tsr_bf16_products_name()
+             : e->wfmt == W_I8 ? tsr_i8_products_name() : "");
     if (tsr_st_open(dir, &st, err, errlen) < 0) goto out;
     /* files replaced since the stamp (before config.json was read, or the weights
      * opened) would mix two models in one piece: then nothing is taken from the donor */

@@ -10,7 +10,7 @@
  *     tiles, so each weight block is loaded once for 32 rows.  With whole
  *     tiles stored straight into y, a 1536 x 512 product of 128 rows on one
  *     core with the weights in cache went from 0.23 to 0.18-0.21 ms
- *     (bench/matmul_bf16 --threads 1 --out 1536 --in 512 measures it).
+ *     (bench/matmul --threads 1 --out 1536 --in 512 measures it).
  * Longer batches go 32 rows at a time, a last 1-16 through amx_group; a
  * panel group's weights stream from memory once for the first 32 rows and
  * come from L2 for the next. */

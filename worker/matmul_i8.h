@@ -20,8 +20,8 @@
  *               order of d[t][b] * isum[t][b][o]),
  * isum the exact integer sum of the block's 32 products xq * q (at most
  * 32 * 127 * 127 in magnitude, so exact as a float too).  Every build (the
- * portable one, AVX2, and AVX-512 machines, which run the AVX2 one) gives
- * the same bits, and a row of y depends on its own row of x alone (batch
+ * portable one, AVX2, and AVX-512 VNNI; an AVX-512 CPU without VNNI runs
+ * the AVX2 one) gives the same bits, and a row of y depends on its own row of x alone (batch
  * invariance).  A NaN or infinite input gives a NaN output.
  *
  * Layout: the scales (out rounded up to 16, f32), then panels of 16 rows
@@ -66,6 +66,10 @@ void tsr_i8_pack_q_rows(void *wq, int out, int in, int row0, const float *q, int
 
 /* Row `row` of a packed wq, dequantized (q * s), into dst[in]. */
 void tsr_i8_packed_row(const void *wq, int out, int in, int row, float *dst);
+
+/* The build of the int8 products this process runs, as logs and
+ * benchmarks name it: "AVX512-VNNI", "AVX2" or "portable build". */
+const char *tsr_i8_products_name(void);
 
 /* Bytes of the scratch a product of T rows of `in` columns quantizes its
  * inputs into (xs below). */

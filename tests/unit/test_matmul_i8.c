@@ -133,7 +133,10 @@ static void test_weights_quantize_to_nearest_even_by_the_rows_largest(void **sta
 
 /* Runs the product of T rows at `threads` threads into a matrix of out + 3
  * columns: every output has the bits of the rule, and the other columns
- * kept their sentinel. */
+ * kept their sentinel.  Some rows' first block is all zeros, or subnormal,
+ * and some rows' second block has a largest magnitude of 127 and inputs at
+ * ties (n + 0.5), as the vector quantizing must round them as the scalar
+ * rule does. */
 static void check_rule(tsr_pool_t *p, int T, int in, int out)
 {
     const int ldy = out + 3;
@@ -142,6 +145,14 @@ static void check_rule(tsr_pool_t *p, int T, int in, int out)
     float *y = malloc(sizeof(float) * T * ldy);
     assert_true(x && w && y);
     for (int i = 0; i < T * in; i++) x[i] = rnd(&s) * (float)(1 + i % 7);
+    for (int t = 0; t < T; t++) {
+        float *xt = x + (size_t)t * in;
+        for (int k = 0; k < 32 && k < in; k++)
+            if (t % 4 == 1) xt[k] = 0.0f;
+            else if (t % 4 == 2) xt[k] = (float)(k - 16) * 1e-40f;
+        for (int k = 32; k < 64 && k < in && t % 4 == 3; k++)
+            xt[k] = k == 40 ? -127.0f : (float)((k % 2 ? 1 : -1) * (k % 9)) + 0.5f;
+    }
     for (int i = 0; i < out * in; i++) w[i] = rnd(&s) * (float)(1 + i % 5);
     for (int i = 0; i < T * ldy; i++) y[i] = SENTINEL;
     void *wq = packed(w, out, in), *xs = scratch(T, in);
@@ -279,6 +290,27 @@ static void test_a_nan_input_turns_only_its_row_nan(void **state)
     free(wq), free(xs);
 }
 
+/* The build the CPU's flags allow is the one that runs: AVX512-VNNI with
+ * the AVX-512 kernels and VNNI, AVX2 under TSR_CPU_KERNELS=avx2 or without
+ * VNNI, the portable build under plain (tests/run.sh runs this file under
+ * each). */
+static void test_the_build_the_cpu_allows_runs(void **state)
+{
+    (void)state;
+    const char *name = tsr_i8_products_name();
+    const tsr_cpu_kernels_t k = tsr_cpu_kernels();
+    printf("int8 products: %s (%s kernels)\n", name, tsr_cpu_kernels_name(k));
+    const char *want = "portable build";
+#if defined(__x86_64__)
+    if (k == TSR_KERNELS_AVX512 && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("avx512bw"))
+        want = "AVX512-VNNI";
+    else if (k != TSR_KERNELS_PLAIN)
+        want = "AVX2";
+#endif
+    assert_string_equal(name, want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_a_row_has_the_same_bits_whatever_it_is_batched_with),
         cmocka_unit_test(test_products_stay_within_the_inputs_quantization),
         cmocka_unit_test(test_a_nan_input_turns_only_its_row_nan),
+        cmocka_unit_test(test_the_build_the_cpu_allows_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
