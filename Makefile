@@ -248,21 +248,24 @@ asan: deps
 	@ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/asan/bin TSR_BUILD=build/asan TSR_SLOW=1 ./tests/run.sh
 
-# `make CUDA=0 test` (as on a machine without the toolkit) in a folder of its
-# own, so that it and the CUDA build's objects never mix: every test, a cuda
-# piece refused by the worker "built without CUDA" among them (CUDA=0 in the
-# tests' environment too: test_systemd runs make install).  CI runs it beside
-# the CUDA build's tests; its chaos tests run 20 s each (CPU_ONLY_CHAOS_SECONDS),
-# the long ones having run in make test on the same CPU code.
-CPU_ONLY_CHAOS_SECONDS ?= 20
+# The build `make test` makes on a machine without the toolkit (CUDA=0), in a
+# folder of its own, so that it and the CUDA build's objects never mix: every
+# unit test, and the integration tests that meet what CUDA=0 changes (the
+# worker's backend table and --help: a cuda piece refused "built without
+# CUDA", an idle worker's memory, a fatal device error, text generation end to
+# end, make install; CUDA=0 in the tests' environment too).  The other
+# integration tests run the same CPU code in make test; CPU_ONLY_INTEG=all runs
+# them all here too.  CI runs it beside the CUDA build's tests.
+CPU_ONLY_INTEG ?= test_n_cuda_piece_without_cuda test_n4_idle_worker_memory \
+                  test_n3_fatal_device_error test_h_generate test_a_ready_with_spare test_systemd
 cpu-only: deps
 	@./scripts/pyenv.sh > /dev/null
 	@$(MAKE) --no-print-directory WERROR=1 $(PROGRAMS)
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=build/nocuda BIN=build/nocuda/bin TESTING=1 WERROR=1 \
 	  all-tests
 	@build/nocuda/bin/tessera-worker --help | grep -q "built without CUDA"
-	@CUDA=0 TSR_CHAOS_SECONDS=$(CPU_ONLY_CHAOS_SECONDS) TSR_RELEASE_BIN=$(BIN) TSR_BIN=build/nocuda/bin \
-	  TSR_BUILD=build/nocuda ./tests/run.sh
+	@CUDA=0 TSR_INTEGRATION_ONLY="$(filter-out all,$(CPU_ONLY_INTEG))" TSR_RELEASE_BIN=$(BIN) \
+	  TSR_BIN=build/nocuda/bin TSR_BUILD=build/nocuda ./tests/run.sh
 
 # ThreadSanitizer (CI runs it): the unit tests of the threaded code (the worker's
 # agent, executor, replica, collectives and pool; the coordinator and its tokenizer

@@ -4,6 +4,10 @@
 # "N passed, N failed".  Exits non-zero when anything failed.
 #   tests/run.sh [unit|integration] [NAME-FILTER]
 #   tests/run.sh only NAME...      just these (unit binaries or integration scripts)
+# TSR_INTEGRATION_ONLY="NAME..." limits the integration tests of a whole run to
+# those (make cpu-only: the CUDA=0 build differs from the CUDA one only in the
+# worker's backend table and --help, so it runs every unit test and the
+# integration tests that meet that difference).
 set -u
 cd "$(dirname "$0")/.."
 # The test build (make test makes it); the release build for the test that compares.
@@ -87,6 +91,9 @@ run_script() {
 if [ "$what" = all ] || [ "$what" = integration ]; then
     for t in tests/integration/test_*.sh; do
         case "$t" in *"$filter"*) ;; *) continue ;; esac
+        if [ -n "${TSR_INTEGRATION_ONLY:-}" ]; then
+            case " $TSR_INTEGRATION_ONLY " in *" $(basename "$t" .sh) "*) ;; *) continue ;; esac
+        fi
         run_script "$(basename "$t" .sh)"
     done
 fi
