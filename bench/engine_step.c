@@ -47,7 +47,7 @@ static int measure(const char *dir, const tsr_model_info_t *m, int S, int ctx, i
     char err[512];
     const int chunk = 128, len = ctx + steps;
     tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m->num_hidden_layers, len, S, S + chunk,
-                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype, mm_dtype, wt_dtype};
+                             S * tsr_kv_blocks_for(len), threads, 0, kv_dtype, mm_dtype, wt_dtype, 0, 1};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) {
         fprintf(stderr, "engine_step: %s\n", err);

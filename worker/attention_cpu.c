@@ -281,12 +281,16 @@ static inline void att_row_init(att_row_t *r, v8f *acc, int hd)
     memset(acc, 0, (size_t)(hd / 8) * sizeof *acc);
 }
 
-static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float *out)
+/* The row's output: acc / l, or with part (a sequence split's partial
+ * state, tsr_attention_merge) m, l and acc as they are. */
+static inline void att_row_out(const att_row_t *r, const v8f *acc, int hd, float *out, int part)
 {
     const int hd8 = hd & ~7;
+    const float div = part ? 1.0f : r->st.l;
+    if (part) out[0] = r->st.m, out[1] = r->st.l, out += 2;
     for (int d = 0; d < hd8; d += 8)
-        for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / r->st.l;
-    for (int d = hd8; d < hd; d++) out[d] = r->tail[d - hd8] / r->st.l;
+        for (int k = 0; k < 8; k++) out[d + k] = acc[d / 8][k] / div;
+    for (int d = hd8; d < hd; d++) out[d] = r->tail[d - hd8] / div;
 }
 
 /* Asks for a block's keys and values of one head: two 4 KiB runs
@@ -326,6 +330,7 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
               B = TSR_KV_BLOCK;
     const tsr_entry_t *en = &j->b->entries[ei];
     const float scale = 1.0f / sqrtf((float)hd);
+    const int part = kv->seq_size > 1;   /* partial states: out rows of hd + 2 */
     const int local = t - j->first_task[ei], h = local % qh, r0 = local / qh * ATT_ROWS;
     /* run: the KV head's offset in a block (tsr_kvf_off) */
     const size_t qkvw = (size_t)(qh + 2 * kvh) * hd, run = (size_t)(h / group) * B * hd;
@@ -347,6 +352,7 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
         if (pair)
             for (; b0 + B <= visible; b0 += B) {
                 kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);   /* row r + 1 sees b0 + B */
+                if (!tsr_kvf_holds(kv, en->slot, b0)) continue;   /* another rank's */
                 const size_t off = tsr_kvf_off(kv, j->l, en->slot, b0) + run;
                 att_block2(q[0], q[1], tsr_kvf_ptr(kv->k, off, kt), tsr_kvf_ptr(kv->v, off, kt),
                            KV_SCALES(off), kt, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
@@ -360,13 +366,15 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
             if (b0 + B < vis) kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);
             for (int c0 = b0; c0 < vis; c0 += B) {
                 if (c0 + 2 * B < vis) kv_prefetch(kv, j->l, en->slot, c0 + 2 * B, run, kt);
+                if (!tsr_kvf_holds(kv, en->slot, c0)) continue;
                 const size_t off = tsr_kvf_off(kv, j->l, en->slot, c0) + run;
                 att_block(q[k], tsr_kvf_ptr(kv->k, off, kt), tsr_kvf_ptr(kv->v, off, kt),
                           KV_SCALES(off), kt, vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k],
                           acc[k]);
             }
+            const size_t w = (size_t)hd + (part ? 2 : 0);
             att_row_out(&rs[k], acc[k], hd,
-                        j->att + ((size_t)j->first_row[ei] + r + k) * qh * hd + (size_t)h * hd);
+                        j->att + (((size_t)j->first_row[ei] + r + k) * qh + (size_t)h) * w, part);
         }
         r += 1 + pair;
     }
@@ -402,4 +410,23 @@ void tsr_attention_cpu(tsr_pool_t *pool, const tsr_kvf_cache_t *kv, int l, const
         first_task[i + 1] = first_task[i] + q_heads * ((b->entries[i].n + ATT_ROWS - 1) / ATT_ROWS);
     att_job_t aj = {kv, b, first_row, first_task, qkv, att, q_heads, l};
     tsr_pool_for(pool, first_task[b->n_entries], att_task_for(kv->kind), &aj);
+}
+
+void tsr_attention_merge(const float *parts, int n_parts, size_t part_stride, int rows,
+                         int heads, int hd, float *att)
+{
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++) {
+            const size_t at = ((size_t)r * heads + h) * ((size_t)hd + 2);
+            float *out = att + ((size_t)r * heads + h) * hd;
+            tsr_osm_t st = tsr_k_osm_init();
+            for (int d = 0; d < hd; d++) out[d] = 0.0f;
+            for (int i = 0; i < n_parts; i++) {
+                const float *p = parts + (size_t)i * part_stride + at;
+                float ca, cb;
+                tsr_k_osm_merge(&st, (tsr_osm_t){p[0], p[1]}, &ca, &cb);
+                for (int d = 0; d < hd; d++) out[d] = out[d] * ca + p[2 + d] * cb;
+            }
+            for (int d = 0; d < hd; d++) out[d] /= st.l;
+        }
 }

@@ -40,6 +40,13 @@ typedef struct {
                                        products' input type (0, auto: the engine's own) */
     int weights_dtype;              /* tsr_kv_dtype_t's values: 0 (auto) as matmul_dtype
                                        says, 3 int8 with a scale per row */
+    /* The sequence split (parallel.sequence): seq_size ranks (0 or 1: none)
+     * run every step of the stage, each holding the KV blocks whose ids are
+     * its rank modulo seq_size (kv_blocks counts all of them: it holds
+     * kv_blocks / seq_size, rounded up) and attending over those; their
+     * partial results are merged through the sequence communicator
+     * (set_seq_comm), so every rank has every row's numbers. */
+    int seq_rank, seq_size;
 } tsr_piece_spec_t;
 
 /* One entry of a batch: positions [pos, pos + n) of the sequence in slot. */
@@ -124,6 +131,11 @@ typedef struct {
      * replica attaches cached blocks to a slot before a step and publishes
      * the blocks a step filled after it.  NULL, or no function: no cache. */
     tsr_kvpool_t *(*kvpool)(tsr_engine_t *e);
+    /* Optional: the stage's sequence communicator (the seq_size ranks of
+     * its tp rank, in seq_rank order; NULL when seq_size is 1), with
+     * set_comm's ops and deadline, replaced as set_comm's is.  An engine
+     * without it refuses a seq_size above 1 at load. */
+    void (*set_seq_comm)(tsr_engine_t *e, tsr_comm_t *seq);
 } tsr_engine_ops_t;
 
 extern const tsr_engine_ops_t tsr_engine_cpu;

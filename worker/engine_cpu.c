@@ -60,6 +60,7 @@ struct tsr_engine {
     tsr_piece_spec_t spec;
     const tsr_coll_ops_t *ops;
     tsr_comm_t *tp;
+    tsr_comm_t *seq;            /* the sequence split's ranks (set_seq_comm), or NULL */
     int coll_ms;                /* the deadline of its operations (set_comm) */
     tsr_pool_t *pool;
     int hidden, head_dim, q_heads, kv_heads, inter, n_layers, vocab;
@@ -76,6 +77,8 @@ struct tsr_engine {
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
+    /* a sequence split: this rank's partial attention states, every rank's */
+    float *att_part, *att_all;
     int32_t *row_slot, *row_pos;
     float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk],
                                        [max_seqs][tp * v_chunk] (tp > 1) */
@@ -600,6 +603,7 @@ static void engine_free_parts(tsr_engine_t *e)
     free(e->embed), free(e->final_norm), free(e->kvc.k), free(e->kvc.v);
     free(e->kvc.kscale), free(e->kvc.vscale);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
+    free(e->att_part), free(e->att_all);
     free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb), free(e->xs);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
@@ -621,6 +625,11 @@ static int check_spec(const tsr_model_info_t *m, const char *dir, const tsr_piec
     if (m->head_dim > 512) {
         tsr_set_err(err, errlen, "%s/config.json: head_dim %d is larger than the 512 this engine supports",
                     dir, m->head_dim);
+        return -1;
+    }
+    if (s->seq_size < 0 || s->seq_rank < 0 || s->seq_rank >= (s->seq_size > 1 ? s->seq_size : 1)) {
+        tsr_set_err(err, errlen, "sequence rank %d of %d: not a rank of the split", s->seq_rank,
+                    s->seq_size);
         return -1;
     }
     if (s->max_seq_len < 1 || s->max_seqs < 1 || s->max_tokens < 1 || s->kv_blocks < 1) {
@@ -761,7 +770,9 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
 
     const size_t S = (size_t)spec->max_seq_len, T = (size_t)spec->max_tokens,
                  kvw = (size_t)e->kv_heads * e->head_dim, qw = (size_t)e->q_heads * e->head_dim;
-    size_t pool = (size_t)tsr_kv_pool_elems(m, spec->tp_size, e->n_layers, spec->kv_blocks);
+    const int seqn = spec->seq_size > 1 ? spec->seq_size : 1,
+              held = (spec->kv_blocks + seqn - 1) / seqn;   /* the blocks this rank holds */
+    size_t pool = (size_t)tsr_kv_pool_elems(m, spec->tp_size, e->n_layers, held);
     e->kv = tsr_kvpool_new(spec->kv_blocks, spec->max_seqs, spec->max_seq_len);
     if (!e->kv) {   /* its tables grow with max_seq_len: say so */
         tsr_set_err(err, errlen, "out of memory for the KV block tables of %d sequences of "
@@ -770,8 +781,10 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     }
     e->kvc.heads = e->kv_heads;
     e->kvc.head_dim = e->head_dim;
-    e->kvc.blocks = spec->kv_blocks;
+    e->kvc.blocks = held;
     e->kvc.table = e->kv;
+    e->kvc.seq_size = seqn;
+    e->kvc.seq_rank = spec->seq_rank;
     const size_t esize = tsr_kvf_esize(e->kvc.kind),
                  nscale = e->kvc.kind == TSR_KVF_I8 ? pool / e->head_dim : 0;
     e->kvc.k = alloc_lazy(pool * esize, &bad);
@@ -798,6 +811,10 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     e->hout = alloc_lazy(T * H * sizeof(float), &bad);
     e->qkv = alloc_f(T * (qw + 2 * kvw), &bad);
     e->att = alloc_f(T * qw, &bad);
+    if (seqn > 1) {
+        e->att_part = alloc_f(T * (qw + 2 * (size_t)e->q_heads), &bad);
+        e->att_all = alloc_f(seqn * T * (qw + 2 * (size_t)e->q_heads), &bad);
+    }
     e->gu = alloc_f(T * 2 * e->inter, &bad);
     e->act = alloc_f(T * e->inter, &bad);
     /* the rows of a product's input, rounded (bf16) or quantized (int8), in scratch for
@@ -870,6 +887,32 @@ static int allreduce(tsr_engine_t *e, float *buf, size_t n, char *err, size_t er
     return tsr_coll_settle(e->ops, e->tp, e->coll_ms, err, errlen);
 }
 
+/* Attention of layer l into e->att.  With a sequence split, each rank
+ * attends over the positions it holds, the ranks' partial states are
+ * gathered, and every rank merges them in rank order. */
+static int attention(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row, int l,
+                     char *err, size_t errlen)
+{
+    const int qh = e->q_heads, hd = e->head_dim, T = b->n_tokens, n = e->kvc.seq_size;
+    if (n == 1) {
+        tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att);
+        return 0;
+    }
+    if (!e->seq) {
+        tsr_set_err(err, errlen, "a sequence split of %d ranks has no communicator", n);
+        return -1;
+    }
+    const size_t part = (size_t)T * qh * (hd + 2);
+    tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att_part);
+    if (e->ops->allgather(e->seq, tsr_host_buf(e->att_part, part, TSR_DT_F32),
+                          tsr_host_buf(e->att_all, n * part, TSR_DT_F32), e->coll_ms, err,
+                          errlen) < 0 ||
+        tsr_coll_settle(e->ops, e->seq, e->coll_ms, err, errlen) < 0)
+        return -1;
+    tsr_attention_merge(e->att_all, n, part, T, qh, hd, e->att);
+    return 0;
+}
+
 static void swiglu_task(void *arg, int i)
 {
     const rows_job_t *j = arg;
@@ -893,7 +936,8 @@ static void rope_kv_task(void *arg, int i)
         float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
         rope_row(e, q, qh, e->row_pos[t]);
         rope_row(e, k, kvh, e->row_pos[t]);
-        tsr_kvf_write(&e->kvc, j->l, e->row_slot[t], e->row_pos[t], k, v);
+        if (tsr_kvf_holds(&e->kvc, e->row_slot[t], e->row_pos[t]))
+            tsr_kvf_write(&e->kvc, j->l, e->row_slot[t], e->row_pos[t], k, v);
     }
 }
 
@@ -910,7 +954,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw);
     tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
                  &(rows_job_t){e, NULL, NULL, T, l});
-    tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att);
+    if (attention(e, b, first_row, l, err, errlen) < 0) return -1;
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
 
@@ -1051,6 +1095,8 @@ static void cpu_set_comm(tsr_engine_t *e, const tsr_coll_ops_t *ops, tsr_comm_t 
     e->coll_ms = timeout_ms > 0 ? timeout_ms : TSR_COLL_TIMEOUT_MS_DEFAULT;
 }
 
+static void cpu_set_seq_comm(tsr_engine_t *e, tsr_comm_t *seq) { e->seq = seq; }
+
 static void cpu_set_alive(tsr_engine_t *e, uint64_t *ticks) { e->alive = ticks; }
 
 static tsr_buf_t cpu_hidden(tsr_engine_t *e, int which)
@@ -1092,6 +1138,7 @@ const tsr_engine_ops_t tsr_engine_cpu = {
     .load = cpu_load,
     .load_from = cpu_load_from,
     .set_comm = cpu_set_comm,
+    .set_seq_comm = cpu_set_seq_comm,
     .hidden = cpu_hidden,
     .step = cpu_step,
     .last_logits = cpu_last_logits,

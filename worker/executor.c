@@ -565,7 +565,7 @@ static void piece_spec(const tsr_executor_t *ex, const job_t *j, const tsr_model
     *spec = (tsr_piece_spec_t){j->key.tp, j->key.tp_size, j->key.stage, j->key.pp_size,
                                j->key.layer_begin, j->key.layer_end, j->max_seq_len, batch,
                                tokens, 0, 0, ex->device_index, j->kv_dtype,
-                               j->matmul_dtype, j->weights_dtype};
+                               j->matmul_dtype, j->weights_dtype, 0, 1};
     int row = tsr_kv_engine_row_bytes(eng, j->kv_dtype, m->head_dim);
     spec->kv_blocks = tsr_kv_pool_blocks(m, j->key.tp_size, j->key.pp_size, j->kv_cache_bytes, batch,
                                          j->max_seq_len, TSR_KV_BLOCK,

@@ -33,8 +33,12 @@ static inline size_t tsr_kvf_esize(int kt)
 typedef struct {
     int kind;                       /* TSR_KVF_F32, TSR_KVF_BF16 or TSR_KVF_I8 */
     int heads, head_dim;            /* this rank's KV heads */
-    int blocks;                     /* the pool's blocks (per layer) */
+    int blocks;                     /* the blocks this rank holds (per layer) */
     const tsr_kvpool_t *table;      /* which block holds a slot's positions */
+    /* The sequence split (parallel.sequence): block id b of the table is
+     * held by rank b % seq_size, at its block b / seq_size; this rank is
+     * seq_rank.  1 and 0 without a split. */
+    int seq_size, seq_rank;
     void *k, *v;                    /* [layers][blocks][heads][TSR_KV_BLOCK][head_dim] */
     float *kscale, *vscale;         /* int8: [layers][blocks][heads][TSR_KV_BLOCK], each
                                        row's scale (at its element offset / head_dim) */
@@ -47,9 +51,17 @@ typedef struct {
 static inline size_t tsr_kvf_off(const tsr_kvf_cache_t *c, int l, int slot, int pos)
 {
     const size_t kvw = (size_t)c->heads * c->head_dim;
-    int32_t block = tsr_kvpool_table(c->table, slot)[pos / TSR_KV_BLOCK];
+    int32_t block = tsr_kvpool_table(c->table, slot)[pos / TSR_KV_BLOCK] / c->seq_size;
     return ((size_t)l * c->blocks + block) * TSR_KV_BLOCK * kvw +
            (size_t)(pos % TSR_KV_BLOCK) * c->head_dim;
+}
+
+/* Whether this rank holds position pos of slot (always, without a
+ * sequence split). */
+static inline int tsr_kvf_holds(const tsr_kvf_cache_t *c, int slot, int pos)
+{
+    return c->seq_size == 1 ||
+           tsr_kvpool_table(c->table, slot)[pos / TSR_KV_BLOCK] % c->seq_size == c->seq_rank;
 }
 
 /* Bytes from an element offset. */

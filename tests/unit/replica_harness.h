@@ -301,7 +301,7 @@ static void *h_rank_main(void *arg)
     if (tsr_model_info_load(run->dir, &mi, err, errlen) < 0) goto out;
     r.spec = (tsr_piece_spec_t){t, tp, s, run->pp, 0, 0, run->max_seq_len, run->max_batch,
                                 run->max_batch + run->prefill_chunk, run->kv_blocks, 1, 0,
-                                run->kv_dtype, run->matmul_dtype, run->weights_dtype};
+                                run->kv_dtype, run->matmul_dtype, run->weights_dtype, 0, 1};
     tsr_layer_split(mi.num_hidden_layers, run->pp, s, &r.spec.layer_begin, &r.spec.layer_end);
     if (tsr_engine_cpu.load(run->dir, &r.spec, &k->inner, err, errlen) < 0) goto out;
     run->weight_bytes[k->idx] = tsr_engine_cpu.weight_bytes(k->inner);

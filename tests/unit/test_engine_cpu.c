@@ -56,7 +56,7 @@ static tsr_engine_t *load_wt(const char *dir, int kv_dtype, int mm_dtype, int wt
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     vocab = m.vocab_size;
     tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, kv_dtype,
-                             mm_dtype, wt_dtype};
+                             mm_dtype, wt_dtype, 0, 0};
     tsr_engine_t *e = NULL;
     if (tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err) < 0) fail_msg("load: %s", err);
     return e;
@@ -427,7 +427,7 @@ static void test_an_int8_checkpoint_loads_as_quantizing_at_load_does_and_bad_sca
             tsr_model_info_t info;
             assert_int_equal(tsr_model_info_load(q, &info, err, sizeof err), 0);
             tsr_piece_spec_t spec = {0, 1, 0, 1, 0, info.num_hidden_layers, 256, 4, 160, 64, 2, 0,
-                                     0, 0, w ? TSR_KV_INT8 : TSR_KV_AUTO};
+                                     0, 0, w ? TSR_KV_INT8 : TSR_KV_AUTO, 0, 0};
             tsr_engine_t *bad = NULL;
             assert_int_equal(tsr_engine_cpu.load(q, &spec, &bad, err, sizeof err), -1);
             assert_null(bad);
@@ -495,7 +495,7 @@ static void test_an_fp8_checkpoint_is_read_as_the_reference_reads_it(void **stat
     assert_int_equal(system(cmd), 0);
     tsr_model_info_t info;
     assert_int_equal(tsr_model_info_load(q, &info, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, info.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, info.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
     tsr_engine_t *bad = NULL;
     assert_int_equal(tsr_engine_cpu.load(q, &spec, &bad, err, sizeof err), -1);
     if (!strstr(err, "model.layers.0.self_attn.k_proj.weight_scale: row 2's scale is 0"))
@@ -531,7 +531,7 @@ static void test_an_int8_cache_reads_a_row_with_a_nan_back_as_nan(void **state)
     assert_int_equal(fclose(f), 0);
     /* a NaN weight is refused at load (test_safetensors): let this one through */
     tsr_engine_t *refused = NULL;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dir, &spec, &refused, err, sizeof err), -1);
     assert_non_null(strstr(err, "k_proj.weight: element [0, 0] is NaN"));
     tsr_st_refuse_nonfinite = false;
@@ -564,7 +564,7 @@ static void test_an_unknown_kv_dtype_or_matmul_dtype_is_refused_naming_it(void *
     tsr_model_info_t m;
     char err[512];
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 7, 0, 0, 0, 0};
     tsr_engine_t *e = NULL;
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &spec, &e, err, sizeof err), -1);
     assert_null(e);
@@ -599,7 +599,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(cmd), 0);
     tsr_model_info_t m;
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
     tsr_engine_t *e = NULL;
     assert_int_equal(tsr_engine_cpu.load(dir, &spec, &e, err, sizeof err), -1);
     assert_null(e);
@@ -615,7 +615,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(cmd), 0);
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
     assert_int_equal(m.num_hidden_layers, 1000000);
-    tsr_piece_spec_t deep = {0, 1, 0, 1, 0, 1000000, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t deep = {0, 1, 0, 1, 0, 1000000, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dir, &deep, &e, err, sizeof err), -1);
     if (!strstr(err, "model.layers.999999.input_layernorm.weight") || !strstr(err, "fewer layers"))
         fail_msg("the load's error does not name the missing layer: %s", err);
@@ -623,7 +623,7 @@ static void test_a_weight_that_does_not_fit_the_config_is_named(void **state)
     assert_int_equal(system(path), 0);
     /* a max_seq_len whose tables cannot be had is named, not "a KV pool of 4 MiB" */
     assert_int_equal(tsr_model_info_load(dirs[0], &m, err, sizeof err), 0);
-    tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t huge = {0, 1, 0, 1, 0, m.num_hidden_layers, 1 << 30, 1 << 20, 64, 64, 2, 0, 0, 0, 0, 0, 0};
     assert_int_equal(tsr_engine_cpu.load(dirs[0], &huge, &e, err, sizeof err), -1);
     if (!strstr(err, "max_seq_len 1073741824"))
         fail_msg("the load's error does not name max_seq_len: %s", err);
@@ -652,8 +652,8 @@ static void test_a_new_piece_keeps_the_layers_it_held(void **state)
     char err[512];
     const char *dir = dirs[1];   /* 4 heads over 2: tp 2 too */
     assert_int_equal(tsr_model_info_load(dir, &m, err, sizeof err), 0);
-    tsr_piece_spec_t whole = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0};
-    tsr_piece_spec_t first = {0, 1, 0, 2, 0, 1, 256, 4, 160, 64, 2, 0, 0, 0, 0};
+    tsr_piece_spec_t whole = {0, 1, 0, 1, 0, 2, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
+    tsr_piece_spec_t first = {0, 1, 0, 2, 0, 1, 256, 4, 160, 64, 2, 0, 0, 0, 0, 0, 0};
     tsr_engine_t *fresh = load(dir, TSR_KV_AUTO);
     float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
     alone(fresh, 1, 40, 40, a);

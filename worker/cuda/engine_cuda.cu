@@ -509,6 +509,12 @@ static int cuda_load(const char *dir, const tsr_piece_spec_t *spec, tsr_engine_t
         free(e);
         return -1;
     }
+    if (spec->seq_size > 1) {
+        tsr_set_err(err, errlen, "the CUDA engine cannot split a sequence yet (parallel.sequence "
+                    "%d): cpu pieces can", spec->seq_size);
+        free(e);
+        return -1;
+    }
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess || e->device >= n) {
@@ -972,4 +978,5 @@ extern "C" const tsr_engine_ops_t tsr_engine_cuda = {
     /* .set_alive = */ NULL,     /* its finished steps are its signs of life: a step
                                    must fit in collective_timeout_ms */
     /* .kvpool = */ cuda_kvpool,
+    /* .set_seq_comm = */ NULL, /* refuses parallel.sequence above 1 (cuda_load) */
 };
