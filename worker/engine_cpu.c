@@ -77,8 +77,11 @@ struct tsr_engine {
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim / 2] */
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
-    /* a sequence split: this rank's partial attention states, every rank's */
-    float *att_part, *att_all;
+    /* a sequence split: this rank's partial attention states, every rank's;
+     * every row's q, k and v in batch order; the step's rows this rank
+     * holds (their block is its own), in batch order, and how many */
+    float *att_part, *att_all, *qkv_all;
+    int *own, n_own;
     int32_t *row_slot, *row_pos;
     float *logits, *gathered, *row;  /* [max_seqs][v_chunk], [tp][max_seqs][v_chunk],
                                        [max_seqs][tp * v_chunk] (tp > 1) */
@@ -224,6 +227,7 @@ typedef struct {
     const float *w;      /* norm weights */
     const float *add;    /* added into x first (the residual), or NULL */
     int T, l;
+    const int *rows;     /* rope_kv_task: row t is the batch's row rows[t] (NULL: t) */
 } rows_job_t;
 
 static void norm_task(void *arg, int i)
@@ -242,7 +246,7 @@ static void norm_task(void *arg, int i)
 /* e->h = RMSNorm(e->x (+= add first, when add is not NULL)) for T rows. */
 static void add_norm(tsr_engine_t *e, const float *add, const float *w, int T)
 {
-    rows_job_t j = {e, w, add, T, 0};
+    rows_job_t j = {e, w, add, T, 0, NULL};
     tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, norm_task, &j);
 }
 
@@ -603,7 +607,7 @@ static void engine_free_parts(tsr_engine_t *e)
     free(e->embed), free(e->final_norm), free(e->kvc.k), free(e->kvc.v);
     free(e->kvc.kscale), free(e->kvc.vscale);
     free(e->rope_cos), free(e->rope_sin), free(e->x), free(e->h), free(e->qkv), free(e->att);
-    free(e->att_part), free(e->att_all);
+    free(e->att_part), free(e->att_all), free(e->qkv_all), free(e->own);
     free(e->proj), free(e->gu), free(e->act), free(e->hin), free(e->hout), free(e->xb), free(e->xs);
     free(e->row_slot), free(e->row_pos), free(e->logits), free(e->gathered), free(e->row);
     tsr_kvpool_destroy(&e->kv);
@@ -814,6 +818,8 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
     if (seqn > 1) {
         e->att_part = alloc_f(T * (qw + 2 * (size_t)e->q_heads), &bad);
         e->att_all = alloc_f(seqn * T * (qw + 2 * (size_t)e->q_heads), &bad);
+        e->qkv_all = alloc_f(T * (qw + 2 * kvw), &bad);
+        if (!(e->own = calloc(T, sizeof *e->own))) bad = true;
     }
     e->gu = alloc_f(T * 2 * e->inter, &bad);
     e->act = alloc_f(T * e->inter, &bad);
@@ -903,7 +909,7 @@ static int attention(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row
         return -1;
     }
     const size_t part = (size_t)T * qh * (hd + 2);
-    tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att_part);
+    tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv_all, qh, e->att_part);
     if (e->ops->allgather(e->seq, tsr_host_buf(e->att_part, part, TSR_DT_F32),
                           tsr_host_buf(e->att_all, n * part, TSR_DT_F32), e->coll_ms, err,
                           errlen) < 0 ||
@@ -933,12 +939,85 @@ static void rope_kv_task(void *arg, int i)
     const int hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads;
     const size_t qw = (size_t)qh * hd, kvw = (size_t)kvh * hd, qkvw = qw + 2 * kvw;
     for (int t = i * ROW_TASK; t < j->T && t < (i + 1) * ROW_TASK; t++) {
+        const int r = j->rows ? j->rows[t] : t;
         float *q = e->qkv + (size_t)t * qkvw, *k = q + qw, *v = k + kvw;
-        rope_row(e, q, qh, e->row_pos[t]);
-        rope_row(e, k, kvh, e->row_pos[t]);
-        if (tsr_kvf_holds(&e->kvc, e->row_slot[t], e->row_pos[t]))
-            tsr_kvf_write(&e->kvc, j->l, e->row_slot[t], e->row_pos[t], k, v);
+        rope_row(e, q, qh, e->row_pos[r]);
+        rope_row(e, k, kvh, e->row_pos[r]);
+        tsr_kvf_write(&e->kvc, j->l, e->row_slot[r], e->row_pos[r], k, v);
     }
+}
+
+/* The sum over the sequence split's ranks of buf (n floats), there when
+ * this returns. */
+static int seq_sum(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errlen)
+{
+    if (e->ops->allreduce_sum(e->seq, tsr_host_buf(buf, n, TSR_DT_F32), e->coll_ms, err,
+                              errlen) < 0)
+        return -1;
+    return tsr_coll_settle(e->ops, e->seq, e->coll_ms, err, errlen);
+}
+
+/* A layer with a sequence split: the rows this rank holds (e->own) are
+ * packed at the front of x, h, qkv, att, proj, gu and act, and only they
+ * go through the products, norms and MLP here; attention needs every
+ * row's q, so the ranks' rows are summed into qkv_all (each row is one
+ * rank's, zeros on the others), and every rank attends over its blocks
+ * for every row (attention, merged), keeping its own rows' results. */
+static int layer_forward_split(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row,
+                               int l, char *err, size_t errlen)
+{
+    const layer_t *L = &e->layers[l];
+    const int H = e->hidden, hd = e->head_dim, qh = e->q_heads, kvh = e->kv_heads,
+              I = e->inter, T = b->n_tokens, n = e->n_own;
+    const size_t qw = (size_t)qh * hd, kvw = (size_t)kvh * hd, qkvw = qw + 2 * kvw;
+
+    add_norm(e, NULL, L->attn_norm, n);
+    matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, n, H, (int)qkvw);
+    tsr_pool_for(e->pool, (n + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
+                 &(rows_job_t){e, NULL, NULL, n, l, e->own});
+    memset(e->qkv_all, 0, (size_t)T * qkvw * sizeof(float));
+    for (int i = 0; i < n; i++)
+        memcpy(e->qkv_all + (size_t)e->own[i] * qkvw, e->qkv + (size_t)i * qkvw,
+               qkvw * sizeof(float));
+    if (seq_sum(e, e->qkv_all, (size_t)T * qkvw, err, errlen) < 0 ||
+        attention(e, b, first_row, l, err, errlen) < 0)
+        return -1;
+    for (int i = 0; i < n; i++)   /* own[i] >= i: packing forward is safe */
+        memmove(e->att + (size_t)i * qw, e->att + (size_t)e->own[i] * qw, qw * sizeof(float));
+    matmul(e, e->proj, H, e->att, L->wo, n, (int)qw, H);
+    if (allreduce(e, e->proj, (size_t)n * H, err, errlen) < 0) return -1;
+
+    add_norm(e, e->proj, L->mlp_norm, n);
+    matmul(e, e->gu, 2 * I, e->h, L->wgu, n, H, 2 * I);
+    tsr_pool_for(e->pool, (n + ROW_TASK - 1) / ROW_TASK, swiglu_task,
+                 &(rows_job_t){e, NULL, NULL, n, l, NULL});
+    matmul(e, e->proj, H, e->act, L->wd, n, I, H);
+    if (allreduce(e, e->proj, (size_t)n * H, err, errlen) < 0) return -1;
+    for (size_t i = 0; i < (size_t)n * H; i++) e->x[i] += e->proj[i];
+    return 0;
+}
+
+/* The layers of a step with a sequence split: x's rows this rank holds
+ * packed first, the layers, then every rank's rows summed back into x in
+ * batch order (into h, free then), so every rank leaves the stage with
+ * every row. */
+static int layers_split(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row, char *err,
+                        size_t errlen)
+{
+    const int H = e->hidden, T = b->n_tokens;
+    e->n_own = 0;
+    for (int t = 0; t < T; t++)
+        if (tsr_kvf_holds(&e->kvc, e->row_slot[t], e->row_pos[t])) e->own[e->n_own++] = t;
+    for (int i = 0; i < e->n_own; i++)
+        memmove(e->x + (size_t)i * H, e->x + (size_t)e->own[i] * H, (size_t)H * sizeof(float));
+    for (int l = 0; l < e->n_layers; l++)
+        if (layer_forward_split(e, b, first_row, l, err, errlen) < 0) return -1;
+    memset(e->h, 0, (size_t)T * H * sizeof(float));
+    for (int i = 0; i < e->n_own; i++)
+        memcpy(e->h + (size_t)e->own[i] * H, e->x + (size_t)i * H, (size_t)H * sizeof(float));
+    if (seq_sum(e, e->h, (size_t)T * H, err, errlen) < 0) return -1;
+    memcpy(e->x, e->h, (size_t)T * H * sizeof(float));
+    return 0;
 }
 
 static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row, int l,
@@ -953,7 +1032,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     add_norm(e, NULL, L->attn_norm, T);
     matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, T, H, (int)qkvw);
     tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
-                 &(rows_job_t){e, NULL, NULL, T, l});
+                 &(rows_job_t){e, NULL, NULL, T, l, NULL});
     if (attention(e, b, first_row, l, err, errlen) < 0) return -1;
     matmul(e, e->proj, H, e->att, L->wo, T, (int)qw, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 1 */
@@ -962,7 +1041,7 @@ static int layer_forward(tsr_engine_t *e, const tsr_batch_t *b, const int *first
     add_norm(e, e->proj, L->mlp_norm, T);
     matmul(e, e->gu, 2 * I, e->h, L->wgu, T, H, 2 * I);
     tsr_pool_for(e->pool, (T + ROW_TASK - 1) / ROW_TASK, swiglu_task,
-                 &(rows_job_t){e, NULL, NULL, T, l});
+                 &(rows_job_t){e, NULL, NULL, T, l, NULL});
     matmul(e, e->proj, H, e->act, L->wd, T, I, H);
     if (allreduce(e, e->proj, (size_t)T * H, err, errlen) < 0) return -1;   /* all-reduce 2 */
     for (size_t i = 0; i < (size_t)T * H; i++) e->x[i] += e->proj[i];
@@ -1078,8 +1157,17 @@ static int cpu_step(tsr_engine_t *e, const tsr_batch_t *b, int32_t *sampled, cha
     } else {
         memcpy(e->x, e->hin, rows * sizeof(float));
     }
-    for (int l = 0; l < e->n_layers; l++)
-        if (layer_forward(e, b, first_row, l, err, errlen) < 0) return -1;
+    if (e->kvc.seq_size > 1) {
+        if (!e->seq) {
+            tsr_set_err(err, errlen, "a sequence split of %d ranks has no communicator",
+                        e->kvc.seq_size);
+            return -1;
+        }
+        if (layers_split(e, b, first_row, err, errlen) < 0) return -1;
+    } else {
+        for (int l = 0; l < e->n_layers; l++)
+            if (layer_forward(e, b, first_row, l, err, errlen) < 0) return -1;
+    }
     if (s->stage < s->pp_size - 1) {                      /* stage boundary */
         memcpy(e->hout, e->x, rows * sizeof(float));
         return 0;
