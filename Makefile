@@ -210,6 +210,12 @@ $(BUILD)/bench/bench_pool: TSR_LDLIBS += $(shell pkg-config --libs openblas 2>/d
 # matmul measures the bf16 or the int8 products alone.
 $(BUILD)/bench/matmul: $(call obj,worker/cpu_pool.c worker/matmul_bf16.c worker/matmul_f32.c \
                                  worker/matmul_i8.c worker/cpu_kernels.c)
+# seq_split runs the CPU engine's sequence split alone, its ranks over loopback TCP.
+$(BUILD)/bench/seq_split: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
+                                    worker/batch.c worker/sample.c worker/matmul_bf16.c \
+                                    worker/matmul_f32.c worker/matmul_i8.c worker/cpu_kernels.c \
+                                    worker/kv_format.c worker/attention_cpu.c \
+                                    worker/collective_tcp.c)
 # engine_step runs the CPU engine alone.
 $(BUILD)/bench/engine_step: $(call obj,worker/engine_cpu.c worker/cpu_pool.c worker/kvpool.c \
                                       worker/batch.c worker/sample.c worker/matmul_bf16.c \
@@ -313,6 +319,7 @@ bench: deps
 	@./bench/prefix.sh
 	@./bench/weights.sh
 	@./bench/serve.sh --quick --weights-dtype int8
+	@./bench/sequence.sh
 
 # The units name the installed binaries and SYSCONFDIR's files (@PREFIX@,
 # @SYSCONFDIR@); UNITDIR is where systemd finds them.

@@ -313,6 +313,17 @@ static inline __attribute__((always_inline)) void kv_prefetch(const tsr_kvf_cach
             __builtin_prefetch(kv->vscale + off / kv->head_dim, 0, 1);
 }
 
+/* With a sequence split, the first block from position pos on (pos a
+ * block's first) that this rank holds, before limit; -1 when none.  What
+ * a split's kernels prefetch instead of the next block, which is mostly
+ * another rank's. */
+static inline int held_from(const tsr_kvf_cache_t *kv, int slot, int pos, int limit)
+{
+    for (; pos < limit; pos += TSR_KV_BLOCK)
+        if (tsr_kvf_holds(kv, slot, pos)) return pos;
+    return -1;
+}
+
 /* Causal grouped-query attention of some rows of one entry for one query
  * head, over its sequence's cached positions block by block.  Rows go in
  * pairs through the blocks both see whole (att_block2), then one by one
@@ -351,8 +362,13 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
         int b0 = 0;
         if (pair)
             for (; b0 + B <= visible; b0 += B) {
-                kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);   /* row r + 1 sees b0 + B */
-                if (!tsr_kvf_holds(kv, en->slot, b0)) continue;   /* another rank's */
+                if (!part) {
+                    kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);   /* row r + 1 sees b0 + B */
+                } else {
+                    if (!tsr_kvf_holds(kv, en->slot, b0)) continue;   /* another rank's */
+                    const int nx = held_from(kv, en->slot, b0 + B, visible + 1);
+                    if (nx >= 0) kv_prefetch(kv, j->l, en->slot, nx, run, kt);
+                }
                 const size_t off = tsr_kvf_off(kv, j->l, en->slot, b0) + run;
                 att_block2(q[0], q[1], tsr_kvf_ptr(kv->k, off, kt), tsr_kvf_ptr(kv->v, off, kt),
                            KV_SCALES(off), kt, hd, scale, &rs[0], acc[0], &rs[1], acc[1]);
@@ -363,10 +379,15 @@ static inline __attribute__((always_inline)) void att_task_body(void *arg, int t
              * bf16 products took 16.3-16.6 ms a step against 16.7-16.9 ms
              * one block ahead (three alternating runs, 2-core Xeon VM; on
              * the EPYC VM two or three ahead were within noise) */
-            if (b0 + B < vis) kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);
+            if (!part && b0 + B < vis) kv_prefetch(kv, j->l, en->slot, b0 + B, run, kt);
             for (int c0 = b0; c0 < vis; c0 += B) {
-                if (c0 + 2 * B < vis) kv_prefetch(kv, j->l, en->slot, c0 + 2 * B, run, kt);
-                if (!tsr_kvf_holds(kv, en->slot, c0)) continue;
+                if (!part) {
+                    if (c0 + 2 * B < vis) kv_prefetch(kv, j->l, en->slot, c0 + 2 * B, run, kt);
+                } else {
+                    if (!tsr_kvf_holds(kv, en->slot, c0)) continue;
+                    const int nx = held_from(kv, en->slot, c0 + B, vis);
+                    if (nx >= 0) kv_prefetch(kv, j->l, en->slot, nx, run, kt);
+                }
                 const size_t off = tsr_kvf_off(kv, j->l, en->slot, c0) + run;
                 att_block(q[k], tsr_kvf_ptr(kv->k, off, kt), tsr_kvf_ptr(kv->v, off, kt),
                           KV_SCALES(off), kt, vis - c0 < B ? vis - c0 : B, hd, scale, &rs[k],
