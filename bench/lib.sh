@@ -15,6 +15,17 @@ bench_setup() {
     trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"' EXIT
 }
 
+# bench_no_args SCRIPT ARG...: a script that takes no arguments: -h or
+# --help prints its header comment (up to `set -u`), anything else its usage.
+bench_no_args() {
+    local script="$1"; shift
+    case "${1:-}" in
+    -h | --help) sed -n '2,/^set -u/p' "$script" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "usage: $script" >&2; exit 2 ;;
+    esac
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # The small model both serving benchmarks use: hidden 256, 4 layers, f32.

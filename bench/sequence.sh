@@ -16,15 +16,9 @@
 # Needs build/bench/seq_split (make bench builds it) and a machine with 2 CPUs.
 set -u
 cd "$(dirname "$0")/.."
-BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
-case "${1:-}" in
--h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-"") ;;
-*) echo "usage: bench/sequence.sh" >&2; exit 2 ;;
-esac
-for f in "$BIN/tessera" "$BUILD/bench/seq_split"; do
-    [ -x "$f" ] || { echo "bench/sequence.sh: $f is missing; run 'make bench'" >&2; exit 1; }
-done
+source bench/lib.sh
+bench_no_args bench/sequence.sh "$@"
+bench_setup bench/sequence.sh "$BIN/tessera" "$BUILD/bench/seq_split"
 [ "$(nproc)" -ge 2 ] || { echo "bench/sequence.sh: needs 2 CPUs, this process may use $(nproc)" >&2; exit 1; }
 MODEL="$BUILD/models/seq256"
 if [ ! -f "$MODEL/config.json" ]; then

@@ -20,15 +20,9 @@
 # Needs build/bench/engine_step and build/bench/stream (make bench builds them).
 set -u
 cd "$(dirname "$0")/.."
-BIN="${TSR_BIN:-bin}" BUILD="${TSR_BUILD:-build}"
-case "${1:-}" in
--h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-"") ;;
-*) echo "usage: bench/weights.sh" >&2; exit 2 ;;
-esac
-for f in "$BIN/tessera" "$BUILD/bench/engine_step" "$BUILD/bench/stream"; do
-    [ -x "$f" ] || { echo "bench/weights.sh: $f is missing; run 'make bench'" >&2; exit 1; }
-done
+source bench/lib.sh
+bench_no_args bench/weights.sh "$@"
+bench_setup bench/weights.sh "$BIN/tessera" "$BUILD/bench/engine_step" "$BUILD/bench/stream"
 MODEL="$BUILD/models/w700m"
 if [ ! -f "$MODEL/config.json" ]; then
     "$BIN/tessera" model-init "$MODEL" --hidden 2048 --intermediate 5632 --layers 12 --heads 16 \
