@@ -33,6 +33,7 @@ static double now_s(void)
 typedef struct {
     const char *dir;
     int rank, n, prompt, decodes, chunk;
+    int cpu;                    /* the CPU its thread is pinned to */
     tsr_tcp_listener_t *l;
     const char *const *eps;
     double ttft, decode_s;
@@ -47,9 +48,12 @@ static void *rank_main(void *arg)
     rank_t *k = arg;
     cpu_set_t one;
     CPU_ZERO(&one);
-    CPU_SET(k->rank, &one);
-    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    CPU_SET(k->cpu, &one);
     k->rc = -1;
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one)) {
+        snprintf(k->err, sizeof k->err, "cannot pin to CPU %d", k->cpu);
+        return NULL;
+    }
     tsr_model_info_t m;
     tsr_engine_t *e = NULL;
     tsr_comm_t *seq = NULL;
@@ -93,29 +97,41 @@ out:
     return NULL;
 }
 
-/* One run at split n: rank 0's time to first token and decode time. */
-static int run(const char *dir, int n, int prompt, int decodes, int chunk, double *ttft,
-               double *decode_s)
+/* One run at split n, rank i pinned to cpus[i]: rank 0's time to first
+ * token and decode time. */
+static int run(const char *dir, int n, const int *cpus, int prompt, int decodes, int chunk,
+               double *ttft, double *decode_s)
 {
     tsr_tcp_listener_t *l[MAXS];
     const char *eps[MAXS];
     rank_t k[MAXS];
     pthread_t th[MAXS];
     char err[256];
-    for (int i = 0; i < n; i++) {
+    int rc = 0, started = 0;
+    for (int i = 0; i < n; i++) l[i] = NULL;
+    for (int i = 0; i < n && !rc; i++) {
         if (!(l[i] = tsr_tcp_listen("127.0.0.1", 0, err, sizeof err))) {
             fprintf(stderr, "seq_split: %s\n", err);
-            return -1;
+            rc = -1;
+        } else {
+            eps[i] = tsr_tcp_listener_endpoint(l[i]);
         }
-        eps[i] = tsr_tcp_listener_endpoint(l[i]);
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !rc; i++) {
         k[i] = (rank_t){.dir = dir, .rank = i, .n = n, .prompt = prompt, .decodes = decodes,
-                        .chunk = chunk, .l = l[i], .eps = eps};
-        pthread_create(&th[i], NULL, rank_main, &k[i]);
+                        .chunk = chunk, .cpu = cpus[i], .l = l[i], .eps = eps};
+        if (pthread_create(&th[i], NULL, rank_main, &k[i])) {
+            fprintf(stderr, "seq_split: cannot start rank %d's thread\n", i);
+            rc = -1;
+        } else {
+            started++;
+        }
     }
-    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-    int rc = 0;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (rc) {
+        for (int i = 0; i < n; i++) tsr_tcp_listener_destroy(&l[i]);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
         if (k[i].rc < 0) {
             fprintf(stderr, "seq_split: split %d, rank %d: %s\n", n, i, k[i].err);
@@ -145,8 +161,12 @@ int main(int argc, char **argv)
         return 2;
     }
     cpu_set_t set;
-    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    const int splits = cpus >= 2 ? 2 : 1;
+    int cpus[MAXS] = {0}, ncpu = 0;   /* the first CPUs this process may use */
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE && ncpu < MAXS; c++)
+            if (CPU_ISSET(c, &set)) cpus[ncpu++] = c;
+    if (!ncpu) ncpu = 1;
+    const int splits = ncpu >= 2 ? 2 : 1;
     tsr_model_info_t m;
     char err[512];
     if (tsr_model_info_load(dir, &m, err, sizeof err) < 0) {
@@ -169,7 +189,7 @@ int main(int argc, char **argv)
         }
         double ttft[MAXS + 1], dec[MAXS + 1];
         for (int s = 1; s <= splits && !rc; s++) {
-            if (run(dir, s, P, decodes, chunk, &ttft[s], &dec[s]) < 0) rc = 1;
+            if (run(dir, s, cpus, P, decodes, chunk, &ttft[s], &dec[s]) < 0) rc = 1;
             else
                 printf("prompt %6d, split %d: time to first token %8.1f ms, decode %7.1f "
                        "tokens/s\n", P, s, ttft[s] * 1e3, decodes / dec[s]);

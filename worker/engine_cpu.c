@@ -960,9 +960,11 @@ static int seq_sum(tsr_engine_t *e, float *buf, size_t n, char *err, size_t errl
 /* A layer with a sequence split: the rows this rank holds (e->own) are
  * packed at the front of x, h, qkv, att, proj, gu and act, and only they
  * go through the products, norms and MLP here; attention needs every
- * row's q, so the ranks' rows are summed into qkv_all (each row is one
- * rank's, zeros on the others), and every rank attends over its blocks
- * for every row (attention, merged), keeping its own rows' results. */
+ * row's q (its keys and values come from the caches), so the ranks' rows'
+ * q are summed in batch order (each row is one rank's, zeros on the
+ * others) and spread to qkv_all's rows, and every rank attends over its
+ * blocks for every row (attention, merged), keeping its own rows'
+ * results. */
 static int layer_forward_split(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row,
                                int l, char *err, size_t errlen)
 {
@@ -975,13 +977,13 @@ static int layer_forward_split(tsr_engine_t *e, const tsr_batch_t *b, const int 
     matmul(e, e->qkv, (int)qkvw, e->h, L->wqkv, n, H, (int)qkvw);
     tsr_pool_for(e->pool, (n + ROW_TASK - 1) / ROW_TASK, rope_kv_task,
                  &(rows_job_t){e, NULL, NULL, n, l, e->own});
-    memset(e->qkv_all, 0, (size_t)T * qkvw * sizeof(float));
+    memset(e->qkv_all, 0, (size_t)T * qw * sizeof(float));   /* q alone, packed */
     for (int i = 0; i < n; i++)
-        memcpy(e->qkv_all + (size_t)e->own[i] * qkvw, e->qkv + (size_t)i * qkvw,
-               qkvw * sizeof(float));
-    if (seq_sum(e, e->qkv_all, (size_t)T * qkvw, err, errlen) < 0 ||
-        attention(e, b, first_row, l, err, errlen) < 0)
-        return -1;
+        memcpy(e->qkv_all + (size_t)e->own[i] * qw, e->qkv + (size_t)i * qkvw, qw * sizeof(float));
+    if (seq_sum(e, e->qkv_all, (size_t)T * qw, err, errlen) < 0) return -1;
+    for (int t = T - 1; t > 0; t--)   /* to rows of qkvw, the last first: t * qkvw >= t * qw */
+        memmove(e->qkv_all + (size_t)t * qkvw, e->qkv_all + (size_t)t * qw, qw * sizeof(float));
+    if (attention(e, b, first_row, l, err, errlen) < 0) return -1;
     for (int i = 0; i < n; i++)   /* own[i] >= i: packing forward is safe */
         memmove(e->att + (size_t)i * qw, e->att + (size_t)e->own[i] * qw, qw * sizeof(float));
     matmul(e, e->proj, H, e->att, L->wo, n, (int)qw, H);

@@ -5,7 +5,8 @@
  * Against the same piece unsplit: every sampled row's logits within 1e-4
  * of the row's largest, for prompts of 1 to 1,500 positions prefilled in
  * chunks and then decoded, two sequences sharing steps, at split 2 and 3,
- * alone and beside tensor parallelism of 2; every rank of a split gets the
+ * alone and beside tensor parallelism of 2, with f32, bf16 and int8 KV
+ * caches and bf16 products; every rank of a split gets the
  * same bits; each holds 1/N of the KV bytes; and a context longer than one
  * rank's blocks is served by the split where the unsplit piece with the
  * same blocks cannot hold it. */
@@ -46,6 +47,7 @@ static int32_t token_at(int seq, int p)
  * go to out, step after step. */
 typedef struct {
     int len[2], decodes, kv_blocks;
+    int kv_dtype, matmul_dtype;     /* tsr_kv_dtype_t's values; 0: f32 */
 } script_t;
 
 /* The rows a script samples (run_script's loop without an engine). */
@@ -131,6 +133,7 @@ static void *rank_main(void *arg)
                              .layer_begin = 0, .layer_end = m.num_hidden_layers,
                              .max_seq_len = MAX_SEQ, .max_seqs = 2, .max_tokens = 2 * CHUNK,
                              .kv_blocks = k->s->kv_blocks, .threads = 1,
+                             .kv_dtype = k->s->kv_dtype, .matmul_dtype = k->s->matmul_dtype,
                              .seq_rank = k->seq_rank, .seq_size = k->seq};
     if (tsr_engine_cpu.load(dir, &spec, &e, k->err, sizeof k->err) < 0) goto out;
     const char *peers[MAXR];
@@ -227,9 +230,9 @@ static void check_splits(const script_t *s, int tp)
         if (run_layout(s, tp, seq, outs, kv, err, sizeof err) < 0)
             fail_msg("tp %d, sequence %d, prompts %d and %d: %s", tp, seq, s->len[0], s->len[1], err);
         const double w = worst_rel(outs[0], base, rows);
-        printf("tp %d, sequence %d, prompts %d and %d, %d decodes: %d rows, worst logit "
-               "difference %.2e of the row's largest\n", tp, seq, s->len[0], s->len[1],
-               s->decodes, rows, w);
+        printf("tp %d, sequence %d, prompts %d and %d, %d decodes, kv_dtype %d, matmul_dtype %d: "
+               "%d rows, worst logit difference %.2e of the row's largest\n", tp, seq, s->len[0],
+               s->len[1], s->decodes, s->kv_dtype, s->matmul_dtype, rows, w);
         if (!(w <= 1e-4))
             fail_msg("tp %d, sequence %d, prompts %d and %d: logits differ by %.3g of the row's "
                      "largest from the unsplit piece's", tp, seq, s->len[0], s->len[1], w);
@@ -252,17 +255,28 @@ static void check_splits(const script_t *s, int tp)
 static void test_a_split_sequence_gives_the_unsplit_logits(void **state)
 {
     (void)state;
-    static const script_t scripts[] = {{{1, 2}, 3, 64},
-                                       {{17, 40}, 4, 64},
-                                       {{300, 129}, 3, 64},
-                                       {{1500, 33}, 2, 200}};
+    static const script_t scripts[] = {{{1, 2}, 3, 64, 0, 0},
+                                       {{17, 40}, 4, 64, 0, 0},
+                                       {{300, 129}, 3, 64, 0, 0},
+                                       {{1500, 33}, 2, 200, 0, 0}};
+    for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) check_splits(&scripts[i], 1);
+}
+
+/* The KV cache in bf16 and in int8 (a scale per row: the holder writes
+ * it), and bf16 products, split as f32 is. */
+static void test_a_split_in_each_number_format_gives_the_unsplit_logits(void **state)
+{
+    (void)state;
+    static const script_t scripts[] = {{{150, 37}, 3, 64, TSR_KV_BF16, 0},
+                                       {{150, 37}, 3, 64, TSR_KV_INT8, 0},
+                                       {{150, 37}, 3, 64, 0, TSR_KV_BF16}};
     for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) check_splits(&scripts[i], 1);
 }
 
 static void test_a_split_beside_tensor_parallelism_gives_the_unsplit_logits(void **state)
 {
     (void)state;
-    static const script_t s = {{200, 45}, 3, 64};
+    static const script_t s = {{200, 45}, 3, 64, 0, 0};
     check_splits(&s, 2);
 }
 
@@ -272,7 +286,7 @@ static void test_a_split_beside_tensor_parallelism_gives_the_unsplit_logits(void
 static void test_a_context_longer_than_one_ranks_pool_is_served_split(void **state)
 {
     (void)state;
-    const script_t small = {{900, 1}, 1, 40}, split = {{900, 1}, 1, 80};
+    const script_t small = {{900, 1}, 1, 40, 0, 0}, split = {{900, 1}, 1, 80, 0, 0};
     const int rows = script_rows(&split);
     char err[512];
     float *a = calloc((size_t)rows * vocab, sizeof(float)),
@@ -342,6 +356,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_split_sequence_gives_the_unsplit_logits),
+        cmocka_unit_test(test_a_split_in_each_number_format_gives_the_unsplit_logits),
         cmocka_unit_test(test_a_split_beside_tensor_parallelism_gives_the_unsplit_logits),
         cmocka_unit_test(test_a_context_longer_than_one_ranks_pool_is_served_split),
         cmocka_unit_test(test_a_bad_split_is_refused_naming_it),
