@@ -75,7 +75,7 @@ static int compare(const char *dir)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 4 + 192, 64, 0, 0, TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_AUTO};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 256, 4, 4 + 192, 64, 0, 0, TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_AUTO, 0, 1};
     const tsr_engine_ops_t *cpu_ops, *gpu_ops;
     tsr_engine_t *cpu = load(TSR_DEVICE_CPU, dir, &spec, &cpu_ops);
     tsr_engine_t *gpu = load(TSR_DEVICE_CUDA, dir, &spec, &gpu_ops);
@@ -261,7 +261,7 @@ static int speed(const char *dir)
     printf("speed: %s (%d SMs); measured copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOPS\n",
            prop.name, prop.multiProcessorCount, bw / 1e9, rate / 1e12);
     const int MAXB = 64, PROMPT = 2048, CTX = 128;
-    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 4096, MAXB, PROMPT, 0, 0, 0, TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_AUTO};
+    tsr_piece_spec_t spec = {0, 1, 0, 1, 0, m.num_hidden_layers, 4096, MAXB, PROMPT, 0, 0, 0, TSR_KV_AUTO, TSR_KV_AUTO, TSR_KV_AUTO, 0, 1};
     spec.kv_blocks = MAXB * tsr_kv_blocks_for(CTX + 64) + tsr_kv_blocks_for(PROMPT) + 8;
     const tsr_engine_ops_t *ops;
     double t = now_s();
