@@ -78,8 +78,9 @@ struct tsr_engine {
     /* scratch for max_tokens rows */
     float *x, *h, *qkv, *att, *proj, *gu, *act, *hin, *hout;
     /* a sequence split: this rank's partial attention states, every rank's;
-     * every row's q, k and v in batch order; the step's rows this rank
-     * holds (their block is its own), in batch order, and how many */
+     * every row's q in batch order (in rows as wide as qkv's, as attention
+     * reads them); the step's rows this rank holds (their block is its
+     * own), in batch order, and how many */
     float *att_part, *att_all, *qkv_all;
     int *own, n_own;
     int32_t *row_slot, *row_pos;
@@ -843,7 +844,7 @@ static int load_with(tsr_engine_t *donor, const char *dir, const tsr_piece_spec_
         tsr_set_err(err, errlen,
                     "out of memory for a KV pool of %d blocks (%llu MiB) and scratch for %d "
                     "token rows",
-                    spec->kv_blocks, (unsigned long long)(e->kvbytes >> 20), spec->max_tokens);
+                    held, (unsigned long long)(e->kvbytes >> 20), spec->max_tokens);
         goto out;
     }
     rope_tables(e);
@@ -903,10 +904,6 @@ static int attention(tsr_engine_t *e, const tsr_batch_t *b, const int *first_row
     if (n == 1) {
         tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv, qh, e->att);
         return 0;
-    }
-    if (!e->seq) {
-        tsr_set_err(err, errlen, "a sequence split of %d ranks has no communicator", n);
-        return -1;
     }
     const size_t part = (size_t)T * qh * (hd + 2);
     tsr_attention_cpu(e->pool, &e->kvc, l, b, first_row, e->qkv_all, qh, e->att_part);
